@@ -1,0 +1,4 @@
+//! `bench`: see `bench --help`.
+fn main() -> std::process::ExitCode {
+    transformer_bench::cli::main()
+}

@@ -1,0 +1,258 @@
+//! `bench` command line: parse options -> resolve a run -> run -> print the summary.
+
+use crate::data::{search_dirs, DataFile};
+use crate::device::{DeviceSpec, Precision};
+use crate::error::{Error, Result};
+use crate::models::{ModelSpec, WeightSource};
+use crate::runner::{run, summary_table, RunSpec};
+use crate::suites::SuiteFile;
+use crate::verify::verify;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+const ABOUT: &str =
+    "Runs fixed transformer workloads the same way on every machine and logs samples/s, \
+tokens/s, latency percentiles and peak memory as JSONL.";
+
+const AFTER_HELP: &str = "\
+Examples:
+  bench                                          tiny random GPT-2 on the built-in 100-passage LAMBADA sample, CPU
+  bench --model gpt2 --device cuda --dtype bf16 --data lambada_test.jsonl
+  bench --model-dir ./gpt2-hf --device cuda      an HF checkpoint dir (config.json + model.safetensors)
+  bench verify --model-dir tests/fixtures/gpt2-fixture   compare with HF reference fixtures
+
+Models: gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt2-tiny (2 layers, 64 channels).
+Full LAMBADA: lambada_test.jsonl (5153 passages, sha256 4aa8d02c…b226) from
+https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl";
+
+#[derive(Parser, Debug)]
+#[command(name = "bench", version, about = ABOUT, after_help = AFTER_HELP, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Compare this engine with HF transformers reference fixtures in a model dir
+    /// (reference.safetensors logits, lambada_reference.json; made by scripts/make_fixtures.py).
+    Verify(VerifyArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WeightsKind {
+    /// HF's init (normal, std initializer_range) with --seed, made on the target device.
+    Random,
+    /// The safetensors in --model-dir.
+    Checkpoint,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Workload to run.
+    #[arg(long, default_value = "lambada", value_parser = ["lambada"])]
+    pub suite: String,
+
+    /// Suite definition (TOML) replacing the built-in suites/NAME.toml.
+    #[arg(long, value_name = "PATH")]
+    pub suite_file: Option<PathBuf>,
+
+    /// Model preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt2-tiny.
+    #[arg(long, default_value = "gpt2-tiny")]
+    pub model: String,
+
+    /// HF model directory (config.json + model.safetensors or a sharded index); replaces --model.
+    #[arg(long, value_name = "DIR")]
+    pub model_dir: Option<PathBuf>,
+
+    /// Where weights come from [default: checkpoint with --model-dir, else random].
+    #[arg(long, value_enum)]
+    pub weights: Option<WeightsKind>,
+
+    /// Seed of random weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceSpec,
+
+    /// Precision: tf32 keeps fp32 weights and lets matmuls use TF32 tensor cores.
+    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
+    pub dtype: Precision,
+
+    /// Passages per batch [default: from the suite file, 16].
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+
+    /// Score only the first N passages.
+    #[arg(long)]
+    pub limit: Option<usize>,
+
+    /// Untimed warm-up batches before timing [default: from the suite file, 2].
+    #[arg(long)]
+    pub warmup: Option<usize>,
+
+    /// Data file (JSONL, {"text": …} a line) [default: the built-in 100-passage sample].
+    /// `--data full` looks for the suite's full file in $BENCH_DATA_DIR, ./data and
+    /// ~/.cache/transformer-bench.
+    #[arg(long, value_name = "PATH")]
+    pub data: Option<String>,
+
+    /// Directory of the JSONL run logs.
+    #[arg(long, default_value = "results/logs", value_name = "DIR")]
+    pub log_dir: PathBuf,
+
+    /// No progress bar (it is also hidden when stderr is not a terminal).
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    /// Model dir holding the fixtures next to config.json + model.safetensors.
+    #[arg(long, value_name = "DIR")]
+    pub model_dir: PathBuf,
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceSpec,
+    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
+    pub dtype: Precision,
+    /// Batch size for the LAMBADA passages (results must not depend on it).
+    #[arg(long, default_value_t = 16)]
+    pub batch_size: usize,
+    /// Exit non-zero if logits or log-likelihoods differ by more than this (relative).
+    #[arg(long)]
+    pub tolerance: Option<f64>,
+}
+
+fn resolve_data(arg: Option<&str>, suite: &SuiteFile) -> Result<DataFile> {
+    match arg {
+        None => Ok(DataFile::embedded_lambada_sample()),
+        Some("full") => {
+            let found = search_dirs()
+                .into_iter()
+                .map(|d| d.join(&suite.data.file))
+                .find(|p| p.is_file());
+            match found {
+                Some(p) => DataFile::read(&p, &suite.data_hint()),
+                None => Err(Error::NotFound {
+                    what: suite.data.file.clone(),
+                    path: PathBuf::from("$BENCH_DATA_DIR, ./data, ~/.cache/transformer-bench"),
+                    hint: suite.data_hint(),
+                }),
+            }
+        }
+        Some(path) => DataFile::read(&PathBuf::from(path), &suite.data_hint()),
+    }
+}
+
+pub fn resolve(args: RunArgs, command_line: Vec<String>) -> Result<RunSpec> {
+    let suite = match &args.suite_file {
+        Some(p) => SuiteFile::from_path(p)?,
+        None => SuiteFile::builtin(&args.suite)?,
+    };
+    let model = match &args.model_dir {
+        Some(dir) => ModelSpec::from_dir(dir)?,
+        None => ModelSpec::preset(&args.model)?,
+    };
+    let weights = match (args.weights, &args.model_dir) {
+        (Some(WeightsKind::Random), _) | (None, None) => WeightSource::Random { seed: args.seed },
+        (_, Some(dir)) => WeightSource::Dir(dir.clone()),
+        (Some(WeightsKind::Checkpoint), None) => {
+            return Err(Error::Config(
+                "--weights checkpoint needs --model-dir DIR".into(),
+            ))
+        }
+    };
+    let batch_size = args.batch_size.unwrap_or(suite.run.batch_size);
+    if batch_size == 0 {
+        return Err(Error::Config("--batch-size must be at least 1".into()));
+    }
+    if args.limit == Some(0) {
+        return Err(Error::Config("--limit must be at least 1".into()));
+    }
+    let data = resolve_data(args.data.as_deref(), &suite)?;
+    Ok(RunSpec {
+        warmup_batches: args.warmup.unwrap_or(suite.run.warmup_batches),
+        suite,
+        model,
+        weights,
+        tokenizer_dir: args.model_dir.clone(),
+        device: args.device,
+        precision: args.dtype,
+        batch_size,
+        limit: args.limit,
+        data,
+        log_dir: args.log_dir,
+        command_line,
+        progress: !args.no_progress,
+    })
+}
+
+fn run_verify(args: VerifyArgs) -> Result<bool> {
+    let report = verify(&args.model_dir, args.device, args.dtype, args.batch_size)?;
+    println!(
+        "verify {} on {} in {}",
+        args.model_dir.display(),
+        args.device,
+        args.dtype
+    );
+    let mut ok = true;
+    let tol = args.tolerance;
+    if let Some(l) = &report.logits {
+        println!(
+            "  logits: {} positions, max |Δ| {:.3e}, max |ref| {:.3}, max rel err {:.3e}",
+            l.n_positions, l.max_abs_err, l.max_abs_ref, l.max_rel_err
+        );
+        ok &= tol.is_none_or(|t| l.max_rel_err <= t);
+    }
+    if let Some(c) = &report.lambada {
+        println!(
+            "  lambada: {} passages, tokens equal {}/{}, ll max |Δ| {:.3e} (rel {:.3e}), greedy equal {}/{} (ours {}, ref {})",
+            c.n_passages,
+            c.tokens_equal,
+            c.n_passages,
+            c.ll_max_abs_err,
+            c.ll_max_rel_err,
+            c.greedy_equal,
+            c.n_passages,
+            c.greedy_ours,
+            c.greedy_ref
+        );
+        ok &= c.tokens_equal == c.n_passages && tol.is_none_or(|t| c.ll_max_rel_err <= t);
+    }
+    println!(
+        "  json: {}",
+        serde_json::to_string(&report).expect("report serializes")
+    );
+    Ok(ok)
+}
+
+/// Entry point of the `bench` binary.
+pub fn main() -> ExitCode {
+    let command_line: Vec<String> = std::env::args().collect();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Verify(v)) => run_verify(v).map(|ok| {
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }),
+        None => resolve(cli.run, command_line).and_then(run).map(|out| {
+            print!(
+                "{}",
+                summary_table(&out.header, &out.summary, &out.log_path)
+            );
+            ExitCode::SUCCESS
+        }),
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("Error: {e}");
+        ExitCode::from(2)
+    })
+}

@@ -1,0 +1,116 @@
+//! Where a model runs (`--device`) and in what precision (`--dtype`).
+
+use crate::error::{Error, Result};
+use candle_core::{DType, Device};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// A precision as users name it. `tf32` stores fp32 but lets cuBLAS use TF32 tensor cores
+/// for matmuls (torch's `allow_tf32`); on CPU it computes exactly like fp32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    Fp32,
+    Tf32,
+    Fp16,
+    Bf16,
+}
+
+impl Precision {
+    /// The dtype weights and activations are stored in.
+    pub fn dtype(self) -> DType {
+        match self {
+            Precision::Fp32 | Precision::Tf32 => DType::F32,
+            Precision::Fp16 => DType::F16,
+            Precision::Bf16 => DType::BF16,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Tf32 => "tf32",
+            Precision::Fp16 => "fp16",
+            Precision::Bf16 => "bf16",
+        }
+    }
+
+    /// Sets the process-wide matmul mode this precision needs (TF32 on or off).
+    pub fn apply_matmul_mode(self, device: &Device) {
+        #[cfg(feature = "cuda")]
+        if device.is_cuda() {
+            candle_core::cuda::set_gemm_reduced_precision_f32(self == Precision::Tf32);
+        }
+        let _ = device;
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `cpu`, `cuda` (= `cuda:0`) or `cuda:N`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceSpec {
+    Cpu,
+    Cuda(usize),
+}
+
+impl FromStr for DeviceSpec {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "cpu" => Ok(DeviceSpec::Cpu),
+            "cuda" | "gpu" => Ok(DeviceSpec::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceSpec::Cuda)
+                .ok_or_else(|| format!("invalid device '{s}': use cpu, cuda or cuda:N")),
+        }
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Cpu => f.write_str("cpu"),
+            DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl DeviceSpec {
+    /// Opens the device. A CUDA request in a build without the `cuda` feature names the fix.
+    pub fn open(self) -> Result<Device> {
+        match self {
+            DeviceSpec::Cpu => Ok(Device::Cpu),
+            DeviceSpec::Cuda(n) => open_cuda(n),
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda(ordinal: usize) -> Result<Device> {
+    Device::new_cuda(ordinal).map_err(|e| {
+        Error::Unsupported(format!(
+            "cannot open CUDA device {ordinal} ({e}): check that a GPU is visible (nvidia-smi) and that the driver supports CUDA 13"
+        ))
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda(_ordinal: usize) -> Result<Device> {
+    Err(Error::Unsupported(
+        "this binary was built without CUDA: rebuild with `cargo build --release --features cuda` (see README, CUDA build)".into(),
+    ))
+}
+
+/// Blocks until the device has finished all queued work, so a host clock read after it
+/// measures the work (CUDA launches are asynchronous).
+pub fn synchronize(device: &Device) -> Result<()> {
+    Ok(device.synchronize()?)
+}

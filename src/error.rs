@@ -1,0 +1,61 @@
+//! Errors the library reports to users. Every message says what went wrong and what to do;
+//! binaries print them once as `Error: {msg}` and exit non-zero.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("unknown model '{name}': valid names are {valid} (or pass --model-dir DIR with config.json + model.safetensors)")]
+    UnknownModel { name: String, valid: String },
+
+    #[error("{path}:{line}: {msg}")]
+    BadData {
+        path: String,
+        line: usize,
+        msg: String,
+    },
+
+    #[error("{what} not found at {path}: {hint}")]
+    NotFound {
+        what: String,
+        path: PathBuf,
+        hint: String,
+    },
+
+    #[error("weights do not match the config: tensor '{tensor}' has shape {got:?} in the checkpoint, the config expects {expected:?}")]
+    ShapeMismatch {
+        tensor: String,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
+
+    #[error("tensor '{tensor}' is missing from the checkpoint in {dir} (does config.json match the weights?)")]
+    MissingTensor { tensor: String, dir: PathBuf },
+
+    #[error("{0}")]
+    Config(String),
+
+    #[error("{0}")]
+    Unsupported(String),
+
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}

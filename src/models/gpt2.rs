@@ -1,0 +1,377 @@
+//! GPT-2 (Radford et al., 2019, "Language Models are Unsupervised Multitask Learners"),
+//! matching HF transformers' `GPT2LMHeadModel` (eager attention, inference).
+//!
+//! Shapes: `B` batch, `T` time, `C` channels (n_embd), `nh` heads, `hs` head size, `V` vocab.
+//!
+//! Departures from a textbook transformer, all HF's:
+//! - learned absolute position embeddings (`wpe`), added to the token embeddings (`wte`);
+//! - projections are `Conv1D`: the weight is stored (in, out), the transpose of `nn.Linear`;
+//! - the MLP activation is `gelu_new`, the tanh approximation of GELU;
+//! - pre-norm blocks, a final `ln_f`, and the LM head tied to `wte`.
+
+use super::attention::{
+    causal_padding_bias, merge_heads, positions, scaled_dot_product, split_heads,
+};
+use super::CausalLm;
+use crate::error::{Error, Result};
+use candle_core::{Module, Tensor};
+use candle_nn::{layer_norm, Init, LayerNorm, LayerNormConfig, VarBuilder};
+use serde::Deserialize;
+
+fn default_activation() -> String {
+    "gelu_new".into()
+}
+fn default_eps() -> f64 {
+    1e-5
+}
+fn default_init_range() -> f64 {
+    0.02
+}
+fn default_true() -> bool {
+    true
+}
+
+/// HF `GPT2Config`, read straight from `config.json` (HF key names).
+#[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq)]
+pub struct Config {
+    pub vocab_size: usize,
+    pub n_positions: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    #[serde(default)]
+    pub n_inner: Option<usize>,
+    #[serde(default = "default_activation")]
+    pub activation_function: String,
+    #[serde(default = "default_eps")]
+    pub layer_norm_epsilon: f64,
+    #[serde(default = "default_init_range")]
+    pub initializer_range: f64,
+    #[serde(default = "default_true")]
+    pub scale_attn_weights: bool,
+    #[serde(default)]
+    pub scale_attn_by_inverse_layer_idx: bool,
+    #[serde(default = "default_true")]
+    pub tie_word_embeddings: bool,
+    #[serde(default)]
+    pub add_cross_attention: bool,
+}
+
+impl Config {
+    fn preset(n_embd: usize, n_layer: usize, n_head: usize) -> Self {
+        Self {
+            vocab_size: 50257,
+            n_positions: 1024,
+            n_embd,
+            n_layer,
+            n_head,
+            n_inner: None,
+            activation_function: default_activation(),
+            layer_norm_epsilon: 1e-5,
+            initializer_range: 0.02,
+            scale_attn_weights: true,
+            scale_attn_by_inverse_layer_idx: false,
+            tie_word_embeddings: true,
+            add_cross_attention: false,
+        }
+    }
+    pub fn gpt2_124m() -> Self {
+        Self::preset(768, 12, 12)
+    }
+    pub fn gpt2_medium() -> Self {
+        Self::preset(1024, 24, 16)
+    }
+    pub fn gpt2_large() -> Self {
+        Self::preset(1280, 36, 20)
+    }
+    pub fn gpt2_xl() -> Self {
+        Self::preset(1600, 48, 25)
+    }
+    /// 2 layers, 64 channels, GPT-2's vocabulary: the embedded CPU default and CI's model.
+    pub fn gpt2_tiny() -> Self {
+        Self::preset(64, 2, 4)
+    }
+
+    pub fn n_inner(&self) -> usize {
+        self.n_inner.unwrap_or(4 * self.n_embd)
+    }
+
+    /// Rejects configs this implementation would silently compute wrong.
+    pub fn validate(&self) -> Result<()> {
+        if self.n_embd % self.n_head != 0 {
+            return Err(Error::Config(format!(
+                "n_embd {} is not divisible by n_head {}",
+                self.n_embd, self.n_head
+            )));
+        }
+        if self.add_cross_attention {
+            return Err(Error::Unsupported(
+                "GPT-2 with add_cross_attention (encoder-decoder) is not supported".into(),
+            ));
+        }
+        Activation::parse(&self.activation_function).map(|_| ())
+    }
+
+    /// Stored parameters, the tied LM head counted once (as HF's `num_parameters()`).
+    pub fn n_parameters(&self) -> usize {
+        let (c, f) = (self.n_embd, self.n_inner());
+        let block = 2 * 2 * c // ln_1, ln_2
+            + c * 3 * c + 3 * c // c_attn
+            + c * c + c // attn.c_proj
+            + c * f + f // c_fc
+            + f * c + c; // mlp.c_proj
+        let head = if self.tie_word_embeddings {
+            0
+        } else {
+            self.vocab_size * c
+        };
+        self.vocab_size * c + self.n_positions * c + self.n_layer * block + 2 * c + head
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Activation {
+    /// tanh approximation: `gelu_new`, `gelu_pytorch_tanh`, `gelu_fast` (same function).
+    GeluTanh,
+    /// exact erf GELU: `gelu`.
+    GeluErf,
+    Relu,
+}
+
+impl Activation {
+    fn parse(name: &str) -> Result<Self> {
+        match name {
+            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Ok(Self::GeluTanh),
+            "gelu" => Ok(Self::GeluErf),
+            "relu" => Ok(Self::Relu),
+            _ => Err(Error::Unsupported(format!(
+                "activation_function '{name}' is not supported (gelu_new, gelu_pytorch_tanh, gelu_fast, gelu, relu)"
+            ))),
+        }
+    }
+    fn forward(self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Self::GeluTanh => x.gelu(),
+            Self::GeluErf => x.gelu_erf(),
+            Self::Relu => x.relu(),
+        }
+    }
+}
+
+/// HF's `Conv1D`: y = x W + b with W stored (in, out), the transpose of `nn.Linear`.
+struct Conv1D {
+    weight: Tensor, // (in, out)
+    bias: Tensor,   // (out,)
+}
+
+impl Conv1D {
+    fn load(vb: VarBuilder, n_in: usize, n_out: usize, std: f64) -> candle_core::Result<Self> {
+        let weight = vb.get_with_hints(
+            (n_in, n_out),
+            "weight",
+            Init::Randn {
+                mean: 0.,
+                stdev: std,
+            },
+        )?;
+        let bias = vb.get_with_hints(n_out, "bias", Init::Const(0.))?;
+        Ok(Self { weight, bias })
+    }
+
+    /// (B, T, in) -> (B, T, out)
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (b, t, c) = x.dims3()?;
+        let y = x.reshape((b * t, c))?.matmul(&self.weight)?; // (B·T, out)
+        y.broadcast_add(&self.bias)?.reshape((b, t, ()))
+    }
+}
+
+fn load_layer_norm(vb: VarBuilder, size: usize, eps: f64) -> candle_core::Result<LayerNorm> {
+    layer_norm(
+        size,
+        LayerNormConfig {
+            eps,
+            ..Default::default()
+        },
+        vb,
+    )
+}
+
+struct Attention {
+    c_attn: Conv1D,
+    c_proj: Conv1D,
+    n_head: usize,
+    scale: f64,
+}
+
+impl Attention {
+    fn load(vb: VarBuilder, cfg: &Config, layer_idx: usize) -> candle_core::Result<Self> {
+        let c = cfg.n_embd;
+        // HF scales residual projections' init by 1/sqrt(2·n_layer) (GPT-2 paper, 2.3).
+        let proj_std = cfg.initializer_range / (2. * cfg.n_layer as f64).sqrt();
+        let hs = (c / cfg.n_head) as f64;
+        let mut scale = if cfg.scale_attn_weights {
+            1. / hs.sqrt()
+        } else {
+            1.
+        };
+        if cfg.scale_attn_by_inverse_layer_idx {
+            scale /= (layer_idx + 1) as f64;
+        }
+        Ok(Self {
+            c_attn: Conv1D::load(vb.pp("c_attn"), c, 3 * c, cfg.initializer_range)?,
+            c_proj: Conv1D::load(vb.pp("c_proj"), c, c, proj_std)?,
+            n_head: cfg.n_head,
+            scale,
+        })
+    }
+
+    /// x: (B, T, C), bias: (B, 1, T, T) -> (B, T, C)
+    fn forward(&self, x: &Tensor, bias: &Tensor) -> candle_core::Result<Tensor> {
+        let c = x.dim(2)?;
+        let qkv = self.c_attn.forward(x)?; // (B, T, 3C)
+        let q = split_heads(&qkv.narrow(2, 0, c)?, self.n_head)?; // (B, nh, T, hs)
+        let k = split_heads(&qkv.narrow(2, c, c)?, self.n_head)?;
+        let v = split_heads(&qkv.narrow(2, 2 * c, c)?, self.n_head)?;
+        let y = scaled_dot_product(&q, &k, &v, bias, self.scale)?; // (B, nh, T, hs)
+        self.c_proj.forward(&merge_heads(&y)?)
+    }
+}
+
+struct Mlp {
+    c_fc: Conv1D,
+    c_proj: Conv1D,
+    act: Activation,
+}
+
+impl Mlp {
+    fn load(vb: VarBuilder, cfg: &Config) -> candle_core::Result<Self> {
+        let proj_std = cfg.initializer_range / (2. * cfg.n_layer as f64).sqrt();
+        let act = Activation::parse(&cfg.activation_function).map_err(candle_core::Error::wrap)?;
+        Ok(Self {
+            c_fc: Conv1D::load(
+                vb.pp("c_fc"),
+                cfg.n_embd,
+                cfg.n_inner(),
+                cfg.initializer_range,
+            )?,
+            c_proj: Conv1D::load(vb.pp("c_proj"), cfg.n_inner(), cfg.n_embd, proj_std)?,
+            act,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.c_proj
+            .forward(&self.act.forward(&self.c_fc.forward(x)?)?)
+    }
+}
+
+struct Block {
+    ln_1: LayerNorm,
+    attn: Attention,
+    ln_2: LayerNorm,
+    mlp: Mlp,
+}
+
+impl Block {
+    fn load(vb: VarBuilder, cfg: &Config, layer_idx: usize) -> candle_core::Result<Self> {
+        let eps = cfg.layer_norm_epsilon;
+        Ok(Self {
+            ln_1: load_layer_norm(vb.pp("ln_1"), cfg.n_embd, eps)?,
+            attn: Attention::load(vb.pp("attn"), cfg, layer_idx)?,
+            ln_2: load_layer_norm(vb.pp("ln_2"), cfg.n_embd, eps)?,
+            mlp: Mlp::load(vb.pp("mlp"), cfg)?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, bias: &Tensor) -> candle_core::Result<Tensor> {
+        let x = (x + self.attn.forward(&self.ln_1.forward(x)?, bias)?)?;
+        &x + self.mlp.forward(&self.ln_2.forward(&x)?)?
+    }
+}
+
+/// `GPT2LMHeadModel`.
+pub struct Gpt2 {
+    wte: Tensor, // (V, C)
+    wpe: Tensor, // (n_positions, C)
+    h: Vec<Block>,
+    ln_f: LayerNorm,
+    lm_head: Option<Tensor>, // (V, C) when not tied to wte
+    cfg: Config,
+}
+
+impl Gpt2 {
+    /// Checkpoint names are `wte.weight`, `h.0.attn.c_attn.weight`, … with or without a
+    /// `transformer.` prefix (GPT2LMHeadModel vs GPT2Model checkpoints).
+    pub const PREFIXES: &'static [&'static str] = &["transformer.", ""];
+
+    pub fn load(vb: VarBuilder, cfg: &Config) -> candle_core::Result<Self> {
+        cfg.validate().map_err(candle_core::Error::wrap)?;
+        let std = Init::Randn {
+            mean: 0.,
+            stdev: cfg.initializer_range,
+        };
+        let wte = vb
+            .pp("wte")
+            .get_with_hints((cfg.vocab_size, cfg.n_embd), "weight", std)?;
+        let wpe = vb
+            .pp("wpe")
+            .get_with_hints((cfg.n_positions, cfg.n_embd), "weight", std)?;
+        let h = (0..cfg.n_layer)
+            .map(|i| Block::load(vb.pp("h").pp(i), cfg, i))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let ln_f = load_layer_norm(vb.pp("ln_f"), cfg.n_embd, cfg.layer_norm_epsilon)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(
+                vb.pp("lm_head")
+                    .get_with_hints((cfg.vocab_size, cfg.n_embd), "weight", std)?,
+            )
+        };
+        Ok(Self {
+            wte,
+            wpe,
+            h,
+            ln_f,
+            lm_head,
+            cfg: cfg.clone(),
+        })
+    }
+}
+
+impl CausalLm for Gpt2 {
+    fn hidden_states(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+    ) -> candle_core::Result<Tensor> {
+        let (b, t) = input_ids.dims2()?;
+        if t > self.cfg.n_positions {
+            candle_core::bail!(
+                "sequence of {t} tokens is longer than n_positions {}",
+                self.cfg.n_positions
+            );
+        }
+        // Positions 0..T for every row: exact for right-padded batches, which the suites use.
+        let pos = self
+            .wpe
+            .index_select(&positions(t, input_ids.device())?, 0)?; // (T, C)
+        let tok = self.wte.index_select(&input_ids.flatten_all()?, 0)?; // (B·T, C)
+        let mut x = tok.reshape((b, t, ()))?.broadcast_add(&pos)?; // (B, T, C)
+        let bias = causal_padding_bias(attention_mask)?; // (B, 1, T, T)
+        for block in &self.h {
+            x = block.forward(&x, &bias)?;
+        }
+        self.ln_f.forward(&x)
+    }
+
+    fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
+        let head = self.lm_head.as_ref().unwrap_or(&self.wte); // (V, C)
+        hidden.matmul(&head.t()?) // (N, C) @ (C, V) -> (N, V)
+    }
+
+    fn max_positions(&self) -> usize {
+        self.cfg.n_positions
+    }
+}

@@ -1,0 +1,233 @@
+//! Where a model's tensors come from. Both sources sit behind candle's `SimpleBackend`, so a
+//! model's `load(vb, cfg)` walks the same checkpoint paths for real checkpoints and for random
+//! weights: the random path exercises exactly the loading code a real checkpoint uses.
+//!
+//! - [`CheckpointWeights`]: an HF model directory, `model.safetensors` or the shards named by
+//!   `model.safetensors.index.json`, memory-mapped and moved to the device tensor by tensor.
+//! - [`RandomInit`]: HF's init (the `Init` hint each layer passes: normal(0, initializer_range),
+//!   ones, zeros), generated on the target device, one tensor at a time, then cast to the
+//!   target dtype. Each tensor's stream is seeded from (seed, tensor name), so a tensor's values
+//!   do not depend on load order. CPU and CUDA use different generators: the same seed gives
+//!   the same weights on every run on the same kind of device, not across kinds.
+
+use crate::error::{Error, Result};
+use candle_core::safetensors::MmapedSafetensors;
+use candle_core::{DType, Device, Shape, Tensor};
+use candle_nn::var_builder::SimpleBackend;
+use candle_nn::{Init, VarBuilder};
+use std::path::{Path, PathBuf};
+
+/// Where to take the weights from (`--weights random --seed N` or `--model-dir DIR`).
+#[derive(Clone, Debug)]
+pub enum WeightSource {
+    Random { seed: u64 },
+    Dir(PathBuf),
+}
+
+impl WeightSource {
+    /// A builder over these weights. `prefixes` are tried in order in front of every tensor
+    /// name (HF checkpoints name GPT-2's tensors `h.0…` or `transformer.h.0…`).
+    pub fn var_builder(
+        &self,
+        dtype: DType,
+        device: &Device,
+        prefixes: &'static [&'static str],
+    ) -> Result<VarBuilder<'static>> {
+        let backend: Box<dyn SimpleBackend> = match self {
+            WeightSource::Random { seed } => Box::new(RandomInit { seed: *seed }),
+            WeightSource::Dir(dir) => Box::new(CheckpointWeights::open(dir, prefixes)?),
+        };
+        Ok(VarBuilder::from_backend(backend, dtype, device.clone()))
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            WeightSource::Random { seed } => format!("random (seed {seed})"),
+            WeightSource::Dir(dir) => dir.display().to_string(),
+        }
+    }
+}
+
+/// The safetensors files of an HF model directory. Pickle checkpoints (`*.bin`, `*.pt`) are
+/// refused: unpickling can execute arbitrary code.
+pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let index = dir.join("model.safetensors.index.json");
+    if index.is_file() {
+        let text = std::fs::read_to_string(&index)
+            .map_err(|e| Error::io(format!("reading {}", index.display()), e))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::Config(format!("{}: invalid JSON: {e}", index.display())))?;
+        let map = json["weight_map"].as_object().ok_or_else(|| {
+            Error::Config(format!("{}: no \"weight_map\" object", index.display()))
+        })?;
+        let mut files: Vec<PathBuf> = map
+            .values()
+            .filter_map(|v| v.as_str())
+            .map(|f| dir.join(f))
+            .collect();
+        files.sort();
+        files.dedup();
+        return Ok(files);
+    }
+    let pickles: Vec<String> = std::fs::read_dir(dir)
+        .map_err(|e| Error::io(format!("reading model dir {}", dir.display()), e))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".bin") || n.ends_with(".pt") || n.ends_with(".pth"))
+        .collect();
+    if !pickles.is_empty() {
+        return Err(Error::Unsupported(format!(
+            "{} has only pickle checkpoints ({}), which can execute code when loaded: convert them to safetensors first (transformers: model.save_pretrained(OUT, safe_serialization=True))",
+            dir.display(),
+            pickles.join(", ")
+        )));
+    }
+    Err(Error::NotFound {
+        what: "model.safetensors".into(),
+        path: dir.to_path_buf(),
+        hint: "a model dir needs config.json and model.safetensors (or model.safetensors.index.json with its shards)".into(),
+    })
+}
+
+/// Memory-mapped safetensors of one model directory.
+pub struct CheckpointWeights {
+    dir: PathBuf,
+    tensors: MmapedSafetensors,
+    prefixes: &'static [&'static str],
+}
+
+impl CheckpointWeights {
+    pub fn open(dir: &Path, prefixes: &'static [&'static str]) -> Result<Self> {
+        let files = safetensors_files(dir)?;
+        // SAFETY: the files are mapped read-only; a file changed by another process while we
+        // run could change tensor contents, which is the same contract as every mmap loader
+        // (candle, safetensors-python) and cannot cause memory unsafety in our reads.
+        let tensors = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| {
+            Error::Config(format!("cannot read safetensors in {}: {e}", dir.display()))
+        })?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            tensors,
+            prefixes,
+        })
+    }
+
+    /// The stored name of `name`, trying each prefix.
+    fn resolve(&self, name: &str) -> Option<String> {
+        self.prefixes
+            .iter()
+            .map(|p| format!("{p}{name}"))
+            .find(|n| self.tensors.get(n).is_ok())
+    }
+}
+
+impl SimpleBackend for CheckpointWeights {
+    fn get(
+        &self,
+        s: Shape,
+        name: &str,
+        _: Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        let stored = self.resolve(name).ok_or_else(|| {
+            candle_core::Error::wrap(Error::MissingTensor {
+                tensor: name.to_string(),
+                dir: self.dir.clone(),
+            })
+        })?;
+        let view = self.tensors.get(&stored)?;
+        if view.shape() != s.dims() {
+            return Err(candle_core::Error::wrap(Error::ShapeMismatch {
+                tensor: stored,
+                expected: s.dims().to_vec(),
+                got: view.shape().to_vec(),
+            }));
+        }
+        // Converts on the device: the host only holds the mapped file.
+        self.tensors.load(&stored, dev)?.to_dtype(dtype)
+    }
+
+    fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        let stored = self.resolve(name).unwrap_or_else(|| name.to_string());
+        self.tensors.load(&stored, dev)?.to_dtype(dtype)
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.resolve(name).is_some()
+    }
+}
+
+/// Random weights with the init each layer asks for (HF's `_init_weights`).
+pub struct RandomInit {
+    pub seed: u64,
+}
+
+/// The seed of one tensor's stream: FNV-1a of its name, mixed with the run's seed.
+pub fn tensor_seed(seed: u64, name: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+fn randn(
+    seed: u64,
+    shape: &Shape,
+    mean: f64,
+    std: f64,
+    dev: &Device,
+) -> candle_core::Result<Tensor> {
+    match dev {
+        Device::Cpu => {
+            use rand::SeedableRng;
+            use rand_distr::Distribution;
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let normal = rand_distr::Normal::new(mean as f32, std as f32)
+                .map_err(candle_core::Error::wrap)?;
+            let data: Vec<f32> = (0..shape.elem_count())
+                .map(|_| normal.sample(&mut rng))
+                .collect();
+            Tensor::from_vec(data, shape, dev)
+        }
+        // curand, seeded per tensor; generated in f32 on the device (curand has no bf16/f16).
+        _ => {
+            dev.set_seed(seed)?;
+            Tensor::randn(mean as f32, std as f32, shape, dev)
+        }
+    }
+}
+
+impl SimpleBackend for RandomInit {
+    fn get(
+        &self,
+        s: Shape,
+        name: &str,
+        h: Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        match h {
+            Init::Const(v) if v == 0. => Tensor::zeros(s, dtype, dev),
+            Init::Const(v) => Tensor::full(v as f32, s, dev)?.to_dtype(dtype),
+            Init::Randn { mean, stdev } => {
+                randn(tensor_seed(self.seed, name), &s, mean, stdev, dev)?.to_dtype(dtype)
+            }
+            other => candle_core::bail!("random init {other:?} of '{name}' is not supported"),
+        }
+    }
+
+    fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> candle_core::Result<Tensor> {
+        candle_core::bail!("random weights need a shape for '{name}'")
+    }
+
+    fn contains_tensor(&self, _name: &str) -> bool {
+        true
+    }
+}

@@ -1,0 +1,64 @@
+//! Workloads ("suites"): what is run and how it is scored. Each suite's defaults live in a
+//! `suites/NAME.toml` file, embedded in the binary; flags override them.
+
+pub mod lambada;
+
+use crate::error::{Error, Result};
+use serde::Deserialize;
+use std::path::Path;
+
+pub const LAMBADA_TOML: &str = include_str!("../../suites/lambada.toml");
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SuiteFile {
+    pub name: String,
+    pub data: SuiteData,
+    pub run: SuiteRun,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SuiteData {
+    /// File name of the full data set.
+    pub file: String,
+    pub sha256: String,
+    pub n_samples: usize,
+    pub url: String,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SuiteRun {
+    pub batch_size: usize,
+    pub warmup_batches: usize,
+}
+
+impl SuiteFile {
+    pub fn parse(text: &str, origin: &str) -> Result<Self> {
+        toml::from_str(text).map_err(|e| Error::Config(format!("{origin}: {}", e.message())))
+    }
+
+    pub fn builtin(name: &str) -> Result<Self> {
+        match name {
+            "lambada" => Self::parse(LAMBADA_TOML, "suites/lambada.toml"),
+            _ => Err(Error::Config(format!(
+                "unknown suite '{name}': available suites are lambada"
+            ))),
+        }
+    }
+
+    pub fn from_path(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::io(format!("reading suite file {}", path.display()), e))?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// How to get the full data set, for error messages.
+    pub fn data_hint(&self) -> String {
+        format!(
+            "download {} from {} (sha256 {}) and pass --data PATH, or put it in $BENCH_DATA_DIR",
+            self.data.file, self.data.url, self.data.sha256
+        )
+    }
+}
