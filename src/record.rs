@@ -179,3 +179,32 @@ pub fn read_log(path: &Path) -> Result<Vec<Record>> {
     }
     Ok(records)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torn_last_line_is_skipped_but_garbage_inside_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = RunLog::create(dir.path(), "run").unwrap();
+        let summary_line = r#"{"record":"batch","batch":0,"n_samples":1,"n_tokens":3,"padded_len":3,"latency_ms":1.5,"passages":[]}"#;
+        log.write(&serde_json::from_str(summary_line).unwrap())
+            .unwrap();
+        let path = log.path().to_path_buf();
+        // A run killed in the middle of a write leaves a partial line.
+        std::fs::write(&path, format!("{summary_line}\n{{\"record\":\"ba")).unwrap();
+        assert_eq!(read_log(&path).unwrap().len(), 1);
+        std::fs::write(&path, format!("nonsense\n{summary_line}\n")).unwrap();
+        let err = read_log(&path).unwrap_err().to_string();
+        assert!(err.contains(":1: not a run-log record"), "{err}");
+    }
+
+    #[test]
+    fn logs_are_never_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = RunLog::create(dir.path(), "run").unwrap();
+        let b = RunLog::create(dir.path(), "run").unwrap();
+        assert_ne!(a.path(), b.path());
+    }
+}

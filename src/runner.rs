@@ -98,6 +98,12 @@ pub fn run(spec: RunSpec) -> Result<RunOutcome> {
         },
         load_seconds,
     };
+    if header.data.matches_reference == Some(false) {
+        eprintln!(
+            "warning: {} has sha256 {}, not the suite's {}: results are not comparable with the reference set",
+            header.data.path, header.data.sha256, spec.suite.data.sha256
+        );
+    }
     let stem = format!(
         "{}_{}_{}_bs{}_{}_{}",
         header.suite,

@@ -127,7 +127,7 @@ fn check_logits(
         .to_dtype(DType::F32)?; // (B·T, V)
     let want = want.reshape((b * t, ()))?;
     let keep = mask.flatten_all()?.to_vec1::<u32>()?;
-    let rows: Vec<u32> = (0..b * t as usize)
+    let rows: Vec<u32> = (0..b * t)
         .filter(|&i| keep[i] == 1)
         .map(|i| i as u32)
         .collect();

@@ -98,7 +98,7 @@ impl Config {
 
     /// Rejects configs this implementation would silently compute wrong.
     pub fn validate(&self) -> Result<()> {
-        if self.n_embd % self.n_head != 0 {
+        if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(Error::Config(format!(
                 "n_embd {} is not divisible by n_head {}",
                 self.n_embd, self.n_head

@@ -214,7 +214,7 @@ impl SimpleBackend for RandomInit {
         dev: &Device,
     ) -> candle_core::Result<Tensor> {
         match h {
-            Init::Const(v) if v == 0. => Tensor::zeros(s, dtype, dev),
+            Init::Const(0.) => Tensor::zeros(s, dtype, dev),
             Init::Const(v) => Tensor::full(v as f32, s, dev)?.to_dtype(dtype),
             Init::Randn { mean, stdev } => {
                 randn(tensor_seed(self.seed, name), &s, mean, stdev, dev)?.to_dtype(dtype)
@@ -229,5 +229,71 @@ impl SimpleBackend for RandomInit {
 
     fn contains_tensor(&self, _name: &str) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get(seed: u64, name: &str, init: Init) -> Vec<f32> {
+        RandomInit { seed }
+            .get(Shape::from((4, 8)), name, init, DType::F32, &Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    }
+
+    #[test]
+    fn random_weights_depend_on_seed_and_name_only() {
+        let randn = Init::Randn {
+            mean: 0.,
+            stdev: 0.02,
+        };
+        assert_eq!(
+            get(7, "h.0.attn.c_attn.weight", randn),
+            get(7, "h.0.attn.c_attn.weight", randn)
+        );
+        assert_ne!(
+            get(7, "h.0.attn.c_attn.weight", randn),
+            get(8, "h.0.attn.c_attn.weight", randn)
+        );
+        assert_ne!(
+            get(7, "h.0.attn.c_attn.weight", randn),
+            get(7, "h.1.attn.c_attn.weight", randn)
+        );
+    }
+
+    #[test]
+    fn random_init_follows_the_hint() {
+        assert!(get(0, "ln_f.weight", Init::Const(1.))
+            .iter()
+            .all(|&v| v == 1.));
+        assert!(get(0, "ln_f.bias", Init::Const(0.))
+            .iter()
+            .all(|&v| v == 0.));
+        let big = RandomInit { seed: 3 }
+            .get(
+                Shape::from(100_000),
+                "w",
+                Init::Randn {
+                    mean: 0.,
+                    stdev: 0.02,
+                },
+                DType::F32,
+                &Device::Cpu,
+            )
+            .unwrap();
+        let std: f32 = big
+            .sqr()
+            .unwrap()
+            .mean_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+            .sqrt();
+        assert!((std - 0.02).abs() < 0.0005, "std {std}");
     }
 }

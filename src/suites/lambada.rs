@@ -166,3 +166,38 @@ pub fn warm_up(model: &dyn CausalLm, batches: &[&[Request]], device: &Device) ->
     }
     synchronize(device)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_is_at_the_last_space_like_lm_eval() {
+        assert_eq!(
+            split_passage("he said hello there"),
+            ("he said hello", " there".to_string())
+        );
+        // split(" ") semantics: a double space leaves an empty-word-free target, context keeps its space.
+        assert_eq!(split_passage("a  b"), ("a ", " b".to_string()));
+    }
+
+    #[test]
+    fn trailing_context_spaces_move_to_the_target() {
+        let tok = TextTokenizer::gpt2().unwrap();
+        let (ctx, cont) = encode_pair(&tok, "a ", " b").unwrap();
+        assert_eq!(ctx, tok.encode("a").unwrap());
+        assert_eq!([ctx, cont].concat(), tok.encode("a  b").unwrap());
+    }
+
+    #[test]
+    fn long_inputs_are_cut_on_the_left_and_drop_the_last_token() {
+        let tok = TextTokenizer::gpt2().unwrap();
+        let text = "one two three four five six seven eight nine ten";
+        let full = build_request(&tok, 0, text, 1024).unwrap();
+        let all: Vec<u32> = [full.context_tokens.clone(), full.target_tokens.clone()].concat();
+        assert_eq!(full.input, all[..all.len() - 1]);
+        let cut = build_request(&tok, 0, text, 4).unwrap();
+        assert_eq!(cut.input, all[all.len() - 5..all.len() - 1]);
+        assert_eq!(cut.target_tokens, full.target_tokens);
+    }
+}

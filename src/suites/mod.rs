@@ -62,3 +62,21 @@ impl SuiteFile {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_lambada_suite_parses() {
+        let s = SuiteFile::builtin("lambada").unwrap();
+        assert_eq!((s.run.batch_size, s.data.n_samples), (16, 5153));
+    }
+
+    #[test]
+    fn suite_file_typos_are_errors() {
+        let text = LAMBADA_TOML.replace("batch_size", "batchsize");
+        let e = SuiteFile::parse(&text, "x.toml").unwrap_err().to_string();
+        assert!(e.starts_with("x.toml: ") && e.contains("batchsize"), "{e}");
+    }
+}

@@ -1,0 +1,274 @@
+//! The `bench` binary as a user runs it: the embedded default, the log on disk, and one-line
+//! errors for bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use transformer_bench::record::{read_log, Record};
+
+fn bench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args(args)
+        .output()
+        .expect("bench runs")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Runs bench expecting failure; returns its (one-line) error.
+fn error_of(args: &[&str]) -> String {
+    let o = bench(args);
+    assert!(!o.status.success(), "bench {args:?} should fail");
+    let err = stderr(&o);
+    assert!(err.starts_with("Error: "), "error not printed once: {err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "error is not one line: {err}"
+    );
+    err
+}
+
+fn log_path_from(stdout: &str) -> PathBuf {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("log: "))
+        .expect("log path printed");
+    PathBuf::from(&line[5..])
+}
+
+#[test]
+fn default_run_writes_header_batches_and_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = bench(&["--log-dir", dir.path().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        stdout.contains("samples/s") && stdout.contains("accuracy"),
+        "{stdout}"
+    );
+    let records = read_log(&log_path_from(&stdout)).unwrap();
+    let Record::Header(h) = &records[0] else {
+        panic!("first record is not a header")
+    };
+    assert_eq!(h.schema_version, 1);
+    assert_eq!(
+        (h.suite.as_str(), h.model.name.as_str(), h.dtype.as_str()),
+        ("lambada", "gpt2-tiny", "fp32")
+    );
+    assert_eq!(h.data.path, "embedded:lambada_sample.jsonl");
+    assert_eq!(
+        h.data.sha256,
+        "029ff246e681b3b141577c554246a48654bf606eeaedd91fb8d5b5bbcb52828e"
+    );
+    assert_eq!((h.batch_size, h.data.n_samples), (16, 100));
+    let batches: Vec<_> = records
+        .iter()
+        .filter_map(|r| {
+            if let Record::Batch(b) = r {
+                Some(b)
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(batches.len(), 7, "100 passages in batches of 16");
+    assert_eq!(batches.iter().map(|b| b.passages.len()).sum::<usize>(), 100);
+    let Some(Record::Summary(s)) = records.last() else {
+        panic!("last record is not a summary")
+    };
+    assert_eq!(
+        (s.status.as_str(), s.n_samples, s.n_batches),
+        ("ok", 100, 7)
+    );
+    assert!(s.samples_per_second > 0. && s.latency_ms_p50 > 0. && s.peak_memory_bytes > 0);
+    assert!(s.perplexity.is_finite() && s.perplexity > 1.);
+}
+
+fn summary_of(args: &[&str]) -> Box<transformer_bench::record::Summary> {
+    let o = bench(args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    match read_log(&log_path_from(&String::from_utf8(o.stdout).unwrap()))
+        .unwrap()
+        .pop()
+    {
+        Some(Record::Summary(s)) => s,
+        _ => panic!("no summary"),
+    }
+}
+
+#[test]
+fn model_dir_runs_and_batch_size_does_not_change_scores() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().to_str().unwrap();
+    let model = fixture("gpt2-fixture");
+    let model = model.to_str().unwrap();
+    let common = [
+        "--model-dir",
+        model,
+        "--log-dir",
+        logs,
+        "--limit",
+        "40",
+        "--warmup",
+        "0",
+    ];
+    let a = summary_of(&[&common[..], &["--batch-size", "1"]].concat());
+    let b = summary_of(&[&common[..], &["--batch-size", "16"]].concat());
+    assert_eq!(a.n_samples, 40);
+    assert_eq!(a.accuracy, b.accuracy);
+    assert!(
+        (a.perplexity - b.perplexity).abs() / a.perplexity < 1e-6,
+        "{} vs {}",
+        a.perplexity,
+        b.perplexity
+    );
+}
+
+#[test]
+fn unknown_model_lists_valid_names() {
+    let e = error_of(&["--model", "gpt5"]);
+    assert!(
+        e.contains("unknown model 'gpt5'") && e.contains("gpt2-medium") && e.contains("gpt2-xl"),
+        "{e}"
+    );
+}
+
+#[test]
+fn missing_data_says_where_to_get_it() {
+    let e = error_of(&["--data", "/nonexistent/lambada_test.jsonl"]);
+    assert!(e.contains("/nonexistent/lambada_test.jsonl"), "{e}");
+    assert!(
+        e.contains("openaipublic")
+            && e.contains("4aa8d02cd17c719165fc8a7887fddd641f43fcafa4b1c806ca8abc31fabdb226"),
+        "{e}"
+    );
+}
+
+#[test]
+fn malformed_data_names_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "{\"text\": \"a good passage\"}\n{\"text\": oops}\n",
+            ":2: invalid JSON",
+        ),
+        (
+            "{\"text\": \"a good passage\"}\n\n{\"body\": \"x y\"}\n",
+            ":3: expected an object with a string \"text\"",
+        ),
+        ("{\"text\": \"oneword\"}\n", ":1: passage has no space"),
+    ];
+    for (i, (content, want)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("bad{i}.jsonl"));
+        std::fs::write(&path, content).unwrap();
+        let e = error_of(&[
+            "--data",
+            path.to_str().unwrap(),
+            "--log-dir",
+            dir.path().to_str().unwrap(),
+        ]);
+        assert!(e.contains(&format!("bad{i}.jsonl{want}")), "{e}");
+    }
+    // Bad data fails before a log is created: no empty logs are left behind.
+    let logs = std::fs::read_dir(dir.path()).unwrap().filter(|e| {
+        e.as_ref()
+            .unwrap()
+            .path()
+            .to_string_lossy()
+            .contains("lambada_")
+    });
+    assert_eq!(logs.count(), 0);
+}
+
+#[test]
+fn config_weights_mismatch_names_tensor_and_shapes() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture("gpt2-fixture");
+    std::fs::copy(
+        src.join("model.safetensors"),
+        dir.path().join("model.safetensors"),
+    )
+    .unwrap();
+    let config = std::fs::read_to_string(src.join("config.json"))
+        .unwrap()
+        .replace("\"n_positions\": 256", "\"n_positions\": 512");
+    std::fs::write(dir.path().join("config.json"), config).unwrap();
+    let e = error_of(&["--model-dir", dir.path().to_str().unwrap(), "--limit", "1"]);
+    assert!(
+        e.contains("wpe.weight") && e.contains("[256, 32]") && e.contains("[512, 32]"),
+        "{e}"
+    );
+}
+
+#[test]
+fn pickle_checkpoints_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        fixture("gpt2-fixture").join("config.json"),
+        dir.path().join("config.json"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("pytorch_model.bin"), b"not loaded").unwrap();
+    let e = error_of(&["--model-dir", dir.path().to_str().unwrap()]);
+    assert!(
+        e.contains("pickle") && e.contains("pytorch_model.bin") && e.contains("safetensors"),
+        "{e}"
+    );
+}
+
+#[test]
+fn missing_config_json_is_explained() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = error_of(&["--model-dir", dir.path().to_str().unwrap()]);
+    assert!(e.contains("config.json not found"), "{e}");
+}
+
+#[test]
+fn bad_device_and_dtype_are_rejected() {
+    let o = bench(&["--device", "tpu"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("invalid device 'tpu': use cpu, cuda or cuda:N"),
+        "{}",
+        stderr(&o)
+    );
+    let o = bench(&["--dtype", "fp64"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("possible values: fp32, tf32, fp16, bf16"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_request_in_cpu_build_names_the_feature() {
+    let e = error_of(&["--device", "cuda"]);
+    assert!(e.contains("--features cuda"), "{e}");
+}
+
+#[test]
+fn verify_subcommand_reports_agreement() {
+    let o = bench(&[
+        "verify",
+        "--model-dir",
+        fixture("gpt2-fixture").to_str().unwrap(),
+        "--tolerance",
+        "1e-5",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        out.contains("tokens equal 23/23") && out.contains("greedy equal 23/23"),
+        "{out}"
+    );
+}

@@ -1,0 +1,105 @@
+//! Numerics against HF transformers: fixtures made by scripts/make_fixtures.py
+//! (GPT2LMHeadModel, fp32, CPU), loaded through the real `--model-dir` path.
+
+use std::path::{Path, PathBuf};
+use transformer_bench::device::{DeviceSpec, Precision};
+use transformer_bench::models::{ModelSpec, WeightSource};
+use transformer_bench::suites::lambada::{build_request, score_batch};
+use transformer_bench::tokenizer::TextTokenizer;
+use transformer_bench::verify::{verify, LambadaReference};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+#[test]
+fn gpt2_logits_match_hf_on_a_padded_batch() {
+    let report = verify(
+        &fixture("gpt2-fixture-logits"),
+        DeviceSpec::Cpu,
+        Precision::Fp32,
+        16,
+    )
+    .unwrap();
+    let l = report.logits.expect("fixture has reference.safetensors");
+    assert_eq!(
+        l.n_positions,
+        16 + 8 + 3,
+        "only unpadded positions are compared"
+    );
+    assert!(l.max_rel_err <= 1e-4, "max rel err {:e}", l.max_rel_err);
+}
+
+#[test]
+fn gpt2_lambada_tokens_loglikelihoods_and_greedy_match_hf() {
+    let report = verify(
+        &fixture("gpt2-fixture"),
+        DeviceSpec::Cpu,
+        Precision::Fp32,
+        16,
+    )
+    .unwrap();
+    let c = report.lambada.expect("fixture has lambada_reference.json");
+    assert_eq!(c.n_passages, 23);
+    assert_eq!(
+        c.tokens_equal, c.n_passages,
+        "tokenization differs from HF's GPT-2 BPE"
+    );
+    assert!(
+        c.ll_max_abs_err <= 1e-4,
+        "ll max abs err {:e}",
+        c.ll_max_abs_err
+    );
+    assert_eq!(c.greedy_equal, c.n_passages);
+    assert!(
+        c.greedy_ref > 0,
+        "the fixture should hold greedy hits to compare"
+    );
+}
+
+/// Per-passage results for one batch size.
+fn lambada_results(batch_size: usize) -> Vec<(f64, bool)> {
+    let dir = fixture("gpt2-fixture");
+    let text = std::fs::read_to_string(dir.join("lambada_reference.json")).unwrap();
+    let reference: LambadaReference = serde_json::from_str(&text).unwrap();
+    let device = DeviceSpec::Cpu.open().unwrap();
+    let model = ModelSpec::from_dir(&dir)
+        .unwrap()
+        .load(
+            &WeightSource::Dir(dir.clone()),
+            Precision::Fp32.dtype(),
+            &device,
+        )
+        .unwrap();
+    let tok = TextTokenizer::gpt2().unwrap();
+    let requests: Vec<_> = reference
+        .passages
+        .iter()
+        .enumerate()
+        .map(|(i, p)| build_request(&tok, i, &p.text, model.max_positions()).unwrap())
+        .collect();
+    requests
+        .chunks(batch_size)
+        .flat_map(|b| score_batch(model.as_ref(), b, &device).unwrap())
+        .map(|r| (r.ll, r.greedy))
+        .collect()
+}
+
+#[test]
+fn lambada_results_do_not_depend_on_batch_size() {
+    let one = lambada_results(1);
+    for bs in [4, 23] {
+        let batched = lambada_results(bs);
+        for (i, (a, b)) in one.iter().zip(&batched).enumerate() {
+            assert!(
+                (a.0 - b.0).abs() <= 1e-5,
+                "passage {i}, batch {bs}: ll {} vs {}",
+                a.0,
+                b.0
+            );
+            assert_eq!(a.1, b.1, "passage {i}, batch {bs}: greedy flag");
+        }
+    }
+}
