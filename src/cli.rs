@@ -17,14 +17,17 @@ tokens/s, latency percentiles and peak memory as JSONL.";
 
 const AFTER_HELP: &str = "\
 Examples:
-  bench                                          tiny random GPT-2 on the built-in 100-passage LAMBADA sample, CPU
+  # tiny random GPT-2 on the built-in 100-passage LAMBADA sample, CPU
+  bench
+  # GPT-2 124M shape, random weights, full LAMBADA on a GPU
   bench --model gpt2 --device cuda --dtype bf16 --data lambada_test.jsonl
-  bench --model-dir ./gpt2-hf --device cuda      an HF checkpoint dir (config.json + model.safetensors)
-  bench verify --model-dir tests/fixtures/gpt2-fixture   compare with HF reference fixtures
+  # an HF checkpoint dir (config.json + model.safetensors)
+  bench --model-dir ./gpt2-hf --device cuda --data lambada_test.jsonl
+  # compare with HF reference fixtures
+  bench verify --model-dir tests/fixtures/gpt2-fixture
 
-Models: gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt2-tiny (2 layers, 64 channels).
-Full LAMBADA: lambada_test.jsonl (5153 passages, sha256 4aa8d02c…b226) from
-https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl";
+Full LAMBADA: lambada_test.jsonl, 5153 passages, sha256 4aa8d02c...b226,
+  https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl";
 
 #[derive(Parser, Debug)]
 #[command(name = "bench", version, about = ABOUT, after_help = AFTER_HELP, args_conflicts_with_subcommands = true)]
