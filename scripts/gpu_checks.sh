@@ -24,17 +24,24 @@ fixtures)
 lambada)
   gunzip -c .gpu/bench.gz > /tmp/bench && chmod +x /tmp/bench
   B=/tmp/bench
-  # 1. numerics: HF reference for the real 124M shape, made here (not committed), fp32 and bf16.
+  # 1. numerics: HF reference for the real 124M shape, made here (not committed), fp32 and bf16
+  #    (same seed, so the same weights); ours in the same precision, and ours-bf16 vs HF-fp32.
   for dt in fp32 bf16; do
     python3 scripts/make_fixtures.py --vocab-dir .gpu/vocab --data data/lambada_sample.jsonl \
-      --out /tmp/ref-$dt --configs gpt2 --device cuda --dtype $dt --n-passages 100 2>&1 | tail -2
-    $B verify --model-dir /tmp/ref-$dt/gpt2 --device cuda --dtype $dt 2>&1 | tee "$OUT/verify-gpt2-$dt.txt"
+      --out /tmp/ref-$dt --configs gpt2 --device cuda --dtype $dt --n-passages 100 2>&1 | grep -v Writing
   done
+  {
+    $B verify --model-dir /tmp/ref-fp32/gpt2 --device cuda --dtype fp32
+    $B verify --model-dir /tmp/ref-bf16/gpt2 --device cuda --dtype bf16
+    echo "# ours in bf16 against the HF fp32 reference:"
+    $B verify --model-dir /tmp/ref-fp32/gpt2 --device cuda --dtype bf16
+  } 2>&1 | tee "$OUT/verify.txt"
   # 2. full LAMBADA (5153 passages), gpt2 124M shape, random weights, batch 16, 4 precisions.
-  mkdir -p "$OUT/logs"
+  mkdir -p /tmp/logs
   for dt in fp32 tf32 bf16 fp16; do
     $B --suite lambada --model gpt2 --weights random --seed 0 --device cuda --dtype $dt \
-      --batch-size 16 --data .gpu/lambada_test.jsonl --log-dir "$OUT/logs" 2>&1 | tee -a "$OUT/lambada.txt"
+      --batch-size 16 --data .gpu/lambada_test.jsonl --log-dir /tmp/logs 2>&1 | tee -a "$OUT/lambada.txt"
   done
+  (cd /tmp && tar czf "$OUT/logs.tgz" logs)
   ;;
 esac

@@ -54,7 +54,10 @@ pub fn run(spec: RunSpec) -> Result<RunOutcome> {
         passages.truncate(n);
     }
 
-    let memory = MemoryTracker::start(&device)?;
+    // A failed memory query costs the memory figure, not the run.
+    let memory = MemoryTracker::start(&device)
+        .inspect_err(|e| eprintln!("warning: memory tracking unavailable: {e}"))
+        .ok();
     let load = Instant::now();
     let model = spec
         .model
@@ -153,7 +156,14 @@ pub fn run(spec: RunSpec) -> Result<RunOutcome> {
 
     let timed_seconds = latencies.iter().sum::<f64>() / 1e3;
     let lat = Distribution::of(&latencies);
-    let mem = memory.read()?;
+    let mem = memory
+        .map(|m| m.read())
+        .transpose()
+        .unwrap_or_else(|e| {
+            eprintln!("warning: memory tracking failed: {e}");
+            None
+        })
+        .unwrap_or_default();
     let summary = Summary {
         status: if failure.is_some() {
             "error".into()
