@@ -103,3 +103,46 @@ fn lambada_results_do_not_depend_on_batch_size() {
         }
     }
 }
+
+#[test]
+fn sharded_checkpoint_loads_like_a_single_file() {
+    use candle_core::Tensor;
+    use std::collections::HashMap;
+    let src = fixture("gpt2-fixture");
+    let dir = tempfile::tempdir().unwrap();
+    let tensors =
+        candle_core::safetensors::load(src.join("model.safetensors"), &candle_core::Device::Cpu)
+            .unwrap();
+    // Two shards, split by name, and the index HF writes for them.
+    let (mut a, mut b): (HashMap<String, Tensor>, HashMap<String, Tensor>) =
+        (HashMap::new(), HashMap::new());
+    let mut weight_map = serde_json::Map::new();
+    for (name, t) in tensors {
+        let (shard, file) = if name.contains(".h.1.") {
+            (&mut b, "model-00002-of-00002.safetensors")
+        } else {
+            (&mut a, "model-00001-of-00002.safetensors")
+        };
+        weight_map.insert(name.clone(), file.into());
+        shard.insert(name, t);
+    }
+    candle_core::safetensors::save(&a, dir.path().join("model-00001-of-00002.safetensors"))
+        .unwrap();
+    candle_core::safetensors::save(&b, dir.path().join("model-00002-of-00002.safetensors"))
+        .unwrap();
+    let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
+    std::fs::write(
+        dir.path().join("model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
+    for f in ["config.json", "lambada_reference.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let c = verify(dir.path(), DeviceSpec::Cpu, Precision::Fp32, 8)
+        .unwrap()
+        .lambada
+        .unwrap();
+    assert_eq!((c.tokens_equal, c.greedy_equal), (23, 23));
+    assert!(c.ll_max_abs_err <= 1e-4, "{:e}", c.ll_max_abs_err);
+}
