@@ -11,6 +11,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  head -1 /proc/driver/nvidia/version
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
 } 2>&1 | tee "$OUT/host.txt"
 

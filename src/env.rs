@@ -57,12 +57,22 @@ fn cpu_model() -> Option<String> {
     Some(line.split_once(':')?.1.trim().to_string())
 }
 
-/// "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  …" -> "580.159.04".
 fn nvidia_driver_version() -> Option<String> {
-    let text = std::fs::read_to_string("/proc/driver/nvidia/version").ok()?;
-    let line = text.lines().next()?;
-    let after = line.split("Kernel Module").nth(1)?;
-    after.split_whitespace().next().map(str::to_string)
+    parse_driver_version(&std::fs::read_to_string("/proc/driver/nvidia/version").ok()?)
+}
+
+/// The first dotted number of the NVRM line: "NVRM version: NVIDIA UNIX x86_64 Kernel Module
+/// 580.159.04 …" and "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04 …"
+/// (the open kernel module's wording) both give "580.159.04".
+fn parse_driver_version(text: &str) -> Option<String> {
+    let line = text.lines().find(|l| l.starts_with("NVRM"))?;
+    line.split_whitespace()
+        .find(|w| {
+            w.contains('.')
+                && w.split('.')
+                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(str::to_string)
 }
 
 #[cfg(feature = "cuda")]
@@ -103,4 +113,21 @@ fn cuda_driver_version(device: &Device) -> Option<String> {
 #[cfg(not(feature = "cuda"))]
 fn cuda_driver_version(_device: &Device) -> Option<String> {
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_driver_version;
+
+    #[test]
+    fn driver_version_from_both_kernel_module_wordings() {
+        let proprietary = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\nGCC version:  gcc version 12.2.0\n";
+        let open = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U22)  Tue Oct 28 2025\n";
+        assert_eq!(
+            parse_driver_version(proprietary).as_deref(),
+            Some("535.104.05")
+        );
+        assert_eq!(parse_driver_version(open).as_deref(), Some("580.159.04"));
+        assert_eq!(parse_driver_version("garbage"), None);
+    }
 }
