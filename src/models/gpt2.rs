@@ -12,10 +12,11 @@
 use super::attention::{
     causal_padding_bias, merge_heads, positions, scaled_dot_product, split_heads,
 };
+use super::layers::{load_layer_norm, Activation, Mlp, Projection, WeightLayout::Conv1D};
 use super::CausalLm;
 use crate::error::{Error, Result};
 use candle_core::{Module, Tensor};
-use candle_nn::{layer_norm, Init, LayerNorm, LayerNormConfig, VarBuilder};
+use candle_nn::{Init, LayerNorm, VarBuilder};
 use serde::Deserialize;
 
 fn default_activation() -> String {
@@ -129,77 +130,9 @@ impl Config {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Activation {
-    /// tanh approximation: `gelu_new`, `gelu_pytorch_tanh`, `gelu_fast` (same function).
-    GeluTanh,
-    /// exact erf GELU: `gelu`.
-    GeluErf,
-    Relu,
-}
-
-impl Activation {
-    fn parse(name: &str) -> Result<Self> {
-        match name {
-            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Ok(Self::GeluTanh),
-            "gelu" => Ok(Self::GeluErf),
-            "relu" => Ok(Self::Relu),
-            _ => Err(Error::Unsupported(format!(
-                "activation_function '{name}' is not supported (gelu_new, gelu_pytorch_tanh, gelu_fast, gelu, relu)"
-            ))),
-        }
-    }
-    fn forward(self, x: &Tensor) -> candle_core::Result<Tensor> {
-        match self {
-            Self::GeluTanh => x.gelu(),
-            Self::GeluErf => x.gelu_erf(),
-            Self::Relu => x.relu(),
-        }
-    }
-}
-
-/// HF's `Conv1D`: y = x W + b with W stored (in, out), the transpose of `nn.Linear`.
-struct Conv1D {
-    weight: Tensor, // (in, out)
-    bias: Tensor,   // (out,)
-}
-
-impl Conv1D {
-    fn load(vb: VarBuilder, n_in: usize, n_out: usize, std: f64) -> candle_core::Result<Self> {
-        let weight = vb.get_with_hints(
-            (n_in, n_out),
-            "weight",
-            Init::Randn {
-                mean: 0.,
-                stdev: std,
-            },
-        )?;
-        let bias = vb.get_with_hints(n_out, "bias", Init::Const(0.))?;
-        Ok(Self { weight, bias })
-    }
-
-    /// (B, T, in) -> (B, T, out)
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let (b, t, c) = x.dims3()?;
-        let y = x.reshape((b * t, c))?.matmul(&self.weight)?; // (B·T, out)
-        y.broadcast_add(&self.bias)?.reshape((b, t, ()))
-    }
-}
-
-fn load_layer_norm(vb: VarBuilder, size: usize, eps: f64) -> candle_core::Result<LayerNorm> {
-    layer_norm(
-        size,
-        LayerNormConfig {
-            eps,
-            ..Default::default()
-        },
-        vb,
-    )
-}
-
 struct Attention {
-    c_attn: Conv1D,
-    c_proj: Conv1D,
+    c_attn: Projection, // Conv1D (C, 3C): [q | k | v]
+    c_proj: Projection, // Conv1D (C, C)
     n_head: usize,
     scale: f64,
 }
@@ -219,8 +152,8 @@ impl Attention {
             scale /= (layer_idx + 1) as f64;
         }
         Ok(Self {
-            c_attn: Conv1D::load(vb.pp("c_attn"), c, 3 * c, cfg.initializer_range)?,
-            c_proj: Conv1D::load(vb.pp("c_proj"), c, c, proj_std)?,
+            c_attn: Projection::load(vb.pp("c_attn"), Conv1D, c, 3 * c, cfg.initializer_range)?,
+            c_proj: Projection::load(vb.pp("c_proj"), Conv1D, c, c, proj_std)?,
             n_head: cfg.n_head,
             scale,
         })
@@ -238,32 +171,21 @@ impl Attention {
     }
 }
 
-struct Mlp {
-    c_fc: Conv1D,
-    c_proj: Conv1D,
-    act: Activation,
-}
-
-impl Mlp {
-    fn load(vb: VarBuilder, cfg: &Config) -> candle_core::Result<Self> {
-        let proj_std = cfg.initializer_range / (2. * cfg.n_layer as f64).sqrt();
-        let act = Activation::parse(&cfg.activation_function).map_err(candle_core::Error::wrap)?;
-        Ok(Self {
-            c_fc: Conv1D::load(
-                vb.pp("c_fc"),
-                cfg.n_embd,
-                cfg.n_inner(),
-                cfg.initializer_range,
-            )?,
-            c_proj: Conv1D::load(vb.pp("c_proj"), cfg.n_inner(), cfg.n_embd, proj_std)?,
-            act,
-        })
-    }
-
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.c_proj
-            .forward(&self.act.forward(&self.c_fc.forward(x)?)?)
-    }
+/// `c_fc` and `c_proj` of GPT-2's MLP, both `Conv1D`.
+fn load_mlp(vb: VarBuilder, cfg: &Config) -> candle_core::Result<Mlp> {
+    let proj_std = cfg.initializer_range / (2. * cfg.n_layer as f64).sqrt();
+    let act = Activation::parse(&cfg.activation_function).map_err(candle_core::Error::wrap)?;
+    Ok(Mlp {
+        up: Projection::load(
+            vb.pp("c_fc"),
+            Conv1D,
+            cfg.n_embd,
+            cfg.n_inner(),
+            cfg.initializer_range,
+        )?,
+        down: Projection::load(vb.pp("c_proj"), Conv1D, cfg.n_inner(), cfg.n_embd, proj_std)?,
+        act,
+    })
 }
 
 struct Block {
@@ -280,7 +202,7 @@ impl Block {
             ln_1: load_layer_norm(vb.pp("ln_1"), cfg.n_embd, eps)?,
             attn: Attention::load(vb.pp("attn"), cfg, layer_idx)?,
             ln_2: load_layer_norm(vb.pp("ln_2"), cfg.n_embd, eps)?,
-            mlp: Mlp::load(vb.pp("mlp"), cfg)?,
+            mlp: load_mlp(vb.pp("mlp"), cfg)?,
         })
     }
 

@@ -5,6 +5,7 @@
 
 pub mod attention;
 pub mod gpt2;
+pub mod layers;
 pub mod weights;
 
 use crate::error::{Error, Result};

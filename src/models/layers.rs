@@ -1,0 +1,118 @@
+//! Layers GPT-2 and BLOOM share: the two weight layouts of a projection, the GELU variants,
+//! the two-projection MLP and layer-norm loading. Each model picks its checkpoint names.
+
+use crate::error::{Error, Result};
+use candle_core::Tensor;
+use candle_nn::{layer_norm, Init, LayerNorm, LayerNormConfig, VarBuilder};
+
+/// How a projection's weight is stored in the checkpoint.
+#[derive(Clone, Copy, Debug)]
+pub enum WeightLayout {
+    /// `nn.Linear`: (out, in); y = x Wᵀ + b (BLOOM).
+    Linear,
+    /// HF GPT-2's `Conv1D`: (in, out), the transpose of `nn.Linear`; y = x W + b.
+    Conv1D,
+}
+
+/// A projection with bias, (B, T, in) -> (B, T, out).
+pub struct Projection {
+    weight: Tensor,
+    bias: Tensor, // (out,)
+    layout: WeightLayout,
+}
+
+impl Projection {
+    /// Loads `weight` (normal(0, `std`) for random init) and `bias` (zeros).
+    pub fn load(
+        vb: VarBuilder,
+        layout: WeightLayout,
+        n_in: usize,
+        n_out: usize,
+        std: f64,
+    ) -> candle_core::Result<Self> {
+        let shape = match layout {
+            WeightLayout::Linear => (n_out, n_in),
+            WeightLayout::Conv1D => (n_in, n_out),
+        };
+        let weight = vb.get_with_hints(
+            shape,
+            "weight",
+            Init::Randn {
+                mean: 0.,
+                stdev: std,
+            },
+        )?;
+        let bias = vb.get_with_hints(n_out, "bias", Init::Const(0.))?;
+        Ok(Self {
+            weight,
+            bias,
+            layout,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (b, t, c) = x.dims3()?;
+        let x = x.reshape((b * t, c))?; // (B·T, in)
+        let y = match self.layout {
+            WeightLayout::Linear => x.matmul(&self.weight.t()?)?,
+            WeightLayout::Conv1D => x.matmul(&self.weight)?,
+        }; // (B·T, out)
+        y.broadcast_add(&self.bias)?.reshape((b, t, ()))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// tanh approximation: `gelu_new`, `gelu_pytorch_tanh`, `gelu_fast`, BLOOM's `bloom_gelu`.
+    GeluTanh,
+    /// exact erf GELU: `gelu`.
+    GeluErf,
+    Relu,
+}
+
+impl Activation {
+    /// From an HF `activation_function` name.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Ok(Self::GeluTanh),
+            "gelu" => Ok(Self::GeluErf),
+            "relu" => Ok(Self::Relu),
+            _ => Err(Error::Unsupported(format!(
+                "activation_function '{name}' is not supported (gelu_new, gelu_pytorch_tanh, gelu_fast, gelu, relu)"
+            ))),
+        }
+    }
+
+    pub fn forward(self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Self::GeluTanh => x.gelu(),
+            Self::GeluErf => x.gelu_erf(),
+            Self::Relu => x.relu(),
+        }
+    }
+}
+
+/// down(act(up(x))): (B, T, C) -> (B, T, C).
+pub struct Mlp {
+    pub up: Projection,
+    pub down: Projection,
+    pub act: Activation,
+}
+
+impl Mlp {
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.down.forward(&self.act.forward(&self.up.forward(x)?)?)
+    }
+}
+
+/// `weight` (ones) and `bias` (zeros) of a LayerNorm over `size` channels.
+pub fn load_layer_norm(vb: VarBuilder, size: usize, eps: f64) -> candle_core::Result<LayerNorm> {
+    layer_norm(
+        size,
+        LayerNormConfig {
+            eps,
+            ..Default::default()
+        },
+        vb,
+    )
+}
