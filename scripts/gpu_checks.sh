@@ -1,48 +1,70 @@
 #!/usr/bin/env bash
-# One batch of GPU-host checks per device call (see README "GPU runs").
-# Run from the repo root on the GPU host; writes everything under $OUT.
-#   bash scripts/gpu_checks.sh fixtures    HF reference fixtures (CPU fp32) for tests/fixtures
-#   bash scripts/gpu_checks.sh lambada     124M-shape numerics check + full LAMBADA, 4 precisions
+# One batch of GPU-host checks per device call; stages run in the order given.
+# Run from the repo root on the GPU host; writes everything under $OUT (<= 8 files come back).
+#   fixtures       HF reference fixtures (CPU fp32) for tests/fixtures           -> fixtures.tgz
+#   numerics       real-shape HF references made here (gpt2, bloom-560m; fp32, bf16) vs ours
+#   lambada-small  full LAMBADA, batch 16: gpt2 in 4 precisions, bloom-560m in 3
+#   lambada-7b1    full LAMBADA, batch 16: bloom-7b1 in bf16, fp16, fp32; plus a checkpoint
+#                  round trip (--save-weights, then --model-dir) for load time and host RSS
 # Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.gz, lambada_test.jsonl.
 set -uo pipefail
-stage=${1:?stage: fixtures|lambada}
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+mkdir -p "$OUT" /tmp/logs
 export PYTHONUNBUFFERED=1
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   head -1 /proc/driver/nvidia/version
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
 } 2>&1 | tee "$OUT/host.txt"
+if [ -f .gpu/bench.gz ]; then gunzip -c .gpu/bench.gz > /tmp/bench && chmod +x /tmp/bench; fi
+B=/tmp/bench
+FIX="python3 scripts/make_fixtures.py --vocab-dir .gpu/vocab --data data/lambada_sample.jsonl"
+LOGS=/tmp/logs
+lambada() { # model dtype [extra flags]
+  local m=$1 dt=$2; shift 2
+  $B --suite lambada --model "$m" --weights random --seed 0 --device cuda --dtype "$dt" \
+    --batch-size 16 --data .gpu/lambada_test.jsonl --log-dir $LOGS --no-progress "$@" 2>&1 | tee -a "$OUT/lambada.txt"
+}
 
-case $stage in
-fixtures)
-  python3 scripts/make_fixtures.py --vocab-dir .gpu/vocab --data data/lambada_sample.jsonl \
-    --out "$OUT/fixtures" --configs gpt2-fixture,gpt2-fixture-logits --device cpu --dtype fp32 \
-    2>&1 | tee "$OUT/fixtures.log"
-  (cd "$OUT" && tar czf fixtures.tgz fixtures && rm -rf fixtures)
-  ;;
-lambada)
-  gunzip -c .gpu/bench.gz > /tmp/bench && chmod +x /tmp/bench
-  B=/tmp/bench
-  # 1. numerics: HF reference for the real 124M shape, made here (not committed), fp32 and bf16
-  #    (same seed, so the same weights); ours in the same precision, and ours-bf16 vs HF-fp32.
-  for dt in fp32 bf16; do
-    python3 scripts/make_fixtures.py --vocab-dir .gpu/vocab --data data/lambada_sample.jsonl \
-      --out /tmp/ref-$dt --configs gpt2 --device cuda --dtype $dt --n-passages 100 2>&1 | grep -v Writing
-  done
-  {
-    $B verify --model-dir /tmp/ref-fp32/gpt2 --device cuda --dtype fp32
-    $B verify --model-dir /tmp/ref-bf16/gpt2 --device cuda --dtype bf16
-    echo "# ours in bf16 against the HF fp32 reference:"
-    $B verify --model-dir /tmp/ref-fp32/gpt2 --device cuda --dtype bf16
-  } 2>&1 | tee "$OUT/verify.txt"
-  # 2. full LAMBADA (5153 passages), gpt2 124M shape, random weights, batch 16, 4 precisions.
-  mkdir -p /tmp/logs
-  for dt in fp32 tf32 bf16 fp16; do
-    $B --suite lambada --model gpt2 --weights random --seed 0 --device cuda --dtype $dt \
-      --batch-size 16 --data .gpu/lambada_test.jsonl --log-dir /tmp/logs 2>&1 | tee -a "$OUT/lambada.txt"
-  done
-  (cd /tmp && tar czf "$OUT/logs.tgz" logs)
-  ;;
-esac
+for stage in "$@"; do
+  echo "=== $stage"
+  case $stage in
+  fixtures)
+    $FIX --out "$OUT/fixtures" --device cpu --dtype fp32 \
+      --configs gpt2-fixture,gpt2-fixture-logits,bloom-fixture,bloom-fixture-logits 2>&1 | grep -v Writing
+    (cd "$OUT" && tar czf fixtures.tgz fixtures && rm -rf fixtures)
+    ;;
+  numerics)
+    # Same seed, so the same weights in both precisions; ours in the same precision as HF,
+    # and ours-bf16 against HF-fp32.
+    for m in gpt2 bloom-560m; do
+      for dt in fp32 bf16; do
+        $FIX --out /tmp/ref-$dt --configs $m --device cuda --dtype $dt --n-passages 100 2>&1 | grep -v Writing
+      done
+      {
+        $B verify --model-dir /tmp/ref-fp32/$m --device cuda --dtype fp32
+        $B verify --model-dir /tmp/ref-bf16/$m --device cuda --dtype bf16
+        echo "# ours in bf16 against the HF fp32 reference:"
+        $B verify --model-dir /tmp/ref-fp32/$m --device cuda --dtype bf16
+      } 2>&1 | tee -a "$OUT/verify.txt"
+      rm -rf /tmp/ref-fp32/$m /tmp/ref-bf16/$m
+    done
+    ;;
+  lambada-small)
+    for dt in fp32 tf32 bf16 fp16; do lambada gpt2 $dt; done
+    for dt in fp32 bf16 fp16; do lambada bloom-560m $dt; done
+    ;;
+  lambada-7b1)
+    # Long runs: logs straight into $OUT, so a run cut off by the time limit keeps the others.
+    LOGS=$OUT/logs
+    lambada bloom-7b1 bf16 --save-weights /tmp/bloom-7b1-bf16
+    # Checkpoint path: 14 GB of bf16 safetensors, memory-mapped, moved tensor by tensor.
+    $B --model-dir /tmp/bloom-7b1-bf16 --device cuda --dtype bf16 --data .gpu/lambada_test.jsonl \
+      --limit 320 --log-dir $LOGS --no-progress 2>&1 | tee -a "$OUT/lambada.txt"
+    lambada bloom-7b1 fp16
+    lambada bloom-7b1 fp32
+    ;;
+  *) echo "unknown stage $stage" >&2; exit 2 ;;
+  esac
+done
+if [ -n "$(ls /tmp/logs)" ]; then (cd /tmp && tar czf "$OUT/logs.tgz" logs); fi

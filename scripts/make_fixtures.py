@@ -2,7 +2,7 @@
 """Reference fixtures from HF transformers, for transformer-bench's numerics tests.
 
 Runs where torch + transformers exist (the GPU host). For each config it builds
-`GPT2LMHeadModel` with HF's own init under a fixed seed, saves `config.json` +
+`GPT2LMHeadModel` or `BloomForCausalLM` with HF's own init under a fixed seed, saves `config.json` +
 `model.safetensors` (save_pretrained, the same files a real checkpoint has), and writes:
 
   reference.safetensors   input_ids, attention_mask (B, T) int64 and logits (B, T, V) float32
@@ -30,20 +30,32 @@ import os
 import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import BloomConfig, BloomForCausalLM, GPT2Config, GPT2LMHeadModel
 
-# Fixture configs. `gpt2-fixture` has GPT-2's real vocabulary so LAMBADA text tokenizes for
-# real; 32 channels keep model.safetensors small enough to commit (~7 MB).
-# `gpt2-fixture-logits` is for full-logits comparison (small vocab) and a larger init scale so
-# attention is far from uniform and masking mistakes show.
+# Fixture configs: name -> (architecture, config kwargs).
+# `*-fixture` models have GPT-2's vocabulary size so LAMBADA text tokenizes for real (BLOOM's
+# tokenizer is not available here: GPT-2's BPE stands in, as in the bench); few channels keep
+# model.safetensors small enough to commit. `*-fixture-logits` compare full logits (small vocab)
+# with a larger init scale so attention is far from uniform and masking mistakes show.
+# BLOOM fixtures use head counts that are not powers of two (3, 6): the second ALiBi branch.
 CONFIGS = {
-    "gpt2-fixture": dict(vocab_size=50257, n_positions=256, n_embd=32, n_layer=2, n_head=4),
-    "gpt2-fixture-logits": dict(
+    "gpt2-fixture": ("gpt2", dict(vocab_size=50257, n_positions=256, n_embd=32, n_layer=2, n_head=4)),
+    "gpt2-fixture-logits": ("gpt2", dict(
         vocab_size=512, n_positions=64, n_embd=64, n_layer=2, n_head=4,
         initializer_range=0.1, layer_norm_epsilon=1e-6, bos_token_id=0, eos_token_id=0,
-    ),
-    "gpt2": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12),
+    )),
+    "gpt2": ("gpt2", dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)),
+    "bloom-fixture": ("bloom", dict(vocab_size=50257, hidden_size=24, n_layer=2, n_head=3)),
+    "bloom-fixture-logits": ("bloom", dict(
+        vocab_size=512, hidden_size=48, n_layer=2, n_head=6, initializer_range=0.1,
+        layer_norm_epsilon=1e-6, apply_residual_connection_post_layernorm=True,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )),
+    "bloom-560m": ("bloom", dict(vocab_size=250880, hidden_size=1024, n_layer=24, n_head=16)),
 }
+MODELS = {"gpt2": (GPT2Config, GPT2LMHeadModel), "bloom": (BloomConfig, BloomForCausalLM)}
+# lm-eval's max_length for models whose config names no n_positions (BLOOM: ALiBi).
+DEFAULT_MAX_LENGTH = 2048
 
 # Passages whose last word repeats the previous one: a random model with tied embeddings
 # tends to predict the current token again, so these give `greedy == True` cases to compare.
@@ -114,7 +126,7 @@ def score_passage(model, tok, text, max_len, device):
 def padded_batch_logits(model, cfg, device, seed):
     # Right-padded batch of three lengths; the tests compare only positions where mask == 1.
     g = torch.Generator().manual_seed(seed + 1)
-    t = min(16, cfg.n_positions)
+    t = min(16, getattr(cfg, "n_positions", 16))
     lens = [t, t // 2, 3]
     ids = torch.randint(0, cfg.vocab_size, (len(lens), t), generator=g)
     mask = torch.zeros_like(ids)
@@ -143,12 +155,13 @@ def main():
     texts += SYNTHETIC
 
     for name in args.configs.split(","):
-        spec = CONFIGS[name]
+        arch, spec = CONFIGS[name]
+        config_cls, model_cls = MODELS[arch]
         out = os.path.join(args.out, name)
         os.makedirs(out, exist_ok=True)
         torch.manual_seed(args.seed)
-        cfg = GPT2Config(**spec, attn_implementation="eager")
-        model = GPT2LMHeadModel(cfg).eval()
+        cfg = config_cls(**spec, attn_implementation="eager")
+        model = model_cls(cfg).eval()
         model.save_pretrained(out, safe_serialization=True)
         model = model.to(device=args.device, dtype=DTYPES[args.dtype])
 
@@ -157,10 +170,12 @@ def main():
         # Full logits only where they stay small enough to commit, or for uncommitted GPU runs.
         if cfg.vocab_size <= 4096 or args.device != "cpu":
             save_file(padded_batch_logits(model, cfg, args.device, args.seed), os.path.join(out, "reference.safetensors"))
-        if cfg.vocab_size == 50257:
-            passages = [score_passage(model, tok, t, cfg.n_positions, args.device) for t in texts]
+        if cfg.vocab_size >= 50257:
+            max_len = getattr(cfg, "n_positions", DEFAULT_MAX_LENGTH)
+            passages = [score_passage(model, tok, t, max_len, args.device) for t in texts]
             ref = dict(
                 generator="scripts/make_fixtures.py",
+                tokenizer="gpt2" if arch == "gpt2" else "gpt2 (proxy)",
                 transformers=transformers.__version__,
                 torch=torch.__version__,
                 device=str(torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"),

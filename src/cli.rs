@@ -63,7 +63,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub suite_file: Option<PathBuf>,
 
-    /// Model preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt2-tiny.
+    /// Model preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt2-tiny, bloom-560m, bloom-1b1,
+    /// bloom-1b7, bloom-3b, bloom-7b1, bloom (176B), bloom-tiny.
     #[arg(long, default_value = "gpt2-tiny")]
     pub model: String,
 
@@ -108,6 +109,11 @@ pub struct RunArgs {
     /// Directory of the JSONL run logs.
     #[arg(long, default_value = "results/logs", value_name = "DIR")]
     pub log_dir: PathBuf,
+
+    /// Write the random weights as an HF checkpoint (config.json + model.safetensors in
+    /// --dtype) to DIR, loadable by --model-dir and by transformers.
+    #[arg(long, value_name = "DIR")]
+    pub save_weights: Option<PathBuf>,
 
     /// No progress bar (it is also hidden when stderr is not a terminal).
     #[arg(long)]
@@ -170,6 +176,11 @@ pub fn resolve(args: RunArgs, command_line: Vec<String>) -> Result<RunSpec> {
             ))
         }
     };
+    if args.save_weights.is_some() && !matches!(weights, WeightSource::Random { .. }) {
+        return Err(Error::Config(
+            "--save-weights writes random weights: use it with --weights random".into(),
+        ));
+    }
     let batch_size = args.batch_size.unwrap_or(suite.run.batch_size);
     if batch_size == 0 {
         return Err(Error::Config("--batch-size must be at least 1".into()));
@@ -190,6 +201,7 @@ pub fn resolve(args: RunArgs, command_line: Vec<String>) -> Result<RunSpec> {
         limit: args.limit,
         data,
         log_dir: args.log_dir,
+        save_weights: args.save_weights,
         command_line,
         progress: !args.no_progress,
     })

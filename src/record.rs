@@ -115,6 +115,11 @@ pub struct Summary {
     /// See [`crate::trackers::MemoryTracker`].
     pub peak_memory_bytes: u64,
     pub device_memory_used_bytes: Option<u64>,
+    /// Peak resident set of the process (VmHWM): with safetensors checkpoints it includes the
+    /// mapped file pages read, which the kernel can drop; with random weights no weights pass
+    /// through the host.
+    #[serde(default)]
+    pub peak_host_memory_bytes: Option<u64>,
 }
 
 /// An open run log.

@@ -5,11 +5,13 @@ use crate::device::{DeviceSpec, Precision};
 use crate::env::HostInfo;
 use crate::error::Result;
 use crate::metrics::{lambada_accuracy, lambada_perplexity, per_second, Distribution};
-use crate::models::{ModelSpec, WeightSource};
+use crate::models::weights::save_checkpoint;
+use crate::models::{ModelSpec, Recorder, WeightSource};
 use crate::record::{BatchRecord, DataInfo, Header, Record, RunLog, Summary, SCHEMA_VERSION};
 use crate::suites::lambada::{batch_shape, build_requests, score_batch, warm_up};
 use crate::suites::SuiteFile;
 use crate::tokenizer::TextTokenizer;
+use crate::trackers::peak_rss_bytes;
 use crate::trackers::{LatencyTracker, MemoryTracker};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
@@ -29,6 +31,8 @@ pub struct RunSpec {
     pub limit: Option<usize>,
     pub data: DataFile,
     pub log_dir: PathBuf,
+    /// Write the random weights as an HF checkpoint here.
+    pub save_weights: Option<PathBuf>,
     pub command_line: Vec<String>,
     pub progress: bool,
 }
@@ -46,7 +50,8 @@ pub fn run(spec: RunSpec) -> Result<RunOutcome> {
     let wall = Instant::now();
     let device = spec.device.open()?;
     spec.precision.apply_matmul_mode(&device);
-    let tokenizer = TextTokenizer::for_model_dir(spec.tokenizer_dir.as_deref())?;
+    let tokenizer =
+        TextTokenizer::for_model(spec.tokenizer_dir.as_deref(), spec.model.architecture())?;
 
     // Data first: bad data fails before minutes of model loading.
     let mut passages = lambada_passages(&spec.data)?;
@@ -59,11 +64,21 @@ pub fn run(spec: RunSpec) -> Result<RunOutcome> {
         .inspect_err(|e| eprintln!("warning: memory tracking unavailable: {e}"))
         .ok();
     let load = Instant::now();
+    let dtype = spec.precision.dtype();
+    let record = spec.save_weights.as_ref().map(|_| Recorder::default());
     let model = spec
         .model
-        .load(&spec.weights, spec.precision.dtype(), &device)?;
+        .load_recording(&spec.weights, dtype, &device, record.clone())?;
     crate::device::synchronize(&device)?;
     let load_seconds = load.elapsed().as_secs_f64();
+    if let (Some(dir), Some(record)) = (&spec.save_weights, record) {
+        let tensors = std::mem::take(&mut *record.lock().expect("recorder lock"));
+        save_checkpoint(dir, &spec.model.hf_config(dtype), tensors)?;
+        eprintln!(
+            "saved weights to {} (config.json + model.safetensors)",
+            dir.display()
+        );
+    }
 
     let requests = build_requests(&tokenizer, &passages, model.max_positions())?;
     let batches: Vec<&[_]> = requests.chunks(spec.batch_size.max(1)).collect();
@@ -186,6 +201,7 @@ pub fn run(spec: RunSpec) -> Result<RunOutcome> {
         timed_seconds,
         wall_seconds: wall.elapsed().as_secs_f64(),
         peak_memory_bytes: mem.peak_bytes,
+        peak_host_memory_bytes: peak_rss_bytes(),
         device_memory_used_bytes: mem.device_used_bytes,
     };
     log.write(&Record::Summary(Box::new(summary.clone())))?;
@@ -248,6 +264,10 @@ pub fn summary_table(h: &Header, s: &Summary, log_path: &Path) -> String {
         (
             "peak memory",
             format!("{:.1} MiB", mib(s.peak_memory_bytes)),
+        ),
+        (
+            "peak host RSS",
+            format!("{:.1} MiB", mib(s.peak_host_memory_bytes.unwrap_or(0))),
         ),
         (
             "load / wall",

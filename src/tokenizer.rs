@@ -5,8 +5,12 @@ use crate::error::{Error, Result};
 use std::path::Path;
 
 pub enum TextTokenizer {
-    /// GPT-2's BPE (r50k_base), the tokenizer of every GPT-2 checkpoint.
-    Gpt2Bpe(tiktoken_rs::CoreBPE),
+    /// GPT-2's BPE (r50k_base), the tokenizer of every GPT-2 checkpoint. `proxy`: standing in
+    /// for another model's missing tokenizer (random weights only), as a realistic length proxy.
+    Gpt2Bpe {
+        bpe: tiktoken_rs::CoreBPE,
+        proxy: bool,
+    },
     /// An HF `tokenizer.json`.
     HuggingFace(Box<tokenizers::Tokenizer>),
 }
@@ -14,7 +18,7 @@ pub enum TextTokenizer {
 impl TextTokenizer {
     pub fn gpt2() -> Result<Self> {
         tiktoken_rs::r50k_base()
-            .map(Self::Gpt2Bpe)
+            .map(|bpe| Self::Gpt2Bpe { bpe, proxy: false })
             .map_err(|e| Error::Config(format!("cannot build the GPT-2 BPE: {e}")))
     }
 
@@ -24,18 +28,26 @@ impl TextTokenizer {
             .map_err(|e| Error::Config(format!("{}: cannot load tokenizer: {e}", path.display())))
     }
 
-    /// `DIR/tokenizer.json` when a model dir has one, else GPT-2's BPE.
-    pub fn for_model_dir(dir: Option<&Path>) -> Result<Self> {
+    /// `DIR/tokenizer.json` when a model dir has one, else GPT-2's BPE: GPT-2's own tokenizer
+    /// for `architecture` "gpt2", a stand-in (said so in the log header) for any other.
+    pub fn for_model(dir: Option<&Path>, architecture: &str) -> Result<Self> {
         match dir.map(|d| d.join("tokenizer.json")) {
             Some(p) if p.is_file() => Self::from_file(&p),
-            _ => Self::gpt2(),
+            _ => Self::gpt2().map(|t| match t {
+                Self::Gpt2Bpe { bpe, .. } => Self::Gpt2Bpe {
+                    bpe,
+                    proxy: architecture != "gpt2",
+                },
+                other => other,
+            }),
         }
     }
 
     /// What the log header records.
     pub fn describe(&self) -> &'static str {
         match self {
-            Self::Gpt2Bpe(_) => "gpt2 (r50k BPE, built in)",
+            Self::Gpt2Bpe { proxy: false, .. } => "gpt2 (r50k BPE, built in)",
+            Self::Gpt2Bpe { proxy: true, .. } => "gpt2 (proxy)",
             Self::HuggingFace(_) => "tokenizer.json",
         }
     }
@@ -44,7 +56,7 @@ impl TextTokenizer {
     /// `tok_encode` for causal models).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         match self {
-            Self::Gpt2Bpe(bpe) => Ok(bpe.encode_ordinary(text)),
+            Self::Gpt2Bpe { bpe, .. } => Ok(bpe.encode_ordinary(text)),
             Self::HuggingFace(t) => t
                 .encode(text, false)
                 .map(|e| e.get_ids().to_vec())

@@ -85,7 +85,7 @@ pub fn verify(
             .map_err(|e| Error::io(format!("reading {}", lambada_path.display()), e))?;
         let reference: LambadaReference = serde_json::from_str(&text)
             .map_err(|e| Error::Config(format!("{}: {e}", lambada_path.display())))?;
-        let tok = TextTokenizer::for_model_dir(Some(dir))?;
+        let tok = TextTokenizer::for_model(Some(dir), spec.architecture())?;
         Some(check_lambada(
             model.as_ref(),
             &tok,

@@ -272,3 +272,40 @@ fn verify_subcommand_reports_agreement() {
         "{out}"
     );
 }
+
+#[test]
+fn saved_random_weights_reload_to_the_same_scores() {
+    let dir = tempfile::tempdir().unwrap();
+    let (logs, ckpt) = (dir.path().join("logs"), dir.path().join("ckpt"));
+    let (logs, ckpt) = (logs.to_str().unwrap(), ckpt.to_str().unwrap());
+    let common = ["--log-dir", logs, "--limit", "24", "--warmup", "0"];
+    let random = summary_of(
+        &[
+            &common[..],
+            &[
+                "--model",
+                "bloom-tiny",
+                "--seed",
+                "5",
+                "--save-weights",
+                ckpt,
+            ],
+        ]
+        .concat(),
+    );
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("ckpt/config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            config["model_type"].as_str(),
+            config["architectures"][0].as_str()
+        ),
+        (Some("bloom"), Some("BloomForCausalLM"))
+    );
+    let reloaded = summary_of(&[&common[..], &["--model-dir", ckpt]].concat());
+    assert_eq!(random.perplexity, reloaded.perplexity);
+    let e = error_of(&["--model-dir", ckpt, "--save-weights", ckpt]);
+    assert!(e.contains("--save-weights writes random weights"), "{e}");
+}

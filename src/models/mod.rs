@@ -4,6 +4,7 @@
 //! weight loading) lives in [`attention`] and [`weights`]. Suites only see [`CausalLm`].
 
 pub mod attention;
+pub mod bloom;
 pub mod gpt2;
 pub mod layers;
 pub mod weights;
@@ -12,7 +13,7 @@ use crate::error::{Error, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 use std::path::Path;
-pub use weights::WeightSource;
+pub use weights::{Recorder, WeightSource};
 
 /// What a suite needs from a causal language model.
 pub trait CausalLm {
@@ -36,6 +37,7 @@ pub trait CausalLm {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Architecture {
     Gpt2(gpt2::Config),
+    Bloom(bloom::Config),
 }
 
 /// A named model: a preset or the config.json of a model directory.
@@ -55,16 +57,37 @@ pub struct ModelInfo {
 }
 
 /// Named presets, in the order `--help` and errors list them.
-pub const PRESETS: &[&str] = &["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt2-tiny"];
+pub const PRESETS: &[&str] = &[
+    "gpt2",
+    "gpt2-medium",
+    "gpt2-large",
+    "gpt2-xl",
+    "gpt2-tiny",
+    "bloom-560m",
+    "bloom-1b1",
+    "bloom-1b7",
+    "bloom-3b",
+    "bloom-7b1",
+    "bloom",
+    "bloom-tiny",
+];
 
 impl ModelSpec {
     pub fn preset(name: &str) -> Result<Self> {
-        let cfg = match name {
-            "gpt2" => gpt2::Config::gpt2_124m(),
-            "gpt2-medium" => gpt2::Config::gpt2_medium(),
-            "gpt2-large" => gpt2::Config::gpt2_large(),
-            "gpt2-xl" => gpt2::Config::gpt2_xl(),
-            "gpt2-tiny" => gpt2::Config::gpt2_tiny(),
+        use Architecture::{Bloom, Gpt2};
+        let arch = match name {
+            "gpt2" => Gpt2(gpt2::Config::gpt2_124m()),
+            "gpt2-medium" => Gpt2(gpt2::Config::gpt2_medium()),
+            "gpt2-large" => Gpt2(gpt2::Config::gpt2_large()),
+            "gpt2-xl" => Gpt2(gpt2::Config::gpt2_xl()),
+            "gpt2-tiny" => Gpt2(gpt2::Config::gpt2_tiny()),
+            "bloom-560m" => Bloom(bloom::Config::bloom_560m()),
+            "bloom-1b1" => Bloom(bloom::Config::bloom_1b1()),
+            "bloom-1b7" => Bloom(bloom::Config::bloom_1b7()),
+            "bloom-3b" => Bloom(bloom::Config::bloom_3b()),
+            "bloom-7b1" => Bloom(bloom::Config::bloom_7b1()),
+            "bloom" => Bloom(bloom::Config::bloom_176b()),
+            "bloom-tiny" => Bloom(bloom::Config::bloom_tiny()),
             _ => {
                 return Err(Error::UnknownModel {
                     name: name.into(),
@@ -74,7 +97,7 @@ impl ModelSpec {
         };
         Ok(Self {
             name: name.into(),
-            arch: Architecture::Gpt2(cfg),
+            arch,
         })
     }
 
@@ -96,9 +119,10 @@ impl ModelSpec {
         let json: serde_json::Value = serde_json::from_str(&text).map_err(bad)?;
         let arch = match json["model_type"].as_str() {
             Some("gpt2") => Architecture::Gpt2(serde_json::from_value(json).map_err(bad)?),
+            Some("bloom") => Architecture::Bloom(serde_json::from_value(json).map_err(bad)?),
             Some(other) => {
                 return Err(Error::Unsupported(format!(
-                    "{}: model_type '{other}' is not supported (supported: gpt2)",
+                    "{}: model_type '{other}' is not supported (supported: gpt2, bloom)",
                     path.display()
                 )))
             }
@@ -119,12 +143,14 @@ impl ModelSpec {
     pub fn architecture(&self) -> &'static str {
         match self.arch {
             Architecture::Gpt2(_) => "gpt2",
+            Architecture::Bloom(_) => "bloom",
         }
     }
 
     pub fn n_parameters(&self) -> usize {
         match &self.arch {
             Architecture::Gpt2(c) => c.n_parameters(),
+            Architecture::Bloom(c) => c.n_parameters(),
         }
     }
 
@@ -144,13 +170,53 @@ impl ModelSpec {
         dtype: DType,
         device: &Device,
     ) -> Result<Box<dyn CausalLm>> {
+        self.load_recording(source, dtype, device, None)
+    }
+
+    /// [`ModelSpec::load`], keeping random tensors in `record` (for `--save-weights`).
+    pub fn load_recording(
+        &self,
+        source: &WeightSource,
+        dtype: DType,
+        device: &Device,
+        record: Option<weights::Recorder>,
+    ) -> Result<Box<dyn CausalLm>> {
         match &self.arch {
             Architecture::Gpt2(cfg) => {
                 cfg.validate()?;
-                let vb = source.var_builder(dtype, device, gpt2::Gpt2::PREFIXES)?;
+                let vb = source.var_builder(dtype, device, gpt2::Gpt2::PREFIXES, record)?;
                 Ok(Box::new(gpt2::Gpt2::load(vb, cfg).map_err(unwrap_candle)?))
             }
+            Architecture::Bloom(cfg) => {
+                cfg.validate()?;
+                let vb = source.var_builder(dtype, device, bloom::Bloom::PREFIXES, record)?;
+                Ok(Box::new(
+                    bloom::Bloom::load(vb, cfg).map_err(unwrap_candle)?,
+                ))
+            }
         }
+    }
+
+    /// `config.json` as transformers writes it for this model.
+    pub fn hf_config(&self, dtype: DType) -> serde_json::Value {
+        let (mut json, model_type, class) = match &self.arch {
+            Architecture::Gpt2(c) => (serde_json::to_value(c), "gpt2", "GPT2LMHeadModel"),
+            Architecture::Bloom(c) => (serde_json::to_value(c), "bloom", "BloomForCausalLM"),
+        };
+        let json = json
+            .as_mut()
+            .expect("configs serialize")
+            .as_object_mut()
+            .expect("an object");
+        json.insert("model_type".into(), model_type.into());
+        json.insert("architectures".into(), serde_json::json!([class]));
+        let torch_dtype = match dtype {
+            DType::BF16 => "bfloat16",
+            DType::F16 => "float16",
+            _ => "float32",
+        };
+        json.insert("torch_dtype".into(), torch_dtype.into());
+        serde_json::Value::Object(json.clone())
     }
 }
 

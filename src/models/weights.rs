@@ -16,6 +16,11 @@ use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// Tensors a [`RandomInit`] handed out, by checkpoint name, so they can be written back as a
+/// checkpoint (`--save-weights`).
+pub type Recorder = Arc<Mutex<Vec<(String, Tensor)>>>;
 
 /// Where to take the weights from (`--weights random --seed N` or `--model-dir DIR`).
 #[derive(Clone, Debug)]
@@ -27,14 +32,19 @@ pub enum WeightSource {
 impl WeightSource {
     /// A builder over these weights. `prefixes` are tried in order in front of every tensor
     /// name (HF checkpoints name GPT-2's tensors `h.0…` or `transformer.h.0…`).
+    /// With `record`, random tensors are also kept there.
     pub fn var_builder(
         &self,
         dtype: DType,
         device: &Device,
         prefixes: &'static [&'static str],
+        record: Option<Recorder>,
     ) -> Result<VarBuilder<'static>> {
         let backend: Box<dyn SimpleBackend> = match self {
-            WeightSource::Random { seed } => Box::new(RandomInit { seed: *seed }),
+            WeightSource::Random { seed } => Box::new(RandomInit {
+                seed: *seed,
+                record,
+            }),
             WeightSource::Dir(dir) => Box::new(CheckpointWeights::open(dir, prefixes)?),
         };
         Ok(VarBuilder::from_backend(backend, dtype, device.clone()))
@@ -91,6 +101,33 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
         path: dir.to_path_buf(),
         hint: "a model dir needs config.json and model.safetensors (or model.safetensors.index.json with its shards)".into(),
     })
+}
+
+/// Writes `config.json` and `model.safetensors` into `dir`. Names get the `transformer.`
+/// prefix of HF's `*ForCausalLM` classes (the LM head, when untied, keeps its own name).
+pub fn save_checkpoint(
+    dir: &Path,
+    config: &serde_json::Value,
+    tensors: Vec<(String, Tensor)>,
+) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let named: std::collections::HashMap<String, Tensor> = tensors
+        .into_iter()
+        .map(|(n, t)| {
+            if n.starts_with("lm_head.") {
+                (n, t)
+            } else {
+                (format!("transformer.{n}"), t)
+            }
+        })
+        .collect();
+    let path = dir.join("model.safetensors");
+    candle_core::safetensors::save(&named, &path)
+        .map_err(|e| Error::Config(format!("writing {}: {e}", path.display())))?;
+    let text = serde_json::to_string_pretty(config).expect("config serializes");
+    std::fs::write(dir.join("config.json"), text)
+        .map_err(|e| Error::io(format!("writing {}/config.json", dir.display()), e))
 }
 
 /// Memory-mapped safetensors of one model directory.
@@ -165,6 +202,7 @@ impl SimpleBackend for CheckpointWeights {
 /// Random weights with the init each layer asks for (HF's `_init_weights`).
 pub struct RandomInit {
     pub seed: u64,
+    pub record: Option<Recorder>,
 }
 
 /// The seed of one tensor's stream: FNV-1a of its name, mixed with the run's seed.
@@ -213,14 +251,20 @@ impl SimpleBackend for RandomInit {
         dtype: DType,
         dev: &Device,
     ) -> candle_core::Result<Tensor> {
-        match h {
-            Init::Const(0.) => Tensor::zeros(s, dtype, dev),
-            Init::Const(v) => Tensor::full(v as f32, s, dev)?.to_dtype(dtype),
+        let t = match h {
+            Init::Const(0.) => Tensor::zeros(s, dtype, dev)?,
+            Init::Const(v) => Tensor::full(v as f32, s, dev)?.to_dtype(dtype)?,
             Init::Randn { mean, stdev } => {
-                randn(tensor_seed(self.seed, name), &s, mean, stdev, dev)?.to_dtype(dtype)
+                randn(tensor_seed(self.seed, name), &s, mean, stdev, dev)?.to_dtype(dtype)?
             }
             other => candle_core::bail!("random init {other:?} of '{name}' is not supported"),
+        };
+        if let Some(r) = &self.record {
+            r.lock()
+                .expect("recorder lock")
+                .push((name.to_string(), t.clone()));
         }
+        Ok(t)
     }
 
     fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> candle_core::Result<Tensor> {
@@ -237,7 +281,7 @@ mod tests {
     use super::*;
 
     fn get(seed: u64, name: &str, init: Init) -> Vec<f32> {
-        RandomInit { seed }
+        RandomInit { seed, record: None }
             .get(Shape::from((4, 8)), name, init, DType::F32, &Device::Cpu)
             .unwrap()
             .flatten_all()
@@ -274,18 +318,21 @@ mod tests {
         assert!(get(0, "ln_f.bias", Init::Const(0.))
             .iter()
             .all(|&v| v == 0.));
-        let big = RandomInit { seed: 3 }
-            .get(
-                Shape::from(100_000),
-                "w",
-                Init::Randn {
-                    mean: 0.,
-                    stdev: 0.02,
-                },
-                DType::F32,
-                &Device::Cpu,
-            )
-            .unwrap();
+        let big = RandomInit {
+            seed: 3,
+            record: None,
+        }
+        .get(
+            Shape::from(100_000),
+            "w",
+            Init::Randn {
+                mean: 0.,
+                stdev: 0.02,
+            },
+            DType::F32,
+            &Device::Cpu,
+        )
+        .unwrap();
         let std: f32 = big
             .sqr()
             .unwrap()

@@ -1,0 +1,355 @@
+//! BLOOM (BigScience, 2022, "BLOOM: A 176B-Parameter Open-Access Multilingual Language
+//! Model"), matching HF transformers' `BloomForCausalLM` (inference).
+//!
+//! Shapes: `B` batch, `T` time, `H` hidden size, `nh` heads, `hs` head size, `V` vocab.
+//!
+//! Departures from GPT-2, all HF's:
+//! - no position embeddings: ALiBi (Press et al., 2022) adds `slope_h · key_position` to the
+//!   attention scores; positions come from the attention mask (cumsum − 1), so they stay right
+//!   in padded batches;
+//! - a LayerNorm right after the word embeddings (`word_embeddings_layernorm`);
+//! - the fused `query_key_value` projection is laid out per head, (nh, 3, hs), not [q | k | v];
+//! - projections are `nn.Linear` (weights (out, in)); the GELU is the tanh approximation;
+//! - `apply_residual_connection_post_layernorm` takes the residual after the norm;
+//! - attention softmax in fp32 whatever the model dtype (shared core does this).
+
+use super::attention::{causal_padding_bias, merge_heads, scaled_dot_product};
+use super::layers::{load_layer_norm, Activation, Mlp, Projection, WeightLayout::Linear};
+use super::CausalLm;
+use crate::error::{Error, Result};
+use candle_core::{DType, Module, Tensor, D};
+use candle_nn::{Init, LayerNorm, VarBuilder};
+use serde::Deserialize;
+
+fn default_eps() -> f64 {
+    1e-5
+}
+fn default_init_range() -> f64 {
+    0.02
+}
+fn default_true() -> bool {
+    true
+}
+fn default_tp() -> usize {
+    1
+}
+
+/// HF `BloomConfig`, read straight from `config.json` (HF key names; old checkpoints say
+/// `n_embed` for `hidden_size`, and `num_attention_heads` / `num_hidden_layers` are aliases).
+#[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq)]
+pub struct Config {
+    pub vocab_size: usize,
+    #[serde(alias = "n_embed")]
+    pub hidden_size: usize,
+    #[serde(alias = "num_hidden_layers")]
+    pub n_layer: usize,
+    #[serde(alias = "num_attention_heads")]
+    pub n_head: usize,
+    #[serde(default = "default_eps")]
+    pub layer_norm_epsilon: f64,
+    #[serde(default = "default_init_range")]
+    pub initializer_range: f64,
+    #[serde(default)]
+    pub apply_residual_connection_post_layernorm: bool,
+    #[serde(default = "default_true")]
+    pub tie_word_embeddings: bool,
+    /// Megatron's tensor-parallel degree at pre-training; only `slow_but_exact` uses it.
+    #[serde(default = "default_tp")]
+    pub pretraining_tp: usize,
+    #[serde(default)]
+    pub slow_but_exact: bool,
+}
+
+impl Config {
+    fn preset(hidden_size: usize, n_layer: usize, n_head: usize) -> Self {
+        Self {
+            vocab_size: 250880,
+            hidden_size,
+            n_layer,
+            n_head,
+            layer_norm_epsilon: 1e-5,
+            initializer_range: 0.02,
+            apply_residual_connection_post_layernorm: false,
+            tie_word_embeddings: true,
+            pretraining_tp: 1,
+            slow_but_exact: false,
+        }
+    }
+    pub fn bloom_560m() -> Self {
+        Self::preset(1024, 24, 16)
+    }
+    pub fn bloom_1b1() -> Self {
+        Self::preset(1536, 24, 16)
+    }
+    pub fn bloom_1b7() -> Self {
+        Self::preset(2048, 24, 16)
+    }
+    pub fn bloom_3b() -> Self {
+        Self::preset(2560, 30, 32)
+    }
+    pub fn bloom_7b1() -> Self {
+        Self::preset(4096, 30, 32)
+    }
+    /// The 176B model: for parameter counts and memory estimates.
+    pub fn bloom_176b() -> Self {
+        Self::preset(14336, 70, 112)
+    }
+    /// 2 layers, 64 channels, 4 heads: CI's BLOOM.
+    pub fn bloom_tiny() -> Self {
+        Self {
+            vocab_size: 50257,
+            ..Self::preset(64, 2, 4)
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if !self.hidden_size.is_multiple_of(self.n_head) {
+            return Err(Error::Config(format!(
+                "hidden_size {} is not divisible by n_head {}",
+                self.hidden_size, self.n_head
+            )));
+        }
+        if self.slow_but_exact && self.pretraining_tp > 1 {
+            return Err(Error::Unsupported(
+                "BLOOM with slow_but_exact and pretraining_tp > 1 is not supported".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Stored parameters, the tied LM head counted once.
+    pub fn n_parameters(&self) -> usize {
+        let h = self.hidden_size;
+        let block = 2 * 2 * h // input_layernorm, post_attention_layernorm
+            + 3 * h * h + 3 * h // query_key_value
+            + h * h + h // dense
+            + 4 * h * h + 4 * h // dense_h_to_4h
+            + 4 * h * h + h; // dense_4h_to_h
+        let head = if self.tie_word_embeddings {
+            0
+        } else {
+            self.vocab_size * h
+        };
+        self.vocab_size * h + 2 * h + self.n_layer * block + 2 * h + head
+    }
+
+    /// Longest input: BLOOM was trained on 2048 tokens; ALiBi itself has no limit (lm-eval's
+    /// default max_length for models whose config names none is also 2048).
+    pub const MAX_POSITIONS: usize = 2048;
+}
+
+/// ALiBi slopes of `n_head` heads, as HF `build_alibi_tensor`: a geometric sequence for the
+/// largest power of two ≤ n_head, then every other slope of the next power's sequence.
+pub fn alibi_slopes(n_head: usize) -> Vec<f64> {
+    let closest = 1usize << n_head.ilog2(); // 2^floor(log2(n_head))
+    let base = 2f64.powf(-(2f64.powf(-((closest as f64).log2() - 3.))));
+    let mut slopes: Vec<f64> = (1..=closest).map(|p| base.powi(p as i32)).collect();
+    if closest != n_head {
+        let extra_base = 2f64.powf(-(2f64.powf(-((2. * closest as f64).log2() - 3.))));
+        let remaining = closest.min(n_head - closest);
+        slopes.extend((0..remaining).map(|i| extra_base.powi(1 + 2 * i as i32)));
+    }
+    slopes
+}
+
+/// ALiBi bias, (B, nh, 1, T) f32: slope_h · position of key s, position = cumsum(mask) − 1 for
+/// real tokens, 0 for padding (masked anyway). Broadcasts over queries: a per-query constant
+/// shift would not change the softmax, so key position alone gives the relative bias.
+fn alibi_bias(attention_mask: &Tensor, slopes: &Tensor) -> candle_core::Result<Tensor> {
+    let (b, t) = attention_mask.dims2()?;
+    let nh = slopes.dim(0)?;
+    let mask = attention_mask.to_dtype(DType::F32)?;
+    let pos = ((mask.cumsum(D::Minus1)? - 1.)? * &mask)?; // (B, T)
+    let pos = pos.reshape((b, 1, 1, t))?;
+    pos.broadcast_mul(&slopes.reshape((1, nh, 1, 1))?)
+}
+
+struct Attention {
+    query_key_value: Projection, // Linear (3H, H), output laid out (nh, 3, hs)
+    dense: Projection,           // Linear (H, H)
+    n_head: usize,
+    scale: f64,
+}
+
+impl Attention {
+    fn load(vb: VarBuilder, cfg: &Config) -> candle_core::Result<Self> {
+        let (h, std) = (cfg.hidden_size, cfg.initializer_range);
+        Ok(Self {
+            query_key_value: Projection::load(vb.pp("query_key_value"), Linear, h, 3 * h, std)?,
+            dense: Projection::load(vb.pp("dense"), Linear, h, h, std)?,
+            n_head: cfg.n_head,
+            scale: 1. / ((h / cfg.n_head) as f64).sqrt(),
+        })
+    }
+
+    /// x: (B, T, H); bias: (B, nh, T, T) causal + padding + ALiBi. Returns dense(attn), (B, T, H).
+    fn forward(&self, x: &Tensor, bias: &Tensor) -> candle_core::Result<Tensor> {
+        let (b, t, h) = x.dims3()?;
+        let (nh, hs) = (self.n_head, h / self.n_head);
+        // Per head, not [q | k | v]: (B, T, nh, 3, hs).
+        let qkv = self
+            .query_key_value
+            .forward(x)?
+            .reshape((b, t, nh, 3, hs))?;
+        let head = |i: usize| -> candle_core::Result<Tensor> {
+            qkv.narrow(3, i, 1)?
+                .squeeze(3)? // (B, T, nh, hs)
+                .transpose(1, 2)? // (B, nh, T, hs)
+                .contiguous()
+        };
+        let (q, k, v) = (head(0)?, head(1)?, head(2)?);
+        let y = scaled_dot_product(&q, &k, &v, bias, self.scale)?; // (B, nh, T, hs)
+        self.dense.forward(&merge_heads(&y)?)
+    }
+}
+
+fn load_mlp(vb: VarBuilder, cfg: &Config) -> candle_core::Result<Mlp> {
+    let (h, std) = (cfg.hidden_size, cfg.initializer_range);
+    Ok(Mlp {
+        up: Projection::load(vb.pp("dense_h_to_4h"), Linear, h, 4 * h, std)?,
+        down: Projection::load(vb.pp("dense_4h_to_h"), Linear, 4 * h, h, std)?,
+        act: Activation::GeluTanh, // bloom_gelu: 0.5x(1 + tanh(0.79788456 x (1 + 0.044715 x²)))
+    })
+}
+
+struct Block {
+    input_layernorm: LayerNorm,
+    self_attention: Attention,
+    post_attention_layernorm: LayerNorm,
+    mlp: Mlp,
+    residual_after_norm: bool,
+}
+
+impl Block {
+    fn load(vb: VarBuilder, cfg: &Config) -> candle_core::Result<Self> {
+        let (h, eps) = (cfg.hidden_size, cfg.layer_norm_epsilon);
+        Ok(Self {
+            input_layernorm: load_layer_norm(vb.pp("input_layernorm"), h, eps)?,
+            self_attention: Attention::load(vb.pp("self_attention"), cfg)?,
+            post_attention_layernorm: load_layer_norm(vb.pp("post_attention_layernorm"), h, eps)?,
+            mlp: load_mlp(vb.pp("mlp"), cfg)?,
+            residual_after_norm: cfg.apply_residual_connection_post_layernorm,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, bias: &Tensor) -> candle_core::Result<Tensor> {
+        let ln = self.input_layernorm.forward(x)?;
+        let residual = if self.residual_after_norm { &ln } else { x };
+        let x = (self.self_attention.forward(&ln, bias)? + residual)?;
+        let ln = self.post_attention_layernorm.forward(&x)?;
+        let residual = if self.residual_after_norm { &ln } else { &x };
+        self.mlp.forward(&ln)? + residual
+    }
+}
+
+/// `BloomForCausalLM`.
+pub struct Bloom {
+    word_embeddings: Tensor, // (V, H)
+    word_embeddings_layernorm: LayerNorm,
+    h: Vec<Block>,
+    ln_f: LayerNorm,
+    lm_head: Option<Tensor>, // (V, H) when not tied
+    slopes: Tensor,          // (nh,) f32
+}
+
+impl Bloom {
+    /// `transformer.word_embeddings.weight` (BloomForCausalLM) or without the prefix (BloomModel).
+    pub const PREFIXES: &'static [&'static str] = &["transformer.", ""];
+
+    pub fn load(vb: VarBuilder, cfg: &Config) -> candle_core::Result<Self> {
+        cfg.validate().map_err(candle_core::Error::wrap)?;
+        let (h, eps) = (cfg.hidden_size, cfg.layer_norm_epsilon);
+        let std = Init::Randn {
+            mean: 0.,
+            stdev: cfg.initializer_range,
+        };
+        let word_embeddings =
+            vb.pp("word_embeddings")
+                .get_with_hints((cfg.vocab_size, h), "weight", std)?;
+        let word_embeddings_layernorm =
+            load_layer_norm(vb.pp("word_embeddings_layernorm"), h, eps)?;
+        let blocks = (0..cfg.n_layer)
+            .map(|i| Block::load(vb.pp("h").pp(i), cfg))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let ln_f = load_layer_norm(vb.pp("ln_f"), h, eps)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(
+                vb.pp("lm_head")
+                    .get_with_hints((cfg.vocab_size, h), "weight", std)?,
+            )
+        };
+        let slopes: Vec<f32> = alibi_slopes(cfg.n_head)
+            .into_iter()
+            .map(|s| s as f32)
+            .collect();
+        let slopes = Tensor::from_vec(slopes, cfg.n_head, vb.device())?;
+        Ok(Self {
+            word_embeddings,
+            word_embeddings_layernorm,
+            h: blocks,
+            ln_f,
+            lm_head,
+            slopes,
+        })
+    }
+}
+
+impl CausalLm for Bloom {
+    fn hidden_states(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+    ) -> candle_core::Result<Tensor> {
+        let (b, t) = input_ids.dims2()?;
+        let x = self
+            .word_embeddings
+            .index_select(&input_ids.flatten_all()?, 0)?; // (B·T, H)
+        let mut x = self
+            .word_embeddings_layernorm
+            .forward(&x.reshape((b, t, ()))?)?; // (B, T, H)
+        let causal = causal_padding_bias(attention_mask)?; // (B, 1, T, T)
+        let bias = causal.broadcast_add(&alibi_bias(attention_mask, &self.slopes)?)?; // (B, nh, T, T)
+        for block in &self.h {
+            x = block.forward(&x, &bias)?;
+        }
+        self.ln_f.forward(&x)
+    }
+
+    fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
+        let head = self.lm_head.as_ref().unwrap_or(&self.word_embeddings); // (V, H)
+        hidden.matmul(&head.t()?) // (N, H) @ (H, V) -> (N, V)
+    }
+
+    fn max_positions(&self) -> usize {
+        Config::MAX_POSITIONS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alibi_slopes_match_the_published_formula() {
+        // Power of two: 2^(-8/n · k), k = 1..n.
+        let s8 = alibi_slopes(8);
+        for (k, s) in s8.iter().enumerate() {
+            assert!((s - 2f64.powf(-(k as f64 + 1.))).abs() < 1e-12);
+        }
+        // Not a power of two (6 = 4 + 2): the 4-head slopes, then the odd-numbered slopes of
+        // the 8-head sequence (2^-1, 2^-3).
+        let s6 = alibi_slopes(6);
+        assert_eq!(s6.len(), 6);
+        assert_eq!(&s6[..4], &alibi_slopes(4)[..]);
+        assert!((s6[4] - 0.5).abs() < 1e-12 && (s6[5] - 0.125).abs() < 1e-12);
+        assert_eq!(alibi_slopes(112).len(), 112);
+    }
+
+    #[test]
+    fn parameter_counts_match_the_published_models() {
+        assert_eq!(Config::bloom_560m().n_parameters(), 559_214_592);
+        assert_eq!(Config::bloom_7b1().n_parameters(), 7_069_016_064);
+    }
+}
