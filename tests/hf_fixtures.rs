@@ -59,9 +59,48 @@ fn gpt2_lambada_tokens_loglikelihoods_and_greedy_match_hf() {
     );
 }
 
-/// Per-passage results for one batch size.
-fn lambada_results(batch_size: usize) -> Vec<(f64, bool)> {
-    let dir = fixture("gpt2-fixture");
+#[test]
+fn bloom_logits_match_hf_on_a_padded_batch() {
+    // 6 heads (ALiBi's non-power-of-two branch), residual after the layernorm.
+    let report = verify(
+        &fixture("bloom-fixture-logits"),
+        DeviceSpec::Cpu,
+        Precision::Fp32,
+        16,
+    )
+    .unwrap();
+    let l = report.logits.expect("fixture has reference.safetensors");
+    assert_eq!(l.n_positions, 16 + 8 + 3);
+    assert!(l.max_rel_err <= 1e-4, "max rel err {:e}", l.max_rel_err);
+}
+
+#[test]
+fn bloom_lambada_tokens_loglikelihoods_and_greedy_match_hf() {
+    let report = verify(
+        &fixture("bloom-fixture"),
+        DeviceSpec::Cpu,
+        Precision::Fp32,
+        16,
+    )
+    .unwrap();
+    let c = report.lambada.expect("fixture has lambada_reference.json");
+    assert_eq!(c.n_passages, 23);
+    assert_eq!(c.tokens_equal, c.n_passages);
+    assert!(
+        c.ll_max_abs_err <= 1e-4,
+        "ll max abs err {:e}",
+        c.ll_max_abs_err
+    );
+    assert_eq!(c.greedy_equal, c.n_passages);
+    assert!(
+        c.greedy_ref > 0,
+        "the fixture should hold greedy hits to compare"
+    );
+}
+
+/// Per-passage results of a fixture model for one batch size.
+fn lambada_results(name: &str, batch_size: usize) -> Vec<(f64, bool)> {
+    let dir = fixture(name);
     let text = std::fs::read_to_string(dir.join("lambada_reference.json")).unwrap();
     let reference: LambadaReference = serde_json::from_str(&text).unwrap();
     let device = DeviceSpec::Cpu.open().unwrap();
@@ -73,7 +112,7 @@ fn lambada_results(batch_size: usize) -> Vec<(f64, bool)> {
             &device,
         )
         .unwrap();
-    let tok = TextTokenizer::gpt2().unwrap();
+    let tok = TextTokenizer::gpt2().unwrap(); // BLOOM fixtures use it as their proxy too
     let requests: Vec<_> = reference
         .passages
         .iter()
@@ -89,17 +128,16 @@ fn lambada_results(batch_size: usize) -> Vec<(f64, bool)> {
 
 #[test]
 fn lambada_results_do_not_depend_on_batch_size() {
-    let one = lambada_results(1);
-    for bs in [4, 23] {
-        let batched = lambada_results(bs);
-        for (i, (a, b)) in one.iter().zip(&batched).enumerate() {
-            assert!(
-                (a.0 - b.0).abs() <= 1e-5,
-                "passage {i}, batch {bs}: ll {} vs {}",
-                a.0,
-                b.0
-            );
-            assert_eq!(a.1, b.1, "passage {i}, batch {bs}: greedy flag");
+    // BLOOM too: its ALiBi positions come from the padding mask.
+    for name in ["gpt2-fixture", "bloom-fixture"] {
+        let one = lambada_results(name, 1);
+        for bs in [4, 23] {
+            let batched = lambada_results(name, bs);
+            for (i, (a, b)) in one.iter().zip(&batched).enumerate() {
+                let msg = format!("{name} passage {i}, batch {bs}: ll {} vs {}", a.0, b.0);
+                assert!((a.0 - b.0).abs() <= 1e-5, "{msg}");
+                assert_eq!(a.1, b.1, "{msg}: greedy flag");
+            }
         }
     }
 }
