@@ -6,6 +6,10 @@
 #   lambada-small  full LAMBADA, batch 16: gpt2 in 4 precisions, bloom-560m in 3
 #   lambada-7b1    full LAMBADA, batch 16: bloom-7b1 in bf16, fp16, fp32; plus a checkpoint
 #                  round trip (--save-weights, then --model-dir) for load time and host RSS
+#   hf-smoke       candle vs HF on a tiny model: stops the batch if the real worker fails
+#   hf-gpt2, hf-bloom-560m, hf-bloom-7b1-16, hf-bloom-7b1-1
+#                  candle vs HF (`--engine both`; sdpa where supported, eager for gpt2 too),
+#                  full LAMBADA, fp32/bf16/fp16 x batch 16/1 (bloom-7b1 batch 1: --limit $B1_LIMIT)
 # Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.gz, lambada_test.jsonl.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -25,6 +29,20 @@ lambada() { # model dtype [extra flags]
   $B --suite lambada --model "$m" --weights random --seed 0 --device cuda --dtype "$dt" \
     --batch-size 16 --data .gpu/lambada_test.jsonl --log-dir $LOGS --no-progress "$@" 2>&1 | tee -a "$OUT/lambada.txt"
 }
+
+both() { # model dtype batch [extra flags]: candle vs HF, same weights and data
+  local m=$1 dt=$2 bs=$3; shift 3
+  $B --engine both --suite lambada --model "$m" --weights random --seed 0 --device cuda --dtype "$dt" \
+    --batch-size "$bs" --data .gpu/lambada_test.jsonl --log-dir /tmp/logs --no-progress "$@" 2>&1 | tee -a "$OUT/hf.txt"
+  (cd /tmp && tar czf "$OUT/logs.tgz" logs)  # after every run: a time-out keeps what finished
+}
+hf_eager() { # model dtype batch: HF with eager attention
+  local m=$1 dt=$2 bs=$3
+  $B --engine hf --hf-attn eager --suite lambada --model "$m" --weights random --seed 0 --device cuda \
+    --dtype "$dt" --batch-size "$bs" --data .gpu/lambada_test.jsonl --log-dir /tmp/logs --no-progress 2>&1 | tee -a "$OUT/hf.txt"
+  (cd /tmp && tar czf "$OUT/logs.tgz" logs)
+}
+B1_LIMIT=${B1_LIMIT:-1000}
 
 for stage in "$@"; do
   echo "=== $stage"
@@ -64,7 +82,25 @@ for stage in "$@"; do
     lambada bloom-7b1 fp16
     lambada bloom-7b1 fp32
     ;;
+  hf-smoke)
+    $B --engine both --model gpt2-tiny --device cuda --dtype bf16 --limit 64 --log-dir /tmp/smoke \
+      --no-progress 2>&1 | tee -a "$OUT/hf.txt"
+    [ "${PIPESTATUS[0]}" -le 1 ] || { echo "HF smoke test failed: stopping" >&2; exit 1; }
+    ;;
+  hf-gpt2)
+    for dt in fp32 bf16 fp16; do for bs in 16 1; do both gpt2 $dt $bs; hf_eager gpt2 $dt $bs; done; done
+    ;;
+  hf-bloom-560m)
+    for dt in fp32 bf16 fp16; do for bs in 16 1; do both bloom-560m $dt $bs; done; done
+    ;;
+  hf-bloom-7b1-16)
+    for dt in bf16 fp16 fp32; do both bloom-7b1 $dt 16; done
+    ;;
+  hf-bloom-7b1-1)
+    for dt in bf16 fp16 fp32; do both bloom-7b1 $dt 1 --limit "$B1_LIMIT"; done
+    ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
 done
 if [ -n "$(ls /tmp/logs)" ]; then (cd /tmp && tar czf "$OUT/logs.tgz" logs); fi
+exit 0

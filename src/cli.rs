@@ -2,9 +2,11 @@
 
 use crate::data::{search_dirs, DataFile};
 use crate::device::{DeviceSpec, Precision};
+use crate::engines::hf::{HfAttn, HfOptions};
+use crate::engines::EngineKind;
 use crate::error::{Error, Result};
 use crate::models::{ModelSpec, WeightSource};
-use crate::runner::{run, summary_table, RunSpec};
+use crate::runner::{run, side_by_side, summary_table, RunSpec};
 use crate::suites::SuiteFile;
 use crate::verify::verify;
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -110,6 +112,28 @@ pub struct RunArgs {
     #[arg(long, default_value = "results/logs", value_name = "DIR")]
     pub log_dir: PathBuf,
 
+    /// candle (this crate's models), hf (transformers + PyTorch in a Python worker), or both:
+    /// the same data, batches and weights through each, then a side-by-side summary.
+    #[arg(long, value_enum, default_value_t = EngineKind::Candle)]
+    pub engine: EngineKind,
+
+    /// Python with torch + transformers for the HF engine [default: $BENCH_PYTHON, else python3].
+    #[arg(long, value_name = "PATH")]
+    pub python: Option<PathBuf>,
+
+    /// HF engine attention: auto = sdpa where the model supports it (not BLOOM in
+    /// transformers 5.x), else eager.
+    #[arg(long, value_enum, default_value_t = HfAttn::Auto)]
+    pub hf_attn: HfAttn,
+
+    /// HF engine: torch.compile the model (dynamic shapes; compile time falls in the warm-up).
+    #[arg(long)]
+    pub hf_compile: bool,
+
+    /// HF engine: run this worker script instead of the built-in one (development, tests).
+    #[arg(long, value_name = "PATH", hide = true)]
+    pub hf_worker: Option<PathBuf>,
+
     /// Write the random weights as an HF checkpoint (config.json + model.safetensors in
     /// --dtype) to DIR, loadable by --model-dir and by transformers.
     #[arg(long, value_name = "DIR")]
@@ -176,6 +200,13 @@ pub fn resolve(args: RunArgs, command_line: Vec<String>) -> Result<RunSpec> {
             ))
         }
     };
+    if args.engine == EngineKind::Candle
+        && (args.hf_compile || args.hf_attn != HfAttn::Auto || args.python.is_some())
+    {
+        return Err(Error::Config(
+            "--python, --hf-attn and --hf-compile are for --engine hf or both".into(),
+        ));
+    }
     if args.save_weights.is_some() && !matches!(weights, WeightSource::Random { .. }) {
         return Err(Error::Config(
             "--save-weights writes random weights: use it with --weights random".into(),
@@ -202,6 +233,13 @@ pub fn resolve(args: RunArgs, command_line: Vec<String>) -> Result<RunSpec> {
         data,
         log_dir: args.log_dir,
         save_weights: args.save_weights,
+        engine: args.engine,
+        hf: HfOptions {
+            python: args.python,
+            attn: args.hf_attn,
+            compile: args.hf_compile,
+            worker: args.hf_worker,
+        },
         command_line,
         progress: !args.no_progress,
     })
@@ -258,13 +296,28 @@ pub fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         }),
-        None => resolve(cli.run, command_line).and_then(run).map(|out| {
-            print!(
-                "{}",
-                summary_table(&out.header, &out.summary, &out.log_path)
-            );
-            ExitCode::SUCCESS
-        }),
+        None => resolve(cli.run, command_line)
+            .and_then(run)
+            .map(|outcomes| {
+                for out in &outcomes {
+                    print!(
+                        "{}",
+                        summary_table(&out.header, &out.summary, &out.log_path)
+                    );
+                }
+                match outcomes.as_slice() {
+                    [candle, hf] => {
+                        let (table, agree) = side_by_side(candle, hf);
+                        print!("{table}");
+                        if agree {
+                            ExitCode::SUCCESS
+                        } else {
+                            ExitCode::from(1)
+                        }
+                    }
+                    _ => ExitCode::SUCCESS,
+                }
+            }),
     };
     result.unwrap_or_else(|e| {
         eprintln!("Error: {e}");

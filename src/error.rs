@@ -38,6 +38,10 @@ pub enum Error {
     #[error("{0}")]
     Unsupported(String),
 
+    /// An engine (e.g. the HF worker) failed; the message holds its own words.
+    #[error("{0}")]
+    Engine(String),
+
     #[error("{context}: {source}")]
     Io {
         context: String,

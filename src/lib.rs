@@ -10,6 +10,7 @@
 pub mod cli;
 pub mod data;
 pub mod device;
+pub mod engines;
 pub mod env;
 pub mod error;
 pub mod metrics;

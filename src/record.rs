@@ -44,6 +44,10 @@ pub struct Header {
     pub command_line: Vec<String>,
     /// `candle` (this binary) or `hf` (transformers + PyTorch).
     pub engine: String,
+    /// The engine's versions and settings: candle's version; for `hf`: torch, transformers,
+    /// CUDA (torch's), python, gpu, attn (eager/sdpa), compile.
+    #[serde(default)]
+    pub engine_info: std::collections::BTreeMap<String, String>,
     pub suite: String,
     pub model: ModelInfo,
     pub tokenizer: String,

@@ -2,17 +2,20 @@
 
 use crate::data::{lambada_passages, DataFile};
 use crate::device::{DeviceSpec, Precision};
-use crate::env::HostInfo;
-use crate::error::Result;
+use crate::engines::candle::CandleEngine;
+use crate::engines::hf::{HfEngine, HfOptions};
+use crate::engines::{Engine, EngineKind};
+use crate::env::{GpuInfo, HostInfo};
+use crate::error::{Error, Result};
 use crate::metrics::{lambada_accuracy, lambada_perplexity, per_second, Distribution};
 use crate::models::weights::save_checkpoint;
 use crate::models::{ModelSpec, Recorder, WeightSource};
 use crate::record::{BatchRecord, DataInfo, Header, Record, RunLog, Summary, SCHEMA_VERSION};
-use crate::suites::lambada::{batch_shape, build_requests, score_batch, warm_up};
+use crate::suites::lambada::{batch_shape, build_requests, passage_results};
 use crate::suites::SuiteFile;
 use crate::tokenizer::TextTokenizer;
-use crate::trackers::peak_rss_bytes;
-use crate::trackers::{LatencyTracker, MemoryTracker};
+use crate::trackers::{peak_rss_bytes, MemoryReading, MemoryTracker};
+use candle_core::{DType, Device};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -33,6 +36,8 @@ pub struct RunSpec {
     pub log_dir: PathBuf,
     /// Write the random weights as an HF checkpoint here.
     pub save_weights: Option<PathBuf>,
+    pub engine: EngineKind,
+    pub hf: HfOptions,
     pub command_line: Vec<String>,
     pub progress: bool,
 }
@@ -46,10 +51,121 @@ pub struct RunOutcome {
 /// `git describe`-style commit baked in at build time (build.rs).
 pub const GIT_COMMIT: &str = env!("TB_GIT_COMMIT");
 
-pub fn run(spec: RunSpec) -> Result<RunOutcome> {
-    let wall = Instant::now();
+/// Runs `spec` with each engine it names, in order; one outcome per engine.
+/// The HF engine reads an HF checkpoint: with random weights, candle writes them once (cached by
+/// model, seed, device kind and dtype) and every engine of the run reads that same file.
+pub fn run(spec: RunSpec) -> Result<Vec<RunOutcome>> {
+    match spec.engine {
+        EngineKind::Candle => Ok(vec![run_engine(&spec, EngineKind::Candle, &spec.weights)?]),
+        kind => {
+            HfEngine::preflight(&spec.hf)?;
+            let weights = WeightSource::Dir(hf_checkpoint(&spec)?);
+            let mut out = vec![];
+            if kind == EngineKind::Both {
+                out.push(run_engine(&spec, EngineKind::Candle, &weights)?);
+            }
+            out.push(run_engine(&spec, EngineKind::Hf, &weights)?);
+            Ok(out)
+        }
+    }
+}
+
+/// Where random weights for the HF engine are cached: `$BENCH_CACHE_DIR` or
+/// `~/.cache/transformer-bench`, then `weights/MODEL-seedN-DEVICE`. Stored in fp32, once for
+/// every precision: both engines cast on load (round to nearest even), so their fp16/bf16
+/// weights are identical too.
+pub fn weight_cache_dir(model: &str, seed: u64, device: DeviceSpec) -> PathBuf {
+    let root = std::env::var_os("BENCH_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/transformer-bench"))
+        })
+        .unwrap_or_else(|| PathBuf::from(".cache/transformer-bench"));
+    let kind = match device {
+        DeviceSpec::Cpu => "cpu",
+        DeviceSpec::Cuda(_) => "cuda",
+    };
+    root.join("weights")
+        .join(format!("{model}-seed{seed}-{kind}"))
+}
+
+/// The checkpoint directory the HF engine loads.
+fn hf_checkpoint(spec: &RunSpec) -> Result<PathBuf> {
+    let seed = match &spec.weights {
+        WeightSource::Dir(d) => return Ok(d.clone()),
+        WeightSource::Random { seed } => *seed,
+    };
+    let dtype = DType::F32;
+    let dir = spec
+        .save_weights
+        .clone()
+        .unwrap_or_else(|| weight_cache_dir(&spec.model.name, seed, spec.device));
+    if dir.join("config.json").is_file() && dir.join("model.safetensors").is_file() {
+        return Ok(dir);
+    }
+    // Written under a temporary name, then renamed: a crash never leaves a half checkpoint
+    // that a later run would take for a whole one.
+    let tmp = dir.with_extension(format!("partial-{}", std::process::id()));
+    let device = spec.device.open()?;
+    let record = Recorder::default();
+    let model = spec
+        .model
+        .load_recording(&spec.weights, dtype, &device, Some(record.clone()))?;
+    drop(model);
+    let tensors = std::mem::take(&mut *record.lock().expect("recorder lock"));
+    save_checkpoint(&tmp, &spec.model.hf_config(dtype), tensors)?;
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)
+            .map_err(|e| Error::io(format!("replacing {}", dir.display()), e))?;
+    }
+    std::fs::rename(&tmp, &dir)
+        .map_err(|e| Error::io(format!("moving weights to {}", dir.display()), e))?;
+    eprintln!(
+        "wrote random weights (seed {seed}) for the HF engine to {}",
+        dir.display()
+    );
+    Ok(dir)
+}
+
+/// Loads the candle engine; with `--save-weights`, also writes the random weights.
+fn candle_engine(spec: &RunSpec, weights: &WeightSource) -> Result<(Box<dyn Engine>, Device)> {
     let device = spec.device.open()?;
     spec.precision.apply_matmul_mode(&device);
+    // A failed memory query costs the memory figure, not the run.
+    let memory = MemoryTracker::start(&device)
+        .inspect_err(|e| eprintln!("warning: memory tracking unavailable: {e}"))
+        .ok();
+    let dtype = spec.precision.dtype();
+    let save = spec
+        .save_weights
+        .as_ref()
+        .filter(|_| spec.engine == EngineKind::Candle);
+    let record = save.map(|_| Recorder::default());
+    let load = Instant::now();
+    let model = spec
+        .model
+        .load_recording(weights, dtype, &device, record.clone())?;
+    crate::device::synchronize(&device)?;
+    let load_seconds = load.elapsed().as_secs_f64();
+    if let (Some(dir), Some(record)) = (save, record) {
+        let tensors = std::mem::take(&mut *record.lock().expect("recorder lock"));
+        save_checkpoint(dir, &spec.model.hf_config(dtype), tensors)?;
+        eprintln!(
+            "saved weights to {} (config.json + model.safetensors)",
+            dir.display()
+        );
+    }
+    let engine = CandleEngine {
+        model,
+        device: device.clone(),
+        memory,
+        load_seconds,
+    };
+    Ok((Box::new(engine), device))
+}
+
+fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Result<RunOutcome> {
+    let wall = Instant::now();
     let tokenizer =
         TextTokenizer::for_model(spec.tokenizer_dir.as_deref(), spec.model.architecture())?;
 
@@ -59,28 +175,36 @@ pub fn run(spec: RunSpec) -> Result<RunOutcome> {
         passages.truncate(n);
     }
 
-    // A failed memory query costs the memory figure, not the run.
-    let memory = MemoryTracker::start(&device)
-        .inspect_err(|e| eprintln!("warning: memory tracking unavailable: {e}"))
-        .ok();
-    let load = Instant::now();
-    let dtype = spec.precision.dtype();
-    let record = spec.save_weights.as_ref().map(|_| Recorder::default());
-    let model = spec
-        .model
-        .load_recording(&spec.weights, dtype, &device, record.clone())?;
-    crate::device::synchronize(&device)?;
-    let load_seconds = load.elapsed().as_secs_f64();
-    if let (Some(dir), Some(record)) = (&spec.save_weights, record) {
-        let tensors = std::mem::take(&mut *record.lock().expect("recorder lock"));
-        save_checkpoint(dir, &spec.model.hf_config(dtype), tensors)?;
-        eprintln!(
-            "saved weights to {} (config.json + model.safetensors)",
-            dir.display()
-        );
-    }
+    let (mut engine, host) = match (kind, weights) {
+        (EngineKind::Hf, WeightSource::Dir(dir)) => {
+            let engine = HfEngine::start(&spec.hf, dir, spec.precision, spec.device)?;
+            // No CUDA context in this process: it would take GPU memory from the worker.
+            let mut host = HostInfo::collect(&Device::Cpu);
+            if let Some(gpu) = engine.info().get("gpu") {
+                let index = match spec.device {
+                    DeviceSpec::Cuda(n) => n,
+                    DeviceSpec::Cpu => 0,
+                };
+                host.gpus.push(GpuInfo {
+                    index,
+                    name: gpu.clone(),
+                    ..Default::default()
+                });
+            }
+            (Box::new(engine) as Box<dyn Engine>, host)
+        }
+        (EngineKind::Hf, WeightSource::Random { .. }) => {
+            return Err(Error::Config(
+                "the HF engine loads a checkpoint: random weights are written first".into(),
+            ))
+        }
+        _ => {
+            let (engine, device) = candle_engine(spec, weights)?;
+            (engine, HostInfo::collect(&device))
+        }
+    };
 
-    let requests = build_requests(&tokenizer, &passages, model.max_positions())?;
+    let requests = build_requests(&tokenizer, &passages, engine.max_positions())?;
     let batches: Vec<&[_]> = requests.chunks(spec.batch_size.max(1)).collect();
 
     let sha256 = spec.data.sha256();
@@ -91,13 +215,14 @@ pub fn run(spec: RunSpec) -> Result<RunOutcome> {
         git_commit: GIT_COMMIT.into(),
         time_utc: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         command_line: spec.command_line.clone(),
-        engine: "candle".into(),
+        engine: engine.name().into(),
+        engine_info: engine.info(),
         suite: spec.suite.name.clone(),
-        model: spec.model.info(&spec.weights),
+        model: spec.model.info(weights, &spec.weights),
         tokenizer: tokenizer.describe().into(),
         dtype: spec.precision.to_string(),
         device: spec.device.to_string(),
-        host: HostInfo::collect(&device),
+        host,
         batch_size: spec.batch_size,
         warmup_batches: spec.warmup_batches,
         seed: match spec.weights {
@@ -114,7 +239,7 @@ pub fn run(spec: RunSpec) -> Result<RunOutcome> {
             sha256,
             n_samples: requests.len(),
         },
-        load_seconds,
+        load_seconds: engine.load_seconds(),
     };
     if header.data.matches_reference == Some(false) {
         eprintln!(
@@ -123,9 +248,10 @@ pub fn run(spec: RunSpec) -> Result<RunOutcome> {
         );
     }
     let stem = format!(
-        "{}_{}_{}_bs{}_{}_{}",
+        "{}_{}_{}_{}_bs{}_{}_{}",
         header.suite,
         header.model.name,
+        header.engine,
         header.dtype,
         header.batch_size,
         header.device.replace(':', ""),
@@ -134,24 +260,27 @@ pub fn run(spec: RunSpec) -> Result<RunOutcome> {
     let mut log = RunLog::create(&spec.log_dir, &stem)?;
     log.write(&Record::Header(Box::new(header.clone())))?;
 
-    let warm: Vec<&[_]> = batches.iter().take(spec.warmup_batches).copied().collect();
-    warm_up(model.as_ref(), &warm, &device)?;
+    // Untimed warm-up batches: CUDA loads candle's PTX kernels, cuBLAS creates handles and the
+    // memory pools grow on first use; none of that is the model's speed.
+    for batch in batches.iter().take(spec.warmup_batches) {
+        engine.score(batch)?;
+    }
 
     let bar = progress_bar(spec.progress, requests.len() as u64);
     let mut latencies = Vec::with_capacity(batches.len());
     let (mut lls, mut greedy, mut n_tokens) = (vec![], vec![], 0);
-    let mut timer = LatencyTracker::new(&device);
     let mut failure = None;
     for (i, batch) in batches.iter().enumerate() {
-        timer.start()?;
-        let results = match score_batch(model.as_ref(), batch, &device) {
+        let scored = engine
+            .score(batch)
+            .and_then(|out| Ok((passage_results(batch, &out.scores)?, out.latency_ms)));
+        let (results, latency_ms) = match scored {
             Ok(r) => r,
             Err(e) => {
                 failure = Some(e);
                 break;
             }
         };
-        let latency_ms = timer.stop_ms()?;
         let shape = batch_shape(batch);
         latencies.push(latency_ms);
         n_tokens += shape.n_tokens;
@@ -169,16 +298,16 @@ pub fn run(spec: RunSpec) -> Result<RunOutcome> {
     }
     bar.finish_and_clear();
 
+    let mem = if failure.is_some() {
+        MemoryReading::default()
+    } else {
+        engine.finish().unwrap_or_else(|e| {
+            eprintln!("warning: memory tracking failed: {e}");
+            MemoryReading::default()
+        })
+    };
     let timed_seconds = latencies.iter().sum::<f64>() / 1e3;
     let lat = Distribution::of(&latencies);
-    let mem = memory
-        .map(|m| m.read())
-        .transpose()
-        .unwrap_or_else(|e| {
-            eprintln!("warning: memory tracking failed: {e}");
-            None
-        })
-        .unwrap_or_default();
     let summary = Summary {
         status: if failure.is_some() {
             "error".into()
@@ -201,8 +330,8 @@ pub fn run(spec: RunSpec) -> Result<RunOutcome> {
         timed_seconds,
         wall_seconds: wall.elapsed().as_secs_f64(),
         peak_memory_bytes: mem.peak_bytes,
-        peak_host_memory_bytes: peak_rss_bytes(),
         device_memory_used_bytes: mem.device_used_bytes,
+        peak_host_memory_bytes: peak_rss_bytes(),
     };
     log.write(&Record::Summary(Box::new(summary.clone())))?;
     if let Some(e) = failure {
@@ -235,7 +364,8 @@ pub fn summary_table(h: &Header, s: &Summary, log_path: &Path) -> String {
     let mib = |b: u64| b as f64 / (1024. * 1024.);
     let mut t = String::new();
     t += &format!(
-        "{} | {} ({:.2}M params, weights {}) | {} | {} | batch {}\n",
+        "{} | {} | {} ({:.2}M params, weights {}) | {} | {} | batch {}\n",
+        h.engine,
         h.suite,
         h.model.name,
         h.model.n_parameters as f64 / 1e6,
@@ -279,4 +409,46 @@ pub fn summary_table(h: &Header, s: &Summary, log_path: &Path) -> String {
     }
     t += &format!("log: {}\n", log_path.display());
     t
+}
+
+/// The candle-vs-HF table of `--engine both`, and whether the two engines agree on the scores:
+/// in fp32/tf32 equal accuracy and perplexity within 1e-3 relative; in fp16/bf16, where the
+/// engines round differently (HF takes softmax and ALiBi in half precision) and a borderline
+/// argmax can flip, accuracy within 0.005 and perplexity within 1e-2.
+pub fn side_by_side(candle: &RunOutcome, hf: &RunOutcome) -> (String, bool) {
+    let (c, h) = (&candle.summary, &hf.summary);
+    let ppl_rel = (c.perplexity - h.perplexity).abs() / h.perplexity;
+    let full = matches!(candle.header.dtype.as_str(), "fp32" | "tf32");
+    let (tol, acc_tol) = if full { (1e-3, 0.) } else { (1e-2, 5e-3) };
+    let agree = (c.accuracy - h.accuracy).abs() <= acc_tol && ppl_rel <= tol;
+    let mib = |b: u64| b as f64 / (1024. * 1024.);
+    let mut t = format!(
+        "\n{:<22} {:>14} {:>14} {:>12}\n",
+        "candle vs hf", "candle", "hf", "candle/hf"
+    );
+    let mut row = |name: &str, a: f64, b: f64, prec: usize| {
+        t += &format!("{name:<22} {a:>14.prec$} {b:>14.prec$} {:>12.3}\n", a / b);
+    };
+    row("samples/s", c.samples_per_second, h.samples_per_second, 2);
+    row("tokens/s", c.tokens_per_second, h.tokens_per_second, 1);
+    row("latency p50 ms", c.latency_ms_p50, h.latency_ms_p50, 3);
+    row("latency p99 ms", c.latency_ms_p99, h.latency_ms_p99, 3);
+    row(
+        "peak memory MiB",
+        mib(c.peak_memory_bytes),
+        mib(h.peak_memory_bytes),
+        1,
+    );
+    row("accuracy", c.accuracy, h.accuracy, 4);
+    row("perplexity", c.perplexity, h.perplexity, 4);
+    t += &format!(
+        "scores {} (accuracy {}, perplexity rel. diff {ppl_rel:.2e}, tolerance {tol:.0e})\n",
+        if agree { "agree" } else { "DISAGREE" },
+        if c.accuracy == h.accuracy {
+            "equal".to_string()
+        } else {
+            format!("differs by {:.4}", (c.accuracy - h.accuracy).abs())
+        }
+    );
+    (t, agree)
 }

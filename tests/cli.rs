@@ -309,3 +309,219 @@ fn saved_random_weights_reload_to_the_same_scores() {
     let e = error_of(&["--model-dir", ckpt, "--save-weights", ckpt]);
     assert!(e.contains("--save-weights writes random weights"), "{e}");
 }
+
+// ---- HF engine: the Rust side of the worker protocol, with a stand-in worker (no torch) ----
+
+fn fake_worker() -> String {
+    fixture("fake_hf_worker.py").to_str().unwrap().to_string()
+}
+
+fn bench_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_bench"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("bench runs")
+}
+
+fn log_paths(stdout: &str) -> Vec<PathBuf> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("log: "))
+        .map(PathBuf::from)
+        .collect()
+}
+
+#[test]
+fn engine_both_writes_two_logs_and_compares_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = fake_worker();
+    let model = fixture("gpt2-fixture");
+    let o = bench(&[
+        "--engine",
+        "both",
+        "--hf-worker",
+        &worker,
+        "--model-dir",
+        model.to_str().unwrap(),
+        "--log-dir",
+        dir.path().to_str().unwrap(),
+        "--limit",
+        "40",
+    ]);
+    let stdout = String::from_utf8(o.stdout.clone()).unwrap();
+    // The stand-in's scores are fake, so the engines must be reported as disagreeing (exit 1).
+    assert_eq!(o.status.code(), Some(1), "{stdout}\n{}", stderr(&o));
+    assert!(
+        stdout.contains("candle vs hf") && stdout.contains("scores DISAGREE"),
+        "{stdout}"
+    );
+    let logs = log_paths(&stdout);
+    assert_eq!(logs.len(), 2);
+    let candle = read_log(&logs[0]).unwrap();
+    let hf = read_log(&logs[1]).unwrap();
+    let (Record::Header(ch), Record::Header(hh)) = (&candle[0], &hf[0]) else {
+        panic!("headers")
+    };
+    assert_eq!((ch.engine.as_str(), hh.engine.as_str()), ("candle", "hf"));
+    assert_eq!(
+        hh.engine_info.get("torch").map(String::as_str),
+        Some("fake")
+    );
+    assert_eq!(ch.data.sha256, hh.data.sha256);
+    // Same passages, same tokens: the stand-in's ll is -1 per target token, so the HF
+    // perplexity is exp(mean target length) over the candle log's own token counts.
+    let n_target: Vec<usize> = candle
+        .iter()
+        .filter_map(|r| {
+            if let Record::Batch(b) = r {
+                Some(b)
+            } else {
+                None
+            }
+        })
+        .flat_map(|b| b.passages.iter().map(|p| p.n_target_tokens))
+        .collect();
+    let want = (n_target.iter().sum::<usize>() as f64 / n_target.len() as f64).exp();
+    let Some(Record::Summary(hs)) = hf.last() else {
+        panic!("hf summary")
+    };
+    assert!(
+        (hs.perplexity - want).abs() < 1e-9,
+        "{} vs {want}",
+        hs.perplexity
+    );
+    assert_eq!(
+        hs.latency_ms_p50, 2.0,
+        "latency is the worker's own measurement"
+    );
+}
+
+#[test]
+fn worker_crash_keeps_finished_records_and_shows_its_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = fake_worker();
+    let model = fixture("gpt2-fixture");
+    // 2 warm-up batches + 1 timed batch succeed, then the worker dies.
+    let o = bench_env(
+        &[
+            "--engine",
+            "hf",
+            "--hf-worker",
+            &worker,
+            "--model-dir",
+            model.to_str().unwrap(),
+            "--log-dir",
+            dir.path().to_str().unwrap(),
+            "--batch-size",
+            "8",
+        ],
+        &[("FAKE_CRASH_AFTER", "3")],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(
+        err.contains("HF worker died") && err.contains("CUDA out of memory (fake)"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    let log = std::fs::read_dir(dir.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let records = read_log(&log).unwrap();
+    assert_eq!(records.len(), 3, "header, the one finished batch, summary");
+    let Some(Record::Summary(s)) = records.last() else {
+        panic!("summary")
+    };
+    assert_eq!((s.status.as_str(), s.n_samples), ("error", 8));
+    assert!(s
+        .error
+        .as_deref()
+        .unwrap()
+        .contains("CUDA out of memory (fake)"));
+}
+
+#[test]
+fn random_weights_are_written_once_for_the_hf_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let worker = fake_worker();
+    let args = [
+        "--engine",
+        "hf",
+        "--hf-worker",
+        &worker,
+        "--model",
+        "gpt2-tiny",
+        "--seed",
+        "3",
+        "--log-dir",
+        dir.path().to_str().unwrap(),
+        "--limit",
+        "4",
+    ];
+    let env = [("BENCH_CACHE_DIR", cache.to_str().unwrap())];
+    let first = bench_env(&args, &env);
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert!(stderr(&first).contains("wrote random weights (seed 3)"));
+    let ckpt = cache.join("weights/gpt2-tiny-seed3-cpu");
+    assert!(ckpt.join("model.safetensors").is_file() && ckpt.join("config.json").is_file());
+    let second = bench_env(&args, &env);
+    assert!(
+        second.status.success() && !stderr(&second).contains("wrote random weights"),
+        "cache reused"
+    );
+    let log = log_paths(&String::from_utf8(second.stdout).unwrap())
+        .pop()
+        .unwrap();
+    let Record::Header(h) = &read_log(&log).unwrap()[0] else {
+        panic!("header")
+    };
+    assert!(
+        h.model.weights.starts_with("random (seed 3) via ") && h.seed == Some(3),
+        "{}",
+        h.model.weights
+    );
+}
+
+#[test]
+fn missing_torch_or_python_is_one_clear_line() {
+    // A `torch` that fails to import, whatever this machine has installed.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("torch")).unwrap();
+    std::fs::write(
+        dir.path().join("torch/__init__.py"),
+        "raise ImportError(\"No module named 'torch'\")\n",
+    )
+    .unwrap();
+    let o = bench_env(
+        &["--engine", "hf", "--limit", "2"],
+        &[("PYTHONPATH", dir.path().to_str().unwrap())],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("needs torch and transformers")
+            && err.contains("pip install torch transformers"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    let e = error_of(&[
+        "--engine",
+        "hf",
+        "--python",
+        "/no/such/python",
+        "--limit",
+        "2",
+    ]);
+    assert!(
+        e.contains("cannot start Python '/no/such/python'") && e.contains("BENCH_PYTHON"),
+        "{e}"
+    );
+    let e = error_of(&["--hf-attn", "sdpa"]);
+    assert!(e.contains("for --engine hf or both"), "{e}");
+}

@@ -154,12 +154,20 @@ impl ModelSpec {
         }
     }
 
-    pub fn info(&self, source: &WeightSource) -> ModelInfo {
+    /// `source`: where the weights were read from; `requested`: what the user asked for (random
+    /// weights read back from their cached checkpoint are described as both).
+    pub fn info(&self, source: &WeightSource, requested: &WeightSource) -> ModelInfo {
+        let weights = match (requested, source) {
+            (WeightSource::Random { seed }, WeightSource::Dir(dir)) => {
+                format!("random (seed {seed}) via {}", dir.display())
+            }
+            _ => source.describe(),
+        };
         ModelInfo {
             name: self.name.clone(),
             architecture: self.architecture().into(),
             n_parameters: self.n_parameters(),
-            weights: source.describe(),
+            weights,
         }
     }
 

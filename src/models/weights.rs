@@ -123,7 +123,9 @@ pub fn save_checkpoint(
         })
         .collect();
     let path = dir.join("model.safetensors");
-    candle_core::safetensors::save(&named, &path)
+    // `format: pt` is the metadata transformers' save_pretrained writes and its loader checks.
+    let metadata = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::tensor::serialize_to_file(named, Some(metadata), &path)
         .map_err(|e| Error::Config(format!("writing {}: {e}", path.display())))?;
     let text = serde_json::to_string_pretty(config).expect("config serializes");
     std::fs::write(dir.join("config.json"), text)

@@ -9,7 +9,6 @@
 //! Batches keep file order and are right-padded to their longest row; with a causal mask no
 //! real token ever sees padding, so results do not depend on the batch size.
 
-use crate::device::synchronize;
 use crate::error::{Error, Result};
 use crate::models::attention::log_softmax_f32;
 use crate::models::CausalLm;
@@ -104,12 +103,21 @@ pub fn batch_shape(batch: &[Request]) -> BatchShape {
     }
 }
 
-/// Scores one batch: one forward pass, the LM head only on target positions.
-pub fn score_batch(
+/// What an engine returns for a batch: for every passage in order, one entry per target
+/// token: its log-probability (natural log, computed in fp32) and the argmax token id.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TargetScores {
+    pub token_ll: Vec<f32>,
+    pub argmax: Vec<u32>,
+}
+
+/// One forward pass of a candle model over a right-padded batch, the LM head only on the
+/// rows that predict target tokens.
+pub fn target_scores(
     model: &dyn CausalLm,
     batch: &[Request],
     device: &Device,
-) -> Result<Vec<PassageResult>> {
+) -> Result<TargetScores> {
     let (b, t) = (batch.len(), batch_shape(batch).padded_len);
     let mut ids = vec![0u32; b * t];
     let mut mask = vec![0u32; b * t];
@@ -132,39 +140,51 @@ pub fn score_batch(
     let rows = Tensor::from_vec(rows, n_rows, device)?;
     let picked = hidden.reshape((b * t, c))?.index_select(&rows, 0)?; // (N, C)
     let logp = log_softmax_f32(&model.logits(&picked)?)?; // (N, V) f32
-    let targets_t = Tensor::from_vec(targets.clone(), (n_rows, 1), device)?;
-    let token_ll: Vec<f32> = logp.gather(&targets_t, 1)?.flatten_all()?.to_vec1()?;
-    let argmax: Vec<u32> = logp
-        .argmax_keepdim(1)?
-        .flatten_all()?
-        .to_dtype(DType::U32)?
-        .to_vec1()?;
+    let targets = Tensor::from_vec(targets, (n_rows, 1), device)?;
+    Ok(TargetScores {
+        token_ll: logp.gather(&targets, 1)?.flatten_all()?.to_vec1()?,
+        argmax: logp
+            .argmax_keepdim(1)?
+            .flatten_all()?
+            .to_dtype(DType::U32)?
+            .to_vec1()?,
+    })
+}
 
-    let mut out = Vec::with_capacity(b);
+/// Per-passage results from per-token scores: the metric code every engine shares.
+/// ll = Σ log p(target tokens) (summed in f64); greedy = every target token is the argmax.
+pub fn passage_results(batch: &[Request], scores: &TargetScores) -> Result<Vec<PassageResult>> {
+    let n_targets: usize = batch.iter().map(|r| r.target_tokens.len()).sum();
+    if scores.token_ll.len() != n_targets || scores.argmax.len() != n_targets {
+        return Err(Error::Config(format!(
+            "engine returned {} log-probs and {} argmax ids for {n_targets} target tokens",
+            scores.token_ll.len(),
+            scores.argmax.len()
+        )));
+    }
     let mut k = 0;
+    let mut out = Vec::with_capacity(batch.len());
     for r in batch {
         let n = r.target_tokens.len();
-        let ll = token_ll[k..k + n].iter().map(|&x| x as f64).sum();
-        let greedy = argmax[k..k + n] == targets[k..k + n];
-        k += n;
         out.push(PassageResult {
             index: r.index,
-            ll,
-            greedy,
+            ll: scores.token_ll[k..k + n].iter().map(|&x| x as f64).sum(),
+            greedy: scores.argmax[k..k + n] == r.target_tokens[..],
             n_context_tokens: r.context_tokens.len(),
             n_target_tokens: n,
         });
+        k += n;
     }
     Ok(out)
 }
 
-/// Runs `batches` untimed and drops the results: CUDA loads candle's PTX kernels, cuBLAS
-/// creates handles and the memory pool grows on first use; none of that is the model's speed.
-pub fn warm_up(model: &dyn CausalLm, batches: &[&[Request]], device: &Device) -> Result<()> {
-    for batch in batches {
-        score_batch(model, batch, device)?;
-    }
-    synchronize(device)
+/// Scores one batch with a candle model.
+pub fn score_batch(
+    model: &dyn CausalLm,
+    batch: &[Request],
+    device: &Device,
+) -> Result<Vec<PassageResult>> {
+    passage_results(batch, &target_scores(model, batch, device)?)
 }
 
 #[cfg(test)]

@@ -1,0 +1,175 @@
+"""HF transformers + PyTorch engine worker for transformer-bench (`bench --engine hf`).
+
+`bench` starts this (embedded in the binary, run with `python -c`) and talks JSON lines:
+one request on stdin, one reply on stdout, stderr is free for warnings. Tokenization, batching,
+padding and the metric code stay on the Rust side so both engines do identical work; this
+worker only runs the model and reports what the Rust side would have measured.
+
+  -> {"op": "hello"}                       (imports work: checked before any weights are written)
+  <- {"ok": true, "versions": {...}}
+  -> {"op": "load", "model_dir": D, "dtype": "fp32|tf32|fp16|bf16", "device": "cpu|cuda:N",
+      "attn": "auto|eager|sdpa", "compile": false}
+  <- {"ok": true, "versions": {...}, "attn": "sdpa", "max_positions": N, "n_parameters": N,
+      "load_seconds": s}
+  -> {"op": "score", "inputs": [[ids]...], "n_targets": [k...], "targets": [[ids]...]}
+  <- {"ok": true, "token_ll": [...], "argmax": [...], "latency_ms": t}
+     (token_ll / argmax: for every passage in order, one entry per target token)
+  -> {"op": "finish"}
+  <- {"ok": true, "peak_memory_bytes": N, "device_memory_used_bytes": N|null}
+Errors: {"ok": false, "error": "one line"}; the worker then exits non-zero.
+
+Timing matches the candle engine: synchronize, clock, ids to the device, forward, LM head only
+on the target rows, log-softmax in fp32, results back on the host, synchronize, clock.
+"""
+import json
+import sys
+import time
+
+
+def reply(**kw):
+    sys.stdout.write(json.dumps(kw) + "\n")
+    sys.stdout.flush()
+
+
+def fail(msg):
+    reply(ok=False, error=msg)
+    sys.exit(1)
+
+
+try:
+    import torch
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+except ImportError as e:  # one line the Rust side shows as is
+    fail(f"the HF engine needs torch and transformers in this Python ({sys.executable}): "
+         f"pip install torch transformers ({e})")
+
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# lm-eval's max_length when the config names no n_positions (BLOOM: ALiBi).
+DEFAULT_MAX_LENGTH = 2048
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def versions():
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": sys.version.split()[0],
+        "cuda": torch.version.cuda or "none",
+    }
+
+
+class Worker:
+    def hello(self, _req):
+        reply(ok=True, versions=versions())
+
+    def load(self, req):
+        self.device = torch.device(req["device"])
+        if self.device.type == "cuda":
+            if not torch.cuda.is_available():
+                fail("torch sees no CUDA device (torch.cuda.is_available() is False)")
+            torch.cuda.set_device(self.device)
+        # TF32 only for --dtype tf32, as the candle engine.
+        torch.backends.cuda.matmul.allow_tf32 = req["dtype"] == "tf32"
+        torch.backends.cudnn.allow_tf32 = req["dtype"] == "tf32"
+        config = AutoConfig.from_pretrained(req["model_dir"])
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+        supported = ["eager"] + (["sdpa"] if getattr(cls, "_supports_sdpa", False) else [])
+        attn = req["attn"]
+        if attn == "auto":
+            attn = supported[-1]
+        if attn not in supported:
+            fail(f"{cls.__name__} in transformers {transformers.__version__} supports attention "
+                 f"{', '.join(supported)}, not {attn}: use --hf-attn {supported[-1]}")
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        t0 = time.perf_counter()
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                req["model_dir"], dtype=DTYPES[req["dtype"]], attn_implementation=attn
+            )
+        except ValueError as e:  # transformers refuses an attention it does not implement
+            fail(f"{cls.__name__} in transformers {transformers.__version__}: {str(e).splitlines()[0]}: "
+                 f"use --hf-attn eager")
+        model = model.to(self.device).eval()
+        sync(self.device)
+        load_seconds = time.perf_counter() - t0
+        self.model = model
+        self.body = model.base_model  # hidden states; the LM head runs only on target rows
+        self.head = model.get_output_embeddings()
+        if req.get("compile"):
+            self.body = torch.compile(self.body, dynamic=True)
+        max_positions = getattr(config, "n_positions", None) or DEFAULT_MAX_LENGTH
+        info = versions()
+        if self.device.type == "cuda":
+            info["gpu"] = torch.cuda.get_device_name(self.device)
+        reply(ok=True, versions=info, attn=attn, max_positions=max_positions,
+              n_parameters=model.num_parameters(), load_seconds=load_seconds)
+
+    @torch.inference_mode()
+    def score(self, req):
+        inputs, targets = req["inputs"], req["targets"]
+        b, t = len(inputs), max(len(x) for x in inputs)
+        sync(self.device)
+        t0 = time.perf_counter()
+        ids = torch.zeros((b, t), dtype=torch.long)
+        mask = torch.zeros((b, t), dtype=torch.long)
+        rows, flat_targets = [], []
+        for i, (x, y) in enumerate(zip(inputs, targets)):
+            n = len(x)
+            ids[i, :n] = torch.tensor(x)
+            mask[i, :n] = 1
+            first = n + 1 - len(y)  # input[first - 1] predicts y[0]
+            rows.extend(i * t + p for p in range(first - 1, n))
+            flat_targets.extend(y)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        hidden = self.body(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, T, C)
+        picked = hidden.reshape(b * t, -1)[torch.tensor(rows, device=self.device)]  # (N, C)
+        logp = torch.log_softmax(self.head(picked).float(), dim=-1)  # (N, V)
+        want = torch.tensor(flat_targets, device=self.device)
+        token_ll = logp.gather(-1, want[:, None])[:, 0].tolist()
+        argmax = logp.argmax(-1).tolist()
+        sync(self.device)
+        latency_ms = (time.perf_counter() - t0) * 1e3
+        reply(ok=True, token_ll=token_ll, argmax=argmax, latency_ms=latency_ms)
+
+    def finish(self, _req):
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            reply(ok=True, peak_memory_bytes=torch.cuda.max_memory_allocated(self.device),
+                  device_memory_used_bytes=total - free)
+        else:
+            import resource
+            reply(ok=True, peak_memory_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  device_memory_used_bytes=None)
+
+
+def main():
+    worker = Worker()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        op = req.get("op")
+        if op == "finish":
+            worker.finish(req)
+            return
+        getattr(worker, op)(req)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except SystemExit:
+        raise
+    except BaseException as e:  # noqa: BLE001 - report any failure as one line, then die
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+        fail(f"{type(e).__name__}: {e}".splitlines()[0])

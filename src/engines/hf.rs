@@ -1,0 +1,282 @@
+//! The HF engine: transformers + PyTorch in a Python worker (`engines/hf_worker.py`, embedded
+//! in the binary), driven over JSON lines on its stdin/stdout. Its stderr is kept (last lines)
+//! to explain a crash.
+
+use super::{BatchOutput, Engine};
+use crate::device::{DeviceSpec, Precision};
+use crate::error::{Error, Result};
+use crate::suites::lambada::{Request, TargetScores};
+use crate::trackers::MemoryReading;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+/// The worker script, run with `python -c`.
+pub const WORKER: &str = include_str!("../../engines/hf_worker.py");
+
+/// Lines of the worker's stderr kept for error messages.
+const STDERR_TAIL: usize = 20;
+
+/// `--hf-attn`: transformers' attention implementation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HfAttn {
+    /// sdpa where the model supports it, else eager.
+    Auto,
+    Eager,
+    Sdpa,
+}
+
+impl HfAttn {
+    fn as_str(self) -> &'static str {
+        match self {
+            HfAttn::Auto => "auto",
+            HfAttn::Eager => "eager",
+            HfAttn::Sdpa => "sdpa",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct HfOptions {
+    /// Python interpreter: `--python`, else `$BENCH_PYTHON`, else `python3`.
+    pub python: Option<PathBuf>,
+    pub attn: HfAttn,
+    pub compile: bool,
+    /// A worker script to run instead of the embedded one (development and tests).
+    pub worker: Option<PathBuf>,
+}
+
+impl HfOptions {
+    fn python(&self) -> PathBuf {
+        self.python
+            .clone()
+            .or_else(|| std::env::var_os("BENCH_PYTHON").map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from("python3"))
+    }
+}
+
+pub struct HfEngine {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    info: BTreeMap<String, String>,
+    max_positions: usize,
+    load_seconds: f64,
+}
+
+impl HfEngine {
+    /// Checks that the worker starts and imports torch + transformers, before any weights are
+    /// written for it.
+    pub fn preflight(opts: &HfOptions) -> Result<()> {
+        Self::spawn(opts)?
+            .request(&json!({ "op": "hello" }))
+            .map(|_| ())
+    }
+
+    /// Starts the worker and loads `model_dir` (an HF checkpoint) on `device` in `precision`.
+    pub fn start(
+        opts: &HfOptions,
+        model_dir: &Path,
+        precision: Precision,
+        device: DeviceSpec,
+    ) -> Result<Self> {
+        let mut engine = Self::spawn(opts)?;
+        let device = match device {
+            DeviceSpec::Cpu => "cpu".to_string(),
+            DeviceSpec::Cuda(n) => format!("cuda:{n}"),
+        };
+        let reply = engine.request(&json!({
+            "op": "load",
+            "model_dir": model_dir,
+            "dtype": precision.as_str(),
+            "device": device,
+            "attn": opts.attn.as_str(),
+            "compile": opts.compile,
+        }))?;
+        if let Some(versions) = reply["versions"].as_object() {
+            for (k, v) in versions {
+                engine
+                    .info
+                    .insert(k.clone(), v.as_str().unwrap_or_default().to_string());
+            }
+        }
+        engine
+            .info
+            .insert("attn".into(), reply["attn"].as_str().unwrap_or("?").into());
+        engine
+            .info
+            .insert("compile".into(), opts.compile.to_string());
+        engine.max_positions = reply["max_positions"].as_u64().unwrap_or(0) as usize;
+        engine.load_seconds = reply["load_seconds"].as_f64().unwrap_or(0.);
+        Ok(engine)
+    }
+
+    fn spawn(opts: &HfOptions) -> Result<Self> {
+        let python = opts.python();
+        let mut cmd = Command::new(&python);
+        match &opts.worker {
+            Some(script) => cmd.arg(script),
+            None => cmd.arg("-c").arg(WORKER),
+        };
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env("PYTHONUNBUFFERED", "1")
+            .spawn()
+            .map_err(|e| {
+                Error::Unsupported(format!(
+                    "cannot start Python '{}' for the HF engine ({e}): install Python 3 with torch + transformers, or pass --python PATH (or set BENCH_PYTHON)",
+                    python.display()
+                ))
+            })?;
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let stderr = child.stderr.take().expect("piped stderr");
+        let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
+        let tail = stderr_tail.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+                let mut t = tail.lock().expect("stderr tail lock");
+                if t.len() == STDERR_TAIL {
+                    t.pop_front();
+                }
+                t.push_back(line);
+            }
+        });
+        Ok(Self {
+            child,
+            stdin,
+            stdout,
+            stderr_tail,
+            info: BTreeMap::new(),
+            max_positions: 0,
+            load_seconds: 0.,
+        })
+    }
+
+    /// Sends one request and reads its reply. A reply `{"ok": false}` or a dead worker is an
+    /// error with the worker's own words (and the tail of its stderr when it died).
+    fn request(&mut self, req: &Value) -> Result<Value> {
+        let op = req["op"].as_str().unwrap_or("?").to_string();
+        let mut line = req.to_string();
+        line.push('\n');
+        let sent = self
+            .stdin
+            .write_all(line.as_bytes())
+            .and_then(|_| self.stdin.flush());
+        let mut reply = String::new();
+        let read = match sent {
+            Ok(()) => self.stdout.read_line(&mut reply),
+            Err(e) => Err(e),
+        };
+        match read {
+            Ok(n) if n > 0 => {
+                let v: Value = serde_json::from_str(&reply).map_err(|e| {
+                    Error::Engine(format!(
+                        "HF worker sent a line that is not JSON during '{op}' ({e}): {}",
+                        reply.trim()
+                    ))
+                })?;
+                if v["ok"].as_bool() == Some(true) {
+                    Ok(v)
+                } else {
+                    Err(Error::Engine(format!(
+                        "HF worker: {}",
+                        v["error"].as_str().unwrap_or("unknown error")
+                    )))
+                }
+            }
+            _ => Err(self.crashed(&op)),
+        }
+    }
+
+    fn crashed(&mut self, op: &str) -> Error {
+        let status = self
+            .child
+            .wait()
+            .map(|s| s.to_string())
+            .unwrap_or_else(|e| e.to_string());
+        // The stderr thread may still be draining the pipe.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let tail = self.stderr_tail.lock().expect("stderr tail lock");
+        let last: Vec<&str> = tail
+            .iter()
+            .rev()
+            .take(5)
+            .rev()
+            .map(|s| s.as_str())
+            .collect();
+        Error::Engine(format!(
+            "HF worker died ({status}) during '{op}': {}",
+            last.join(" | ")
+        ))
+    }
+}
+
+impl Engine for HfEngine {
+    fn name(&self) -> &'static str {
+        "hf"
+    }
+
+    fn info(&self) -> BTreeMap<String, String> {
+        self.info.clone()
+    }
+
+    fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+
+    fn load_seconds(&self) -> f64 {
+        self.load_seconds
+    }
+
+    fn score(&mut self, batch: &[Request]) -> Result<BatchOutput> {
+        let inputs: Vec<&[u32]> = batch.iter().map(|r| r.input.as_slice()).collect();
+        let targets: Vec<&[u32]> = batch.iter().map(|r| r.target_tokens.as_slice()).collect();
+        let v = self.request(&json!({ "op": "score", "inputs": inputs, "targets": targets }))?;
+        let field = |k: &str| -> Result<Vec<Value>> {
+            v[k].as_array()
+                .cloned()
+                .ok_or_else(|| Error::Engine(format!("HF worker reply has no '{k}' list")))
+        };
+        let token_ll = field("token_ll")?
+            .iter()
+            .map(|x| x.as_f64().unwrap_or(f64::NAN) as f32)
+            .collect();
+        let argmax = field("argmax")?
+            .iter()
+            .map(|x| x.as_u64().unwrap_or(u64::MAX) as u32)
+            .collect();
+        let latency_ms = v["latency_ms"]
+            .as_f64()
+            .ok_or_else(|| Error::Engine("HF worker reply has no latency_ms".into()))?;
+        Ok(BatchOutput {
+            scores: TargetScores { token_ll, argmax },
+            latency_ms,
+        })
+    }
+
+    fn finish(&mut self) -> Result<MemoryReading> {
+        let v = self.request(&json!({ "op": "finish" }))?;
+        let _ = self.child.wait();
+        Ok(MemoryReading {
+            peak_bytes: v["peak_memory_bytes"].as_u64().unwrap_or(0),
+            device_used_bytes: v["device_memory_used_bytes"].as_u64(),
+        })
+    }
+}
+
+impl Drop for HfEngine {
+    fn drop(&mut self) {
+        // A run that ends early must not leave the worker (and its GPU memory) behind.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
