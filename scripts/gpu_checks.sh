@@ -88,16 +88,19 @@ for stage in "$@"; do
     [ "${PIPESTATUS[0]}" -le 1 ] || { echo "HF smoke test failed: stopping" >&2; exit 1; }
     ;;
   hf-gpt2)
-    for dt in fp32 bf16 fp16; do for bs in 16 1; do both gpt2 $dt $bs; hf_eager gpt2 $dt $bs; done; done
+    for dt in ${DTYPES:-fp32 bf16 fp16}; do for bs in ${BATCHES:-16 1}; do
+      both gpt2 $dt $bs; hf_eager gpt2 $dt $bs
+    done; done
     ;;
   hf-bloom-560m)
-    for dt in fp32 bf16 fp16; do for bs in 16 1; do both bloom-560m $dt $bs; done; done
+    for dt in fp32 bf16 fp16; do both bloom-560m $dt 16; done
+    for dt in fp32 bf16 fp16; do both bloom-560m $dt 1 --limit "$B1_LIMIT"; done
     ;;
   hf-bloom-7b1-16)
-    for dt in bf16 fp16 fp32; do both bloom-7b1 $dt 16; done
+    for dt in ${DTYPES:-bf16 fp16 fp32}; do both bloom-7b1 $dt 16; done
     ;;
   hf-bloom-7b1-1)
-    for dt in bf16 fp16 fp32; do both bloom-7b1 $dt 1 --limit "$B1_LIMIT"; done
+    for dt in ${B1_DTYPES:-bf16 fp16 fp32}; do both bloom-7b1 $dt 1 --limit "$B1_LIMIT"; done
     ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
