@@ -102,6 +102,14 @@ for stage in "$@"; do
   hf-bloom-7b1-1)
     for dt in ${B1_DTYPES:-bf16 fp16 fp32}; do both bloom-7b1 $dt 1 --limit "$B1_LIMIT"; done
     ;;
+  hf-trainer)
+    # Real HF Trainer output (run_clm's shape) for extract-metrics' golden tests.
+    mkdir -p /tmp/trainer
+    python3 scripts/hf_trainer_sample.py --vocab-dir .gpu/vocab --out /tmp/trainer > "$OUT/run_clm.log" 2> "$OUT/run_clm.stderr"
+    echo "trainer exit $?"
+    for f in all_results.json train_results.json eval_results.json trainer_state.json; do cp /tmp/trainer/$f "$OUT/" ; done
+    tail -25 "$OUT/run_clm.log"
+    ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
 done

@@ -13,8 +13,12 @@ pub mod device;
 pub mod engines;
 pub mod env;
 pub mod error;
+#[cfg(feature = "report")]
+pub mod extract;
 pub mod metrics;
 pub mod models;
+#[cfg(feature = "report")]
+pub mod plot;
 pub mod record;
 pub mod runner;
 pub mod suites;

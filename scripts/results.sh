@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Regenerates results/*.csv and results/*.png from the committed run logs.
+#   bash scripts/results.sh        (builds the release binaries first if needed)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --quiet --bin extract-metrics --bin plot
+X=target/release/extract-metrics
+P=target/release/plot
+R=results
+
+# Every H100 log into one CSV; the candle-vs-HF pairs (one commit, one session) into another.
+$X -i "$R/h100/*.jsonl" "$R/h100/engines/*.jsonl" -o $R/h100.csv
+$X -i "$R/h100/engines/*.jsonl" -o $R/h100_engines.csv
+# candle vs HF, throughput at batch 16 and batch 1, half precision, by model.
+$P -i $R/h100_engines.csv -o $R/h100_samples_per_second_bs16.png --metric samples_per_second \
+   --x model --batch-size 16 --bf16 --fp16 --title "LAMBADA samples/s, batch 16, H100 (candle vs HF)"
+$P -i $R/h100_engines.csv -o $R/h100_samples_per_second_bs1.png --metric samples_per_second \
+   --x model --batch-size 1 --bf16 --fp16 --title "LAMBADA samples/s, batch 1, H100 (candle vs HF)"
+# Peak GPU memory by model and engine, bf16, batch 16.
+$P -i $R/h100_engines.csv -o $R/h100_peak_memory_bs16.png --metric peak_memory_bytes \
+   --x model --batch-size 16 --bf16 --title "Peak GPU memory, LAMBADA bf16 batch 16, H100"
+echo "wrote $R/h100.csv, $R/h100_engines.csv and $R/h100_*.png"

@@ -1,0 +1,209 @@
+#![cfg(feature = "report")]
+//! extract-metrics and plot as users run them: golden CSVs for committed sample logs of each
+//! format (bench logs from real H100 runs, HF Trainer output from a real Trainer run, llm.c lines
+//! in its printf formats), broken inputs, and a look at the PNG.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn logs(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/logs")
+        .join(rel)
+}
+
+fn run(bin: &str, args: &[&str]) -> Output {
+    Command::new(bin)
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("runs")
+}
+
+fn extract(args: &[&str]) -> Output {
+    run(env!("CARGO_BIN_EXE_extract-metrics"), args)
+}
+
+/// Compares with `tests/fixtures/logs/golden/NAME`; `UPDATE_GOLDEN=1` rewrites it.
+fn golden(name: &str, got: &[u8]) {
+    let path = logs("golden").join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, got).unwrap();
+    }
+    let want =
+        std::fs::read(&path).unwrap_or_else(|_| panic!("missing golden file {}", path.display()));
+    assert_eq!(
+        String::from_utf8_lossy(got),
+        String::from_utf8_lossy(&want),
+        "differs from {}",
+        path.display()
+    );
+}
+
+fn ok_stdout(o: &Output) -> &[u8] {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    &o.stdout
+}
+
+#[test]
+fn bench_logs_golden_csv_including_a_killed_run() {
+    let o = extract(&["-i", "tests/fixtures/logs/bench"]);
+    golden("bench.csv", ok_stdout(&o));
+    let csv = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        csv.lines()
+            .any(|l| l.contains("killed_mid_run") && l.contains(",partial,")),
+        "{csv}"
+    );
+}
+
+#[test]
+fn hf_trainer_outputs_golden_csv() {
+    // A directory: all_results.json stands for train/eval_results.json (same numbers).
+    let o = extract(&["-i", "tests/fixtures/logs/hf_trainer"]);
+    golden("hf_trainer.csv", ok_stdout(&o));
+    let csv = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        csv.lines().count(),
+        1 + 3,
+        "all_results.json, run_clm.log, trainer_state.json: {csv}"
+    );
+    assert!(!csv.contains("train_results.json"));
+}
+
+#[test]
+fn llmc_logs_golden_csv_and_garbled_lines_are_counted() {
+    let o = extract(&["-i", "tests/fixtures/logs/llmc/*.log"]);
+    golden("llmc.csv", ok_stdout(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    // train_gpt2cu.log: 9 table/info lines + 1 garbled step line.
+    assert!(
+        err.contains("train_gpt2cu.log: skipped 10 unrecognised line(s) (llmc-log)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn long_and_grouped_outputs() {
+    let o = extract(&["-i", "tests/fixtures/logs/llmc/main.log", "--long"]);
+    golden("llmc_main_long.csv", ok_stdout(&o));
+    let o = extract(&[
+        "-i",
+        "tests/fixtures/logs/bench",
+        "--group-by",
+        "model,dtype",
+    ]);
+    golden("bench_grouped.csv", ok_stdout(&o));
+    let csv = String::from_utf8_lossy(&o.stdout);
+    let header = csv.lines().next().unwrap();
+    assert!(
+        header.starts_with("model,dtype,count,") && header.contains("samples_per_second_min"),
+        "{header}"
+    );
+}
+
+#[test]
+fn unknown_files_fail_with_the_format_list_or_are_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.txt");
+    std::fs::write(&junk, "this is not a log\n\u{1}\u{2}binary").unwrap();
+    let o = extract(&["-i", junk.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("not a log format extract-metrics knows") && err.contains("llmc-main-log"),
+        "{err}"
+    );
+    let llmc = logs("llmc/main.log");
+    let o = extract(&[
+        "-i",
+        junk.to_str().unwrap(),
+        llmc.to_str().unwrap(),
+        "--skip-unknown",
+    ]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stderr).contains("junk.txt: skipped"));
+    let o = extract(&["-i", "/no/such/dir"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("input not found at /no/such/dir"));
+    let o = extract(&["-i", "tests/fixtures/logs/bench", "--group-by", "nope"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--group-by: no column 'nope'"));
+}
+
+#[test]
+fn png_has_the_size_and_is_not_blank() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("out.csv");
+    let png = dir.path().join("fig.png");
+    assert!(extract(&[
+        "-i",
+        "tests/fixtures/logs/bench",
+        "-o",
+        csv.to_str().unwrap()
+    ])
+    .status
+    .success());
+    let o = run(
+        env!("CARGO_BIN_EXE_plot"),
+        &[
+            "-i",
+            csv.to_str().unwrap(),
+            "-o",
+            png.to_str().unwrap(),
+            "--metric",
+            "samples_per_second",
+            "--fp16",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let img = image::open(&png).unwrap().to_rgb8();
+    assert_eq!(img.dimensions(), (1280, 720));
+    let mut colours = std::collections::HashSet::new();
+    for p in img.pixels() {
+        colours.insert(p.0);
+    }
+    assert!(
+        colours.len() > 20,
+        "only {} colours: blank chart?",
+        colours.len()
+    );
+    let non_white = img.pixels().filter(|p| p.0 != [255, 255, 255]).count();
+    assert!(non_white > 20_000, "{non_white} non-white pixels");
+    // SVG too, and clear errors.
+    let svg = dir.path().join("fig.svg");
+    let o = run(
+        env!("CARGO_BIN_EXE_plot"),
+        &[
+            "-i",
+            csv.to_str().unwrap(),
+            "-o",
+            svg.to_str().unwrap(),
+            "--x",
+            "batch_size",
+        ],
+    );
+    assert!(o.status.success() && std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+    let o = run(
+        env!("CARGO_BIN_EXE_plot"),
+        &[
+            "-i",
+            csv.to_str().unwrap(),
+            "-o",
+            png.to_str().unwrap(),
+            "--metric",
+            "nope",
+        ],
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no column 'nope'"));
+    let o = run(
+        env!("CARGO_BIN_EXE_plot"),
+        &[
+            "-i",
+            csv.to_str().unwrap(),
+            "-o",
+            png.to_str().unwrap(),
+            "--model",
+            "gpt5",
+        ],
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no rows of"));
+}
