@@ -193,7 +193,8 @@ fn gather(df: &DataFrame, args: &Args) -> Result<(Table, Vec<String>)> {
             .is_none_or(|w| v.as_deref() == Some(w.as_str()))
     };
     let (_, scale) = units(&args.metric);
-    let mut raw: BTreeMap<(String, String), Vec<(f64, f64, f64)>> = BTreeMap::new();
+    // (series, x) -> (value, lo, hi) of every matching row.
+    let mut raw: BTreeMap<(String, String), Vec<Point>> = BTreeMap::new();
     let mut x_order: Vec<String> = vec![];
     for i in 0..n {
         let Some(v) = value[i] else { continue };
@@ -228,9 +229,11 @@ fn gather(df: &DataFrame, args: &Args) -> Result<(Table, Vec<String>)> {
         if !x_order.contains(&x) {
             x_order.push(x.clone());
         }
-        raw.entry((series, x))
-            .or_default()
-            .push((v * scale, lo * scale, hi * scale));
+        raw.entry((series, x)).or_default().push(Point {
+            value: v * scale,
+            lo: lo * scale,
+            hi: hi * scale,
+        });
     }
     if raw.is_empty() {
         return Err(Error::Config(format!(
@@ -240,12 +243,12 @@ fn gather(df: &DataFrame, args: &Args) -> Result<(Table, Vec<String>)> {
     }
     let mut table = Table::new();
     for ((series, x), mut pts) in raw {
-        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let vals: Vec<f64> = pts.iter().map(|p| p.0).collect();
+        pts.sort_by(|a, b| a.value.total_cmp(&b.value));
+        let vals: Vec<f64> = pts.iter().map(|p| p.value).collect();
         let point = Point {
             value: crate::metrics::percentile(&vals, 50.),
-            lo: pts.iter().map(|p| p.1).fold(f64::INFINITY, f64::min),
-            hi: pts.iter().map(|p| p.2).fold(f64::NEG_INFINITY, f64::max),
+            lo: pts.iter().map(|p| p.lo).fold(f64::INFINITY, f64::min),
+            hi: pts.iter().map(|p| p.hi).fold(f64::NEG_INFINITY, f64::max),
         };
         table.entry(series).or_default().insert(x, point);
     }
