@@ -279,6 +279,23 @@ fn title(args: &Args) -> String {
     })
 }
 
+/// The legend box every chart kind shares.
+fn draw_legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 16))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(plot_err)
+}
+
 /// Grouped bars: one group per x category, one bar per series.
 fn draw_bars<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
@@ -353,14 +370,7 @@ where
             }))
             .map_err(plot_err)?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 16))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(plot_err)?;
+    draw_legend(&mut chart)?;
     // Category names under each group (the axis itself is numeric).
     for (i, x) in xs.iter().enumerate() {
         let (px, py) = chart.backend_coord(&(i as f64 + 0.5, 0.));
@@ -447,14 +457,7 @@ where
             }))
             .map_err(plot_err)?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 16))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(plot_err)?;
+    draw_legend(&mut chart)?;
     Ok(())
 }
 

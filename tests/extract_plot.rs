@@ -24,6 +24,13 @@ fn extract(args: &[&str]) -> Output {
     run(env!("CARGO_BIN_EXE_extract-metrics"), args)
 }
 
+/// `plot -i CSV -o OUT EXTRA…`
+fn plot(csv: &Path, out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["-i", csv.to_str().unwrap(), "-o", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    run(env!("CARGO_BIN_EXE_plot"), &args)
+}
+
 /// Compares with `tests/fixtures/logs/golden/NAME`; `UPDATE_GOLDEN=1` rewrites it.
 fn golden(name: &str, got: &[u8]) {
     let path = logs("golden").join(name);
@@ -142,18 +149,7 @@ fn png_has_the_size_and_is_not_blank() {
     ])
     .status
     .success());
-    let o = run(
-        env!("CARGO_BIN_EXE_plot"),
-        &[
-            "-i",
-            csv.to_str().unwrap(),
-            "-o",
-            png.to_str().unwrap(),
-            "--metric",
-            "samples_per_second",
-            "--fp16",
-        ],
-    );
+    let o = plot(&csv, &png, &["--metric", "samples_per_second", "--fp16"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let img = image::open(&png).unwrap().to_rgb8();
     assert_eq!(img.dimensions(), (1280, 720));
@@ -170,40 +166,10 @@ fn png_has_the_size_and_is_not_blank() {
     assert!(non_white > 20_000, "{non_white} non-white pixels");
     // SVG too, and clear errors.
     let svg = dir.path().join("fig.svg");
-    let o = run(
-        env!("CARGO_BIN_EXE_plot"),
-        &[
-            "-i",
-            csv.to_str().unwrap(),
-            "-o",
-            svg.to_str().unwrap(),
-            "--x",
-            "batch_size",
-        ],
-    );
+    let o = plot(&csv, &svg, &["--x", "batch_size"]);
     assert!(o.status.success() && std::fs::read_to_string(&svg).unwrap().contains("<svg"));
-    let o = run(
-        env!("CARGO_BIN_EXE_plot"),
-        &[
-            "-i",
-            csv.to_str().unwrap(),
-            "-o",
-            png.to_str().unwrap(),
-            "--metric",
-            "nope",
-        ],
-    );
+    let o = plot(&csv, &png, &["--metric", "nope"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("no column 'nope'"));
-    let o = run(
-        env!("CARGO_BIN_EXE_plot"),
-        &[
-            "-i",
-            csv.to_str().unwrap(),
-            "-o",
-            png.to_str().unwrap(),
-            "--model",
-            "gpt5",
-        ],
-    );
+    let o = plot(&csv, &png, &["--model", "gpt5"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("no rows of"));
 }
