@@ -14,88 +14,63 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-#[test]
-fn gpt2_logits_match_hf_on_a_padded_batch() {
-    let report = verify(
-        &fixture("gpt2-fixture-logits"),
-        DeviceSpec::Cpu,
-        Precision::Fp32,
-        16,
-    )
-    .unwrap();
+/// Full logits of the fixture's right-padded batch (lengths 16, 8, 3) against HF's.
+fn assert_logits_match_hf(name: &str) {
+    let report = verify(&fixture(name), DeviceSpec::Cpu, Precision::Fp32, 16).unwrap();
     let l = report.logits.expect("fixture has reference.safetensors");
     assert_eq!(
         l.n_positions,
         16 + 8 + 3,
         "only unpadded positions are compared"
     );
-    assert!(l.max_rel_err <= 1e-4, "max rel err {:e}", l.max_rel_err);
+    assert!(
+        l.max_rel_err <= 1e-4,
+        "{name}: max rel err {:e}",
+        l.max_rel_err
+    );
 }
 
-#[test]
-fn gpt2_lambada_tokens_loglikelihoods_and_greedy_match_hf() {
-    let report = verify(
-        &fixture("gpt2-fixture"),
-        DeviceSpec::Cpu,
-        Precision::Fp32,
-        16,
-    )
-    .unwrap();
+/// LAMBADA tokens, log-likelihoods and greedy flags of the fixture's 23 passages against HF's.
+fn assert_lambada_matches_hf(name: &str) {
+    let report = verify(&fixture(name), DeviceSpec::Cpu, Precision::Fp32, 16).unwrap();
     let c = report.lambada.expect("fixture has lambada_reference.json");
     assert_eq!(c.n_passages, 23);
     assert_eq!(
         c.tokens_equal, c.n_passages,
-        "tokenization differs from HF's GPT-2 BPE"
+        "{name}: tokenization differs from HF's GPT-2 BPE"
     );
     assert!(
         c.ll_max_abs_err <= 1e-4,
-        "ll max abs err {:e}",
+        "{name}: ll max abs err {:e}",
         c.ll_max_abs_err
     );
     assert_eq!(c.greedy_equal, c.n_passages);
     assert!(
         c.greedy_ref > 0,
-        "the fixture should hold greedy hits to compare"
+        "{name}: the fixture should hold greedy hits to compare"
     );
+}
+
+#[test]
+fn gpt2_logits_match_hf_on_a_padded_batch() {
+    assert_logits_match_hf("gpt2-fixture-logits");
+}
+
+#[test]
+fn gpt2_lambada_tokens_loglikelihoods_and_greedy_match_hf() {
+    assert_lambada_matches_hf("gpt2-fixture");
 }
 
 #[test]
 fn bloom_logits_match_hf_on_a_padded_batch() {
     // 6 heads (ALiBi's non-power-of-two branch), residual after the layernorm.
-    let report = verify(
-        &fixture("bloom-fixture-logits"),
-        DeviceSpec::Cpu,
-        Precision::Fp32,
-        16,
-    )
-    .unwrap();
-    let l = report.logits.expect("fixture has reference.safetensors");
-    assert_eq!(l.n_positions, 16 + 8 + 3);
-    assert!(l.max_rel_err <= 1e-4, "max rel err {:e}", l.max_rel_err);
+    assert_logits_match_hf("bloom-fixture-logits");
 }
 
 #[test]
 fn bloom_lambada_tokens_loglikelihoods_and_greedy_match_hf() {
-    let report = verify(
-        &fixture("bloom-fixture"),
-        DeviceSpec::Cpu,
-        Precision::Fp32,
-        16,
-    )
-    .unwrap();
-    let c = report.lambada.expect("fixture has lambada_reference.json");
-    assert_eq!(c.n_passages, 23);
-    assert_eq!(c.tokens_equal, c.n_passages);
-    assert!(
-        c.ll_max_abs_err <= 1e-4,
-        "ll max abs err {:e}",
-        c.ll_max_abs_err
-    );
-    assert_eq!(c.greedy_equal, c.n_passages);
-    assert!(
-        c.greedy_ref > 0,
-        "the fixture should hold greedy hits to compare"
-    );
+    // 3 heads; GPT-2's BPE stands in for BLOOM's tokenizer.
+    assert_lambada_matches_hf("bloom-fixture");
 }
 
 /// Per-passage results of a fixture model for one batch size.
