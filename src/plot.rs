@@ -279,6 +279,20 @@ fn title(args: &Args) -> String {
     })
 }
 
+/// Title, margins and axis-label room every chart kind shares.
+fn frame<'a, 'b, DB: DrawingBackend>(
+    root: &'a DrawingArea<DB, Shift>,
+    args: &Args,
+) -> ChartBuilder<'a, 'b, DB> {
+    let mut builder = ChartBuilder::on(root);
+    builder
+        .caption(title(args), ("sans-serif", 30))
+        .margin(20)
+        .x_label_area_size(50)
+        .y_label_area_size(90);
+    builder
+}
+
 /// The legend box every chart kind shares.
 fn draw_legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
     chart: &mut ChartContext<'a, DB, CT>,
@@ -312,11 +326,7 @@ where
         .flat_map(|m| m.values().map(|p| p.hi.max(p.value)))
         .fold(0., f64::max);
     let n_series = table.len() as f64;
-    let mut chart = ChartBuilder::on(root)
-        .caption(title(args), ("sans-serif", 30))
-        .margin(20)
-        .x_label_area_size(50)
-        .y_label_area_size(90)
+    let mut chart = frame(root, args)
         .build_cartesian_2d(0f64..xs.len() as f64, 0f64..ymax * 1.18)
         .map_err(plot_err)?;
     chart
@@ -412,11 +422,7 @@ where
         .flat_map(|m| m.values().map(|p| p.hi.max(p.value)))
         .fold(0., f64::max);
     let pad = ((xmax - xmin) * 0.05).max(0.5);
-    let mut chart = ChartBuilder::on(root)
-        .caption(title(args), ("sans-serif", 30))
-        .margin(20)
-        .x_label_area_size(50)
-        .y_label_area_size(90)
+    let mut chart = frame(root, args)
         .build_cartesian_2d((xmin - pad)..(xmax + pad), 0f64..ymax * 1.15)
         .map_err(plot_err)?;
     chart
