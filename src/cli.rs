@@ -6,8 +6,10 @@ use crate::engines::hf::{HfAttn, HfOptions};
 use crate::engines::EngineKind;
 use crate::error::{Error, Result};
 use crate::models::{ModelSpec, WeightSource};
+use crate::record::SweepConfig;
 use crate::runner::{run, side_by_side, summary_table, RunSpec};
 use crate::suites::SuiteFile;
+use crate::sweep::{expand, run_sweep, sweep_table, ChildTask, SweepOptions};
 use crate::verify::verify;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -66,9 +68,15 @@ pub struct RunArgs {
     pub suite_file: Option<PathBuf>,
 
     /// Model preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt2-tiny, bloom-560m, bloom-1b1,
-    /// bloom-1b7, bloom-3b, bloom-7b1, bloom (176B), bloom-tiny.
-    #[arg(long, default_value = "gpt2-tiny")]
-    pub model: String,
+    /// bloom-1b7, bloom-3b, bloom-7b1, bloom (176B), bloom-tiny. A comma-separated list runs a
+    /// sweep [default: gpt2-tiny].
+    #[arg(
+        long = "model",
+        visible_alias = "models",
+        value_delimiter = ',',
+        value_name = "NAME"
+    )]
+    pub models: Vec<String>,
 
     /// HF model directory (config.json + model.safetensors or a sharded index); replaces --model.
     #[arg(long, value_name = "DIR")]
@@ -86,13 +94,52 @@ pub struct RunArgs {
     #[arg(long, default_value = "cpu")]
     pub device: DeviceSpec,
 
-    /// Precision: tf32 keeps fp32 weights and lets matmuls use TF32 tensor cores.
-    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
-    pub dtype: Precision,
+    /// Precision: tf32 keeps fp32 weights and lets matmuls use TF32 tensor cores. A list runs a
+    /// sweep [default: fp32].
+    #[arg(
+        long = "dtype",
+        visible_alias = "dtypes",
+        value_enum,
+        value_delimiter = ','
+    )]
+    pub dtypes: Vec<Precision>,
 
-    /// Passages per batch [default: from the suite file, 16].
+    /// Passages per batch; a list runs a sweep [default: from the suite file, 16].
+    #[arg(
+        long = "batch-size",
+        visible_alias = "batch-sizes",
+        value_delimiter = ',',
+        value_name = "N"
+    )]
+    pub batch_sizes: Vec<usize>,
+
+    /// Left-truncate each LAMBADA context to N tokens (lm-eval's max_length); a list runs a
+    /// sweep [default: the model's maximum].
+    #[arg(
+        long = "seq-len",
+        visible_alias = "seq-lens",
+        value_delimiter = ',',
+        value_name = "N"
+    )]
+    pub seq_lens: Vec<usize>,
+
+    /// Run each configuration N times, each in its own process; the sweep log folds them into
+    /// median, min, max and CV [default: from the suite file, 1].
+    #[arg(long, value_name = "N")]
+    pub repeat: Option<usize>,
+
+    /// Continue a sweep: run only the configurations without an `ok` or `oom` record in its
+    /// sweep log (--sweep-dir, else the newest sweep_* in --log-dir).
     #[arg(long)]
-    pub batch_size: Option<usize>,
+    pub resume: bool,
+
+    /// The sweep's directory (sweep.jsonl + run logs) [default: LOG_DIR/sweep_TIME].
+    #[arg(long, value_name = "DIR")]
+    pub sweep_dir: Option<PathBuf>,
+
+    /// Run even a single configuration in a child process, recorded like a sweep.
+    #[arg(long)]
+    pub isolate: bool,
 
     /// Score only the first N passages.
     #[arg(long)]
@@ -113,9 +160,15 @@ pub struct RunArgs {
     pub log_dir: PathBuf,
 
     /// candle (this crate's models), hf (transformers + PyTorch in a Python worker), or both:
-    /// the same data, batches and weights through each, then a side-by-side summary.
-    #[arg(long, value_enum, default_value_t = EngineKind::Candle)]
-    pub engine: EngineKind,
+    /// the same data, batches and weights through each, then a side-by-side summary. A list
+    /// runs a sweep (`both` in it means candle and hf) [default: candle].
+    #[arg(
+        long = "engine",
+        visible_alias = "engines",
+        value_enum,
+        value_delimiter = ','
+    )]
+    pub engines: Vec<EngineKind>,
 
     /// Python with torch + transformers for the HF engine [default: $BENCH_PYTHON, else python3].
     #[arg(long, value_name = "PATH")]
@@ -182,15 +235,129 @@ fn resolve_data(arg: Option<&str>, suite: &SuiteFile) -> Result<DataFile> {
     }
 }
 
-pub fn resolve(args: RunArgs, command_line: Vec<String>) -> Result<RunSpec> {
+/// What a `bench` invocation runs: its suite, the configurations of its matrix, and whether
+/// they run as a sweep of child processes.
+pub struct Plan {
+    pub suite: SuiteFile,
+    pub configs: Vec<SweepConfig>,
+    pub repeat: usize,
+    pub sweep: bool,
+}
+
+fn engine_name(e: EngineKind) -> String {
+    e.to_possible_value()
+        .expect("no skipped variants")
+        .get_name()
+        .to_string()
+}
+
+/// Each list comes from its flag, else the suite file's `[sweep]`, else the default.
+pub fn plan(args: &RunArgs) -> Result<Plan> {
     let suite = match &args.suite_file {
         Some(p) => SuiteFile::from_path(p)?,
         None => SuiteFile::builtin(&args.suite)?,
     };
+    let sw = &suite.sweep;
+    let pick = |flag: Vec<String>, file: &Option<Vec<String>>, default: &str| {
+        if !flag.is_empty() {
+            flag
+        } else {
+            file.clone().unwrap_or_else(|| vec![default.to_string()])
+        }
+    };
+    let models = match &args.model_dir {
+        Some(dir) if args.models.is_empty() => vec![ModelSpec::from_dir(dir)?.name],
+        Some(_) => {
+            return Err(Error::Config(
+                "--model-dir replaces --model: give one of them".into(),
+            ))
+        }
+        None => pick(args.models.clone(), &sw.models, "gpt2-tiny"),
+    };
+    let dtypes = pick(
+        args.dtypes.iter().map(|d| d.to_string()).collect(),
+        &sw.dtypes,
+        "fp32",
+    );
+    let engines = pick(
+        args.engines.iter().map(|e| engine_name(*e)).collect(),
+        &sw.engines,
+        "candle",
+    );
+    let batch_sizes = match (&args.batch_sizes[..], &sw.batch_sizes) {
+        ([], Some(b)) => b.clone(),
+        ([], None) => vec![suite.run.batch_size],
+        (b, _) => b.to_vec(),
+    };
+    let seq_lens: Vec<Option<usize>> = match (&args.seq_lens[..], &sw.seq_lens) {
+        ([], Some(s)) => s.iter().map(|n| Some(*n)).collect(),
+        ([], None) => vec![None],
+        (s, _) => s.iter().map(|n| Some(*n)).collect(),
+    };
+    if batch_sizes.contains(&0) {
+        return Err(Error::Config("--batch-size must be at least 1".into()));
+    }
+    if seq_lens.contains(&Some(0)) {
+        return Err(Error::Config("--seq-len must be at least 1".into()));
+    }
+    let repeat = args.repeat.or(sw.repeat).unwrap_or(1);
+    if repeat == 0 {
+        return Err(Error::Config("--repeat must be at least 1".into()));
+    }
+    let n = models.len() * dtypes.len() * batch_sizes.len() * seq_lens.len() * engines.len();
+    let sweep = n > 1 || repeat > 1 || args.isolate || args.resume || args.sweep_dir.is_some();
+    // In a sweep each engine is its own configuration: `both` is candle, then hf.
+    let engines = if sweep {
+        let mut e: Vec<String> = vec![];
+        for name in engines {
+            let names = if name == "both" {
+                vec!["candle".to_string(), "hf".to_string()]
+            } else {
+                vec![name]
+            };
+            for n in names {
+                if !e.contains(&n) {
+                    e.push(n);
+                }
+            }
+        }
+        e
+    } else {
+        engines
+    };
+    let configs = expand(&models, &dtypes, &seq_lens, &batch_sizes, &engines);
+    Ok(Plan {
+        suite,
+        configs,
+        repeat,
+        sweep,
+    })
+}
+
+/// The run of one configuration of `args`' plan.
+pub fn resolve_config(
+    args: &RunArgs,
+    suite: &SuiteFile,
+    config: &SweepConfig,
+    repeat: Option<usize>,
+    command_line: Vec<String>,
+) -> Result<RunSpec> {
     let model = match &args.model_dir {
         Some(dir) => ModelSpec::from_dir(dir)?,
-        None => ModelSpec::preset(&args.model)?,
+        None => ModelSpec::preset(&config.model)?,
     };
+    let precision = <Precision as ValueEnum>::from_str(&config.dtype, true).map_err(|_| {
+        Error::Config(format!(
+            "unknown dtype '{}' (fp32, tf32, fp16, bf16)",
+            config.dtype
+        ))
+    })?;
+    let engine = <EngineKind as ValueEnum>::from_str(&config.engine, true).map_err(|_| {
+        Error::Config(format!(
+            "unknown engine '{}' (candle, hf, both)",
+            config.engine
+        ))
+    })?;
     let weights = match (args.weights, &args.model_dir) {
         (Some(WeightsKind::Random), _) | (None, None) => WeightSource::Random { seed: args.seed },
         (_, Some(dir)) => WeightSource::Dir(dir.clone()),
@@ -200,9 +367,13 @@ pub fn resolve(args: RunArgs, command_line: Vec<String>) -> Result<RunSpec> {
             ))
         }
     };
-    if args.engine == EngineKind::Candle
-        && (args.hf_compile || args.hf_attn != HfAttn::Auto || args.python.is_some())
-    {
+    let uses_hf = args.engines.iter().any(|e| *e != EngineKind::Candle)
+        || suite
+            .sweep
+            .engines
+            .as_ref()
+            .is_some_and(|e| e.iter().any(|e| e != "candle"));
+    if !uses_hf && (args.hf_compile || args.hf_attn != HfAttn::Auto || args.python.is_some()) {
         return Err(Error::Config(
             "--python, --hf-attn and --hf-compile are for --engine hf or both".into(),
         ));
@@ -212,37 +383,125 @@ pub fn resolve(args: RunArgs, command_line: Vec<String>) -> Result<RunSpec> {
             "--save-weights writes random weights: use it with --weights random".into(),
         ));
     }
-    let batch_size = args.batch_size.unwrap_or(suite.run.batch_size);
-    if batch_size == 0 {
-        return Err(Error::Config("--batch-size must be at least 1".into()));
-    }
     if args.limit == Some(0) {
         return Err(Error::Config("--limit must be at least 1".into()));
     }
-    let data = resolve_data(args.data.as_deref(), &suite)?;
+    let data = resolve_data(args.data.as_deref(), suite)?;
     Ok(RunSpec {
         warmup_batches: args.warmup.unwrap_or(suite.run.warmup_batches),
-        suite,
+        suite: suite.clone(),
         model,
         weights,
         tokenizer_dir: args.model_dir.clone(),
         device: args.device,
-        precision: args.dtype,
-        batch_size,
+        precision,
+        batch_size: config.batch_size,
         limit: args.limit,
+        seq_len: config.seq_len,
+        repeat,
         data,
-        log_dir: args.log_dir,
-        save_weights: args.save_weights,
-        engine: args.engine,
+        log_dir: args.log_dir.clone(),
+        save_weights: args.save_weights.clone(),
+        engine,
         hf: HfOptions {
-            python: args.python,
+            python: args.python.clone(),
             attn: args.hf_attn,
             compile: args.hf_compile,
-            worker: args.hf_worker,
+            worker: args.hf_worker.clone(),
         },
         command_line,
         progress: !args.no_progress,
     })
+}
+
+/// A single run of `args` (which must not be a sweep).
+pub fn resolve(args: RunArgs, command_line: Vec<String>) -> Result<RunSpec> {
+    let plan = plan(&args)?;
+    match &plan.configs[..] {
+        [config] if !plan.sweep => resolve_config(&args, &plan.suite, config, None, command_line),
+        _ => Err(Error::Config(
+            "these options describe a sweep, not one run".into(),
+        )),
+    }
+}
+
+/// Runs a sweep: checks every configuration resolves (a typo fails before any child starts),
+/// then hands them to [`run_sweep`].
+fn sweep(args: RunArgs, plan: Plan, command_line: Vec<String>) -> Result<ExitCode> {
+    if args.save_weights.is_some() {
+        return Err(Error::Config(
+            "--save-weights writes one model: run it without a sweep".into(),
+        ));
+    }
+    for config in &plan.configs {
+        ModelSpec::preset(&config.model).or_else(|e| match &args.model_dir {
+            Some(dir) => ModelSpec::from_dir(dir),
+            None => Err(e),
+        })?;
+    }
+    resolve_config(&args, &plan.suite, &plan.configs[0], None, vec![])?;
+    let outcome = run_sweep(SweepOptions {
+        suite: plan.suite.name.clone(),
+        device: args.device.to_string(),
+        configs: plan.configs,
+        repeat: plan.repeat,
+        log_dir: args.log_dir.clone(),
+        sweep_dir: args.sweep_dir.clone(),
+        resume: args.resume,
+        progress: !args.no_progress,
+        child_args: command_line.iter().skip(1).cloned().collect(),
+        command_line,
+    })?;
+    print!("{}", sweep_table(&outcome));
+    Ok(if outcome.succeeded() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// One configuration, in this process: a plain run, or a sweep's child ([`ChildTask`]).
+fn single(spec: RunSpec) -> Result<ExitCode> {
+    let outcomes = run(spec)?;
+    for out in &outcomes {
+        print!(
+            "{}",
+            summary_table(&out.header, &out.summary, &out.log_path)
+        );
+    }
+    Ok(match outcomes.as_slice() {
+        [candle, hf] => {
+            let (table, agree) = side_by_side(candle, hf);
+            print!("{table}");
+            if agree {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        _ => ExitCode::SUCCESS,
+    })
+}
+
+fn run_command(args: RunArgs, command_line: Vec<String>) -> Result<ExitCode> {
+    let plan = plan(&args)?;
+    if let Some(task) = ChildTask::from_env()? {
+        let mut spec = resolve_config(
+            &args,
+            &plan.suite,
+            &task.config,
+            Some(task.repeat),
+            command_line,
+        )?;
+        spec.log_dir = task.log_dir;
+        spec.progress = false;
+        return single(spec);
+    }
+    if plan.sweep {
+        return sweep(args, plan, command_line);
+    }
+    let spec = resolve_config(&args, &plan.suite, &plan.configs[0], None, command_line)?;
+    single(spec)
 }
 
 fn run_verify(args: VerifyArgs) -> Result<bool> {
@@ -296,28 +555,7 @@ pub fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         }),
-        None => resolve(cli.run, command_line)
-            .and_then(run)
-            .map(|outcomes| {
-                for out in &outcomes {
-                    print!(
-                        "{}",
-                        summary_table(&out.header, &out.summary, &out.log_path)
-                    );
-                }
-                match outcomes.as_slice() {
-                    [candle, hf] => {
-                        let (table, agree) = side_by_side(candle, hf);
-                        print!("{table}");
-                        if agree {
-                            ExitCode::SUCCESS
-                        } else {
-                            ExitCode::from(1)
-                        }
-                    }
-                    _ => ExitCode::SUCCESS,
-                }
-            }),
+        None => run_command(cli.run, command_line),
     };
     result.unwrap_or_else(|e| {
         eprintln!("Error: {e}");

@@ -5,7 +5,8 @@
 //! - [`suites`]: workloads and their scoring (LAMBADA as lm-eval `lambada_openai`).
 //! - [`trackers`]: latency and memory measurement; [`metrics`]: every metric's formula.
 //! - [`record`]: the JSONL run log, the contract with the tools that read results.
-//! - [`runner`]: one run end to end; [`cli`]: the `bench` command line.
+//! - [`runner`]: one run end to end; [`sweep`]: a matrix of runs, each in a child process;
+//!   [`cli`]: the `bench` command line.
 
 pub mod cli;
 pub mod data;
@@ -22,6 +23,7 @@ pub mod plot;
 pub mod record;
 pub mod runner;
 pub mod suites;
+pub mod sweep;
 pub mod tokenizer;
 pub mod trackers;
 pub mod verify;

@@ -3,7 +3,12 @@
 //! [`Summary`]. Each record is written with a single `write` as soon as it exists, so a run
 //! that dies half-way keeps every finished record.
 //!
-//! Schema versions: 1 (this one).
+//! A sweep (`crate::sweep`) keeps its own log, `sweep.jsonl`, beside its runs' logs: a
+//! [`SweepHeader`] per invocation, one [`SweepRun`] per finished child process and one
+//! [`SweepRepeats`] per configuration once its repeats are done.
+//!
+//! Schema versions: 1 (this one; sweep records and `seq_len` / `repeat` were added later as
+//! optional fields, so every version-1 reader still reads run logs).
 
 use crate::env::HostInfo;
 use crate::error::{Error, Result};
@@ -21,6 +26,9 @@ pub enum Record {
     Header(Box<Header>),
     Batch(BatchRecord),
     Summary(Box<Summary>),
+    SweepHeader(Box<SweepHeader>),
+    SweepRun(Box<SweepRun>),
+    SweepRepeats(Box<SweepRepeats>),
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -61,6 +69,13 @@ pub struct Header {
     pub data: DataInfo,
     /// Load time of the weights (random init or checkpoint), seconds.
     pub load_seconds: f64,
+    /// `--seq-len`: LAMBADA contexts left-truncated to this many tokens (None: the model's
+    /// maximum), as lm-eval's `max_length`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq_len: Option<usize>,
+    /// 0-based repeat index when the run is one of a sweep's `--repeat N`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat: Option<usize>,
 }
 
 /// One LAMBADA passage's result.
@@ -93,24 +108,34 @@ pub struct BatchRecord {
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Summary {
-    /// `ok`, or `error` with `error` set (a run that failed after some batches).
+    /// `ok`; `oom` (out of memory), `error` or `killed` with `error` set: a run that failed
+    /// after its header keeps the metrics of the batches it finished.
     pub status: String,
     pub error: Option<String>,
     pub n_samples: usize,
     pub n_batches: usize,
     pub n_tokens: usize,
     /// lm-eval `acc`: see [`crate::metrics::lambada_accuracy`].
+    #[serde(deserialize_with = "nan_if_null")]
     pub accuracy: f64,
     /// lm-eval `perplexity`: see [`crate::metrics::lambada_perplexity`].
+    #[serde(deserialize_with = "nan_if_null")]
     pub perplexity: f64,
     /// Passages / timed seconds (the sum of batch latencies).
+    #[serde(deserialize_with = "nan_if_null")]
     pub samples_per_second: f64,
     /// Real input tokens / timed seconds.
+    #[serde(deserialize_with = "nan_if_null")]
     pub tokens_per_second: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub latency_ms_p50: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub latency_ms_p90: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub latency_ms_p99: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub latency_ms_mean: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub latency_ms_stdev: f64,
     /// Sum of batch latencies, seconds.
     pub timed_seconds: f64,
@@ -124,6 +149,90 @@ pub struct Summary {
     /// through the host.
     #[serde(default)]
     pub peak_host_memory_bytes: Option<u64>,
+}
+
+/// JSON has no NaN: serde_json writes it as `null` (a run that failed before its first
+/// batch has no accuracy); read `null` back as NaN.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+/// One configuration of a sweep: a point of the `--models × --dtypes × --batch-sizes ×
+/// --seq-lens × --engines` product.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SweepConfig {
+    pub model: String,
+    pub dtype: String,
+    pub batch_size: usize,
+    /// None: the model's maximum context.
+    pub seq_len: Option<usize>,
+    pub engine: String,
+}
+
+impl SweepConfig {
+    /// Identifies the configuration in a sweep log (and for `--resume`).
+    pub fn key(&self) -> String {
+        let seq = self.seq_len.map_or("max".to_string(), |s| s.to_string());
+        format!(
+            "model={} dtype={} batch={} seq={} engine={}",
+            self.model, self.dtype, self.batch_size, seq, self.engine
+        )
+    }
+}
+
+/// Written when a sweep starts or resumes.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SweepHeader {
+    pub schema_version: u32,
+    pub tool_version: String,
+    pub git_commit: String,
+    pub time_utc: String,
+    pub command_line: Vec<String>,
+    pub suite: String,
+    pub device: String,
+    pub resumed: bool,
+    pub repeat: usize,
+    pub configs: Vec<SweepConfig>,
+}
+
+/// One child process of a sweep: a configuration's run (one repeat), however it ended.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SweepRun {
+    pub config: SweepConfig,
+    pub repeat: usize,
+    /// `ok`, `oom` (out of memory, CUDA's or the host's), `error` (any other failure) or
+    /// `killed` (ended by a signal, e.g. the OOM killer).
+    pub status: String,
+    /// The child's own error message, or the last lines of its stderr.
+    pub error: Option<String>,
+    pub exit_code: Option<i32>,
+    pub wall_seconds: f64,
+    /// Run logs the child wrote, relative to the sweep directory (none if it failed before its
+    /// header: then this record is the only trace, and extract-metrics reads it).
+    pub logs: Vec<String>,
+    pub samples_per_second: Option<f64>,
+    pub latency_ms_p50: Option<f64>,
+}
+
+/// Median, extremes and coefficient of variation of one metric over a configuration's repeats.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    /// Sample standard deviation / mean (0 for one repeat).
+    pub cv: f64,
+}
+
+/// A configuration's repeats folded, once the last of them has run.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SweepRepeats {
+    pub config: SweepConfig,
+    pub n_repeats: usize,
+    pub n_ok: usize,
+    pub samples_per_second: Option<Spread>,
+    pub tokens_per_second: Option<Spread>,
+    pub latency_ms_p50: Option<Spread>,
 }
 
 /// An open run log.
@@ -151,6 +260,18 @@ impl RunLog {
             }
         }
         unreachable!()
+    }
+
+    /// Opens an existing log to append to it (a sweep completing a killed child's log).
+    pub fn append(path: &Path) -> Result<Self> {
+        let file = File::options()
+            .append(true)
+            .open(path)
+            .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+        })
     }
 
     pub fn path(&self) -> &Path {

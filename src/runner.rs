@@ -6,7 +6,7 @@ use crate::engines::candle::CandleEngine;
 use crate::engines::hf::{HfEngine, HfOptions};
 use crate::engines::{Engine, EngineKind};
 use crate::env::{GpuInfo, HostInfo};
-use crate::error::{Error, Result};
+use crate::error::{failure_status, Error, Result};
 use crate::metrics::{lambada_accuracy, lambada_perplexity, per_second, Distribution};
 use crate::models::weights::save_checkpoint;
 use crate::models::{ModelSpec, Recorder, WeightSource};
@@ -32,6 +32,10 @@ pub struct RunSpec {
     pub batch_size: usize,
     pub warmup_batches: usize,
     pub limit: Option<usize>,
+    /// Left-truncate contexts to this many tokens (None: the model's maximum).
+    pub seq_len: Option<usize>,
+    /// Repeat index when a sweep runs this configuration several times.
+    pub repeat: Option<usize>,
     pub data: DataFile,
     pub log_dir: PathBuf,
     /// Write the random weights as an HF checkpoint here.
@@ -204,7 +208,17 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
         }
     };
 
-    let requests = build_requests(&tokenizer, &passages, engine.max_positions())?;
+    let max_len = match spec.seq_len {
+        Some(n) if n > engine.max_positions() => {
+            return Err(Error::Config(format!(
+                "--seq-len {n} is longer than the model's {} positions",
+                engine.max_positions()
+            )))
+        }
+        Some(n) => n,
+        None => engine.max_positions(),
+    };
+    let requests = build_requests(&tokenizer, &passages, max_len)?;
     let batches: Vec<&[_]> = requests.chunks(spec.batch_size.max(1)).collect();
 
     let sha256 = spec.data.sha256();
@@ -240,6 +254,8 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
             n_samples: requests.len(),
         },
         load_seconds: engine.load_seconds(),
+        seq_len: spec.seq_len,
+        repeat: spec.repeat,
     };
     if header.data.matches_reference == Some(false) {
         eprintln!(
@@ -261,16 +277,19 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
     log.write(&Record::Header(Box::new(header.clone())))?;
 
     // Untimed warm-up batches: CUDA loads candle's PTX kernels, cuBLAS creates handles and the
-    // memory pools grow on first use; none of that is the model's speed.
-    for batch in batches.iter().take(spec.warmup_batches) {
-        engine.score(batch)?;
-    }
+    // memory pools grow on first use; none of that is the model's speed. A failure here (an
+    // out-of-memory at a large batch) is recorded like one in the timed batches.
+    let mut failure = batches
+        .iter()
+        .take(spec.warmup_batches)
+        .find_map(|batch| engine.score(batch).err());
 
     let bar = progress_bar(spec.progress, requests.len() as u64);
-    let mut latencies = Vec::with_capacity(batches.len());
-    let (mut lls, mut greedy, mut n_tokens) = (vec![], vec![], 0);
-    let mut failure = None;
+    let mut totals = BatchTotals::default();
     for (i, batch) in batches.iter().enumerate() {
+        if failure.is_some() {
+            break;
+        }
         let scored = engine
             .score(batch)
             .and_then(|out| Ok((passage_results(batch, &out.scores)?, out.latency_ms)));
@@ -282,18 +301,16 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
             }
         };
         let shape = batch_shape(batch);
-        latencies.push(latency_ms);
-        n_tokens += shape.n_tokens;
-        lls.extend(results.iter().map(|r| r.ll));
-        greedy.extend(results.iter().map(|r| r.greedy));
-        log.write(&Record::Batch(BatchRecord {
+        let record = BatchRecord {
             batch: i,
             n_samples: batch.len(),
             n_tokens: shape.n_tokens,
             padded_len: shape.padded_len,
             latency_ms,
             passages: results,
-        }))?;
+        };
+        totals.add(&record);
+        log.write(&Record::Batch(record))?;
         bar.inc(batch.len() as u64);
     }
     bar.finish_and_clear();
@@ -306,33 +323,11 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
             MemoryReading::default()
         })
     };
-    let timed_seconds = latencies.iter().sum::<f64>() / 1e3;
-    let lat = Distribution::of(&latencies);
-    let summary = Summary {
-        status: if failure.is_some() {
-            "error".into()
-        } else {
-            "ok".into()
-        },
-        error: failure.as_ref().map(|e| e.to_string()),
-        n_samples: lls.len(),
-        n_batches: latencies.len(),
-        n_tokens,
-        accuracy: lambada_accuracy(&greedy),
-        perplexity: lambada_perplexity(&lls),
-        samples_per_second: per_second(lls.len() as f64, timed_seconds),
-        tokens_per_second: per_second(n_tokens as f64, timed_seconds),
-        latency_ms_p50: lat.p50,
-        latency_ms_p90: lat.p90,
-        latency_ms_p99: lat.p99,
-        latency_ms_mean: lat.mean,
-        latency_ms_stdev: lat.stdev,
-        timed_seconds,
-        wall_seconds: wall.elapsed().as_secs_f64(),
-        peak_memory_bytes: mem.peak_bytes,
-        device_memory_used_bytes: mem.device_used_bytes,
-        peak_host_memory_bytes: peak_rss_bytes(),
-    };
+    let summary = totals.summary(
+        failure.as_ref().map(|e| e.to_string()),
+        wall.elapsed().as_secs_f64(),
+        mem,
+    );
     log.write(&Record::Summary(Box::new(summary.clone())))?;
     if let Some(e) = failure {
         return Err(e);
@@ -342,6 +337,69 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
         header,
         summary,
     })
+}
+
+/// What the finished batches of a run add up to; the one place a [`Summary`] is computed,
+/// for a whole run and for a killed run's log completed later (see `crate::sweep`).
+#[derive(Default)]
+pub struct BatchTotals {
+    latencies_ms: Vec<f64>,
+    lls: Vec<f64>,
+    greedy: Vec<bool>,
+    n_tokens: usize,
+}
+
+impl BatchTotals {
+    pub fn add(&mut self, batch: &BatchRecord) {
+        self.latencies_ms.push(batch.latency_ms);
+        self.n_tokens += batch.n_tokens;
+        self.lls.extend(batch.passages.iter().map(|p| p.ll));
+        self.greedy.extend(batch.passages.iter().map(|p| p.greedy));
+    }
+
+    /// `failure`: the error that ended the run early, whose words decide `oom` vs `error`.
+    pub fn summary(
+        &self,
+        failure: Option<String>,
+        wall_seconds: f64,
+        mem: MemoryReading,
+    ) -> Summary {
+        let timed_seconds = self.latencies_ms.iter().sum::<f64>() / 1e3;
+        let lat = Distribution::of(&self.latencies_ms);
+        // No finished batch: no latency either (null in the log, not 0).
+        let ms = |v: f64| if lat.count == 0 { f64::NAN } else { v };
+        let n = self.lls.len();
+        let status = failure.as_deref().map_or("ok", failure_status);
+        Summary {
+            status: status.into(),
+            error: failure,
+            n_samples: n,
+            n_batches: self.latencies_ms.len(),
+            n_tokens: self.n_tokens,
+            accuracy: if n > 0 {
+                lambada_accuracy(&self.greedy)
+            } else {
+                f64::NAN
+            },
+            perplexity: if n > 0 {
+                lambada_perplexity(&self.lls)
+            } else {
+                f64::NAN
+            },
+            samples_per_second: per_second(n as f64, timed_seconds),
+            tokens_per_second: per_second(self.n_tokens as f64, timed_seconds),
+            latency_ms_p50: ms(lat.p50),
+            latency_ms_p90: ms(lat.p90),
+            latency_ms_p99: ms(lat.p99),
+            latency_ms_mean: ms(lat.mean),
+            latency_ms_stdev: ms(lat.stdev),
+            timed_seconds,
+            wall_seconds,
+            peak_memory_bytes: mem.peak_bytes,
+            device_memory_used_bytes: mem.device_used_bytes,
+            peak_host_memory_bytes: peak_rss_bytes(),
+        }
+    }
 }
 
 fn progress_bar(enabled: bool, len: u64) -> ProgressBar {

@@ -2,7 +2,7 @@
 //! (run metadata + numeric metrics); lines a parser does not recognise are counted, never fatal.
 
 use super::RunRow;
-use crate::record::Record;
+use crate::record::{Record, SweepHeader, SweepRun};
 use regex::Regex;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -147,6 +147,7 @@ fn hf_value(s: &str) -> Option<f64> {
 
 fn bench_jsonl(mut row: RunRow, text: &str) -> (Vec<RunRow>, usize) {
     let (mut skipped, mut header, mut summary) = (0, None, None);
+    let (mut sweep, mut sweep_runs) = (None, vec![]);
     let (mut latencies, mut n_samples, mut n_tokens) = (vec![], 0usize, 0usize);
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         match serde_json::from_str::<Record>(line) {
@@ -157,11 +158,14 @@ fn bench_jsonl(mut row: RunRow, text: &str) -> (Vec<RunRow>, usize) {
                 n_tokens += b.n_tokens;
             }
             Ok(Record::Summary(s)) => summary = Some(s),
+            Ok(Record::SweepHeader(h)) => sweep = Some(h),
+            Ok(Record::SweepRun(r)) => sweep_runs.push(r),
+            Ok(Record::SweepRepeats(_)) => {}
             Err(_) => skipped += 1,
         }
     }
     let Some(h) = header else {
-        return (vec![], skipped);
+        return (sweep_rows(&row, sweep.as_deref(), &sweep_runs), skipped);
     };
     let m = &mut row.meta;
     m.insert("engine".into(), h.engine.clone());
@@ -185,9 +189,18 @@ fn bench_jsonl(mut row: RunRow, text: &str) -> (Vec<RunRow>, usize) {
     x.insert("batch_size".into(), h.batch_size as f64);
     x.insert("n_parameters".into(), h.model.n_parameters as f64);
     x.insert("load_seconds".into(), h.load_seconds);
+    if let Some(n) = h.seq_len {
+        x.insert("seq_len".into(), n as f64);
+    }
+    if let Some(r) = h.repeat {
+        x.insert("repeat".into(), r as f64);
+    }
     match summary {
         Some(s) => {
             row.meta.insert("status".into(), s.status.clone());
+            if let Some(e) = &s.error {
+                row.meta.insert("error".into(), e.clone());
+            }
             let v = serde_json::to_value(&s).expect("summary serializes");
             for (k, v) in v.as_object().expect("an object") {
                 if let Some(f) = v.as_f64() {
@@ -211,6 +224,43 @@ fn bench_jsonl(mut row: RunRow, text: &str) -> (Vec<RunRow>, usize) {
         }
     }
     (vec![row], skipped)
+}
+
+/// A sweep log's rows: one for each run that failed before writing a run log of its own (the
+/// others are rows of their run logs, beside it in the sweep directory).
+fn sweep_rows(base: &RunRow, header: Option<&SweepHeader>, runs: &[Box<SweepRun>]) -> Vec<RunRow> {
+    runs.iter()
+        .filter(|r| r.logs.is_empty())
+        .map(|r| {
+            let mut row = base.clone();
+            let c = &r.config;
+            let m = &mut row.meta;
+            let run = format!(
+                "{}_{}_{}_{}_bs{}_r{}",
+                m["run"], c.model, c.engine, c.dtype, c.batch_size, r.repeat
+            );
+            m.insert("run".into(), run);
+            m.insert("engine".into(), c.engine.clone());
+            m.insert("model".into(), c.model.clone());
+            m.insert("dtype".into(), c.dtype.clone());
+            m.insert("status".into(), r.status.clone());
+            if let Some(e) = &r.error {
+                m.insert("error".into(), e.clone());
+            }
+            if let Some(h) = header {
+                m.insert("suite".into(), h.suite.clone());
+                m.insert("device".into(), h.device.clone());
+                m.insert("git_commit".into(), h.git_commit.clone());
+            }
+            let x = &mut row.metrics;
+            x.insert("batch_size".into(), c.batch_size as f64);
+            if let Some(n) = c.seq_len {
+                x.insert("seq_len".into(), n as f64);
+            }
+            x.insert("repeat".into(), r.repeat as f64);
+            row
+        })
+        .collect()
 }
 
 fn hf_trainer_log(row: &mut RunRow, text: &str) -> usize {

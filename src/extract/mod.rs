@@ -29,6 +29,7 @@ const META: &[&str] = &[
     "gpu",
     "attn",
     "status",
+    "error",
     "git_commit",
     "time_utc",
 ];

@@ -15,6 +15,21 @@ pub struct SuiteFile {
     pub name: String,
     pub data: SuiteData,
     pub run: SuiteRun,
+    /// A whole matrix in the file; each list is replaced by its flag (`--models` …).
+    #[serde(default)]
+    pub sweep: SuiteSweep,
+}
+
+/// `[sweep]`: lists whose product runs as one sweep (see `crate::sweep`).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SuiteSweep {
+    pub models: Option<Vec<String>>,
+    pub dtypes: Option<Vec<String>>,
+    pub batch_sizes: Option<Vec<usize>>,
+    pub seq_lens: Option<Vec<usize>>,
+    pub engines: Option<Vec<String>>,
+    pub repeat: Option<usize>,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]

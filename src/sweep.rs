@@ -1,0 +1,585 @@
+//! Sweeps: the product `--models × --dtypes × --seq-lens × --batch-sizes × --engines`, each
+//! configuration `--repeat N` times, as one command.
+//!
+//! Every run is a child process (this binary again, told its one configuration through
+//! [`CHILD_ENV`]), like optimum-benchmark's process launcher: a CUDA out-of-memory, a crash or
+//! the kernel's OOM killer ends that child only. The parent records how each child ended in
+//! `sweep.jsonl` ([`SweepRun`]: `ok`, `oom`, `error`, `killed`), completes a dead child's run
+//! log with a summary of its finished batches, and goes on. Each record is one write, so a
+//! `kill -9` of the sweep loses nothing finished; children die with the parent
+//! (`PR_SET_PDEATHSIG`), and `--resume` runs only what is missing.
+//!
+//! Layout: `LOG_DIR/sweep_TIME/` holds `sweep.jsonl` and the runs' own logs, so
+//! `extract-metrics -i LOG_DIR/sweep_TIME` gives one row per run, including runs that failed
+//! before writing a log (from their `sweep_run` record).
+
+use crate::error::{failure_status, Error, Result};
+use crate::metrics::{percentile, Distribution};
+use crate::record::{
+    read_log, Record, RunLog, Spread, Summary, SweepConfig, SweepHeader, SweepRepeats, SweepRun,
+    SCHEMA_VERSION,
+};
+use crate::runner::{BatchTotals, GIT_COMMIT};
+use crate::trackers::MemoryReading;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeSet, VecDeque};
+use std::io::{BufRead, BufReader, IsTerminal, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+/// Set in a child's environment: its [`ChildTask`] as JSON.
+pub const CHILD_ENV: &str = "BENCH_SWEEP_CHILD";
+
+/// The sweep log's file name inside a sweep directory.
+pub const SWEEP_LOG: &str = "sweep.jsonl";
+
+/// What a child runs: one configuration, one repeat, logging into the sweep directory.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ChildTask {
+    pub config: SweepConfig,
+    pub repeat: usize,
+    pub log_dir: PathBuf,
+}
+
+impl ChildTask {
+    /// The task of this process, if a sweep started it.
+    pub fn from_env() -> Result<Option<Self>> {
+        match std::env::var(CHILD_ENV) {
+            Ok(json) => serde_json::from_str(&json)
+                .map(Some)
+                .map_err(|e| Error::Config(format!("bad {CHILD_ENV}: {e}"))),
+            Err(_) => Ok(None),
+        }
+    }
+}
+
+/// The configurations in run order: models, then dtypes, sequence lengths, batch sizes and
+/// engines (innermost, so engines of one configuration run back to back).
+pub fn expand(
+    models: &[String],
+    dtypes: &[String],
+    seq_lens: &[Option<usize>],
+    batch_sizes: &[usize],
+    engines: &[String],
+) -> Vec<SweepConfig> {
+    let mut out = vec![];
+    for model in models {
+        for dtype in dtypes {
+            for &seq_len in seq_lens {
+                for &batch_size in batch_sizes {
+                    for engine in engines {
+                        out.push(SweepConfig {
+                            model: model.clone(),
+                            dtype: dtype.clone(),
+                            batch_size,
+                            seq_len,
+                            engine: engine.clone(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+pub struct SweepOptions {
+    pub suite: String,
+    pub device: String,
+    pub configs: Vec<SweepConfig>,
+    pub repeat: usize,
+    /// Where run logs go; a new sweep makes `log_dir/sweep_TIME/` in it.
+    pub log_dir: PathBuf,
+    /// Continue this sweep directory (else the newest `sweep_*` in `log_dir` with `resume`).
+    pub sweep_dir: Option<PathBuf>,
+    pub resume: bool,
+    pub progress: bool,
+    /// This process's arguments, given unchanged to every child.
+    pub child_args: Vec<String>,
+    pub command_line: Vec<String>,
+}
+
+pub struct SweepOutcome {
+    pub dir: PathBuf,
+    pub runs: Vec<SweepRun>,
+    pub repeats: Vec<SweepRepeats>,
+    /// Runs done by an earlier invocation and skipped by `--resume`.
+    pub skipped: usize,
+}
+
+impl SweepOutcome {
+    /// Every run ended `ok` or `oom` (an out-of-memory is a result of the sweep, not a failure).
+    pub fn succeeded(&self) -> bool {
+        self.runs
+            .iter()
+            .all(|r| r.status == "ok" || r.status == "oom")
+    }
+}
+
+/// Finds or makes the sweep directory.
+fn sweep_dir(opts: &SweepOptions) -> Result<PathBuf> {
+    if let Some(dir) = &opts.sweep_dir {
+        if opts.resume && !dir.join(SWEEP_LOG).is_file() {
+            return Err(Error::NotFound {
+                what: "sweep log".into(),
+                path: dir.join(SWEEP_LOG),
+                hint: "--resume continues a sweep directory made by an earlier sweep".into(),
+            });
+        }
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+        return Ok(dir.clone());
+    }
+    if opts.resume {
+        let newest = std::fs::read_dir(&opts.log_dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("sweep_"))
+                    && p.join(SWEEP_LOG).is_file()
+            })
+            .max();
+        return newest.ok_or_else(|| Error::NotFound {
+            what: "sweep to resume".into(),
+            path: opts.log_dir.clone(),
+            hint: "run the sweep without --resume first, or pass --sweep-dir DIR".into(),
+        });
+    }
+    let stem = format!("sweep_{}", chrono::Utc::now().format("%Y%m%dT%H%M%SZ"));
+    for n in 0.. {
+        let dir = match n {
+            0 => opts.log_dir.join(&stem),
+            n => opts.log_dir.join(format!("{stem}-{n}")),
+        };
+        std::fs::create_dir_all(&opts.log_dir)
+            .map_err(|e| Error::io(format!("creating {}", opts.log_dir.display()), e))?;
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(Error::io(format!("creating {}", dir.display()), e)),
+        }
+    }
+    unreachable!()
+}
+
+/// Run logs (`*.jsonl` but the sweep log) in `dir`, sorted.
+fn run_logs(dir: &Path) -> Result<BTreeSet<String>> {
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| Error::io(format!("reading {}", dir.display()), e))?;
+    Ok(entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".jsonl") && n != SWEEP_LOG)
+        .collect())
+}
+
+/// Appends a summary of its finished batches to a run log that has none (its process died),
+/// with `status` from `failure`'s words. Returns the log's summary, old or new.
+pub fn complete_log(path: &Path, failure: &str, killed: bool) -> Result<Option<Summary>> {
+    let records = read_log(path)?;
+    let mut totals = BatchTotals::default();
+    for r in &records {
+        match r {
+            Record::Summary(s) => return Ok(Some((**s).clone())),
+            Record::Batch(b) => totals.add(b),
+            _ => {}
+        }
+    }
+    if !records.iter().any(|r| matches!(r, Record::Header(_))) {
+        return Ok(None);
+    }
+    let mut summary = totals.summary(
+        Some(failure.to_string()),
+        f64::NAN,
+        MemoryReading::default(),
+    );
+    if killed && summary.status == "error" {
+        summary.status = "killed".into();
+    }
+    // Whatever was measured of the process's memory died with it.
+    summary.peak_host_memory_bytes = None;
+    RunLog::append(path)?.write(&Record::Summary(Box::new(summary.clone())))?;
+    Ok(Some(summary))
+}
+
+/// How a child process ended, from its exit status and the tail of its stderr.
+fn classify(status: std::process::ExitStatus, stderr_tail: &[String]) -> (String, Option<String>) {
+    use std::os::unix::process::ExitStatusExt;
+    if status.success() {
+        return ("ok".into(), None);
+    }
+    // The child prints its error once as `Error: …`; else its last words say what happened.
+    let said = stderr_tail
+        .iter()
+        .rev()
+        .find_map(|l| l.strip_prefix("Error: "))
+        .map(str::to_string);
+    let tail = stderr_tail.join("\n");
+    match (status.signal(), said) {
+        (_, Some(msg)) => (failure_status(&msg).into(), Some(msg)),
+        (Some(sig), None) => {
+            let status = match failure_status(&tail) {
+                "oom" => "oom",
+                _ => "killed",
+            };
+            let why = match sig {
+                9 => " (SIGKILL: the kernel's OOM killer, or kill -9)",
+                6 => " (SIGABRT)",
+                11 => " (SIGSEGV)",
+                _ => "",
+            };
+            // The line that says why: an allocation failure if there is one, else the last.
+            let last = stderr_tail
+                .iter()
+                .rev()
+                .find(|l| failure_status(l) == "oom")
+                .or(stderr_tail.last())
+                .map(|l| format!(": {l}"))
+                .unwrap_or_default();
+            (
+                status.into(),
+                Some(format!("killed by signal {sig}{why}{last}")),
+            )
+        }
+        (None, None) => (
+            failure_status(&tail).into(),
+            Some(format!(
+                "exit code {}: {}",
+                status.code().unwrap_or(-1),
+                stderr_tail.last().cloned().unwrap_or_default()
+            )),
+        ),
+    }
+}
+
+/// Runs one child to its end: forwards its stderr, keeps the tail, returns (status, its stdout).
+fn run_child(
+    opts: &SweepOptions,
+    task: &ChildTask,
+    bar: &ProgressBar,
+) -> Result<(std::process::ExitStatus, Vec<String>)> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::io("finding the bench executable for the sweep's children", e))?;
+    let mut cmd = Command::new(exe);
+    cmd.args(&opts.child_args)
+        .env(
+            CHILD_ENV,
+            serde_json::to_string(task).expect("task serializes"),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
+    // functions (prctl, getppid, _exit). The child gets SIGKILL when the sweep dies, so a
+    // killed sweep leaves no run holding the GPU; if the sweep died before prctl took effect,
+    // the child's parent is already init and it exits at once.
+    unsafe {
+        let parent = libc::getpid();
+        cmd.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Error::io("starting a sweep child process", e))?;
+    let mut stdout = child.stdout.take().expect("piped stdout");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let out_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let mut tail = VecDeque::new();
+    for line in BufReader::new(stderr).lines() {
+        let Ok(line) = line else { break };
+        bar.suspend(|| eprintln!("  | {line}"));
+        tail.push_back(line);
+        if tail.len() > 20 {
+            tail.pop_front();
+        }
+    }
+    let status = child
+        .wait()
+        .map_err(|e| Error::io("waiting for a sweep child", e))?;
+    let _ = out_thread.join();
+    Ok((status, tail.into()))
+}
+
+/// Median, extremes and CV of `values` (None if empty).
+pub fn spread(values: &[f64]) -> Option<Spread> {
+    if values.is_empty() {
+        return None;
+    }
+    let d = Distribution::of(values);
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    Some(Spread {
+        median: percentile(&sorted, 50.),
+        min: d.min,
+        max: d.max,
+        cv: if d.mean != 0. { d.stdev / d.mean } else { 0. },
+    })
+}
+
+fn fold_repeats(config: &SweepConfig, runs: &[&SweepRun], dir: &Path) -> SweepRepeats {
+    let ok: Vec<&&SweepRun> = runs.iter().filter(|r| r.status == "ok").collect();
+    // tokens/s is read back from the run logs; the sweep record keeps samples/s and p50 only.
+    let tokens: Vec<f64> = ok
+        .iter()
+        .flat_map(|r| r.logs.iter())
+        .filter_map(|l| read_log(&dir.join(l)).ok())
+        .flat_map(|recs| {
+            recs.into_iter().filter_map(|r| match r {
+                Record::Summary(s) => Some(s.tokens_per_second),
+                _ => None,
+            })
+        })
+        .collect();
+    let pick =
+        |f: fn(&SweepRun) -> Option<f64>| -> Vec<f64> { ok.iter().filter_map(|r| f(r)).collect() };
+    SweepRepeats {
+        config: config.clone(),
+        n_repeats: runs.len(),
+        n_ok: ok.len(),
+        samples_per_second: spread(&pick(|r| r.samples_per_second)),
+        tokens_per_second: spread(&tokens),
+        latency_ms_p50: spread(&pick(|r| r.latency_ms_p50)),
+    }
+}
+
+/// Runs the sweep; see the module docs.
+pub fn run_sweep(opts: SweepOptions) -> Result<SweepOutcome> {
+    let dir = sweep_dir(&opts)?;
+    let sweep_log = dir.join(SWEEP_LOG);
+    let earlier = if sweep_log.is_file() {
+        read_log(&sweep_log)?
+    } else {
+        vec![]
+    };
+    let mut done: Vec<SweepRun> = earlier
+        .iter()
+        .filter_map(|r| match r {
+            Record::SweepRun(r) if r.status == "ok" || r.status == "oom" => Some((**r).clone()),
+            _ => None,
+        })
+        .collect();
+    // Logs of children that died with an earlier sweep (kill -9): no run record points at
+    // them and they have no summary; give them one so every log reads as finished.
+    let referenced: BTreeSet<String> = earlier
+        .iter()
+        .filter_map(|r| match r {
+            Record::SweepRun(r) => Some(r.logs.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    for orphan in run_logs(&dir)?.difference(&referenced) {
+        complete_log(
+            &dir.join(orphan),
+            "the sweep was killed during this run",
+            true,
+        )?;
+    }
+
+    let mut log = if sweep_log.is_file() {
+        RunLog::append(&sweep_log)?
+    } else {
+        RunLog::create(&dir, SWEEP_LOG.trim_end_matches(".jsonl"))?
+    };
+    log.write(&Record::SweepHeader(Box::new(SweepHeader {
+        schema_version: SCHEMA_VERSION,
+        tool_version: env!("CARGO_PKG_VERSION").into(),
+        git_commit: GIT_COMMIT.into(),
+        time_utc: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        command_line: opts.command_line.clone(),
+        suite: opts.suite.clone(),
+        device: opts.device.clone(),
+        resumed: !earlier.is_empty(),
+        repeat: opts.repeat,
+        configs: opts.configs.clone(),
+    })))?;
+
+    let total = opts.configs.len() * opts.repeat;
+    let bar = sweep_bar(opts.progress, total as u64);
+    let (mut runs, mut repeats, mut skipped) = (vec![], vec![], 0);
+    let mut n = 0;
+    for config in &opts.configs {
+        let mut ran_any = false;
+        for repeat in 0..opts.repeat {
+            n += 1;
+            let is_done = |r: &SweepRun| r.config == *config && r.repeat == repeat;
+            if done.iter().any(is_done) {
+                skipped += 1;
+                bar.inc(1);
+                continue;
+            }
+            ran_any = true;
+            bar.set_message(format!("{} r{repeat}", config.key()));
+            let task = ChildTask {
+                config: config.clone(),
+                repeat,
+                log_dir: dir.clone(),
+            };
+            let before = run_logs(&dir)?;
+            let start = Instant::now();
+            let (exit, tail) = run_child(&opts, &task, &bar)?;
+            let (mut status, error) = classify(exit, &tail);
+            let new_logs: Vec<String> = run_logs(&dir)?.difference(&before).cloned().collect();
+            let mut summary = None;
+            for l in &new_logs {
+                let failure = error
+                    .as_deref()
+                    .unwrap_or("the run ended without a summary");
+                if let Some(s) = complete_log(&dir.join(l), failure, status == "killed")? {
+                    summary.get_or_insert(s);
+                }
+            }
+            if status == "ok" && summary.is_none() {
+                status = "error".into();
+            }
+            let run = SweepRun {
+                config: config.clone(),
+                repeat,
+                status,
+                error,
+                exit_code: exit.code(),
+                wall_seconds: start.elapsed().as_secs_f64(),
+                logs: new_logs,
+                samples_per_second: summary.as_ref().map(|s| s.samples_per_second),
+                latency_ms_p50: summary.as_ref().map(|s| s.latency_ms_p50),
+            };
+            log.write(&Record::SweepRun(Box::new(run.clone())))?;
+            bar.suspend(|| eprintln!("[{n}/{total}] {}", run_line(&run)));
+            bar.inc(1);
+            if run.status == "ok" || run.status == "oom" {
+                done.push(run.clone());
+            }
+            runs.push(run);
+        }
+        let mine: Vec<&SweepRun> = done.iter().filter(|r| r.config == *config).collect();
+        if ran_any && opts.repeat > 1 {
+            let folded = fold_repeats(config, &mine, &dir);
+            log.write(&Record::SweepRepeats(Box::new(folded.clone())))?;
+            repeats.push(folded);
+        }
+    }
+    bar.finish_and_clear();
+    Ok(SweepOutcome {
+        dir,
+        runs,
+        repeats,
+        skipped,
+    })
+}
+
+fn run_line(r: &SweepRun) -> String {
+    let what = format!("{} r{}", r.config.key(), r.repeat);
+    match (&r.status[..], r.samples_per_second) {
+        ("ok", Some(sps)) => format!("{what}: ok, {sps:.2} samples/s"),
+        (status, _) => format!(
+            "{what}: {status}{}",
+            r.error
+                .as_ref()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default()
+        ),
+    }
+}
+
+fn sweep_bar(enabled: bool, len: u64) -> ProgressBar {
+    if !enabled || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} sweep {pos}/{len} runs [{bar:30}] eta {eta} {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+/// The table printed after a sweep: one line a run, then the repeats folded.
+pub fn sweep_table(out: &SweepOutcome) -> String {
+    let mut t = String::new();
+    let count = |s: &str| out.runs.iter().filter(|r| r.status == s).count();
+    t += &format!(
+        "sweep: {} runs ({} ok, {} oom, {} error, {} killed){}\n",
+        out.runs.len(),
+        count("ok"),
+        count("oom"),
+        count("error"),
+        count("killed"),
+        if out.skipped > 0 {
+            format!(", {} done earlier and skipped (--resume)", out.skipped)
+        } else {
+            String::new()
+        }
+    );
+    for r in &out.runs {
+        t += &format!("  {}\n", run_line(r));
+    }
+    if !out.repeats.is_empty() {
+        t += &format!(
+            "  {:<64} {:>5} {:>12} {:>12} {:>12} {:>7} {:>10}\n",
+            "repeats", "ok", "samples/s", "min", "max", "cv %", "p50 ms"
+        );
+        for r in &out.repeats {
+            let (med, min, max, cv) = r
+                .samples_per_second
+                .as_ref()
+                .map_or((f64::NAN, f64::NAN, f64::NAN, f64::NAN), |s| {
+                    (s.median, s.min, s.max, 100. * s.cv)
+                });
+            let p50 = r.latency_ms_p50.as_ref().map_or(f64::NAN, |s| s.median);
+            t += &format!(
+                "  {:<64} {:>5} {med:>12.2} {min:>12.2} {max:>12.2} {cv:>7.2} {p50:>10.3}\n",
+                r.config.key(),
+                format!("{}/{}", r.n_ok, r.n_repeats),
+            );
+        }
+    }
+    t += &format!("sweep log: {}\n", out.dir.join(SWEEP_LOG).display());
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn product_runs_engines_innermost() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let c = expand(
+            &s(&["a", "b"]),
+            &s(&["fp32"]),
+            &[None],
+            &[1, 2],
+            &s(&["candle", "hf"]),
+        );
+        assert_eq!(c.len(), 8);
+        assert_eq!(
+            (c[0].engine.as_str(), c[1].engine.as_str()),
+            ("candle", "hf")
+        );
+        assert_eq!((c[1].batch_size, c[2].batch_size), (1, 2));
+        assert_eq!((c[3].model.as_str(), c[4].model.as_str()), ("a", "b"));
+    }
+
+    #[test]
+    fn spread_of_repeats() {
+        let s = spread(&[100., 102., 98.]).unwrap();
+        assert_eq!((s.median, s.min, s.max), (100., 98., 102.));
+        assert!((s.cv - 0.02).abs() < 1e-12);
+        assert!(spread(&[]).is_none());
+    }
+}
