@@ -10,6 +10,9 @@
 #   hf-gpt2, hf-bloom-560m, hf-bloom-7b1-16, hf-bloom-7b1-1
 #                  candle vs HF (`--engine both`; sdpa where supported, eager for gpt2 too),
 #                  full LAMBADA, fp32/bf16/fp16 x batch 16/1 (bloom-7b1 batch 1: --limit $B1_LIMIT)
+#   sweep-repeat   gpt2 bf16 batch 16, full LAMBADA, --repeat 5 (each run its own process):
+#                  the CV of samples/s                                          -> sweeps.tgz
+#   sweep-oom      bloom-7b1 bf16, full LAMBADA, batch 1..4096 doubling, until out of memory
 # Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.gz, lambada_test.jsonl.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -43,6 +46,8 @@ hf_eager() { # model dtype batch: HF with eager attention
   (cd /tmp && tar czf "$OUT/logs.tgz" logs)
 }
 B1_LIMIT=${B1_LIMIT:-1000}
+# Sweep logs stay on the (git-ignored) results/logs of the host's checkout between calls.
+SWEEPS=$PWD/results/logs/gpu-sweeps
 
 for stage in "$@"; do
   echo "=== $stage"
@@ -101,6 +106,21 @@ for stage in "$@"; do
     ;;
   hf-bloom-7b1-1)
     for dt in ${B1_DTYPES:-bf16 fp16 fp32}; do both bloom-7b1 $dt 1 --limit "$B1_LIMIT"; done
+    ;;
+  sweep-repeat)
+    $B --model gpt2 --dtype bf16 --batch-size 16 --repeat 5 --weights random --seed 0 --device cuda \
+      --data .gpu/lambada_test.jsonl --log-dir $SWEEPS --no-progress 2>&1 | tee -a "$OUT/sweep.txt"
+    (cd $SWEEPS/.. && tar czf "$OUT/sweeps.tgz" gpu-sweeps)
+    ;;
+  sweep-oom)
+    # Cut at SWEEP_LIMIT seconds so the call returns; running the stage again resumes the
+    # newest sweep (--resume) instead of starting over.
+    resume=""; ls -d $SWEEPS/sweep_* >/dev/null 2>&1 && [ -n "${RESUME:-}" ] && resume="--resume"
+    timeout "${SWEEP_LIMIT:-480}" $B --model bloom-7b1 --dtype bf16 \
+      --batch-sizes 1,2,4,8,16,32,64,128,256,512,1024,2048,4096 $resume \
+      --weights random --seed 0 --device cuda --data .gpu/lambada_test.jsonl --log-dir $SWEEPS \
+      --no-progress 2>&1 | tee -a "$OUT/sweep.txt"
+    (cd $SWEEPS/.. && tar czf "$OUT/sweeps.tgz" gpu-sweeps)
     ;;
   hf-trainer)
     # Real HF Trainer output (run_clm's shape) for extract-metrics' golden tests.
