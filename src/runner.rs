@@ -5,8 +5,9 @@ use crate::device::{DeviceSpec, Precision};
 use crate::engines::candle::CandleEngine;
 use crate::engines::hf::{HfEngine, HfOptions};
 use crate::engines::{Engine, EngineKind};
-use crate::env::{GpuInfo, HostInfo};
+use crate::env::{nvml_index, EnvReport, GpuInfo};
 use crate::error::{Error, Result};
+use crate::flops::{lambada_forward_flops, mfu, peak_tflops, ModelShape};
 use crate::metrics::{lambada_accuracy, lambada_perplexity, per_second, Distribution};
 use crate::models::weights::save_checkpoint;
 use crate::models::{ModelSpec, Recorder, WeightSource};
@@ -14,12 +15,14 @@ use crate::record::{BatchRecord, DataInfo, Header, Record, RunLog, Summary, SCHE
 use crate::suites::lambada::{batch_shape, build_requests, passage_results};
 use crate::suites::SuiteFile;
 use crate::tokenizer::TextTokenizer;
-use crate::trackers::{peak_rss_bytes, MemoryReading, MemoryTracker};
+use crate::trackers::{
+    peak_rss_bytes, EnergyTracker, GpuSampler, MemoryReading, MemoryTracker, NvmlGpu,
+};
 use candle_core::{DType, Device};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Everything a run needs, resolved from flags and the suite file.
 pub struct RunSpec {
@@ -175,12 +178,13 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
         passages.truncate(n);
     }
 
+    let mut cuda_uuid = None;
     let (mut engine, host) = match (kind, weights) {
         (EngineKind::Hf, WeightSource::Dir(dir)) => {
             let engine = HfEngine::start(&spec.hf, dir, spec.precision, spec.device)?;
-            // No CUDA context in this process: it would take GPU memory from the worker.
-            let mut host = HostInfo::collect(&Device::Cpu);
-            if let Some(gpu) = engine.info().get("gpu") {
+            // NVML opens no CUDA context, so no GPU memory is taken from the worker.
+            let mut host = EnvReport::collect();
+            if let (true, Some(gpu)) = (host.gpus.is_empty(), engine.info().get("gpu")) {
                 let index = match spec.device {
                     DeviceSpec::Cuda(n) => n,
                     DeviceSpec::Cpu => 0,
@@ -200,7 +204,8 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
         }
         _ => {
             let (engine, device) = candle_engine(spec, weights)?;
-            (engine, HostInfo::collect(&device))
+            cuda_uuid = crate::device::cuda_uuid(&device);
+            (engine, EnvReport::collect())
         }
     };
 
@@ -266,6 +271,16 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
         engine.score(batch)?;
     }
 
+    // NVML trackers over the timed loop only (warm-up excluded, as for latency).
+    let gpu = gpu_trackers(
+        spec.device,
+        cuda_uuid.as_deref(),
+        &header.host,
+        engine.pid(),
+    );
+    let shape = ModelShape::of(&spec.model);
+    let mut model_flops = 0.;
+
     let bar = progress_bar(spec.progress, requests.len() as u64);
     let mut latencies = Vec::with_capacity(batches.len());
     let (mut lls, mut greedy, mut n_tokens) = (vec![], vec![], 0);
@@ -281,22 +296,37 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
                 break;
             }
         };
-        let shape = batch_shape(batch);
+        let bs = batch_shape(batch);
         latencies.push(latency_ms);
-        n_tokens += shape.n_tokens;
+        n_tokens += bs.n_tokens;
+        model_flops += batch
+            .iter()
+            .map(|r| lambada_forward_flops(&shape, r.input.len(), r.target_tokens.len()))
+            .sum::<f64>();
         lls.extend(results.iter().map(|r| r.ll));
         greedy.extend(results.iter().map(|r| r.greedy));
         log.write(&Record::Batch(BatchRecord {
             batch: i,
             n_samples: batch.len(),
-            n_tokens: shape.n_tokens,
-            padded_len: shape.padded_len,
+            n_tokens: bs.n_tokens,
+            padded_len: bs.padded_len,
             latency_ms,
             passages: results,
         }))?;
         bar.inc(batch.len() as u64);
     }
     bar.finish_and_clear();
+    let (activity, energy) = match gpu {
+        Some((sampler, energy)) => (
+            Some(sampler.stop()),
+            energy.and_then(|e| {
+                e.stop()
+                    .inspect_err(|e| eprintln!("warning: energy tracking failed: {e}"))
+                    .ok()
+            }),
+        ),
+        None => (None, None),
+    };
 
     let mem = if failure.is_some() {
         MemoryReading::default()
@@ -308,6 +338,13 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
     };
     let timed_seconds = latencies.iter().sum::<f64>() / 1e3;
     let lat = Distribution::of(&latencies);
+    let peak = header
+        .host
+        .gpu_for_device(&header.device)
+        .and_then(|g| peak_tflops(&g.name, spec.precision));
+    let model_flops = (model_flops > 0.).then_some(model_flops);
+    let (achieved, mfu) = mfu(model_flops.unwrap_or(0.), timed_seconds, peak);
+    let act = activity.unwrap_or_default();
     let summary = Summary {
         status: if failure.is_some() {
             "error".into()
@@ -332,6 +369,22 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
         peak_memory_bytes: mem.peak_bytes,
         device_memory_used_bytes: mem.device_used_bytes,
         peak_host_memory_bytes: peak_rss_bytes(),
+        pool_reserved_bytes: mem.pool_reserved_bytes,
+        nvml_peak_process_memory_bytes: act.peak_process_memory_bytes,
+        nvml_peak_device_memory_used_bytes: act.peak_device_memory_used_bytes,
+        sm_clock_mhz_median: act.sm_clock_mhz_median,
+        gpu_utilization_percent_median: act.utilization_percent_median,
+        power_watts_mean: act.power_watts_mean,
+        gpu_samples: activity.map(|a| a.n_samples),
+        energy_joules: energy.map(|e| e.joules),
+        energy_seconds: energy.map(|e| e.seconds),
+        joules_per_sample: energy
+            .filter(|_| !lls.is_empty())
+            .map(|e| e.joules / lls.len() as f64),
+        model_flops,
+        achieved_tflop_per_second: achieved,
+        peak_tflop_per_second: peak,
+        mfu,
     };
     log.write(&Record::Summary(Box::new(summary.clone())))?;
     if let Some(e) = failure {
@@ -342,6 +395,29 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
         header,
         summary,
     })
+}
+
+/// NVML sampler and energy counter on the run's GPU, watching process `pid`; None on CPU. A
+/// GPU NVML cannot read costs these figures (with a warning), not the run.
+fn gpu_trackers(
+    device: DeviceSpec,
+    cuda_uuid: Option<&str>,
+    env: &EnvReport,
+    pid: u32,
+) -> Option<(GpuSampler, Option<EnergyTracker>)> {
+    let DeviceSpec::Cuda(ordinal) = device else {
+        return None;
+    };
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let gpu = nvml_index(ordinal, cuda_uuid, visible.as_deref(), &env.gpus)
+        .ok_or_else(|| Error::Unsupported(format!("no NVML GPU matches cuda:{ordinal}")))
+        .and_then(|i| NvmlGpu::open(i, pid))
+        .inspect_err(|e| eprintln!("warning: GPU trackers unavailable: {e}"))
+        .ok()?;
+    let energy = EnergyTracker::start(&gpu)
+        .inspect_err(|e| eprintln!("warning: energy tracking unavailable: {e}"))
+        .ok();
+    Some((GpuSampler::start(gpu, Duration::from_millis(10)), energy))
 }
 
 fn progress_bar(enabled: bool, len: u64) -> ProgressBar {
