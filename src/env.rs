@@ -139,7 +139,7 @@ pub struct EnvReport {
     /// Why NVML gave no facts (no driver, no GPU), if it did not.
     #[serde(default)]
     pub nvml_error: Option<String>,
-    /// Every GPU NVML sees (a run's own GPU: the header's `device`, see [`nvml_index`]).
+    /// Every GPU NVML sees (a run's own GPU: the header's `gpu_index`, see [`nvml_index`]).
     pub gpus: Vec<GpuInfo>,
     /// Peer access between every ordered pair of GPUs.
     #[serde(default)]
@@ -195,15 +195,9 @@ impl EnvReport {
         self.problems.iter().any(|p| p.severity == Severity::Error)
     }
 
-    /// The GPU a run on `cuda:ORDINAL` used, if NVML saw it.
-    pub fn gpu_for_device(&self, device: &str) -> Option<&GpuInfo> {
-        let ordinal = match device {
-            "cuda" => 0,
-            d => d.strip_prefix("cuda:")?.parse().ok()?,
-        };
-        let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-        let i = nvml_index(ordinal, None, visible.as_deref(), &self.gpus)?;
-        self.gpus.iter().find(|g| g.index == i)
+    /// The GPU with this NVML index.
+    pub fn gpu(&self, index: usize) -> Option<&GpuInfo> {
+        self.gpus.iter().find(|g| g.index == index)
     }
 
     /// The one-screen text of `bench env`.

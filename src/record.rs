@@ -55,6 +55,9 @@ pub struct Header {
     pub device: String,
     /// The environment report, as `bench env --json` prints it ([`EnvReport::collect`]).
     pub host: EnvReport,
+    /// NVML index of the GPU the run used (`host.gpus[].index`); None on CPU and in older logs.
+    #[serde(default)]
+    pub gpu_index: Option<usize>,
     pub batch_size: usize,
     pub warmup_batches: usize,
     pub seed: Option<u64>,

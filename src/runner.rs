@@ -212,6 +212,19 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
     let requests = build_requests(&tokenizer, &passages, engine.max_positions())?;
     let batches: Vec<&[_]> = requests.chunks(spec.batch_size.max(1)).collect();
 
+    let gpu_index = match spec.device {
+        DeviceSpec::Cuda(ordinal) => {
+            let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+            nvml_index(
+                ordinal,
+                cuda_uuid.as_deref(),
+                visible.as_deref(),
+                &host.gpus,
+            )
+            .filter(|&i| host.gpu(i).is_some())
+        }
+        DeviceSpec::Cpu => None,
+    };
     let sha256 = spec.data.sha256();
     let header = Header {
         schema_version: SCHEMA_VERSION,
@@ -228,6 +241,7 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
         dtype: spec.precision.to_string(),
         device: spec.device.to_string(),
         host,
+        gpu_index,
         batch_size: spec.batch_size,
         warmup_batches: spec.warmup_batches,
         seed: match spec.weights {
@@ -272,12 +286,7 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
     }
 
     // NVML trackers over the timed loop only (warm-up excluded, as for latency).
-    let gpu = gpu_trackers(
-        spec.device,
-        cuda_uuid.as_deref(),
-        &header.host,
-        engine.pid(),
-    );
+    let gpu = gpu_trackers(spec.device, header.gpu_index, engine.pid());
     let shape = ModelShape::of(&spec.model);
     let mut model_flops = 0.;
 
@@ -339,8 +348,8 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
     let timed_seconds = latencies.iter().sum::<f64>() / 1e3;
     let lat = Distribution::of(&latencies);
     let peak = header
-        .host
-        .gpu_for_device(&header.device)
+        .gpu_index
+        .and_then(|i| header.host.gpu(i))
         .and_then(|g| peak_tflops(&g.name, spec.precision));
     let model_flops = (model_flops > 0.).then_some(model_flops);
     let (achieved, mfu) = mfu(model_flops.unwrap_or(0.), timed_seconds, peak);
@@ -397,19 +406,17 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
     })
 }
 
-/// NVML sampler and energy counter on the run's GPU, watching process `pid`; None on CPU. A
-/// GPU NVML cannot read costs these figures (with a warning), not the run.
+/// NVML sampler and energy counter on the run's GPU (NVML index `gpu_index`), watching process
+/// `pid`; None on CPU. A GPU NVML cannot read costs these figures (with a warning), not the run.
 fn gpu_trackers(
     device: DeviceSpec,
-    cuda_uuid: Option<&str>,
-    env: &EnvReport,
+    gpu_index: Option<usize>,
     pid: u32,
 ) -> Option<(GpuSampler, Option<EnergyTracker>)> {
     let DeviceSpec::Cuda(ordinal) = device else {
         return None;
     };
-    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-    let gpu = nvml_index(ordinal, cuda_uuid, visible.as_deref(), &env.gpus)
+    let gpu = gpu_index
         .ok_or_else(|| Error::Unsupported(format!("no NVML GPU matches cuda:{ordinal}")))
         .and_then(|i| NvmlGpu::open(i, pid))
         .inspect_err(|e| eprintln!("warning: GPU trackers unavailable: {e}"))
@@ -480,6 +487,41 @@ pub fn summary_table(h: &Header, s: &Summary, log_path: &Path) -> String {
             format!("{:.2} s / {:.2} s", h.load_seconds, s.wall_seconds),
         ),
     ];
+    let mut rows = rows.to_vec();
+    if let Some(nvml) = s.nvml_peak_process_memory_bytes {
+        // NVML counts what the driver gave the process; the engine counts its tensors.
+        let pool = s.pool_reserved_bytes.unwrap_or(s.peak_memory_bytes);
+        rows.push((
+            "NVML process peak",
+            format!(
+                "{:.1} MiB = pool {:.1} MiB reserved ({:.1} used) + {:.1} MiB context, kernels, cuBLAS workspace",
+                mib(nvml),
+                mib(pool),
+                mib(s.peak_memory_bytes),
+                (nvml as f64 - pool as f64) / (1024. * 1024.)
+            ),
+        ));
+    }
+    if let Some(c) = s.sm_clock_mhz_median {
+        rows.push((
+            "GPU (median)",
+            format!(
+                "SM clock {c:.0} MHz, utilisation {:.0} %, mean power {:.0} W",
+                s.gpu_utilization_percent_median.unwrap_or(f64::NAN),
+                s.power_watts_mean.unwrap_or(f64::NAN)
+            ),
+        ));
+    }
+    if let (Some(j), Some(per)) = (s.energy_joules, s.joules_per_sample) {
+        rows.push(("energy", format!("{j:.1} J, {per:.4} J/sample")));
+    }
+    if let Some(a) = s.achieved_tflop_per_second {
+        let mfu = match (s.mfu, s.peak_tflop_per_second) {
+            (Some(m), Some(p)) => format!(", MFU {:.1}% of {p} TFLOP/s", m * 100.),
+            _ => String::new(),
+        };
+        rows.push(("model FLOP/s", format!("{a:.3} TFLOP/s{mfu}")));
+    }
     for (k, v) in rows {
         t += &format!("  {k:<18} {v}\n");
     }
