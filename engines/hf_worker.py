@@ -15,7 +15,8 @@ worker only runs the model and reports what the Rust side would have measured.
   <- {"ok": true, "token_ll": [...], "argmax": [...], "latency_ms": t}
      (token_ll / argmax: for every passage in order, one entry per target token)
   -> {"op": "finish"}
-  <- {"ok": true, "peak_memory_bytes": N, "device_memory_used_bytes": N|null}
+  <- {"ok": true, "peak_memory_bytes": N, "device_memory_used_bytes": N|null,
+      "reserved_memory_bytes": N|null}
 Errors: {"ok": false, "error": "one line"}; the worker then exits non-zero.
 
 Timing matches the candle engine: synchronize, clock, ids to the device, forward, LM head only
@@ -143,7 +144,8 @@ class Worker:
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             reply(ok=True, peak_memory_bytes=torch.cuda.max_memory_allocated(self.device),
-                  device_memory_used_bytes=total - free)
+                  device_memory_used_bytes=total - free,
+                  reserved_memory_bytes=torch.cuda.max_memory_reserved(self.device))
         else:
             import resource
             reply(ok=True, peak_memory_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

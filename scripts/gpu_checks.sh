@@ -6,6 +6,10 @@
 #   lambada-small  full LAMBADA, batch 16: gpt2 in 4 precisions, bloom-560m in 3
 #   lambada-7b1    full LAMBADA, batch 16: bloom-7b1 in bf16, fp16, fp32; plus a checkpoint
 #                  round trip (--save-weights, then --model-dir) for load time and host RSS
+#   env            `bench env` (text, JSON: -> env.txt, env.json), `bench env --check-trackers`
+#                  on every GPU (1 GiB tensor vs NVML/pool; energy counter vs power x time;
+#                  -> trackers.txt), and gpt2 bf16 --limit 1000 whose log must carry the NVML
+#                  memory / energy / clock / MFU fields (-> env-run.jsonl)
 #   hf-smoke       candle vs HF on a tiny model: stops the batch if the real worker fails
 #   hf-gpt2, hf-bloom-560m, hf-bloom-7b1-16, hf-bloom-7b1-1
 #                  candle vs HF (`--engine both`; sdpa where supported, eager for gpt2 too),
@@ -86,6 +90,31 @@ for stage in "$@"; do
       --limit 320 --log-dir $LOGS --no-progress 2>&1 | tee -a "$OUT/lambada.txt"
     lambada bloom-7b1 fp16
     lambada bloom-7b1 fp32
+    ;;
+  env)
+    $B env 2>&1 | tee "$OUT/env.txt"; echo "bench env exit ${PIPESTATUS[0]}" | tee -a "$OUT/env.txt"
+    $B env --json > "$OUT/env.json"
+    n=$(nvidia-smi -L | wc -l)
+    for ((d = 0; d < n; d++)); do
+      $B env --check-trackers --device cuda:$d 2>&1 | tee -a "$OUT/trackers.txt"
+    done
+    $B --model gpt2 --weights random --seed 0 --device cuda --dtype bf16 --batch-size 16 \
+      --data .gpu/lambada_test.jsonl --limit 1000 --log-dir /tmp/env-logs --no-progress 2>&1 | tee -a "$OUT/trackers.txt"
+    cp "$(ls -t /tmp/env-logs/*.jsonl | head -1)" "$OUT/env-run.jsonl"
+    python3 - "$OUT/env-run.jsonl" <<'PY' 2>&1 | tee -a "$OUT/trackers.txt"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+h, s = lines[0], lines[-1]
+want = ["nvml_peak_process_memory_bytes", "pool_reserved_bytes", "sm_clock_mhz_median",
+        "gpu_utilization_percent_median", "power_watts_mean", "energy_joules", "joules_per_sample",
+        "model_flops", "achieved_tflop_per_second", "peak_tflop_per_second", "mfu"]
+print("header gpu_index", h.get("gpu_index"), "libraries", [(l["name"], l["version"]) for l in h["host"]["libraries"]])
+for k in want: print(f"  {k:34} {s.get(k)}")
+missing = [k for k in want if s.get(k) is None]
+print("log fields:", "PASS" if not missing else f"FAIL, missing {missing}")
+if s.get("energy_joules") and s.get("power_watts_mean") and s.get("energy_seconds"):
+    print(f"  energy / (mean power x time) = {s['energy_joules'] / (s['power_watts_mean'] * s['energy_seconds']):.3f}")
+PY
     ;;
   hf-smoke)
     $B --engine both --model gpt2-tiny --device cuda --dtype bf16 --limit 64 --log-dir /tmp/smoke \

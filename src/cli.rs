@@ -4,6 +4,7 @@ use crate::data::{search_dirs, DataFile};
 use crate::device::{DeviceSpec, Precision};
 use crate::engines::hf::{HfAttn, HfOptions};
 use crate::engines::EngineKind;
+use crate::env::EnvReport;
 use crate::error::{Error, Result};
 use crate::models::{ModelSpec, WeightSource};
 use crate::record::SweepConfig;
@@ -29,6 +30,8 @@ Examples:
   bench --model-dir ./gpt2-hf --device cuda --data lambada_test.jsonl
   # compare with HF reference fixtures
   bench verify --model-dir tests/fixtures/gpt2-fixture
+  # what this machine has: GPUs, driver, CUDA libraries, peer access, known problems
+  bench env
 
 Full LAMBADA: lambada_test.jsonl, 5153 passages, sha256 4aa8d02c...b226,
   https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl";
@@ -47,6 +50,24 @@ pub enum Command {
     /// Compare this engine with HF transformers reference fixtures in a model dir
     /// (reference.safetensors logits, lambada_reference.json; made by scripts/make_fixtures.py).
     Verify(VerifyArgs),
+    /// Environment report: host, GPUs (NVML), driver and CUDA, the CUDA libraries this binary
+    /// loads (version, path), peer access, NCCL, and known problems with a fix each. Exits 1
+    /// when something the built features need is missing.
+    Env(EnvArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct EnvArgs {
+    /// Print the report as JSON (the same object every run log's header holds as `host`).
+    #[arg(long)]
+    pub json: bool,
+    /// CUDA builds: check the GPU trackers against known work (a 1 GiB tensor for memory, a
+    /// matmul loop for energy vs mean power x time) on --device.
+    #[arg(long, hide = true)]
+    pub check_trackers: bool,
+    /// Device of --check-trackers.
+    #[arg(long, default_value = "cuda", hide = true)]
+    pub device: DeviceSpec,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -543,12 +564,36 @@ fn run_verify(args: VerifyArgs) -> Result<bool> {
     Ok(ok)
 }
 
+fn run_env(args: EnvArgs) -> Result<bool> {
+    if args.check_trackers {
+        print!("{}", crate::trackers::check_trackers(args.device)?);
+        return Ok(true);
+    }
+    let report = EnvReport::collect();
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("report serializes")
+        );
+    } else {
+        print!("{}", report.to_text());
+    }
+    Ok(!report.has_errors())
+}
+
 /// Entry point of the `bench` binary.
 pub fn main() -> ExitCode {
     let command_line: Vec<String> = std::env::args().collect();
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Verify(v)) => run_verify(v).map(|ok| {
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }),
+        Some(Command::Env(e)) => run_env(e).map(|ok| {
             if ok {
                 ExitCode::SUCCESS
             } else {

@@ -114,3 +114,30 @@ fn open_cuda(_ordinal: usize) -> Result<Device> {
 pub fn synchronize(device: &Device) -> Result<()> {
     Ok(device.synchronize()?)
 }
+
+/// The GPU's UUID as NVML writes it (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`), for CUDA
+/// devices: NVML numbers GPUs differently from CUDA, the UUID ties them.
+#[cfg(feature = "cuda")]
+pub fn cuda_uuid(device: &Device) -> Option<String> {
+    let Device::Cuda(d) = device else {
+        return None;
+    };
+    let u = d.cuda_stream().context().uuid().ok()?;
+    let b: Vec<u8> = u.bytes.iter().map(|&c| c as u8).collect();
+    let hex =
+        |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+    Some(format!(
+        "GPU-{}-{}-{}-{}-{}",
+        hex(0..4),
+        hex(4..6),
+        hex(6..8),
+        hex(8..10),
+        hex(10..16)
+    ))
+}
+
+/// Without CUDA there is no CUDA device to name.
+#[cfg(not(feature = "cuda"))]
+pub fn cuda_uuid(_device: &Device) -> Option<String> {
+    None
+}

@@ -3,7 +3,9 @@
 //! - [`models`]: GPT-2 in candle behind the [`models::CausalLm`] trait; weights from HF
 //!   safetensors or random with HF's init.
 //! - [`suites`]: workloads and their scoring (LAMBADA as lm-eval `lambada_openai`).
-//! - [`trackers`]: latency and memory measurement; [`metrics`]: every metric's formula.
+//! - [`trackers`]: latency, memory, NVML memory / clocks / energy; [`metrics`]: every metric's
+//!   formula; [`flops`]: model FLOPs, per-GPU peaks and MFU.
+//! - [`env`]: the environment report (`bench env`, every log header).
 //! - [`record`]: the JSONL run log, the contract with the tools that read results.
 //! - [`runner`]: one run end to end; [`sweep`]: a matrix of runs, each in a child process;
 //!   [`cli`]: the `bench` command line.
@@ -16,6 +18,7 @@ pub mod env;
 pub mod error;
 #[cfg(feature = "report")]
 pub mod extract;
+pub mod flops;
 pub mod metrics;
 pub mod models;
 #[cfg(feature = "report")]

@@ -10,7 +10,7 @@
 //! Schema versions: 1 (this one; sweep records and `seq_len` / `repeat` were added later as
 //! optional fields, so every version-1 reader still reads run logs).
 
-use crate::env::HostInfo;
+use crate::env::EnvReport;
 use crate::error::{Error, Result};
 use crate::models::ModelInfo;
 use serde::{Deserialize, Serialize};
@@ -61,7 +61,11 @@ pub struct Header {
     pub tokenizer: String,
     pub dtype: String,
     pub device: String,
-    pub host: HostInfo,
+    /// The environment report, as `bench env --json` prints it ([`EnvReport::collect`]).
+    pub host: EnvReport,
+    /// NVML index of the GPU the run used (`host.gpus[].index`); None on CPU and in older logs.
+    #[serde(default)]
+    pub gpu_index: Option<usize>,
     pub batch_size: usize,
     pub warmup_batches: usize,
     pub seed: Option<u64>,
@@ -149,6 +153,51 @@ pub struct Summary {
     /// through the host.
     #[serde(default)]
     pub peak_host_memory_bytes: Option<u64>,
+    /// CUDA: the pool's reserved high-water mark (see [`crate::trackers::MemoryReading`]).
+    #[serde(default)]
+    pub pool_reserved_bytes: Option<u64>,
+
+    // GPU trackers over the timed batches (None on CPU, or where NVML could not tell); see
+    // [`crate::trackers::GpuSampler`] and [`crate::trackers::EnergyTracker`].
+    /// Peak device memory of the engine's process as NVML counts it, sampled every 10 ms:
+    /// `peak_memory_bytes` (the engine's pool) + CUDA context and kernels + cuBLAS workspace +
+    /// pool reserve. For `hf`, the worker's process.
+    #[serde(default)]
+    pub nvml_peak_process_memory_bytes: Option<u64>,
+    /// Peak used memory of the whole GPU (every process), NVML.
+    #[serde(default)]
+    pub nvml_peak_device_memory_used_bytes: Option<u64>,
+    #[serde(default)]
+    pub sm_clock_mhz_median: Option<f64>,
+    /// NVML "GPU utilization": percent of time a kernel ran.
+    #[serde(default)]
+    pub gpu_utilization_percent_median: Option<f64>,
+    #[serde(default)]
+    pub power_watts_mean: Option<f64>,
+    #[serde(default)]
+    pub gpu_samples: Option<usize>,
+    /// NVML's energy counter over the timed loop (`energy_seconds` of wall time: the batches
+    /// and the log writes between them).
+    #[serde(default)]
+    pub energy_joules: Option<f64>,
+    #[serde(default)]
+    pub energy_seconds: Option<f64>,
+    /// energy_joules / n_samples.
+    #[serde(default)]
+    pub joules_per_sample: Option<f64>,
+
+    /// Model FLOPs of the timed batches: [`crate::flops::lambada_forward_flops`] summed.
+    #[serde(default)]
+    pub model_flops: Option<f64>,
+    /// model_flops / timed_seconds / 1e12.
+    #[serde(default)]
+    pub achieved_tflop_per_second: Option<f64>,
+    /// The GPU's dense peak for the run's precision ([`crate::flops::PEAK_TFLOPS`]).
+    #[serde(default)]
+    pub peak_tflop_per_second: Option<f64>,
+    /// achieved / peak, a fraction (0..1).
+    #[serde(default)]
+    pub mfu: Option<f64>,
 }
 
 /// JSON has no NaN: serde_json writes it as `null` (a run that failed before its first

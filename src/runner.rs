@@ -5,8 +5,9 @@ use crate::device::{DeviceSpec, Precision};
 use crate::engines::candle::CandleEngine;
 use crate::engines::hf::{HfEngine, HfOptions};
 use crate::engines::{Engine, EngineKind};
-use crate::env::{GpuInfo, HostInfo};
+use crate::env::{nvml_index, EnvReport, GpuInfo};
 use crate::error::{failure_status, Error, Result};
+use crate::flops::{lambada_forward_flops, mfu, peak_tflops, ModelShape};
 use crate::metrics::{lambada_accuracy, lambada_perplexity, per_second, Distribution};
 use crate::models::weights::save_checkpoint;
 use crate::models::{ModelSpec, Recorder, WeightSource};
@@ -14,12 +15,14 @@ use crate::record::{BatchRecord, DataInfo, Header, Record, RunLog, Summary, SCHE
 use crate::suites::lambada::{batch_shape, build_requests, passage_results};
 use crate::suites::SuiteFile;
 use crate::tokenizer::TextTokenizer;
-use crate::trackers::{peak_rss_bytes, MemoryReading, MemoryTracker};
+use crate::trackers::{
+    peak_rss_bytes, EnergyTracker, GpuSampler, MemoryReading, MemoryTracker, NvmlGpu,
+};
 use candle_core::{DType, Device};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Everything a run needs, resolved from flags and the suite file.
 pub struct RunSpec {
@@ -179,12 +182,13 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
         passages.truncate(n);
     }
 
+    let mut cuda_uuid = None;
     let (mut engine, host) = match (kind, weights) {
         (EngineKind::Hf, WeightSource::Dir(dir)) => {
             let engine = HfEngine::start(&spec.hf, dir, spec.precision, spec.device)?;
-            // No CUDA context in this process: it would take GPU memory from the worker.
-            let mut host = HostInfo::collect(&Device::Cpu);
-            if let Some(gpu) = engine.info().get("gpu") {
+            // NVML opens no CUDA context, so no GPU memory is taken from the worker.
+            let mut host = EnvReport::collect();
+            if let (true, Some(gpu)) = (host.gpus.is_empty(), engine.info().get("gpu")) {
                 let index = match spec.device {
                     DeviceSpec::Cuda(n) => n,
                     DeviceSpec::Cpu => 0,
@@ -204,7 +208,8 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
         }
         _ => {
             let (engine, device) = candle_engine(spec, weights)?;
-            (engine, HostInfo::collect(&device))
+            cuda_uuid = crate::device::cuda_uuid(&device);
+            (engine, EnvReport::collect())
         }
     };
 
@@ -221,6 +226,19 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
     let requests = build_requests(&tokenizer, &passages, max_len)?;
     let batches: Vec<&[_]> = requests.chunks(spec.batch_size.max(1)).collect();
 
+    let gpu_index = match spec.device {
+        DeviceSpec::Cuda(ordinal) => {
+            let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+            nvml_index(
+                ordinal,
+                cuda_uuid.as_deref(),
+                visible.as_deref(),
+                &host.gpus,
+            )
+            .filter(|&i| host.gpu(i).is_some())
+        }
+        DeviceSpec::Cpu => None,
+    };
     let sha256 = spec.data.sha256();
     let header = Header {
         schema_version: SCHEMA_VERSION,
@@ -237,6 +255,7 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
         dtype: spec.precision.to_string(),
         device: spec.device.to_string(),
         host,
+        gpu_index,
         batch_size: spec.batch_size,
         warmup_batches: spec.warmup_batches,
         seed: match spec.weights {
@@ -284,6 +303,11 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
         .take(spec.warmup_batches)
         .find_map(|batch| engine.score(batch).err());
 
+    // NVML trackers over the timed loop only (warm-up excluded, as for latency).
+    let gpu = gpu_trackers(spec.device, header.gpu_index, engine.pid());
+    let shape = ModelShape::of(&spec.model);
+    let mut model_flops = 0.;
+
     let bar = progress_bar(spec.progress, requests.len() as u64);
     let mut totals = BatchTotals::default();
     for (i, batch) in batches.iter().enumerate() {
@@ -300,12 +324,16 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
                 break;
             }
         };
-        let shape = batch_shape(batch);
+        let bs = batch_shape(batch);
+        model_flops += batch
+            .iter()
+            .map(|r| lambada_forward_flops(&shape, r.input.len(), r.target_tokens.len()))
+            .sum::<f64>();
         let record = BatchRecord {
             batch: i,
             n_samples: batch.len(),
-            n_tokens: shape.n_tokens,
-            padded_len: shape.padded_len,
+            n_tokens: bs.n_tokens,
+            padded_len: bs.padded_len,
             latency_ms,
             passages: results,
         };
@@ -314,6 +342,17 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
         bar.inc(batch.len() as u64);
     }
     bar.finish_and_clear();
+    let (activity, energy) = match gpu {
+        Some((sampler, energy)) => (
+            Some(sampler.stop()),
+            energy.and_then(|e| {
+                e.stop()
+                    .inspect_err(|e| eprintln!("warning: energy tracking failed: {e}"))
+                    .ok()
+            }),
+        ),
+        None => (None, None),
+    };
 
     let mem = if failure.is_some() {
         MemoryReading::default()
@@ -323,11 +362,37 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
             MemoryReading::default()
         })
     };
-    let summary = totals.summary(
+    let mut summary = totals.summary(
         failure.as_ref().map(|e| e.to_string()),
         wall.elapsed().as_secs_f64(),
         mem,
     );
+    let peak = header
+        .gpu_index
+        .and_then(|i| header.host.gpu(i))
+        .and_then(|g| peak_tflops(&g.name, spec.precision));
+    let model_flops = (model_flops > 0.).then_some(model_flops);
+    let (achieved, mfu) = mfu(model_flops.unwrap_or(0.), summary.timed_seconds, peak);
+    let act = activity.unwrap_or_default();
+    let n_samples = summary.n_samples;
+    summary = Summary {
+        nvml_peak_process_memory_bytes: act.peak_process_memory_bytes,
+        nvml_peak_device_memory_used_bytes: act.peak_device_memory_used_bytes,
+        sm_clock_mhz_median: act.sm_clock_mhz_median,
+        gpu_utilization_percent_median: act.utilization_percent_median,
+        power_watts_mean: act.power_watts_mean,
+        gpu_samples: activity.map(|a| a.n_samples),
+        energy_joules: energy.map(|e| e.joules),
+        energy_seconds: energy.map(|e| e.seconds),
+        joules_per_sample: energy
+            .filter(|_| n_samples > 0)
+            .map(|e| e.joules / n_samples as f64),
+        model_flops,
+        achieved_tflop_per_second: achieved,
+        peak_tflop_per_second: peak,
+        mfu,
+        ..summary
+    };
     log.write(&Record::Summary(Box::new(summary.clone())))?;
     if let Some(e) = failure {
         return Err(e);
@@ -398,8 +463,43 @@ impl BatchTotals {
             peak_memory_bytes: mem.peak_bytes,
             device_memory_used_bytes: mem.device_used_bytes,
             peak_host_memory_bytes: peak_rss_bytes(),
+            pool_reserved_bytes: mem.pool_reserved_bytes,
+            nvml_peak_process_memory_bytes: None,
+            nvml_peak_device_memory_used_bytes: None,
+            sm_clock_mhz_median: None,
+            gpu_utilization_percent_median: None,
+            power_watts_mean: None,
+            gpu_samples: None,
+            energy_joules: None,
+            energy_seconds: None,
+            joules_per_sample: None,
+            model_flops: None,
+            achieved_tflop_per_second: None,
+            peak_tflop_per_second: None,
+            mfu: None,
         }
     }
+}
+
+/// NVML sampler and energy counter on the run's GPU (NVML index `gpu_index`), watching process
+/// `pid`; None on CPU. A GPU NVML cannot read costs these figures (with a warning), not the run.
+fn gpu_trackers(
+    device: DeviceSpec,
+    gpu_index: Option<usize>,
+    pid: u32,
+) -> Option<(GpuSampler, Option<EnergyTracker>)> {
+    let DeviceSpec::Cuda(ordinal) = device else {
+        return None;
+    };
+    let gpu = gpu_index
+        .ok_or_else(|| Error::Unsupported(format!("no NVML GPU matches cuda:{ordinal}")))
+        .and_then(|i| NvmlGpu::open(i, pid))
+        .inspect_err(|e| eprintln!("warning: GPU trackers unavailable: {e}"))
+        .ok()?;
+    let energy = EnergyTracker::start(&gpu)
+        .inspect_err(|e| eprintln!("warning: energy tracking unavailable: {e}"))
+        .ok();
+    Some((GpuSampler::start(gpu, Duration::from_millis(10)), energy))
 }
 
 fn progress_bar(enabled: bool, len: u64) -> ProgressBar {
@@ -462,6 +562,41 @@ pub fn summary_table(h: &Header, s: &Summary, log_path: &Path) -> String {
             format!("{:.2} s / {:.2} s", h.load_seconds, s.wall_seconds),
         ),
     ];
+    let mut rows = rows.to_vec();
+    if let Some(nvml) = s.nvml_peak_process_memory_bytes {
+        // NVML counts what the driver gave the process; the engine counts its tensors.
+        let pool = s.pool_reserved_bytes.unwrap_or(s.peak_memory_bytes);
+        rows.push((
+            "NVML process peak",
+            format!(
+                "{:.1} MiB = pool {:.1} MiB reserved ({:.1} used) + {:.1} MiB context, kernels, cuBLAS workspace",
+                mib(nvml),
+                mib(pool),
+                mib(s.peak_memory_bytes),
+                (nvml as f64 - pool as f64) / (1024. * 1024.)
+            ),
+        ));
+    }
+    if let Some(c) = s.sm_clock_mhz_median {
+        rows.push((
+            "GPU (median)",
+            format!(
+                "SM clock {c:.0} MHz, utilisation {:.0} %, mean power {:.0} W",
+                s.gpu_utilization_percent_median.unwrap_or(f64::NAN),
+                s.power_watts_mean.unwrap_or(f64::NAN)
+            ),
+        ));
+    }
+    if let (Some(j), Some(per)) = (s.energy_joules, s.joules_per_sample) {
+        rows.push(("energy", format!("{j:.1} J, {per:.4} J/sample")));
+    }
+    if let Some(a) = s.achieved_tflop_per_second {
+        let mfu = match (s.mfu, s.peak_tflop_per_second) {
+            (Some(m), Some(p)) => format!(", MFU {:.1}% of {p} TFLOP/s", m * 100.),
+            _ => String::new(),
+        };
+        rows.push(("model FLOP/s", format!("{a:.3} TFLOP/s{mfu}")));
+    }
     for (k, v) in rows {
         t += &format!("  {k:<18} {v}\n");
     }

@@ -90,6 +90,53 @@ fn default_run_writes_header_batches_and_summary() {
     );
     assert!(s.samples_per_second > 0. && s.latency_ms_p50 > 0. && s.peak_memory_bytes > 0);
     assert!(s.perplexity.is_finite() && s.perplexity > 1.);
+    // The header holds the `bench env` report; CPU runs have FLOPs but no GPU trackers or MFU.
+    assert!(!h.host.libraries.is_empty() && h.host.build_features.contains(&"report".into()));
+    let achieved = s.model_flops.unwrap() / s.timed_seconds / 1e12;
+    assert!((s.achieved_tflop_per_second.unwrap() - achieved).abs() < 1e-9 * achieved);
+    assert_eq!((s.mfu, s.energy_joules, s.gpu_samples), (None, None, None));
+}
+
+#[test]
+fn env_reports_a_cpu_only_machine_and_exits_0() {
+    let o = bench(&["env", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: transformer_bench::env::EnvReport = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(!r.build_features.contains(&"cuda".into()) && r.n_cpus >= 1);
+    let names: Vec<_> = r.libraries.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "libcuda",
+            "libcudart",
+            "libcublas",
+            "libcublasLt",
+            "libcurand",
+            "libnccl"
+        ]
+    );
+    assert!(
+        r.libraries.iter().all(|l| !l.needed),
+        "CPU build needs none"
+    );
+    let o = bench(&["env"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        text.contains("host") && text.contains("libraries"),
+        "{text}"
+    );
+    if r.gpus.is_empty() {
+        // This machine (CI) has no GPU: the report says so, as a note, not an error.
+        assert!(r.nvml_error.is_some() || r.driver_version.is_some());
+        assert!(text.contains("no NVIDIA driver / GPU found") || r.driver_version.is_some());
+        assert!(r
+            .problems
+            .iter()
+            .all(|p| p.severity != transformer_bench::env::Severity::Error));
+    }
+    let e = error_of(&["env", "--check-trackers"]);
+    assert!(e.contains("--features cuda"), "{e}");
 }
 
 fn summary_of(args: &[&str]) -> Box<transformer_bench::record::Summary> {

@@ -173,3 +173,47 @@ fn png_has_the_size_and_is_not_blank() {
     let o = plot(&csv, &png, &["--model", "gpt5"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("no rows of"));
 }
+
+#[test]
+fn gpu_tracker_and_mfu_fields_become_columns() {
+    // A real H100 log with the summary fields a run now writes (values made up, shapes real).
+    let src = logs("bench/lambada_bloom-7b1_candle_fp16_bs1_cuda0_20261121T204940Z.jsonl");
+    let text = std::fs::read_to_string(src).unwrap();
+    let mut lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    lines[0]["gpu_index"] = 0.into();
+    let summary = lines.last_mut().unwrap();
+    summary["nvml_peak_process_memory_bytes"] = 15_000_000_000u64.into();
+    for (k, v) in [
+        ("sm_clock_mhz_median", 1980.),
+        ("gpu_utilization_percent_median", 97.),
+        ("energy_joules", 1234.5),
+        ("joules_per_sample", 4.115),
+        ("achieved_tflop_per_second", 123.4),
+        ("peak_tflop_per_second", 989.4),
+        ("mfu", 0.1247),
+    ] {
+        summary[k] = v.into();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.jsonl");
+    let body: Vec<String> = lines.iter().map(|v| v.to_string()).collect();
+    std::fs::write(&log, body.join("\n") + "\n").unwrap();
+    let o = extract(&["-i", log.to_str().unwrap()]);
+    let csv = String::from_utf8_lossy(ok_stdout(&o)).into_owned();
+    let mut rows = csv.lines().map(|l| l.split(',').collect::<Vec<_>>());
+    let (head, row) = (rows.next().unwrap(), rows.next().unwrap());
+    let col = |name: &str| {
+        let i = head.iter().position(|h| *h == name);
+        row[i.unwrap_or_else(|| panic!("no column {name} in {csv}"))]
+    };
+    assert_eq!(col("mfu"), "0.1247");
+    assert_eq!(col("energy_joules"), "1234.5");
+    assert_eq!(col("joules_per_sample"), "4.115");
+    assert_eq!(col("sm_clock_mhz_median"), "1980.0");
+    assert_eq!(col("achieved_tflop_per_second"), "123.4");
+    assert_eq!(col("nvml_peak_process_memory_bytes"), "15000000000.0");
+    assert_eq!(col("gpu"), "NVIDIA H100 80GB HBM3");
+}

@@ -261,12 +261,17 @@ impl Engine for HfEngine {
         })
     }
 
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn finish(&mut self) -> Result<MemoryReading> {
         let v = self.request(&json!({ "op": "finish" }))?;
         let _ = self.child.wait();
         Ok(MemoryReading {
             peak_bytes: v["peak_memory_bytes"].as_u64().unwrap_or(0),
             device_used_bytes: v["device_memory_used_bytes"].as_u64(),
+            pool_reserved_bytes: v["reserved_memory_bytes"].as_u64(),
         })
     }
 }

@@ -43,6 +43,10 @@ pub trait Engine {
     /// Seconds the weights took to load.
     fn load_seconds(&self) -> f64;
     fn score(&mut self, batch: &[Request]) -> Result<BatchOutput>;
+    /// The process that holds the GPU memory (this one, or a worker's), for NVML.
+    fn pid(&self) -> u32 {
+        std::process::id()
+    }
     /// Ends the run; returns the peak memory (see [`crate::trackers::MemoryTracker`]).
     fn finish(&mut self) -> Result<MemoryReading>;
 }

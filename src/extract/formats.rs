@@ -173,12 +173,14 @@ fn bench_jsonl(mut row: RunRow, text: &str) -> (Vec<RunRow>, usize) {
     m.insert("model".into(), h.model.name.clone());
     m.insert("dtype".into(), h.dtype.clone());
     m.insert("device".into(), h.device.clone());
-    let gpu = h
-        .host
-        .gpus
-        .first()
-        .map(|g| g.name.clone())
-        .unwrap_or_else(|| format!("CPU ({})", h.host.cpu));
+    // The run's GPU: `gpu_index`; logs before it listed only the run's GPU, on CUDA runs.
+    let gpu = match h.gpu_index {
+        Some(i) => h.host.gpu(i),
+        None if h.device.starts_with("cuda") => h.host.gpus.first(),
+        None => None,
+    }
+    .map(|g| g.name.clone())
+    .unwrap_or_else(|| format!("CPU ({})", h.host.cpu));
     m.insert("gpu".into(), gpu);
     m.insert("git_commit".into(), h.git_commit.clone());
     m.insert("time_utc".into(), h.time_utc.clone());
