@@ -2,6 +2,7 @@
 # One batch of GPU-host checks per device call; stages run in the order given.
 # Run from the repo root on the GPU host; writes everything under $OUT (<= 8 files come back).
 #   fixtures       HF reference fixtures (CPU fp32) for tests/fixtures           -> fixtures.tgz
+#   train-fixtures HF training fixtures (CPU fp32): tests/fixtures/train-{gpt2,bloom} -> train-fixtures.tgz
 #   numerics       real-shape HF references made here (gpt2, bloom-560m; fp32, bf16) vs ours
 #   lambada-small  full LAMBADA, batch 16: gpt2 in 4 precisions, bloom-560m in 3
 #   lambada-7b1    full LAMBADA, batch 16: bloom-7b1 in bf16, fp16, fp32; plus a checkpoint
@@ -51,6 +52,11 @@ for stage in "$@"; do
     $FIX --out "$OUT/fixtures" --device cpu --dtype fp32 \
       --configs gpt2-fixture,gpt2-fixture-logits,bloom-fixture,bloom-fixture-logits 2>&1 | grep -v Writing
     (cd "$OUT" && tar czf fixtures.tgz fixtures && rm -rf fixtures)
+    ;;
+  train-fixtures)
+    python3 scripts/make_train_fixtures.py --out "$OUT/train-fixtures" --archs gpt2,bloom 2>&1 | grep -v Writing
+    rm -f "$OUT"/train-fixtures/*/generation_config.json
+    (cd "$OUT/train-fixtures" && tar czf "$OUT/train-fixtures.tgz" train-gpt2 train-bloom) && rm -rf "$OUT/train-fixtures"
     ;;
   numerics)
     # Same seed, so the same weights in both precisions; ours in the same precision as HF,

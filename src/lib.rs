@@ -24,6 +24,7 @@ pub mod runner;
 pub mod suites;
 pub mod tokenizer;
 pub mod trackers;
+pub mod train;
 pub mod verify;
 
 pub use error::{Error, Result};
