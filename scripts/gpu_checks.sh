@@ -11,6 +11,10 @@
 #   hf-gpt2, hf-bloom-560m, hf-bloom-7b1-16, hf-bloom-7b1-1
 #                  candle vs HF (`--engine both`; sdpa where supported, eager for gpt2 too),
 #                  full LAMBADA, fp32/bf16/fp16 x batch 16/1 (bloom-7b1 batch 1: --limit $B1_LIMIT)
+#   wikitext2      WikiText-2 fine-tuning, gpt2 124M (random init), batch 8, block 1024,
+#                  fp32/tf32/bf16, 3 untimed warm-up steps + $TRAIN_STEPS (200) timed, candle
+#                  (HF engine: not implemented yet). Trains on wiki.valid.raw, evaluates on
+#                  wiki.test.raw from .gpu/wikitext-2-raw/.
 # Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.gz, lambada_test.jsonl.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -44,6 +48,13 @@ hf_eager() { # model dtype batch: HF with eager attention
   (cd /tmp && tar czf "$OUT/logs.tgz" logs)
 }
 B1_LIMIT=${B1_LIMIT:-1000}
+TRAIN_STEPS=${TRAIN_STEPS:-200}
+train() { # model dtype [extra flags]: run_clm-style fine-tuning
+  local m=$1 dt=$2; shift 2
+  $B --suite wikitext2 --model "$m" --weights random --seed 0 --device cuda --dtype "$dt" \
+    --batch-size 8 --block-size 1024 --warmup 3 --max-steps $((TRAIN_STEPS + 3)) \
+    --data .gpu/wikitext-2-raw --log-dir $OUT/train-logs --no-progress "$@" 2>&1 | tee -a "$OUT/train.txt"
+}
 
 for stage in "$@"; do
   echo "=== $stage"
@@ -57,6 +68,9 @@ for stage in "$@"; do
     python3 scripts/make_train_fixtures.py --out "$OUT/train-fixtures" --archs gpt2,bloom 2>&1 | grep -v Writing
     rm -f "$OUT"/train-fixtures/*/generation_config.json
     (cd "$OUT/train-fixtures" && tar czf "$OUT/train-fixtures.tgz" train-gpt2 train-bloom) && rm -rf "$OUT/train-fixtures"
+    ;;
+  wikitext2)
+    for dt in ${DTYPES:-fp32 tf32 bf16}; do train gpt2 $dt; done
     ;;
   numerics)
     # Same seed, so the same weights in both precisions; ours in the same precision as HF,

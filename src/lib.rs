@@ -25,6 +25,7 @@ pub mod suites;
 pub mod tokenizer;
 pub mod trackers;
 pub mod train;
+pub mod train_runner;
 pub mod verify;
 
 pub use error::{Error, Result};

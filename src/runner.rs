@@ -40,6 +40,10 @@ pub struct RunSpec {
     pub hf: HfOptions,
     pub command_line: Vec<String>,
     pub progress: bool,
+    /// `--seed`: random weights and, for training, the data order.
+    pub seed: u64,
+    /// Training suites (wikitext2).
+    pub train: Option<crate::train_runner::TrainOptions>,
 }
 
 pub struct RunOutcome {
@@ -240,6 +244,7 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
             n_samples: requests.len(),
         },
         load_seconds: engine.load_seconds(),
+        train: None,
     };
     if header.data.matches_reference == Some(false) {
         eprintln!(
@@ -344,7 +349,7 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
     })
 }
 
-fn progress_bar(enabled: bool, len: u64) -> ProgressBar {
+pub(crate) fn progress_bar(enabled: bool, len: u64) -> ProgressBar {
     if !enabled || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }

@@ -156,7 +156,14 @@ fn bench_jsonl(mut row: RunRow, text: &str) -> (Vec<RunRow>, usize) {
                 n_samples += b.n_samples;
                 n_tokens += b.n_tokens;
             }
-            Ok(Record::Summary(s)) => summary = Some(s),
+            Ok(Record::Summary(s)) => summary = Some(serde_json::to_value(&s)),
+            Ok(Record::TrainSummary(s)) => summary = Some(serde_json::to_value(&s)),
+            Ok(Record::Step(s)) if !s.warmup => {
+                latencies.push(s.latency_ms);
+                n_samples += s.n_samples;
+                n_tokens += s.n_tokens;
+            }
+            Ok(Record::Step(_)) => {}
             Err(_) => skipped += 1,
         }
     }
@@ -186,9 +193,10 @@ fn bench_jsonl(mut row: RunRow, text: &str) -> (Vec<RunRow>, usize) {
     x.insert("n_parameters".into(), h.model.n_parameters as f64);
     x.insert("load_seconds".into(), h.load_seconds);
     match summary {
-        Some(s) => {
-            row.meta.insert("status".into(), s.status.clone());
-            let v = serde_json::to_value(&s).expect("summary serializes");
+        Some(v) => {
+            let v = v.expect("summary serializes");
+            let status = v["status"].as_str().unwrap_or("ok").to_string();
+            row.meta.insert("status".into(), status);
             for (k, v) in v.as_object().expect("an object") {
                 if let Some(f) = v.as_f64() {
                     row.metrics.insert(k.clone(), f);
