@@ -2,6 +2,7 @@
 # One batch of GPU-host checks per device call; stages run in the order given.
 # Run from the repo root on the GPU host; writes everything under $OUT (<= 8 files come back).
 #   fixtures       HF reference fixtures (CPU fp32) for tests/fixtures           -> fixtures.tgz
+#   train-fixtures HF training fixtures (CPU fp32): tests/fixtures/train-{gpt2,bloom} -> train-fixtures.tgz
 #   numerics       real-shape HF references made here (gpt2, bloom-560m; fp32, bf16) vs ours
 #   lambada-small  full LAMBADA, batch 16: gpt2 in 4 precisions, bloom-560m in 3
 #   lambada-7b1    full LAMBADA, batch 16: bloom-7b1 in bf16, fp16, fp32; plus a checkpoint
@@ -17,6 +18,10 @@
 #   sweep-repeat   gpt2 bf16 batch 16, full LAMBADA, --repeat 5 (each run its own process):
 #                  the CV of samples/s                                          -> sweeps.tgz
 #   sweep-oom      bloom-7b1 bf16, full LAMBADA, batch 1..4096 doubling, until out of memory
+#   wikitext2      WikiText-2 fine-tuning, gpt2 124M (random init), batch 8, block 1024,
+#                  fp32/tf32/bf16, 3 untimed warm-up steps + $TRAIN_STEPS (200) timed, candle
+#                  (HF engine: not implemented yet). Trains on wiki.valid.raw, evaluates on
+#                  wiki.test.raw from .gpu/wikitext-2-raw/.
 # Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.gz, lambada_test.jsonl.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -52,6 +57,13 @@ hf_eager() { # model dtype batch: HF with eager attention
 B1_LIMIT=${B1_LIMIT:-1000}
 # Sweep logs stay on the (git-ignored) results/logs of the host's checkout between calls.
 SWEEPS=$PWD/results/logs/gpu-sweeps
+TRAIN_STEPS=${TRAIN_STEPS:-200}
+train() { # model dtype [extra flags]: run_clm-style fine-tuning
+  local m=$1 dt=$2; shift 2
+  $B --suite wikitext2 --model "$m" --weights random --seed 0 --device cuda --dtype "$dt" \
+    --batch-size 8 --block-size 1024 --warmup 3 --max-steps $((TRAIN_STEPS + 3)) \
+    --data .gpu/wikitext-2-raw --log-dir $OUT/train-logs --no-progress "$@" 2>&1 | tee -a "$OUT/train.txt"
+}
 
 for stage in "$@"; do
   echo "=== $stage"
@@ -60,6 +72,14 @@ for stage in "$@"; do
     $FIX --out "$OUT/fixtures" --device cpu --dtype fp32 \
       --configs gpt2-fixture,gpt2-fixture-logits,bloom-fixture,bloom-fixture-logits 2>&1 | grep -v Writing
     (cd "$OUT" && tar czf fixtures.tgz fixtures && rm -rf fixtures)
+    ;;
+  train-fixtures)
+    python3 scripts/make_train_fixtures.py --out "$OUT/train-fixtures" --archs gpt2,bloom 2>&1 | grep -v Writing
+    rm -f "$OUT"/train-fixtures/*/generation_config.json
+    (cd "$OUT/train-fixtures" && tar czf "$OUT/train-fixtures.tgz" train-gpt2 train-bloom) && rm -rf "$OUT/train-fixtures"
+    ;;
+  wikitext2)
+    for dt in ${DTYPES:-fp32 tf32 bf16}; do train gpt2 $dt; done
     ;;
   numerics)
     # Same seed, so the same weights in both precisions; ours in the same precision as HF,

@@ -9,8 +9,10 @@ use crate::error::{Error, Result};
 use crate::models::{ModelSpec, WeightSource};
 use crate::record::SweepConfig;
 use crate::runner::{run, side_by_side, summary_table, RunSpec};
+use crate::suites::wikitext2::Splits;
 use crate::suites::SuiteFile;
 use crate::sweep::{expand, run_sweep, sweep_table, ChildTask, SweepOptions};
+use crate::train_runner::{run_train, train_table, TrainOptions};
 use crate::verify::verify;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -81,7 +83,7 @@ pub enum WeightsKind {
 #[derive(Args, Debug)]
 pub struct RunArgs {
     /// Workload to run.
-    #[arg(long, default_value = "lambada", value_parser = ["lambada"])]
+    #[arg(long, default_value = "lambada", value_parser = ["lambada", "wikitext2"])]
     pub suite: String,
 
     /// Suite definition (TOML) replacing the built-in suites/NAME.toml.
@@ -216,6 +218,42 @@ pub struct RunArgs {
     /// No progress bar (it is also hidden when stderr is not a terminal).
     #[arg(long)]
     pub no_progress: bool,
+
+    #[command(flatten)]
+    pub train: TrainArgs,
+}
+
+/// Training suites (`--suite wikitext2`): HF Trainer / run_clm defaults unless given.
+#[derive(Args, Debug, Default)]
+#[command(next_help_heading = "Training (--suite wikitext2)")]
+pub struct TrainArgs {
+    /// Evaluation text file when --data is a training file (not a directory).
+    #[arg(long, value_name = "PATH")]
+    pub eval_data: Option<PathBuf>,
+    /// Tokens per block [default: min(1024, n_positions), as run_clm].
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    /// Training epochs [default: from the suite file, 3].
+    #[arg(long)]
+    pub epochs: Option<f64>,
+    /// Optimizer steps; overrides --epochs (HF max_steps).
+    #[arg(long)]
+    pub max_steps: Option<usize>,
+    /// Micro-batches per optimizer step [default: 1].
+    #[arg(long)]
+    pub grad_accum: Option<usize>,
+    /// Peak learning rate [default: 5e-5].
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Linear learning-rate warm-up, optimizer steps (HF warmup_steps) [default: 0].
+    #[arg(long)]
+    pub lr_warmup_steps: Option<usize>,
+    /// Dropout off (for comparisons); default: the config's dropout.
+    #[arg(long)]
+    pub no_dropout: bool,
+    /// Write the trained weights (fp32) as an HF checkpoint (config.json + model.safetensors).
+    #[arg(long, value_name = "DIR")]
+    pub save: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -407,8 +445,18 @@ pub fn resolve_config(
     if args.limit == Some(0) {
         return Err(Error::Config("--limit must be at least 1".into()));
     }
-    let data = resolve_data(args.data.as_deref(), suite)?;
+    let train = match &suite.train {
+        Some(t) => Some(resolve_train(args, t, config.batch_size, engine)?),
+        None => None,
+    };
+    let data = match train {
+        // Training suites read their own splits; this is a placeholder the LAMBADA path ignores.
+        Some(_) => DataFile::embedded_lambada_sample(),
+        None => resolve_data(args.data.as_deref(), suite)?,
+    };
     Ok(RunSpec {
+        seed: args.seed,
+        train,
         warmup_batches: args.warmup.unwrap_or(suite.run.warmup_batches),
         suite: suite.clone(),
         model,
@@ -483,6 +531,11 @@ fn sweep(args: RunArgs, plan: Plan, command_line: Vec<String>) -> Result<ExitCod
 
 /// One configuration, in this process: a plain run, or a sweep's child ([`ChildTask`]).
 fn single(spec: RunSpec) -> Result<ExitCode> {
+    if let Some(opts) = &spec.train {
+        let out = run_train(&spec, opts)?;
+        print!("{}", train_table(&out.header, &out.summary, &out.log_path));
+        return Ok(ExitCode::SUCCESS);
+    }
     let outcomes = run(spec)?;
     for out in &outcomes {
         print!(
@@ -523,6 +576,48 @@ fn run_command(args: RunArgs, command_line: Vec<String>) -> Result<ExitCode> {
     }
     let spec = resolve_config(&args, &plan.suite, &plan.configs[0], None, command_line)?;
     single(spec)
+}
+
+fn resolve_train(
+    args: &RunArgs,
+    t: &crate::suites::SuiteTrain,
+    batch_size: usize,
+    engine: EngineKind,
+) -> Result<TrainOptions> {
+    let a = &args.train;
+    if engine != EngineKind::Candle {
+        return Err(Error::Unsupported(
+            "--suite wikitext2 runs on --engine candle only so far (the HF training worker is not done)"
+                .into(),
+        ));
+    }
+    if args.limit.is_some() {
+        return Err(Error::Config(
+            "--limit is for LAMBADA; use --max-steps".into(),
+        ));
+    }
+    let splits = match args.data.as_deref() {
+        None => Splits::sample(),
+        Some(p) => Splits::from_path(std::path::Path::new(p), a.eval_data.as_deref())?,
+    };
+    let grad_accum = a.grad_accum.unwrap_or(t.grad_accum);
+    if grad_accum == 0 || a.max_steps == Some(0) || a.epochs.is_some_and(|e| e <= 0.) {
+        return Err(Error::Config(
+            "--grad-accum, --max-steps and --epochs must be positive".into(),
+        ));
+    }
+    Ok(TrainOptions {
+        splits,
+        block_size: a.block_size,
+        epochs: a.epochs.unwrap_or(t.epochs),
+        max_steps: a.max_steps,
+        grad_accum,
+        learning_rate: a.lr.unwrap_or(t.learning_rate),
+        lr_warmup_steps: a.lr_warmup_steps.unwrap_or(t.lr_warmup_steps),
+        eval_batch_size: batch_size,
+        dropout: !a.no_dropout,
+        save: a.save.clone(),
+    })
 }
 
 fn run_verify(args: VerifyArgs) -> Result<bool> {

@@ -29,6 +29,8 @@ pub mod suites;
 pub mod sweep;
 pub mod tokenizer;
 pub mod trackers;
+pub mod train;
+pub mod train_runner;
 pub mod verify;
 
 pub use error::{Error, Result};

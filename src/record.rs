@@ -29,6 +29,90 @@ pub enum Record {
     SweepHeader(Box<SweepHeader>),
     SweepRun(Box<SweepRun>),
     SweepRepeats(Box<SweepRepeats>),
+    /// Training suites: one per optimizer step, then a [`TrainSummary`] instead of a [`Summary`].
+    Step(StepRecord),
+    TrainSummary(Box<TrainSummary>),
+}
+
+/// Training set-up recorded in the header of a training run.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TrainInfo {
+    /// Which files were trained and evaluated on, e.g. "trained on wiki.valid.raw, evaluated on
+    /// wiki.test.raw (no wiki.train.raw here)".
+    pub note: String,
+    pub eval_data: DataInfo,
+    pub block_size: usize,
+    pub n_train_blocks: usize,
+    pub n_eval_blocks: usize,
+    pub eval_batch_size: usize,
+    pub grad_accum: usize,
+    pub epochs: f64,
+    pub max_steps: usize,
+    pub dropout: bool,
+    pub hyper: crate::train::Hyper,
+    /// How the rates exclude warm-up.
+    pub timing: String,
+}
+
+/// One optimizer step.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct StepRecord {
+    /// 1-based, as HF's `global_step`.
+    pub step: usize,
+    pub epoch: f64,
+    /// Mean of the step's micro-batch losses.
+    pub loss: f64,
+    pub learning_rate: f64,
+    /// Global L2 norm of the gradients before clipping.
+    pub grad_norm: f64,
+    /// Device synchronized at both ends: forward, backward, clipping, optimizer update.
+    pub latency_ms: f64,
+    pub n_samples: usize,
+    pub n_tokens: usize,
+    /// A warm-up step: trained, but left out of the rates.
+    pub warmup: bool,
+    /// fp16: skipped for inf/NaN gradients.
+    #[serde(default)]
+    pub skipped: bool,
+    #[serde(default)]
+    pub loss_scale: Option<f64>,
+}
+
+/// End of a training run, with HF Trainer's metric names where HF has one.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TrainSummary {
+    pub status: String,
+    pub error: Option<String>,
+    /// Optimizer steps, warm-up included.
+    pub n_steps: usize,
+    pub warmup_steps: usize,
+    /// Seconds of the timed (non-warm-up) steps: the sum of their latencies.
+    pub train_runtime: f64,
+    /// Blocks trained in timed steps / train_runtime.
+    pub train_samples_per_second: f64,
+    /// Timed steps / train_runtime.
+    pub train_steps_per_second: f64,
+    /// Tokens trained in timed steps / train_runtime.
+    pub tokens_per_second: f64,
+    /// Mean of every step's loss (warm-up included), as HF's `train_loss`.
+    pub train_loss: f64,
+    /// Loss of the first and last step.
+    pub first_loss: f64,
+    pub last_loss: f64,
+    /// Mean next-token loss over the eval blocks.
+    pub eval_loss: f64,
+    pub eval_runtime: f64,
+    pub eval_samples_per_second: f64,
+    /// exp(eval_loss), as run_clm's `perplexity`.
+    pub perplexity: f64,
+    pub step_latency_ms_p50: f64,
+    pub step_latency_ms_p90: f64,
+    pub step_latency_ms_mean: f64,
+    /// Whole run: load, tokenize, train, eval, logging.
+    pub wall_seconds: f64,
+    pub peak_memory_bytes: u64,
+    #[serde(default)]
+    pub peak_host_memory_bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -80,6 +164,9 @@ pub struct Header {
     /// 0-based repeat index when the run is one of a sweep's `--repeat N`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repeat: Option<usize>,
+    /// Training suites only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train: Option<Box<TrainInfo>>,
 }
 
 /// One LAMBADA passage's result.

@@ -47,6 +47,10 @@ pub struct RunSpec {
     pub hf: HfOptions,
     pub command_line: Vec<String>,
     pub progress: bool,
+    /// `--seed`: random weights and, for training, the data order.
+    pub seed: u64,
+    /// Training suites (wikitext2).
+    pub train: Option<crate::train_runner::TrainOptions>,
 }
 
 pub struct RunOutcome {
@@ -275,6 +279,7 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
         load_seconds: engine.load_seconds(),
         seq_len: spec.seq_len,
         repeat: spec.repeat,
+        train: None,
     };
     if header.data.matches_reference == Some(false) {
         eprintln!(
@@ -502,7 +507,7 @@ fn gpu_trackers(
     Some((GpuSampler::start(gpu, Duration::from_millis(10)), energy))
 }
 
-fn progress_bar(enabled: bool, len: u64) -> ProgressBar {
+pub(crate) fn progress_bar(enabled: bool, len: u64) -> ProgressBar {
     if !enabled || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }

@@ -573,3 +573,59 @@ fn missing_torch_or_python_is_one_clear_line() {
     let e = error_of(&["--hf-attn", "sdpa"]);
     assert!(e.contains("for --engine hf or both"), "{e}");
 }
+
+#[test]
+fn wikitext2_trains_on_the_builtin_sample_and_logs_hf_metric_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_dir = dir.path().to_str().unwrap();
+    let out = bench(&[
+        "--suite",
+        "wikitext2",
+        "--batch-size",
+        "2",
+        "--block-size",
+        "32",
+        "--max-steps",
+        "4",
+        "--warmup",
+        "1",
+        "--lr",
+        "1e-3",
+        "--log-dir",
+        log_dir,
+        "--no-progress",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("train_samples_per_second") && stdout.contains("perplexity"));
+    let log = std::fs::read_dir(dir.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let records = read_log(&log).unwrap();
+    let Record::Header(h) = &records[0] else {
+        panic!("header first")
+    };
+    assert!(h.train.as_ref().unwrap().note.contains("wiki.valid.raw"));
+    let steps: Vec<_> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Step(s) => Some(s),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(steps.len(), 4);
+    assert!(steps[0].warmup && !steps[1].warmup);
+    let Some(Record::TrainSummary(s)) = records.last() else {
+        panic!("train summary last")
+    };
+    assert_eq!(s.status, "ok");
+    assert!(s.eval_loss.is_finite() && (s.perplexity - s.eval_loss.exp()).abs() < 1e-9);
+    assert!(s.train_samples_per_second > 0. && s.warmup_steps == 1);
+}

@@ -157,7 +157,14 @@ fn bench_jsonl(mut row: RunRow, text: &str) -> (Vec<RunRow>, usize) {
                 n_samples += b.n_samples;
                 n_tokens += b.n_tokens;
             }
-            Ok(Record::Summary(s)) => summary = Some(s),
+            Ok(Record::Summary(s)) => summary = Some(serde_json::to_value(&s)),
+            Ok(Record::TrainSummary(s)) => summary = Some(serde_json::to_value(&s)),
+            Ok(Record::Step(s)) if !s.warmup => {
+                latencies.push(s.latency_ms);
+                n_samples += s.n_samples;
+                n_tokens += s.n_tokens;
+            }
+            Ok(Record::Step(_)) => {}
             Ok(Record::SweepHeader(h)) => sweep = Some(h),
             Ok(Record::SweepRun(r)) => sweep_runs.push(r),
             Ok(Record::SweepRepeats(_)) => {}
@@ -198,12 +205,13 @@ fn bench_jsonl(mut row: RunRow, text: &str) -> (Vec<RunRow>, usize) {
         x.insert("repeat".into(), r as f64);
     }
     match summary {
-        Some(s) => {
-            row.meta.insert("status".into(), s.status.clone());
-            if let Some(e) = &s.error {
-                row.meta.insert("error".into(), e.clone());
+        Some(v) => {
+            let v = v.expect("summary serializes");
+            let status = v["status"].as_str().unwrap_or("ok").to_string();
+            row.meta.insert("status".into(), status);
+            if let Some(e) = v["error"].as_str() {
+                row.meta.insert("error".into(), e.to_string());
             }
-            let v = serde_json::to_value(&s).expect("summary serializes");
             for (k, v) in v.as_object().expect("an object") {
                 if let Some(f) = v.as_f64() {
                     row.metrics.insert(k.clone(), f);

@@ -3,6 +3,7 @@
 //!
 //! Shapes: `B` batch, `nh` heads, `T` time, `hs` head size.
 
+use super::layers::{dropout, softmax_last_dim, Mode};
 use candle_core::{DType, Device, Result, Tensor, D};
 
 /// Added to scores of keys a query must not see. Finite (not -inf) so that a row with every
@@ -30,6 +31,7 @@ pub fn causal_padding_bias(attention_mask: &Tensor) -> Result<Tensor> {
 
 /// softmax(q kᵀ · scale + bias) v, the softmax in f32 whatever the model dtype (as HF BLOOM;
 /// for GPT-2 in fp32 this is exactly HF's eager path).
+/// In training mode the probabilities go through attention dropout (as HF).
 /// q, k, v: (B, nh, T, hs); bias: f32, broadcastable to (B, nh, T, T). Returns (B, nh, T, hs).
 pub fn scaled_dot_product(
     q: &Tensor,
@@ -37,11 +39,12 @@ pub fn scaled_dot_product(
     v: &Tensor,
     bias: &Tensor,
     scale: f64,
+    mode: Mode,
 ) -> Result<Tensor> {
     let scores = (q.matmul(&k.t()?)? * scale)?; // (B, nh, T, T)
     let scores = scores.to_dtype(DType::F32)?.broadcast_add(bias)?;
-    let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(v.dtype())?;
-    probs.matmul(v)
+    let probs = softmax_last_dim(&scores, mode)?.to_dtype(v.dtype())?;
+    dropout(&probs, mode.dropout.attn)?.matmul(v)
 }
 
 /// (B, T, nh·hs) -> (B, nh, T, hs), contiguous for the batched matmul.

@@ -14,11 +14,14 @@
 //! - attention softmax in fp32 whatever the model dtype (shared core does this).
 
 use super::attention::{causal_padding_bias, merge_heads, scaled_dot_product};
-use super::layers::{load_layer_norm, Activation, Mlp, Projection, WeightLayout::Linear};
+use super::layers::{
+    dropout, load_layer_norm, Activation, Dropout, Mlp, Mode, Norm, Projection,
+    WeightLayout::Linear,
+};
 use super::CausalLm;
 use crate::error::{Error, Result};
-use candle_core::{DType, Module, Tensor, D};
-use candle_nn::{Init, LayerNorm, VarBuilder};
+use candle_core::{DType, Tensor, D};
+use candle_nn::{Init, VarBuilder};
 use serde::Deserialize;
 
 fn default_eps() -> f64 {
@@ -58,6 +61,12 @@ pub struct Config {
     pub pretraining_tp: usize,
     #[serde(default)]
     pub slow_but_exact: bool,
+    /// Dropout on each residual branch (training only).
+    #[serde(default)]
+    pub hidden_dropout: f32,
+    /// Dropout on the attention probabilities (training only).
+    #[serde(default)]
+    pub attention_dropout: f32,
 }
 
 impl Config {
@@ -73,6 +82,8 @@ impl Config {
             tie_word_embeddings: true,
             pretraining_tp: 1,
             slow_but_exact: false,
+            hidden_dropout: 0.,
+            attention_dropout: 0.,
         }
     }
     pub fn bloom_560m() -> Self {
@@ -183,7 +194,7 @@ impl Attention {
     }
 
     /// x: (B, T, H); bias: (B, nh, T, T) causal + padding + ALiBi. Returns dense(attn), (B, T, H).
-    fn forward(&self, x: &Tensor, bias: &Tensor) -> candle_core::Result<Tensor> {
+    fn forward(&self, x: &Tensor, bias: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
         let (b, t, h) = x.dims3()?;
         let (nh, hs) = (self.n_head, h / self.n_head);
         // Per head, not [q | k | v]: (B, T, nh, 3, hs).
@@ -198,8 +209,8 @@ impl Attention {
                 .contiguous()
         };
         let (q, k, v) = (head(0)?, head(1)?, head(2)?);
-        let y = scaled_dot_product(&q, &k, &v, bias, self.scale)?; // (B, nh, T, hs)
-        self.dense.forward(&merge_heads(&y)?)
+        let y = scaled_dot_product(&q, &k, &v, bias, self.scale, mode)?; // (B, nh, T, hs)
+        dropout(&self.dense.forward(&merge_heads(&y)?)?, mode.dropout.resid)
     }
 }
 
@@ -213,9 +224,9 @@ fn load_mlp(vb: VarBuilder, cfg: &Config) -> candle_core::Result<Mlp> {
 }
 
 struct Block {
-    input_layernorm: LayerNorm,
+    input_layernorm: Norm,
     self_attention: Attention,
-    post_attention_layernorm: LayerNorm,
+    post_attention_layernorm: Norm,
     mlp: Mlp,
     residual_after_norm: bool,
 }
@@ -232,24 +243,26 @@ impl Block {
         })
     }
 
-    fn forward(&self, x: &Tensor, bias: &Tensor) -> candle_core::Result<Tensor> {
-        let ln = self.input_layernorm.forward(x)?;
+    fn forward(&self, x: &Tensor, bias: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
+        let ln = self.input_layernorm.forward(x, mode)?;
         let residual = if self.residual_after_norm { &ln } else { x };
-        let x = (self.self_attention.forward(&ln, bias)? + residual)?;
-        let ln = self.post_attention_layernorm.forward(&x)?;
+        let x = (self.self_attention.forward(&ln, bias, mode)? + residual)?;
+        let ln = self.post_attention_layernorm.forward(&x, mode)?;
         let residual = if self.residual_after_norm { &ln } else { &x };
-        self.mlp.forward(&ln)? + residual
+        dropout(&self.mlp.forward(&ln)?, mode.dropout.resid)? + residual
     }
 }
 
 /// `BloomForCausalLM`.
 pub struct Bloom {
     word_embeddings: Tensor, // (V, H)
-    word_embeddings_layernorm: LayerNorm,
+    word_embeddings_layernorm: Norm,
     h: Vec<Block>,
-    ln_f: LayerNorm,
+    ln_f: Norm,
     lm_head: Option<Tensor>, // (V, H) when not tied
     slopes: Tensor,          // (nh,) f32
+    dropout: Dropout,        // from the config, used in training mode
+    mode: Mode,
 }
 
 impl Bloom {
@@ -292,6 +305,12 @@ impl Bloom {
             ln_f,
             lm_head,
             slopes,
+            dropout: Dropout {
+                embd: 0.,
+                attn: cfg.attention_dropout,
+                resid: cfg.hidden_dropout,
+            },
+            mode: Mode::default(),
         })
     }
 }
@@ -308,13 +327,13 @@ impl CausalLm for Bloom {
             .index_select(&input_ids.flatten_all()?, 0)?; // (B·T, H)
         let mut x = self
             .word_embeddings_layernorm
-            .forward(&x.reshape((b, t, ()))?)?; // (B, T, H)
+            .forward(&x.reshape((b, t, ()))?, self.mode)?; // (B, T, H)
         let causal = causal_padding_bias(attention_mask)?; // (B, 1, T, T)
         let bias = causal.broadcast_add(&alibi_bias(attention_mask, &self.slopes)?)?; // (B, nh, T, T)
         for block in &self.h {
-            x = block.forward(&x, &bias)?;
+            x = block.forward(&x, &bias, self.mode)?;
         }
-        self.ln_f.forward(&x)
+        self.ln_f.forward(&x, self.mode)
     }
 
     fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
@@ -324,6 +343,17 @@ impl CausalLm for Bloom {
 
     fn max_positions(&self) -> usize {
         Config::MAX_POSITIONS
+    }
+
+    fn set_training(&mut self, with_dropout: bool) {
+        self.mode = Mode {
+            train: true,
+            dropout: if with_dropout {
+                self.dropout
+            } else {
+                Dropout::default()
+            },
+        };
     }
 }
 

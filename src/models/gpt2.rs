@@ -12,11 +12,14 @@
 use super::attention::{
     causal_padding_bias, merge_heads, positions, scaled_dot_product, split_heads,
 };
-use super::layers::{load_layer_norm, Activation, Mlp, Projection, WeightLayout::Conv1D};
+use super::layers::{
+    dropout, load_layer_norm, Activation, Dropout, Mlp, Mode, Norm, Projection,
+    WeightLayout::Conv1D,
+};
 use super::CausalLm;
 use crate::error::{Error, Result};
-use candle_core::{Module, Tensor};
-use candle_nn::{Init, LayerNorm, VarBuilder};
+use candle_core::Tensor;
+use candle_nn::{Init, VarBuilder};
 use serde::Deserialize;
 
 fn default_activation() -> String {
@@ -30,6 +33,9 @@ fn default_init_range() -> f64 {
 }
 fn default_true() -> bool {
     true
+}
+fn default_pdrop() -> f32 {
+    0.1
 }
 
 /// HF `GPT2Config`, read straight from `config.json` (HF key names).
@@ -56,6 +62,15 @@ pub struct Config {
     pub tie_word_embeddings: bool,
     #[serde(default)]
     pub add_cross_attention: bool,
+    /// Dropout on each residual branch (training only).
+    #[serde(default = "default_pdrop")]
+    pub resid_pdrop: f32,
+    /// Dropout after the embeddings (training only).
+    #[serde(default = "default_pdrop")]
+    pub embd_pdrop: f32,
+    /// Dropout on the attention probabilities (training only).
+    #[serde(default = "default_pdrop")]
+    pub attn_pdrop: f32,
 }
 
 impl Config {
@@ -74,6 +89,9 @@ impl Config {
             scale_attn_by_inverse_layer_idx: false,
             tie_word_embeddings: true,
             add_cross_attention: false,
+            resid_pdrop: 0.1,
+            embd_pdrop: 0.1,
+            attn_pdrop: 0.1,
         }
     }
     pub fn gpt2_124m() -> Self {
@@ -160,14 +178,14 @@ impl Attention {
     }
 
     /// x: (B, T, C), bias: (B, 1, T, T) -> (B, T, C)
-    fn forward(&self, x: &Tensor, bias: &Tensor) -> candle_core::Result<Tensor> {
+    fn forward(&self, x: &Tensor, bias: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
         let c = x.dim(2)?;
         let qkv = self.c_attn.forward(x)?; // (B, T, 3C)
         let q = split_heads(&qkv.narrow(2, 0, c)?, self.n_head)?; // (B, nh, T, hs)
         let k = split_heads(&qkv.narrow(2, c, c)?, self.n_head)?;
         let v = split_heads(&qkv.narrow(2, 2 * c, c)?, self.n_head)?;
-        let y = scaled_dot_product(&q, &k, &v, bias, self.scale)?; // (B, nh, T, hs)
-        self.c_proj.forward(&merge_heads(&y)?)
+        let y = scaled_dot_product(&q, &k, &v, bias, self.scale, mode)?; // (B, nh, T, hs)
+        dropout(&self.c_proj.forward(&merge_heads(&y)?)?, mode.dropout.resid)
     }
 }
 
@@ -189,9 +207,9 @@ fn load_mlp(vb: VarBuilder, cfg: &Config) -> candle_core::Result<Mlp> {
 }
 
 struct Block {
-    ln_1: LayerNorm,
+    ln_1: Norm,
     attn: Attention,
-    ln_2: LayerNorm,
+    ln_2: Norm,
     mlp: Mlp,
 }
 
@@ -206,9 +224,12 @@ impl Block {
         })
     }
 
-    fn forward(&self, x: &Tensor, bias: &Tensor) -> candle_core::Result<Tensor> {
-        let x = (x + self.attn.forward(&self.ln_1.forward(x)?, bias)?)?;
-        &x + self.mlp.forward(&self.ln_2.forward(&x)?)?
+    fn forward(&self, x: &Tensor, bias: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
+        let x = (x + self
+            .attn
+            .forward(&self.ln_1.forward(x, mode)?, bias, mode)?)?;
+        let mlp = self.mlp.forward(&self.ln_2.forward(&x, mode)?)?;
+        &x + dropout(&mlp, mode.dropout.resid)?
     }
 }
 
@@ -217,9 +238,10 @@ pub struct Gpt2 {
     wte: Tensor, // (V, C)
     wpe: Tensor, // (n_positions, C)
     h: Vec<Block>,
-    ln_f: LayerNorm,
+    ln_f: Norm,
     lm_head: Option<Tensor>, // (V, C) when not tied to wte
     cfg: Config,
+    mode: Mode,
 }
 
 impl Gpt2 {
@@ -258,6 +280,7 @@ impl Gpt2 {
             ln_f,
             lm_head,
             cfg: cfg.clone(),
+            mode: Mode::default(),
         })
     }
 }
@@ -280,12 +303,13 @@ impl CausalLm for Gpt2 {
             .wpe
             .index_select(&positions(t, input_ids.device())?, 0)?; // (T, C)
         let tok = self.wte.index_select(&input_ids.flatten_all()?, 0)?; // (B·T, C)
-        let mut x = tok.reshape((b, t, ()))?.broadcast_add(&pos)?; // (B, T, C)
+        let x = tok.reshape((b, t, ()))?.broadcast_add(&pos)?; // (B, T, C)
+        let mut x = dropout(&x, self.mode.dropout.embd)?;
         let bias = causal_padding_bias(attention_mask)?; // (B, 1, T, T)
         for block in &self.h {
-            x = block.forward(&x, &bias)?;
+            x = block.forward(&x, &bias, self.mode)?;
         }
-        self.ln_f.forward(&x)
+        self.ln_f.forward(&x, self.mode)
     }
 
     fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
@@ -295,5 +319,20 @@ impl CausalLm for Gpt2 {
 
     fn max_positions(&self) -> usize {
         self.cfg.n_positions
+    }
+
+    fn set_training(&mut self, with_dropout: bool) {
+        let c = &self.cfg;
+        self.mode = Mode {
+            train: true,
+            dropout: match with_dropout {
+                true => Dropout {
+                    embd: c.embd_pdrop,
+                    attn: c.attn_pdrop,
+                    resid: c.resid_pdrop,
+                },
+                false => Dropout::default(),
+            },
+        };
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use candle_core::Tensor;
-use candle_nn::{layer_norm, Init, LayerNorm, LayerNormConfig, VarBuilder};
+use candle_nn::{layer_norm, Init, LayerNormConfig, VarBuilder};
 
 /// How a projection's weight is stored in the checkpoint.
 #[derive(Clone, Copy, Debug)]
@@ -105,14 +105,73 @@ impl Mlp {
     }
 }
 
+/// Dropout probabilities of a model, from its config (HF names differ per model).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Dropout {
+    /// After the embeddings (GPT-2 `embd_pdrop`).
+    pub embd: f32,
+    /// On the attention probabilities (GPT-2 `attn_pdrop`, BLOOM `attention_dropout`).
+    pub attn: f32,
+    /// On each residual branch's output (GPT-2 `resid_pdrop`, BLOOM `hidden_dropout`).
+    pub resid: f32,
+}
+
+/// How a forward runs. Inference (the default): candle's fused layer-norm and softmax kernels,
+/// which have no backward. Training: the same maths in differentiable ops, and `dropout` where
+/// HF applies it (all zero for `--no-dropout`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Mode {
+    pub train: bool,
+    pub dropout: Dropout,
+}
+
+/// Inverted dropout (as torch): zero with probability `p`, scale the rest by 1/(1-p).
+pub fn dropout(x: &Tensor, p: f32) -> candle_core::Result<Tensor> {
+    if p > 0. {
+        candle_nn::ops::dropout(x, p)
+    } else {
+        Ok(x.clone())
+    }
+}
+
+/// softmax over the last dimension: the fused kernel for inference, composed ops (which
+/// autograd differentiates) for training.
+pub fn softmax_last_dim(x: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
+    if mode.train {
+        candle_nn::ops::softmax(x, candle_core::D::Minus1)
+    } else {
+        candle_nn::ops::softmax_last_dim(x)
+    }
+}
+
+/// A LayerNorm with weight and bias; see [`Mode`] for the two forward paths.
+pub struct Norm {
+    ln: candle_nn::LayerNorm,
+    eps: f64,
+}
+
+impl Norm {
+    pub fn forward(&self, x: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
+        use candle_core::Module;
+        match (mode.train, self.ln.bias()) {
+            // Same formula as the fused kernel, statistics in f32 for half inputs.
+            (true, Some(b)) => {
+                candle_nn::ops::layer_norm_slow(x, self.ln.weight(), b, self.eps as f32)
+            }
+            _ => self.ln.forward(x),
+        }
+    }
+}
+
 /// `weight` (ones) and `bias` (zeros) of a LayerNorm over `size` channels.
-pub fn load_layer_norm(vb: VarBuilder, size: usize, eps: f64) -> candle_core::Result<LayerNorm> {
-    layer_norm(
+pub fn load_layer_norm(vb: VarBuilder, size: usize, eps: f64) -> candle_core::Result<Norm> {
+    let ln = layer_norm(
         size,
         LayerNormConfig {
             eps,
             ..Default::default()
         },
         vb,
-    )
+    )?;
+    Ok(Norm { ln, eps })
 }

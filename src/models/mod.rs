@@ -31,6 +31,10 @@ pub trait CausalLm {
 
     /// Longest sequence the model accepts.
     fn max_positions(&self) -> usize;
+
+    /// Switches to training: differentiable ops everywhere and, `with_dropout`, the config's
+    /// dropout (see [`layers::Mode`]). Models start in inference mode.
+    fn set_training(&mut self, with_dropout: bool);
 }
 
 /// Architecture + config of a model, before any weights exist.
@@ -189,15 +193,33 @@ impl ModelSpec {
         device: &Device,
         record: Option<weights::Recorder>,
     ) -> Result<Box<dyn CausalLm>> {
+        self.load_backend(source.backend(self.prefixes(), record)?, dtype, device)
+    }
+
+    /// Checkpoint-name prefixes tried in front of every tensor name.
+    pub fn prefixes(&self) -> &'static [&'static str] {
+        match self.arch {
+            Architecture::Gpt2(_) => gpt2::Gpt2::PREFIXES,
+            Architecture::Bloom(_) => bloom::Bloom::PREFIXES,
+        }
+    }
+
+    /// Builds the model from any tensor source (training wraps its parameters in one), each
+    /// tensor asked for in `dtype`.
+    pub fn load_backend(
+        &self,
+        backend: Box<dyn candle_nn::var_builder::SimpleBackend>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Box<dyn CausalLm>> {
+        let vb = candle_nn::VarBuilder::from_backend(backend, dtype, device.clone());
         match &self.arch {
             Architecture::Gpt2(cfg) => {
                 cfg.validate()?;
-                let vb = source.var_builder(dtype, device, gpt2::Gpt2::PREFIXES, record)?;
                 Ok(Box::new(gpt2::Gpt2::load(vb, cfg).map_err(unwrap_candle)?))
             }
             Architecture::Bloom(cfg) => {
                 cfg.validate()?;
-                let vb = source.var_builder(dtype, device, bloom::Bloom::PREFIXES, record)?;
                 Ok(Box::new(
                     bloom::Bloom::load(vb, cfg).map_err(unwrap_candle)?,
                 ))

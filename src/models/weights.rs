@@ -40,14 +40,23 @@ impl WeightSource {
         prefixes: &'static [&'static str],
         record: Option<Recorder>,
     ) -> Result<VarBuilder<'static>> {
-        let backend: Box<dyn SimpleBackend> = match self {
+        let backend = self.backend(prefixes, record)?;
+        Ok(VarBuilder::from_backend(backend, dtype, device.clone()))
+    }
+
+    /// The tensor source behind [`WeightSource::var_builder`].
+    pub fn backend(
+        &self,
+        prefixes: &'static [&'static str],
+        record: Option<Recorder>,
+    ) -> Result<Box<dyn SimpleBackend>> {
+        Ok(match self {
             WeightSource::Random { seed } => Box::new(RandomInit {
                 seed: *seed,
                 record,
             }),
             WeightSource::Dir(dir) => Box::new(CheckpointWeights::open(dir, prefixes)?),
-        };
-        Ok(VarBuilder::from_backend(backend, dtype, device.clone()))
+        })
     }
 
     pub fn describe(&self) -> String {

@@ -2,12 +2,14 @@
 //! `suites/NAME.toml` file, embedded in the binary; flags override them.
 
 pub mod lambada;
+pub mod wikitext2;
 
 use crate::error::{Error, Result};
 use serde::Deserialize;
 use std::path::Path;
 
 pub const LAMBADA_TOML: &str = include_str!("../../suites/lambada.toml");
+pub const WIKITEXT2_TOML: &str = include_str!("../../suites/wikitext2.toml");
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -18,6 +20,9 @@ pub struct SuiteFile {
     /// A whole matrix in the file; each list is replaced by its flag (`--models` …).
     #[serde(default)]
     pub sweep: SuiteSweep,
+    /// Training suites: HF Trainer defaults of the run.
+    #[serde(default)]
+    pub train: Option<SuiteTrain>,
 }
 
 /// `[sweep]`: lists whose product runs as one sweep (see `crate::sweep`).
@@ -30,6 +35,15 @@ pub struct SuiteSweep {
     pub seq_lens: Option<Vec<usize>>,
     pub engines: Option<Vec<String>>,
     pub repeat: Option<usize>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SuiteTrain {
+    pub epochs: f64,
+    pub learning_rate: f64,
+    pub lr_warmup_steps: usize,
+    pub grad_accum: usize,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -57,8 +71,9 @@ impl SuiteFile {
     pub fn builtin(name: &str) -> Result<Self> {
         match name {
             "lambada" => Self::parse(LAMBADA_TOML, "suites/lambada.toml"),
+            "wikitext2" => Self::parse(WIKITEXT2_TOML, "suites/wikitext2.toml"),
             _ => Err(Error::Config(format!(
-                "unknown suite '{name}': available suites are lambada"
+                "unknown suite '{name}': available suites are lambada, wikitext2"
             ))),
         }
     }

@@ -1,0 +1,205 @@
+//! WikiText-2 (raw) fine-tuning data, grouped like HF `run_clm.py`:
+//!
+//! 1. the text loader (`datasets` "text", `keep_linebreaks=True`): one example per line, line
+//!    break kept (Python `str.splitlines(keepends=True)`);
+//! 2. each line tokenized on its own, no special tokens;
+//! 3. `group_texts`, mapped with `batched=True` (1000 examples at a time): each chunk of 1000
+//!    lines is concatenated, cut to a multiple of `block_size` (the remainder of *each chunk*
+//!    is dropped) and split into blocks; labels = inputs (the loss shifts them).
+//!
+//! The train split (`wiki.train.raw`) is not shipped: our own runs train on `wiki.valid.raw`
+//! and evaluate on `wiki.test.raw`, and the log header says so.
+
+use crate::error::{Error, Result};
+use crate::tokenizer::TextTokenizer;
+use std::path::{Path, PathBuf};
+
+/// `datasets.Dataset.map(batched=True)`'s default batch size, which `group_texts` inherits.
+pub const MAP_BATCH_LINES: usize = 1000;
+
+/// The built-in sample: the first lines of each file (CC BY-SA 3.0, see data/README.md).
+pub const SAMPLE_TRAIN: &str = include_str!("../../data/wikitext2_sample/wiki.valid.raw");
+pub const SAMPLE_EVAL: &str = include_str!("../../data/wikitext2_sample/wiki.test.raw");
+
+/// Python `str.splitlines(keepends=True)`.
+pub fn split_lines_keepends(text: &str) -> Vec<&str> {
+    const BREAKS: &[char] = &[
+        '\n', '\r', '\u{b}', '\u{c}', '\u{1c}', '\u{1d}', '\u{1e}', '\u{85}', '\u{2028}',
+        '\u{2029}',
+    ];
+    let mut lines = vec![];
+    let mut start = 0;
+    let mut chars = text.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        if BREAKS.contains(&c) {
+            let mut end = i + c.len_utf8();
+            if c == '\r' {
+                if let Some(&(j, '\n')) = chars.peek() {
+                    end = j + 1;
+                    chars.next();
+                }
+            }
+            lines.push(&text[start..end]);
+            start = end;
+        }
+    }
+    if start < text.len() {
+        lines.push(&text[start..]);
+    }
+    lines
+}
+
+/// `group_texts` over tokenized lines: blocks of `block_size` token ids.
+pub fn group_texts(lines: &[Vec<u32>], block_size: usize) -> Vec<Vec<u32>> {
+    let mut blocks = vec![];
+    for chunk in lines.chunks(MAP_BATCH_LINES) {
+        let all: Vec<u32> = chunk.iter().flatten().copied().collect();
+        blocks.extend(all.chunks_exact(block_size).map(|b| b.to_vec()));
+    }
+    blocks
+}
+
+/// Tokenize (line by line) and group one split's text.
+pub fn blocks(text: &str, tok: &TextTokenizer, block_size: usize) -> Result<Vec<Vec<u32>>> {
+    let lines = split_lines_keepends(text)
+        .into_iter()
+        .map(|l| tok.encode(l))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(group_texts(&lines, block_size))
+}
+
+/// One split: where it came from and its text.
+#[derive(Clone, Debug)]
+pub struct Split {
+    /// Path, or `embedded:NAME`.
+    pub origin: String,
+    pub text: String,
+}
+
+/// Train and eval text: the built-in sample, a directory holding `wiki.{train,valid,test}.raw`
+/// (train on `wiki.train.raw` when present, else on `wiki.valid.raw`; evaluate on
+/// `wiki.test.raw`... see [`resolve_dir`]), or explicit files.
+#[derive(Clone, Debug)]
+pub struct Splits {
+    pub train: Split,
+    pub eval: Split,
+    /// Said in the log header, e.g. "trained on wiki.valid.raw (the train split is not shipped)".
+    pub note: String,
+}
+
+impl Splits {
+    pub fn sample() -> Self {
+        Self {
+            train: Split {
+                origin: "embedded:wikitext2_sample/wiki.valid.raw".into(),
+                text: SAMPLE_TRAIN.into(),
+            },
+            eval: Split {
+                origin: "embedded:wikitext2_sample/wiki.test.raw".into(),
+                text: SAMPLE_EVAL.into(),
+            },
+            note: "built-in sample: first lines of wiki.valid.raw (train) and wiki.test.raw (eval)"
+                .into(),
+        }
+    }
+
+    /// `--data DIR` or `--data TRAIN_FILE` (with `--eval-data EVAL_FILE`).
+    pub fn from_path(path: &Path, eval: Option<&Path>) -> Result<Self> {
+        if path.is_dir() {
+            return resolve_dir(path);
+        }
+        let eval = eval.map(Path::to_path_buf).ok_or_else(|| {
+            Error::Config(format!(
+                "--data {} is a file: give the evaluation file with --eval-data, or pass the directory holding wiki.*.raw",
+                path.display()
+            ))
+        })?;
+        Ok(Self {
+            train: read_split(path)?,
+            eval: read_split(&eval)?,
+            note: format!(
+                "trained on {}, evaluated on {}",
+                path.display(),
+                eval.display()
+            ),
+        })
+    }
+}
+
+/// In a directory: train on `wiki.train.raw` if it is there, else on `wiki.valid.raw`;
+/// evaluate on `wiki.test.raw` when training on `wiki.valid.raw`, else on `wiki.valid.raw`
+/// (run_clm's validation split).
+pub fn resolve_dir(dir: &Path) -> Result<Splits> {
+    let f = |n: &str| -> PathBuf { dir.join(n) };
+    if f("wiki.train.raw").is_file() {
+        Ok(Splits {
+            train: read_split(&f("wiki.train.raw"))?,
+            eval: read_split(&f("wiki.valid.raw"))?,
+            note: "trained on wiki.train.raw, evaluated on wiki.valid.raw (run_clm's splits)"
+                .into(),
+        })
+    } else {
+        Ok(Splits {
+            train: read_split(&f("wiki.valid.raw"))?,
+            eval: read_split(&f("wiki.test.raw"))?,
+            note: "trained on wiki.valid.raw, evaluated on wiki.test.raw (no wiki.train.raw here)"
+                .into(),
+        })
+    }
+}
+
+fn read_split(path: &Path) -> Result<Split> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            Error::NotFound {
+                what: path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                path: path.to_path_buf(),
+                hint: "WikiText-2 raw: wikitext-2-raw-v1.zip (wiki.train.raw, wiki.valid.raw, wiki.test.raw); pass --data DIR".into(),
+            }
+        } else {
+            Error::io(format!("reading {}", path.display()), e)
+        }
+    })?;
+    Ok(Split {
+        origin: path.display().to_string(),
+        text,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_split_like_python_keepends() {
+        assert_eq!(
+            split_lines_keepends(" a\n \n\r\nb\rc"),
+            vec![" a\n", " \n", "\r\n", "b\r", "c"]
+        );
+        assert!(split_lines_keepends("").is_empty());
+    }
+
+    #[test]
+    fn grouping_drops_each_chunks_remainder() {
+        let lines: Vec<Vec<u32>> = (0..1001).map(|i| vec![i as u32; 3]).collect();
+        // Chunk 1: 3000 tokens -> 1500 blocks of 2; chunk 2: 3 tokens -> 1 block, 1 dropped.
+        let blocks = group_texts(&lines, 2);
+        assert_eq!(blocks.len(), 1501);
+        assert_eq!(blocks[1500], vec![1000, 1000]);
+    }
+
+    #[test]
+    fn sample_groups_into_blocks() {
+        let tok = TextTokenizer::gpt2().unwrap();
+        let s = Splits::sample();
+        let b = blocks(&s.train.text, &tok, 64).unwrap();
+        assert!(
+            b.len() > 50 && b.iter().all(|x| x.len() == 64),
+            "{}",
+            b.len()
+        );
+    }
+}

@@ -1,0 +1,462 @@
+//! Causal-LM fine-tuning in candle with HF Trainer's defaults and semantics.
+//!
+//! - Parameters: every tensor the model loads (same code path as inference, random or
+//!   checkpoint) becomes an fp32 [`Var`], the master copy; the optimizer state is fp32 too.
+//! - Precision (as HF `--bf16` / `--fp16`, i.e. autocast): each step the model is rebuilt from
+//!   the masters cast to the compute dtype; `to_dtype` is differentiable, so the gradients land
+//!   on the fp32 masters. fp16 scales the loss dynamically ([`GradScaler`], torch's defaults).
+//! - Loss: mean cross-entropy of next-token prediction, labels = inputs shifted by one, in f32
+//!   (HF `ForCausalLMLoss`). Gradient accumulation divides each micro-batch loss by the number
+//!   of micro-batches (equal to HF's sum / num_items_in_batch for equal-length blocks).
+//! - Step: clip the global L2 norm to `max_grad_norm` (torch `clip_grad_norm_`), AdamW with
+//!   torch's update order ([`AdamW`]), learning rate from [`LinearSchedule`]
+//!   (`get_linear_schedule_with_warmup`).
+
+use crate::models::{CausalLm, ModelSpec, WeightSource};
+use candle_core::{DType, Device, Result, Shape, Tensor, Var};
+use candle_nn::var_builder::SimpleBackend;
+use candle_nn::Init;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// HF `TrainingArguments` defaults that shape the optimization.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Hyper {
+    pub learning_rate: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    pub max_grad_norm: f64,
+    /// Linear warm-up of the learning rate, optimizer steps (HF `warmup_steps`).
+    pub lr_warmup_steps: usize,
+    /// Optimizer steps of the whole run: the linear decay reaches 0 here.
+    pub total_steps: usize,
+    pub grad_accum: usize,
+}
+
+impl Default for Hyper {
+    fn default() -> Self {
+        Self {
+            learning_rate: 5e-5,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.,
+            max_grad_norm: 1.0,
+            lr_warmup_steps: 0,
+            total_steps: 1,
+            grad_accum: 1,
+        }
+    }
+}
+
+/// `get_linear_schedule_with_warmup`: lr(step) = base · step/warmup while step < warmup, then
+/// base · max(0, (total − step) / max(1, total − warmup)). Optimizer step k (0-based) uses lr(k).
+#[derive(Clone, Copy, Debug)]
+pub struct LinearSchedule {
+    pub base: f64,
+    pub warmup: usize,
+    pub total: usize,
+}
+
+impl LinearSchedule {
+    pub fn lr(&self, step: usize) -> f64 {
+        let factor = if step < self.warmup {
+            step as f64 / self.warmup.max(1) as f64
+        } else {
+            let left = self.total.saturating_sub(step) as f64;
+            (left / (self.total.saturating_sub(self.warmup)).max(1) as f64).max(0.)
+        };
+        self.base * factor
+    }
+}
+
+/// torch.optim.AdamW (single-tensor path), in its operation order:
+/// p ← p·(1 − lr·wd); m ← m + (1−β1)(g − m); v ← β2·v + (1−β2)·g²;
+/// p ← p − lr/(1−β1ᵗ) · m / (√v / √(1−β2ᵗ) + ε).
+pub struct AdamW {
+    params: Vec<Var>,
+    m: Vec<Tensor>,
+    v: Vec<Tensor>,
+    step: usize,
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    weight_decay: f64,
+}
+
+impl AdamW {
+    pub fn new(params: Vec<Var>, h: &Hyper) -> Result<Self> {
+        let zeros = |p: &Var| p.zeros_like();
+        Ok(Self {
+            m: params.iter().map(zeros).collect::<Result<_>>()?,
+            v: params.iter().map(zeros).collect::<Result<_>>()?,
+            params,
+            step: 0,
+            beta1: h.beta1,
+            beta2: h.beta2,
+            eps: h.eps,
+            weight_decay: h.weight_decay,
+        })
+    }
+
+    /// One update with learning rate `lr`; `grads[i]` belongs to `params[i]` (fp32).
+    pub fn step(&mut self, grads: &[Tensor], lr: f64) -> Result<()> {
+        self.step += 1;
+        let t = self.step as i32;
+        let bc1 = 1. - self.beta1.powi(t);
+        let bc2_sqrt = (1. - self.beta2.powi(t)).sqrt();
+        for (i, g) in grads.iter().enumerate() {
+            let mut p = self.params[i].as_detached_tensor();
+            if self.weight_decay != 0. {
+                p = p.affine(1. - lr * self.weight_decay, 0.)?;
+            }
+            let m = (&self.m[i] + ((g - &self.m[i])? * (1. - self.beta1))?)?;
+            let v = ((&self.v[i] * self.beta2)? + (g.sqr()? * (1. - self.beta2))?)?;
+            let denom = ((v.sqrt()? / bc2_sqrt)? + self.eps)?;
+            let p = (p - ((&m / &denom)? * (lr / bc1))?)?;
+            self.params[i].set(&p)?;
+            self.m[i] = m;
+            self.v[i] = v;
+        }
+        Ok(())
+    }
+}
+
+/// torch `clip_grad_norm_`: total = ‖(‖g_i‖₂)_i‖₂; every gradient is multiplied by
+/// min(1, max_norm / (total + 1e-6)). Returns the norm before clipping.
+pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
+    let mut sq = Vec::with_capacity(grads.len());
+    for g in grads.iter() {
+        sq.push(g.sqr()?.sum_all()?);
+    }
+    let total = Tensor::stack(&sq, 0)?
+        .sum_all()?
+        .to_dtype(DType::F64)?
+        .to_scalar::<f64>()?
+        .sqrt();
+    let coef = (max_norm / (total + 1e-6)).min(1.);
+    if coef < 1. {
+        for g in grads.iter_mut() {
+            *g = (&*g * coef)?;
+        }
+    }
+    Ok(total)
+}
+
+/// torch.amp.GradScaler with its defaults: scale 2¹⁶, ×2 after 2000 finite steps, ×0.5 and
+/// the step skipped when a gradient is inf/NaN.
+#[derive(Clone, Debug)]
+pub struct GradScaler {
+    pub scale: f64,
+    good_steps: usize,
+}
+
+impl Default for GradScaler {
+    fn default() -> Self {
+        Self {
+            scale: 65536.,
+            good_steps: 0,
+        }
+    }
+}
+
+impl GradScaler {
+    /// Records whether the step's gradients were finite; returns whether to apply the step.
+    pub fn update(&mut self, finite: bool) -> bool {
+        if finite {
+            self.good_steps += 1;
+            if self.good_steps == 2000 {
+                self.scale *= 2.;
+                self.good_steps = 0;
+            }
+        } else {
+            self.scale *= 0.5;
+            self.good_steps = 0;
+        }
+        finite
+    }
+}
+
+/// Mean next-token cross-entropy of `ids` (B, T) u32: position t predicts token t+1, over
+/// B·(T−1) positions, in f32. A scalar f32 tensor.
+pub fn lm_loss(model: &dyn CausalLm, ids: &Tensor) -> Result<Tensor> {
+    let (b, t) = ids.dims2()?;
+    let mask = Tensor::ones((b, t), DType::U32, ids.device())?;
+    let hidden = model.hidden_states(ids, &mask)?; // (B, T, C)
+    let hidden = hidden.narrow(1, 0, t - 1)?.contiguous()?; // (B, T-1, C)
+    let c = hidden.dim(2)?;
+    let logits = model.logits(&hidden.reshape((b * (t - 1), c))?)?; // (B·(T-1), V)
+    let targets = ids.narrow(1, 1, t - 1)?.flatten_all()?; // (B·(T-1),)
+    candle_nn::loss::cross_entropy(&logits.to_dtype(DType::F32)?, &targets)
+}
+
+/// Hands the model its parameters: on the first load it takes each tensor from the real source
+/// (checkpoint or random init) in fp32 and makes it a [`Var`]; afterwards it serves those Vars
+/// cast to the dtype asked for (a differentiable cast; a no-op for fp32).
+struct ParamBackend {
+    source: Option<Box<dyn SimpleBackend>>,
+    params: Arc<Mutex<Params>>,
+    detached: bool,
+}
+
+/// The trainable parameters by checkpoint name, in load order.
+#[derive(Default)]
+pub struct Params {
+    pub names: Vec<String>,
+    pub vars: Vec<Var>,
+    index: HashMap<String, usize>,
+}
+
+impl SimpleBackend for ParamBackend {
+    fn get(&self, s: Shape, name: &str, h: Init, dtype: DType, dev: &Device) -> Result<Tensor> {
+        let mut params = self.params.lock().expect("params lock");
+        let var = match (params.index.get(name), &self.source) {
+            (Some(&i), _) => params.vars[i].clone(),
+            (None, Some(source)) => {
+                let var = Var::from_tensor(&source.get(s.clone(), name, h, DType::F32, dev)?)?;
+                let i = params.vars.len();
+                params.index.insert(name.to_string(), i);
+                params.names.push(name.to_string());
+                params.vars.push(var.clone());
+                var
+            }
+            (None, None) => candle_core::bail!("no parameter '{name}'"),
+        };
+        if var.shape() != &s {
+            candle_core::bail!("parameter '{name}' is {:?}, asked for {s:?}", var.shape());
+        }
+        let t = if self.detached {
+            var.as_detached_tensor()
+        } else {
+            var.as_tensor().clone()
+        };
+        t.to_dtype(dtype)
+    }
+
+    fn get_unchecked(&self, name: &str, _: DType, _: &Device) -> Result<Tensor> {
+        candle_core::bail!("training needs a shape for '{name}'")
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        let known = self
+            .params
+            .lock()
+            .expect("params lock")
+            .index
+            .contains_key(name);
+        known
+            || self
+                .source
+                .as_ref()
+                .is_some_and(|s| s.contains_tensor(name))
+    }
+}
+
+/// One optimizer step's outcome.
+#[derive(Clone, Debug)]
+pub struct StepOutcome {
+    /// Mean of the micro-batch losses (unscaled), as HF logs `loss`.
+    pub loss: f64,
+    /// Global gradient norm before clipping (unscaled).
+    pub grad_norm: f64,
+    /// Learning rate the step used.
+    pub lr: f64,
+    /// fp16: the step was skipped for inf/NaN gradients (the scale halves, lr does not advance).
+    pub skipped: bool,
+    pub loss_scale: Option<f64>,
+}
+
+/// Model spec + fp32 master parameters + optimizer state.
+pub struct Trainer {
+    spec: ModelSpec,
+    params: Arc<Mutex<Params>>,
+    vars: Vec<Var>,
+    opt: AdamW,
+    schedule: LinearSchedule,
+    hyper: Hyper,
+    compute: DType,
+    device: Device,
+    dropout: bool,
+    scaler: Option<GradScaler>,
+    /// Optimizer steps taken (skipped fp16 steps not counted), the schedule's position.
+    pub step: usize,
+}
+
+impl Trainer {
+    /// Loads the weights from `source` as fp32 masters; `compute`: the forward/backward dtype.
+    pub fn new(
+        spec: &ModelSpec,
+        source: &WeightSource,
+        compute: DType,
+        device: &Device,
+        hyper: Hyper,
+        dropout: bool,
+    ) -> crate::error::Result<Self> {
+        let params = Arc::new(Mutex::new(Params::default()));
+        let backend = ParamBackend {
+            source: Some(source.backend(spec.prefixes(), None)?),
+            params: params.clone(),
+            detached: false,
+        };
+        drop(spec.load_backend(Box::new(backend), DType::F32, device)?);
+        let vars = params.lock().expect("params lock").vars.clone();
+        let opt = AdamW::new(vars.clone(), &hyper)?;
+        Ok(Self {
+            spec: spec.clone(),
+            params,
+            vars,
+            opt,
+            schedule: LinearSchedule {
+                base: hyper.learning_rate,
+                warmup: hyper.lr_warmup_steps,
+                total: hyper.total_steps,
+            },
+            hyper,
+            compute,
+            device: device.clone(),
+            dropout,
+            scaler: (compute == DType::F16).then(GradScaler::default),
+            step: 0,
+        })
+    }
+
+    /// The model over the current masters in the compute dtype; `train`: differentiable ops
+    /// (and dropout when enabled), else inference kernels on detached weights.
+    pub fn model(&self, train: bool) -> crate::error::Result<Box<dyn CausalLm>> {
+        let backend = ParamBackend {
+            source: None,
+            params: self.params.clone(),
+            detached: !train,
+        };
+        let mut model = self
+            .spec
+            .load_backend(Box::new(backend), self.compute, &self.device)?;
+        if train {
+            model.set_training(self.dropout);
+        }
+        Ok(model)
+    }
+
+    /// (name, fp32 master) of every parameter, in load order.
+    pub fn named_params(&self) -> Vec<(String, Tensor)> {
+        let p = self.params.lock().expect("params lock");
+        p.names
+            .iter()
+            .cloned()
+            .zip(p.vars.iter().map(|v| v.as_detached_tensor()))
+            .collect()
+    }
+
+    /// One optimizer step over `micro_batches` (each (B, T) u32 on the device; gradient
+    /// accumulation when more than one).
+    pub fn step(&mut self, micro_batches: &[Tensor]) -> crate::error::Result<StepOutcome> {
+        let model = self.model(true)?;
+        let n = micro_batches.len() as f64;
+        let scale = self.scaler.as_ref().map_or(1., |s| s.scale);
+        let mut grads: Vec<Option<Tensor>> = vec![None; self.vars.len()];
+        let mut loss_sum = 0.;
+        for ids in micro_batches {
+            let loss = lm_loss(model.as_ref(), ids)?;
+            let store = (&loss * (scale / n))?.backward()?;
+            for (acc, var) in grads.iter_mut().zip(&self.vars) {
+                if let Some(g) = store.get(var.as_tensor()) {
+                    let g = g.to_dtype(DType::F32)?;
+                    *acc = Some(match acc.take() {
+                        Some(a) => (a + g)?,
+                        None => g,
+                    });
+                }
+            }
+            loss_sum += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        }
+        drop(model);
+        let mut grads = grads
+            .into_iter()
+            .zip(&self.vars)
+            .map(|(g, v)| g.map_or_else(|| v.zeros_like(), Ok))
+            .collect::<Result<Vec<_>>>()?;
+        if scale != 1. {
+            for g in grads.iter_mut() {
+                *g = (&*g * (1. / scale))?;
+            }
+        }
+        let grad_norm = clip_grad_norm(&mut grads, self.hyper.max_grad_norm)?;
+        let lr = self.schedule.lr(self.step);
+        let apply = match self.scaler.as_mut() {
+            Some(s) => s.update(grad_norm.is_finite()),
+            None => true,
+        };
+        if apply {
+            self.opt.step(&grads, lr)?;
+            self.step += 1;
+        }
+        Ok(StepOutcome {
+            loss: loss_sum / n,
+            grad_norm,
+            lr,
+            skipped: !apply,
+            loss_scale: self.scaler.as_ref().map(|s| s.scale),
+        })
+    }
+
+    /// Mean loss per block over `batches` (inference mode, no dropout): HF's `eval_loss` for
+    /// equal-length blocks.
+    pub fn eval_loss(&self, batches: &[Tensor]) -> crate::error::Result<f64> {
+        let model = self.model(false)?;
+        let (mut sum, mut count) = (0., 0usize);
+        for ids in batches {
+            let b = ids.dim(0)?;
+            let loss = lm_loss(model.as_ref(), ids)?
+                .to_dtype(DType::F64)?
+                .to_scalar::<f64>()?;
+            sum += loss * b as f64;
+            count += b;
+        }
+        Ok(sum / count.max(1) as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linear_schedule_matches_hf() {
+        let s = LinearSchedule {
+            base: 1.0,
+            warmup: 2,
+            total: 6,
+        };
+        let lrs: Vec<f64> = (0..7).map(|k| s.lr(k)).collect();
+        assert_eq!(lrs, vec![0., 0.5, 1., 0.75, 0.5, 0.25, 0.]);
+        let s = LinearSchedule {
+            base: 5e-5,
+            warmup: 0,
+            total: 4,
+        };
+        assert_eq!(s.lr(0), 5e-5);
+        assert_eq!(s.lr(3), 5e-5 * 0.25);
+    }
+
+    #[test]
+    fn grad_clipping_scales_to_max_norm() {
+        let mut g = vec![
+            Tensor::new(&[3f32, 0.], &Device::Cpu).unwrap(),
+            Tensor::new(&[4f32], &Device::Cpu).unwrap(),
+        ];
+        let norm = clip_grad_norm(&mut g, 1.0).unwrap();
+        assert!((norm - 5.).abs() < 1e-9);
+        let a: Vec<f32> = g[0].to_vec1().unwrap();
+        assert!((a[0] - 0.6).abs() < 1e-6, "{a:?}");
+    }
+
+    #[test]
+    fn grad_scaler_backs_off_and_skips() {
+        let mut s = GradScaler::default();
+        assert!(!s.update(false));
+        assert_eq!(s.scale, 32768.);
+        assert!(s.update(true));
+    }
+}
