@@ -17,7 +17,8 @@
 #                  full LAMBADA, fp32/bf16/fp16 x batch 16/1 (bloom-7b1 batch 1: --limit $B1_LIMIT)
 #   sweep-repeat   gpt2 bf16 batch 16, full LAMBADA, --repeat 5 (each run its own process):
 #                  the CV of samples/s                                          -> sweeps.tgz
-#   sweep-oom      bloom-7b1 bf16, full LAMBADA, batch 1..4096 doubling, until out of memory
+#   sweep-oom      bloom-7b1 bf16, first 2048 LAMBADA passages, batch 1..2048 doubling, until
+#                  out of memory (--run-timeout cuts a stalled run)
 #   wikitext2      WikiText-2 fine-tuning, gpt2 124M (random init), batch 8, block 1024,
 #                  fp32/tf32/bf16, 3 untimed warm-up steps + $TRAIN_STEPS (200) timed, candle
 #                  (HF engine: not implemented yet). Trains on wiki.valid.raw, evaluates on
@@ -162,13 +163,13 @@ PY
     (cd $SWEEPS/.. && tar czf "$OUT/sweeps.tgz" gpu-sweeps)
     ;;
   sweep-oom)
-    # Cut at SWEEP_LIMIT seconds so the call returns; running the stage again resumes the
-    # newest sweep (--resume) instead of starting over.
+    # First SWEEP_PASSAGES passages (default 2048: the top batch is the whole set), each run cut
+    # at RUN_TIMEOUT s; RESUME=1 continues the newest sweep instead of starting over.
     resume=""; ls -d $SWEEPS/sweep_* >/dev/null 2>&1 && [ -n "${RESUME:-}" ] && resume="--resume"
-    timeout "${SWEEP_LIMIT:-480}" $B --model bloom-7b1 --dtype bf16 \
-      --batch-sizes 1,2,4,8,16,32,64,128,256,512,1024,2048,4096 $resume \
+    $B --model bloom-7b1 --dtype bf16 --batch-sizes ${SWEEP_BATCHES:-1,2,4,8,16,32,64,128,256,512,1024,2048} \
+      $resume --run-timeout "${RUN_TIMEOUT:-150}" --limit "${SWEEP_PASSAGES:-2048}" \
       --weights random --seed 0 --device cuda --data .gpu/lambada_test.jsonl --log-dir $SWEEPS \
-      --no-progress 2>&1 | tee -a "$OUT/sweep.txt"
+      --no-progress 2>&1 | grep -v '^  |' | tee -a "$OUT/sweep.txt"
     (cd $SWEEPS/.. && tar czf "$OUT/sweeps.tgz" gpu-sweeps)
     ;;
   hf-trainer)

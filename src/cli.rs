@@ -164,6 +164,11 @@ pub struct RunArgs {
     #[arg(long)]
     pub isolate: bool,
 
+    /// In a sweep, kill a run that takes longer than SECS (recorded as `timeout`, the sweep
+    /// goes on).
+    #[arg(long, value_name = "SECS")]
+    pub run_timeout: Option<f64>,
+
     /// Score only the first N passages.
     #[arg(long)]
     pub limit: Option<usize>,
@@ -364,7 +369,12 @@ pub fn plan(args: &RunArgs) -> Result<Plan> {
         return Err(Error::Config("--repeat must be at least 1".into()));
     }
     let n = models.len() * dtypes.len() * batch_sizes.len() * seq_lens.len() * engines.len();
-    let sweep = n > 1 || repeat > 1 || args.isolate || args.resume || args.sweep_dir.is_some();
+    let sweep = n > 1
+        || repeat > 1
+        || args.isolate
+        || args.resume
+        || args.sweep_dir.is_some()
+        || args.run_timeout.is_some();
     // In a sweep each engine is its own configuration: `both` is candle, then hf.
     let engines = if sweep {
         let mut e: Vec<String> = vec![];
@@ -517,6 +527,9 @@ fn sweep(args: RunArgs, plan: Plan, command_line: Vec<String>) -> Result<ExitCod
         log_dir: args.log_dir.clone(),
         sweep_dir: args.sweep_dir.clone(),
         resume: args.resume,
+        run_timeout: args
+            .run_timeout
+            .map(|s| std::time::Duration::from_secs_f64(s.max(0.))),
         progress: !args.no_progress,
         child_args: command_line.iter().skip(1).cloned().collect(),
         command_line,

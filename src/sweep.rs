@@ -95,6 +95,8 @@ pub struct SweepOptions {
     /// Continue this sweep directory (else the newest `sweep_*` in `log_dir` with `resume`).
     pub sweep_dir: Option<PathBuf>,
     pub resume: bool,
+    /// Kill a run that takes longer (status `timeout`): a stalled run costs one configuration.
+    pub run_timeout: Option<std::time::Duration>,
     pub progress: bool,
     /// This process's arguments, given unchanged to every child.
     pub child_args: Vec<String>,
@@ -178,8 +180,13 @@ fn run_logs(dir: &Path) -> Result<BTreeSet<String>> {
 }
 
 /// Appends a summary of its finished batches to a run log that has none (its process died),
-/// with `status` from `failure`'s words. Returns the log's summary, old or new.
-pub fn complete_log(path: &Path, failure: &str, killed: bool) -> Result<Option<Summary>> {
+/// with `status` from `failure`'s words, or `killed_as` (`killed`, `timeout`) when the words
+/// say no more than `error`. Returns the log's summary, old or new.
+pub fn complete_log(
+    path: &Path,
+    failure: &str,
+    killed_as: Option<&str>,
+) -> Result<Option<Summary>> {
     let records = read_log(path)?;
     let mut totals = BatchTotals::default();
     for r in &records {
@@ -197,8 +204,8 @@ pub fn complete_log(path: &Path, failure: &str, killed: bool) -> Result<Option<S
         f64::NAN,
         MemoryReading::default(),
     );
-    if killed && summary.status == "error" {
-        summary.status = "killed".into();
+    if let Some(status) = killed_as.filter(|_| summary.status == "error") {
+        summary.status = status.into();
     }
     // Whatever was measured of the process's memory died with it.
     summary.peak_host_memory_bytes = None;
@@ -256,12 +263,13 @@ fn classify(status: std::process::ExitStatus, stderr_tail: &[String]) -> (String
     }
 }
 
-/// Runs one child to its end: forwards its stderr, keeps the tail, returns (status, its stdout).
+/// Runs one child to its end, or kills it after `--run-timeout`: forwards its stderr and
+/// returns (exit status, the last lines of its stderr, whether it was timed out).
 fn run_child(
     opts: &SweepOptions,
     task: &ChildTask,
     bar: &ProgressBar,
-) -> Result<(std::process::ExitStatus, Vec<String>)> {
+) -> Result<(std::process::ExitStatus, Vec<String>, bool)> {
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe()
         .map_err(|e| Error::io("finding the bench executable for the sweep's children", e))?;
@@ -298,20 +306,48 @@ fn run_child(
         let _ = stdout.read_to_string(&mut s);
         s
     });
+    // stderr is forwarded line by line by its own thread, so this one can watch the clock.
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let err_thread = std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let start = Instant::now();
     let mut tail = VecDeque::new();
-    for line in BufReader::new(stderr).lines() {
-        let Ok(line) = line else { break };
+    let mut timed_out = false;
+    let status = loop {
+        while let Ok(line) = rx.try_recv() {
+            bar.suspend(|| eprintln!("  | {line}"));
+            tail.push_back(line);
+            if tail.len() > 20 {
+                tail.pop_front();
+            }
+        }
+        if let Some(status) = child
+            .try_wait()
+            .map_err(|e| Error::io("waiting for a sweep child", e))?
+        {
+            break status;
+        }
+        if opts.run_timeout.is_some_and(|t| start.elapsed() > t) && !timed_out {
+            // SIGKILL: a run stuck in a CUDA kernel does not answer anything gentler.
+            let _ = child.kill();
+            timed_out = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let _ = err_thread.join();
+    for line in rx.try_iter() {
         bar.suspend(|| eprintln!("  | {line}"));
         tail.push_back(line);
-        if tail.len() > 20 {
-            tail.pop_front();
-        }
     }
-    let status = child
-        .wait()
-        .map_err(|e| Error::io("waiting for a sweep child", e))?;
     let _ = out_thread.join();
-    Ok((status, tail.into()))
+    let tail: Vec<String> = tail.into_iter().rev().take(20).rev().collect();
+    Ok((status, tail, timed_out))
 }
 
 /// Median, extremes and CV of `values` (None if empty).
@@ -386,7 +422,7 @@ pub fn run_sweep(opts: SweepOptions) -> Result<SweepOutcome> {
         complete_log(
             &dir.join(orphan),
             "the sweep was killed during this run",
-            true,
+            Some("killed"),
         )?;
     }
 
@@ -431,15 +467,21 @@ pub fn run_sweep(opts: SweepOptions) -> Result<SweepOutcome> {
             };
             let before = run_logs(&dir)?;
             let start = Instant::now();
-            let (exit, tail) = run_child(&opts, &task, &bar)?;
-            let (mut status, error) = classify(exit, &tail);
+            let (exit, tail, timed_out) = run_child(&opts, &task, &bar)?;
+            let (mut status, mut error) = classify(exit, &tail);
+            if timed_out {
+                let limit = opts.run_timeout.unwrap_or_default().as_secs_f64();
+                status = "timeout".into();
+                error = Some(format!("killed after --run-timeout {limit} s"));
+            }
             let new_logs: Vec<String> = run_logs(&dir)?.difference(&before).cloned().collect();
             let mut summary = None;
             for l in &new_logs {
                 let failure = error
                     .as_deref()
                     .unwrap_or("the run ended without a summary");
-                if let Some(s) = complete_log(&dir.join(l), failure, status == "killed")? {
+                let killed_as = ["killed", "timeout"].into_iter().find(|k| *k == status);
+                if let Some(s) = complete_log(&dir.join(l), failure, killed_as)? {
                     summary.get_or_insert(s);
                 }
             }
@@ -513,12 +555,13 @@ pub fn sweep_table(out: &SweepOutcome) -> String {
     let mut t = String::new();
     let count = |s: &str| out.runs.iter().filter(|r| r.status == s).count();
     t += &format!(
-        "sweep: {} runs ({} ok, {} oom, {} error, {} killed){}\n",
+        "sweep: {} runs ({} ok, {} oom, {} error, {} killed, {} timeout){}\n",
         out.runs.len(),
         count("ok"),
         count("oom"),
         count("error"),
         count("killed"),
+        count("timeout"),
         if out.skipped > 0 {
             format!(", {} done earlier and skipped (--resume)", out.skipped)
         } else {

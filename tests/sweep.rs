@@ -305,3 +305,29 @@ fn a_typo_in_the_matrix_fails_before_any_run() {
         .unwrap();
     assert!(stderr(&o).contains("run the sweep without --resume first"));
 }
+
+#[test]
+fn a_run_past_run_timeout_is_killed_and_recorded() {
+    // gpt2-xl's 1.5 B random weights take far longer than 3 s to make on CPU; gpt2-tiny's
+    // whole run takes well under it.
+    let tmp = tempfile::tempdir().unwrap();
+    let o = Command::new(BENCH)
+        .args([
+            "--models",
+            "gpt2-xl,gpt2-tiny",
+            "--limit",
+            "8",
+            "--run-timeout",
+            "3",
+        ])
+        .args(["--no-progress", "--log-dir"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "a timeout fails the sweep");
+    let runs = sweep_runs(&only_dir(tmp.path()));
+    let status: Vec<&str> = runs.iter().map(|r| r.status.as_str()).collect();
+    assert_eq!(status, ["timeout", "ok"]);
+    assert!(runs[0].error.as_ref().unwrap().contains("--run-timeout 3"));
+    assert!(runs[0].wall_seconds < 30.);
+}
