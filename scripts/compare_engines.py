@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
 """Candle-vs-HF ratio table (markdown) from run logs of `bench --engine both` / `--engine hf`.
 
-usage: python3 scripts/compare_engines.py results/h100/engines/*.jsonl
+usage: python3 scripts/compare_engines.py results/h100/engines/*.jsonl.gz
 Pairs every HF run with the candle run of the same model, dtype, batch size and passage count;
 ratios are candle / HF (samples/s > 1 and latency < 1 mean candle is faster).
-Until `extract-metrics` exists (issue 6), results tables are made this way: from the logs.
 """
+import gzip
 import json
 import sys
 
 runs = []
 for path in sys.argv[1:]:
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         recs = [json.loads(line) for line in f if line.strip()]
     h, s = recs[0], recs[-1]
     if s.get("record") == "summary" and s["status"] == "ok":

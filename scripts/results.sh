@@ -9,8 +9,8 @@ P=target/release/plot
 R=results
 
 # Every H100 log into one CSV; the candle-vs-HF pairs (one commit, one session) into another.
-$X -i "$R/h100/*.jsonl" "$R/h100/engines/*.jsonl" -o $R/h100.csv
-$X -i "$R/h100/engines/*.jsonl" -o $R/h100_engines.csv
+$X -i "$R/h100/*.jsonl.gz" "$R/h100/engines/*.jsonl.gz" -o $R/h100.csv
+$X -i "$R/h100/engines/*.jsonl.gz" -o $R/h100_engines.csv
 # candle vs HF, throughput at batch 16 and batch 1, half precision, by model.
 $P -i $R/h100_engines.csv -o $R/h100_samples_per_second_bs16.png --metric samples_per_second \
    --x model --batch-size 16 --bf16 --fp16 --title "LAMBADA samples/s, batch 16, H100 (candle vs HF)"

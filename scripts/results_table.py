@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
 """Markdown table of run logs (summary records), for results/README.md.
 
-usage: python3 scripts/results_table.py results/h100/*.jsonl
-Until `extract-metrics` exists (issue 6), this is how results/ tables are made: from the logs,
-never typed by hand.
+usage: python3 scripts/results_table.py results/h100/*.jsonl.gz
+Tables in results/ are made from the logs, never typed by hand.
 """
+import gzip
 import json
 import sys
 
 rows = []
 for path in sys.argv[1:]:
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         recs = [json.loads(line) for line in f if line.strip()]
     h, s = recs[0], recs[-1]
     if s.get("record") != "summary":

@@ -217,3 +217,30 @@ fn gpu_tracker_and_mfu_fields_become_columns() {
     assert_eq!(col("nvml_peak_process_memory_bytes"), "15000000000.0");
     assert_eq!(col("gpu"), "NVIDIA H100 80GB HBM3");
 }
+
+#[test]
+fn gzipped_logs_give_the_same_rows() {
+    use std::io::Write;
+    let src = logs("bench/lambada_bloom-7b1_candle_fp16_bs1_cuda0_20261121T204940Z.jsonl");
+    let dir = tempfile::tempdir().unwrap();
+    let gz = dir
+        .path()
+        .join(src.file_name().unwrap())
+        .with_extension("jsonl.gz");
+    let mut enc = flate2::write::GzEncoder::new(
+        std::fs::File::create(&gz).unwrap(),
+        flate2::Compression::default(),
+    );
+    enc.write_all(&std::fs::read(&src).unwrap()).unwrap();
+    enc.finish().unwrap();
+    let plain =
+        String::from_utf8(ok_stdout(&extract(&["-i", src.to_str().unwrap()])).to_vec()).unwrap();
+    let zipped =
+        String::from_utf8(ok_stdout(&extract(&["-i", gz.to_str().unwrap()])).to_vec()).unwrap();
+    // Identical but for the file column.
+    assert_eq!(
+        plain.replace(src.to_str().unwrap(), "FILE"),
+        zipped.replace(gz.to_str().unwrap(), "FILE")
+    );
+    assert!(zipped.lines().count() == 2, "{zipped}");
+}

@@ -162,10 +162,12 @@ pub fn extract(
 ) -> Result<Vec<RunRow>> {
     let mut rows = vec![];
     for path in files {
-        let bytes =
-            std::fs::read(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        let bytes = read_maybe_gz(path)?;
         let text = String::from_utf8_lossy(&bytes);
-        let Some(fmt) = format.or_else(|| detect(path, &text)) else {
+        // `run.jsonl.gz` is detected and named as `run.jsonl`.
+        let plain = path.with_extension("");
+        let named = if is_gz(path) { plain.as_path() } else { path };
+        let Some(fmt) = format.or_else(|| detect(named, &text)) else {
             if skip_unknown {
                 eprintln!("{}: skipped (no known format)", path.display());
                 continue;
@@ -175,7 +177,10 @@ pub fn extract(
                 path.display()
             )));
         };
-        let (found, skipped) = parse(fmt, path, &text);
+        let (mut found, skipped) = parse(fmt, named, &text);
+        for row in &mut found {
+            row.meta.insert("file".into(), path.display().to_string());
+        }
         if skipped > 0 {
             eprintln!(
                 "{}: skipped {skipped} unrecognised line(s) ({})",
@@ -189,6 +194,25 @@ pub fn extract(
         rows.extend(found);
     }
     Ok(rows)
+}
+
+fn is_gz(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "gz")
+}
+
+/// A file's bytes, gunzipped if its name ends in `.gz`.
+fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let bytes =
+        std::fs::read(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    if !is_gz(path) {
+        return Ok(bytes);
+    }
+    let mut out = vec![];
+    flate2::read::MultiGzDecoder::new(&bytes[..])
+        .read_to_end(&mut out)
+        .map_err(|e| Error::io(format!("gunzipping {}", path.display()), e))?;
+    Ok(out)
 }
 
 /// One row per run: metadata (string) columns, then metric (f64) columns, sorted by name.
