@@ -19,9 +19,36 @@ worker only runs the model and reports what the Rust side would have measured.
       "reserved_memory_bytes": N|null}
 Errors: {"ok": false, "error": "one line"}; the worker then exits non-zero.
 
+Training (`--suite wikitext2`): `load` with a `train` object loads fp32 weights (fp32 masters
+and optimizer state, as HF Trainer), `model.train()`, and builds HF Trainer's loop written out:
+
+  -> {"op": "load", ..., "train": {"learning_rate": x, "beta1": x, "beta2": x, "eps": x,
+      "weight_decay": x, "max_grad_norm": x, "lr_warmup_steps": N, "total_steps": N,
+      "grad_accum": N, "dropout": true|false, "seed": N}}
+     (dropout false: every `*pdrop` / `*dropout` probability of the config set to 0)
+  -> {"op": "train_step", "micro_batches": [[[ids]...]...]}   (one optimizer step)
+  <- {"ok": true, "loss": x, "grad_norm": x, "learning_rate": x, "latency_ms": t,
+      "skipped": false, "loss_scale": x|null}
+  -> {"op": "eval", "blocks": [[ids]...], "batch_size": N}
+  <- {"ok": true, "eval_loss": x, "runtime_ms": t}
+
+A step: per micro-batch `loss = model(input_ids=ids, labels=ids).loss` (the model shifts the
+labels), `(loss / grad_accum).backward()`; `clip_grad_norm_(max_grad_norm)`;
+`torch.optim.AdamW(foreach=False)` step; `get_linear_schedule_with_warmup` step; `zero_grad`.
+bf16/fp16: `torch.autocast` over fp32 weights; fp16 with `torch.amp.GradScaler` (unscaled
+before clipping; a skipped step does not advance the schedule, as accelerate). tf32: TF32
+matmuls on fp32. `loss`: mean of the micro-batch losses; `grad_norm`: before clipping;
+`learning_rate`: the one the step used; `latency_ms`: synchronize, clock, ids to the device,
+forward, backward, clip, optimizer and scheduler step, zero_grad, synchronize, clock (the same
+region as the candle trainer). `eval`: `model.eval()`, no grad, autocast as in training,
+batches of `batch_size` blocks; `eval_loss` = mean over blocks of each block's mean next-token
+loss (the candle runner's definition; blocks have equal length), `runtime_ms` from the first
+forward to the last loss on the host (ids already on the device).
+
 Timing matches the candle engine: synchronize, clock, ids to the device, forward, LM head only
 on the target rows, log-softmax in fp32, results back on the host, synchronize, clock.
 """
+import contextlib
 import json
 import sys
 import time
@@ -69,6 +96,7 @@ class Worker:
         reply(ok=True, versions=versions())
 
     def load(self, req):
+        train = req.get("train")
         self.device = torch.device(req["device"])
         if self.device.type == "cuda":
             if not torch.cuda.is_available():
@@ -78,6 +106,10 @@ class Worker:
         torch.backends.cuda.matmul.allow_tf32 = req["dtype"] == "tf32"
         torch.backends.cudnn.allow_tf32 = req["dtype"] == "tf32"
         config = AutoConfig.from_pretrained(req["model_dir"])
+        if train and not train["dropout"]:
+            for k, v in config.to_dict().items():
+                if (k.endswith("pdrop") or k.endswith("dropout")) and isinstance(v, float):
+                    setattr(config, k, 0.0)
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
         cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
@@ -93,12 +125,15 @@ class Worker:
         t0 = time.perf_counter()
         try:
             model = AutoModelForCausalLM.from_pretrained(
-                req["model_dir"], dtype=DTYPES[req["dtype"]], attn_implementation=attn
+                req["model_dir"], config=config, attn_implementation=attn,
+                dtype=torch.float32 if train else DTYPES[req["dtype"]],
             )
         except ValueError as e:  # transformers refuses an attention it does not implement
             fail(f"{cls.__name__} in transformers {transformers.__version__}: {str(e).splitlines()[0]}: "
                  f"use --hf-attn eager")
         model = model.to(self.device).eval()
+        if train:
+            self.setup_training(model, train, req["dtype"], req.get("compile"))
         sync(self.device)
         load_seconds = time.perf_counter() - t0
         self.model = model
@@ -108,6 +143,9 @@ class Worker:
             self.body = torch.compile(self.body, dynamic=True)
         max_positions = getattr(config, "n_positions", None) or DEFAULT_MAX_LENGTH
         info = versions()
+        if train:
+            info["optimizer"] = "torch.optim.AdamW(foreach=False)"
+            info["autocast"] = str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else "none"
         if self.device.type == "cuda":
             info["gpu"] = torch.cuda.get_device_name(self.device)
         reply(ok=True, versions=info, attn=attn, max_positions=max_positions,
@@ -139,6 +177,81 @@ class Worker:
         sync(self.device)
         latency_ms = (time.perf_counter() - t0) * 1e3
         reply(ok=True, token_ll=token_ll, argmax=argmax, latency_ms=latency_ms)
+
+    def setup_training(self, model, h, dtype, compile_):
+        from transformers import get_linear_schedule_with_warmup
+
+        torch.manual_seed(h["seed"])  # dropout masks
+        model.train()
+        self.train_model = torch.compile(model) if compile_ else model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=h["learning_rate"], betas=(h["beta1"], h["beta2"]),
+                                     eps=h["eps"], weight_decay=h["weight_decay"], foreach=False)
+        self.sched = get_linear_schedule_with_warmup(self.opt, h["lr_warmup_steps"], h["total_steps"])
+        self.max_grad_norm = h["max_grad_norm"]
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype)
+        self.scaler = torch.amp.GradScaler(self.device.type) if dtype == "fp16" else None
+
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def train_step(self, req):
+        micro = req["micro_batches"]
+        n = len(micro)
+        sync(self.device)
+        t0 = time.perf_counter()
+        losses = []
+        for block_ids in micro:
+            ids = torch.tensor(block_ids, dtype=torch.long).to(self.device)
+            with self.autocast():
+                loss = self.train_model(input_ids=ids, labels=ids).loss
+            scaled = loss / n
+            if self.scaler is not None:
+                scaled = self.scaler.scale(scaled)
+            scaled.backward()
+            losses.append(loss.detach())
+        if self.scaler is not None:
+            self.scaler.unscale_(self.opt)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        lr = self.sched.get_last_lr()[0]
+        skipped = False
+        if self.scaler is not None:
+            before = self.scaler.get_scale()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+            skipped = self.scaler.get_scale() < before  # inf/NaN gradients: step skipped
+        else:
+            self.opt.step()
+        if not skipped:
+            self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        loss = torch.stack(losses).float().mean().item()
+        grad_norm = grad_norm.item()
+        sync(self.device)
+        latency_ms = (time.perf_counter() - t0) * 1e3
+        reply(ok=True, loss=loss, grad_norm=grad_norm, learning_rate=lr, latency_ms=latency_ms,
+              skipped=skipped, loss_scale=self.scaler.get_scale() if self.scaler is not None else None)
+
+    def eval(self, req):
+        blocks, bs = req["blocks"], max(1, req["batch_size"])
+        batches = [torch.tensor(blocks[i:i + bs], dtype=torch.long).to(self.device)
+                   for i in range(0, len(blocks), bs)]
+        self.model.eval()
+        total, count = 0.0, 0
+        sync(self.device)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for ids in batches:
+                with self.autocast():
+                    loss = self.model(input_ids=ids, labels=ids).loss
+                total += loss.float().item() * ids.shape[0]
+                count += ids.shape[0]
+        sync(self.device)
+        runtime_ms = (time.perf_counter() - t0) * 1e3
+        self.model.train()
+        reply(ok=True, eval_loss=total / max(count, 1), runtime_ms=runtime_ms)
 
     def finish(self, _req):
         if self.device.type == "cuda":

@@ -19,10 +19,13 @@
 #                  the CV of samples/s                                          -> sweeps.tgz
 #   sweep-oom      bloom-7b1 bf16, first 2048 LAMBADA passages, batch 1..2048 doubling, until
 #                  out of memory (--run-timeout cuts a stalled run)
-#   wikitext2      WikiText-2 fine-tuning, gpt2 124M (random init), batch 8, block 1024,
-#                  fp32/tf32/bf16, 3 untimed warm-up steps + $TRAIN_STEPS (200) timed, candle
-#                  (HF engine: not implemented yet). Trains on wiki.valid.raw, evaluates on
-#                  wiki.test.raw from .gpu/wikitext-2-raw/.
+#   wikitext2      WikiText-2 fine-tuning, gpt2 124M (random init), batch 8, block 1024:
+#                  first a 2-step fp32 candle-vs-HF run with --no-dropout (the first-step loss
+#                  must agree, else exit 1 is printed), then per dtype in $DTYPES (fp32 tf32
+#                  bf16) 3 untimed warm-up steps + $TRAIN_STEPS (200) timed, `--engine
+#                  $TRAIN_ENGINE` (both: candle, then HF on the same weights and blocks, config
+#                  dropout as HF's default; side-by-side table). Trains on wiki.valid.raw,
+#                  evaluates on wiki.test.raw from .gpu/wikitext-2-raw/.    -> train-logs.tgz
 # Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.gz, lambada_test.jsonl.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -59,11 +62,17 @@ B1_LIMIT=${B1_LIMIT:-1000}
 # Sweep logs stay on the (git-ignored) results/logs of the host's checkout between calls.
 SWEEPS=$PWD/results/logs/gpu-sweeps
 TRAIN_STEPS=${TRAIN_STEPS:-200}
-train() { # model dtype [extra flags]: run_clm-style fine-tuning
+TRAIN_ENGINE=${TRAIN_ENGINE:-both}
+train_run() { # model dtype [extra flags]: run_clm-style fine-tuning, candle and/or HF
   local m=$1 dt=$2; shift 2
-  $B --suite wikitext2 --model "$m" --weights random --seed 0 --device cuda --dtype "$dt" \
-    --batch-size 8 --block-size 1024 --warmup 3 --max-steps $((TRAIN_STEPS + 3)) \
-    --data .gpu/wikitext-2-raw --log-dir $OUT/train-logs --no-progress "$@" 2>&1 | tee -a "$OUT/train.txt"
+  $B --suite wikitext2 --engine "$TRAIN_ENGINE" --model "$m" --weights random --seed 0 --device cuda \
+    --dtype "$dt" --batch-size 8 --block-size 1024 --data .gpu/wikitext-2-raw \
+    --log-dir /tmp/train-logs --no-progress "$@" 2>&1 | tee -a "$OUT/train.txt"
+  echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/train.txt"
+  (cd /tmp && tar czf "$OUT/train-logs.tgz" train-logs)  # after every run: a time-out keeps what finished
+}
+train() { # model dtype [extra flags]: 3 untimed warm-up steps + $TRAIN_STEPS timed
+  train_run "$@" --warmup 3 --max-steps $((TRAIN_STEPS + 3))
 }
 
 for stage in "$@"; do
@@ -80,6 +89,7 @@ for stage in "$@"; do
     (cd "$OUT/train-fixtures" && tar czf "$OUT/train-fixtures.tgz" train-gpt2 train-bloom) && rm -rf "$OUT/train-fixtures"
     ;;
   wikitext2)
+    [ -n "${SKIP_AGREE:-}" ] || train_run gpt2 fp32 --no-dropout --warmup 1 --max-steps 2  # first-step loss agreement
     for dt in ${DTYPES:-fp32 tf32 bf16}; do train gpt2 $dt; done
     ;;
   numerics)

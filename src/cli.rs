@@ -12,7 +12,7 @@ use crate::runner::{run, side_by_side, summary_table, RunSpec};
 use crate::suites::wikitext2::Splits;
 use crate::suites::SuiteFile;
 use crate::sweep::{expand, run_sweep, sweep_table, ChildTask, SweepOptions};
-use crate::train_runner::{run_train, train_table, TrainOptions};
+use crate::train_runner::{run_train, train_side_by_side, train_table, TrainOptions};
 use crate::verify::verify;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -545,8 +545,17 @@ fn sweep(args: RunArgs, plan: Plan, command_line: Vec<String>) -> Result<ExitCod
 /// One configuration, in this process: a plain run, or a sweep's child ([`ChildTask`]).
 fn single(spec: RunSpec) -> Result<ExitCode> {
     if let Some(opts) = &spec.train {
-        let out = run_train(&spec, opts)?;
-        print!("{}", train_table(&out.header, &out.summary, &out.log_path));
+        let outcomes = run_train(&spec, opts)?;
+        for out in &outcomes {
+            print!("{}", train_table(&out.header, &out.summary, &out.log_path));
+        }
+        if let [candle, hf] = outcomes.as_slice() {
+            let (table, agree) = train_side_by_side(candle, hf);
+            print!("{table}");
+            if !agree {
+                return Ok(ExitCode::from(1));
+            }
+        }
         return Ok(ExitCode::SUCCESS);
     }
     let outcomes = run(spec)?;
@@ -598,10 +607,9 @@ fn resolve_train(
     engine: EngineKind,
 ) -> Result<TrainOptions> {
     let a = &args.train;
-    if engine != EngineKind::Candle {
-        return Err(Error::Unsupported(
-            "--suite wikitext2 runs on --engine candle only so far (the HF training worker is not done)"
-                .into(),
+    if engine != EngineKind::Candle && a.save.is_some() {
+        return Err(Error::Config(
+            "--save writes the candle engine's trained weights: use it with --engine candle".into(),
         ));
     }
     if args.limit.is_some() {

@@ -61,9 +61,11 @@ pub struct StepRecord {
     pub step: usize,
     pub epoch: f64,
     /// Mean of the step's micro-batch losses.
+    #[serde(deserialize_with = "nan_if_null")]
     pub loss: f64,
     pub learning_rate: f64,
     /// Global L2 norm of the gradients before clipping.
+    #[serde(deserialize_with = "nan_if_null")]
     pub grad_norm: f64,
     /// Device synchronized at both ends: forward, backward, clipping, optimizer update.
     pub latency_ms: f64,
@@ -87,28 +89,43 @@ pub struct TrainSummary {
     pub n_steps: usize,
     pub warmup_steps: usize,
     /// Seconds of the timed (non-warm-up) steps: the sum of their latencies.
+    #[serde(deserialize_with = "nan_if_null")]
     pub train_runtime: f64,
     /// Blocks trained in timed steps / train_runtime.
+    #[serde(deserialize_with = "nan_if_null")]
     pub train_samples_per_second: f64,
     /// Timed steps / train_runtime.
+    #[serde(deserialize_with = "nan_if_null")]
     pub train_steps_per_second: f64,
     /// Tokens trained in timed steps / train_runtime.
+    #[serde(deserialize_with = "nan_if_null")]
     pub tokens_per_second: f64,
     /// Mean of every step's loss (warm-up included), as HF's `train_loss`.
+    #[serde(deserialize_with = "nan_if_null")]
     pub train_loss: f64,
     /// Loss of the first and last step.
+    #[serde(deserialize_with = "nan_if_null")]
     pub first_loss: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub last_loss: f64,
     /// Mean next-token loss over the eval blocks.
+    #[serde(deserialize_with = "nan_if_null")]
     pub eval_loss: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub eval_runtime: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub eval_samples_per_second: f64,
     /// exp(eval_loss), as run_clm's `perplexity`.
+    #[serde(deserialize_with = "nan_if_null")]
     pub perplexity: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub step_latency_ms_p50: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub step_latency_ms_p90: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub step_latency_ms_mean: f64,
     /// Whole run: load, tokenize, train, eval, logging.
+    #[serde(deserialize_with = "nan_if_null")]
     pub wall_seconds: f64,
     pub peak_memory_bytes: u64,
     #[serde(default)]

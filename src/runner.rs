@@ -101,7 +101,7 @@ pub fn weight_cache_dir(model: &str, seed: u64, device: DeviceSpec) -> PathBuf {
 }
 
 /// The checkpoint directory the HF engine loads.
-fn hf_checkpoint(spec: &RunSpec) -> Result<PathBuf> {
+pub(crate) fn hf_checkpoint(spec: &RunSpec) -> Result<PathBuf> {
     let seed = match &spec.weights {
         WeightSource::Dir(d) => return Ok(d.clone()),
         WeightSource::Random { seed } => *seed,

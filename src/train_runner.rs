@@ -1,23 +1,31 @@
 //! Runs a training suite (WikiText-2 fine-tuning, run_clm semantics) end to end: data blocks,
-//! fp32-master training in candle ([`crate::train`]), evaluation, the JSONL log, the summary.
+//! training through a [`TrainEngine`] (fp32-master training in candle, [`crate::train`], or HF
+//! transformers + PyTorch in the Python worker), evaluation, the JSONL log, the summary. Both
+//! engines get the same blocks in the same order and the same hyper-parameters; each times its
+//! own steps (device synchronized at both ends).
 
 use crate::data::sha256_hex;
+use crate::engines::hf::HfEngine;
+use crate::engines::EngineKind;
 use crate::env::EnvReport;
 use crate::error::{Error, Result};
 use crate::metrics::{per_second, Distribution};
 use crate::models::weights::save_checkpoint;
+use crate::models::WeightSource;
 use crate::record::{
     DataInfo, Header, Record, RunLog, StepRecord, TrainInfo, TrainSummary, SCHEMA_VERSION,
 };
-use crate::runner::{RunSpec, GIT_COMMIT};
+use crate::runner::{hf_checkpoint, RunSpec, GIT_COMMIT};
 use crate::suites::wikitext2::{blocks, Split, Splits};
 use crate::tokenizer::TextTokenizer;
-use crate::trackers::{peak_rss_bytes, LatencyTracker, MemoryTracker};
-use crate::train::{Hyper, Trainer};
+use crate::trackers::{peak_rss_bytes, LatencyTracker, MemoryReading, MemoryTracker};
+use crate::train::{Hyper, StepOutcome, Trainer};
 use candle_core::{DType, Device, Tensor};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use std::path::PathBuf;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Training flags, resolved against the suite file.
@@ -53,15 +61,204 @@ fn data_info(split: &Split, n_samples: usize) -> DataInfo {
     }
 }
 
+/// One optimizer step as an engine measured it.
+pub struct StepOut {
+    pub outcome: StepOutcome,
+    /// Device synchronized at both ends: ids to the device, forward, backward, clipping,
+    /// optimizer update.
+    pub latency_ms: f64,
+}
+
+/// What the training loop needs from an engine. Blocks are token ids of equal length.
+pub trait TrainEngine {
+    fn name(&self) -> &'static str;
+    fn info(&self) -> BTreeMap<String, String>;
+    fn load_seconds(&self) -> f64;
+    /// One optimizer step over `micro_batches` (each a list of blocks; gradient accumulation
+    /// when more than one).
+    fn step(&mut self, micro_batches: &[Vec<&[u32]>]) -> Result<StepOut>;
+    /// Mean next-token loss per block over `blocks` in batches of `batch_size` (no dropout, no
+    /// gradients), and its runtime in seconds.
+    fn eval(&mut self, blocks: &[Vec<u32>], batch_size: usize) -> Result<(f64, f64)>;
+    /// Writes the trained fp32 weights as an HF checkpoint.
+    fn save(&self, dir: &Path) -> Result<()>;
+    /// Peak memory; ends the engine.
+    fn finish(&mut self) -> Result<MemoryReading>;
+}
+
+/// The candle trainer ([`Trainer`]) on an opened device.
+struct CandleTrain {
+    trainer: Trainer,
+    spec: crate::models::ModelSpec,
+    device: Device,
+    memory: Option<MemoryTracker>,
+    load_seconds: f64,
+}
+
+impl CandleTrain {
+    fn start(spec: &RunSpec, weights: &WeightSource, hyper: &Hyper, dropout: bool) -> Result<Self> {
+        let device = spec.device.open()?;
+        spec.precision.apply_matmul_mode(&device);
+        let memory = MemoryTracker::start(&device)
+            .inspect_err(|e| eprintln!("warning: memory tracking unavailable: {e}"))
+            .ok();
+        let load = Instant::now();
+        let trainer = Trainer::new(
+            &spec.model,
+            weights,
+            spec.precision.dtype(),
+            &device,
+            hyper.clone(),
+            dropout,
+        )?;
+        crate::device::synchronize(&device)?;
+        Ok(Self {
+            trainer,
+            spec: spec.model.clone(),
+            device,
+            memory,
+            load_seconds: load.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+impl TrainEngine for CandleTrain {
+    fn name(&self) -> &'static str {
+        "candle"
+    }
+
+    fn info(&self) -> BTreeMap<String, String> {
+        [("candle".to_string(), "0.11.1".to_string())].into()
+    }
+
+    fn load_seconds(&self) -> f64 {
+        self.load_seconds
+    }
+
+    fn step(&mut self, micro_batches: &[Vec<&[u32]>]) -> Result<StepOut> {
+        let mut lat = LatencyTracker::new(&self.device);
+        lat.start()?;
+        let micro = micro_batches
+            .iter()
+            .map(|b| batch_tensor(b, &self.device))
+            .collect::<Result<Vec<_>>>()?;
+        let outcome = self.trainer.step(&micro)?;
+        Ok(StepOut {
+            outcome,
+            latency_ms: lat.stop_ms()?,
+        })
+    }
+
+    fn eval(&mut self, blocks: &[Vec<u32>], batch_size: usize) -> Result<(f64, f64)> {
+        let batches = blocks
+            .chunks(batch_size.max(1))
+            .map(|c| {
+                let rows: Vec<&[u32]> = c.iter().map(Vec::as_slice).collect();
+                batch_tensor(&rows, &self.device)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut lat = LatencyTracker::new(&self.device);
+        lat.start()?;
+        let loss = self.trainer.eval_loss(&batches)?;
+        Ok((loss, lat.stop_ms()? / 1e3))
+    }
+
+    fn save(&self, dir: &Path) -> Result<()> {
+        save_checkpoint(
+            dir,
+            &self.spec.hf_config(DType::F32),
+            self.trainer.named_params(),
+        )
+    }
+
+    fn finish(&mut self) -> Result<MemoryReading> {
+        match &self.memory {
+            Some(m) => m.read(),
+            None => Ok(MemoryReading::default()),
+        }
+    }
+}
+
+/// HF transformers + PyTorch: the worker's `train_step` / `eval` ops.
+struct HfTrain(HfEngine);
+
+impl TrainEngine for HfTrain {
+    fn name(&self) -> &'static str {
+        "hf"
+    }
+
+    fn info(&self) -> BTreeMap<String, String> {
+        crate::engines::Engine::info(&self.0)
+    }
+
+    fn load_seconds(&self) -> f64 {
+        crate::engines::Engine::load_seconds(&self.0)
+    }
+
+    fn step(&mut self, micro_batches: &[Vec<&[u32]>]) -> Result<StepOut> {
+        let v = self
+            .0
+            .request(&json!({ "op": "train_step", "micro_batches": micro_batches }))?;
+        let num = |k: &str| -> Result<f64> {
+            v[k].as_f64()
+                .ok_or_else(|| Error::Engine(format!("HF worker train_step reply has no '{k}'")))
+        };
+        Ok(StepOut {
+            outcome: StepOutcome {
+                loss: num("loss")?,
+                // null: a non-finite norm (fp16 overflow) that JSON cannot carry.
+                grad_norm: v["grad_norm"].as_f64().unwrap_or(f64::INFINITY),
+                lr: num("learning_rate")?,
+                skipped: v["skipped"].as_bool().unwrap_or(false),
+                loss_scale: v["loss_scale"].as_f64(),
+            },
+            latency_ms: num("latency_ms")?,
+        })
+    }
+
+    fn eval(&mut self, blocks: &[Vec<u32>], batch_size: usize) -> Result<(f64, f64)> {
+        let v = self
+            .0
+            .request(&json!({ "op": "eval", "blocks": blocks, "batch_size": batch_size }))?;
+        match (v["eval_loss"].as_f64(), v["runtime_ms"].as_f64()) {
+            (Some(loss), Some(ms)) => Ok((loss, ms / 1e3)),
+            _ => Err(Error::Engine(
+                "HF worker eval reply has no eval_loss / runtime_ms".into(),
+            )),
+        }
+    }
+
+    fn save(&self, _dir: &Path) -> Result<()> {
+        Err(Error::Unsupported(
+            "--save writes the candle engine's weights".into(),
+        ))
+    }
+
+    fn finish(&mut self) -> Result<MemoryReading> {
+        crate::engines::Engine::finish(&mut self.0)
+    }
+}
+
 /// (B, T) u32 on `device` from equal-length blocks.
-fn batch_tensor(blocks: &[&Vec<u32>], device: &Device) -> Result<Tensor> {
+fn batch_tensor(blocks: &[&[u32]], device: &Device) -> Result<Tensor> {
     let t = blocks[0].len();
     let flat: Vec<u32> = blocks.iter().flat_map(|b| b.iter().copied()).collect();
     Ok(Tensor::from_vec(flat, (blocks.len(), t), device)?)
 }
 
-pub fn run_train(spec: &RunSpec, opts: &TrainOptions) -> Result<TrainOutcome> {
-    let wall = Instant::now();
+/// Data and schedule of a training run, the same for every engine.
+struct Prepared {
+    tokenizer: TextTokenizer,
+    block_size: usize,
+    train_blocks: Vec<Vec<u32>>,
+    eval_blocks: Vec<Vec<u32>>,
+    micro_per_epoch: usize,
+    steps_per_epoch: usize,
+    total_steps: usize,
+    hyper: Hyper,
+}
+
+fn prepare(spec: &RunSpec, opts: &TrainOptions) -> Result<Prepared> {
     let tokenizer =
         TextTokenizer::for_model(spec.tokenizer_dir.as_deref(), spec.model.architecture())?;
     let max_pos = match &spec.model.arch {
@@ -82,8 +279,7 @@ pub fn run_train(spec: &RunSpec, opts: &TrainOptions) -> Result<TrainOutcome> {
             opts.splits.train.origin, opts.splits.eval.origin
         )));
     }
-    let bs = spec.batch_size;
-    let micro_per_epoch = train_blocks.len().div_ceil(bs);
+    let micro_per_epoch = train_blocks.len().div_ceil(spec.batch_size);
     let steps_per_epoch = (micro_per_epoch / opts.grad_accum).max(1);
     let total_steps = opts
         .max_steps
@@ -96,23 +292,81 @@ pub fn run_train(spec: &RunSpec, opts: &TrainOptions) -> Result<TrainOutcome> {
         grad_accum: opts.grad_accum,
         ..Hyper::default()
     };
+    Ok(Prepared {
+        tokenizer,
+        block_size,
+        train_blocks,
+        eval_blocks,
+        micro_per_epoch,
+        steps_per_epoch,
+        total_steps,
+        hyper,
+    })
+}
 
-    let device = spec.device.open()?;
-    spec.precision.apply_matmul_mode(&device);
-    let memory = MemoryTracker::start(&device)
-        .inspect_err(|e| eprintln!("warning: memory tracking unavailable: {e}"))
-        .ok();
-    let load = Instant::now();
-    let mut trainer = Trainer::new(
-        &spec.model,
-        &spec.weights,
-        spec.precision.dtype(),
-        &device,
-        hyper.clone(),
-        opts.dropout,
-    )?;
-    crate::device::synchronize(&device)?;
-    let load_seconds = load.elapsed().as_secs_f64();
+/// Trains with each engine `spec` names, in order; one outcome per engine. As for LAMBADA
+/// ([`crate::runner::run`]), the HF engine reads an HF checkpoint: random weights are written
+/// once and, with `--engine both`, candle trains from that same file.
+pub fn run_train(spec: &RunSpec, opts: &TrainOptions) -> Result<Vec<TrainOutcome>> {
+    let prep = prepare(spec, opts)?;
+    eprintln!("{}", opts.splits.note);
+    match spec.engine {
+        EngineKind::Candle => Ok(vec![train_with(
+            spec,
+            opts,
+            &prep,
+            EngineKind::Candle,
+            &spec.weights,
+        )?]),
+        kind => {
+            HfEngine::preflight(&spec.hf)?;
+            let weights = WeightSource::Dir(hf_checkpoint(spec)?);
+            let mut out = vec![];
+            if kind == EngineKind::Both {
+                out.push(train_with(spec, opts, &prep, EngineKind::Candle, &weights)?);
+            }
+            out.push(train_with(spec, opts, &prep, EngineKind::Hf, &weights)?);
+            Ok(out)
+        }
+    }
+}
+
+fn train_with(
+    spec: &RunSpec,
+    opts: &TrainOptions,
+    prep: &Prepared,
+    kind: EngineKind,
+    weights: &WeightSource,
+) -> Result<TrainOutcome> {
+    let wall = Instant::now();
+    let (train_blocks, eval_blocks) = (&prep.train_blocks, &prep.eval_blocks);
+    let (block_size, total_steps) = (prep.block_size, prep.total_steps);
+    let bs = spec.batch_size;
+    let mut engine: Box<dyn TrainEngine> = match (kind, weights) {
+        (EngineKind::Hf, WeightSource::Dir(dir)) => {
+            let mut train = serde_json::to_value(&prep.hyper).expect("hyper serializes");
+            train["dropout"] = Value::Bool(opts.dropout);
+            train["seed"] = json!(spec.seed);
+            Box::new(HfTrain(HfEngine::start_training(
+                &spec.hf,
+                dir,
+                spec.precision,
+                spec.device,
+                train,
+            )?))
+        }
+        (EngineKind::Hf, WeightSource::Random { .. }) => {
+            return Err(Error::Config(
+                "the HF engine loads a checkpoint: random weights are written first".into(),
+            ))
+        }
+        _ => Box::new(CandleTrain::start(
+            spec,
+            weights,
+            &prep.hyper,
+            opts.dropout,
+        )?),
+    };
 
     let warmup = spec.warmup_batches.min(total_steps.saturating_sub(1));
     let header = Header {
@@ -122,11 +376,11 @@ pub fn run_train(spec: &RunSpec, opts: &TrainOptions) -> Result<TrainOutcome> {
         git_commit: GIT_COMMIT.into(),
         time_utc: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         command_line: spec.command_line.clone(),
-        engine: "candle".into(),
-        engine_info: [("candle".to_string(), "0.11.1".to_string())].into(),
+        engine: engine.name().into(),
+        engine_info: engine.info(),
         suite: spec.suite.name.clone(),
-        model: spec.model.info(&spec.weights, &spec.weights),
-        tokenizer: tokenizer.describe().into(),
+        model: spec.model.info(weights, &spec.weights),
+        tokenizer: prep.tokenizer.describe().into(),
         dtype: spec.precision.to_string(),
         device: spec.device.to_string(),
         host: EnvReport::collect(),
@@ -138,7 +392,7 @@ pub fn run_train(spec: &RunSpec, opts: &TrainOptions) -> Result<TrainOutcome> {
         seed: Some(spec.seed),
         limit: None,
         data: data_info(&opts.splits.train, train_blocks.len()),
-        load_seconds,
+        load_seconds: engine.load_seconds(),
         train: Some(Box::new(TrainInfo {
             note: opts.splits.note.clone(),
             eval_data: data_info(&opts.splits.eval, eval_blocks.len()),
@@ -147,20 +401,20 @@ pub fn run_train(spec: &RunSpec, opts: &TrainOptions) -> Result<TrainOutcome> {
             n_eval_blocks: eval_blocks.len(),
             eval_batch_size: opts.eval_batch_size,
             grad_accum: opts.grad_accum,
-            epochs: total_steps as f64 / steps_per_epoch as f64,
+            epochs: total_steps as f64 / prep.steps_per_epoch as f64,
             max_steps: total_steps,
             dropout: opts.dropout,
-            hyper,
+            hyper: prep.hyper.clone(),
             timing: format!(
                 "the first {warmup} optimizer steps are trained but not timed (PTX load, cuBLAS handles, allocator growth); rates use the other steps' latencies"
             ),
         })),
     };
-    eprintln!("{}", opts.splits.note);
     let stem = format!(
-        "{}_{}_candle_{}_bs{}_{}_{}",
+        "{}_{}_{}_{}_bs{}_{}_{}",
         header.suite,
         header.model.name,
+        header.engine,
         header.dtype,
         bs,
         header.device.replace(':', ""),
@@ -171,16 +425,15 @@ pub fn run_train(spec: &RunSpec, opts: &TrainOptions) -> Result<TrainOutcome> {
 
     // Micro-batches over epochs, each epoch reshuffled (seeded; HF's RandomSampler draws
     // another permutation), the last partial batch kept (HF's dataloader_drop_last=False).
+    // Every engine of a run starts from the same seed: the same blocks in the same order.
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(spec.seed);
     let mut order: Vec<usize> = vec![];
     let mut cursor = 0usize;
-    let mut epoch = 0usize;
     let mut next_micro = |order: &mut Vec<usize>, cursor: &mut usize| -> Vec<usize> {
         if *cursor >= order.len() {
             *order = (0..train_blocks.len()).collect();
             order.shuffle(&mut rng);
             *cursor = 0;
-            epoch += 1;
         }
         let end = (*cursor + bs).min(order.len());
         let idx = order[*cursor..end].to_vec();
@@ -192,25 +445,20 @@ pub fn run_train(spec: &RunSpec, opts: &TrainOptions) -> Result<TrainOutcome> {
     let (mut losses, mut timed_ms) = (vec![], vec![]);
     let (mut timed_samples, mut timed_tokens) = (0usize, 0usize);
     let mut failure = None;
-    let mut lat = LatencyTracker::new(&device);
     let mut micro_done = 0usize;
     for step in 0..total_steps {
         let ids: Vec<Vec<usize>> = (0..opts.grad_accum)
             .map(|_| next_micro(&mut order, &mut cursor))
             .collect();
         let n_samples: usize = ids.iter().map(Vec::len).sum();
-        let result = lat.start().and_then(|_| {
-            let micro = ids
-                .iter()
-                .map(|b| {
-                    let rows: Vec<&Vec<u32>> = b.iter().map(|&i| &train_blocks[i]).collect();
-                    batch_tensor(&rows, &device)
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let out = trainer.step(&micro)?;
-            Ok((out, lat.stop_ms()?))
-        });
-        let (out, ms) = match result {
+        let micro: Vec<Vec<&[u32]>> = ids
+            .iter()
+            .map(|b| b.iter().map(|&i| train_blocks[i].as_slice()).collect())
+            .collect();
+        let StepOut {
+            outcome: out,
+            latency_ms: ms,
+        } = match engine.step(&micro) {
             Ok(r) => r,
             Err(e) => {
                 failure = Some(e);
@@ -227,7 +475,7 @@ pub fn run_train(spec: &RunSpec, opts: &TrainOptions) -> Result<TrainOutcome> {
         }
         log.write(&Record::Step(StepRecord {
             step: step + 1,
-            epoch: micro_done as f64 / micro_per_epoch as f64,
+            epoch: micro_done as f64 / prep.micro_per_epoch as f64,
             loss: out.loss,
             learning_rate: out.lr,
             grad_norm: out.grad_norm,
@@ -244,32 +492,27 @@ pub fn run_train(spec: &RunSpec, opts: &TrainOptions) -> Result<TrainOutcome> {
 
     let (mut eval_loss, mut eval_runtime) = (f64::NAN, 0.);
     if failure.is_none() {
-        let eval = (|| -> Result<(f64, f64)> {
-            let batches = eval_blocks
-                .chunks(opts.eval_batch_size)
-                .map(|c| batch_tensor(&c.iter().collect::<Vec<_>>(), &device))
-                .collect::<Result<Vec<_>>>()?;
-            lat.start()?;
-            let loss = trainer.eval_loss(&batches)?;
-            Ok((loss, lat.stop_ms()? / 1e3))
-        })();
-        match eval {
+        match engine.eval(eval_blocks, opts.eval_batch_size) {
             Ok((l, s)) => (eval_loss, eval_runtime) = (l, s),
             Err(e) => failure = Some(e),
         }
     }
     if let (None, Some(dir)) = (&failure, &opts.save) {
-        save_checkpoint(
-            dir,
-            &spec.model.hf_config(DType::F32),
-            trainer.named_params(),
-        )?;
+        engine.save(dir)?;
         eprintln!(
             "saved trained weights to {} (config.json + model.safetensors, fp32)",
             dir.display()
         );
     }
-    let mem = memory.and_then(|m| m.read().ok()).unwrap_or_default();
+    // A dead worker has no memory to report.
+    let mem = if failure.is_some() && kind == EngineKind::Hf {
+        MemoryReading::default()
+    } else {
+        engine.finish().unwrap_or_else(|e| {
+            eprintln!("warning: memory tracking failed: {e}");
+            MemoryReading::default()
+        })
+    };
     let runtime = timed_ms.iter().sum::<f64>() / 1e3;
     let d = Distribution::of(&timed_ms);
     let summary = TrainSummary {
@@ -304,6 +547,61 @@ pub fn run_train(spec: &RunSpec, opts: &TrainOptions) -> Result<TrainOutcome> {
         header,
         summary,
     })
+}
+
+/// The candle-vs-HF table of `--suite wikitext2 --engine both`, and whether the engines agree.
+/// Rates and memory are compared as ratios. The check: with dropout off, the first step's loss
+/// (same weights, same first batch, nothing trained yet) within 1e-3 relative in fp32/tf32
+/// (the LAMBADA tolerance; summation order and TF32 matmuls differ between the engines) and
+/// 1e-2 in bf16/fp16 (torch autocast picks each op's precision, candle casts its weights per
+/// step: the two round at different points). With dropout on the masks are random per
+/// engine, so no step's loss is comparable and nothing is checked.
+pub fn train_side_by_side(candle: &TrainOutcome, hf: &TrainOutcome) -> (String, bool) {
+    let (c, h) = (&candle.summary, &hf.summary);
+    let mib = |b: u64| b as f64 / (1024. * 1024.);
+    let mut t = format!(
+        "\n{:<26} {:>14} {:>14} {:>12}\n",
+        "candle vs hf", "candle", "hf", "candle/hf"
+    );
+    let mut row = |name: &str, a: f64, b: f64, prec: usize| {
+        t += &format!("{name:<26} {a:>14.prec$} {b:>14.prec$} {:>12.3}\n", a / b);
+    };
+    row(
+        "train_samples_per_second",
+        c.train_samples_per_second,
+        h.train_samples_per_second,
+        3,
+    );
+    row(
+        "step latency p50 ms",
+        c.step_latency_ms_p50,
+        h.step_latency_ms_p50,
+        3,
+    );
+    row("first step loss", c.first_loss, h.first_loss, 6);
+    row("train_loss", c.train_loss, h.train_loss, 4);
+    row("eval_loss", c.eval_loss, h.eval_loss, 4);
+    row("perplexity", c.perplexity, h.perplexity, 3);
+    row(
+        "peak memory MiB",
+        mib(c.peak_memory_bytes),
+        mib(h.peak_memory_bytes),
+        1,
+    );
+    let dropout = candle.header.train.as_ref().is_none_or(|t| t.dropout);
+    if dropout {
+        t += "first-step loss not checked: dropout is on (each engine draws its own masks, so losses differ step by step); --no-dropout checks it\n";
+        return (t, true);
+    }
+    let full = matches!(candle.header.dtype.as_str(), "fp32" | "tf32");
+    let tol = if full { 1e-3 } else { 1e-2 };
+    let rel = (c.first_loss - h.first_loss).abs() / h.first_loss.abs();
+    let agree = rel <= tol;
+    t += &format!(
+        "first-step loss {} (rel. diff {rel:.2e}, tolerance {tol:.0e}; dropout off, same weights and batch)\n",
+        if agree { "agrees" } else { "DISAGREES" }
+    );
+    (t, agree)
 }
 
 /// The printed summary of a training run.

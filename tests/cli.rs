@@ -629,3 +629,153 @@ fn wikitext2_trains_on_the_builtin_sample_and_logs_hf_metric_names() {
     assert!(s.eval_loss.is_finite() && (s.perplexity - s.eval_loss.exp()).abs() < 1e-9);
     assert!(s.train_samples_per_second > 0. && s.warmup_steps == 1);
 }
+
+/// `--suite wikitext2` on the built-in sample, tiny blocks, with the stand-in HF worker.
+fn wikitext2_hf(engine: &str, log_dir: &str, extra: &[&str], env: &[(&str, &str)]) -> Output {
+    let worker = fake_worker();
+    let model = fixture("gpt2-fixture");
+    let mut args = vec![
+        "--suite",
+        "wikitext2",
+        "--engine",
+        engine,
+        "--hf-worker",
+        &worker,
+        "--model-dir",
+        model.to_str().unwrap(),
+        "--batch-size",
+        "2",
+        "--block-size",
+        "32",
+        "--max-steps",
+        "4",
+        "--warmup",
+        "1",
+        "--log-dir",
+        log_dir,
+        "--no-progress",
+    ];
+    args.extend_from_slice(extra);
+    bench_env(&args, env)
+}
+
+fn steps_of(records: &[Record]) -> Vec<&transformer_bench::record::StepRecord> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Step(s) => Some(s),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn wikitext2_hf_engine_logs_the_workers_steps_and_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = wikitext2_hf(
+        "hf",
+        dir.path().to_str().unwrap(),
+        &["--grad-accum", "2"],
+        &[],
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{stdout}{}", stderr(&o));
+    let logs = log_paths(&stdout);
+    assert_eq!(logs.len(), 1, "{stdout}");
+    assert!(logs[0].to_string_lossy().contains("_hf_fp32_"));
+    let records = read_log(&logs[0]).unwrap();
+    let Record::Header(h) = &records[0] else {
+        panic!("header first")
+    };
+    assert_eq!(h.engine, "hf");
+    assert_eq!(h.engine_info.get("torch").map(String::as_str), Some("fake"));
+    assert_eq!(h.train.as_ref().unwrap().grad_accum, 2);
+    let steps = steps_of(&records);
+    assert_eq!(steps.len(), 4);
+    // The worker's own numbers, step by step; 2 micro-batches of 2 blocks each.
+    assert_eq!(steps[1].loss, 9.5);
+    assert_eq!(steps[0].latency_ms, 5.0);
+    assert_eq!((steps[0].n_samples, steps[0].n_tokens), (4, 128));
+    assert!(steps[0].warmup && !steps[1].warmup);
+    let Some(Record::TrainSummary(s)) = records.last() else {
+        panic!("train summary last")
+    };
+    assert_eq!(s.status, "ok");
+    assert_eq!((s.n_steps, s.warmup_steps), (4, 1));
+    assert_eq!((s.first_loss, s.last_loss), (10.0, 8.5));
+    assert_eq!((s.eval_loss, s.eval_runtime), (4.0, 0.02));
+    assert!((s.perplexity - 4f64.exp()).abs() < 1e-9);
+    // 3 timed steps x 4 blocks in 3 x 5 ms.
+    assert!((s.train_samples_per_second - 12. / 0.015).abs() < 1e-6);
+    assert_eq!(s.peak_memory_bytes, 1234);
+}
+
+#[test]
+fn wikitext2_engine_both_prints_the_side_by_side_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_dir = dir.path().to_str().unwrap();
+    let o = wikitext2_hf("both", log_dir, &[], &[]);
+    let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{stdout}{}", stderr(&o));
+    for row in [
+        "candle vs hf",
+        "train_samples_per_second",
+        "step latency p50 ms",
+        "eval_loss",
+        "perplexity",
+        "peak memory MiB",
+        "first-step loss not checked: dropout is on",
+    ] {
+        assert!(stdout.contains(row), "{row}: {stdout}");
+    }
+    let logs = log_paths(&stdout);
+    assert_eq!(logs.len(), 2);
+    let (candle, hf) = (read_log(&logs[0]).unwrap(), read_log(&logs[1]).unwrap());
+    let (Record::Header(ch), Record::Header(hh)) = (&candle[0], &hf[0]) else {
+        panic!("headers")
+    };
+    assert_eq!((ch.engine.as_str(), hh.engine.as_str()), ("candle", "hf"));
+    assert_eq!(ch.model.weights, hh.model.weights);
+    // Same schedule on both sides: the stand-in computes HF's from the hyper-parameters sent.
+    let lr = |r: &[Record]| -> Vec<f64> { steps_of(r).iter().map(|s| s.learning_rate).collect() };
+    assert_eq!(lr(&candle), lr(&hf));
+
+    // Dropout off: the first-step losses are compared; the stand-in's fake loss (10.0) is not
+    // candle's, so the run says so and exits 1.
+    let o = wikitext2_hf("both", log_dir, &["--no-dropout"], &[]);
+    let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(1), "{stdout}{}", stderr(&o));
+    assert!(stdout.contains("first-step loss DISAGREES"), "{stdout}");
+}
+
+#[test]
+fn wikitext2_worker_crash_keeps_finished_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    // 2 steps finish, then the worker dies during the third.
+    let o = wikitext2_hf(
+        "hf",
+        dir.path().to_str().unwrap(),
+        &[],
+        &[("FAKE_CRASH_AFTER", "2")],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(
+        err.contains("HF worker died") && err.contains("worker died (fake)"),
+        "{err}"
+    );
+    let log = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .unwrap();
+    let records = read_log(&log).unwrap();
+    assert_eq!(records.len(), 4, "header, 2 finished steps, summary");
+    assert_eq!(steps_of(&records).len(), 2);
+    let Some(Record::TrainSummary(s)) = records.last() else {
+        panic!("train summary last")
+    };
+    assert_eq!((s.status.as_str(), s.n_steps), ("error", 2));
+    assert!(s.error.as_deref().unwrap().contains("worker died (fake)"));
+    assert!(s.eval_loss.is_nan());
+}

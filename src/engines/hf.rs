@@ -84,19 +84,45 @@ impl HfEngine {
         precision: Precision,
         device: DeviceSpec,
     ) -> Result<Self> {
+        Self::start_with(opts, model_dir, precision, device, None)
+    }
+
+    /// As [`HfEngine::start`], for training: fp32 weights, `model.train()`, and the worker's
+    /// optimizer, schedule and (fp16) grad scaler built from `train` (see `engines/hf_worker.py`).
+    pub fn start_training(
+        opts: &HfOptions,
+        model_dir: &Path,
+        precision: Precision,
+        device: DeviceSpec,
+        train: Value,
+    ) -> Result<Self> {
+        Self::start_with(opts, model_dir, precision, device, Some(train))
+    }
+
+    fn start_with(
+        opts: &HfOptions,
+        model_dir: &Path,
+        precision: Precision,
+        device: DeviceSpec,
+        train: Option<Value>,
+    ) -> Result<Self> {
         let mut engine = Self::spawn(opts)?;
         let device = match device {
             DeviceSpec::Cpu => "cpu".to_string(),
             DeviceSpec::Cuda(n) => format!("cuda:{n}"),
         };
-        let reply = engine.request(&json!({
+        let mut load = json!({
             "op": "load",
             "model_dir": model_dir,
             "dtype": precision.as_str(),
             "device": device,
             "attn": opts.attn.as_str(),
             "compile": opts.compile,
-        }))?;
+        });
+        if let Some(train) = train {
+            load["train"] = train;
+        }
+        let reply = engine.request(&load)?;
         if let Some(versions) = reply["versions"].as_object() {
             for (k, v) in versions {
                 engine
@@ -161,7 +187,7 @@ impl HfEngine {
 
     /// Sends one request and reads its reply. A reply `{"ok": false}` or a dead worker is an
     /// error with the worker's own words (and the tail of its stderr when it died).
-    fn request(&mut self, req: &Value) -> Result<Value> {
+    pub(crate) fn request(&mut self, req: &Value) -> Result<Value> {
         let op = req["op"].as_str().unwrap_or("?").to_string();
         let mut line = req.to_string();
         line.push('\n');
