@@ -246,8 +246,10 @@ pub struct Summary {
     #[serde(deserialize_with = "nan_if_null")]
     pub latency_ms_stdev: f64,
     /// Sum of batch latencies, seconds.
+    #[serde(deserialize_with = "nan_if_null")]
     pub timed_seconds: f64,
     /// Whole run: load, warmup, timed batches, logging.
+    #[serde(deserialize_with = "nan_if_null")]
     pub wall_seconds: f64,
     /// See [`crate::trackers::MemoryTracker`].
     pub peak_memory_bytes: u64,
@@ -481,6 +483,23 @@ mod tests {
         std::fs::write(&path, format!("nonsense\n{summary_line}\n")).unwrap();
         let err = read_log(&path).unwrap_err().to_string();
         assert!(err.contains(":1: not a run-log record"), "{err}");
+    }
+
+    #[test]
+    fn a_summary_of_a_run_that_died_before_any_batch_reads_back() {
+        // No batch, no wall time measured (a log completed after its process died): NaN
+        // fields are written as null and read back as NaN.
+        let s = crate::runner::BatchTotals::default().summary(
+            Some("killed".into()),
+            f64::NAN,
+            Default::default(),
+        );
+        let line = serde_json::to_string(&Record::Summary(Box::new(s))).unwrap();
+        assert!(line.contains("\"wall_seconds\":null"), "{line}");
+        let Record::Summary(back) = serde_json::from_str(&line).unwrap() else {
+            panic!("summary")
+        };
+        assert!(back.wall_seconds.is_nan() && back.accuracy.is_nan());
     }
 
     #[test]

@@ -516,7 +516,11 @@ fn train_with(
     let runtime = timed_ms.iter().sum::<f64>() / 1e3;
     let d = Distribution::of(&timed_ms);
     let summary = TrainSummary {
-        status: if failure.is_some() { "error" } else { "ok" }.into(),
+        // `oom` or `error` by the message's words, as for LAMBADA runs.
+        status: failure
+            .as_ref()
+            .map_or("ok", |e| crate::error::failure_status(&e.to_string()))
+            .into(),
         error: failure.as_ref().map(|e| e.to_string()),
         n_steps: losses.len(),
         warmup_steps: warmup.min(losses.len()),
