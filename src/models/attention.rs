@@ -29,61 +29,11 @@ pub fn causal_padding_bias(attention_mask: &Tensor) -> Result<Tensor> {
     causal.broadcast_add(&keys)
 }
 
-/// Largest batch (B·nh matrices, B·nh·T·T score elements) one attention call handles; larger
-/// batches run in slices of B. Past 65 535 matrices (CUDA's grid-y limit) or 2³¹ score
-/// elements (32-bit indexing) a batch-2048 bloom-7b1 step stalled on H100 and H200 for minutes
-/// (results/README.md); slicing costs nothing measurable at these sizes.
-const MAX_ATTENTION_MATRICES: usize = 65_535;
-const MAX_SCORE_ELEMENTS: usize = (1 << 31) - 1;
-
 /// softmax(q kᵀ · scale + bias) v, the softmax in f32 whatever the model dtype (as HF BLOOM;
 /// for GPT-2 in fp32 this is exactly HF's eager path).
 /// In training mode the probabilities go through attention dropout (as HF).
 /// q, k, v: (B, nh, T, hs); bias: f32, broadcastable to (B, nh, T, T). Returns (B, nh, T, hs).
 pub fn scaled_dot_product(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    bias: &Tensor,
-    scale: f64,
-    mode: Mode,
-) -> Result<Tensor> {
-    let (b, nh, t, _) = q.dims4()?;
-    let rows = slice_rows(nh, t, MAX_ATTENTION_MATRICES, MAX_SCORE_ELEMENTS);
-    if b <= rows {
-        return attention_core(q, k, v, bias, scale, mode);
-    }
-    // Slices of the batch; a bias with a batch dimension of 1 broadcasts to every slice.
-    let bias_per_row = bias.dim(0)? == b;
-    let mut outs = vec![];
-    for start in (0..b).step_by(rows) {
-        let n = rows.min(b - start);
-        let part = |x: &Tensor| x.narrow(0, start, n);
-        let bias = if bias_per_row {
-            part(bias)?
-        } else {
-            bias.clone()
-        };
-        outs.push(attention_core(
-            &part(q)?,
-            &part(k)?,
-            &part(v)?,
-            &bias,
-            scale,
-            mode,
-        )?);
-    }
-    Tensor::cat(&outs, 0) // (B, nh, T, hs)
-}
-
-/// Rows of the batch per attention call under both limits (at least 1).
-fn slice_rows(nh: usize, t: usize, max_matrices: usize, max_elements: usize) -> usize {
-    (max_matrices / nh.max(1))
-        .min(max_elements / (nh * t * t).max(1))
-        .max(1)
-}
-
-fn attention_core(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
@@ -120,47 +70,4 @@ pub fn log_softmax_f32(logits: &Tensor) -> Result<Tensor> {
 /// Position ids 0..T on `device`, (T,) u32.
 pub fn positions(t: usize, device: &Device) -> Result<Tensor> {
     Tensor::arange(0u32, t as u32, device)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slices_respect_both_limits() {
-        // bloom-7b1 (32 heads) at T = 180: 2047 rows by matrices, 2071 by elements.
-        assert_eq!(
-            slice_rows(32, 180, MAX_ATTENTION_MATRICES, MAX_SCORE_ELEMENTS),
-            2047
-        );
-        assert_eq!(
-            slice_rows(32, 400, MAX_ATTENTION_MATRICES, MAX_SCORE_ELEMENTS),
-            419
-        );
-        assert_eq!(slice_rows(1, 100_000, 10, 10), 1);
-    }
-
-    #[test]
-    fn sliced_attention_equals_one_call() -> Result<()> {
-        let dev = Device::Cpu;
-        let (b, nh, t, hs) = (5, 2, 4, 3);
-        let q = Tensor::randn(0f32, 1., (b, nh, t, hs), &dev)?;
-        let k = Tensor::randn(0f32, 1., (b, nh, t, hs), &dev)?;
-        let v = Tensor::randn(0f32, 1., (b, nh, t, hs), &dev)?;
-        let mask = Tensor::new(&[[1u32, 1, 1, 0]; 5], &dev)?;
-        let bias = causal_padding_bias(&mask)?;
-        let whole = attention_core(&q, &k, &v, &bias, 0.5, Mode::default())?;
-        // Two rows a call, as the limits would give for a large batch.
-        let parts: Vec<Tensor> = (0..b)
-            .step_by(2)
-            .map(|s| {
-                let n = 2.min(b - s);
-                let p = |x: &Tensor| x.narrow(0, s, n);
-                attention_core(&p(&q)?, &p(&k)?, &p(&v)?, &p(&bias)?, 0.5, Mode::default())
-            })
-            .collect::<Result<_>>()?;
-        let diff = (Tensor::cat(&parts, 0)? - whole)?.abs()?.max_all()?;
-        assert_eq!(diff.to_scalar::<f32>()?, 0.);
-        Ok(())
-    }
 }
