@@ -73,6 +73,15 @@ pub fn failure_status(message: &str) -> &'static str {
     }
 }
 
+/// An error's message without the backtrace candle appends when `RUST_BACKTRACE` is set
+/// (`\n   0: …` frames): what a log record keeps.
+pub fn message_without_backtrace(message: &str) -> String {
+    match message.find("\n   0: ") {
+        Some(i) => message[..i].to_string(),
+        None => message.to_string(),
+    }
+}
+
 impl Error {
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Self::Io {
@@ -97,5 +106,16 @@ mod tests {
             assert_eq!(failure_status(m), "oom", "{m}");
         }
         assert_eq!(failure_status("unknown model 'gpt3'"), "error");
+    }
+
+    #[test]
+    fn backtraces_are_cut_from_messages() {
+        let m =
+            "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")\n   0: <unknown>\n   1: main";
+        assert_eq!(
+            super::message_without_backtrace(m),
+            "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")"
+        );
+        assert_eq!(super::message_without_backtrace("a\nb"), "a\nb");
     }
 }

@@ -368,7 +368,9 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
         })
     };
     let mut summary = totals.summary(
-        failure.as_ref().map(|e| e.to_string()),
+        failure
+            .as_ref()
+            .map(|e| crate::error::message_without_backtrace(&e.to_string())),
         wall.elapsed().as_secs_f64(),
         mem,
     );

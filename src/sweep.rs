@@ -488,6 +488,19 @@ pub fn run_sweep(opts: SweepOptions) -> Result<SweepOutcome> {
             if status == "ok" && summary.is_none() {
                 status = "error".into();
             }
+            // A run that recorded its own out-of-memory and then hung on exit (seen with CUDA)
+            // ran out of memory: that is the result, the kill only ended the hang.
+            if let Some(s) = summary
+                .as_ref()
+                .filter(|s| s.status == "oom" && status != "ok")
+            {
+                let then = error.take().unwrap_or_default();
+                error = Some(format!(
+                    "{}; then did not exit ({then})",
+                    s.error.as_deref().unwrap_or("out of memory")
+                ));
+                status = "oom".into();
+            }
             let run = SweepRun {
                 config: config.clone(),
                 repeat,

@@ -521,7 +521,9 @@ fn train_with(
             .as_ref()
             .map_or("ok", |e| crate::error::failure_status(&e.to_string()))
             .into(),
-        error: failure.as_ref().map(|e| e.to_string()),
+        error: failure
+            .as_ref()
+            .map(|e| crate::error::message_without_backtrace(&e.to_string())),
         n_steps: losses.len(),
         warmup_steps: warmup.min(losses.len()),
         train_runtime: runtime,
