@@ -138,6 +138,57 @@ pub(crate) fn hf_checkpoint(spec: &RunSpec) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// The header fields every run shares: tool, commit, time, command line, model, precision,
+/// host. Each runner adds its engine, data and suite fields with struct update syntax.
+pub(crate) fn base_header(
+    spec: &RunSpec,
+    weights: &WeightSource,
+    tokenizer: &TextTokenizer,
+    host: EnvReport,
+    data: DataInfo,
+) -> Header {
+    Header {
+        schema_version: SCHEMA_VERSION,
+        tool: "transformer-bench".into(),
+        tool_version: env!("CARGO_PKG_VERSION").into(),
+        git_commit: GIT_COMMIT.into(),
+        time_utc: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        command_line: spec.command_line.clone(),
+        engine: String::new(),
+        engine_info: Default::default(),
+        suite: spec.suite.name.clone(),
+        model: spec.model.info(weights, &spec.weights),
+        tokenizer: tokenizer.describe().into(),
+        dtype: spec.precision.to_string(),
+        device: spec.device.to_string(),
+        host,
+        gpu_index: None,
+        batch_size: spec.batch_size,
+        warmup_batches: spec.warmup_batches,
+        seed: None,
+        limit: None,
+        data,
+        load_seconds: 0.,
+        seq_len: None,
+        repeat: spec.repeat,
+        train: None,
+    }
+}
+
+/// A run log's file stem: `SUITE_MODEL_ENGINE_DTYPE_bsN_DEVICE_TIME`.
+pub(crate) fn log_stem(h: &Header) -> String {
+    format!(
+        "{}_{}_{}_{}_bs{}_{}_{}",
+        h.suite,
+        h.model.name,
+        h.engine,
+        h.dtype,
+        h.batch_size,
+        h.device.replace(':', ""),
+        chrono::Utc::now().format("%Y%m%dT%H%M%SZ")
+    )
+}
+
 /// Loads the candle engine; with `--save-weights`, also writes the random weights.
 fn candle_engine(spec: &RunSpec, weights: &WeightSource) -> Result<(Box<dyn Engine>, Device)> {
     let device = spec.device.open()?;
@@ -244,42 +295,27 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
         DeviceSpec::Cpu => None,
     };
     let sha256 = spec.data.sha256();
+    let data = DataInfo {
+        path: spec.data.origin.clone(),
+        matches_reference: Path::new(&spec.data.origin)
+            .file_name()
+            .filter(|n| n.to_string_lossy() == spec.suite.data.file)
+            .map(|_| sha256 == spec.suite.data.sha256),
+        sha256,
+        n_samples: requests.len(),
+    };
     let header = Header {
-        schema_version: SCHEMA_VERSION,
-        tool: "transformer-bench".into(),
-        tool_version: env!("CARGO_PKG_VERSION").into(),
-        git_commit: GIT_COMMIT.into(),
-        time_utc: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        command_line: spec.command_line.clone(),
         engine: engine.name().into(),
         engine_info: engine.info(),
-        suite: spec.suite.name.clone(),
-        model: spec.model.info(weights, &spec.weights),
-        tokenizer: tokenizer.describe().into(),
-        dtype: spec.precision.to_string(),
-        device: spec.device.to_string(),
-        host,
         gpu_index,
-        batch_size: spec.batch_size,
-        warmup_batches: spec.warmup_batches,
         seed: match spec.weights {
             WeightSource::Random { seed } => Some(seed),
             WeightSource::Dir(_) => None,
         },
         limit: spec.limit,
-        data: DataInfo {
-            path: spec.data.origin.clone(),
-            matches_reference: Path::new(&spec.data.origin)
-                .file_name()
-                .filter(|n| n.to_string_lossy() == spec.suite.data.file)
-                .map(|_| sha256 == spec.suite.data.sha256),
-            sha256,
-            n_samples: requests.len(),
-        },
         load_seconds: engine.load_seconds(),
         seq_len: spec.seq_len,
-        repeat: spec.repeat,
-        train: None,
+        ..base_header(spec, weights, &tokenizer, host, data)
     };
     if header.data.matches_reference == Some(false) {
         eprintln!(
@@ -287,16 +323,7 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
             header.data.path, header.data.sha256, spec.suite.data.sha256
         );
     }
-    let stem = format!(
-        "{}_{}_{}_{}_bs{}_{}_{}",
-        header.suite,
-        header.model.name,
-        header.engine,
-        header.dtype,
-        header.batch_size,
-        header.device.replace(':', ""),
-        chrono::Utc::now().format("%Y%m%dT%H%M%SZ")
-    );
+    let stem = log_stem(&header);
     let mut log = RunLog::create(&spec.log_dir, &stem)?;
     log.write(&Record::Header(Box::new(header.clone())))?;
 

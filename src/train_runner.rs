@@ -12,10 +12,8 @@ use crate::error::{Error, Result};
 use crate::metrics::{per_second, Distribution};
 use crate::models::weights::save_checkpoint;
 use crate::models::WeightSource;
-use crate::record::{
-    DataInfo, Header, Record, RunLog, StepRecord, TrainInfo, TrainSummary, SCHEMA_VERSION,
-};
-use crate::runner::{hf_checkpoint, RunSpec, GIT_COMMIT};
+use crate::record::{DataInfo, Header, Record, RunLog, StepRecord, TrainInfo, TrainSummary};
+use crate::runner::{base_header, hf_checkpoint, log_stem, RunSpec};
 use crate::suites::wikitext2::{blocks, Split, Splits};
 use crate::tokenizer::TextTokenizer;
 use crate::trackers::{peak_rss_bytes, LatencyTracker, MemoryReading, MemoryTracker};
@@ -370,28 +368,10 @@ fn train_with(
 
     let warmup = spec.warmup_batches.min(total_steps.saturating_sub(1));
     let header = Header {
-        schema_version: SCHEMA_VERSION,
-        tool: "transformer-bench".into(),
-        tool_version: env!("CARGO_PKG_VERSION").into(),
-        git_commit: GIT_COMMIT.into(),
-        time_utc: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        command_line: spec.command_line.clone(),
         engine: engine.name().into(),
         engine_info: engine.info(),
-        suite: spec.suite.name.clone(),
-        model: spec.model.info(weights, &spec.weights),
-        tokenizer: prep.tokenizer.describe().into(),
-        dtype: spec.precision.to_string(),
-        device: spec.device.to_string(),
-        host: EnvReport::collect(),
-        gpu_index: None,
-        seq_len: None,
-        repeat: spec.repeat,
-        batch_size: bs,
         warmup_batches: warmup,
         seed: Some(spec.seed),
-        limit: None,
-        data: data_info(&opts.splits.train, train_blocks.len()),
         load_seconds: engine.load_seconds(),
         train: Some(Box::new(TrainInfo {
             note: opts.splits.note.clone(),
@@ -409,17 +389,15 @@ fn train_with(
                 "the first {warmup} optimizer steps are trained but not timed (PTX load, cuBLAS handles, allocator growth); rates use the other steps' latencies"
             ),
         })),
+        ..base_header(
+            spec,
+            weights,
+            &prep.tokenizer,
+            EnvReport::collect(),
+            data_info(&opts.splits.train, train_blocks.len()),
+        )
     };
-    let stem = format!(
-        "{}_{}_{}_{}_bs{}_{}_{}",
-        header.suite,
-        header.model.name,
-        header.engine,
-        header.dtype,
-        bs,
-        header.device.replace(':', ""),
-        chrono::Utc::now().format("%Y%m%dT%H%M%SZ")
-    );
+    let stem = log_stem(&header);
     let mut log = RunLog::create(&spec.log_dir, &stem)?;
     log.write(&Record::Header(Box::new(header.clone())))?;
 
