@@ -779,3 +779,25 @@ fn wikitext2_worker_crash_keeps_finished_steps() {
     assert!(s.error.as_deref().unwrap().contains("worker died (fake)"));
     assert!(s.eval_loss.is_nan());
 }
+
+#[test]
+fn bad_sweep_and_training_inputs_are_one_line_errors() {
+    let e = error_of(&[
+        "--suite",
+        "wikitext2",
+        "--data",
+        "/nonexistent/wikitext-2-raw",
+    ]);
+    assert!(
+        e.contains("WikiText-2 data not found at /nonexistent/wikitext-2-raw"),
+        "{e}"
+    );
+    let e = error_of(&["--suite", "wikitext2", "--block-size", "1"]);
+    assert!(e.contains("--block-size 1 must be in 2..=1024"), "{e}");
+    let e = error_of(&["--repeat", "0"]);
+    assert!(e.contains("--repeat must be at least 1"), "{e}");
+    let e = error_of(&["--seq-len", "5000", "--limit", "4"]);
+    assert!(e.contains("longer than the model's 1024 positions"), "{e}");
+    let e = error_of(&["--resume", "--sweep-dir", "/nonexistent/sweep"]);
+    assert!(e.contains("--resume continues a sweep directory"), "{e}");
+}

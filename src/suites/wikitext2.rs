@@ -105,6 +105,13 @@ impl Splits {
 
     /// `--data DIR` or `--data TRAIN_FILE` (with `--eval-data EVAL_FILE`).
     pub fn from_path(path: &Path, eval: Option<&Path>) -> Result<Self> {
+        if !path.exists() {
+            return Err(Error::NotFound {
+                what: "WikiText-2 data".into(),
+                path: path.to_path_buf(),
+                hint: "pass the directory holding wiki.train.raw / wiki.valid.raw / wiki.test.raw (wikitext-2-raw-v1)".into(),
+            });
+        }
         if path.is_dir() {
             return resolve_dir(path);
         }
