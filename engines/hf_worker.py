@@ -28,13 +28,13 @@ and optimizer state, as HF Trainer), `model.train()`, and builds HF Trainer's lo
      (dropout false: every `*pdrop` / `*dropout` probability of the config set to 0)
   -> {"op": "train_step", "micro_batches": [[[ids]...]...]}   (one optimizer step)
   <- {"ok": true, "loss": x, "grad_norm": x, "learning_rate": x, "latency_ms": t,
-      "skipped": false, "loss_scale": x|null}
+      "skipped": false, "loss_scale": x|null, "phases_ms": {forward, backward, update}|null}
   -> {"op": "eval", "blocks": [[ids]...], "batch_size": N}
   <- {"ok": true, "eval_loss": x, "runtime_ms": t}
 
 A step: per micro-batch `loss = model(input_ids=ids, labels=ids).loss` (the model shifts the
 labels), `(loss / grad_accum).backward()`; `clip_grad_norm_(max_grad_norm)`;
-`torch.optim.AdamW(foreach=False)` step; `get_linear_schedule_with_warmup` step; `zero_grad`.
+`torch.optim.AdamW` step (its default: foreach on CUDA, as HF Trainer); `get_linear_schedule_with_warmup` step; `zero_grad`.
 bf16/fp16: `torch.autocast` over fp32 weights; fp16 with `torch.amp.GradScaler` (unscaled
 before clipping; a skipped step does not advance the schedule, as accelerate). tf32: TF32
 matmuls on fp32. `loss`: mean of the micro-batch losses; `grad_norm`: before clipping;
@@ -144,7 +144,7 @@ class Worker:
         max_positions = getattr(config, "n_positions", None) or DEFAULT_MAX_LENGTH
         info = versions()
         if train:
-            info["optimizer"] = "torch.optim.AdamW(foreach=False)"
+            info["optimizer"] = "torch.optim.AdamW (torch default: foreach on CUDA)"
             info["autocast"] = str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else "none"
         if self.device.type == "cuda":
             info["gpu"] = torch.cuda.get_device_name(self.device)
@@ -186,7 +186,8 @@ class Worker:
         self.train_model = torch.compile(model) if compile_ else model
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=h["learning_rate"], betas=(h["beta1"], h["beta2"]),
-                                     eps=h["eps"], weight_decay=h["weight_decay"], foreach=False)
+                                     eps=h["eps"], weight_decay=h["weight_decay"])  # foreach on CUDA, as Trainer
+        self.phase_times = bool(h.get("phase_times", False))
         self.sched = get_linear_schedule_with_warmup(self.opt, h["lr_warmup_steps"], h["total_steps"])
         self.max_grad_norm = h["max_grad_norm"]
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype)
@@ -203,14 +204,26 @@ class Worker:
         sync(self.device)
         t0 = time.perf_counter()
         losses = []
+        phases = {"forward": 0.0, "backward": 0.0, "update": 0.0}
+        last = [t0]
+
+        def lap(phase):  # --phase-times: synchronize and charge the time since the last lap
+            if self.phase_times:
+                sync(self.device)
+                now = time.perf_counter()
+                phases[phase] += (now - last[0]) * 1e3
+                last[0] = now
+
         for block_ids in micro:
             ids = torch.tensor(block_ids, dtype=torch.long).to(self.device)
             with self.autocast():
                 loss = self.train_model(input_ids=ids, labels=ids).loss
+            lap("forward")
             scaled = loss / n
             if self.scaler is not None:
                 scaled = self.scaler.scale(scaled)
             scaled.backward()
+            lap("backward")
             losses.append(loss.detach())
         if self.scaler is not None:
             self.scaler.unscale_(self.opt)
@@ -229,10 +242,12 @@ class Worker:
         self.opt.zero_grad(set_to_none=True)
         loss = torch.stack(losses).float().mean().item()
         grad_norm = grad_norm.item()
+        lap("update")
         sync(self.device)
         latency_ms = (time.perf_counter() - t0) * 1e3
         reply(ok=True, loss=loss, grad_norm=grad_norm, learning_rate=lr, latency_ms=latency_ms,
-              skipped=skipped, loss_scale=self.scaler.get_scale() if self.scaler is not None else None)
+              skipped=skipped, loss_scale=self.scaler.get_scale() if self.scaler is not None else None,
+              phases_ms=phases if self.phase_times else None)
 
     def eval(self, req):
         blocks, bs = req["blocks"], max(1, req["batch_size"])

@@ -256,6 +256,10 @@ pub struct TrainArgs {
     /// Dropout off (for comparisons); default: the config's dropout.
     #[arg(long)]
     pub no_dropout: bool,
+    /// Time forward, backward and optimizer update of each step (synchronizes the device
+    /// between them, which costs a little throughput); logged per step, medians in the summary.
+    #[arg(long)]
+    pub phase_times: bool,
     /// Write the trained weights (fp32) as an HF checkpoint (config.json + model.safetensors).
     #[arg(long, value_name = "DIR")]
     pub save: Option<PathBuf>,
@@ -637,6 +641,7 @@ fn resolve_train(
         lr_warmup_steps: a.lr_warmup_steps.unwrap_or(t.lr_warmup_steps),
         eval_batch_size: batch_size,
         dropout: !a.no_dropout,
+        phase_times: a.phase_times,
         save: a.save.clone(),
     })
 }

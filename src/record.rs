@@ -78,6 +78,19 @@ pub struct StepRecord {
     pub skipped: bool,
     #[serde(default)]
     pub loss_scale: Option<f64>,
+    /// `--phase-times`: where the step's time went.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phases_ms: Option<PhaseMs>,
+}
+
+/// A training step split into phases, each ended by a device synchronize (`--phase-times`),
+/// summed over the step's micro-batches.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PhaseMs {
+    pub forward: f64,
+    pub backward: f64,
+    /// Gradient accumulation and casts, clipping, optimizer update.
+    pub update: f64,
 }
 
 /// End of a training run, with HF Trainer's metric names where HF has one.
@@ -124,6 +137,9 @@ pub struct TrainSummary {
     pub step_latency_ms_p90: f64,
     #[serde(deserialize_with = "nan_if_null")]
     pub step_latency_ms_mean: f64,
+    /// `--phase-times`: median of each phase over the timed steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phases_ms_p50: Option<PhaseMs>,
     /// Whole run: load, tokenize, train, eval, logging.
     #[serde(deserialize_with = "nan_if_null")]
     pub wall_seconds: f64,

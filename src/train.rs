@@ -13,6 +13,7 @@
 //!   (`get_linear_schedule_with_warmup`).
 
 use crate::models::{CausalLm, ModelSpec, WeightSource};
+use crate::record::PhaseMs;
 use candle_core::{DType, Device, Result, Shape, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::Init;
@@ -179,6 +180,46 @@ impl GradScaler {
     }
 }
 
+/// Accumulates device-synchronized wall time into the phases of a step; does nothing (no
+/// synchronize) without a device.
+struct PhaseClock<'a> {
+    device: Option<&'a Device>,
+    last: std::time::Instant,
+    phases: PhaseMs,
+}
+
+impl<'a> PhaseClock<'a> {
+    fn new(device: Option<&'a Device>) -> Result<Self> {
+        if let Some(d) = device {
+            d.synchronize()?;
+        }
+        Ok(Self {
+            device,
+            last: std::time::Instant::now(),
+            phases: PhaseMs {
+                forward: 0.,
+                backward: 0.,
+                update: 0.,
+            },
+        })
+    }
+
+    /// Adds the time since the last lap to the phase `pick` selects.
+    fn lap(&mut self, pick: impl Fn(&mut PhaseMs) -> &mut f64) -> Result<()> {
+        if let Some(d) = self.device {
+            d.synchronize()?;
+            let now = std::time::Instant::now();
+            *pick(&mut self.phases) += (now - self.last).as_secs_f64() * 1e3;
+            self.last = now;
+        }
+        Ok(())
+    }
+
+    fn phases(&self) -> Option<PhaseMs> {
+        self.device.map(|_| self.phases)
+    }
+}
+
 /// Mean next-token cross-entropy of `ids` (B, T) u32: position t predicts token t+1, over
 /// B·(T−1) positions, in f32. A scalar f32 tensor.
 pub fn lm_loss(model: &dyn CausalLm, ids: &Tensor) -> Result<Tensor> {
@@ -189,7 +230,7 @@ pub fn lm_loss(model: &dyn CausalLm, ids: &Tensor) -> Result<Tensor> {
     let c = hidden.dim(2)?;
     let logits = model.logits(&hidden.reshape((b * (t - 1), c))?)?; // (B·(T-1), V)
     let targets = ids.narrow(1, 1, t - 1)?.flatten_all()?; // (B·(T-1),)
-    candle_nn::loss::cross_entropy(&logits.to_dtype(DType::F32)?, &targets)
+    crate::models::loss::cross_entropy_rows(&logits, &targets)?.mean_all()
 }
 
 /// Hands the model its parameters: on the first load it takes each tensor from the real source
@@ -266,6 +307,8 @@ pub struct StepOutcome {
     /// fp16: the step was skipped for inf/NaN gradients (the scale halves, lr does not advance).
     pub skipped: bool,
     pub loss_scale: Option<f64>,
+    /// Set when the trainer times phases.
+    pub phases_ms: Option<PhaseMs>,
 }
 
 /// Model spec + fp32 master parameters + optimizer state.
@@ -282,6 +325,8 @@ pub struct Trainer {
     scaler: Option<GradScaler>,
     /// Optimizer steps taken (skipped fp16 steps not counted), the schedule's position.
     pub step: usize,
+    /// Synchronize between forward, backward and update to time each (`--phase-times`).
+    pub phase_times: bool,
 }
 
 impl Trainer {
@@ -319,6 +364,7 @@ impl Trainer {
             dropout,
             scaler: (compute == DType::F16).then(GradScaler::default),
             step: 0,
+            phase_times: false,
         })
     }
 
@@ -357,9 +403,12 @@ impl Trainer {
         let scale = self.scaler.as_ref().map_or(1., |s| s.scale);
         let mut grads: Vec<Option<Tensor>> = vec![None; self.vars.len()];
         let mut loss_sum = 0.;
+        let mut clock = PhaseClock::new(self.phase_times.then_some(&self.device))?;
         for ids in micro_batches {
             let loss = lm_loss(model.as_ref(), ids)?;
+            clock.lap(|p| &mut p.forward)?;
             let store = (&loss * (scale / n))?.backward()?;
+            clock.lap(|p| &mut p.backward)?;
             for (acc, var) in grads.iter_mut().zip(&self.vars) {
                 if let Some(g) = store.get(var.as_tensor()) {
                     let g = g.to_dtype(DType::F32)?;
@@ -392,12 +441,14 @@ impl Trainer {
             self.opt.step(&grads, lr)?;
             self.step += 1;
         }
+        clock.lap(|p| &mut p.update)?;
         Ok(StepOutcome {
             loss: loss_sum / n,
             grad_norm,
             lr,
             skipped: !apply,
             loss_scale: self.scaler.as_ref().map(|s| s.scale),
+            phases_ms: clock.phases(),
         })
     }
 

@@ -12,7 +12,9 @@ use crate::error::{Error, Result};
 use crate::metrics::{per_second, Distribution};
 use crate::models::weights::save_checkpoint;
 use crate::models::WeightSource;
-use crate::record::{DataInfo, Header, Record, RunLog, StepRecord, TrainInfo, TrainSummary};
+use crate::record::{
+    DataInfo, Header, PhaseMs, Record, RunLog, StepRecord, TrainInfo, TrainSummary,
+};
 use crate::runner::{base_header, hf_checkpoint, log_stem, RunSpec};
 use crate::suites::wikitext2::{blocks, Split, Splits};
 use crate::tokenizer::TextTokenizer;
@@ -40,6 +42,8 @@ pub struct TrainOptions {
     pub lr_warmup_steps: usize,
     pub eval_batch_size: usize,
     pub dropout: bool,
+    /// Synchronize between forward, backward and update and log each one's time.
+    pub phase_times: bool,
     /// Write the trained weights (fp32 masters) as an HF checkpoint here.
     pub save: Option<PathBuf>,
 }
@@ -209,6 +213,7 @@ impl TrainEngine for HfTrain {
                 lr: num("learning_rate")?,
                 skipped: v["skipped"].as_bool().unwrap_or(false),
                 loss_scale: v["loss_scale"].as_f64(),
+                phases_ms: serde_json::from_value(v["phases_ms"].clone()).ok(),
             },
             latency_ms: num("latency_ms")?,
         })
@@ -345,6 +350,7 @@ fn train_with(
             let mut train = serde_json::to_value(&prep.hyper).expect("hyper serializes");
             train["dropout"] = Value::Bool(opts.dropout);
             train["seed"] = json!(spec.seed);
+            train["phase_times"] = Value::Bool(opts.phase_times);
             Box::new(HfTrain(HfEngine::start_training(
                 &spec.hf,
                 dir,
@@ -358,12 +364,11 @@ fn train_with(
                 "the HF engine loads a checkpoint: random weights are written first".into(),
             ))
         }
-        _ => Box::new(CandleTrain::start(
-            spec,
-            weights,
-            &prep.hyper,
-            opts.dropout,
-        )?),
+        _ => {
+            let mut candle = CandleTrain::start(spec, weights, &prep.hyper, opts.dropout)?;
+            candle.trainer.phase_times = opts.phase_times;
+            Box::new(candle)
+        }
     };
 
     let warmup = spec.warmup_batches.min(total_steps.saturating_sub(1));
@@ -424,6 +429,7 @@ fn train_with(
     let (mut timed_samples, mut timed_tokens) = (0usize, 0usize);
     let mut failure = None;
     let mut micro_done = 0usize;
+    let mut phases: Vec<PhaseMs> = vec![];
     for step in 0..total_steps {
         let ids: Vec<Vec<usize>> = (0..opts.grad_accum)
             .map(|_| next_micro(&mut order, &mut cursor))
@@ -463,7 +469,11 @@ fn train_with(
             warmup: is_warmup,
             skipped: out.skipped,
             loss_scale: out.loss_scale,
+            phases_ms: out.phases_ms,
         }))?;
+        if !is_warmup {
+            phases.extend(out.phases_ms);
+        }
         bar.inc(1);
     }
     bar.finish_and_clear();
@@ -521,6 +531,16 @@ fn train_with(
         wall_seconds: wall.elapsed().as_secs_f64(),
         peak_memory_bytes: mem.peak_bytes,
         peak_host_memory_bytes: peak_rss_bytes(),
+        phases_ms_p50: (!phases.is_empty()).then(|| {
+            let p50 = |f: fn(&PhaseMs) -> f64| {
+                Distribution::of(&phases.iter().map(f).collect::<Vec<_>>()).p50
+            };
+            PhaseMs {
+                forward: p50(|p| p.forward),
+                backward: p50(|p| p.backward),
+                update: p50(|p| p.update),
+            }
+        }),
     };
     log.write(&Record::TrainSummary(Box::new(summary.clone())))?;
     if let Some(e) = failure {
@@ -630,6 +650,12 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
         "  step latency ms           p50 {:.3}  p90 {:.3}\n",
         s.step_latency_ms_p50, s.step_latency_ms_p90
     );
+    if let Some(p) = &s.phases_ms_p50 {
+        out += &format!(
+            "  phases p50 ms             forward {:.3}  backward {:.3}  update {:.3}\n",
+            p.forward, p.backward, p.update
+        );
+    }
     out += &format!(
         "  train_runtime / eval_runtime  {:.3} s / {:.3} s\n",
         s.train_runtime, s.eval_runtime

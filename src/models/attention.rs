@@ -3,8 +3,11 @@
 //!
 //! Shapes: `B` batch, `nh` heads, `T` time, `hs` head size.
 
+use super::handoff::Handoff;
 use super::layers::{dropout, softmax_last_dim, Mode};
-use candle_core::{DType, Device, Result, Tensor, D};
+use candle_core::{
+    CpuStorage, CudaStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor, Var, D,
+};
 
 /// Added to scores of keys a query must not see. Finite (not -inf) so that a row with every
 /// key masked, such as a padded query, gives a uniform softmax instead of NaN; exp() of it
@@ -41,10 +44,126 @@ pub fn scaled_dot_product(
     scale: f64,
     mode: Mode,
 ) -> Result<Tensor> {
+    if mode.train {
+        return recomputed_attention(q, k, v, bias, scale, mode.dropout.attn);
+    }
     let scores = (q.matmul(&k.t()?)? * scale)?; // (B, nh, T, T)
     let scores = scores.to_dtype(DType::F32)?.broadcast_add(bias)?;
     let probs = softmax_last_dim(&scores, mode)?.to_dtype(v.dtype())?;
     dropout(&probs, mode.dropout.attn)?.matmul(v)
+}
+
+/// The attention core for training, differentiable, but keeping only q, k, v and the dropout
+/// keep-mask (u8) for the backward instead of the six (B, nh, T, T) f32 intermediates that
+/// autograd of the composed ops keeps per layer (about 38 GB for gpt2 at batch 8 × 1024 in
+/// fp32). The backward recomputes the scores from q and k, as memory-efficient attention does;
+/// the forward runs detached with the fused softmax kernel.
+fn recomputed_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: &Tensor,
+    scale: f64,
+    p_drop: f32,
+) -> Result<Tensor> {
+    let (b, nh, t, _) = q.dims4()?;
+    // Drawn once, so the recompute in the backward sees the same mask as the forward.
+    let keep = if p_drop > 0. {
+        let u = Tensor::rand(0f32, 1f32, (b, nh, t, t), q.device())?;
+        Some(u.ge(p_drop)?) // (B, nh, T, T) u8
+    } else {
+        None
+    };
+    let op = RecomputedAttention {
+        bias: bias.clone(),
+        scale,
+        keep,
+        p_drop,
+        out: Handoff::default(),
+    };
+    op.out
+        .put(op.core(&q.detach(), &k.detach(), &v.detach(), false)?);
+    q.apply_op3(k, v, op)
+}
+
+struct RecomputedAttention {
+    bias: Tensor, // f32, broadcastable to (B, nh, T, T)
+    scale: f64,
+    keep: Option<Tensor>, // (B, nh, T, T) u8, 1 = kept
+    p_drop: f32,
+    /// The output, computed before the op is applied.
+    out: Handoff,
+}
+
+impl RecomputedAttention {
+    /// softmax(q kᵀ · scale + bias) (dropout) v; `differentiable`: composed softmax (autograd),
+    /// else the fused kernel.
+    fn core(&self, q: &Tensor, k: &Tensor, v: &Tensor, differentiable: bool) -> Result<Tensor> {
+        let scores = (q.matmul(&k.t()?)? * self.scale)?; // (B, nh, T, T)
+        let scores = scores.to_dtype(DType::F32)?.broadcast_add(&self.bias)?;
+        let probs = if differentiable {
+            candle_nn::ops::softmax(&scores, D::Minus1)?
+        } else {
+            candle_nn::ops::softmax_last_dim(&scores)?
+        };
+        let probs = match &self.keep {
+            Some(keep) => {
+                let kept = keep.to_dtype(DType::F32)?;
+                (probs * kept)?.affine(1. / (1. - self.p_drop as f64), 0.)?
+            }
+            None => probs,
+        };
+        probs.to_dtype(v.dtype())?.matmul(v) // (B, nh, T, hs)
+    }
+}
+
+impl CustomOp3 for RecomputedAttention {
+    fn name(&self) -> &'static str {
+        "recomputed-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.out.take_cpu()
+    }
+
+    fn cuda_fwd(
+        &self,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        self.out.take_cuda()
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        _out: &Tensor,
+        grad_out: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (q, k, v) = (
+            Var::from_tensor(&q.detach())?,
+            Var::from_tensor(&k.detach())?,
+            Var::from_tensor(&v.detach())?,
+        );
+        let out = self.core(q.as_tensor(), k.as_tensor(), v.as_tensor(), true)?;
+        let grads = (out * grad_out.detach())?.sum_all()?.backward()?;
+        let get = |x: &Var| grads.get(x.as_tensor()).cloned();
+        Ok((get(&q), get(&k), get(&v)))
+    }
 }
 
 /// (B, T, nh·hs) -> (B, nh, T, hs), contiguous for the batched matmul.
@@ -70,4 +189,86 @@ pub fn log_softmax_f32(logits: &Tensor) -> Result<Tensor> {
 /// Position ids 0..T on `device`, (T,) u32.
 pub fn positions(t: usize, device: &Device) -> Result<Tensor> {
     Tensor::arange(0u32, t as u32, device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn qkv_bias() -> Result<(Tensor, Tensor, Tensor, Tensor)> {
+        let dev = Device::Cpu;
+        let shape = (2, 3, 5, 4); // (B, nh, T, hs)
+        let q = Tensor::randn(0f32, 1., shape, &dev)?;
+        let k = Tensor::randn(0f32, 1., shape, &dev)?;
+        let v = Tensor::randn(0f32, 1., shape, &dev)?;
+        let mask = Tensor::new(&[[1u32, 1, 1, 1, 1], [0, 1, 1, 1, 1]], &dev)?;
+        Ok((q, k, v, causal_padding_bias(&mask)?))
+    }
+
+    /// Gradients of sum(out ⊙ g) through `attend` w.r.t. q, k, v.
+    fn grads(
+        attend: impl Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        let vars = [q, k, v].map(|t| Var::from_tensor(t).unwrap());
+        let out = attend(
+            vars[0].as_tensor(),
+            vars[1].as_tensor(),
+            vars[2].as_tensor(),
+        )?;
+        let store = (&out * g)?.sum_all()?.backward()?;
+        let gs = vars
+            .iter()
+            .map(|x| store.get(x.as_tensor()).unwrap().clone());
+        Ok((out, gs.collect()))
+    }
+
+    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+        let d = (a - b).unwrap().abs().unwrap().flatten_all().unwrap();
+        d.max(0).unwrap().to_scalar::<f32>().unwrap()
+    }
+
+    #[test]
+    fn recomputed_attention_matches_autograd_of_composed_ops() -> Result<()> {
+        let (q, k, v, bias) = qkv_bias()?;
+        let g = Tensor::randn(0f32, 1., q.shape(), q.device())?;
+        let composed = |q: &Tensor, k: &Tensor, v: &Tensor| {
+            let s = (q.matmul(&k.t()?)? * 0.5)?.broadcast_add(&bias)?;
+            candle_nn::ops::softmax(&s, D::Minus1)?.matmul(v)
+        };
+        let recomputed =
+            |q: &Tensor, k: &Tensor, v: &Tensor| recomputed_attention(q, k, v, &bias, 0.5, 0.);
+        let (out_c, g_c) = grads(composed, &q, &k, &v, &g)?;
+        let (out_r, g_r) = grads(recomputed, &q, &k, &v, &g)?;
+        assert!(max_abs_diff(&out_c, &out_r) < 1e-6);
+        for (a, b) in g_c.iter().zip(&g_r) {
+            assert!(
+                max_abs_diff(a, b) < 1e-5,
+                "gradient differs by {}",
+                max_abs_diff(a, b)
+            );
+        }
+        Ok(())
+    }
+
+    /// out = P_drop v is linear in v, so Σ(∂/∂v · v) = Σ(out ⊙ g) only if the backward's
+    /// recompute used the forward's dropout mask.
+    #[test]
+    fn recomputed_attention_backward_reuses_the_dropout_mask() -> Result<()> {
+        let (q, k, v, bias) = qkv_bias()?;
+        let g = Tensor::randn(0f32, 1., q.shape(), q.device())?;
+        let attend =
+            |q: &Tensor, k: &Tensor, v: &Tensor| recomputed_attention(q, k, v, &bias, 0.5, 0.5);
+        let (out, gs) = grads(attend, &q, &k, &v, &g)?;
+        let lhs = (&gs[2] * &v)?.sum_all()?.to_scalar::<f32>()?;
+        let rhs = (&out * &g)?.sum_all()?.to_scalar::<f32>()?;
+        assert!(
+            (lhs - rhs).abs() < 1e-4 * rhs.abs().max(1.),
+            "{lhs} vs {rhs}"
+        );
+        Ok(())
+    }
 }

@@ -6,7 +6,9 @@
 pub mod attention;
 pub mod bloom;
 pub mod gpt2;
+pub mod handoff;
 pub mod layers;
+pub mod loss;
 pub mod weights;
 
 use crate::error::{Error, Result};
