@@ -25,7 +25,8 @@
 #                  bf16) 3 untimed warm-up steps + $TRAIN_STEPS (200) timed, `--engine
 #                  $TRAIN_ENGINE` (both: candle, then HF on the same weights and blocks, config
 #                  dropout as HF's default; side-by-side table). Trains on wiki.valid.raw,
-#                  evaluates on wiki.test.raw from .gpu/wikitext-2-raw/.    -> train-logs.tgz
+#                  evaluates on wiki.test.raw from .gpu/wikitext-2-raw/; $TRAIN_FLAGS are added
+#                  to every run (e.g. --phase-times).                       -> train-logs.tgz
 # Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.gz, lambada_test.jsonl.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -67,7 +68,7 @@ train_run() { # model dtype [extra flags]: run_clm-style fine-tuning, candle and
   local m=$1 dt=$2; shift 2
   $B --suite wikitext2 --engine "$TRAIN_ENGINE" --model "$m" --weights random --seed 0 --device cuda \
     --dtype "$dt" --batch-size 8 --block-size 1024 --data .gpu/wikitext-2-raw \
-    --log-dir /tmp/train-logs --no-progress "$@" 2>&1 | tee -a "$OUT/train.txt"
+    --log-dir /tmp/train-logs --no-progress ${TRAIN_FLAGS:-} "$@" 2>&1 | tee -a "$OUT/train.txt"
   echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/train.txt"
   (cd /tmp && tar czf "$OUT/train-logs.tgz" train-logs)  # after every run: a time-out keeps what finished
 }

@@ -411,7 +411,10 @@ impl Trainer {
             clock.lap(|p| &mut p.backward)?;
             for (acc, var) in grads.iter_mut().zip(&self.vars) {
                 if let Some(g) = store.get(var.as_tensor()) {
-                    let g = g.to_dtype(DType::F32)?;
+                    // Detached: a Var's gradient (e.g. xᵀ·grad of a matmul) can still hold the
+                    // step's whole forward graph, which AdamW's moments would then keep alive
+                    // step after step (fp32 and tf32 ran out of memory after a few steps).
+                    let g = g.detach().to_dtype(DType::F32)?;
                     *acc = Some(match acc.take() {
                         Some(a) => (a + g)?,
                         None => g,
@@ -472,6 +475,27 @@ impl Trainer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// fp32 weights are the Vars themselves, so their raw gradients carry the forward graph;
+    /// if the optimizer state kept it, every step's activations would stay alive.
+    #[test]
+    fn optimizer_state_holds_no_graph_after_fp32_steps() -> crate::error::Result<()> {
+        let spec = ModelSpec::preset("gpt2-tiny")?;
+        let hyper = Hyper {
+            total_steps: 2,
+            ..Hyper::default()
+        };
+        let dev = Device::Cpu;
+        let random = WeightSource::Random { seed: 0 };
+        let mut trainer = Trainer::new(&spec, &random, DType::F32, &dev, hyper, false)?;
+        let ids = Tensor::arange(0u32, 32, &dev)?.reshape((2, 16))?;
+        for _ in 0..2 {
+            trainer.step(std::slice::from_ref(&ids))?;
+        }
+        let tracked = trainer.opt.m.iter().chain(&trainer.opt.v);
+        assert_eq!(tracked.filter(|t| t.track_op()).count(), 0);
+        Ok(())
+    }
 
     #[test]
     fn linear_schedule_matches_hf() {
