@@ -63,6 +63,16 @@ fn bench_logs_golden_csv_including_a_killed_run() {
             .any(|l| l.contains("killed_mid_run") && l.contains(",partial,")),
         "{csv}"
     );
+    // A training log with --phase-times (H200): its nested phase medians become columns.
+    let header = csv.lines().next().unwrap();
+    for col in [
+        "phases_ms_p50_forward",
+        "phases_ms_p50_backward",
+        "phases_ms_p50_update",
+    ] {
+        assert!(header.split(',').any(|c| c == col), "{header}");
+    }
+    assert!(csv.contains(",164.714"), "{csv}"); // forward p50 ms of that log
 }
 
 #[test]

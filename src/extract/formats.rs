@@ -216,6 +216,12 @@ fn bench_jsonl(mut row: RunRow, text: &str) -> (Vec<RunRow>, usize) {
                 if let Some(f) = v.as_f64() {
                     row.metrics.insert(k.clone(), f);
                 }
+                // One level of nesting (`phases_ms_p50.forward`): `phases_ms_p50_forward`.
+                for (k2, v2) in v.as_object().into_iter().flatten() {
+                    if let Some(f) = v2.as_f64() {
+                        row.metrics.insert(format!("{k}_{k2}"), f);
+                    }
+                }
             }
         }
         // A run killed before its summary: what its finished batches say.
