@@ -56,6 +56,26 @@ pub enum Command {
     /// loads (version, path), peer access, NCCL, and known problems with a fix each. Exits 1
     /// when something the built features need is missing.
     Env(EnvArgs),
+    /// Check multi-process launch and rendezvous (no GPU needed): N ranks meet at rank 0 over
+    /// TCP, receive the same id and the list of ranks, and stop with an error naming the rank
+    /// if any one dies. Self-spawns --nproc ranks, or runs as one rank under torchrun (RANK,
+    /// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), mpirun (OMPI_COMM_WORLD_*, plus
+    /// MASTER_ADDR/PORT) or srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, plus
+    /// MASTER_ADDR/PORT), e.g. across nodes.
+    DistCheck(DistCheckArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DistCheckArgs {
+    /// Ranks to start on this host when no launcher variables are set.
+    #[arg(long, default_value_t = 2)]
+    pub nproc: usize,
+    /// Seconds to wait for every rank to join.
+    #[arg(long, default_value_t = 60)]
+    pub rdzv_timeout: u64,
+    /// Each rank then works (sleeps) this long before finishing, so a failure can be seen.
+    #[arg(long, default_value_t = 0)]
+    pub work_ms: u64,
 }
 
 #[derive(Args, Debug)]
@@ -702,6 +722,50 @@ fn run_env(args: EnvArgs) -> Result<bool> {
     Ok(!report.has_errors())
 }
 
+/// `bench dist-check`: as a rank (launcher variables set), meet the others and report; else
+/// start `--nproc` ranks of this same command.
+fn run_dist_check(a: DistCheckArgs) -> Result<()> {
+    use crate::dist::{spawn::spawn_ranks, Peer, Rendezvous, World};
+    use std::time::Duration;
+    let Some(world) = World::from_env()? else {
+        if a.nproc == 0 {
+            return Err(Error::Config("--nproc must be at least 1".into()));
+        }
+        let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+        spawn_ranks(a.nproc, &args)?;
+        println!(
+            "dist-check: {} ranks met, agreed on the id and finished",
+            a.nproc
+        );
+        return Ok(());
+    };
+    let me = Peer {
+        rank: world.rank,
+        host: gethostname::gethostname().to_string_lossy().into_owned(),
+        pid: std::process::id(),
+        info: serde_json::json!({ "local_rank": world.local_rank }),
+    };
+    let timeout = Duration::from_secs(a.rdzv_timeout);
+    // The id rank 0 hands out: random bytes here (NCCL's unique id in a parallel run).
+    let make_id = || Ok((0..128).map(|_| rand::random::<u8>()).collect());
+    let rdzv = Rendezvous::join(&world, me, make_id, timeout)?;
+    let digest = crate::data::sha256_hex(&rdzv.id);
+    println!(
+        "rank {}/{} ({:?}): id sha256 {} from rank 0, ranks {:?}",
+        world.rank,
+        world.size,
+        world.launcher,
+        &digest[..16],
+        rdzv.peers.iter().map(|p| p.rank).collect::<Vec<_>>()
+    );
+    // Test hook: this rank dies right after the rendezvous, as a crashed rank would.
+    if std::env::var("BENCH_DIST_CHECK_DIE").ok() == Some(world.rank.to_string()) {
+        std::process::exit(3);
+    }
+    std::thread::sleep(Duration::from_millis(a.work_ms));
+    rdzv.finish(timeout)
+}
+
 /// Entry point of the `bench` binary.
 pub fn main() -> ExitCode {
     let command_line: Vec<String> = std::env::args().collect();
@@ -721,6 +785,7 @@ pub fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         }),
+        Some(Command::DistCheck(d)) => run_dist_check(d).map(|()| ExitCode::SUCCESS),
         None => run_command(cli.run, command_line),
     };
     result.unwrap_or_else(|e| {

@@ -82,6 +82,17 @@ pub fn message_without_backtrace(message: &str) -> String {
     }
 }
 
+/// Bare I/O errors of the launcher and rendezvous (sockets, child processes); file errors
+/// elsewhere carry their path through `Error::Io` directly.
+impl From<std::io::Error> for Error {
+    fn from(source: std::io::Error) -> Self {
+        Error::Io {
+            context: "launcher / rendezvous I/O".into(),
+            source,
+        }
+    }
+}
+
 impl Error {
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Self::Io {

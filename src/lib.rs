@@ -9,10 +9,12 @@
 //! - [`record`]: the JSONL run log, the contract with the tools that read results.
 //! - [`runner`]: one run end to end; [`sweep`]: a matrix of runs, each in a child process;
 //!   [`cli`]: the `bench` command line.
+//! - [`dist`]: multi-process launch (self-spawned, torchrun, Open MPI, Slurm) and rendezvous.
 
 pub mod cli;
 pub mod data;
 pub mod device;
+pub mod dist;
 pub mod engines;
 pub mod env;
 pub mod error;

@@ -1,0 +1,101 @@
+//! One command starts every rank: this binary re-runs itself N times with the `BENCH_*`
+//! variables set, one process per GPU, rank 0 hosting the rendezvous on a free local port.
+//! No mpirun, no files: the children die with the launcher (`PR_SET_PDEATHSIG`).
+
+use super::rendezvous::STOPPED_BY_PEER;
+use super::world::{ENV_LOCAL_RANK, ENV_MASTER, ENV_RANK, ENV_WORLD_SIZE};
+use crate::error::{Error, Result};
+use std::ffi::OsString;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+/// How long the launcher waits for the other ranks to stop on their own (the rendezvous
+/// watchdog) after one failed, before it kills them.
+const GRACE: Duration = Duration::from_secs(30);
+
+/// Runs `args` (this binary's arguments) as `n` ranks on this host and waits for all of them.
+/// Errors name the first rank that failed and how.
+pub fn spawn_ranks(n: usize, args: &[OsString]) -> Result<()> {
+    let exe = std::env::current_exe()?;
+    // A free port: bound and released here, bound again by rank 0 right away.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut children: Vec<(usize, Child)> = vec![];
+    for rank in 0..n {
+        let mut cmd = Command::new(&exe);
+        cmd.args(args)
+            .env(ENV_RANK, rank.to_string())
+            .env(ENV_WORLD_SIZE, n.to_string())
+            .env(ENV_LOCAL_RANK, rank.to_string())
+            .env(ENV_MASTER, format!("127.0.0.1:{port}"));
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        match cmd.spawn() {
+            Ok(c) => children.push((rank, c)),
+            Err(e) => {
+                kill_all(&mut children);
+                return Err(Error::Config(format!("cannot start rank {rank}: {e}")));
+            }
+        }
+    }
+    let mut first_failure: Option<(usize, ExitStatus)> = None;
+    let mut failed_at: Option<Instant> = None;
+    while !children.is_empty() {
+        let mut i = 0;
+        while i < children.len() {
+            match children[i].1.try_wait()? {
+                Some(status) => {
+                    let (rank, _) = children.remove(i);
+                    // The culprit, not a rank its watchdog stopped after it.
+                    let stopped = status.code() == Some(STOPPED_BY_PEER);
+                    let culprit_known = first_failure.is_some_and(|(_, s): (usize, ExitStatus)| {
+                        s.code() != Some(STOPPED_BY_PEER)
+                    });
+                    if !status.success() && !culprit_known && (first_failure.is_none() || !stopped)
+                    {
+                        first_failure = Some((rank, status));
+                    }
+                    if !status.success() && failed_at.is_none() {
+                        failed_at = Some(Instant::now());
+                    }
+                }
+                None => i += 1,
+            }
+        }
+        if failed_at.is_some_and(|t| t.elapsed() > GRACE) {
+            kill_all(&mut children);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    match first_failure {
+        None => Ok(()),
+        Some((rank, status)) => Err(Error::Config(format!(
+            "rank {rank} {}; the other ranks were stopped",
+            describe(status)
+        ))),
+    }
+}
+
+fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exited with status {c}"),
+        (None, Some(9)) => "was killed (SIGKILL: out of host memory, or killed by hand?)".into(),
+        (None, Some(s)) => format!("died of signal {s}"),
+        _ => format!("ended with {status}"),
+    }
+}
+
+fn kill_all(children: &mut Vec<(usize, Child)>) {
+    for (_, c) in children.iter_mut() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    children.clear();
+}
