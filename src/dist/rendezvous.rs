@@ -54,7 +54,9 @@ pub const STOPPED_BY_PEER: i32 = 75;
 /// Stops this process because another rank failed: the other ranks may be blocked in a collective
 /// that will never complete, so exiting is the only way not to hang.
 fn stop(me: usize, why: &str) -> ! {
-    eprintln!("error: {why}; stopping rank {me}");
+    // One write: the ranks share the launcher's stderr, and eprintln! may write in pieces.
+    let line = format!("error: {why}; stopping rank {me}\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
     std::process::exit(STOPPED_BY_PEER)
 }
 
