@@ -270,7 +270,6 @@ fn run_child(
     task: &ChildTask,
     bar: &ProgressBar,
 ) -> Result<(std::process::ExitStatus, Vec<String>, bool)> {
-    use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe()
         .map_err(|e| Error::io("finding the bench executable for the sweep's children", e))?;
     let mut cmd = Command::new(exe);
@@ -282,20 +281,7 @@ fn run_child(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
-    // functions (prctl, getppid, _exit). The child gets SIGKILL when the sweep dies, so a
-    // killed sweep leaves no run holding the GPU; if the sweep died before prctl took effect,
-    // the child's parent is already init and it exits at once.
-    unsafe {
-        let parent = libc::getpid();
-        cmd.pre_exec(move || {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            if libc::getppid() != parent {
-                libc::_exit(1);
-            }
-            Ok(())
-        });
-    }
+    crate::dist::spawn::die_with_parent(&mut cmd);
     let mut child = cmd
         .spawn()
         .map_err(|e| Error::io("starting a sweep child process", e))?;

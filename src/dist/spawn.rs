@@ -30,13 +30,7 @@ pub fn spawn_ranks(n: usize, args: &[OsString]) -> Result<()> {
             .env(ENV_WORLD_SIZE, n.to_string())
             .env(ENV_LOCAL_RANK, rank.to_string())
             .env(ENV_MASTER, format!("127.0.0.1:{port}"));
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        die_with_parent(&mut cmd);
         match cmd.spawn() {
             Ok(c) => children.push((rank, c)),
             Err(e) => {
@@ -45,7 +39,7 @@ pub fn spawn_ranks(n: usize, args: &[OsString]) -> Result<()> {
             }
         }
     }
-    let mut first_failure: Option<(usize, ExitStatus)> = None;
+    let mut failures: Vec<(usize, ExitStatus)> = vec![];
     let mut failed_at: Option<Instant> = None;
     while !children.is_empty() {
         let mut i = 0;
@@ -53,17 +47,9 @@ pub fn spawn_ranks(n: usize, args: &[OsString]) -> Result<()> {
             match children[i].1.try_wait()? {
                 Some(status) => {
                     let (rank, _) = children.remove(i);
-                    // The culprit, not a rank its watchdog stopped after it.
-                    let stopped = status.code() == Some(STOPPED_BY_PEER);
-                    let culprit_known = first_failure.is_some_and(|(_, s): (usize, ExitStatus)| {
-                        s.code() != Some(STOPPED_BY_PEER)
-                    });
-                    if !status.success() && !culprit_known && (first_failure.is_none() || !stopped)
-                    {
-                        first_failure = Some((rank, status));
-                    }
-                    if !status.success() && failed_at.is_none() {
-                        failed_at = Some(Instant::now());
+                    if !status.success() {
+                        failures.push((rank, status));
+                        failed_at.get_or_insert_with(Instant::now);
                     }
                 }
                 None => i += 1,
@@ -74,12 +60,35 @@ pub fn spawn_ranks(n: usize, args: &[OsString]) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    match first_failure {
+    // The culprit: the first failure that is not a rank its watchdog stopped after it.
+    let culprit = failures
+        .iter()
+        .find(|(_, s)| s.code() != Some(STOPPED_BY_PEER))
+        .or(failures.first());
+    match culprit.copied() {
         None => Ok(()),
         Some((rank, status)) => Err(Error::Config(format!(
             "rank {rank} {}; the other ranks were stopped",
             describe(status)
         ))),
+    }
+}
+
+/// The child gets SIGKILL when this process dies, so a killed launcher or sweep leaves no
+/// child holding a GPU; if we died before prctl took effect, the child's parent is already
+/// init and it exits at once.
+pub fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: the closure runs between fork and exec and calls only async-signal-safe
+    // functions (prctl, getppid, _exit).
+    unsafe {
+        let parent = libc::getpid();
+        cmd.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
     }
 }
 

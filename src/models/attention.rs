@@ -4,7 +4,7 @@
 //! Shapes: `B` batch, `nh` heads, `T` time, `hs` head size.
 
 use super::handoff::Handoff;
-use super::layers::{dropout, softmax_last_dim, Mode};
+use super::layers::Mode;
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor, Var, D,
 };
@@ -47,10 +47,34 @@ pub fn scaled_dot_product(
     if mode.train {
         return recomputed_attention(q, k, v, bias, scale, mode.dropout.attn);
     }
+    attend(q, k, v, bias, scale, None, false)
+}
+
+/// softmax(q kᵀ · scale + bias), then dropout with `keep` = (u8 keep-mask (B, nh, T, T), p),
+/// times v. `differentiable`: the composed softmax (autograd), else the fused kernel.
+fn attend(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: &Tensor,
+    scale: f64,
+    keep: Option<(&Tensor, f32)>,
+    differentiable: bool,
+) -> Result<Tensor> {
     let scores = (q.matmul(&k.t()?)? * scale)?; // (B, nh, T, T)
     let scores = scores.to_dtype(DType::F32)?.broadcast_add(bias)?;
-    let probs = softmax_last_dim(&scores, mode)?.to_dtype(v.dtype())?;
-    dropout(&probs, mode.dropout.attn)?.matmul(v)
+    let probs = if differentiable {
+        candle_nn::ops::softmax(&scores, D::Minus1)?
+    } else {
+        candle_nn::ops::softmax_last_dim(&scores)?
+    };
+    let probs = match keep {
+        Some((keep, p)) => {
+            (probs * keep.to_dtype(DType::F32)?)?.affine(1. / (1. - p as f64), 0.)?
+        }
+        None => probs,
+    };
+    probs.to_dtype(v.dtype())?.matmul(v) // (B, nh, T, hs)
 }
 
 /// The attention core for training, differentiable, but keeping only q, k, v and the dropout
@@ -96,24 +120,9 @@ struct RecomputedAttention {
 }
 
 impl RecomputedAttention {
-    /// softmax(q kᵀ · scale + bias) (dropout) v; `differentiable`: composed softmax (autograd),
-    /// else the fused kernel.
     fn core(&self, q: &Tensor, k: &Tensor, v: &Tensor, differentiable: bool) -> Result<Tensor> {
-        let scores = (q.matmul(&k.t()?)? * self.scale)?; // (B, nh, T, T)
-        let scores = scores.to_dtype(DType::F32)?.broadcast_add(&self.bias)?;
-        let probs = if differentiable {
-            candle_nn::ops::softmax(&scores, D::Minus1)?
-        } else {
-            candle_nn::ops::softmax_last_dim(&scores)?
-        };
-        let probs = match &self.keep {
-            Some(keep) => {
-                let kept = keep.to_dtype(DType::F32)?;
-                (probs * kept)?.affine(1. / (1. - self.p_drop as f64), 0.)?
-            }
-            None => probs,
-        };
-        probs.to_dtype(v.dtype())?.matmul(v) // (B, nh, T, hs)
+        let keep = self.keep.as_ref().map(|k| (k, self.p_drop));
+        attend(q, k, v, &self.bias, self.scale, keep, differentiable)
     }
 }
 
