@@ -134,16 +134,6 @@ pub fn dropout(x: &Tensor, p: f32) -> candle_core::Result<Tensor> {
     }
 }
 
-/// softmax over the last dimension: the fused kernel for inference, composed ops (which
-/// autograd differentiates) for training.
-pub fn softmax_last_dim(x: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
-    if mode.train {
-        candle_nn::ops::softmax(x, candle_core::D::Minus1)
-    } else {
-        candle_nn::ops::softmax_last_dim(x)
-    }
-}
-
 /// A LayerNorm with weight and bias; see [`Mode`] for the two forward paths.
 pub struct Norm {
     ln: candle_nn::LayerNorm,
