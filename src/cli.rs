@@ -285,6 +285,26 @@ pub struct TrainArgs {
     pub save: Option<PathBuf>,
 }
 
+impl TrainArgs {
+    /// The first training flag given, for the error when the suite does not train.
+    fn given(&self) -> Option<&'static str> {
+        [
+            (self.eval_data.is_some(), "--eval-data"),
+            (self.block_size.is_some(), "--block-size"),
+            (self.epochs.is_some(), "--epochs"),
+            (self.max_steps.is_some(), "--max-steps"),
+            (self.grad_accum.is_some(), "--grad-accum"),
+            (self.lr.is_some(), "--lr"),
+            (self.lr_warmup_steps.is_some(), "--lr-warmup-steps"),
+            (self.no_dropout, "--no-dropout"),
+            (self.phase_times, "--phase-times"),
+            (self.save.is_some(), "--save"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct VerifyArgs {
     /// Model dir holding the fixtures next to config.json + model.safetensors.
@@ -481,7 +501,15 @@ pub fn resolve_config(
     }
     let train = match &suite.train {
         Some(t) => Some(resolve_train(args, t, config.batch_size, engine)?),
-        None => None,
+        None => {
+            if let Some(flag) = args.train.given() {
+                return Err(Error::Config(format!(
+                    "{flag} is a training option: it applies to --suite wikitext2, not {}",
+                    suite.name
+                )));
+            }
+            None
+        }
     };
     let data = match train {
         // Training suites read their own splits; this is a placeholder the LAMBADA path ignores.

@@ -800,4 +800,14 @@ fn bad_sweep_and_training_inputs_are_one_line_errors() {
     assert!(e.contains("longer than the model's 1024 positions"), "{e}");
     let e = error_of(&["--resume", "--sweep-dir", "/nonexistent/sweep"]);
     assert!(e.contains("--resume continues a sweep directory"), "{e}");
+    // Training flags on a suite that does not train are refused, not silently ignored.
+    let e = error_of(&["--suite", "lambada", "--phase-times"]);
+    assert!(
+        e.contains(
+            "--phase-times is a training option: it applies to --suite wikitext2, not lambada"
+        ),
+        "{e}"
+    );
+    let e = error_of(&["--max-steps", "3"]);
+    assert!(e.contains("--max-steps is a training option"), "{e}");
 }
