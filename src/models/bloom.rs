@@ -18,6 +18,7 @@ use super::layers::{
     dropout, load_layer_norm, Activation, Dropout, Mlp, Mode, Norm, Projection,
     WeightLayout::Linear,
 };
+use super::shard::{Split, Tp};
 use super::CausalLm;
 use crate::error::{Error, Result};
 use candle_core::{DType, Tensor, D};
@@ -144,6 +145,29 @@ impl Config {
         self.vocab_size * h + 2 * h + self.n_layer * block + 2 * h + head
     }
 
+    /// What a rank of a tensor-parallel group holds of each weight (names without the
+    /// `transformer.` prefix): `query_key_value` rows are laid out per head (nh, 3, hs), so a
+    /// rank's heads are one contiguous block of 3·hs rows each; `dense_h_to_4h` split by rows
+    /// (hidden units); `dense` and `dense_4h_to_h` by columns (their inputs). Linear weights
+    /// are (out, in). Everything else is replicated.
+    pub fn tp_split(&self, name: &str) -> Option<Split> {
+        let hs = self.hidden_size / self.n_head;
+        let (dim, unit) = match name {
+            n if n.ends_with("self_attention.query_key_value.weight") => (0, 3 * hs),
+            n if n.ends_with("self_attention.query_key_value.bias") => (0, 3 * hs),
+            n if n.ends_with("self_attention.dense.weight") => (1, hs),
+            n if n.ends_with("mlp.dense_h_to_4h.weight") => (0, 1),
+            n if n.ends_with("mlp.dense_h_to_4h.bias") => (0, 1),
+            n if n.ends_with("mlp.dense_4h_to_h.weight") => (1, 1),
+            _ => return None,
+        };
+        Some(Split {
+            dim,
+            blocks: 1,
+            unit,
+        })
+    }
+
     /// Longest input: BLOOM was trained on 2048 tokens; ALiBi itself has no limit (lm-eval's
     /// default max_length for models whose config names none is also 2048).
     pub const MAX_POSITIONS: usize = 2048;
@@ -175,33 +199,35 @@ fn alibi_bias(attention_mask: &Tensor, slopes: &Tensor) -> candle_core::Result<T
     pos.broadcast_mul(&slopes.reshape((1, nh, 1, 1))?)
 }
 
+/// Under tensor parallelism a rank holds `nh` of the heads: their `query_key_value` rows and
+/// the matching `dense` columns.
 struct Attention {
     query_key_value: Projection, // Linear (3H, H), output laid out (nh, 3, hs)
     dense: Projection,           // Linear (H, H)
-    n_head: usize,
+    head_size: usize,
     scale: f64,
 }
 
 impl Attention {
-    fn load(vb: VarBuilder, cfg: &Config) -> candle_core::Result<Self> {
+    fn load(vb: VarBuilder, cfg: &Config, tp: &Tp) -> candle_core::Result<Self> {
         let (h, std) = (cfg.hidden_size, cfg.initializer_range);
         Ok(Self {
             query_key_value: Projection::load(vb.pp("query_key_value"), Linear, h, 3 * h, std)?,
-            dense: Projection::load(vb.pp("dense"), Linear, h, h, std)?,
-            n_head: cfg.n_head,
+            dense: Projection::load(vb.pp("dense"), Linear, h, h, std)?.row_parallel(tp),
+            head_size: h / cfg.n_head,
             scale: 1. / ((h / cfg.n_head) as f64).sqrt(),
         })
     }
 
-    /// x: (B, T, H); bias: (B, nh, T, T) causal + padding + ALiBi. Returns dense(attn), (B, T, H).
+    /// x: (B, T, H); bias: (B, nh, T, T) causal + padding + ALiBi of this rank's heads.
+    /// Returns dense(attn), (B, T, H).
     fn forward(&self, x: &Tensor, bias: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
-        let (b, t, h) = x.dims3()?;
-        let (nh, hs) = (self.n_head, h / self.n_head);
+        let (b, t, _) = x.dims3()?;
+        let hs = self.head_size;
+        let qkv = self.query_key_value.forward(x)?; // (B, T, nh·3·hs)
+        let nh = qkv.dim(2)? / (3 * hs);
         // Per head, not [q | k | v]: (B, T, nh, 3, hs).
-        let qkv = self
-            .query_key_value
-            .forward(x)?
-            .reshape((b, t, nh, 3, hs))?;
+        let qkv = qkv.reshape((b, t, nh, 3, hs))?;
         let head = |i: usize| -> candle_core::Result<Tensor> {
             qkv.narrow(3, i, 1)?
                 .squeeze(3)? // (B, T, nh, hs)
@@ -214,11 +240,11 @@ impl Attention {
     }
 }
 
-fn load_mlp(vb: VarBuilder, cfg: &Config) -> candle_core::Result<Mlp> {
+fn load_mlp(vb: VarBuilder, cfg: &Config, tp: &Tp) -> candle_core::Result<Mlp> {
     let (h, std) = (cfg.hidden_size, cfg.initializer_range);
     Ok(Mlp {
         up: Projection::load(vb.pp("dense_h_to_4h"), Linear, h, 4 * h, std)?,
-        down: Projection::load(vb.pp("dense_4h_to_h"), Linear, 4 * h, h, std)?,
+        down: Projection::load(vb.pp("dense_4h_to_h"), Linear, 4 * h, h, std)?.row_parallel(tp),
         act: Activation::GeluTanh, // bloom_gelu: 0.5x(1 + tanh(0.79788456 x (1 + 0.044715 x²)))
     })
 }
@@ -232,13 +258,13 @@ struct Block {
 }
 
 impl Block {
-    fn load(vb: VarBuilder, cfg: &Config) -> candle_core::Result<Self> {
+    fn load(vb: VarBuilder, cfg: &Config, tp: &Tp) -> candle_core::Result<Self> {
         let (h, eps) = (cfg.hidden_size, cfg.layer_norm_epsilon);
         Ok(Self {
             input_layernorm: load_layer_norm(vb.pp("input_layernorm"), h, eps)?,
-            self_attention: Attention::load(vb.pp("self_attention"), cfg)?,
+            self_attention: Attention::load(vb.pp("self_attention"), cfg, tp)?,
             post_attention_layernorm: load_layer_norm(vb.pp("post_attention_layernorm"), h, eps)?,
-            mlp: load_mlp(vb.pp("mlp"), cfg)?,
+            mlp: load_mlp(vb.pp("mlp"), cfg, tp)?,
             residual_after_norm: cfg.apply_residual_connection_post_layernorm,
         })
     }
@@ -269,7 +295,9 @@ impl Bloom {
     /// `transformer.word_embeddings.weight` (BloomForCausalLM) or without the prefix (BloomModel).
     pub const PREFIXES: &'static [&'static str] = &["transformer.", ""];
 
-    pub fn load(vb: VarBuilder, cfg: &Config) -> candle_core::Result<Self> {
+    /// Loads the model, or rank `tp.rank`'s shard of it: `vb` must then hand out that rank's
+    /// slices ([`Config::tp_split`]); the rank's ALiBi slopes are those of its heads.
+    pub fn load(vb: VarBuilder, cfg: &Config, tp: &Tp) -> candle_core::Result<Self> {
         cfg.validate().map_err(candle_core::Error::wrap)?;
         let (h, eps) = (cfg.hidden_size, cfg.layer_norm_epsilon);
         let std = Init::Randn {
@@ -282,7 +310,7 @@ impl Bloom {
         let word_embeddings_layernorm =
             load_layer_norm(vb.pp("word_embeddings_layernorm"), h, eps)?;
         let blocks = (0..cfg.n_layer)
-            .map(|i| Block::load(vb.pp("h").pp(i), cfg))
+            .map(|i| Block::load(vb.pp("h").pp(i), cfg, tp))
             .collect::<candle_core::Result<Vec<_>>>()?;
         let ln_f = load_layer_norm(vb.pp("ln_f"), h, eps)?;
         let lm_head = if cfg.tie_word_embeddings {
@@ -293,11 +321,11 @@ impl Bloom {
                     .get_with_hints((cfg.vocab_size, h), "weight", std)?,
             )
         };
-        let slopes: Vec<f32> = alibi_slopes(cfg.n_head)
-            .into_iter()
-            .map(|s| s as f32)
+        let slopes: Vec<f32> = alibi_slopes(cfg.n_head)[tp.part(cfg.n_head)]
+            .iter()
+            .map(|&s| s as f32)
             .collect();
-        let slopes = Tensor::from_vec(slopes, cfg.n_head, vb.device())?;
+        let slopes = Tensor::from_vec(slopes.clone(), slopes.len(), vb.device())?;
         Ok(Self {
             word_embeddings,
             word_embeddings_layernorm,

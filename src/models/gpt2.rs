@@ -16,6 +16,7 @@ use super::layers::{
     dropout, load_layer_norm, Activation, Dropout, Mlp, Mode, Norm, Projection,
     WeightLayout::Conv1D,
 };
+use super::shard::{Split, Tp};
 use super::CausalLm;
 use crate::error::{Error, Result};
 use candle_core::Tensor;
@@ -131,6 +132,23 @@ impl Config {
         Activation::parse(&self.activation_function).map(|_| ())
     }
 
+    /// What rank of a tensor-parallel group holds of each weight (checkpoint names without the
+    /// `transformer.` prefix): q, k, v and `c_fc` split by columns (heads, hidden units), both
+    /// `c_proj`s by rows; Conv1D weights are (in, out). Everything else is replicated.
+    pub fn tp_split(&self, name: &str) -> Option<Split> {
+        let hs = self.n_embd / self.n_head;
+        let (dim, blocks, unit) = match name {
+            n if n.ends_with("attn.c_attn.weight") => (1, 3, hs),
+            n if n.ends_with("attn.c_attn.bias") => (0, 3, hs),
+            n if n.ends_with("attn.c_proj.weight") => (0, 1, hs),
+            n if n.ends_with("mlp.c_fc.weight") => (1, 1, 1),
+            n if n.ends_with("mlp.c_fc.bias") => (0, 1, 1),
+            n if n.ends_with("mlp.c_proj.weight") => (0, 1, 1),
+            _ => return None,
+        };
+        Some(Split { dim, blocks, unit })
+    }
+
     /// Stored parameters, the tied LM head counted once (as HF's `num_parameters()`).
     pub fn n_parameters(&self) -> usize {
         let (c, f) = (self.n_embd, self.n_inner());
@@ -148,15 +166,17 @@ impl Config {
     }
 }
 
+/// Under tensor parallelism a rank holds some of the heads: `c_attn` (C, 3·c) with c = its
+/// heads × hs, and `c_proj`'s matching (c, C) rows.
 struct Attention {
     c_attn: Projection, // Conv1D (C, 3C): [q | k | v]
     c_proj: Projection, // Conv1D (C, C)
-    n_head: usize,
+    head_size: usize,
     scale: f64,
 }
 
 impl Attention {
-    fn load(vb: VarBuilder, cfg: &Config, layer_idx: usize) -> candle_core::Result<Self> {
+    fn load(vb: VarBuilder, cfg: &Config, layer_idx: usize, tp: &Tp) -> candle_core::Result<Self> {
         let c = cfg.n_embd;
         // HF scales residual projections' init by 1/sqrt(2·n_layer) (GPT-2 paper, 2.3).
         let proj_std = cfg.initializer_range / (2. * cfg.n_layer as f64).sqrt();
@@ -171,26 +191,27 @@ impl Attention {
         }
         Ok(Self {
             c_attn: Projection::load(vb.pp("c_attn"), Conv1D, c, 3 * c, cfg.initializer_range)?,
-            c_proj: Projection::load(vb.pp("c_proj"), Conv1D, c, c, proj_std)?,
-            n_head: cfg.n_head,
+            c_proj: Projection::load(vb.pp("c_proj"), Conv1D, c, c, proj_std)?.row_parallel(tp),
+            head_size: c / cfg.n_head,
             scale,
         })
     }
 
     /// x: (B, T, C), bias: (B, 1, T, T) -> (B, T, C)
     fn forward(&self, x: &Tensor, bias: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
-        let c = x.dim(2)?;
-        let qkv = self.c_attn.forward(x)?; // (B, T, 3C)
-        let q = split_heads(&qkv.narrow(2, 0, c)?, self.n_head)?; // (B, nh, T, hs)
-        let k = split_heads(&qkv.narrow(2, c, c)?, self.n_head)?;
-        let v = split_heads(&qkv.narrow(2, 2 * c, c)?, self.n_head)?;
+        let qkv = self.c_attn.forward(x)?; // (B, T, 3c), c = C without tensor parallelism
+        let c = qkv.dim(2)? / 3;
+        let nh = c / self.head_size;
+        let q = split_heads(&qkv.narrow(2, 0, c)?, nh)?; // (B, nh, T, hs)
+        let k = split_heads(&qkv.narrow(2, c, c)?, nh)?;
+        let v = split_heads(&qkv.narrow(2, 2 * c, c)?, nh)?;
         let y = scaled_dot_product(&q, &k, &v, bias, self.scale, mode)?; // (B, nh, T, hs)
         dropout(&self.c_proj.forward(&merge_heads(&y)?)?, mode.dropout.resid)
     }
 }
 
 /// `c_fc` and `c_proj` of GPT-2's MLP, both `Conv1D`.
-fn load_mlp(vb: VarBuilder, cfg: &Config) -> candle_core::Result<Mlp> {
+fn load_mlp(vb: VarBuilder, cfg: &Config, tp: &Tp) -> candle_core::Result<Mlp> {
     let proj_std = cfg.initializer_range / (2. * cfg.n_layer as f64).sqrt();
     let act = Activation::parse(&cfg.activation_function).map_err(candle_core::Error::wrap)?;
     Ok(Mlp {
@@ -201,7 +222,8 @@ fn load_mlp(vb: VarBuilder, cfg: &Config) -> candle_core::Result<Mlp> {
             cfg.n_inner(),
             cfg.initializer_range,
         )?,
-        down: Projection::load(vb.pp("c_proj"), Conv1D, cfg.n_inner(), cfg.n_embd, proj_std)?,
+        down: Projection::load(vb.pp("c_proj"), Conv1D, cfg.n_inner(), cfg.n_embd, proj_std)?
+            .row_parallel(tp),
         act,
     })
 }
@@ -214,13 +236,13 @@ struct Block {
 }
 
 impl Block {
-    fn load(vb: VarBuilder, cfg: &Config, layer_idx: usize) -> candle_core::Result<Self> {
+    fn load(vb: VarBuilder, cfg: &Config, layer_idx: usize, tp: &Tp) -> candle_core::Result<Self> {
         let eps = cfg.layer_norm_epsilon;
         Ok(Self {
             ln_1: load_layer_norm(vb.pp("ln_1"), cfg.n_embd, eps)?,
-            attn: Attention::load(vb.pp("attn"), cfg, layer_idx)?,
+            attn: Attention::load(vb.pp("attn"), cfg, layer_idx, tp)?,
             ln_2: load_layer_norm(vb.pp("ln_2"), cfg.n_embd, eps)?,
-            mlp: load_mlp(vb.pp("mlp"), cfg)?,
+            mlp: load_mlp(vb.pp("mlp"), cfg, tp)?,
         })
     }
 
@@ -249,7 +271,9 @@ impl Gpt2 {
     /// `transformer.` prefix (GPT2LMHeadModel vs GPT2Model checkpoints).
     pub const PREFIXES: &'static [&'static str] = &["transformer.", ""];
 
-    pub fn load(vb: VarBuilder, cfg: &Config) -> candle_core::Result<Self> {
+    /// Loads the model, or rank `tp.rank`'s shard of it: `vb` must then hand out that rank's
+    /// slices ([`Config::tp_split`]).
+    pub fn load(vb: VarBuilder, cfg: &Config, tp: &Tp) -> candle_core::Result<Self> {
         cfg.validate().map_err(candle_core::Error::wrap)?;
         let std = Init::Randn {
             mean: 0.,
@@ -262,7 +286,7 @@ impl Gpt2 {
             .pp("wpe")
             .get_with_hints((cfg.n_positions, cfg.n_embd), "weight", std)?;
         let h = (0..cfg.n_layer)
-            .map(|i| Block::load(vb.pp("h").pp(i), cfg, i))
+            .map(|i| Block::load(vb.pp("h").pp(i), cfg, i, tp))
             .collect::<candle_core::Result<Vec<_>>>()?;
         let ln_f = load_layer_norm(vb.pp("ln_f"), cfg.n_embd, cfg.layer_norm_epsilon)?;
         let lm_head = if cfg.tie_word_embeddings {

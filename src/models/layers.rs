@@ -1,8 +1,11 @@
 //! Layers GPT-2 and BLOOM share: the two weight layouts of a projection, the GELU variants,
 //! the two-projection MLP and layer-norm loading. Each model picks its checkpoint names.
 
+use super::shard::Tp;
+use crate::dist::AllReduce;
 use crate::error::{Error, Result};
 use candle_core::Tensor;
+use std::sync::Arc;
 use candle_nn::{layer_norm, Init, LayerNormConfig, VarBuilder};
 
 /// How a projection's weight is stored in the checkpoint.
@@ -14,11 +17,16 @@ pub enum WeightLayout {
     Conv1D,
 }
 
-/// A projection with bias, (B, T, in) -> (B, T, out).
+/// A projection with bias, (B, T, in) -> (B, T, out). Under tensor parallelism the weight
+/// is this rank's slice (see [`super::shard`]): column-parallel layers hold a slice of `out`
+/// (and of the bias), row-parallel ones a slice of `in`, their partial outputs summed across
+/// ranks before the (whole) bias is added.
 pub struct Projection {
     weight: Tensor,
     bias: Tensor, // (out,)
     layout: WeightLayout,
+    /// Row-parallel: the sum over ranks.
+    reduce: Option<Arc<dyn AllReduce>>,
 }
 
 impl Projection {
@@ -47,16 +55,26 @@ impl Projection {
             weight,
             bias,
             layout,
+            reduce: None,
         })
+    }
+
+    /// Makes this a row-parallel projection of `tp` (its weight already holds the rank's rows).
+    pub fn row_parallel(mut self, tp: &Tp) -> Self {
+        self.reduce = tp.reduce.clone();
+        self
     }
 
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let (b, t, c) = x.dims3()?;
         let x = x.reshape((b * t, c))?; // (B·T, in)
-        let y = match self.layout {
+        let mut y = match self.layout {
             WeightLayout::Linear => x.matmul(&self.weight.t()?)?,
             WeightLayout::Conv1D => x.matmul(&self.weight)?,
         }; // (B·T, out)
+        if let Some(reduce) = &self.reduce {
+            y = reduce.all_reduce_sum(&y)?;
+        }
         y.broadcast_add(&self.bias)?.reshape((b, t, ()))
     }
 }

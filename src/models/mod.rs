@@ -9,12 +9,15 @@ pub mod gpt2;
 pub mod handoff;
 pub mod layers;
 pub mod loss;
+pub mod shard;
 pub mod weights;
 
 use crate::error::{Error, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
+use shard::Tp;
 use std::path::Path;
+use std::sync::Arc;
 pub use weights::{Recorder, WeightSource};
 
 /// What a suite needs from a causal language model.
@@ -214,16 +217,61 @@ impl ModelSpec {
         dtype: DType,
         device: &Device,
     ) -> Result<Box<dyn CausalLm>> {
+        self.load_shard_backend(backend, dtype, device, &Tp::single())
+    }
+
+    /// Rank `tp.rank`'s shard of the model, its weights read from `source` a slice at a time.
+    pub fn load_shard(
+        &self,
+        source: &WeightSource,
+        dtype: DType,
+        device: &Device,
+        tp: &Tp,
+    ) -> Result<Box<dyn CausalLm>> {
+        self.check_tp(tp.size)?;
+        let arch = self.arch.clone();
+        let rule: shard::SplitRule = Arc::new(move |name: &str| match &arch {
+            Architecture::Gpt2(c) => c.tp_split(name),
+            Architecture::Bloom(c) => c.tp_split(name),
+        });
+        let backend = source.sharded_backend(self.prefixes(), tp.rank, tp.size, rule)?;
+        self.load_shard_backend(backend, dtype, device, tp)
+    }
+
+    /// Tensor parallelism splits heads and hidden units: each rank needs at least one of each.
+    pub fn check_tp(&self, size: usize) -> Result<()> {
+        let (heads, hidden) = match &self.arch {
+            Architecture::Gpt2(c) => (c.n_head, c.n_inner()),
+            Architecture::Bloom(c) => (c.n_head, 4 * c.hidden_size),
+        };
+        if size == 0 || size > heads || size > hidden {
+            return Err(Error::Config(format!(
+                "--tp {size}: {} has {heads} attention heads; use 1 to {heads} ranks",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    fn load_shard_backend(
+        &self,
+        backend: Box<dyn candle_nn::var_builder::SimpleBackend>,
+        dtype: DType,
+        device: &Device,
+        tp: &Tp,
+    ) -> Result<Box<dyn CausalLm>> {
         let vb = candle_nn::VarBuilder::from_backend(backend, dtype, device.clone());
         match &self.arch {
             Architecture::Gpt2(cfg) => {
                 cfg.validate()?;
-                Ok(Box::new(gpt2::Gpt2::load(vb, cfg).map_err(unwrap_candle)?))
+                Ok(Box::new(
+                    gpt2::Gpt2::load(vb, cfg, tp).map_err(unwrap_candle)?,
+                ))
             }
             Architecture::Bloom(cfg) => {
                 cfg.validate()?;
                 Ok(Box::new(
-                    bloom::Bloom::load(vb, cfg).map_err(unwrap_candle)?,
+                    bloom::Bloom::load(vb, cfg, tp).map_err(unwrap_candle)?,
                 ))
             }
         }

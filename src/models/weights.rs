@@ -10,8 +10,9 @@
 //!   do not depend on load order. CPU and CUDA use different generators: the same seed gives
 //!   the same weights on every run on the same kind of device, not across kinds.
 
+use super::shard::{NarrowSource, Sharded, SplitRule};
 use crate::error::{Error, Result};
-use candle_core::safetensors::MmapedSafetensors;
+use candle_core::safetensors::{Load, MmapedSafetensors};
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
@@ -42,6 +43,34 @@ impl WeightSource {
     ) -> Result<VarBuilder<'static>> {
         let backend = self.backend(prefixes, record)?;
         Ok(VarBuilder::from_backend(backend, dtype, device.clone()))
+    }
+
+    /// What rank `rank` of a `size`-way tensor-parallel group holds of these weights: the
+    /// tensors `rule` splits are sliced (see [`super::shard`]); with `size == 1` all of them.
+    pub fn sharded_backend(
+        &self,
+        prefixes: &'static [&'static str],
+        rank: usize,
+        size: usize,
+        rule: SplitRule,
+    ) -> Result<Box<dyn SimpleBackend>> {
+        Ok(match self {
+            WeightSource::Random { seed } => Box::new(Sharded {
+                inner: RandomInit {
+                    seed: *seed,
+                    record: None,
+                },
+                rank,
+                size,
+                rule,
+            }),
+            WeightSource::Dir(dir) => Box::new(Sharded {
+                inner: CheckpointWeights::open(dir, prefixes)?,
+                rank,
+                size,
+                rule,
+            }),
+        })
     }
 
     /// The tensor source behind [`WeightSource::var_builder`].
@@ -164,6 +193,29 @@ impl CheckpointWeights {
         })
     }
 
+    /// The stored name of `name` and its view, checked against the shape the model expects.
+    fn view(
+        &self,
+        name: &str,
+        s: &Shape,
+    ) -> candle_core::Result<(String, safetensors::tensor::TensorView<'_>)> {
+        let stored = self.resolve(name).ok_or_else(|| {
+            candle_core::Error::wrap(Error::MissingTensor {
+                tensor: name.to_string(),
+                dir: self.dir.clone(),
+            })
+        })?;
+        let view = self.tensors.get(&stored)?;
+        if view.shape() != s.dims() {
+            return Err(candle_core::Error::wrap(Error::ShapeMismatch {
+                tensor: stored,
+                expected: s.dims().to_vec(),
+                got: view.shape().to_vec(),
+            }));
+        }
+        Ok((stored, view))
+    }
+
     /// The stored name of `name`, trying each prefix.
     fn resolve(&self, name: &str) -> Option<String> {
         self.prefixes
@@ -182,20 +234,7 @@ impl SimpleBackend for CheckpointWeights {
         dtype: DType,
         dev: &Device,
     ) -> candle_core::Result<Tensor> {
-        let stored = self.resolve(name).ok_or_else(|| {
-            candle_core::Error::wrap(Error::MissingTensor {
-                tensor: name.to_string(),
-                dir: self.dir.clone(),
-            })
-        })?;
-        let view = self.tensors.get(&stored)?;
-        if view.shape() != s.dims() {
-            return Err(candle_core::Error::wrap(Error::ShapeMismatch {
-                tensor: stored,
-                expected: s.dims().to_vec(),
-                got: view.shape().to_vec(),
-            }));
-        }
+        let (stored, _) = self.view(name, &s)?;
         // Converts on the device: the host only holds the mapped file.
         self.tensors.load(&stored, dev)?.to_dtype(dtype)
     }
@@ -209,6 +248,54 @@ impl SimpleBackend for CheckpointWeights {
         self.resolve(name).is_some()
     }
 }
+
+/// Reads only the slices: a rank of a tensor-parallel group touches its share of the file.
+impl NarrowSource for CheckpointWeights {
+    fn get_ranges(
+        &self,
+        full: Shape,
+        name: &str,
+        _: Init,
+        dtype: DType,
+        dev: &Device,
+        dim: usize,
+        ranges: &[std::ops::Range<usize>],
+    ) -> candle_core::Result<Tensor> {
+        use safetensors::slice::TensorIndexer::Narrow;
+        use std::ops::Bound::{Excluded, Included, Unbounded};
+        let (stored, view) = self.view(name, &full)?;
+        let bad = |e: String| candle_core::Error::Msg(format!("slicing {stored}: {e}"));
+        let one = std::num::NonZeroUsize::MIN;
+        let pieces = ranges
+            .iter()
+            .map(|r| {
+                let index: Vec<_> = (0..view.shape().len())
+                    .map(|d| match d == dim {
+                        true => Narrow(Included(r.start), Excluded(r.end), one),
+                        false => Narrow(Unbounded, Unbounded, one),
+                    })
+                    .collect();
+                let bytes: Vec<u8> = view
+                    .sliced_data(&index)
+                    .map_err(|e| bad(format!("{e:?}")))?
+                    .flatten()
+                    .copied()
+                    .collect();
+                let mut shape = view.shape().to_vec();
+                shape[dim] = r.len();
+                safetensors::tensor::TensorView::new(view.dtype(), shape, &bytes)
+                    .map_err(|e| bad(e.to_string()))?
+                    .load(dev)?
+                    .to_dtype(dtype)
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Tensor::cat(&pieces, dim)?.contiguous()
+    }
+}
+
+/// Random weights: generated whole from the tensor's seed, then sliced, so each rank holds
+/// exactly the values a single-GPU run has.
+impl NarrowSource for RandomInit {}
 
 /// Random weights with the init each layer asks for (HF's `_init_weights`).
 pub struct RandomInit {

@@ -1,0 +1,255 @@
+//! Megatron-style tensor parallelism (Shoeybi et al., 2019, "Megatron-LM"): which slice of each
+//! weight a rank holds.
+//!
+//! A transformer block needs one all-reduce per residual branch: the first projection of a
+//! branch (qkv, MLP up) is *column-parallel*, each rank computing a slice of the heads / hidden
+//! units; the second (attention out, MLP down) is *row-parallel*, each rank multiplying its
+//! slice of the input and the partial outputs summed across ranks, then the bias added once.
+//! Embeddings, norms and the LM head are replicated.
+//!
+//! Sharding happens in the weight backend, by checkpoint name: a model asks for the full
+//! (checkpoint) shape as always, and [`Sharded`] hands back this rank's slice. So a checkpoint
+//! is read a slice at a time ([`NarrowSource`]), and random weights are generated whole from
+//! the same seed and then sliced: tp=N computes the same model as tp=1.
+
+use crate::dist::AllReduce;
+use candle_core::{DType, Device, Shape, Tensor};
+use candle_nn::var_builder::SimpleBackend;
+use candle_nn::Init;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// Units `rank` holds when `n` units (heads, hidden units) are split over `size` ranks:
+/// contiguous, sizes differing by at most one (GPT-2 XL's 25 heads on 2 ranks: 12 and 13).
+pub fn part(n: usize, rank: usize, size: usize) -> Range<usize> {
+    rank * n / size..(rank + 1) * n / size
+}
+
+/// This rank's place in a tensor-parallel group, and how it sums partial outputs.
+#[derive(Clone)]
+pub struct Tp {
+    pub rank: usize,
+    pub size: usize,
+    /// None when `size == 1`.
+    pub reduce: Option<Arc<dyn AllReduce>>,
+}
+
+impl Tp {
+    /// No tensor parallelism.
+    pub fn single() -> Self {
+        Self {
+            rank: 0,
+            size: 1,
+            reduce: None,
+        }
+    }
+
+    /// This rank's share of `n` units.
+    pub fn part(&self, n: usize) -> Range<usize> {
+        part(n, self.rank, self.size)
+    }
+}
+
+/// How one weight is split: along `dim`, which holds `blocks` equal blocks (GPT-2's fused
+/// [q | k | v] is 3 blocks) of units of `unit` elements (a head's `hs` columns, one hidden
+/// unit); a rank takes its [`part`] of the units of every block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Split {
+    pub dim: usize,
+    pub blocks: usize,
+    pub unit: usize,
+}
+
+impl Split {
+    /// The index ranges along `dim` (of length `len`) that `rank` of `size` holds.
+    pub fn ranges(&self, len: usize, rank: usize, size: usize) -> Vec<Range<usize>> {
+        let block = len / self.blocks;
+        let units = part(block / self.unit, rank, size);
+        (0..self.blocks)
+            .map(|b| b * block + units.start * self.unit..b * block + units.end * self.unit)
+            .collect()
+    }
+}
+
+/// Each architecture's naming of what is split: checkpoint name (without prefix) → split, None
+/// for replicated tensors.
+pub type SplitRule = Arc<dyn Fn(&str) -> Option<Split> + Send + Sync>;
+
+/// A weight source that can hand out slices of a tensor along one dimension.
+pub trait NarrowSource: SimpleBackend {
+    /// `name` (full shape `full`) restricted to `ranges` along `dim`, concatenated.
+    /// The default makes the whole tensor and slices it (random weights).
+    fn get_ranges(
+        &self,
+        full: Shape,
+        name: &str,
+        init: Init,
+        dtype: DType,
+        dev: &Device,
+        dim: usize,
+        ranges: &[Range<usize>],
+    ) -> candle_core::Result<Tensor> {
+        let t = self.get(full, name, init, dtype, dev)?;
+        let pieces = ranges
+            .iter()
+            .map(|r| t.narrow(dim, r.start, r.len()))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Tensor::cat(&pieces, dim)?.contiguous()
+    }
+}
+
+/// The slices of `inner`'s tensors that rank `rank` of `size` holds, by `rule`.
+pub struct Sharded<B> {
+    pub inner: B,
+    pub rank: usize,
+    pub size: usize,
+    pub rule: SplitRule,
+}
+
+impl<B: NarrowSource> SimpleBackend for Sharded<B> {
+    fn get(
+        &self,
+        s: Shape,
+        name: &str,
+        h: Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        match (self.rule)(name) {
+            Some(split) if self.size > 1 => {
+                let ranges = split.ranges(s.dims()[split.dim], self.rank, self.size);
+                self.inner
+                    .get_ranges(s, name, h, dtype, dev, split.dim, &ranges)
+            }
+            _ => self.inner.get(s, name, h, dtype, dev),
+        }
+    }
+
+    fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        self.inner.get_unchecked(name, dtype, dev)
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.inner.contains_tensor(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dist::collective::TcpAllReduce;
+    use crate::models::{ModelSpec, WeightSource};
+    use std::time::Duration;
+
+    /// Logits of every position, (B·T, V), of `spec` split over `size` ranks (threads with a
+    /// TCP all-reduce), as each rank sees them.
+    fn logits_per_rank(spec: &ModelSpec, source: &WeightSource, size: usize) -> Vec<Vec<f32>> {
+        let ids = Tensor::new(
+            &[
+                [464u32, 3290, 318, 257, 1049, 11, 290],
+                [40, 588, 0, 0, 0, 0, 0],
+            ],
+            &Device::Cpu,
+        )
+        .unwrap();
+        let mask = Tensor::new(
+            &[[1u32, 1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0, 0]],
+            &Device::Cpu,
+        )
+        .unwrap();
+        let listener = TcpAllReduce::listen([127, 0, 0, 1].into()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let ranks: Vec<_> = (0..size)
+            .map(|rank| {
+                let (spec, source, ids, mask) =
+                    (spec.clone(), source.clone(), ids.clone(), mask.clone());
+                let listener = (rank == 0).then(|| listener.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let reduce: Option<Arc<dyn AllReduce>> = match (size, listener) {
+                        (1, _) => None,
+                        (_, Some(l)) => Some(Arc::new(
+                            TcpAllReduce::serve(l, size, Duration::from_secs(30)).unwrap(),
+                        )),
+                        (_, None) => Some(Arc::new(TcpAllReduce::connect(addr, rank).unwrap())),
+                    };
+                    let tp = Tp { rank, size, reduce };
+                    let model = spec
+                        .load_shard(&source, DType::F32, &Device::Cpu, &tp)
+                        .unwrap();
+                    let h = model.hidden_states(&ids, &mask).unwrap(); // (B, T, C)
+                    let h = h.flatten_to(1).unwrap();
+                    model
+                        .logits(&h)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap()
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|r| r.join().unwrap()).collect()
+    }
+
+    fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
+        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+        a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    }
+
+    #[test]
+    fn tensor_parallel_models_compute_the_single_rank_model() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["gpt2-tiny", "bloom-tiny"] {
+            let spec = ModelSpec::preset(name).unwrap();
+            let random = WeightSource::Random { seed: 3 };
+            let want = logits_per_rank(&spec, &random, 1).remove(0);
+            // The same weights written as a checkpoint, each rank reading its slices of it.
+            let ckpt = dir.path().join(name);
+            let record = crate::models::Recorder::default();
+            spec.load_recording(&random, DType::F32, &Device::Cpu, Some(record.clone()))
+                .unwrap();
+            let tensors = std::mem::take(&mut *record.lock().unwrap());
+            crate::models::weights::save_checkpoint(&ckpt, &spec.hf_config(DType::F32), tensors)
+                .unwrap();
+            // 3 ranks split 4 heads unevenly (1, 1, 2).
+            for (size, source) in [
+                (2, &random),
+                (3, &random),
+                (2, &WeightSource::Dir(ckpt.clone())),
+            ] {
+                let ranks = logits_per_rank(&spec, source, size);
+                for (rank, got) in ranks.iter().enumerate() {
+                    // Partial sums added in another order: fp32 rounding only.
+                    let d = max_rel_diff(got, &want);
+                    assert!(
+                        d < 1e-5,
+                        "{name} tp{size} rank {rank} ({}): rel diff {d}",
+                        source.describe()
+                    );
+                    assert_eq!(got, &ranks[0], "{name} tp{size}: ranks disagree");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn parts_cover_every_unit_once() {
+        for (n, size) in [(25, 2), (12, 4), (7, 3), (4, 4)] {
+            let all: Vec<usize> = (0..size).flat_map(|r| part(n, r, size)).collect();
+            assert_eq!(all, (0..n).collect::<Vec<_>>(), "n {n} size {size}");
+        }
+        assert_eq!(part(25, 0, 2), 0..12);
+        assert_eq!(part(25, 1, 2), 12..25);
+    }
+
+    #[test]
+    fn a_fused_qkv_split_takes_its_heads_from_each_block() {
+        // [q | k | v] of 4 heads of 2 columns each: rank 1 of 2 holds heads 2 and 3 of each.
+        let split = Split {
+            dim: 1,
+            blocks: 3,
+            unit: 2,
+        };
+        assert_eq!(split.ranges(24, 1, 2), vec![4..8, 12..16, 20..24]);
+    }
+}
