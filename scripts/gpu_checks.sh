@@ -27,11 +27,16 @@
 #                  dropout as HF's default; side-by-side table). Trains on wiki.valid.raw,
 #                  evaluates on wiki.test.raw from .gpu/wikitext-2-raw/; $TRAIN_FLAGS are added
 #                  to every run (e.g. --phase-times).                       -> train-logs.tgz
+#   tp-smoke       gpt2-tiny and bloom-tiny, --tp 2 over NCCL vs one GPU, fp32, the sample data:
+#                  stops the batch if NCCL fails
+#   tp             tensor parallelism: $TP_MODELS (bloom-7b1 gpt2-xl) bf16, full LAMBADA, tp 1 and
+#                  each of $TP_SIZES (2), batch 16 then batch 1                -> tp-logs.tgz
 # Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.gz, lambada_test.jsonl.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/logs
 export PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on shared hosts (KINDS.md)
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   head -1 /proc/driver/nvidia/version
@@ -76,9 +81,30 @@ train() { # model dtype [extra flags]: 3 untimed warm-up steps + $TRAIN_STEPS ti
   train_run "$@" --warmup 3 --max-steps $((TRAIN_STEPS + 3))
 }
 
+tp_run() { # model dtype batch tp [extra flags]: rank 0's log goes to /tmp/tp-logs
+  local m=$1 dt=$2 bs=$3 tp=$4; shift 4
+  $B --suite lambada --model "$m" --weights random --seed 0 --device cuda --dtype "$dt" \
+    --batch-size "$bs" --tp "$tp" --log-dir /tmp/tp-logs --no-progress "$@" 2>&1 | tee -a "$OUT/tp.txt"
+  echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/tp.txt"
+  (cd /tmp && tar czf "$OUT/tp-logs.tgz" tp-logs)  # after every run: a time-out keeps what finished
+}
+
 for stage in "$@"; do
   echo "=== $stage"
   case $stage in
+  tp-smoke)
+    for m in gpt2-tiny bloom-tiny; do
+      for tp in 1 2; do tp_run $m fp32 16 $tp --data data/lambada_sample.jsonl || exit 1; done
+    done
+    grep -q "^exit [^0]" "$OUT/tp.txt" && { echo "tp-smoke failed: stopping"; exit 1; }
+    ;;
+  tp)
+    for m in ${TP_MODELS:-bloom-7b1 gpt2-xl}; do
+      for bs in 16 1; do
+        for tp in 1 ${TP_SIZES:-2}; do tp_run "$m" bf16 "$bs" "$tp" --data .gpu/lambada_test.jsonl; done
+      done
+    done
+    ;;
   fixtures)
     $FIX --out "$OUT/fixtures" --device cpu --dtype fp32 \
       --configs gpt2-fixture,gpt2-fixture-logits,bloom-fixture,bloom-fixture-logits 2>&1 | grep -v Writing

@@ -244,6 +244,20 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_progress: bool,
 
+    /// Tensor parallelism over N ranks, one process per GPU (Megatron-style: attention heads
+    /// and MLP units split, one all-reduce per residual branch; NCCL on GPUs, which needs a
+    /// build with the `nccl` feature, TCP on CPUs). Without launcher variables this command
+    /// starts the N ranks itself on cuda:0..N-1 (CUDA_VISIBLE_DEVICES picks them); under
+    /// torchrun, mpirun or srun (see `bench dist-check --help`) each process is one rank,
+    /// across nodes too. Rank 0 writes the log, its header lists every rank's GPU. LAMBADA
+    /// and the candle engine only.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub tp: usize,
+
+    /// With --tp: seconds to wait for every rank to join (model loading comes after).
+    #[arg(long, default_value_t = 120, value_name = "SECS")]
+    pub rdzv_timeout: u64,
+
     #[command(flatten)]
     pub train: TrainArgs,
 }
@@ -542,6 +556,7 @@ pub fn resolve_config(
         },
         command_line,
         progress: !args.no_progress,
+        tp: None,
     })
 }
 
@@ -633,6 +648,9 @@ fn single(spec: RunSpec) -> Result<ExitCode> {
 
 fn run_command(args: RunArgs, command_line: Vec<String>) -> Result<ExitCode> {
     let plan = plan(&args)?;
+    if args.tp != 1 {
+        return tensor_parallel(args, plan, command_line);
+    }
     if let Some(task) = ChildTask::from_env()? {
         let mut spec = resolve_config(
             &args,
@@ -650,6 +668,62 @@ fn run_command(args: RunArgs, command_line: Vec<String>) -> Result<ExitCode> {
     }
     let spec = resolve_config(&args, &plan.suite, &plan.configs[0], None, command_line)?;
     single(spec)
+}
+
+/// `--tp N`: as one rank (launcher variables set), join the group and run; else start the N
+/// ranks of this same command and wait for them.
+fn tensor_parallel(args: RunArgs, plan: Plan, command_line: Vec<String>) -> Result<ExitCode> {
+    use crate::dist::{group::TpRank, spawn::spawn_ranks, World};
+    let n = args.tp;
+    let not_with = |what: &str| Err(Error::Config(format!("--tp is not supported {what}")));
+    if plan.sweep {
+        return not_with(
+            "in a sweep (one configuration at a time; --repeat and --isolate included)",
+        );
+    }
+    if plan.suite.train.is_some() {
+        return not_with("for training suites (LAMBADA only; data parallelism is --dp)");
+    }
+    if plan.configs[0].engine != "candle" {
+        return not_with("with --engine hf or both (the candle engine only)");
+    }
+    if args.save_weights.is_some() {
+        return not_with("with --save-weights (write the weights with a --tp 1 run)");
+    }
+    let spec = resolve_config(&args, &plan.suite, &plan.configs[0], None, command_line)?;
+    spec.model.check_tp(n)?;
+    if matches!(args.device, DeviceSpec::Cuda(_)) && !cfg!(feature = "nccl") {
+        return Err(Error::Unsupported(crate::dist::group::NO_NCCL.into()));
+    }
+    let Some(world) = World::from_env()? else {
+        let child_args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+        spawn_ranks(n, &child_args)?;
+        return Ok(ExitCode::SUCCESS);
+    };
+    if world.size != n {
+        return Err(Error::Config(format!(
+            "--tp {n}, but the launcher started {} ranks: start exactly {n} (one per GPU)",
+            world.size
+        )));
+    }
+    let timeout = std::time::Duration::from_secs(args.rdzv_timeout);
+    let rank = TpRank::join(world, args.device, timeout)?;
+    let spec = RunSpec {
+        tp: Some(rank.ctx.clone()),
+        ..spec
+    };
+    let logging = spec.is_logging_rank();
+    let outcomes = run(spec)?;
+    rank.finish(timeout)?;
+    if logging {
+        for out in &outcomes {
+            print!(
+                "{}",
+                summary_table(&out.header, &out.summary, &out.log_path)
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn resolve_train(

@@ -292,7 +292,7 @@ impl EnvReport {
                     }
                 )
             }
-            None => t += "nccl      not found (informational: no feature uses NCCL yet)\n",
+            None => t += "nccl      not found (needed by --tp on GPUs only)\n",
         }
         if self.problems.is_empty() {
             t += "problems  none\n";
@@ -564,7 +564,12 @@ fn library_specs(cuda_build: Option<&str>) -> Vec<(&'static str, Vec<String>, bo
         ("libcublasLt", versioned("libcublasLt"), cuda),
         ("libcurand", vec!["libcurand.so.10".into()], cuda),
         // Informational until a feature uses NCCL (tensor parallelism).
-        ("libnccl", vec!["libnccl.so.2".into()], false),
+        // Only --tp on GPUs needs it; a `nccl` build links it, so it is loaded before main.
+        (
+            "libnccl",
+            vec!["libnccl.so.2".into()],
+            cfg!(feature = "nccl"),
+        ),
     ]
 }
 

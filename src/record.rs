@@ -200,6 +200,21 @@ pub struct Header {
     /// Training suites only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train: Option<Box<TrainInfo>>,
+    /// Tensor-parallel runs only (`--tp N`, N > 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp: Option<TpInfo>,
+}
+
+/// A tensor-parallel run's group, as rank 0 (the one that logs) saw it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TpInfo {
+    pub size: usize,
+    /// The all-reduce: `nccl X.Y.Z` (its version as loaded) or `tcp` (CPU ranks).
+    pub backend: String,
+    /// Who started the ranks: SelfSpawned, Torchrun, OpenMpi or Slurm.
+    pub launcher: String,
+    /// Every rank: host, pid, device, GPU name and UUID.
+    pub ranks: Vec<crate::dist::Peer>,
 }
 
 /// One LAMBADA passage's result.

@@ -2,6 +2,7 @@
 
 use crate::data::{lambada_passages, DataFile};
 use crate::device::{DeviceSpec, Precision};
+use crate::dist::group::TpContext;
 use crate::engines::candle::CandleEngine;
 use crate::engines::hf::{HfEngine, HfOptions};
 use crate::engines::{Engine, EngineKind};
@@ -11,7 +12,9 @@ use crate::flops::{lambada_forward_flops, mfu, peak_tflops, ModelShape};
 use crate::metrics::{lambada_accuracy, lambada_perplexity, per_second, Distribution};
 use crate::models::weights::save_checkpoint;
 use crate::models::{ModelSpec, Recorder, WeightSource};
-use crate::record::{BatchRecord, DataInfo, Header, Record, RunLog, Summary, SCHEMA_VERSION};
+use crate::record::{
+    BatchRecord, DataInfo, Header, Record, RunLog, Summary, TpInfo, SCHEMA_VERSION,
+};
 use crate::suites::lambada::{batch_shape, build_requests, passage_results};
 use crate::suites::SuiteFile;
 use crate::tokenizer::TextTokenizer;
@@ -51,6 +54,16 @@ pub struct RunSpec {
     pub seed: u64,
     /// Training suites (wikitext2).
     pub train: Option<crate::train_runner::TrainOptions>,
+    /// This process is one rank of a tensor-parallel group (`--tp N`).
+    pub tp: Option<TpContext>,
+}
+
+impl RunSpec {
+    /// Whether this process writes the log and prints results: always, except the ranks of a
+    /// tensor-parallel group other than rank 0.
+    pub fn is_logging_rank(&self) -> bool {
+        self.tp.as_ref().is_none_or(|t| t.tp.rank == 0)
+    }
 }
 
 pub struct RunOutcome {
@@ -172,26 +185,38 @@ pub(crate) fn base_header(
         seq_len: None,
         repeat: spec.repeat,
         train: None,
+        tp: spec.tp.as_ref().map(|t| TpInfo {
+            size: t.tp.size,
+            backend: t.backend.clone(),
+            launcher: format!("{:?}", t.world.launcher),
+            ranks: t.peers.clone(),
+        }),
     }
 }
 
-/// A run log's file stem: `SUITE_MODEL_ENGINE_DTYPE_bsN_DEVICE_TIME`.
+/// A run log's file stem: `SUITE_MODEL_ENGINE_DTYPE_bsN_DEVICE[_tpN]_TIME`.
 pub(crate) fn log_stem(h: &Header) -> String {
     format!(
-        "{}_{}_{}_{}_bs{}_{}_{}",
+        "{}_{}_{}_{}_bs{}_{}{}_{}",
         h.suite,
         h.model.name,
         h.engine,
         h.dtype,
         h.batch_size,
         h.device.replace(':', ""),
+        h.tp.as_ref()
+            .map(|t| format!("_tp{}", t.size))
+            .unwrap_or_default(),
         chrono::Utc::now().format("%Y%m%dT%H%M%SZ")
     )
 }
 
 /// Loads the candle engine; with `--save-weights`, also writes the random weights.
 fn candle_engine(spec: &RunSpec, weights: &WeightSource) -> Result<(Box<dyn Engine>, Device)> {
-    let device = spec.device.open()?;
+    let device = match &spec.tp {
+        Some(t) => t.device.clone(),
+        None => spec.device.open()?,
+    };
     spec.precision.apply_matmul_mode(&device);
     // A failed memory query costs the memory figure, not the run.
     let memory = MemoryTracker::start(&device)
@@ -204,9 +229,12 @@ fn candle_engine(spec: &RunSpec, weights: &WeightSource) -> Result<(Box<dyn Engi
         .filter(|_| spec.engine == EngineKind::Candle);
     let record = save.map(|_| Recorder::default());
     let load = Instant::now();
-    let model = spec
-        .model
-        .load_recording(weights, dtype, &device, record.clone())?;
+    let model = match &spec.tp {
+        Some(t) => spec.model.load_shard(weights, dtype, &device, &t.tp)?,
+        None => spec
+            .model
+            .load_recording(weights, dtype, &device, record.clone())?,
+    };
     crate::device::synchronize(&device)?;
     let load_seconds = load.elapsed().as_secs_f64();
     if let (Some(dir), Some(record)) = (save, record) {
@@ -317,15 +345,24 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
         seq_len: spec.seq_len,
         ..base_header(spec, weights, &tokenizer, host, data)
     };
-    if header.data.matches_reference == Some(false) {
+    let logging = spec.is_logging_rank();
+    if header.data.matches_reference == Some(false) && logging {
         eprintln!(
             "warning: {} has sha256 {}, not the suite's {}: results are not comparable with the reference set",
             header.data.path, header.data.sha256, spec.suite.data.sha256
         );
     }
     let stem = log_stem(&header);
-    let mut log = RunLog::create(&spec.log_dir, &stem)?;
-    log.write(&Record::Header(Box::new(header.clone())))?;
+    // Every rank runs every batch (each forward has all-reduces); only rank 0 logs.
+    let mut log = match logging {
+        true => Some(RunLog::create(&spec.log_dir, &stem)?),
+        false => None,
+    };
+    let mut write = |record: &Record| match &mut log {
+        Some(l) => l.write(record),
+        None => Ok(()),
+    };
+    write(&Record::Header(Box::new(header.clone())))?;
 
     // Untimed warm-up batches: CUDA loads candle's PTX kernels, cuBLAS creates handles and the
     // memory pools grow on first use; none of that is the model's speed. A failure here (an
@@ -340,7 +377,7 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
     let shape = ModelShape::of(&spec.model);
     let mut model_flops = 0.;
 
-    let bar = progress_bar(spec.progress, requests.len() as u64);
+    let bar = progress_bar(spec.progress && logging, requests.len() as u64);
     let mut totals = BatchTotals::default();
     for (i, batch) in batches.iter().enumerate() {
         if failure.is_some() {
@@ -370,7 +407,7 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
             passages: results,
         };
         totals.add(&record);
-        log.write(&Record::Batch(record))?;
+        write(&Record::Batch(record))?;
         bar.inc(batch.len() as u64);
     }
     bar.finish_and_clear();
@@ -427,12 +464,12 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
         mfu,
         ..summary
     };
-    log.write(&Record::Summary(Box::new(summary.clone())))?;
+    write(&Record::Summary(Box::new(summary.clone())))?;
     if let Some(e) = failure {
         return Err(e);
     }
     Ok(RunOutcome {
-        log_path: log.path().to_path_buf(),
+        log_path: log.map(|l| l.path().to_path_buf()).unwrap_or_default(),
         header,
         summary,
     })
@@ -566,6 +603,18 @@ pub fn summary_table(h: &Header, s: &Summary, log_path: &Path) -> String {
         h.device,
         h.batch_size
     );
+    if let Some(tp) = &h.tp {
+        t += &format!(
+            "tensor parallel: {} ranks over {} ({}), figures from rank 0\n",
+            tp.size,
+            tp.backend,
+            tp.ranks
+                .iter()
+                .map(|r| format!("{} {}", r.host, r.info["device"].as_str().unwrap_or("?")))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     let rows = [
         ("passages", format!("{}", s.n_samples)),
         ("accuracy", format!("{:.4}", s.accuracy)),

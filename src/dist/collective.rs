@@ -219,7 +219,7 @@ mod nccl {
         if ok != candle_core::cuda::cudarc::nccl::sys::ncclResult_t::ncclSuccess {
             return "unknown".into();
         }
-        format!("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100)
+        crate::env::nccl_version(v)
     }
 
     impl CustomOp1 for &NcclAllReduce {

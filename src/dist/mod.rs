@@ -4,6 +4,7 @@
 //! unique id for tensor / data parallelism), so the launcher is tested on CPU.
 
 pub mod collective;
+pub mod group;
 pub mod rendezvous;
 pub mod spawn;
 pub mod world;

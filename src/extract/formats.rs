@@ -204,6 +204,9 @@ fn bench_jsonl(mut row: RunRow, text: &str) -> (Vec<RunRow>, usize) {
     if let Some(r) = h.repeat {
         x.insert("repeat".into(), r as f64);
     }
+    if let Some(tp) = &h.tp {
+        x.insert("tp".into(), tp.size as f64);
+    }
     match summary {
         Some(v) => {
             let v = v.expect("summary serializes");

@@ -5,8 +5,8 @@ use super::shard::Tp;
 use crate::dist::AllReduce;
 use crate::error::{Error, Result};
 use candle_core::Tensor;
-use std::sync::Arc;
 use candle_nn::{layer_norm, Init, LayerNormConfig, VarBuilder};
+use std::sync::Arc;
 
 /// How a projection's weight is stored in the checkpoint.
 #[derive(Clone, Copy, Debug)]

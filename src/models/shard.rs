@@ -75,22 +75,29 @@ impl Split {
 /// for replicated tensors.
 pub type SplitRule = Arc<dyn Fn(&str) -> Option<Split> + Send + Sync>;
 
+/// Index ranges along one dimension of a tensor.
+pub struct Slices<'a> {
+    pub dim: usize,
+    pub ranges: &'a [Range<usize>],
+}
+
 /// A weight source that can hand out slices of a tensor along one dimension.
 pub trait NarrowSource: SimpleBackend {
-    /// `name` (full shape `full`) restricted to `ranges` along `dim`, concatenated.
+    /// `name` (full shape `full`) restricted to `slices`, concatenated along their dimension.
     /// The default makes the whole tensor and slices it (random weights).
-    fn get_ranges(
+    fn get_slices(
         &self,
         full: Shape,
         name: &str,
         init: Init,
         dtype: DType,
         dev: &Device,
-        dim: usize,
-        ranges: &[Range<usize>],
+        slices: Slices,
     ) -> candle_core::Result<Tensor> {
         let t = self.get(full, name, init, dtype, dev)?;
-        let pieces = ranges
+        let dim = slices.dim;
+        let pieces = slices
+            .ranges
             .iter()
             .map(|r| t.narrow(dim, r.start, r.len()))
             .collect::<candle_core::Result<Vec<_>>>()?;
@@ -118,8 +125,11 @@ impl<B: NarrowSource> SimpleBackend for Sharded<B> {
         match (self.rule)(name) {
             Some(split) if self.size > 1 => {
                 let ranges = split.ranges(s.dims()[split.dim], self.rank, self.size);
-                self.inner
-                    .get_ranges(s, name, h, dtype, dev, split.dim, &ranges)
+                let slices = Slices {
+                    dim: split.dim,
+                    ranges: &ranges,
+                };
+                self.inner.get_slices(s, name, h, dtype, dev, slices)
             }
             _ => self.inner.get(s, name, h, dtype, dev),
         }

@@ -10,7 +10,7 @@
 //!   do not depend on load order. CPU and CUDA use different generators: the same seed gives
 //!   the same weights on every run on the same kind of device, not across kinds.
 
-use super::shard::{NarrowSource, Sharded, SplitRule};
+use super::shard::{NarrowSource, Sharded, Slices, SplitRule};
 use crate::error::{Error, Result};
 use candle_core::safetensors::{Load, MmapedSafetensors};
 use candle_core::{DType, Device, Shape, Tensor};
@@ -251,16 +251,16 @@ impl SimpleBackend for CheckpointWeights {
 
 /// Reads only the slices: a rank of a tensor-parallel group touches its share of the file.
 impl NarrowSource for CheckpointWeights {
-    fn get_ranges(
+    fn get_slices(
         &self,
         full: Shape,
         name: &str,
         _: Init,
         dtype: DType,
         dev: &Device,
-        dim: usize,
-        ranges: &[std::ops::Range<usize>],
+        slices: Slices,
     ) -> candle_core::Result<Tensor> {
+        let Slices { dim, ranges } = slices;
         use safetensors::slice::TensorIndexer::Narrow;
         use std::ops::Bound::{Excluded, Included, Unbounded};
         let (stored, view) = self.view(name, &full)?;

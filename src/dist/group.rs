@@ -1,0 +1,169 @@
+//! One rank of a tensor-parallel run: its device, the rendezvous with the other ranks, and the
+//! all-reduce they share (NCCL on GPUs, TCP on CPUs).
+
+use super::collective::{AllReduce, TcpAllReduce};
+use super::rendezvous::{Peer, Rendezvous};
+use super::world::World;
+use crate::device::DeviceSpec;
+use crate::error::{Error, Result};
+use crate::models::shard::Tp;
+use candle_core::Device;
+use serde_json::json;
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a run needs to know about its tensor-parallel group.
+#[derive(Clone)]
+pub struct TpContext {
+    pub world: World,
+    pub device: Device,
+    /// This rank's device (`cuda:LOCAL_RANK`).
+    pub device_spec: DeviceSpec,
+    pub tp: Tp,
+    /// Every rank in rank order, with its host, pid and GPU.
+    pub peers: Vec<Peer>,
+    /// `nccl 2.28.9` or `tcp`.
+    pub backend: String,
+}
+
+/// This process's rank, joined to the others.
+pub struct TpRank {
+    pub ctx: TpContext,
+    rendezvous: Rendezvous,
+}
+
+impl TpRank {
+    /// Opens this rank's device (`cuda:LOCAL_RANK` for a CUDA run), meets the other ranks and
+    /// joins the all-reduce group.
+    pub fn join(world: World, device: DeviceSpec, timeout: Duration) -> Result<Self> {
+        let device_spec = match device {
+            DeviceSpec::Cpu => DeviceSpec::Cpu,
+            DeviceSpec::Cuda(0) => DeviceSpec::Cuda(world.local_rank),
+            DeviceSpec::Cuda(n) => {
+                return Err(Error::Config(format!(
+                    "--device cuda:{n} with --tp: each rank uses cuda:LOCAL_RANK; pick GPUs with CUDA_VISIBLE_DEVICES and pass --device cuda"
+                )))
+            }
+        };
+        let dev = open(device_spec)?;
+        let mut info = json!({ "local_rank": world.local_rank, "device": device_spec.to_string() });
+        if let Some(uuid) = crate::device::cuda_uuid(&dev) {
+            info["gpu_uuid"] = uuid.into();
+        }
+        if let Some(name) = gpu_name(&dev) {
+            info["gpu"] = name.into();
+        }
+        let me = Peer {
+            rank: world.rank,
+            host: gethostname::gethostname().to_string_lossy().into_owned(),
+            pid: std::process::id(),
+            info,
+        };
+        let mut listener: Option<TcpListener> = None;
+        let make_id = || -> Result<Vec<u8>> {
+            match &dev {
+                Device::Cpu => {
+                    // The id CPU ranks share: the address of rank 0's all-reduce socket.
+                    let l = TcpAllReduce::listen(world.master.ip())?;
+                    let addr = l.local_addr()?;
+                    listener = Some(l);
+                    Ok(addr.to_string().into_bytes())
+                }
+                _ => nccl_id(),
+            }
+        };
+        let rendezvous = Rendezvous::join(&world, me, make_id, timeout)?;
+        let reduce: Arc<dyn AllReduce> = match &dev {
+            Device::Cpu if world.rank == 0 => {
+                let l = listener.take().expect("rank 0 made the id");
+                Arc::new(TcpAllReduce::serve(l, world.size, timeout)?)
+            }
+            Device::Cpu => {
+                let addr = String::from_utf8_lossy(&rendezvous.id)
+                    .parse()
+                    .map_err(|_| Error::Config("rank 0 sent a bad all-reduce address".into()))?;
+                Arc::new(TcpAllReduce::connect(addr, world.rank)?)
+            }
+            _ => nccl_join(&dev, world.rank, world.size, &rendezvous.id)?,
+        };
+        let ctx = TpContext {
+            tp: Tp {
+                rank: world.rank,
+                size: world.size,
+                reduce: Some(reduce.clone()),
+            },
+            backend: reduce.describe(),
+            peers: rendezvous.peers.clone(),
+            world,
+            device: dev,
+            device_spec,
+        };
+        Ok(Self { ctx, rendezvous })
+    }
+
+    /// A clean end: tells the others this rank is done (rank 0 waits for all of them).
+    pub fn finish(self, timeout: Duration) -> Result<()> {
+        self.rendezvous.finish(timeout)
+    }
+}
+
+/// A CUDA device with its own stream (NCCL runs on it, ordered with candle's kernels).
+fn open(spec: DeviceSpec) -> Result<Device> {
+    match spec {
+        DeviceSpec::Cpu => Ok(Device::Cpu),
+        DeviceSpec::Cuda(n) => open_cuda_with_stream(n),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda_with_stream(n: usize) -> Result<Device> {
+    Device::new_cuda_with_stream(n).map_err(|e| {
+        Error::Unsupported(format!(
+            "cannot open CUDA device {n} ({e}): does this host have a GPU for every rank (nvidia-smi)?"
+        ))
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda_with_stream(n: usize) -> Result<Device> {
+    DeviceSpec::Cuda(n).open()
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_name(dev: &Device) -> Option<String> {
+    match dev {
+        Device::Cuda(d) => d.cuda_stream().context().name().ok(),
+        _ => None,
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_name(_: &Device) -> Option<String> {
+    None
+}
+
+#[cfg(feature = "nccl")]
+fn nccl_id() -> Result<Vec<u8>> {
+    super::collective::NcclAllReduce::new_id()
+}
+
+#[cfg(feature = "nccl")]
+fn nccl_join(dev: &Device, rank: usize, size: usize, id: &[u8]) -> Result<Arc<dyn AllReduce>> {
+    Ok(Arc::new(super::collective::NcclAllReduce::join(
+        dev, rank, size, id,
+    )?))
+}
+
+/// The error of `--tp` on GPUs in a build without NCCL.
+pub const NO_NCCL: &str = "--tp on GPUs needs NCCL: rebuild with `cargo build --release --features nccl` (see README, CUDA build); --device cpu runs tensor parallelism without it";
+
+#[cfg(not(feature = "nccl"))]
+fn nccl_id() -> Result<Vec<u8>> {
+    Err(Error::Unsupported(NO_NCCL.into()))
+}
+
+#[cfg(not(feature = "nccl"))]
+fn nccl_join(_: &Device, _: usize, _: usize, _: &[u8]) -> Result<Arc<dyn AllReduce>> {
+    Err(Error::Unsupported(NO_NCCL.into()))
+}
