@@ -29,8 +29,8 @@
 #                  to every run (e.g. --phase-times).                       -> train-logs.tgz
 #   tp-smoke       gpt2-tiny and bloom-tiny, --tp 2 over NCCL vs one GPU, fp32, the sample data:
 #                  stops the batch if NCCL fails
-#   tp             tensor parallelism: $TP_MODELS (bloom-7b1 gpt2-xl) bf16, full LAMBADA, tp 1 and
-#                  each of $TP_SIZES (2), batch 16 then batch 1                -> tp-logs.tgz
+#   tp             tensor parallelism: $TP_MODELS (bloom-7b1 gpt2-xl) bf16, full LAMBADA, each batch
+#                  size of $TP_BATCHES (16 1) at each of $TP_SIZES (1 2)       -> tp-logs.tgz
 # Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.gz, lambada_test.jsonl.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -100,8 +100,8 @@ for stage in "$@"; do
     ;;
   tp)
     for m in ${TP_MODELS:-bloom-7b1 gpt2-xl}; do
-      for bs in 16 1; do
-        for tp in 1 ${TP_SIZES:-2}; do tp_run "$m" bf16 "$bs" "$tp" --data .gpu/lambada_test.jsonl; done
+      for bs in ${TP_BATCHES:-16 1}; do
+        for tp in ${TP_SIZES:-1 2}; do tp_run "$m" bf16 "$bs" "$tp" --data .gpu/lambada_test.jsonl; done
       done
     done
     ;;
