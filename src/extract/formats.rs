@@ -204,9 +204,8 @@ fn bench_jsonl(mut row: RunRow, text: &str) -> (Vec<RunRow>, usize) {
     if let Some(r) = h.repeat {
         x.insert("repeat".into(), r as f64);
     }
-    if let Some(tp) = &h.tp {
-        x.insert("tp".into(), tp.size as f64);
-    }
+    // Tensor-parallel degree: 1 for single-GPU runs, so charts can put tp on an axis.
+    x.insert("tp".into(), h.tp.as_ref().map_or(1., |t| t.size as f64));
     match summary {
         Some(v) => {
             let v = v.expect("summary serializes");
