@@ -101,7 +101,11 @@ pub trait NarrowSource: SimpleBackend {
             .iter()
             .map(|r| t.narrow(dim, r.start, r.len()))
             .collect::<candle_core::Result<Vec<_>>>()?;
-        Tensor::cat(&pieces, dim)?.contiguous()
+        match pieces.as_slice() {
+            // A copy of just the slice: a narrowed view would keep the whole tensor alive.
+            [one] => one.force_contiguous(),
+            _ => Tensor::cat(&pieces, dim),
+        }
     }
 }
 
@@ -240,6 +244,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_rank_keeps_only_its_slice_of_a_weight() {
+        // Rows 4..8 of an (8, 4) weight: the rank's tensor must own 16 values, not a view of 32.
+        let rows = Sharded {
+            inner: crate::models::weights::RandomInit {
+                seed: 0,
+                record: None,
+            },
+            rank: 1,
+            size: 2,
+            rule: Arc::new(|_: &str| {
+                Some(Split {
+                    dim: 0,
+                    blocks: 1,
+                    unit: 1,
+                })
+            }),
+        };
+        let randn = Init::Randn {
+            mean: 0.,
+            stdev: 1.,
+        };
+        let t = rows
+            .get(Shape::from((8, 4)), "w", randn, DType::F32, &Device::Cpu)
+            .unwrap();
+        assert_eq!(t.dims(), &[4, 4]);
+        let (storage, _) = t.storage_and_layout();
+        let candle_core::Storage::Cpu(cpu) = &*storage else {
+            panic!("a CPU tensor")
+        };
+        assert_eq!(cpu.as_slice::<f32>().unwrap().len(), 16);
     }
 
     #[test]

@@ -289,7 +289,7 @@ impl NarrowSource for CheckpointWeights {
                     .to_dtype(dtype)
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
-        Tensor::cat(&pieces, dim)?.contiguous()
+        Tensor::cat(&pieces, dim)
     }
 }
 
