@@ -20,3 +20,14 @@ $P -i $R/h100_engines.csv -o $R/h100_samples_per_second_bs1.png --metric samples
 $P -i $R/h100_engines.csv -o $R/h100_peak_memory_bs16.png --metric peak_memory_bytes \
    --x model --batch-size 16 --bf16 --title "Peak GPU memory, LAMBADA bf16 batch 16, H100"
 echo "wrote $R/h100.csv, $R/h100_engines.csv and $R/h100_*.png"
+
+# Tensor parallelism on H200s: every run into one CSV; charts from the one 4x run with the fixed binary.
+$X -i "$R/h200x2/tp/*.jsonl.gz" "$R/h200x4/tp/*.jsonl.gz" "$R/h200x4/tp-run2/*.jsonl.gz" -o $R/h200_tp.csv
+$X -i "$R/h200x4/tp-run2/*.jsonl.gz" -o /tmp/h200x4_tp_run2.csv
+for m in bloom-7b1 gpt2-xl; do
+  $P -i /tmp/h200x4_tp_run2.csv -o $R/h200x4_tp_${m}_bs16.png --metric samples_per_second --x tp \
+     --model $m --batch-size 16 --bf16 --title "LAMBADA $m bf16 batch 16, 4x H200: samples/s by tensor-parallel degree"
+  $P -i /tmp/h200x4_tp_run2.csv -o $R/h200x4_tp_${m}_bs16_memory.png --metric peak_memory_bytes --x tp \
+     --model $m --batch-size 16 --bf16 --title "LAMBADA $m bf16 batch 16, 4x H200: peak memory of rank 0"
+done
+python3 scripts/tp_agreement.py $R/h200x2/tp $R/h200x4/tp-run2
