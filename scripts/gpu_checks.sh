@@ -31,6 +31,11 @@
 #                  stops the batch if NCCL fails
 #   tp             tensor parallelism: $TP_MODELS (bloom-7b1 gpt2-xl) bf16, full LAMBADA, each batch
 #                  size of $TP_BATCHES (16 1) at each of $TP_SIZES (1 2)       -> tp-logs.tgz
+#   dp             data-parallel fine-tuning of $DP_MODEL (gpt2), batch 8, block 1024, on $DP_SIZES
+#                  (2) GPUs: first fp32 --no-dropout, $DP_EQ_STEPS (10) steps, dp N against dp 1
+#                  with --grad-accum N (the same global batch: equal loss curves), then bf16 with
+#                  dropout, 3 warm-up + $DP_STEPS (50) timed steps at dp 1, dp N, dp N --zero 1;
+#                  scripts/dp_report.py prints both tables                    -> dp-logs.tgz
 # Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.gz, lambada_test.jsonl.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -89,9 +94,31 @@ tp_run() { # model dtype batch tp [extra flags]: rank 0's log goes to /tmp/tp-lo
   (cd /tmp && tar czf "$OUT/tp-logs.tgz" tp-logs)  # after every run: a time-out keeps what finished
 }
 
+dp_run() { # model dtype [extra flags]: rank 0's log goes to /tmp/dp-logs
+  local m=$1 dt=$2; shift 2
+  $B --suite wikitext2 --model "$m" --weights random --seed 0 --device cuda --dtype "$dt" \
+    --batch-size 8 --block-size 1024 --data .gpu/wikitext-2-raw --log-dir /tmp/dp-logs \
+    --no-progress "$@" 2>&1 | tee -a "$OUT/dp.txt"
+  echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/dp.txt"
+  (cd /tmp && tar czf "$OUT/dp-logs.tgz" dp-logs)  # after every run: a time-out keeps what finished
+}
+
 for stage in "$@"; do
   echo "=== $stage"
   case $stage in
+  dp)
+    m=${DP_MODEL:-gpt2}; eq=${DP_EQ_STEPS:-10}; steps=$(( ${DP_STEPS:-50} + 3 ))
+    for n in ${DP_SIZES:-2}; do
+      dp_run "$m" fp32 --no-dropout --warmup 0 --max-steps "$eq" --grad-accum "$n"
+      dp_run "$m" fp32 --no-dropout --warmup 0 --max-steps "$eq" --dp "$n"
+    done
+    dp_run "$m" bf16 --warmup 3 --max-steps "$steps"
+    for n in ${DP_SIZES:-2}; do
+      dp_run "$m" bf16 --warmup 3 --max-steps "$steps" --dp "$n"
+      dp_run "$m" bf16 --warmup 3 --max-steps "$steps" --dp "$n" --zero 1
+    done
+    python3 scripts/dp_report.py /tmp/dp-logs | tee -a "$OUT/dp.txt"
+    ;;
   tp-smoke)
     for m in gpt2-tiny bloom-tiny; do
       for tp in 1 2; do tp_run $m fp32 16 $tp --data data/lambada_sample.jsonl || exit 1; done

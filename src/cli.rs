@@ -254,7 +254,22 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub tp: usize,
 
-    /// With --tp: seconds to wait for every rank to join (model loading comes after).
+    /// Data-parallel fine-tuning over N ranks, one process per GPU (--suite wikitext2, candle
+    /// engine): each rank trains on its share of every optimizer step's micro-batches (global
+    /// batch = N x --batch-size x --grad-accum blocks, --lr unchanged) and the gradients are
+    /// averaged over NCCL (TCP on CPUs) in 128 MiB buckets after the backward (candle's
+    /// backward has no per-gradient hook to overlap them with). Launched like --tp; cannot be
+    /// combined with --tp. Rank 0 logs, with every rank's peak memory and the share of time
+    /// in all-reduces.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub dp: usize,
+
+    /// With --dp: 1 splits the AdamW state over the ranks (ZeRO stage 1): each rank updates the
+    /// parameters it owns, then shares them; 0 keeps a whole copy on every rank.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub zero: u8,
+
+    /// With --tp or --dp: seconds to wait for every rank to join (model loading comes after).
     #[arg(long, default_value_t = 120, value_name = "SECS")]
     pub rdzv_timeout: u64,
 
@@ -557,6 +572,7 @@ pub fn resolve_config(
         command_line,
         progress: !args.no_progress,
         tp: None,
+        dp: None,
     })
 }
 
@@ -648,8 +664,11 @@ fn single(spec: RunSpec) -> Result<ExitCode> {
 
 fn run_command(args: RunArgs, command_line: Vec<String>) -> Result<ExitCode> {
     let plan = plan(&args)?;
-    if args.tp != 1 {
-        return tensor_parallel(args, plan, command_line);
+    if args.tp != 1 || args.dp != 1 {
+        return parallel(args, plan, command_line);
+    }
+    if args.zero != 0 {
+        return Err(Error::Config("--zero is for --dp runs".into()));
     }
     if let Some(task) = ChildTask::from_env()? {
         let mut spec = resolve_config(
@@ -670,28 +689,50 @@ fn run_command(args: RunArgs, command_line: Vec<String>) -> Result<ExitCode> {
     single(spec)
 }
 
-/// `--tp N`: as one rank (launcher variables set), join the group and run; else start the N
-/// ranks of this same command and wait for them.
-fn tensor_parallel(args: RunArgs, plan: Plan, command_line: Vec<String>) -> Result<ExitCode> {
-    use crate::dist::{group::TpRank, spawn::spawn_ranks, World};
-    let n = args.tp;
-    let not_with = |what: &str| Err(Error::Config(format!("--tp is not supported {what}")));
+/// `--tp N` or `--dp N`: as one rank (launcher variables set), join the group and run; else
+/// start the N ranks of this same command and wait for them.
+fn parallel(args: RunArgs, plan: Plan, command_line: Vec<String>) -> Result<ExitCode> {
+    use crate::dist::{group::GroupRank, spawn::spawn_ranks, World};
+    let (n, flag) = match (args.tp, args.dp) {
+        (tp, 1) => (tp, "--tp"),
+        (1, dp) => (dp, "--dp"),
+        _ => {
+            return Err(Error::Config(
+                "--tp and --dp cannot be combined yet: use one of them".into(),
+            ))
+        }
+    };
+    let not_with = |what: &str| Err(Error::Config(format!("{flag} is not supported {what}")));
     if plan.sweep {
         return not_with(
             "in a sweep (one configuration at a time; --repeat and --isolate included)",
         );
     }
-    if plan.suite.train.is_some() {
-        return not_with("for training suites (LAMBADA only; data parallelism is --dp)");
-    }
     if plan.configs[0].engine != "candle" {
         return not_with("with --engine hf or both (the candle engine only)");
     }
     if args.save_weights.is_some() {
-        return not_with("with --save-weights (write the weights with a --tp 1 run)");
+        return not_with("with --save-weights (write the weights with a single-process run)");
+    }
+    let training = plan.suite.train.is_some();
+    if flag == "--tp" && training {
+        return not_with("for training suites (LAMBADA only; data parallelism is --dp)");
+    }
+    if flag == "--dp" && !training {
+        return not_with(
+            "for LAMBADA (it is for training suites: --suite wikitext2; for inference use --tp)",
+        );
+    }
+    if args.zero != 0 && flag != "--dp" {
+        return Err(Error::Config("--zero is for --dp runs".into()));
     }
     let spec = resolve_config(&args, &plan.suite, &plan.configs[0], None, command_line)?;
-    spec.model.check_tp(n)?;
+    if n == 0 {
+        return Err(Error::Config(format!("{flag} must be at least 1")));
+    }
+    if flag == "--tp" {
+        spec.model.check_tp(n)?;
+    }
     if matches!(args.device, DeviceSpec::Cuda(_)) && !cfg!(feature = "nccl") {
         return Err(Error::Unsupported(crate::dist::group::NO_NCCL.into()));
     }
@@ -702,17 +743,36 @@ fn tensor_parallel(args: RunArgs, plan: Plan, command_line: Vec<String>) -> Resu
     };
     if world.size != n {
         return Err(Error::Config(format!(
-            "--tp {n}, but the launcher started {} ranks: start exactly {n} (one per GPU)",
+            "{flag} {n}, but the launcher started {} ranks: start exactly {n} (one per GPU)",
             world.size
         )));
     }
     let timeout = std::time::Duration::from_secs(args.rdzv_timeout);
-    let rank = TpRank::join(world, args.device, timeout)?;
-    let spec = RunSpec {
-        tp: Some(rank.ctx.clone()),
-        ..spec
+    let rank = GroupRank::join(world, args.device, timeout)?;
+    let spec = match flag {
+        "--tp" => RunSpec {
+            tp: Some(rank.ctx.clone()),
+            ..spec
+        },
+        _ => RunSpec {
+            dp: Some(crate::runner::DpRun {
+                ctx: rank.ctx.clone(),
+                zero1: args.zero == 1,
+            }),
+            ..spec
+        },
     };
     let logging = spec.is_logging_rank();
+    if let Some(opts) = &spec.train {
+        let outcomes = run_train(&spec, opts)?;
+        rank.finish(timeout)?;
+        if logging {
+            for out in &outcomes {
+                print!("{}", train_table(&out.header, &out.summary, &out.log_path));
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let outcomes = run(spec)?;
     rank.finish(timeout)?;
     if logging {

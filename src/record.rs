@@ -81,6 +81,9 @@ pub struct StepRecord {
     /// `--phase-times`: where the step's time went.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phases_ms: Option<PhaseMs>,
+    /// Data parallelism: milliseconds this step spent in all-reduces (rank 0's clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm_ms: Option<f64>,
 }
 
 /// A training step split into phases, each ended by a device synchronize (`--phase-times`),
@@ -140,6 +143,13 @@ pub struct TrainSummary {
     /// `--phase-times`: median of each phase over the timed steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phases_ms_p50: Option<PhaseMs>,
+    /// Data parallelism: share of the timed steps' time spent in all-reduces (rank 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm_share: Option<f64>,
+    /// Data parallelism: each rank's peak memory (as `peak_memory_bytes`, MiB resolution),
+    /// in rank order, over the training steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_rank_peak_memory_bytes: Option<Vec<u64>>,
     /// Whole run: load, tokenize, train, eval, logging.
     #[serde(deserialize_with = "nan_if_null")]
     pub wall_seconds: f64,
@@ -203,6 +213,25 @@ pub struct Header {
     /// Tensor-parallel runs only (`--tp N`, N > 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tp: Option<TpInfo>,
+    /// Data-parallel training runs only (`--dp N`, N > 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp: Option<DpInfo>,
+}
+
+/// A data-parallel run's group and batch rules, as rank 0 (the one that logs) saw it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct DpInfo {
+    pub size: usize,
+    /// 0: every rank holds the whole optimizer state; 1: each holds its parameters' share.
+    pub zero_stage: u8,
+    /// The all-reduce: `nccl X.Y.Z` or `tcp`.
+    pub backend: String,
+    pub launcher: String,
+    pub ranks: Vec<crate::dist::Peer>,
+    /// Blocks per optimizer step over all ranks: size × batch_size × grad_accum.
+    pub global_batch_size: usize,
+    /// How the batch and learning rate are set, in words.
+    pub rules: String,
 }
 
 /// A tensor-parallel run's group, as rank 0 (the one that logs) saw it.

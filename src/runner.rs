@@ -2,7 +2,7 @@
 
 use crate::data::{lambada_passages, DataFile};
 use crate::device::{DeviceSpec, Precision};
-use crate::dist::group::TpContext;
+use crate::dist::group::RankContext;
 use crate::engines::candle::CandleEngine;
 use crate::engines::hf::{HfEngine, HfOptions};
 use crate::engines::{Engine, EngineKind};
@@ -55,14 +55,28 @@ pub struct RunSpec {
     /// Training suites (wikitext2).
     pub train: Option<crate::train_runner::TrainOptions>,
     /// This process is one rank of a tensor-parallel group (`--tp N`).
-    pub tp: Option<TpContext>,
+    pub tp: Option<RankContext>,
+    /// This process is one rank of a data-parallel training group (`--dp N`).
+    pub dp: Option<DpRun>,
+}
+
+/// A data-parallel rank: its group, and whether the optimizer state is split (ZeRO-1).
+#[derive(Clone)]
+pub struct DpRun {
+    pub ctx: RankContext,
+    pub zero1: bool,
 }
 
 impl RunSpec {
     /// Whether this process writes the log and prints results: always, except the ranks of a
     /// tensor-parallel group other than rank 0.
     pub fn is_logging_rank(&self) -> bool {
-        self.tp.as_ref().is_none_or(|t| t.tp.rank == 0)
+        let rank = match (&self.tp, &self.dp) {
+            (Some(t), _) => t.tp.rank,
+            (_, Some(d)) => d.ctx.tp.rank,
+            _ => 0,
+        };
+        rank == 0
     }
 }
 
@@ -191,6 +205,7 @@ pub(crate) fn base_header(
             launcher: format!("{:?}", t.world.launcher),
             ranks: t.peers.clone(),
         }),
+        dp: None,
     }
 }
 

@@ -11,7 +11,13 @@
 //! - Step: clip the global L2 norm to `max_grad_norm` (torch `clip_grad_norm_`), AdamW with
 //!   torch's update order ([`AdamW`]), learning rate from [`LinearSchedule`]
 //!   (`get_linear_schedule_with_warmup`).
+//! - Data parallelism ([`DataParallel`]): each rank computes the gradient of its share of the
+//!   step's micro-batches; the gradients are summed over ranks in buckets and divided by the
+//!   number of ranks, so every rank takes the same step as one process accumulating all the
+//!   micro-batches. ZeRO-1 splits the optimizer state: each rank updates the parameters it
+//!   owns, then every parameter is shared from its owner.
 
+use crate::dist::AllReduce;
 use crate::models::{CausalLm, ModelSpec, WeightSource};
 use crate::record::PhaseMs;
 use candle_core::{DType, Device, Result, Shape, Tensor, Var};
@@ -220,6 +226,21 @@ impl<'a> PhaseClock<'a> {
     }
 }
 
+/// Device-synchronized wall time of a collective (NCCL runs asynchronously on the stream).
+struct CommClock(std::time::Instant);
+
+impl CommClock {
+    fn start(device: &Device) -> Result<Self> {
+        device.synchronize()?;
+        Ok(Self(std::time::Instant::now()))
+    }
+
+    fn stop(self, device: &Device) -> Result<f64> {
+        device.synchronize()?;
+        Ok(self.0.elapsed().as_secs_f64() * 1e3)
+    }
+}
+
 /// Mean next-token cross-entropy of `ids` (B, T) u32: position t predicts token t+1, over
 /// B·(T−1) positions, in f32. A scalar f32 tensor.
 pub fn lm_loss(model: &dyn CausalLm, ids: &Tensor) -> Result<Tensor> {
@@ -309,6 +330,70 @@ pub struct StepOutcome {
     pub loss_scale: Option<f64>,
     /// Set when the trainer times phases.
     pub phases_ms: Option<PhaseMs>,
+    /// Data parallelism: milliseconds in all-reduces (device synchronized around them).
+    pub comm_ms: Option<f64>,
+}
+
+/// Gradients summed in buckets of at most this many values: one collective per bucket, not per
+/// tensor (torch DDP's default bucket is 25 MiB; ours holds 32 Mi fp32 values, 128 MiB).
+const BUCKET: usize = 1 << 25;
+
+/// This rank of a data-parallel group.
+pub struct DataParallel {
+    pub rank: usize,
+    pub size: usize,
+    pub reduce: Arc<dyn AllReduce>,
+    /// ZeRO stage 1: the optimizer state of each parameter lives on one rank only.
+    pub zero1: bool,
+}
+
+impl DataParallel {
+    /// Sums `tensors` (fp32) over the ranks and multiplies by `scale`, in buckets.
+    fn all_reduce(&self, tensors: &mut [Tensor], scale: f64) -> Result<()> {
+        let mut start = 0;
+        while start < tensors.len() {
+            let mut end = start;
+            let mut n = 0;
+            while end < tensors.len() && (end == start || n + tensors[end].elem_count() <= BUCKET) {
+                n += tensors[end].elem_count();
+                end += 1;
+            }
+            let flat = tensors[start..end]
+                .iter()
+                .map(|t| t.flatten_all())
+                .collect::<Result<Vec<_>>>()?;
+            let sum = self.reduce.all_reduce_sum(&Tensor::cat(&flat, 0)?)?;
+            let sum = if scale != 1. {
+                sum.affine(scale, 0.)?
+            } else {
+                sum
+            };
+            let mut offset = 0;
+            for t in tensors[start..end].iter_mut() {
+                let k = t.elem_count();
+                *t = sum.narrow(0, offset, k)?.reshape(t.shape())?;
+                offset += k;
+            }
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// ZeRO-1 owner of each of `sizes` (parameter element counts): contiguous runs of
+    /// parameters, about equal in elements.
+    pub fn owners(sizes: &[usize], ranks: usize) -> Vec<usize> {
+        let total: usize = sizes.iter().sum();
+        let mut before = 0;
+        sizes
+            .iter()
+            .map(|&n| {
+                // The rank whose equal share holds this parameter's middle element.
+                let mid = before + n / 2;
+                before += n;
+                (mid * ranks / total.max(1)).min(ranks - 1)
+            })
+            .collect()
+    }
 }
 
 /// Model spec + fp32 master parameters + optimizer state.
@@ -327,6 +412,9 @@ pub struct Trainer {
     pub step: usize,
     /// Synchronize between forward, backward and update to time each (`--phase-times`).
     pub phase_times: bool,
+    data_parallel: Option<DataParallel>,
+    /// ZeRO-1: the owner rank of each parameter (the optimizer holds only this rank's).
+    owners: Vec<usize>,
 }
 
 impl Trainer {
@@ -365,7 +453,28 @@ impl Trainer {
             scaler: (compute == DType::F16).then(GradScaler::default),
             step: 0,
             phase_times: false,
+            data_parallel: None,
+            owners: vec![],
         })
+    }
+
+    /// Makes this trainer one rank of a data-parallel group. Every rank must start from the
+    /// same weights (the same source and seed) and call [`Trainer::step`] as often.
+    pub fn set_data_parallel(&mut self, dp: DataParallel) -> Result<()> {
+        if dp.zero1 {
+            let sizes: Vec<usize> = self.vars.iter().map(|v| v.elem_count()).collect();
+            self.owners = DataParallel::owners(&sizes, dp.size);
+            let mine: Vec<Var> = self
+                .vars
+                .iter()
+                .zip(&self.owners)
+                .filter(|(_, &o)| o == dp.rank)
+                .map(|(v, _)| v.clone())
+                .collect();
+            self.opt = AdamW::new(mine, &self.hyper)?;
+        }
+        self.data_parallel = Some(dp);
+        Ok(())
     }
 
     /// The model over the current masters in the compute dtype; `train`: differentiable ops
@@ -429,6 +538,16 @@ impl Trainer {
             .zip(&self.vars)
             .map(|(g, v)| g.map_or_else(|| v.zeros_like(), Ok))
             .collect::<Result<Vec<_>>>()?;
+        let mut comm_ms = None;
+        if let Some(dp) = &self.data_parallel {
+            // Mean over ranks of each rank's mean over its micro-batches; the loss rides along.
+            let comm = CommClock::start(&self.device)?;
+            grads.push(Tensor::new(&[loss_sum as f32], &self.device)?);
+            dp.all_reduce(&mut grads, 1. / dp.size as f64)?;
+            let loss = grads.pop().expect("the loss");
+            loss_sum = loss.to_vec1::<f32>()?[0] as f64;
+            comm_ms = Some(comm.stop(&self.device)?);
+        }
         if scale != 1. {
             for g in grads.iter_mut() {
                 *g = (&*g * (1. / scale))?;
@@ -441,11 +560,40 @@ impl Trainer {
             None => true,
         };
         if apply {
-            self.opt.step(&grads, lr)?;
+            match &self.data_parallel {
+                Some(dp) if dp.zero1 => {
+                    let mine: Vec<Tensor> = grads
+                        .iter()
+                        .zip(&self.owners)
+                        .filter(|(_, &o)| o == dp.rank)
+                        .map(|(g, _)| g.clone())
+                        .collect();
+                    self.opt.step(&mine, lr)?;
+                    // Every parameter from its owner: the others contribute zeros to the sum
+                    // (an all-gather through the one collective we have).
+                    let comm = CommClock::start(&self.device)?;
+                    let mut shared = self
+                        .vars
+                        .iter()
+                        .zip(&self.owners)
+                        .map(|(v, &o)| match o == dp.rank {
+                            true => Ok(v.as_detached_tensor()),
+                            false => v.zeros_like(),
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    dp.all_reduce(&mut shared, 1.)?;
+                    for (v, p) in self.vars.iter().zip(shared) {
+                        v.set(&p)?;
+                    }
+                    *comm_ms.get_or_insert(0.) += comm.stop(&self.device)?;
+                }
+                _ => self.opt.step(&grads, lr)?,
+            }
             self.step += 1;
         }
         clock.lap(|p| &mut p.update)?;
         Ok(StepOutcome {
+            comm_ms,
             loss: loss_sum / n,
             grad_norm,
             lr,

@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::metrics::{per_second, Distribution};
 use crate::models::weights::save_checkpoint;
 use crate::models::WeightSource;
+use crate::record::DpInfo;
 use crate::record::{
     DataInfo, Header, PhaseMs, Record, RunLog, StepRecord, TrainInfo, TrainSummary,
 };
@@ -19,6 +20,7 @@ use crate::runner::{base_header, hf_checkpoint, log_stem, RunSpec};
 use crate::suites::wikitext2::{blocks, Split, Splits};
 use crate::tokenizer::TextTokenizer;
 use crate::trackers::{peak_rss_bytes, LatencyTracker, MemoryReading, MemoryTracker};
+use crate::train::DataParallel;
 use crate::train::{Hyper, StepOutcome, Trainer};
 use candle_core::{DType, Device, Tensor};
 use rand::seq::SliceRandom;
@@ -99,13 +101,16 @@ struct CandleTrain {
 
 impl CandleTrain {
     fn start(spec: &RunSpec, weights: &WeightSource, hyper: &Hyper, dropout: bool) -> Result<Self> {
-        let device = spec.device.open()?;
+        let device = match &spec.dp {
+            Some(d) => d.ctx.device.clone(),
+            None => spec.device.open()?,
+        };
         spec.precision.apply_matmul_mode(&device);
         let memory = MemoryTracker::start(&device)
             .inspect_err(|e| eprintln!("warning: memory tracking unavailable: {e}"))
             .ok();
         let load = Instant::now();
-        let trainer = Trainer::new(
+        let mut trainer = Trainer::new(
             &spec.model,
             weights,
             spec.precision.dtype(),
@@ -113,6 +118,14 @@ impl CandleTrain {
             hyper.clone(),
             dropout,
         )?;
+        if let Some(d) = &spec.dp {
+            trainer.set_data_parallel(DataParallel {
+                rank: d.ctx.tp.rank,
+                size: d.ctx.tp.size,
+                reduce: d.ctx.tp.reduce.clone().expect("a group has an all-reduce"),
+                zero1: d.zero1,
+            })?;
+        }
         crate::device::synchronize(&device)?;
         Ok(Self {
             trainer,
@@ -207,6 +220,7 @@ impl TrainEngine for HfTrain {
         };
         Ok(StepOut {
             outcome: StepOutcome {
+                comm_ms: None,
                 loss: num("loss")?,
                 // null: a non-finite norm (fp16 overflow) that JSON cannot carry.
                 grad_norm: v["grad_norm"].as_f64().unwrap_or(f64::INFINITY),
@@ -283,7 +297,9 @@ fn prepare(spec: &RunSpec, opts: &TrainOptions) -> Result<Prepared> {
         )));
     }
     let micro_per_epoch = train_blocks.len().div_ceil(spec.batch_size);
-    let steps_per_epoch = (micro_per_epoch / opts.grad_accum).max(1);
+    // Micro-batches per optimizer step over all data-parallel ranks.
+    let global_accum = opts.grad_accum * dp_size(spec);
+    let steps_per_epoch = (micro_per_epoch / global_accum).max(1);
     let total_steps = opts
         .max_steps
         .unwrap_or_else(|| (opts.epochs * steps_per_epoch as f64).ceil() as usize)
@@ -307,12 +323,33 @@ fn prepare(spec: &RunSpec, opts: &TrainOptions) -> Result<Prepared> {
     })
 }
 
+/// `bytes` of every rank, in rank order (MiB resolution: the all-reduce carries f32).
+fn gather_mib(d: &crate::runner::DpRun, bytes: u64) -> Result<Vec<u64>> {
+    let (rank, size) = (d.ctx.tp.rank, d.ctx.tp.size);
+    let mut slots = vec![0f32; size];
+    slots[rank] = (bytes as f64 / (1u64 << 20) as f64).round() as f32;
+    let reduce = d.ctx.tp.reduce.as_ref().expect("a group has an all-reduce");
+    let sum = reduce.all_reduce_sum(&Tensor::new(slots, &d.ctx.device)?)?;
+    Ok(sum
+        .to_vec1::<f32>()?
+        .into_iter()
+        .map(|m| m as u64 * (1 << 20))
+        .collect())
+}
+
+/// Ranks of the data-parallel group (1 without `--dp`).
+fn dp_size(spec: &RunSpec) -> usize {
+    spec.dp.as_ref().map_or(1, |d| d.ctx.tp.size)
+}
+
 /// Trains with each engine `spec` names, in order; one outcome per engine. As for LAMBADA
 /// ([`crate::runner::run`]), the HF engine reads an HF checkpoint: random weights are written
 /// once and, with `--engine both`, candle trains from that same file.
 pub fn run_train(spec: &RunSpec, opts: &TrainOptions) -> Result<Vec<TrainOutcome>> {
     let prep = prepare(spec, opts)?;
-    eprintln!("{}", opts.splits.note);
+    if spec.is_logging_rank() {
+        eprintln!("{}", opts.splits.note);
+    }
     match spec.engine {
         EngineKind::Candle => Ok(vec![train_with(
             spec,
@@ -402,9 +439,39 @@ fn train_with(
             data_info(&opts.splits.train, train_blocks.len()),
         )
     };
+    let (dp_rank, dp_n) = spec
+        .dp
+        .as_ref()
+        .map_or((0, 1), |d| (d.ctx.tp.rank, d.ctx.tp.size));
+    let header = Header {
+        dp: spec.dp.as_ref().map(|d| DpInfo {
+            size: dp_n,
+            zero_stage: d.zero1 as u8,
+            backend: d.ctx.backend.clone(),
+            launcher: format!("{:?}", d.ctx.world.launcher),
+            ranks: d.ctx.peers.clone(),
+            global_batch_size: dp_n * bs * opts.grad_accum,
+            rules: format!(
+                "each optimizer step takes {dp_n} x {} micro-batches of {bs} blocks, consecutive in the shuffled order, rank r the r-th {} of them (the blocks one process with --grad-accum {} would take); gradients are averaged over ranks, so --lr applies to the global batch of {} blocks unchanged (no scaling rule)",
+                opts.grad_accum,
+                opts.grad_accum,
+                dp_n * opts.grad_accum,
+                dp_n * bs * opts.grad_accum
+            ),
+        }),
+        ..header
+    };
     let stem = log_stem(&header);
-    let mut log = RunLog::create(&spec.log_dir, &stem)?;
-    log.write(&Record::Header(Box::new(header.clone())))?;
+    // Only rank 0 logs: every rank takes the same steps, with the same loss.
+    let mut log = match spec.is_logging_rank() {
+        true => Some(RunLog::create(&spec.log_dir, &stem)?),
+        false => None,
+    };
+    let mut write = |record: &Record| match &mut log {
+        Some(l) => l.write(record),
+        None => Ok(()),
+    };
+    write(&Record::Header(Box::new(header.clone())))?;
 
     // Micro-batches over epochs, each epoch reshuffled (seeded; HF's RandomSampler draws
     // another permutation), the last partial batch kept (HF's dataloader_drop_last=False).
@@ -424,18 +491,22 @@ fn train_with(
         idx
     };
 
-    let bar = crate::runner::progress_bar(spec.progress, total_steps as u64);
+    let bar = crate::runner::progress_bar(spec.progress && dp_rank == 0, total_steps as u64);
+    let mut comm_ms_total = 0.;
     let (mut losses, mut timed_ms) = (vec![], vec![]);
     let (mut timed_samples, mut timed_tokens) = (0usize, 0usize);
     let mut failure = None;
     let mut micro_done = 0usize;
     let mut phases: Vec<PhaseMs> = vec![];
     for step in 0..total_steps {
-        let ids: Vec<Vec<usize>> = (0..opts.grad_accum)
+        // Every rank draws the whole step's micro-batches (the same seeded order) and trains on
+        // its share: rank r takes micro-batches r·ga .. (r+1)·ga.
+        let ids: Vec<Vec<usize>> = (0..opts.grad_accum * dp_n)
             .map(|_| next_micro(&mut order, &mut cursor))
             .collect();
         let n_samples: usize = ids.iter().map(Vec::len).sum();
-        let micro: Vec<Vec<&[u32]>> = ids
+        let mine = &ids[dp_rank * opts.grad_accum..(dp_rank + 1) * opts.grad_accum];
+        let micro: Vec<Vec<&[u32]>> = mine
             .iter()
             .map(|b| b.iter().map(|&i| train_blocks[i].as_slice()).collect())
             .collect();
@@ -449,7 +520,7 @@ fn train_with(
                 break;
             }
         };
-        micro_done += opts.grad_accum;
+        micro_done += opts.grad_accum * dp_n;
         let is_warmup = step < warmup;
         losses.push(out.loss);
         if !is_warmup {
@@ -457,7 +528,10 @@ fn train_with(
             timed_samples += n_samples;
             timed_tokens += n_samples * block_size;
         }
-        log.write(&Record::Step(StepRecord {
+        if !is_warmup {
+            comm_ms_total += out.comm_ms.unwrap_or(0.);
+        }
+        write(&Record::Step(StepRecord {
             step: step + 1,
             epoch: micro_done as f64 / prep.micro_per_epoch as f64,
             loss: out.loss,
@@ -470,6 +544,7 @@ fn train_with(
             skipped: out.skipped,
             loss_scale: out.loss_scale,
             phases_ms: out.phases_ms,
+            comm_ms: out.comm_ms,
         }))?;
         if !is_warmup {
             phases.extend(out.phases_ms);
@@ -478,14 +553,21 @@ fn train_with(
     }
     bar.finish_and_clear();
 
+    // Each rank's peak over the training steps, gathered to every rank (the last collective:
+    // only rank 0 evaluates and logs after it).
+    let mut per_rank_peak = None;
+    if let (Some(d), None) = (&spec.dp, &failure) {
+        let mine = engine.finish().map(|m| m.peak_bytes).unwrap_or(0);
+        per_rank_peak = Some(gather_mib(d, mine)?);
+    }
     let (mut eval_loss, mut eval_runtime) = (f64::NAN, 0.);
-    if failure.is_none() {
+    if failure.is_none() && dp_rank == 0 {
         match engine.eval(eval_blocks, opts.eval_batch_size) {
             Ok((l, s)) => (eval_loss, eval_runtime) = (l, s),
             Err(e) => failure = Some(e),
         }
     }
-    if let (None, Some(dir)) = (&failure, &opts.save) {
+    if let (None, Some(dir), 0) = (&failure, &opts.save, dp_rank) {
         engine.save(dir)?;
         eprintln!(
             "saved trained weights to {} (config.json + model.safetensors, fp32)",
@@ -531,6 +613,11 @@ fn train_with(
         wall_seconds: wall.elapsed().as_secs_f64(),
         peak_memory_bytes: mem.peak_bytes,
         peak_host_memory_bytes: peak_rss_bytes(),
+        comm_share: spec
+            .dp
+            .as_ref()
+            .map(|_| comm_ms_total / (runtime * 1e3).max(f64::MIN_POSITIVE)),
+        per_rank_peak_memory_bytes: per_rank_peak,
         phases_ms_p50: (!phases.is_empty()).then(|| {
             let p50 = |f: fn(&PhaseMs) -> f64| {
                 Distribution::of(&phases.iter().map(f).collect::<Vec<_>>()).p50
@@ -542,12 +629,12 @@ fn train_with(
             }
         }),
     };
-    log.write(&Record::TrainSummary(Box::new(summary.clone())))?;
+    write(&Record::TrainSummary(Box::new(summary.clone())))?;
     if let Some(e) = failure {
         return Err(e);
     }
     Ok(TrainOutcome {
-        log_path: log.path().to_path_buf(),
+        log_path: log.map(|l| l.path().to_path_buf()).unwrap_or_default(),
         header,
         summary,
     })
@@ -627,6 +714,12 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
     if let Some(t) = t {
         out += &format!("  data                      {}\n", t.note);
     }
+    if let Some(d) = &h.dp {
+        out += &format!(
+            "  data parallel             {} ranks over {}, ZeRO-{}, global batch {} blocks; figures from rank 0\n",
+            d.size, d.backend, d.zero_stage, d.global_batch_size
+        );
+    }
     out += &format!(
         "  steps                     {} ({} warm-up, not timed)\n",
         s.n_steps, s.warmup_steps
@@ -650,6 +743,19 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
         "  step latency ms           p50 {:.3}  p90 {:.3}\n",
         s.step_latency_ms_p50, s.step_latency_ms_p90
     );
+    if let Some(c) = s.comm_share {
+        out += &format!(
+            "  all-reduce share          {:.1}% of the timed steps\n",
+            c * 100.
+        );
+    }
+    if let Some(m) = &s.per_rank_peak_memory_bytes {
+        let gib: Vec<String> = m
+            .iter()
+            .map(|b| format!("{:.2}", *b as f64 / (1u64 << 30) as f64))
+            .collect();
+        out += &format!("  peak memory by rank       {} GiB\n", gib.join(" / "));
+    }
     if let Some(p) = &s.phases_ms_p50 {
         out += &format!(
             "  phases p50 ms             forward {:.3}  backward {:.3}  update {:.3}\n",

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 /// What a run needs to know about its tensor-parallel group.
 #[derive(Clone)]
-pub struct TpContext {
+pub struct RankContext {
     pub world: World,
     pub device: Device,
     /// This rank's device (`cuda:LOCAL_RANK`).
@@ -28,12 +28,12 @@ pub struct TpContext {
 }
 
 /// This process's rank, joined to the others.
-pub struct TpRank {
-    pub ctx: TpContext,
+pub struct GroupRank {
+    pub ctx: RankContext,
     rendezvous: Rendezvous,
 }
 
-impl TpRank {
+impl GroupRank {
     /// Opens this rank's device (`cuda:LOCAL_RANK` for a CUDA run), meets the other ranks and
     /// joins the all-reduce group.
     pub fn join(world: World, device: DeviceSpec, timeout: Duration) -> Result<Self> {
@@ -87,7 +87,7 @@ impl TpRank {
             }
             _ => nccl_join(&dev, world.rank, world.size, &rendezvous.id)?,
         };
-        let ctx = TpContext {
+        let ctx = RankContext {
             tp: Tp {
                 rank: world.rank,
                 size: world.size,

@@ -1,0 +1,168 @@
+//! Data-parallel fine-tuning as users run it (`bench --suite wikitext2 --dp N`), on CPU ranks
+//! (TCP all-reduce): dp=2 follows the loss curve of one process accumulating the same
+//! micro-batches, with and without ZeRO-1, rank 0 logs the group, and misuse is a one-line error.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn bench(log_dir: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_bench"));
+    for k in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ] {
+        c.env_remove(k);
+    }
+    c.arg("--no-progress").arg("--log-dir").arg(log_dir);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn only_log(dir: &Path) -> PathBuf {
+    let logs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(logs.len(), 1, "one log: {logs:?}");
+    logs[0].clone()
+}
+
+fn records(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// (loss, grad_norm) of every step, and the summary.
+fn curve(recs: &[Value]) -> (Vec<(f64, f64)>, Value) {
+    let steps = recs
+        .iter()
+        .filter(|r| r["record"] == "step")
+        .map(|r| {
+            (
+                r["loss"].as_f64().unwrap(),
+                r["grad_norm"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    let summary = recs
+        .iter()
+        .find(|r| r["record"] == "train_summary")
+        .unwrap();
+    (steps, summary.clone())
+}
+
+/// gpt2-tiny on the built-in sample, small blocks so it runs in seconds, dropout off (each
+/// rank draws its own dropout masks).
+const TRAIN: &[&str] = &[
+    "--suite",
+    "wikitext2",
+    "--max-steps",
+    "6",
+    "--no-dropout",
+    "--block-size",
+    "64",
+    "--batch-size",
+    "2",
+    "--warmup",
+    "0",
+    "--lr",
+    "1e-3",
+];
+
+/// Steps' (loss, grad_norm), the summary, the header, and each step's sample count.
+fn run(extra: &[&str]) -> (Vec<(f64, f64)>, Value, Value, Vec<u64>) {
+    let dir = tempfile::tempdir().unwrap();
+    let o = bench(dir.path()).args(TRAIN).args(extra).output().unwrap();
+    assert!(o.status.success(), "{extra:?}: {}", text(&o));
+    let recs = records(&only_log(dir.path()));
+    let (steps, summary) = curve(&recs);
+    let samples = recs
+        .iter()
+        .filter(|r| r["record"] == "step")
+        .map(|r| r["n_samples"].as_u64().unwrap())
+        .collect();
+    (steps, summary, recs[0].clone(), samples)
+}
+
+#[test]
+fn dp2_follows_one_process_with_twice_the_accumulation() {
+    let (one, one_sum, _, one_samples) = run(&["--grad-accum", "2"]);
+    assert!(one_samples.iter().all(|&n| n == 4), "{one_samples:?}");
+    assert_eq!(one.len(), 6);
+    for zero in ["0", "1"] {
+        let (two, sum, header, samples) = run(&["--dp", "2", "--zero", zero]);
+        assert_eq!(two.len(), one.len());
+        for (i, ((l2, g2), (l1, g1))) in two.iter().zip(&one).enumerate() {
+            // fp32 rounding only (the loss crosses ranks as f32).
+            assert!(
+                (l2 - l1).abs() <= 1e-6 * l1.abs(),
+                "zero {zero} step {i}: loss {l2} vs {l1}"
+            );
+            assert!(
+                (g2 - g1).abs() <= 1e-4 * g1.abs(),
+                "zero {zero} step {i}: grad norm {g2} vs {g1}"
+            );
+        }
+        // The losses move: the curve is a curve, not a constant both runs share.
+        assert!((one[5].0 - one[0].0).abs() > 1e-3, "{one:?}");
+        let (e2, e1) = (
+            sum["eval_loss"].as_f64().unwrap(),
+            one_sum["eval_loss"].as_f64().unwrap(),
+        );
+        assert!((e2 - e1).abs() <= 1e-5 * e1, "eval {e2} vs {e1}");
+        let dp = &header["dp"];
+        assert_eq!(dp["size"], 2);
+        assert_eq!(dp["zero_stage"], zero.parse::<u64>().unwrap());
+        assert_eq!(dp["global_batch_size"], 4);
+        assert_eq!(dp["ranks"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            sum["per_rank_peak_memory_bytes"].as_array().unwrap().len(),
+            2
+        );
+        assert!(sum["comm_share"].as_f64().unwrap() > 0.);
+        // Throughput counts the global batch: 4 blocks a step over both ranks.
+        assert!(samples.iter().all(|&n| n == 4), "{samples:?}");
+    }
+}
+
+#[test]
+fn what_dp_does_not_do_is_a_one_line_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (&["--dp", "2"], "for training suites"),
+        (
+            &["--suite", "wikitext2", "--zero", "1"],
+            "--zero is for --dp runs",
+        ),
+        (
+            &["--suite", "wikitext2", "--dp", "2", "--tp", "2"],
+            "cannot be combined",
+        ),
+        (
+            &["--suite", "wikitext2", "--dp", "2", "--engine", "hf"],
+            "the candle engine only",
+        ),
+    ];
+    for (args, msg) in cases {
+        let o = bench(dir.path()).args(args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(msg), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    }
+}
