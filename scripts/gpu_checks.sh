@@ -32,7 +32,7 @@
 #   tp             tensor parallelism: $TP_MODELS (bloom-7b1 gpt2-xl) bf16, full LAMBADA, each batch
 #                  size of $TP_BATCHES (16 1) at each of $TP_SIZES (1 2)       -> tp-logs.tgz
 #   dp             data-parallel fine-tuning of $DP_MODEL (gpt2), batch 8, block 1024, on $DP_SIZES
-#                  (2) GPUs: first fp32 --no-dropout, $DP_EQ_STEPS (10) steps, dp N against dp 1
+#                  (2) GPUs: first fp32 --no-dropout, $DP_EQ_STEPS (10; 0 skips) steps, dp N against dp 1
 #                  with --grad-accum N (the same global batch: equal loss curves), then bf16 with
 #                  dropout, 3 warm-up + $DP_STEPS (50) timed steps at dp 1, dp N, dp N --zero 1;
 #                  scripts/dp_report.py prints both tables                    -> dp-logs.tgz
@@ -109,6 +109,7 @@ for stage in "$@"; do
   dp)
     m=${DP_MODEL:-gpt2}; eq=${DP_EQ_STEPS:-10}; steps=$(( ${DP_STEPS:-50} + 3 ))
     for n in ${DP_SIZES:-2}; do
+      [ "$eq" = 0 ] && break  # DP_EQ_STEPS=0: scaling runs only
       dp_run "$m" fp32 --no-dropout --warmup 0 --max-steps "$eq" --grad-accum "$n"
       dp_run "$m" fp32 --no-dropout --warmup 0 --max-steps "$eq" --dp "$n"
     done
