@@ -3,7 +3,8 @@
 
     python3 scripts/dp_report.py DIR [DIR ...]
 
-Reads every wikitext2 run log (*.jsonl or *.jsonl.gz) in DIR. Prints two markdown tables:
+Reads every wikitext2 run log (*.jsonl or *.jsonl.gz) in each DIR (one host and session) and
+prints two markdown tables for it, comparing runs within the DIR only:
 - equivalence: each dp=N run against the dp=1 run of the same model and dtype whose global
   batch (batch x grad_accum x N) is the same: per-step loss and grad-norm relative
   differences (max over steps);
@@ -41,8 +42,14 @@ def rel(a, b):
 
 
 def main(dirs):
-    runs = [read(p) for d in dirs for p in sorted(Path(d).glob("wikitext2_*.jsonl*"))]
-    runs = [r for r in runs if r["summary"]]
+    for d in dirs:
+        print(f"### {d}\n")
+        report([r for r in (read(p) for p in sorted(Path(d).glob("wikitext2_*.jsonl*"))) if r["summary"]])
+        print()
+
+
+def report(runs):
+    """Both tables for the runs of one directory (one host, one session)."""
     print("| model | dtype | run | compared with | steps | loss rel. diff max | grad norm rel. diff max |")
     print("|---|---|---|---|---|---|---|")
     for r in runs:

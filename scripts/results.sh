@@ -31,3 +31,10 @@ for m in bloom-7b1 gpt2-xl; do
      --model $m --batch-size 16 --bf16 --title "LAMBADA $m bf16 batch 16, 4x H200: peak memory of rank 0"
 done
 python3 scripts/tp_agreement.py $R/h200x2/tp $R/h200x4/tp-run2
+
+# Data-parallel fine-tuning on H200s: every run into one CSV; the chart from the 4x host's runs.
+$X -i "$R/h200x2/dp/*.jsonl.gz" "$R/h200x4/dp/*.jsonl.gz" -o $R/h200_dp.csv
+$X -i "$R/h200x4/dp/*.jsonl.gz" -o /tmp/h200x4_dp.csv
+$P -i /tmp/h200x4_dp.csv -o $R/h200x4_dp_gpt2_bf16.png --metric train_samples_per_second --x dp \
+   --model gpt2 --bf16 --title "gpt2 bf16 fine-tuning, 8 blocks per GPU, 4x H200 (whiskers: ZeRO-0 vs 1)"
+python3 scripts/dp_report.py $R/h200x2/dp $R/h200x4/dp

@@ -206,6 +206,9 @@ fn bench_jsonl(mut row: RunRow, text: &str) -> (Vec<RunRow>, usize) {
     }
     // Tensor-parallel degree: 1 for single-GPU runs, so charts can put tp on an axis.
     x.insert("tp".into(), h.tp.as_ref().map_or(1., |t| t.size as f64));
+    // Data-parallel degree and ZeRO stage (1 and 0 without --dp).
+    x.insert("dp".into(), h.dp.as_ref().map_or(1., |d| d.size as f64));
+    x.insert("zero".into(), h.dp.as_ref().map_or(0., |d| d.zero_stage as f64));
     match summary {
         Some(v) => {
             let v = v.expect("summary serializes");
