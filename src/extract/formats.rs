@@ -208,7 +208,10 @@ fn bench_jsonl(mut row: RunRow, text: &str) -> (Vec<RunRow>, usize) {
     x.insert("tp".into(), h.tp.as_ref().map_or(1., |t| t.size as f64));
     // Data-parallel degree and ZeRO stage (1 and 0 without --dp).
     x.insert("dp".into(), h.dp.as_ref().map_or(1., |d| d.size as f64));
-    x.insert("zero".into(), h.dp.as_ref().map_or(0., |d| d.zero_stage as f64));
+    x.insert(
+        "zero".into(),
+        h.dp.as_ref().map_or(0., |d| d.zero_stage as f64),
+    );
     match summary {
         Some(v) => {
             let v = v.expect("summary serializes");
