@@ -214,7 +214,7 @@ fn what_tp_does_not_do_is_a_one_line_error() {
         (&["--tp", "2", "--engine", "hf"], "the candle engine only"),
         (&["--tp", "2", "--suite", "wikitext2"], "LAMBADA only"),
         (&["--tp", "2", "--dtype", "fp32,bf16"], "in a sweep"),
-        (&["--tp", "0"], "use 1 to 4 ranks"),
+        (&["--tp", "0"], "--tp must be at least 1"),
     ];
     for (args, msg) in cases {
         let o = bench(dir.path()).args(args).output().unwrap();
