@@ -72,8 +72,8 @@ impl RunSpec {
     /// tensor-parallel group other than rank 0.
     pub fn is_logging_rank(&self) -> bool {
         let rank = match (&self.tp, &self.dp) {
-            (Some(t), _) => t.tp.rank,
-            (_, Some(d)) => d.ctx.tp.rank,
+            (Some(t), _) => t.group.rank,
+            (_, Some(d)) => d.ctx.group.rank,
             _ => 0,
         };
         rank == 0
@@ -200,7 +200,7 @@ pub(crate) fn base_header(
         repeat: spec.repeat,
         train: None,
         tp: spec.tp.as_ref().map(|t| TpInfo {
-            size: t.tp.size,
+            size: t.group.size,
             backend: t.backend.clone(),
             launcher: format!("{:?}", t.world.launcher),
             ranks: t.peers.clone(),
@@ -245,7 +245,7 @@ fn candle_engine(spec: &RunSpec, weights: &WeightSource) -> Result<(Box<dyn Engi
     let record = save.map(|_| Recorder::default());
     let load = Instant::now();
     let model = match &spec.tp {
-        Some(t) => spec.model.load_shard(weights, dtype, &device, &t.tp)?,
+        Some(t) => spec.model.load_shard(weights, dtype, &device, &t.group)?,
         None => spec
             .model
             .load_recording(weights, dtype, &device, record.clone())?,

@@ -120,9 +120,14 @@ impl CandleTrain {
         )?;
         if let Some(d) = &spec.dp {
             trainer.set_data_parallel(DataParallel {
-                rank: d.ctx.tp.rank,
-                size: d.ctx.tp.size,
-                reduce: d.ctx.tp.reduce.clone().expect("a group has an all-reduce"),
+                rank: d.ctx.group.rank,
+                size: d.ctx.group.size,
+                reduce: d
+                    .ctx
+                    .group
+                    .reduce
+                    .clone()
+                    .expect("a group has an all-reduce"),
                 zero1: d.zero1,
             })?;
         }
@@ -325,10 +330,15 @@ fn prepare(spec: &RunSpec, opts: &TrainOptions) -> Result<Prepared> {
 
 /// `bytes` of every rank, in rank order (MiB resolution: the all-reduce carries f32).
 fn gather_mib(d: &crate::runner::DpRun, bytes: u64) -> Result<Vec<u64>> {
-    let (rank, size) = (d.ctx.tp.rank, d.ctx.tp.size);
+    let (rank, size) = (d.ctx.group.rank, d.ctx.group.size);
     let mut slots = vec![0f32; size];
     slots[rank] = (bytes as f64 / (1u64 << 20) as f64).round() as f32;
-    let reduce = d.ctx.tp.reduce.as_ref().expect("a group has an all-reduce");
+    let reduce = d
+        .ctx
+        .group
+        .reduce
+        .as_ref()
+        .expect("a group has an all-reduce");
     let sum = reduce.all_reduce_sum(&Tensor::new(slots, &d.ctx.device)?)?;
     Ok(sum
         .to_vec1::<f32>()?
@@ -339,7 +349,7 @@ fn gather_mib(d: &crate::runner::DpRun, bytes: u64) -> Result<Vec<u64>> {
 
 /// Ranks of the data-parallel group (1 without `--dp`).
 fn dp_size(spec: &RunSpec) -> usize {
-    spec.dp.as_ref().map_or(1, |d| d.ctx.tp.size)
+    spec.dp.as_ref().map_or(1, |d| d.ctx.group.size)
 }
 
 /// Trains with each engine `spec` names, in order; one outcome per engine. As for LAMBADA
@@ -442,7 +452,7 @@ fn train_with(
     let (dp_rank, dp_n) = spec
         .dp
         .as_ref()
-        .map_or((0, 1), |d| (d.ctx.tp.rank, d.ctx.tp.size));
+        .map_or((0, 1), |d| (d.ctx.group.rank, d.ctx.group.size));
     let header = Header {
         dp: spec.dp.as_ref().map(|d| DpInfo {
             size: dp_n,

@@ -20,7 +20,9 @@ pub struct RankContext {
     pub device: Device,
     /// This rank's device (`cuda:LOCAL_RANK`).
     pub device_spec: DeviceSpec,
-    pub tp: Tp,
+    /// Rank, size and all-reduce, in the form the sharded models take (`--tp`); a `--dp`
+    /// trainer uses the same three.
+    pub group: Tp,
     /// Every rank in rank order, with its host, pid and GPU.
     pub peers: Vec<Peer>,
     /// `nccl 2.28.9` or `tcp`.
@@ -88,7 +90,7 @@ impl GroupRank {
             _ => nccl_join(&dev, world.rank, world.size, &rendezvous.id)?,
         };
         let ctx = RankContext {
-            tp: Tp {
+            group: Tp {
                 rank: world.rank,
                 size: world.size,
                 reduce: Some(reduce.clone()),
