@@ -625,8 +625,16 @@ fn sweep(args: RunArgs, plan: Plan, command_line: Vec<String>) -> Result<ExitCod
     })
 }
 
-/// One configuration, in this process: a plain run, or a sweep's child ([`ChildTask`]).
+/// One configuration, in this process: a plain run, a sweep's child ([`ChildTask`]) or one
+/// rank of a parallel run (only rank 0 prints).
 fn single(spec: RunSpec) -> Result<ExitCode> {
+    if !spec.is_logging_rank() {
+        match &spec.train {
+            Some(opts) => drop(run_train(&spec, opts)?),
+            None => drop(run(spec)?),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Some(opts) = &spec.train {
         let outcomes = run_train(&spec, opts)?;
         for out in &outcomes {
@@ -733,6 +741,11 @@ fn parallel(args: RunArgs, plan: Plan, command_line: Vec<String>) -> Result<Exit
     if flag == "--tp" {
         spec.model.check_tp(n)?;
     }
+    if let DeviceSpec::Cuda(n @ 1..) = args.device {
+        return Err(Error::Config(format!(
+            "--device cuda:{n} with {flag}: each rank uses cuda:LOCAL_RANK; pick GPUs with CUDA_VISIBLE_DEVICES and pass --device cuda"
+        )));
+    }
     if matches!(args.device, DeviceSpec::Cuda(_)) && !cfg!(feature = "nccl") {
         return Err(Error::Unsupported(crate::dist::group::NO_NCCL.into()));
     }
@@ -762,28 +775,9 @@ fn parallel(args: RunArgs, plan: Plan, command_line: Vec<String>) -> Result<Exit
             ..spec
         },
     };
-    let logging = spec.is_logging_rank();
-    if let Some(opts) = &spec.train {
-        let outcomes = run_train(&spec, opts)?;
-        rank.finish(timeout)?;
-        if logging {
-            for out in &outcomes {
-                print!("{}", train_table(&out.header, &out.summary, &out.log_path));
-            }
-        }
-        return Ok(ExitCode::SUCCESS);
-    }
-    let outcomes = run(spec)?;
+    let code = single(spec)?;
     rank.finish(timeout)?;
-    if logging {
-        for out in &outcomes {
-            print!(
-                "{}",
-                summary_table(&out.header, &out.summary, &out.log_path)
-            );
-        }
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(code)
 }
 
 fn resolve_train(

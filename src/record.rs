@@ -456,6 +456,34 @@ pub struct RunLog {
     file: File,
 }
 
+/// The log of one rank of a run: a [`RunLog`] on the rank that logs, nothing on the others
+/// (every rank of a parallel run goes through the same loop, only rank 0 writes).
+pub struct RankLog(Option<RunLog>);
+
+impl RankLog {
+    pub fn create(logging: bool, dir: &Path, stem: &str) -> Result<Self> {
+        Ok(Self(match logging {
+            true => Some(RunLog::create(dir, stem)?),
+            false => None,
+        }))
+    }
+
+    pub fn write(&mut self, record: &Record) -> Result<()> {
+        match &mut self.0 {
+            Some(l) => l.write(record),
+            None => Ok(()),
+        }
+    }
+
+    /// The log's path; empty on a rank that does not log.
+    pub fn path(&self) -> PathBuf {
+        self.0
+            .as_ref()
+            .map(|l| l.path().to_path_buf())
+            .unwrap_or_default()
+    }
+}
+
 impl RunLog {
     /// Creates `dir/stem.jsonl` (`stem-1.jsonl`, … if taken); never overwrites a log.
     pub fn create(dir: &Path, stem: &str) -> Result<Self> {

@@ -13,7 +13,7 @@ use crate::metrics::{lambada_accuracy, lambada_perplexity, per_second, Distribut
 use crate::models::weights::save_checkpoint;
 use crate::models::{ModelSpec, Recorder, WeightSource};
 use crate::record::{
-    BatchRecord, DataInfo, Header, Record, RunLog, Summary, TpInfo, SCHEMA_VERSION,
+    BatchRecord, DataInfo, Header, RankLog, Record, Summary, TpInfo, SCHEMA_VERSION,
 };
 use crate::suites::lambada::{batch_shape, build_requests, passage_results};
 use crate::suites::SuiteFile;
@@ -369,15 +369,8 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
     }
     let stem = log_stem(&header);
     // Every rank runs every batch (each forward has all-reduces); only rank 0 logs.
-    let mut log = match logging {
-        true => Some(RunLog::create(&spec.log_dir, &stem)?),
-        false => None,
-    };
-    let mut write = |record: &Record| match &mut log {
-        Some(l) => l.write(record),
-        None => Ok(()),
-    };
-    write(&Record::Header(Box::new(header.clone())))?;
+    let mut log = RankLog::create(logging, &spec.log_dir, &stem)?;
+    log.write(&Record::Header(Box::new(header.clone())))?;
 
     // Untimed warm-up batches: CUDA loads candle's PTX kernels, cuBLAS creates handles and the
     // memory pools grow on first use; none of that is the model's speed. A failure here (an
@@ -422,7 +415,7 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
             passages: results,
         };
         totals.add(&record);
-        write(&Record::Batch(record))?;
+        log.write(&Record::Batch(record))?;
         bar.inc(batch.len() as u64);
     }
     bar.finish_and_clear();
@@ -479,12 +472,12 @@ fn run_engine(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Resul
         mfu,
         ..summary
     };
-    write(&Record::Summary(Box::new(summary.clone())))?;
+    log.write(&Record::Summary(Box::new(summary.clone())))?;
     if let Some(e) = failure {
         return Err(e);
     }
     Ok(RunOutcome {
-        log_path: log.map(|l| l.path().to_path_buf()).unwrap_or_default(),
+        log_path: log.path(),
         header,
         summary,
     })

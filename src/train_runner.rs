@@ -14,7 +14,7 @@ use crate::models::weights::save_checkpoint;
 use crate::models::WeightSource;
 use crate::record::DpInfo;
 use crate::record::{
-    DataInfo, Header, PhaseMs, Record, RunLog, StepRecord, TrainInfo, TrainSummary,
+    DataInfo, Header, PhaseMs, RankLog, Record, StepRecord, TrainInfo, TrainSummary,
 };
 use crate::runner::{base_header, hf_checkpoint, log_stem, RunSpec};
 use crate::suites::wikitext2::{blocks, Split, Splits};
@@ -473,15 +473,8 @@ fn train_with(
     };
     let stem = log_stem(&header);
     // Only rank 0 logs: every rank takes the same steps, with the same loss.
-    let mut log = match spec.is_logging_rank() {
-        true => Some(RunLog::create(&spec.log_dir, &stem)?),
-        false => None,
-    };
-    let mut write = |record: &Record| match &mut log {
-        Some(l) => l.write(record),
-        None => Ok(()),
-    };
-    write(&Record::Header(Box::new(header.clone())))?;
+    let mut log = RankLog::create(spec.is_logging_rank(), &spec.log_dir, &stem)?;
+    log.write(&Record::Header(Box::new(header.clone())))?;
 
     // Micro-batches over epochs, each epoch reshuffled (seeded; HF's RandomSampler draws
     // another permutation), the last partial batch kept (HF's dataloader_drop_last=False).
@@ -541,7 +534,7 @@ fn train_with(
         if !is_warmup {
             comm_ms_total += out.comm_ms.unwrap_or(0.);
         }
-        write(&Record::Step(StepRecord {
+        log.write(&Record::Step(StepRecord {
             step: step + 1,
             epoch: micro_done as f64 / prep.micro_per_epoch as f64,
             loss: out.loss,
@@ -639,12 +632,12 @@ fn train_with(
             }
         }),
     };
-    write(&Record::TrainSummary(Box::new(summary.clone())))?;
+    log.write(&Record::TrainSummary(Box::new(summary.clone())))?;
     if let Some(e) = failure {
         return Err(e);
     }
     Ok(TrainOutcome {
-        log_path: log.map(|l| l.path().to_path_buf()).unwrap_or_default(),
+        log_path: log.path(),
         header,
         summary,
     })

@@ -41,12 +41,8 @@ impl GroupRank {
     pub fn join(world: World, device: DeviceSpec, timeout: Duration) -> Result<Self> {
         let device_spec = match device {
             DeviceSpec::Cpu => DeviceSpec::Cpu,
-            DeviceSpec::Cuda(0) => DeviceSpec::Cuda(world.local_rank),
-            DeviceSpec::Cuda(n) => {
-                return Err(Error::Config(format!(
-                    "--device cuda:{n} with --tp: each rank uses cuda:LOCAL_RANK; pick GPUs with CUDA_VISIBLE_DEVICES and pass --device cuda"
-                )))
-            }
+            // `--device cuda`: the CLI refuses cuda:N with N > 0 before any rank starts.
+            DeviceSpec::Cuda(_) => DeviceSpec::Cuda(world.local_rank),
         };
         let dev = open(device_spec)?;
         let mut info = json!({ "local_rank": world.local_rank, "device": device_spec.to_string() });
