@@ -2,24 +2,11 @@
 //! self-spawned ranks, ranks started by an outside launcher (torchrun / Open MPI / Slurm
 //! variables), a rank that dies, rank 0 dying, and a rank that never starts.
 
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
+use common::{bench, text};
 
-fn bench() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_bench"));
-    c.env_remove("BENCH_DIST_CHECK_DIE");
-    for k in [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    ] {
-        c.env_remove(k);
-    }
-    c.stdout(Stdio::piped()).stderr(Stdio::piped());
-    c
-}
+use std::process::{Child, Output};
+use std::time::{Duration, Instant};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -36,14 +23,6 @@ fn ids(stdout: &[u8]) -> Vec<String> {
         .filter_map(|l| l.split("id sha256 ").nth(1))
         .map(|rest| rest.split(' ').next().unwrap().to_string())
         .collect()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 #[test]

@@ -2,33 +2,11 @@
 //! (TCP all-reduce): dp=2 follows the loss curve of one process accumulating the same
 //! micro-batches, with and without ZeRO-1, rank 0 logs the group, and misuse is a one-line error.
 
+mod common;
+use common::{bench_logging_to as bench, records, text};
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-
-fn bench(log_dir: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_bench"));
-    for k in [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    ] {
-        c.env_remove(k);
-    }
-    c.arg("--no-progress").arg("--log-dir").arg(log_dir);
-    c.stdout(Stdio::piped()).stderr(Stdio::piped());
-    c
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn only_log(dir: &Path) -> PathBuf {
     let logs: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -37,14 +15,6 @@ fn only_log(dir: &Path) -> PathBuf {
         .collect();
     assert_eq!(logs.len(), 1, "one log: {logs:?}");
     logs[0].clone()
-}
-
-fn records(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 /// (loss, grad_norm) of every step, and the summary.

@@ -2,34 +2,13 @@
 //! same scores as one process, one log from rank 0 that names every rank, ranks started by an
 //! outside launcher, a rank killed mid-run, and the errors for what --tp does not do.
 
+mod common;
+use common::{bench_logging_to as bench, records, text};
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
-
-fn bench(log_dir: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_bench"));
-    for k in [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    ] {
-        c.env_remove(k);
-    }
-    c.arg("--no-progress").arg("--log-dir").arg(log_dir);
-    c.stdout(Stdio::piped()).stderr(Stdio::piped());
-    c
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn logs(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -37,14 +16,6 @@ fn logs(dir: &Path) -> Vec<PathBuf> {
         .unwrap_or_default();
     v.sort();
     v
-}
-
-fn records(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 /// (log-likelihood, greedy) of every passage in a log, by passage index.
@@ -206,7 +177,7 @@ fn launcher_output(child: &mut std::process::Child) -> Output {
 #[test]
 fn what_tp_does_not_do_is_a_one_line_error() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (
             &["--tp", "5"],
             "gpt2-tiny has 4 attention heads; use 1 to 4 ranks",
@@ -215,6 +186,10 @@ fn what_tp_does_not_do_is_a_one_line_error() {
         (&["--tp", "2", "--suite", "wikitext2"], "LAMBADA only"),
         (&["--tp", "2", "--dtype", "fp32,bf16"], "in a sweep"),
         (&["--tp", "0"], "--tp must be at least 1"),
+        (
+            &["--tp", "2", "--device", "cuda:1"],
+            "pick GPUs with CUDA_VISIBLE_DEVICES",
+        ),
     ];
     for (args, msg) in cases {
         let o = bench(dir.path()).args(args).output().unwrap();
