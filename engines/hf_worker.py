@@ -50,6 +50,7 @@ on the target rows, log-softmax in fp32, results back on the host, synchronize, 
 """
 import contextlib
 import json
+import os
 import sys
 import time
 
@@ -280,8 +281,14 @@ class Worker:
                   device_memory_used_bytes=None)
 
 
+# TB_CUDA_PROFILE=N: the N-th score / train_step call (from 0, warm-up included) runs between
+# cudaProfilerStart and Stop, for `ncu --profile-from-start off`; as src/profile.rs does.
+PROFILE_AT = int(os.environ["TB_CUDA_PROFILE"]) if os.environ.get("TB_CUDA_PROFILE", "").strip() else None
+
+
 def main():
     worker = Worker()
+    calls = 0
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -290,7 +297,16 @@ def main():
         if op == "finish":
             worker.finish(req)
             return
+        profiled = op in ("score", "train_step") and calls == PROFILE_AT and worker.device.type == "cuda"
+        if op in ("score", "train_step"):
+            calls += 1
+        if profiled:
+            sync(worker.device)
+            torch.cuda.cudart().cudaProfilerStart()
         getattr(worker, op)(req)
+        if profiled:
+            sync(worker.device)
+            torch.cuda.cudart().cudaProfilerStop()
 
 
 if __name__ == "__main__":

@@ -36,6 +36,13 @@
 #                  with --grad-accum N (the same global batch: equal loss curves), then bf16 with
 #                  dropout, 3 warm-up + $DP_STEPS (50) timed steps at dp 1, dp N, dp N --zero 1;
 #                  scripts/dp_report.py prints both tables                    -> dp-logs.tgz
+#   perf-profile   ncu kernel times of one forward / one training step, candle and HF, same call
+#                  index (TB_CUDA_PROFILE): gpt2 bs16 and bs1, bloom-560m and bloom-7b1 bs16,
+#                  gpt2 training step; scripts/kernel_breakdown.py sums them by op -> perf-profile.tgz
+#   perf-compare   the #10 targets in one run: candle vs HF (`--engine both`), bf16, LAMBADA:
+#                  gpt2 / bloom-560m / bloom-7b1 batch 16 (full set), gpt2 batch 1 (--limit
+#                  $B1_LIMIT); WikiText-2 gpt2 fine-tuning, $PERF_STEPS (50) timed steps with
+#                  --phase-times. $PERF_FLAGS go to every candle run            -> perf-logs.tgz
 # Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.gz, lambada_test.jsonl.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -103,6 +110,22 @@ dp_run() { # model dtype [extra flags]: rank 0's log goes to /tmp/dp-logs
   (cd /tmp && tar czf "$OUT/dp-logs.tgz" dp-logs)  # after every run: a time-out keeps what finished
 }
 
+NCU="ncu --profile-from-start off --clock-control none --cache-control none --target-processes all --metrics gpu__time_duration.sum"
+profile() { # name call-index bench-args...: one call's kernels, as CSV in /tmp/prof/$name.csv
+  local name=$1 at=$2; shift 2
+  mkdir -p /tmp/prof
+  TB_CUDA_PROFILE=$at $NCU -f -o /tmp/prof/$name $B --weights random --seed 0 --device cuda --dtype bf16 \
+    --log-dir /tmp/prof-logs --no-progress "$@" > /tmp/prof/$name.txt 2>&1
+  echo "$name: exit $? $(grep -c . /tmp/prof/$name.txt) lines"
+  ncu -i /tmp/prof/$name.ncu-rep --csv --page raw --print-units base --metrics gpu__time_duration.sum > /tmp/prof/$name.csv
+  rm -f /tmp/prof/$name.ncu-rep
+}
+perf_run() { # bench args: one timed run into /tmp/perf-logs
+  $B --weights random --seed 0 --device cuda --dtype bf16 --log-dir /tmp/perf-logs --no-progress "$@" 2>&1 | tee -a "$OUT/perf.txt"
+  echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/perf.txt"
+  (cd /tmp && tar czf "$OUT/perf-logs.tgz" perf-logs)
+}
+
 for stage in "$@"; do
   echo "=== $stage"
   case $stage in
@@ -119,6 +142,28 @@ for stage in "$@"; do
       dp_run "$m" bf16 --warmup 3 --max-steps "$steps" --dp "$n" --zero 1
     done
     python3 scripts/dp_report.py /tmp/dp-logs | tee -a "$OUT/dp.txt"
+    ;;
+  perf-profile)
+    L="--suite lambada --data .gpu/lambada_test.jsonl"
+    W="--suite wikitext2 --data .gpu/wikitext-2-raw --batch-size 8 --block-size 1024 --warmup 1 --max-steps 3"
+    for e in candle hf; do
+      profile gpt2-bs16-$e 10 $L --engine $e --model gpt2 --batch-size 16 --limit 400
+      profile gpt2-bs1-$e 20 $L --engine $e --model gpt2 --batch-size 1 --limit 40
+      profile bloom-560m-bs16-$e 10 $L --engine $e --model bloom-560m --batch-size 16 --limit 400
+      profile bloom-7b1-bs16-$e 6 $L --engine $e --model bloom-7b1 --batch-size 16 --limit 160
+      profile train-gpt2-$e 2 $W --engine $e --model gpt2
+    done
+    python3 scripts/kernel_breakdown.py /tmp/prof/*.csv | tee "$OUT/perf-profile.txt"
+    (cd /tmp && tar czf "$OUT/perf-profile.tgz" prof)
+    ;;
+  perf-compare)
+    L="--suite lambada --engine both --data .gpu/lambada_test.jsonl ${PERF_FLAGS:-}"
+    perf_run $L --model gpt2 --batch-size 16
+    perf_run $L --model gpt2 --batch-size 1 --limit "$B1_LIMIT"
+    perf_run $L --model bloom-560m --batch-size 16
+    perf_run $L --model bloom-7b1 --batch-size 16
+    perf_run --suite wikitext2 --engine both --model gpt2 --data .gpu/wikitext-2-raw --batch-size 8 \
+      --block-size 1024 --warmup 3 --max-steps $(( ${PERF_STEPS:-50} + 3 )) --phase-times ${PERF_FLAGS:-}
     ;;
   tp-smoke)
     for m in gpt2-tiny bloom-tiny; do

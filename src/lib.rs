@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod models;
 #[cfg(feature = "report")]
 pub mod plot;
+pub mod profile;
 pub mod record;
 pub mod runner;
 pub mod suites;

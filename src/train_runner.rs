@@ -156,6 +156,7 @@ impl TrainEngine for CandleTrain {
     }
 
     fn step(&mut self, micro_batches: &[Vec<&[u32]>]) -> Result<StepOut> {
+        let _profiled = crate::profile::window(&self.device);
         let mut lat = LatencyTracker::new(&self.device);
         lat.start()?;
         let micro = micro_batches

@@ -33,6 +33,7 @@ impl Engine for CandleEngine {
     }
 
     fn score(&mut self, batch: &[Request]) -> Result<BatchOutput> {
+        let _profiled = crate::profile::window(&self.device);
         let mut timer = LatencyTracker::new(&self.device);
         timer.start()?;
         let scores = target_scores(self.model.as_ref(), batch, &self.device)?;
