@@ -19,4 +19,26 @@ fn main() {
     println!("cargo:rerun-if-changed=.git/index");
     println!("cargo:rerun-if-changed=.git/refs/heads");
     println!("cargo:rerun-if-env-changed=CUDARC_CUDA_VERSION");
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        compile_fused_kernels();
+    }
+}
+
+/// src/kernels/fused.cu -> $OUT_DIR/fused.ptx (embedded by src/kernels/mod.rs). PTX for the
+/// compute capability in CUDA_COMPUTE_CAP (as candle's kernels; default 80, the first with
+/// bf16), compiled by the driver at first use.
+fn compile_fused_kernels() {
+    let src = "src/kernels/fused.cu";
+    println!("cargo:rerun-if-changed={src}");
+    println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "80".into());
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("fused.ptx");
+    let status = Command::new("nvcc")
+        .args(["--ptx", "-O3", "-std=c++17", &format!("-arch=compute_{cap}"), src, "-o"])
+        .arg(&out)
+        .status()
+        .unwrap_or_else(|e| {
+            panic!("cannot run nvcc ({e}): the cuda feature needs a CUDA toolkit on PATH (README, CUDA build)")
+        });
+    assert!(status.success(), "nvcc failed on {src}");
 }

@@ -39,10 +39,13 @@
 #   perf-profile   ncu kernel times of one forward / one training step, candle and HF, same call
 #                  index (TB_CUDA_PROFILE): gpt2 bs16 and bs1, bloom-560m and bloom-7b1 bs16,
 #                  gpt2 training step; scripts/kernel_breakdown.py sums them by op -> perf-profile.tgz
+#   kernels        the fused kernels against candle's composed ops (src/kernels/gpu_tests.rs),
+#                  from the CUDA unit-test binary .gpu/tests.gz             -> kernels.txt
 #   perf-compare   the #10 targets in one run: candle vs HF (`--engine both`), bf16, LAMBADA:
 #                  gpt2 / bloom-560m / bloom-7b1 batch 16 (full set), gpt2 batch 1 (--limit
 #                  $B1_LIMIT); WikiText-2 gpt2 fine-tuning, $PERF_STEPS (50) timed steps with
-#                  --phase-times. $PERF_FLAGS go to every candle run            -> perf-logs.tgz
+#                  --phase-times. $PERF_FLAGS go to every run, $PERF_ENGINE (both) picks the
+#                  engines (candle + PERF_FLAGS="--fused none": the "before")  -> perf-logs.tgz
 # Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.gz, lambada_test.jsonl.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -156,13 +159,18 @@ for stage in "$@"; do
     python3 scripts/kernel_breakdown.py /tmp/prof/*.csv | tee "$OUT/perf-profile.txt"
     (cd /tmp && tar czf "$OUT/perf-profile.tgz" prof)
     ;;
+  kernels)
+    gunzip -c .gpu/tests.gz > /tmp/unit-tests && chmod +x /tmp/unit-tests
+    /tmp/unit-tests kernels:: 2>&1 | tee "$OUT/kernels.txt"
+    ;;
   perf-compare)
-    L="--suite lambada --engine both --data .gpu/lambada_test.jsonl ${PERF_FLAGS:-}"
+    E=${PERF_ENGINE:-both}
+    L="--suite lambada --engine $E --data .gpu/lambada_test.jsonl ${PERF_FLAGS:-}"
     perf_run $L --model gpt2 --batch-size 16
     perf_run $L --model gpt2 --batch-size 1 --limit "$B1_LIMIT"
     perf_run $L --model bloom-560m --batch-size 16
     perf_run $L --model bloom-7b1 --batch-size 16
-    perf_run --suite wikitext2 --engine both --model gpt2 --data .gpu/wikitext-2-raw --batch-size 8 \
+    perf_run --suite wikitext2 --engine $E --model gpt2 --data .gpu/wikitext-2-raw --batch-size 8 \
       --block-size 1024 --warmup 3 --max-steps $(( ${PERF_STEPS:-50} + 3 )) --phase-times ${PERF_FLAGS:-}
     ;;
   tp-smoke)

@@ -231,6 +231,15 @@ pub struct RunArgs {
     #[arg(long)]
     pub hf_compile: bool,
 
+    /// candle engine on CUDA: the fused paths to use (comma list). all; none (candle's own
+    /// ops, for comparison); lt (inference projections as one cuBLASLt matmul with bias and
+    /// GELU in its epilogue); softmax (attention scale + mask + softmax + dropout in one
+    /// kernel, and its backward); bias-act (bias + activation in one kernel, and its
+    /// backward); adamw (AdamW in two kernels per tensor). docs/perf-notes.md has the effect
+    /// of each. No effect on CPU.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "all")]
+    pub fused: Vec<crate::kernels::Fused>,
+
     /// HF engine: run this worker script instead of the built-in one (development, tests).
     #[arg(long, value_name = "PATH", hide = true)]
     pub hf_worker: Option<PathBuf>,
@@ -671,6 +680,7 @@ fn single(spec: RunSpec) -> Result<ExitCode> {
 }
 
 fn run_command(args: RunArgs, command_line: Vec<String>) -> Result<ExitCode> {
+    crate::kernels::set_enabled(&args.fused);
     let plan = plan(&args)?;
     if args.tp != 1 || args.dp != 1 {
         return parallel(args, plan, command_line);

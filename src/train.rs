@@ -84,8 +84,7 @@ impl LinearSchedule {
 /// p ← p − lr/(1−β1ᵗ) · m / (√v / √(1−β2ᵗ) + ε).
 pub struct AdamW {
     params: Vec<Var>,
-    m: Vec<Tensor>,
-    v: Vec<Tensor>,
+    moments: Vec<Moments>,
     step: usize,
     beta1: f64,
     beta2: f64,
@@ -93,12 +92,23 @@ pub struct AdamW {
     weight_decay: f64,
 }
 
+/// A parameter's first and second moments (fp32): two tensors for candle's ops, or packed
+/// (2, numel) for the fused kernel (CUDA).
+enum Moments {
+    Split { m: Tensor, v: Tensor },
+    Packed(Tensor),
+}
+
 impl AdamW {
     pub fn new(params: Vec<Var>, h: &Hyper) -> Result<Self> {
-        let zeros = |p: &Var| p.zeros_like();
+        let zeros = |p: &Var| -> Result<Moments> {
+            Ok(Moments::Split {
+                m: p.zeros_like()?,
+                v: p.zeros_like()?,
+            })
+        };
         Ok(Self {
-            m: params.iter().map(zeros).collect::<Result<_>>()?,
-            v: params.iter().map(zeros).collect::<Result<_>>()?,
+            moments: params.iter().map(zeros).collect::<Result<_>>()?,
             params,
             step: 0,
             beta1: h.beta1,
@@ -112,20 +122,46 @@ impl AdamW {
     pub fn step(&mut self, grads: &[Tensor], lr: f64) -> Result<()> {
         self.step += 1;
         let t = self.step as i32;
-        let bc1 = 1. - self.beta1.powi(t);
-        let bc2_sqrt = (1. - self.beta2.powi(t)).sqrt();
+        let h = crate::kernels::AdamStep {
+            lr,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            bc1: 1. - self.beta1.powi(t),
+            bc2_sqrt: (1. - self.beta2.powi(t)).sqrt(),
+        };
         for (i, g) in grads.iter().enumerate() {
+            let param = self.params[i].as_tensor();
+            if param.device().is_cuda() {
+                let packed = match &self.moments[i] {
+                    Moments::Packed(mv) => mv.clone(),
+                    Moments::Split { m, v } => {
+                        Tensor::stack(&[m.flatten_all()?, v.flatten_all()?], 0)?
+                    }
+                };
+                if let Some(mv) = crate::kernels::adamw(param, g, &packed, &h)? {
+                    self.moments[i] = Moments::Packed(mv);
+                    continue;
+                }
+            }
+            let (m, v) = match &self.moments[i] {
+                Moments::Split { m, v } => (m.clone(), v.clone()),
+                Moments::Packed(mv) => (
+                    mv.get(0)?.reshape(g.shape())?,
+                    mv.get(1)?.reshape(g.shape())?,
+                ),
+            };
             let mut p = self.params[i].as_detached_tensor();
             if self.weight_decay != 0. {
                 p = p.affine(1. - lr * self.weight_decay, 0.)?;
             }
-            let m = (&self.m[i] + ((g - &self.m[i])? * (1. - self.beta1))?)?;
-            let v = ((&self.v[i] * self.beta2)? + (g.sqr()? * (1. - self.beta2))?)?;
-            let denom = ((v.sqrt()? / bc2_sqrt)? + self.eps)?;
-            let p = (p - ((&m / &denom)? * (lr / bc1))?)?;
+            let m = (&m + ((g - &m)? * (1. - self.beta1))?)?;
+            let v = ((&v * self.beta2)? + (g.sqr()? * (1. - self.beta2))?)?;
+            let denom = ((v.sqrt()? / h.bc2_sqrt)? + self.eps)?;
+            let p = (p - ((&m / &denom)? * (lr / h.bc1))?)?;
             self.params[i].set(&p)?;
-            self.m[i] = m;
-            self.v[i] = v;
+            self.moments[i] = Moments::Split { m, v };
         }
         Ok(())
     }
@@ -640,7 +676,10 @@ mod tests {
         for _ in 0..2 {
             trainer.step(std::slice::from_ref(&ids))?;
         }
-        let tracked = trainer.opt.m.iter().chain(&trainer.opt.v);
+        let tracked = trainer.opt.moments.iter().flat_map(|m| match m {
+            Moments::Split { m, v } => vec![m, v],
+            Moments::Packed(mv) => vec![mv],
+        });
         assert_eq!(tracked.filter(|t| t.track_op()).count(), 0);
         Ok(())
     }

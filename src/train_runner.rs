@@ -148,7 +148,11 @@ impl TrainEngine for CandleTrain {
     }
 
     fn info(&self) -> BTreeMap<String, String> {
-        [("candle".to_string(), "0.11.1".to_string())].into()
+        let mut info = BTreeMap::from([("candle".to_string(), "0.11.1".to_string())]);
+        if self.device.is_cuda() {
+            info.insert("fused".into(), crate::kernels::describe());
+        }
+        info
     }
 
     fn load_seconds(&self) -> f64 {

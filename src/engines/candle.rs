@@ -21,7 +21,11 @@ impl Engine for CandleEngine {
     }
 
     fn info(&self) -> BTreeMap<String, String> {
-        BTreeMap::from([("candle".into(), "0.11.1".into())])
+        let mut info = BTreeMap::from([("candle".into(), "0.11.1".into())]);
+        if self.device.is_cuda() {
+            info.insert("fused".into(), crate::kernels::describe());
+        }
+        info
     }
 
     fn max_positions(&self) -> usize {

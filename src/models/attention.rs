@@ -5,6 +5,7 @@
 
 use super::handoff::Handoff;
 use super::layers::Mode;
+use crate::kernels;
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor, Var, D,
 };
@@ -61,7 +62,14 @@ fn attend(
     keep: Option<(&Tensor, f32)>,
     differentiable: bool,
 ) -> Result<Tensor> {
-    let scores = (q.matmul(&k.t()?)? * scale)?; // (B, nh, T, T)
+    let raw = q.matmul(&k.t()?)?; // (B, nh, T, T)
+    if !differentiable {
+        // One kernel for scale, bias, softmax and dropout where it applies (CUDA).
+        if let Some((probs, _)) = kernels::attn_softmax(&raw, bias, scale, keep, false)? {
+            return probs.matmul(v);
+        }
+    }
+    let scores = (raw * scale)?;
     let scores = scores.to_dtype(DType::F32)?.broadcast_add(bias)?;
     let probs = if differentiable {
         candle_nn::ops::softmax(&scores, D::Minus1)?
@@ -126,6 +134,39 @@ impl RecomputedAttention {
     }
 }
 
+type QkvGrads = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
+
+impl RecomputedAttention {
+    /// The backward by hand with the fused softmax kernels (CUDA), as FlashAttention's:
+    /// five matmuls and two row-wise passes, all in the model dtype, instead of autograd
+    /// through the composed f32 ops. None where the kernels do not apply.
+    fn fused_bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        dout: &Tensor,
+    ) -> Result<Option<QkvGrads>> {
+        let keep = self.keep.as_ref().map(|k| (k, self.p_drop));
+        let (q, k, v) = (q.detach(), k.detach(), v.detach());
+        let s = q.matmul(&k.t()?)?; // (B, nh, T, T)
+        let Some((dropped, Some(probs))) =
+            kernels::attn_softmax(&s, &self.bias, self.scale, keep, true)?
+        else {
+            return Ok(None);
+        };
+        let dout = dout.detach().contiguous()?; // (B, nh, T, hs)
+        let dv = dropped.t()?.matmul(&dout)?;
+        let d_dropped = dout.matmul(&v.t()?)?; // (B, nh, T, T)
+        let Some(ds) = kernels::attn_softmax_bwd(&probs, &d_dropped, self.scale, keep)? else {
+            return Ok(None);
+        };
+        let dq = ds.matmul(&k)?;
+        let dk = ds.t()?.matmul(&q)?;
+        Ok(Some((Some(dq), Some(dk), Some(dv))))
+    }
+}
+
 impl CustomOp3 for RecomputedAttention {
     fn name(&self) -> &'static str {
         "recomputed-attention"
@@ -163,6 +204,9 @@ impl CustomOp3 for RecomputedAttention {
         _out: &Tensor,
         grad_out: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        if let Some(grads) = self.fused_bwd(q, k, v, grad_out)? {
+            return Ok(grads);
+        }
         let (q, k, v) = (
             Var::from_tensor(&q.detach())?,
             Var::from_tensor(&k.detach())?,

@@ -4,6 +4,7 @@
 use super::shard::Tp;
 use crate::dist::AllReduce;
 use crate::error::{Error, Result};
+use crate::kernels::{self, Act};
 use candle_core::Tensor;
 use candle_nn::{layer_norm, Init, LayerNormConfig, VarBuilder};
 use std::sync::Arc;
@@ -66,16 +67,41 @@ impl Projection {
     }
 
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.forward_act(x, None)
+    }
+
+    /// act(x W + b). On CUDA the bias and activation are fused ([`kernels`]): into the
+    /// cuBLASLt matmul's epilogue for inference, one differentiable kernel after it for
+    /// training and under tensor parallelism (the bias follows the all-reduce).
+    pub fn forward_act(&self, x: &Tensor, act: Option<Activation>) -> candle_core::Result<Tensor> {
         let (b, t, c) = x.dims3()?;
         let x = x.reshape((b * t, c))?; // (B·T, in)
-        let mut y = match self.layout {
-            WeightLayout::Linear => x.matmul(&self.weight.t()?)?,
-            WeightLayout::Conv1D => x.matmul(&self.weight)?,
+        let linear = matches!(self.layout, WeightLayout::Linear);
+        let kact = act.map_or(Act::None, Activation::kernel);
+        if self.reduce.is_none() {
+            if let Some(y) = kernels::linear(&x, &self.weight, linear, &self.bias, kact)? {
+                return y.reshape((b, t, ()));
+            }
+        }
+        let mut y = if linear {
+            x.matmul(&self.weight.t()?)?
+        } else {
+            x.matmul(&self.weight)?
         }; // (B·T, out)
         if let Some(reduce) = &self.reduce {
             y = reduce.all_reduce_sum(&y)?;
         }
-        y.broadcast_add(&self.bias)?.reshape((b, t, ()))
+        let y = match kernels::bias_act(&y, &self.bias, kact)? {
+            Some(y) => y,
+            None => {
+                let y = y.broadcast_add(&self.bias)?;
+                match act {
+                    Some(a) => a.forward(&y)?,
+                    None => y,
+                }
+            }
+        };
+        y.reshape((b, t, ()))
     }
 }
 
@@ -108,6 +134,14 @@ impl Activation {
             Self::Relu => x.relu(),
         }
     }
+
+    fn kernel(self) -> Act {
+        match self {
+            Self::GeluTanh => Act::GeluTanh,
+            Self::GeluErf => Act::GeluErf,
+            Self::Relu => Act::Relu,
+        }
+    }
 }
 
 /// down(act(up(x))): (B, T, C) -> (B, T, C).
@@ -119,7 +153,7 @@ pub struct Mlp {
 
 impl Mlp {
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        self.down.forward(&self.act.forward(&self.up.forward(x)?)?)
+        self.down.forward(&self.up.forward_act(x, Some(self.act))?)
     }
 }
 

@@ -1,0 +1,262 @@
+//! The fused kernels against candle's composed ops, on a GPU. They exist only in CUDA builds
+//! and run on the GPU host (`scripts/gpu_checks.sh kernels`); without a GPU they fail, they
+//! do not skip. Each compares the fused path on CUDA with the composed ops, on CUDA or on the
+//! CPU; fp32 tolerances are rounding-level, half precision ones are a few bf16 ulps.
+
+use super::*;
+use crate::models::{attention::causal_padding_bias, ModelSpec, WeightSource};
+use crate::train::{Hyper, Trainer};
+use candle_core::{DType, Device, Tensor, Var, D};
+
+fn gpu() -> Device {
+    Device::new_cuda(0).expect("these tests need a CUDA GPU")
+}
+
+/// max |a − b| / max |b|, both as f32.
+fn rel(a: &Tensor, b: &Tensor) -> f32 {
+    let (a, b) = (
+        a.to_dtype(DType::F32).unwrap(),
+        b.to_dtype(DType::F32).unwrap(),
+    );
+    let a = a.to_device(&Device::Cpu).unwrap();
+    let b = b.to_device(&Device::Cpu).unwrap();
+    let d = (&a - &b).unwrap().abs().unwrap().flatten_all().unwrap();
+    let d = d.max(0).unwrap().to_scalar::<f32>().unwrap();
+    let m = b.abs().unwrap().flatten_all().unwrap().max(0).unwrap();
+    d / m.to_scalar::<f32>().unwrap().max(1e-12)
+}
+
+fn randn(shape: &[usize], dev: &Device) -> Tensor {
+    Tensor::randn(0f32, 1., shape, dev).unwrap()
+}
+
+fn act_ref(y: &Tensor, act: Act) -> Tensor {
+    match act {
+        Act::None => y.clone(),
+        Act::GeluTanh => y.gelu().unwrap(),
+        Act::GeluErf => y.gelu_erf().unwrap(),
+        Act::Relu => y.relu().unwrap(),
+    }
+}
+
+#[test]
+fn lt_linear_matches_matmul_plus_bias_and_gelu() {
+    let dev = gpu();
+    let (n, k, out) = (37, 64, 96);
+    for dtype in [DType::BF16, DType::F16] {
+        for w_out_in in [true, false] {
+            for act in [Act::None, Act::GeluTanh] {
+                let x = randn(&[n, k], &dev).to_dtype(dtype).unwrap();
+                let w_shape = if w_out_in { [out, k] } else { [k, out] };
+                let w = (randn(&w_shape, &dev) * 0.1)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let b = randn(&[out], &dev).to_dtype(dtype).unwrap();
+                let fused = linear(&x, &w, w_out_in, &b, act).unwrap().expect("applies");
+                let f32w = w.to_dtype(DType::F32).unwrap();
+                let wt = if w_out_in { f32w.t().unwrap() } else { f32w };
+                let y = x.to_dtype(DType::F32).unwrap().matmul(&wt).unwrap();
+                let y = y.broadcast_add(&b.to_dtype(DType::F32).unwrap()).unwrap();
+                let r = rel(&fused, &act_ref(&y, act));
+                assert!(r < 1e-2, "{dtype:?} w_out_in={w_out_in} {act:?}: rel {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn bias_act_forward_and_backward_match_composed_ops() {
+    let dev = gpu();
+    for act in [Act::None, Act::GeluTanh, Act::GeluErf, Act::Relu] {
+        let x = Var::from_tensor(&randn(&[33, 70], &dev)).unwrap();
+        let b = Var::from_tensor(&randn(&[70], &dev)).unwrap();
+        let g = randn(&[33, 70], &dev);
+        let run = |fused: bool| {
+            let y = if fused {
+                bias_act(x.as_tensor(), b.as_tensor(), act)
+                    .unwrap()
+                    .expect("applies")
+            } else {
+                act_ref(&x.as_tensor().broadcast_add(b.as_tensor()).unwrap(), act)
+            };
+            let grads = (&y * &g).unwrap().sum_all().unwrap().backward().unwrap();
+            let gx = grads.get(x.as_tensor()).unwrap().clone();
+            let gb = grads.get(b.as_tensor()).unwrap().clone();
+            (y, gx, gb)
+        };
+        let (y1, gx1, gb1) = run(true);
+        let (y0, gx0, gb0) = run(false);
+        assert!(rel(&y1, &y0) < 1e-5, "{act:?} forward {}", rel(&y1, &y0));
+        assert!(rel(&gx1, &gx0) < 1e-4, "{act:?} dx {}", rel(&gx1, &gx0));
+        assert!(rel(&gb1, &gb0) < 1e-4, "{act:?} dbias {}", rel(&gb1, &gb0));
+    }
+}
+
+#[test]
+fn attn_softmax_matches_scale_bias_softmax_dropout() {
+    let dev = gpu();
+    let (b, nh, t) = (2, 3, 11);
+    let mask = Tensor::new(&[[1u32; 11], [1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0]], &dev).unwrap();
+    let causal = causal_padding_bias(&mask).unwrap(); // (B, 1, T, T)
+    let per_head = causal.broadcast_add(&randn(&[b, nh, t, t], &dev)).unwrap(); // ALiBi-like
+    let s = randn(&[b, nh, t, t], &dev);
+    let keep = Tensor::rand(0f32, 1., (b, nh, t, t), &dev)
+        .unwrap()
+        .ge(0.3)
+        .unwrap();
+    for bias in [&causal, &per_head] {
+        for drop in [None, Some((&keep, 0.3f32))] {
+            let (out, probs) = attn_softmax(&s, bias, 0.25, drop, true)
+                .unwrap()
+                .expect("applies");
+            let p = candle_nn::ops::softmax(
+                &(&s * 0.25).unwrap().broadcast_add(bias).unwrap(),
+                D::Minus1,
+            )
+            .unwrap();
+            let want = match drop {
+                Some((k, q)) => (&p * k.to_dtype(DType::F32).unwrap())
+                    .unwrap()
+                    .affine(1. / (1. - q as f64), 0.)
+                    .unwrap(),
+                None => p.clone(),
+            };
+            assert!(rel(&out, &want) < 1e-6, "forward {}", rel(&out, &want));
+            assert!(rel(&probs.unwrap(), &p) < 1e-6);
+            // Backward against autograd of the same composed ops.
+            let sv = Var::from_tensor(&s).unwrap();
+            let g = randn(&[b, nh, t, t], &dev);
+            let pv = candle_nn::ops::softmax(
+                &(sv.as_tensor() * 0.25)
+                    .unwrap()
+                    .broadcast_add(bias)
+                    .unwrap(),
+                D::Minus1,
+            )
+            .unwrap();
+            let dropped = match drop {
+                Some((k, q)) => (&pv * k.to_dtype(DType::F32).unwrap())
+                    .unwrap()
+                    .affine(1. / (1. - q as f64), 0.)
+                    .unwrap(),
+                None => pv,
+            };
+            let grads = (&dropped * &g)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let ds = attn_softmax_bwd(&p, &g, 0.25, drop)
+                .unwrap()
+                .expect("applies");
+            let r = rel(&ds, grads.get(sv.as_tensor()).unwrap());
+            assert!(r < 1e-5, "backward {r}");
+        }
+    }
+}
+
+/// Half-precision attention softmax: same as the fp32 reference to bf16 rounding.
+#[test]
+fn attn_softmax_in_bf16_rounds_like_the_f32_reference() {
+    let dev = gpu();
+    let mask = Tensor::new(&[[1u32; 64]], &dev).unwrap();
+    let bias = causal_padding_bias(&mask).unwrap();
+    let s = (randn(&[1, 4, 64, 64], &dev) * 8.).unwrap();
+    let (out, _) = attn_softmax(&s.to_dtype(DType::BF16).unwrap(), &bias, 0.125, None, false)
+        .unwrap()
+        .expect("applies");
+    let want = candle_nn::ops::softmax(
+        &(s.to_dtype(DType::BF16)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            * 0.125)
+            .unwrap()
+            .broadcast_add(&bias)
+            .unwrap(),
+        D::Minus1,
+    )
+    .unwrap();
+    assert!(rel(&out, &want) < 8e-3, "{}", rel(&out, &want));
+}
+
+#[test]
+fn fused_adamw_takes_the_composed_step() {
+    let gpu = gpu();
+    let hyper = Hyper {
+        weight_decay: 0.01,
+        ..Hyper::default()
+    };
+    let init = randn(&[300, 7], &Device::Cpu);
+    let mut params = Vec::new();
+    let mut opts = Vec::new();
+    for dev in [&Device::Cpu, &gpu] {
+        let p = Var::from_tensor(&init.to_device(dev).unwrap()).unwrap();
+        opts.push(crate::train::AdamW::new(vec![p.clone()], &hyper).unwrap());
+        params.push(p);
+    }
+    for step in 0..3 {
+        let g = (randn(&[300, 7], &Device::Cpu) * (step + 1) as f64).unwrap();
+        for (opt, dev) in opts.iter_mut().zip([&Device::Cpu, &gpu]) {
+            opt.step(&[g.to_device(dev).unwrap()], 1e-3).unwrap();
+        }
+        let r = rel(params[1].as_tensor(), params[0].as_tensor());
+        assert!(r < 1e-6, "step {step}: rel {r}");
+    }
+}
+
+/// gpt2-tiny and bloom-tiny hidden states: fused CUDA in fp32 against the CPU.
+#[test]
+fn models_on_the_fused_path_match_the_cpu() {
+    let gpu = gpu();
+    let ids = Tensor::new(&[[5u32, 9, 2, 7, 1, 3], [4, 8, 6, 0, 0, 0]], &Device::Cpu).unwrap();
+    let mask = Tensor::new(&[[1u32, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]], &Device::Cpu).unwrap();
+    for name in ["gpt2-tiny", "bloom-tiny"] {
+        let spec = ModelSpec::preset(name).unwrap();
+        let src = WeightSource::Random { seed: 0 };
+        let mut out = Vec::new();
+        for dev in [&Device::Cpu, &gpu] {
+            let model = spec.load(&src, DType::F32, dev).unwrap();
+            let h = model
+                .hidden_states(&ids.to_device(dev).unwrap(), &mask.to_device(dev).unwrap())
+                .unwrap();
+            out.push(h.narrow(0, 0, 1).unwrap()); // padded rows differ only where masked
+        }
+        let r = rel(&out[1], &out[0]);
+        assert!(r < 1e-4, "{name}: rel {r}");
+    }
+}
+
+/// Three fp32 training steps of gpt2-tiny without dropout: fused CUDA against the CPU.
+#[test]
+fn training_steps_on_the_fused_path_match_the_cpu() {
+    let gpu = gpu();
+    let spec = ModelSpec::preset("gpt2-tiny").unwrap();
+    let src = WeightSource::Random { seed: 0 };
+    let hyper = Hyper {
+        total_steps: 3,
+        ..Hyper::default()
+    };
+    let ids = Tensor::arange(0u32, 64, &Device::Cpu)
+        .unwrap()
+        .reshape((2, 32))
+        .unwrap();
+    let mut losses = Vec::new();
+    for dev in [&Device::Cpu, &gpu] {
+        let mut trainer = Trainer::new(&spec, &src, DType::F32, dev, hyper.clone(), false).unwrap();
+        let ids = ids.to_device(dev).unwrap();
+        let steps: Vec<(f64, f64)> = (0..3)
+            .map(|_| {
+                let o = trainer.step(std::slice::from_ref(&ids)).unwrap();
+                (o.loss, o.grad_norm)
+            })
+            .collect();
+        losses.push(steps);
+    }
+    for ((l0, g0), (l1, g1)) in losses[0].iter().zip(&losses[1]) {
+        assert!((l0 - l1).abs() < 1e-5 * l0.abs(), "loss {l0} vs {l1}");
+        assert!((g0 - g1).abs() < 1e-4 * g0.abs(), "grad norm {g0} vs {g1}");
+    }
+}
