@@ -39,6 +39,7 @@
 #   perf-profile   ncu kernel times of one forward / one training step, candle and HF, same call
 #                  index (TB_CUDA_PROFILE): gpt2 bs16 and bs1, bloom-560m and bloom-7b1 bs16,
 #                  gpt2 training step; scripts/kernel_breakdown.py sums them by op -> perf-profile.tgz
+#                  ($PROF_ENGINES: candle hf; $PROF_CASES: those five)
 #   kernels        the fused kernels against candle's composed ops (src/kernels/gpu_tests.rs),
 #                  from the CUDA unit-test binary .gpu/tests.gz             -> kernels.txt
 #   perf-compare   the #10 targets in one run: candle vs HF (`--engine both`), bf16, LAMBADA:
@@ -149,12 +150,16 @@ for stage in "$@"; do
   perf-profile)
     L="--suite lambada --data .gpu/lambada_test.jsonl"
     W="--suite wikitext2 --data .gpu/wikitext-2-raw --batch-size 8 --block-size 1024 --warmup 1 --max-steps 3"
-    for e in candle hf; do
-      profile gpt2-bs16-$e 10 $L --engine $e --model gpt2 --batch-size 16 --limit 400
-      profile gpt2-bs1-$e 20 $L --engine $e --model gpt2 --batch-size 1 --limit 40
-      profile bloom-560m-bs16-$e 10 $L --engine $e --model bloom-560m --batch-size 16 --limit 400
-      profile bloom-7b1-bs16-$e 6 $L --engine $e --model bloom-7b1 --batch-size 16 --limit 160
-      profile train-gpt2-$e 2 $W --engine $e --model gpt2
+    for e in ${PROF_ENGINES:-candle hf}; do
+      for c in ${PROF_CASES:-gpt2-bs16 gpt2-bs1 bloom-560m-bs16 bloom-7b1-bs16 train-gpt2}; do
+        case $c in
+        gpt2-bs16) profile $c-$e 10 $L --engine $e --model gpt2 --batch-size 16 --limit 400 ;;
+        gpt2-bs1) profile $c-$e 20 $L --engine $e --model gpt2 --batch-size 1 --limit 40 ;;
+        bloom-560m-bs16) profile $c-$e 10 $L --engine $e --model bloom-560m --batch-size 16 --limit 400 ;;
+        bloom-7b1-bs16) profile $c-$e 6 $L --engine $e --model bloom-7b1 --batch-size 16 --limit 160 ;;
+        train-gpt2) profile $c-$e 2 $W --engine $e --model gpt2 ;;
+        esac
+      done
     done
     python3 scripts/kernel_breakdown.py /tmp/prof/*.csv | tee "$OUT/perf-profile.txt"
     (cd /tmp && tar czf "$OUT/perf-profile.tgz" prof)
