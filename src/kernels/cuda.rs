@@ -65,6 +65,34 @@ fn cpu_only<T>(name: &str) -> Result<T> {
     bail!("{name} is a CUDA kernel; the CPU runs candle's composed ops")
 }
 
+/// The `cpu_fwd` every custom op here must have: an error (callers never reach it on CPU).
+macro_rules! no_cpu_fwd {
+    (CustomOp2) => {
+        fn cpu_fwd(
+            &self,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> Result<(CpuStorage, Shape)> {
+            cpu_only(CustomOp2::name(self))
+        }
+    };
+    (CustomOp3) => {
+        fn cpu_fwd(
+            &self,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> Result<(CpuStorage, Shape)> {
+            cpu_only(CustomOp3::name(self))
+        }
+    };
+}
+
 /// One block per row, enough threads to cover `cols` (at most 256: the rest loop).
 fn row_config(rows: usize, cols: usize) -> LaunchConfig {
     let threads = cols.next_power_of_two().clamp(32, 256) as u32;
@@ -180,17 +208,7 @@ impl CustomOp3 for LtLinear {
     fn name(&self) -> &'static str {
         "tb-lt-linear"
     }
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        cpu_only(self.name())
-    }
+    no_cpu_fwd!(CustomOp3);
     fn cuda_fwd(
         &self,
         x: &CudaStorage,
@@ -239,15 +257,7 @@ impl CustomOp2 for BiasAct {
     fn name(&self) -> &'static str {
         "tb-bias-act"
     }
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        cpu_only(self.name())
-    }
+    no_cpu_fwd!(CustomOp2);
     fn cuda_fwd(
         &self,
         x: &CudaStorage,
@@ -296,17 +306,7 @@ impl CustomOp3 for BiasActGrad {
     fn name(&self) -> &'static str {
         "tb-bias-act-grad"
     }
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        cpu_only(self.name())
-    }
+    no_cpu_fwd!(CustomOp3);
     fn cuda_fwd(
         &self,
         x: &CudaStorage,
@@ -408,15 +408,7 @@ impl CustomOp2 for AttnSoftmax {
     fn name(&self) -> &'static str {
         "tb-attn-softmax"
     }
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        cpu_only(CustomOp2::name(self))
-    }
+    no_cpu_fwd!(CustomOp2);
     fn cuda_fwd(
         &self,
         s: &CudaStorage,
@@ -432,17 +424,7 @@ impl CustomOp3 for AttnSoftmax {
     fn name(&self) -> &'static str {
         "tb-attn-softmax-dropout"
     }
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        cpu_only(CustomOp3::name(self))
-    }
+    no_cpu_fwd!(CustomOp3);
     fn cuda_fwd(
         &self,
         s: &CudaStorage,
@@ -542,15 +524,7 @@ impl CustomOp2 for AttnSoftmaxBwd {
     fn name(&self) -> &'static str {
         "tb-attn-softmax-bwd"
     }
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        cpu_only(CustomOp2::name(self))
-    }
+    no_cpu_fwd!(CustomOp2);
     fn cuda_fwd(
         &self,
         p: &CudaStorage,
@@ -566,17 +540,7 @@ impl CustomOp3 for AttnSoftmaxBwd {
     fn name(&self) -> &'static str {
         "tb-attn-softmax-bwd-dropout"
     }
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        cpu_only(CustomOp3::name(self))
-    }
+    no_cpu_fwd!(CustomOp3);
     fn cuda_fwd(
         &self,
         p: &CudaStorage,
@@ -623,15 +587,7 @@ impl CustomOp2 for AdamMoments {
     fn name(&self) -> &'static str {
         "tb-adam-moments"
     }
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        cpu_only(self.name())
-    }
+    no_cpu_fwd!(CustomOp2);
     fn cuda_fwd(
         &self,
         mv: &CudaStorage,
