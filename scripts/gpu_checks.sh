@@ -31,7 +31,7 @@
 #                  stops the batch if NCCL fails
 #   tp             tensor parallelism: $TP_MODELS (bloom-7b1 gpt2-xl) bf16, full LAMBADA, each batch
 #                  size of $TP_BATCHES (16 1) at each of $TP_SIZES (1 2)       -> tp-logs.tgz
-#   dp             data-parallel fine-tuning of $DP_MODEL (gpt2), batch 8, block 1024, on $DP_SIZES
+#   dp             data-parallel fine-tuning of $DP_MODEL (gpt2), batch $DP_BATCH (8) per rank, block 1024, on $DP_SIZES
 #                  (2) GPUs: first fp32 --no-dropout, $DP_EQ_STEPS (10; 0 skips) steps, dp N against dp 1
 #                  with --grad-accum N (the same global batch: equal loss curves), then bf16 with
 #                  dropout, 3 warm-up + $DP_STEPS (50) timed steps at dp 1, dp N, dp N --zero 1;
@@ -108,7 +108,7 @@ tp_run() { # model dtype batch tp [extra flags]: rank 0's log goes to /tmp/tp-lo
 dp_run() { # model dtype [extra flags]: rank 0's log goes to /tmp/dp-logs
   local m=$1 dt=$2; shift 2
   $B --suite wikitext2 --model "$m" --weights random --seed 0 --device cuda --dtype "$dt" \
-    --batch-size 8 --block-size 1024 --data .gpu/wikitext-2-raw --log-dir /tmp/dp-logs \
+    --batch-size "${DP_BATCH:-8}" --block-size 1024 --data .gpu/wikitext-2-raw --log-dir /tmp/dp-logs \
     --no-progress "$@" 2>&1 | tee -a "$OUT/dp.txt"
   echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/dp.txt"
   (cd /tmp && tar czf "$OUT/dp-logs.tgz" dp-logs)  # after every run: a time-out keeps what finished
