@@ -45,7 +45,8 @@
 #   perf-compare   the #10 targets in one run: candle vs HF (`--engine both`), bf16, LAMBADA:
 #                  gpt2 / bloom-560m / bloom-7b1 batch 16 (full set), gpt2 batch 1 (--limit
 #                  $B1_LIMIT); WikiText-2 gpt2 fine-tuning, $PERF_STEPS (50) timed steps with
-#                  --phase-times. $PERF_FLAGS go to every run, $PERF_ENGINE (both) picks the
+#                  --phase-times ($PERF_CASES picks rows: gpt2-bs16 gpt2-bs1 bloom-560m-bs16
+#                  bloom-7b1-bs16 train-gpt2). $PERF_FLAGS go to every run, $PERF_ENGINE (both) picks the
 #                  engines (candle + PERF_FLAGS="--fused none": the "before")  -> perf-logs.tgz
 # Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.gz, lambada_test.jsonl.
 set -uo pipefail
@@ -171,12 +172,16 @@ for stage in "$@"; do
   perf-compare)
     E=${PERF_ENGINE:-both}
     L="--suite lambada --engine $E --data .gpu/lambada_test.jsonl ${PERF_FLAGS:-}"
-    perf_run $L --model gpt2 --batch-size 16
-    perf_run $L --model gpt2 --batch-size 1 --limit "$B1_LIMIT"
-    perf_run $L --model bloom-560m --batch-size 16
-    perf_run $L --model bloom-7b1 --batch-size 16
-    perf_run --suite wikitext2 --engine $E --model gpt2 --data .gpu/wikitext-2-raw --batch-size 8 \
-      --block-size 1024 --warmup 3 --max-steps $(( ${PERF_STEPS:-50} + 3 )) --phase-times ${PERF_FLAGS:-}
+    for c in ${PERF_CASES:-gpt2-bs16 gpt2-bs1 bloom-560m-bs16 bloom-7b1-bs16 train-gpt2}; do
+      case $c in
+      gpt2-bs16) perf_run $L --model gpt2 --batch-size 16 ;;
+      gpt2-bs1) perf_run $L --model gpt2 --batch-size 1 --limit "$B1_LIMIT" ;;
+      bloom-560m-bs16) perf_run $L --model bloom-560m --batch-size 16 ;;
+      bloom-7b1-bs16) perf_run $L --model bloom-7b1 --batch-size 16 ;;
+      train-gpt2) perf_run --suite wikitext2 --engine $E --model gpt2 --data .gpu/wikitext-2-raw --batch-size 8 \
+        --block-size 1024 --warmup 3 --max-steps $(( ${PERF_STEPS:-50} + 3 )) --phase-times ${PERF_FLAGS:-} ;;
+      esac
+    done
     ;;
   tp-smoke)
     for m in gpt2-tiny bloom-tiny; do

@@ -106,6 +106,7 @@ impl CandleTrain {
             None => spec.device.open()?,
         };
         spec.precision.apply_matmul_mode(&device);
+        crate::kernels::set_dropout_seed(spec.seed);
         let memory = MemoryTracker::start(&device)
             .inspect_err(|e| eprintln!("warning: memory tracking unavailable: {e}"))
             .ok();

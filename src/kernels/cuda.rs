@@ -1,7 +1,7 @@
 //! CUDA side of [`super`]: candle custom ops that launch the kernels of fused.cu on the
 //! tensor's own stream, and the cuBLASLt epilogue matmul.
 
-use super::{Act, AdamStep};
+use super::{Act, AdamStep, Keep};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::cublaslt::{Activation, CudaBlasLT, Matmul, MatmulConfig};
 use candle_core::cuda_backend::cudarc::driver::{
@@ -9,8 +9,8 @@ use candle_core::cuda_backend::cudarc::driver::{
 };
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{
-    bail, CpuStorage, CudaDevice, CudaStorage, CustomOp2, CustomOp3, DType, InplaceOp2, Layout,
-    Result, Shape, Tensor,
+    bail, CpuStorage, CudaDevice, CudaStorage, CustomOp1, CustomOp2, CustomOp3, DType, Device,
+    InplaceOp2, Layout, Result, Shape, Tensor,
 };
 use half::{bf16, f16};
 use std::collections::HashMap;
@@ -67,6 +67,11 @@ fn cpu_only<T>(name: &str) -> Result<T> {
 
 /// The `cpu_fwd` every custom op here must have: an error (callers never reach it on CPU).
 macro_rules! no_cpu_fwd {
+    (CustomOp1) => {
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+            cpu_only(CustomOp1::name(self))
+        }
+    };
     (CustomOp2) => {
         fn cpu_fwd(
             &self,
@@ -347,11 +352,50 @@ pub fn bias_act(x: &Tensor, b: &Tensor, act: Act) -> Result<Option<Tensor>> {
 // ---------------------------------------------------------------------------------------------
 // Attention softmax, forward and backward.
 
-/// softmax(scale·s + bias) (⊙ keep · keep_scale). Output (1 | 2, B, nh, Tq, Tk): the dropped
+/// The dropout arguments every kernel with a `Keep` takes: the u8 mask (or null), the hash
+/// key and threshold (0: no hashed mask), and 1/(1 − p).
+#[derive(Clone, Copy, Default)]
+struct KeepArgs {
+    key: u64,
+    thresh: u32,
+    scale: f32,
+    /// Dropout applies (a mask tensor comes as the op's last input, or the hash).
+    active: bool,
+}
+
+impl KeepArgs {
+    fn new(keep: Option<(&Keep, f32)>) -> Self {
+        match keep {
+            None => Self {
+                scale: 1.,
+                ..Self::default()
+            },
+            Some((k, p)) => Self {
+                key: match k {
+                    Keep::Hash(key) => *key,
+                    Keep::Mask(_) => 0,
+                },
+                thresh: match k {
+                    Keep::Hash(_) => threshold(p),
+                    Keep::Mask(_) => 0,
+                },
+                scale: 1. / (1. - p),
+                active: true,
+            },
+        }
+    }
+}
+
+/// Drop when the hash's upper 32 bits are below p·2³² (at least 1 for p > 0).
+fn threshold(p: f32) -> u32 {
+    ((p as f64 * 4294967296.).round() as u64).clamp(1, u32::MAX as u64) as u32
+}
+
+/// softmax(scale·s + bias) (⊙ keep / (1 − p)). Output (1 | 2, B, nh, Tq, Tk): the dropped
 /// probabilities, then (with `with_probs` and dropout) the probabilities before dropout.
 struct AttnSoftmax {
     scale: f32,
-    keep_scale: f32,
+    keep: KeepArgs,
     with_probs: bool,
 }
 
@@ -360,14 +404,14 @@ impl AttnSoftmax {
         &self,
         s: (&CudaStorage, &Layout),
         bias: (&CudaStorage, &Layout),
-        keep: Option<(&CudaStorage, &Layout)>,
+        mask: Option<(&CudaStorage, &Layout)>,
     ) -> Result<(CudaStorage, Shape)> {
         let dev = s.0.device().clone();
         let (b, nh, tq, tk) = s.1.shape().dims4()?;
         let bh = bias.1.shape().dims4()?.1;
         let rows = b * nh * tq;
         let n = rows * tk;
-        let two = self.with_probs && keep.is_some();
+        let two = self.with_probs && self.keep.active;
         let func = dev.get_or_load_custom_func(
             &format!("tb_attn_softmax_fwd_{}", suffix(s.0.dtype())?),
             MODULE,
@@ -377,14 +421,15 @@ impl AttnSoftmax {
             let sv = view::<T>(s.0, s.1)?;
             let bv = view::<f32>(bias.0, bias.1)?;
             let out = alloc::<T>(&dev, if two { 2 * n } else { n })?;
-            let kv = keep.map(|(k, l)| view::<u8>(k, l)).transpose()?;
+            let mv = mask.map(|(k, l)| view::<u8>(k, l)).transpose()?;
             let dims = [nh as i32, bh as i32, tq as i32, tk as i32];
             let mut launch = func.builder();
             launch.arg(&sv).arg(&bv);
-            match &kv {
-                Some(k) => launch.arg(k),
+            match &mv {
+                Some(m) => launch.arg(m),
                 None => launch.arg(&NULL),
             };
+            launch.arg(&self.keep.key).arg(&self.keep.thresh);
             let probs = out.slice(n..);
             launch.arg(&out);
             if two {
@@ -392,11 +437,11 @@ impl AttnSoftmax {
             } else {
                 launch.arg(&NULL);
             }
-            launch.arg(&self.scale).arg(&self.keep_scale);
+            launch.arg(&self.scale).arg(&self.keep.scale);
             for d in &dims {
                 launch.arg(d);
             }
-            // SAFETY: s, keep and each output hold rows·Tk elements; bias (B, bh, Tq, Tk).
+            // SAFETY: s, the mask and each output hold rows·Tk elements; bias (B, bh, Tq, Tk).
             unsafe { launch.launch(row_config(rows, tk)) }.w()?;
             let shape: Vec<usize> = [if two { 2 } else { 1 }, b, nh, tq, tk].to_vec();
             Ok((T::wrap_cuda_slice(out, dev), Shape::from(shape)))
@@ -453,7 +498,7 @@ pub fn attn_softmax(
     s: &Tensor,
     bias: &Tensor,
     scale: f64,
-    keep: Option<(&Tensor, f32)>,
+    keep: Option<(&Keep, f32)>,
     with_probs: bool,
 ) -> Result<Option<(Tensor, Option<Tensor>)>> {
     if !s.device().is_cuda() || !float_dtype(s) || !bias_fits(s, bias) {
@@ -462,12 +507,12 @@ pub fn attn_softmax(
     let s = s.contiguous()?;
     let op = AttnSoftmax {
         scale: scale as f32,
-        keep_scale: keep.map_or(1., |(_, p)| 1. / (1. - p)),
+        keep: KeepArgs::new(keep),
         with_probs,
     };
     let out = match keep {
-        Some((k, _)) => s.apply_op3_no_bwd(bias, &k.contiguous()?, &op)?,
-        None => s.apply_op2_no_bwd(bias, &op)?,
+        Some((Keep::Mask(m), _)) => s.apply_op3_no_bwd(bias, &m.contiguous()?, &op)?,
+        _ => s.apply_op2_no_bwd(bias, &op)?,
     };
     let dropped = out.get(0)?;
     let probs = match (with_probs, keep) {
@@ -478,10 +523,10 @@ pub fn attn_softmax(
     Ok(Some((dropped, probs)))
 }
 
-/// ds = scale · p ⊙ (dp − Σ p·dp), dp = dpd ⊙ keep · keep_scale.
+/// ds = scale · p ⊙ (dp − Σ p·dp), dp = dpd ⊙ keep / (1 − p_drop).
 struct AttnSoftmaxBwd {
     scale: f32,
-    keep_scale: f32,
+    keep: KeepArgs,
 }
 
 impl AttnSoftmaxBwd {
@@ -489,7 +534,7 @@ impl AttnSoftmaxBwd {
         &self,
         p: (&CudaStorage, &Layout),
         dpd: (&CudaStorage, &Layout),
-        keep: Option<(&CudaStorage, &Layout)>,
+        mask: Option<(&CudaStorage, &Layout)>,
     ) -> Result<(CudaStorage, Shape)> {
         let dev = p.0.device().clone();
         let dims = p.1.shape().dims();
@@ -503,17 +548,18 @@ impl AttnSoftmaxBwd {
         )?;
         with_dtype!(p.0.dtype(), T => {
             let (pv, gv) = (view::<T>(p.0, p.1)?, view::<T>(dpd.0, dpd.1)?);
-            let kv = keep.map(|(k, l)| view::<u8>(k, l)).transpose()?;
+            let mv = mask.map(|(k, l)| view::<u8>(k, l)).transpose()?;
             let out = alloc::<T>(&dev, n)?;
             let tk_i = tk as i32;
             let mut launch = func.builder();
             launch.arg(&pv).arg(&gv);
-            match &kv {
-                Some(k) => launch.arg(k),
+            match &mv {
+                Some(m) => launch.arg(m),
                 None => launch.arg(&NULL),
             };
-            launch.arg(&out).arg(&self.scale).arg(&self.keep_scale).arg(&tk_i);
-            // SAFETY: p, dpd, keep and out hold rows·Tk elements.
+            launch.arg(&self.keep.key).arg(&self.keep.thresh);
+            launch.arg(&out).arg(&self.scale).arg(&self.keep.scale).arg(&tk_i);
+            // SAFETY: p, dpd, the mask and out hold rows·Tk elements.
             unsafe { launch.launch(row_config(rows, tk)) }.w()?;
             Ok((T::wrap_cuda_slice(out, dev), p.1.shape().clone()))
         })
@@ -558,20 +604,345 @@ pub fn attn_softmax_bwd(
     p: &Tensor,
     dpd: &Tensor,
     scale: f64,
-    keep: Option<(&Tensor, f32)>,
+    keep: Option<(&Keep, f32)>,
 ) -> Result<Option<Tensor>> {
     if !p.device().is_cuda() || !float_dtype(p) || dpd.dtype() != p.dtype() {
         return Ok(None);
     }
     let op = AttnSoftmaxBwd {
         scale: scale as f32,
-        keep_scale: keep.map_or(1., |(_, q)| 1. / (1. - q)),
+        keep: KeepArgs::new(keep),
     };
     let (p, dpd) = (p.contiguous()?, dpd.contiguous()?);
     Ok(Some(match keep {
-        Some((k, _)) => p.apply_op3_no_bwd(&dpd, &k.contiguous()?, &op)?,
-        None => p.apply_op2_no_bwd(&dpd, &op)?,
+        Some((Keep::Mask(m), _)) => p.apply_op3_no_bwd(&dpd, &m.contiguous()?, &op)?,
+        _ => p.apply_op2_no_bwd(&dpd, &op)?,
     }))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dropout with the hashed mask.
+
+/// y = x ⊙ keep(key) / (1 − p); the backward is the same op on the gradient.
+#[derive(Clone, Copy)]
+struct HashDropout {
+    key: u64,
+    thresh: u32,
+    scale: f32,
+}
+
+impl CustomOp1 for HashDropout {
+    fn name(&self) -> &'static str {
+        "tb-dropout"
+    }
+    no_cpu_fwd!(CustomOp1);
+    fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
+        let dev = x.device().clone();
+        let n = xl.shape().elem_count();
+        let func = dev.get_or_load_custom_func(
+            &format!("tb_dropout_{}", suffix(x.dtype())?),
+            MODULE,
+            PTX,
+        )?;
+        with_dtype!(x.dtype(), T => {
+            let xv = view::<T>(x, xl)?;
+            let out = alloc::<T>(&dev, n)?;
+            let n_i = n as i64;
+            let mut launch = func.builder();
+            launch.arg(&xv).arg(&out).arg(&n_i).arg(&self.key).arg(&self.thresh).arg(&self.scale);
+            // SAFETY: x and out hold n elements.
+            unsafe { launch.launch(flat_config(n)) }.w()?;
+            Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
+        })
+    }
+    fn bwd(&self, _x: &Tensor, _y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(dy.contiguous()?.apply_op1_no_bwd(self)?))
+    }
+}
+
+pub fn dropout(x: &Tensor, key: u64, p: f32) -> Result<Option<Tensor>> {
+    if !float_dtype(x) {
+        return Ok(None);
+    }
+    let op = HashDropout {
+        key,
+        thresh: threshold(p),
+        scale: 1. / (1. - p),
+    };
+    Ok(Some(x.contiguous()?.apply_op1(op)?))
+}
+
+pub fn hash_mask(key: u64, p: f32, shape: &Shape, dev: &Device) -> Result<Tensor> {
+    let Device::Cuda(cuda) = dev else {
+        bail!("hashed dropout masks are drawn on CUDA only");
+    };
+    let n = shape.elem_count();
+    let func = cuda.get_or_load_custom_func("tb_dropout_mask", MODULE, PTX)?;
+    let out = alloc::<u8>(cuda, n)?;
+    let (n_i, thresh) = (n as i64, threshold(p));
+    let mut launch = func.builder();
+    launch.arg(&out).arg(&n_i).arg(&key).arg(&thresh);
+    // SAFETY: out holds n elements.
+    unsafe { launch.launch(flat_config(n)) }.w()?;
+    let storage = candle_core::Storage::Cuda(CudaStorage::wrap_cuda_slice(out, cuda.clone()));
+    Ok(Tensor::from_storage(
+        storage,
+        shape.clone(),
+        candle_core::op::BackpropOp::none(),
+        false,
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// LayerNorm: forward, and its backward as two kernels (dx; partial sums of dw and db).
+
+/// Rows per block of the dw/db partial sums (LN_ROWS in fused.cu).
+const LN_ROWS: usize = 64;
+
+/// One warp per row, 8 rows per block.
+fn warp_rows_config(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.div_ceil(8) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+struct LayerNorm {
+    eps: f32,
+}
+
+impl CustomOp3 for LayerNorm {
+    fn name(&self) -> &'static str {
+        "tb-layer-norm"
+    }
+    no_cpu_fwd!(CustomOp3);
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        w: &CudaStorage,
+        wl: &Layout,
+        b: &CudaStorage,
+        bl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let dev = x.device().clone();
+        let (rows, c) = xl.shape().dims2()?;
+        let func = dev.get_or_load_custom_func(
+            &format!("tb_layer_norm_fwd_{}", suffix(x.dtype())?),
+            MODULE,
+            PTX,
+        )?;
+        with_dtype!(x.dtype(), T => {
+            let (xv, wv, bv) = (view::<T>(x, xl)?, view::<T>(w, wl)?, view::<T>(b, bl)?);
+            let out = alloc::<T>(&dev, rows * c)?;
+            let (rows_i, c_i) = (rows as i64, c as i32);
+            let mut launch = func.builder();
+            launch.arg(&xv).arg(&wv).arg(&bv).arg(&out).arg(&rows_i).arg(&c_i).arg(&self.eps);
+            // SAFETY: x and out hold rows·C elements, w and b C.
+            unsafe { launch.launch(warp_rows_config(rows)) }.w()?;
+            Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
+        })
+    }
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let dy = dy.contiguous()?;
+        let dx = x.apply_op3_no_bwd(w, &dy, &LayerNormGradX { eps: self.eps })?;
+        let part = x.apply_op2_no_bwd(&dy, &LayerNormGradWb { eps: self.eps })?; // (blocks, 2, C)
+        let wb = part.sum(0)?.to_dtype(w.dtype())?; // (2, C)
+        Ok((Some(dx), Some(wb.get(0)?), Some(wb.get(1)?)))
+    }
+}
+
+struct LayerNormGradX {
+    eps: f32,
+}
+
+impl CustomOp3 for LayerNormGradX {
+    fn name(&self) -> &'static str {
+        "tb-layer-norm-grad-x"
+    }
+    no_cpu_fwd!(CustomOp3);
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        w: &CudaStorage,
+        wl: &Layout,
+        dy: &CudaStorage,
+        dyl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let dev = x.device().clone();
+        let (rows, c) = xl.shape().dims2()?;
+        let func = dev.get_or_load_custom_func(
+            &format!("tb_layer_norm_bwd_x_{}", suffix(x.dtype())?),
+            MODULE,
+            PTX,
+        )?;
+        with_dtype!(x.dtype(), T => {
+            let (xv, wv, dyv) = (view::<T>(x, xl)?, view::<T>(w, wl)?, view::<T>(dy, dyl)?);
+            let out = alloc::<T>(&dev, rows * c)?;
+            let (rows_i, c_i) = (rows as i64, c as i32);
+            let mut launch = func.builder();
+            launch.arg(&xv).arg(&wv).arg(&dyv).arg(&out).arg(&rows_i).arg(&c_i).arg(&self.eps);
+            // SAFETY: x, dy and out hold rows·C elements, w C.
+            unsafe { launch.launch(warp_rows_config(rows)) }.w()?;
+            Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
+        })
+    }
+}
+
+struct LayerNormGradWb {
+    eps: f32,
+}
+
+impl CustomOp2 for LayerNormGradWb {
+    fn name(&self) -> &'static str {
+        "tb-layer-norm-grad-wb"
+    }
+    no_cpu_fwd!(CustomOp2);
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        dy: &CudaStorage,
+        dyl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let dev = x.device().clone();
+        let (rows, c) = xl.shape().dims2()?;
+        let blocks = rows.div_ceil(LN_ROWS);
+        let func = dev.get_or_load_custom_func(
+            &format!("tb_layer_norm_bwd_wb_{}", suffix(x.dtype())?),
+            MODULE,
+            PTX,
+        )?;
+        with_dtype!(x.dtype(), T => {
+            let (xv, dyv) = (view::<T>(x, xl)?, view::<T>(dy, dyl)?);
+            let part = alloc::<f32>(&dev, blocks * 2 * c)?;
+            let (rows_i, c_i) = (rows as i64, c as i32);
+            let mut launch = func.builder();
+            launch.arg(&xv).arg(&dyv).arg(&part).arg(&rows_i).arg(&c_i).arg(&self.eps);
+            let cfg = LaunchConfig {
+                grid_dim: (blocks as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: x and dy hold rows·C elements, part blocks·2·C.
+            unsafe { launch.launch(cfg) }.w()?;
+            Ok((CudaStorage::wrap_cuda_slice(part, dev), Shape::from((blocks, 2, c))))
+        })
+    }
+}
+
+pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Option<Tensor>> {
+    let c = x.dim(candle_core::D::Minus1)?;
+    let same = w.dtype() == x.dtype() && b.dtype() == x.dtype();
+    if !x.device().is_cuda() || !float_dtype(x) || !same || w.dims() != [c] || b.dims() != [c] {
+        return Ok(None);
+    }
+    let x2 = x.contiguous()?.reshape(((), c))?; // (rows, C)
+    let y = x2.apply_op3(&w.contiguous()?, &b.contiguous()?, LayerNorm { eps: eps as f32 })?;
+    Ok(Some(y.reshape(x.shape())?))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cross-entropy over the logits.
+
+/// Per-row loss (N,) f32 of logits (N, V) and targets (N,) u32.
+struct CrossEntropy;
+
+impl CustomOp2 for CrossEntropy {
+    fn name(&self) -> &'static str {
+        "tb-cross-entropy"
+    }
+    no_cpu_fwd!(CustomOp2);
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        t: &CudaStorage,
+        tl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let dev = x.device().clone();
+        let (rows, v) = xl.shape().dims2()?;
+        let func = dev.get_or_load_custom_func(
+            &format!("tb_xent_fwd_{}", suffix(x.dtype())?),
+            MODULE,
+            PTX,
+        )?;
+        with_dtype!(x.dtype(), T => {
+            let (xv, tv) = (view::<T>(x, xl)?, view::<u32>(t, tl)?);
+            let out = alloc::<f32>(&dev, rows)?;
+            let v_i = v as i32;
+            let mut launch = func.builder();
+            launch.arg(&xv).arg(&tv).arg(&out).arg(&v_i);
+            // SAFETY: x holds rows·V elements, targets and out rows.
+            unsafe { launch.launch(row_config(rows, v)) }.w()?;
+            Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(rows)))
+        })
+    }
+    fn bwd(
+        &self,
+        x: &Tensor,
+        t: &Tensor,
+        _loss: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let g = grad.to_dtype(DType::F32)?.contiguous()?;
+        Ok((Some(x.apply_op3_no_bwd(t, &g, &CrossEntropyGrad)?), None))
+    }
+}
+
+/// dx = g · (softmax(x) − onehot(target)), row by row.
+struct CrossEntropyGrad;
+
+impl CustomOp3 for CrossEntropyGrad {
+    fn name(&self) -> &'static str {
+        "tb-cross-entropy-grad"
+    }
+    no_cpu_fwd!(CustomOp3);
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        t: &CudaStorage,
+        tl: &Layout,
+        g: &CudaStorage,
+        gl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let dev = x.device().clone();
+        let (rows, v) = xl.shape().dims2()?;
+        let func = dev.get_or_load_custom_func(
+            &format!("tb_xent_bwd_{}", suffix(x.dtype())?),
+            MODULE,
+            PTX,
+        )?;
+        with_dtype!(x.dtype(), T => {
+            let (xv, tv, gv) = (view::<T>(x, xl)?, view::<u32>(t, tl)?, view::<f32>(g, gl)?);
+            let out = alloc::<T>(&dev, rows * v)?;
+            let v_i = v as i32;
+            let mut launch = func.builder();
+            launch.arg(&xv).arg(&tv).arg(&gv).arg(&out).arg(&v_i);
+            // SAFETY: x and out hold rows·V elements, targets and g rows.
+            unsafe { launch.launch(row_config(rows, v)) }.w()?;
+            Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
+        })
+    }
+}
+
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Option<Tensor>> {
+    let ok_targets = targets.dtype() == DType::U32 && targets.rank() == 1;
+    if !logits.device().is_cuda() || !float_dtype(logits) || logits.rank() != 2 || !ok_targets {
+        return Ok(None);
+    }
+    let (x, t) = (logits.contiguous()?, targets.contiguous()?);
+    Ok(Some(x.apply_op2(&t, CrossEntropy)?))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -109,12 +109,13 @@ fn attn_softmax_matches_scale_bias_softmax_dropout() {
     let causal = causal_padding_bias(&mask).unwrap(); // (B, 1, T, T)
     let per_head = causal.broadcast_add(&randn(&[b, nh, t, t], &dev)).unwrap(); // ALiBi-like
     let s = randn(&[b, nh, t, t], &dev);
-    let keep = Tensor::rand(0f32, 1., (b, nh, t, t), &dev)
+    let mask = Tensor::rand(0f32, 1., (b, nh, t, t), &dev)
         .unwrap()
         .ge(0.3)
         .unwrap();
+    let (stored, hashed) = (Keep::Mask(mask), Keep::Hash(0x5eed));
     for bias in [&causal, &per_head] {
-        for drop in [None, Some((&keep, 0.3f32))] {
+        for drop in [None, Some((&stored, 0.3f32)), Some((&hashed, 0.3f32))] {
             let (out, probs) = attn_softmax(&s, bias, 0.25, drop, true)
                 .unwrap()
                 .expect("applies");
@@ -123,12 +124,14 @@ fn attn_softmax_matches_scale_bias_softmax_dropout() {
                 D::Minus1,
             )
             .unwrap();
-            let want = match drop {
-                Some((k, q)) => (&p * k.to_dtype(DType::F32).unwrap())
+            // The mask as a tensor: the stored one, or the hash's drawn by its own kernel.
+            let keep = drop.map(|(k, q)| keep_mask(k, q, s.shape(), &dev).unwrap());
+            let want = match (&keep, drop) {
+                (Some(k), Some((_, q))) => (&p * k.to_dtype(DType::F32).unwrap())
                     .unwrap()
                     .affine(1. / (1. - q as f64), 0.)
                     .unwrap(),
-                None => p.clone(),
+                _ => p.clone(),
             };
             assert!(rel(&out, &want) < 1e-6, "forward {}", rel(&out, &want));
             assert!(rel(&probs.unwrap(), &p) < 1e-6);
@@ -143,12 +146,12 @@ fn attn_softmax_matches_scale_bias_softmax_dropout() {
                 D::Minus1,
             )
             .unwrap();
-            let dropped = match drop {
-                Some((k, q)) => (&pv * k.to_dtype(DType::F32).unwrap())
+            let dropped = match (&keep, drop) {
+                (Some(k), Some((_, q))) => (&pv * k.to_dtype(DType::F32).unwrap())
                     .unwrap()
                     .affine(1. / (1. - q as f64), 0.)
                     .unwrap(),
-                None => pv,
+                _ => pv,
             };
             let grads = (&dropped * &g)
                 .unwrap()
@@ -268,5 +271,128 @@ fn training_steps_on_the_fused_path_match_candles_ops() {
     for ((l0, g0), (l1, g1)) in runs[0].iter().zip(&runs[1]) {
         assert!((l0 - l1).abs() < 1e-5 * l0.abs(), "loss {l0} vs {l1}");
         assert!((g0 - g1).abs() < 1e-4 * g0.abs(), "grad norm {g0} vs {g1}");
+    }
+}
+
+/// The hashed mask: about 1 − p kept, survivors scaled by 1/(1 − p), a new mask per draw, and
+/// the backward redraws the forward's mask (d/dx Σ dropout(x) ⊙ g = keep/(1 − p) ⊙ g).
+#[test]
+fn hashed_dropout_keeps_one_minus_p_and_its_backward_reuses_the_mask() {
+    let (dev, _one_at_a_time) = gpu();
+    let n = 1 << 20;
+    let p = 0.1f32;
+    let x = Var::from_tensor(&Tensor::ones(n, DType::F32, &dev).unwrap()).unwrap();
+    let y = dropout(x.as_tensor(), p).unwrap().expect("applies");
+    let y2 = dropout(x.as_tensor(), p).unwrap().expect("applies");
+    let ys = y.to_vec1::<f32>().unwrap();
+    let kept = ys.iter().filter(|&&v| v != 0.).count() as f64 / n as f64;
+    assert!((kept - 0.9).abs() < 0.003, "kept {kept}");
+    let scale = 1. / (1. - p);
+    assert!(ys.iter().all(|&v| v == 0. || (v - scale).abs() < 1e-6));
+    let same = ys
+        .iter()
+        .zip(y2.to_vec1::<f32>().unwrap())
+        .filter(|(a, b)| **a == *b)
+        .count();
+    assert!(same < n * 85 / 100, "two draws share {same} of {n}");
+    let g = randn(&[n], &dev);
+    let grads = (&y * &g).unwrap().sum_all().unwrap().backward().unwrap();
+    let dx = grads.get(x.as_tensor()).unwrap();
+    assert!(rel(dx, &(&y * &g).unwrap()) < 1e-6);
+}
+
+/// Attention with hashed dropout through the training path: out = P_drop v is linear in v, so
+/// Σ(∂/∂v ⊙ v) = Σ(out ⊙ g) only if the backward redrew the forward's mask.
+#[test]
+fn training_attention_backward_redraws_the_hashed_mask() {
+    use crate::models::attention::scaled_dot_product;
+    use crate::models::layers::{Dropout, Mode};
+    let (dev, _one_at_a_time) = gpu();
+    let mask = Tensor::new(&[[1u32; 16], [1; 16]], &dev).unwrap();
+    let bias = causal_padding_bias(&mask).unwrap();
+    let [q, k, v] = [0, 1, 2].map(|_| Var::from_tensor(&randn(&[2, 3, 16, 8], &dev)).unwrap());
+    let mode = Mode {
+        train: true,
+        dropout: Dropout {
+            attn: 0.5,
+            ..Dropout::default()
+        },
+    };
+    let out = scaled_dot_product(q.as_tensor(), k.as_tensor(), v.as_tensor(), &bias, 0.35, mode)
+        .unwrap();
+    let g = randn(&[2, 3, 16, 8], &dev);
+    let grads = (&out * &g).unwrap().sum_all().unwrap().backward().unwrap();
+    let dv = grads.get(v.as_tensor()).unwrap();
+    let lhs = (dv * v.as_tensor()).unwrap().sum_all().unwrap();
+    let rhs = (&out * &g).unwrap().sum_all().unwrap();
+    let (lhs, rhs) = (
+        lhs.to_scalar::<f32>().unwrap(),
+        rhs.to_scalar::<f32>().unwrap(),
+    );
+    assert!((lhs - rhs).abs() < 1e-4 * rhs.abs().max(1.), "{lhs} vs {rhs}");
+}
+
+/// The LayerNorm kernels against autograd of candle's layer_norm_slow: fp32 to rounding, bf16
+/// to a few ulps; 150 rows cover a partial block of the dw/db sums.
+#[test]
+fn layer_norm_forward_and_backward_match_layer_norm_slow() {
+    let (dev, _one_at_a_time) = gpu();
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
+        for c in [96, 768] {
+            let x = Var::from_tensor(
+                &(randn(&[3, 50, c], &dev) * 3.)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap(),
+            )
+            .unwrap();
+            let w = Var::from_tensor(&randn(&[c], &dev).to_dtype(dtype).unwrap()).unwrap();
+            let b = Var::from_tensor(&randn(&[c], &dev).to_dtype(dtype).unwrap()).unwrap();
+            let g = randn(&[3, 50, c], &dev).to_dtype(dtype).unwrap();
+            let run = |fused: bool| {
+                let (xt, wt, bt) = (x.as_tensor(), w.as_tensor(), b.as_tensor());
+                let y = if fused {
+                    layer_norm(xt, wt, bt, 1e-5).unwrap().expect("applies")
+                } else {
+                    candle_nn::ops::layer_norm_slow(xt, wt, bt, 1e-5).unwrap()
+                };
+                let grads = (&y * &g).unwrap().sum_all().unwrap().backward().unwrap();
+                let get = |v: &Var| grads.get(v.as_tensor()).unwrap().clone();
+                [y, get(&x), get(&w), get(&b)]
+            };
+            let (fused, composed) = (run(true), run(false));
+            for (name, (a, b)) in ["y", "dx", "dw", "db"].iter().zip(fused.iter().zip(&composed)) {
+                let r = rel(a, b);
+                assert!(r < tol, "{dtype:?} C={c} {name}: rel {r}");
+            }
+        }
+    }
+}
+
+/// The cross-entropy kernels against the composed loss (`--fused none`), fp32 and bf16 logits,
+/// a vocabulary that is not a multiple of the block.
+#[test]
+fn cross_entropy_forward_and_backward_match_the_composed_loss() {
+    use crate::models::loss::cross_entropy_rows;
+    let (dev, _one_at_a_time) = gpu();
+    let targets = Tensor::new(&[0u32, 1000, 3, 517, 999, 42, 7], &dev).unwrap();
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 1e-2)] {
+        let x = Var::from_tensor(
+            &(randn(&[7, 1001], &dev) * 4.)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap(),
+        )
+        .unwrap();
+        let g = randn(&[7], &dev);
+        let mut runs = Vec::new();
+        for fused in [Fused::All, Fused::None] {
+            set_enabled(&[fused]);
+            let loss = cross_entropy_rows(x.as_tensor(), &targets).unwrap();
+            let grads = (&loss * &g).unwrap().sum_all().unwrap().backward().unwrap();
+            runs.push((loss, grads.get(x.as_tensor()).unwrap().clone()));
+        }
+        let (l, d) = (rel(&runs[0].0, &runs[1].0), rel(&runs[0].1, &runs[1].1));
+        assert!(l < 1e-5 && d < tol, "{dtype:?}: loss rel {l}, grad rel {d}");
     }
 }

@@ -7,8 +7,8 @@
 //! switched off with `--fused`, a dtype or layout it does not take); the caller then runs
 //! candle's composed ops, which stay the reference that the GPU tests compare against.
 
-use candle_core::{Result, Tensor};
-use std::sync::atomic::{AtomicU8, Ordering};
+use candle_core::{Device, Result, Shape, Tensor};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 /// The fused paths `--fused` switches (each on by default on CUDA).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -25,13 +25,23 @@ pub enum Fused {
     BiasAct,
     /// AdamW in two passes per parameter instead of ~12 ops.
     Adamw,
+    /// Training LayerNorm: one kernel forward, two backward (instead of ~10 ops with casts).
+    LayerNorm,
+    /// Dropout masks drawn inside the kernels from a hash (nothing stored; the backward
+    /// redraws them) instead of candle's f32 uniforms + compare.
+    Dropout,
+    /// Training loss: cross-entropy over the logits in one kernel each way (no f32 copies).
+    CrossEntropy,
 }
 
 const LT: u8 = 1;
 const SOFTMAX: u8 = 2;
 const BIAS_ACT: u8 = 4;
 const ADAMW: u8 = 8;
-const ALL: u8 = LT | SOFTMAX | BIAS_ACT | ADAMW;
+const LAYER_NORM: u8 = 16;
+const DROPOUT: u8 = 32;
+const XENT: u8 = 64;
+const ALL: u8 = LT | SOFTMAX | BIAS_ACT | ADAMW | LAYER_NORM | DROPOUT | XENT;
 
 static ENABLED: AtomicU8 = AtomicU8::new(ALL);
 
@@ -43,6 +53,9 @@ fn bit(f: Fused) -> u8 {
         Fused::Softmax => SOFTMAX,
         Fused::BiasAct => BIAS_ACT,
         Fused::Adamw => ADAMW,
+        Fused::LayerNorm => LAYER_NORM,
+        Fused::Dropout => DROPOUT,
+        Fused::CrossEntropy => XENT,
     }
 }
 
@@ -65,6 +78,9 @@ pub fn describe() -> String {
         (SOFTMAX, "softmax"),
         (BIAS_ACT, "bias-act"),
         (ADAMW, "adamw"),
+        (LAYER_NORM, "layer-norm"),
+        (DROPOUT, "dropout"),
+        (XENT, "cross-entropy"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))
@@ -125,15 +141,90 @@ pub fn bias_act(x: &Tensor, b: &Tensor, act: Act) -> Result<Option<Tensor>> {
     imp::bias_act(x, b, act)
 }
 
+/// A dropout keep-mask: kept elements are scaled by 1/(1 − p), the rest zeroed.
+#[derive(Clone, Debug)]
+pub enum Keep {
+    /// A u8 tensor (1 = kept) of the masked shape: candle's `rand` + `ge` (the CPU, and
+    /// `--fused` without `dropout`).
+    Mask(Tensor),
+    /// Drawn inside the kernels from a hash of (key, element index); nothing is stored.
+    Hash(u64),
+}
+
+static DROPOUT_SEED: AtomicU64 = AtomicU64::new(0);
+static DROPOUT_DRAWS: AtomicU64 = AtomicU64::new(0);
+
+/// Seeds the hashed dropout masks (the run's `--seed`): the same run draws the same masks.
+pub fn set_dropout_seed(seed: u64) {
+    DROPOUT_SEED.store(seed, Ordering::Relaxed);
+    DROPOUT_DRAWS.store(0, Ordering::Relaxed);
+}
+
+/// splitmix64's finalizer: well-mixed keys from a seed and a draw counter.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+    z ^ (z >> 31)
+}
+
+/// A fresh keep-mask with drop probability `p` for a tensor of `shape`: hashed on CUDA when
+/// `dropout` is fused, else a u8 tensor from `rand` + `ge`.
+pub fn draw_keep(shape: &Shape, p: f32, dev: &Device) -> Result<Keep> {
+    if on(DROPOUT) && dev.is_cuda() {
+        let draw = DROPOUT_DRAWS.fetch_add(1, Ordering::Relaxed);
+        let seed = DROPOUT_SEED.load(Ordering::Relaxed);
+        return Ok(Keep::Hash(mix(seed ^ mix(draw.wrapping_add(1)))));
+    }
+    Ok(Keep::Mask(Tensor::rand(0f32, 1., shape, dev)?.ge(p)?))
+}
+
+/// The keep-mask as a u8 tensor of `shape` (1 = kept), for the composed ops.
+pub fn keep_mask(keep: &Keep, p: f32, shape: &Shape, dev: &Device) -> Result<Tensor> {
+    match keep {
+        Keep::Mask(m) => Ok(m.clone()),
+        Keep::Hash(key) => imp::hash_mask(*key, p, shape, dev),
+    }
+}
+
+/// Inverted dropout with a hashed mask, differentiable (its backward redraws the mask):
+/// one pass each way instead of rand, ge, mul and affine. `None` off CUDA or when `dropout`
+/// is not fused.
+pub fn dropout(x: &Tensor, p: f32) -> Result<Option<Tensor>> {
+    if !on(DROPOUT) || !x.device().is_cuda() {
+        return Ok(None);
+    }
+    let Keep::Hash(key) = draw_keep(x.shape(), p, x.device())? else {
+        return Ok(None);
+    };
+    imp::dropout(x, key, p)
+}
+
+/// LayerNorm over the last dim, differentiable: x (…, C), w and b (C,), statistics in f32.
+pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Option<Tensor>> {
+    if !on(LAYER_NORM) {
+        return Ok(None);
+    }
+    imp::layer_norm(x, w, b, eps)
+}
+
+/// −log softmax(logits)[target] per row: logits (N, V), targets (N,) u32 -> (N,) f32,
+/// differentiable w.r.t. the logits (the backward recomputes the row's log-sum-exp).
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Option<Tensor>> {
+    if !on(XENT) {
+        return Ok(None);
+    }
+    imp::cross_entropy(logits, targets)
+}
+
 /// Dropped-out attention probabilities of raw scores s = q kᵀ, (B, nh, Tq, Tk):
-/// softmax(scale·s + bias) ⊙ keep / (1 − p), with `keep` = (u8 keep-mask, p). `bias`: f32,
+/// softmax(scale·s + bias) ⊙ keep / (1 − p), with `keep` = (keep-mask, p). `bias`: f32,
 /// (B, 1 | nh, Tq, Tk). With `with_probs`, also the probabilities before dropout (for the
 /// backward). Not differentiable: the inference path, and the recompute of the training one.
 pub fn attn_softmax(
     s: &Tensor,
     bias: &Tensor,
     scale: f64,
-    keep: Option<(&Tensor, f32)>,
+    keep: Option<(&Keep, f32)>,
     with_probs: bool,
 ) -> Result<Option<(Tensor, Option<Tensor>)>> {
     if !on(SOFTMAX) {
@@ -148,7 +239,7 @@ pub fn attn_softmax_bwd(
     p: &Tensor,
     dpd: &Tensor,
     scale: f64,
-    keep: Option<(&Tensor, f32)>,
+    keep: Option<(&Keep, f32)>,
 ) -> Result<Option<Tensor>> {
     if !on(SOFTMAX) {
         return Ok(None);
@@ -181,8 +272,21 @@ pub fn adamw(param: &Tensor, grad: &Tensor, mv: &Tensor, h: &AdamStep) -> Result
 /// The ops need a GPU: a CPU build has none of them.
 #[cfg(not(feature = "cuda"))]
 mod imp {
-    use super::{Act, AdamStep};
-    use candle_core::{Result, Tensor};
+    use super::{Act, AdamStep, Keep};
+    use candle_core::{Device, Result, Shape, Tensor};
+
+    pub fn hash_mask(_: u64, _: f32, _: &Shape, _: &Device) -> Result<Tensor> {
+        candle_core::bail!("hashed dropout masks are drawn on CUDA only")
+    }
+    pub fn dropout(_: &Tensor, _: u64, _: f32) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+    pub fn layer_norm(_: &Tensor, _: &Tensor, _: &Tensor, _: f64) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+    pub fn cross_entropy(_: &Tensor, _: &Tensor) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
 
     pub fn linear(_: &Tensor, _: &Tensor, _: bool, _: &Tensor, _: Act) -> Result<Option<Tensor>> {
         Ok(None)
@@ -194,7 +298,7 @@ mod imp {
         _: &Tensor,
         _: &Tensor,
         _: f64,
-        _: Option<(&Tensor, f32)>,
+        _: Option<(&Keep, f32)>,
         _: bool,
     ) -> Result<Option<(Tensor, Option<Tensor>)>> {
         Ok(None)
@@ -203,7 +307,7 @@ mod imp {
         _: &Tensor,
         _: &Tensor,
         _: f64,
-        _: Option<(&Tensor, f32)>,
+        _: Option<(&Keep, f32)>,
     ) -> Result<Option<Tensor>> {
         Ok(None)
     }

@@ -5,7 +5,7 @@
 
 use super::handoff::Handoff;
 use super::layers::Mode;
-use crate::kernels;
+use crate::kernels::{self, Keep};
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor, Var, D,
 };
@@ -51,7 +51,7 @@ pub fn scaled_dot_product(
     attend(q, k, v, bias, scale, None, false)
 }
 
-/// softmax(q kᵀ · scale + bias), then dropout with `keep` = (u8 keep-mask (B, nh, T, T), p),
+/// softmax(q kᵀ · scale + bias), then dropout with `keep` = (keep-mask over (B, nh, T, T), p),
 /// times v. `differentiable`: the composed softmax (autograd), else the fused kernel.
 fn attend(
     q: &Tensor,
@@ -59,7 +59,7 @@ fn attend(
     v: &Tensor,
     bias: &Tensor,
     scale: f64,
-    keep: Option<(&Tensor, f32)>,
+    keep: Option<(&Keep, f32)>,
     differentiable: bool,
 ) -> Result<Tensor> {
     let raw = q.matmul(&k.t()?)?; // (B, nh, T, T)
@@ -78,7 +78,8 @@ fn attend(
     };
     let probs = match keep {
         Some((keep, p)) => {
-            (probs * keep.to_dtype(DType::F32)?)?.affine(1. / (1. - p as f64), 0.)?
+            let mask = kernels::keep_mask(keep, p, probs.shape(), probs.device())?;
+            (probs * mask.to_dtype(DType::F32)?)?.affine(1. / (1. - p as f64), 0.)?
         }
         None => probs,
     };
@@ -86,7 +87,7 @@ fn attend(
 }
 
 /// The attention core for training, differentiable, but keeping only q, k, v and the dropout
-/// keep-mask (u8) for the backward instead of the six (B, nh, T, T) f32 intermediates that
+/// keep-mask (u8, or on CUDA only its hash key) for the backward instead of the six (B, nh, T, T) f32 intermediates that
 /// autograd of the composed ops keeps per layer (about 38 GB for gpt2 at batch 8 × 1024 in
 /// fp32). The backward recomputes the scores from q and k, as memory-efficient attention does;
 /// the forward runs detached with the fused softmax kernel.
@@ -101,8 +102,7 @@ fn recomputed_attention(
     let (b, nh, t, _) = q.dims4()?;
     // Drawn once, so the recompute in the backward sees the same mask as the forward.
     let keep = if p_drop > 0. {
-        let u = Tensor::rand(0f32, 1f32, (b, nh, t, t), q.device())?;
-        Some(u.ge(p_drop)?) // (B, nh, T, T) u8
+        Some(kernels::draw_keep(&(b, nh, t, t).into(), p_drop, q.device())?) // (B, nh, T, T)
     } else {
         None
     };
@@ -121,7 +121,7 @@ fn recomputed_attention(
 struct RecomputedAttention {
     bias: Tensor, // f32, broadcastable to (B, nh, T, T)
     scale: f64,
-    keep: Option<Tensor>, // (B, nh, T, T) u8, 1 = kept
+    keep: Option<Keep>, // over (B, nh, T, T)
     p_drop: f32,
     /// The output, computed before the op is applied.
     out: Handoff,

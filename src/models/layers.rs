@@ -178,11 +178,14 @@ pub struct Mode {
 }
 
 /// Inverted dropout (as torch): zero with probability `p`, scale the rest by 1/(1-p).
+/// On CUDA one kernel each way with a hashed mask ([`kernels::dropout`]).
 pub fn dropout(x: &Tensor, p: f32) -> candle_core::Result<Tensor> {
-    if p > 0. {
-        candle_nn::ops::dropout(x, p)
-    } else {
-        Ok(x.clone())
+    if p <= 0. {
+        return Ok(x.clone());
+    }
+    match kernels::dropout(x, p)? {
+        Some(y) => Ok(y),
+        None => candle_nn::ops::dropout(x, p),
     }
 }
 
@@ -196,10 +199,12 @@ impl Norm {
     pub fn forward(&self, x: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
         use candle_core::Module;
         match (mode.train, self.ln.bias()) {
-            // Same formula as the fused kernel, statistics in f32 for half inputs.
-            (true, Some(b)) => {
-                candle_nn::ops::layer_norm_slow(x, self.ln.weight(), b, self.eps as f32)
-            }
+            // Same formula as the inference kernel, statistics in f32 for half inputs; on CUDA
+            // one fused kernel with its backward.
+            (true, Some(b)) => match kernels::layer_norm(x, self.ln.weight(), b, self.eps)? {
+                Some(y) => Ok(y),
+                None => candle_nn::ops::layer_norm_slow(x, self.ln.weight(), b, self.eps as f32),
+            },
             _ => self.ln.forward(x),
         }
     }

@@ -8,6 +8,10 @@ use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Result, Sha
 /// −log softmax(logits)[target] per row, in f32. logits: (N, V) f32/bf16/f16; targets: (N,)
 /// u32. Returns (N,) f32.
 pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    // On CUDA: one kernel each way over the logits in their own dtype.
+    if let Some(loss) = crate::kernels::cross_entropy(logits, targets)? {
+        return Ok(loss);
+    }
     let op = CrossEntropyRows {
         targets: targets.unsqueeze(1)?, // (N, 1)
         out: Handoff::default(),
