@@ -34,7 +34,8 @@
 #   dp             data-parallel fine-tuning of $DP_MODEL (gpt2), batch $DP_BATCH (8) per rank, block 1024, on $DP_SIZES
 #                  (2) GPUs: first fp32 --no-dropout, $DP_EQ_STEPS (10; 0 skips) steps, dp N against dp 1
 #                  with --grad-accum N (the same global batch: equal loss curves), then bf16 with
-#                  dropout, 3 warm-up + $DP_STEPS (50) timed steps at dp 1, dp N, dp N --zero 1;
+#                  dropout, 3 warm-up + $DP_STEPS (50) timed steps at dp 1, dp N, dp N --zero 1
+#                  (the ZeRO-1 runs only for the sizes in $DP_ZERO_SIZES, default all);
 #                  scripts/dp_report.py prints both tables                    -> dp-logs.tgz
 #   perf-profile   ncu kernel times of one forward / one training step, candle and HF, same call
 #                  index (TB_CUDA_PROFILE): gpt2 bs16 and bs1, bloom-560m and bloom-7b1 bs16,
@@ -144,7 +145,9 @@ for stage in "$@"; do
     dp_run "$m" bf16 --warmup 3 --max-steps "$steps"
     for n in ${DP_SIZES:-2}; do
       dp_run "$m" bf16 --warmup 3 --max-steps "$steps" --dp "$n"
-      dp_run "$m" bf16 --warmup 3 --max-steps "$steps" --dp "$n" --zero 1
+      case " ${DP_ZERO_SIZES:-${DP_SIZES:-2}} " in *" $n "*)
+        dp_run "$m" bf16 --warmup 3 --max-steps "$steps" --dp "$n" --zero 1 ;;
+      esac
     done
     python3 scripts/dp_report.py /tmp/dp-logs | tee -a "$OUT/dp.txt"
     ;;

@@ -116,11 +116,19 @@ fn open(spec: DeviceSpec) -> Result<Device> {
 
 #[cfg(feature = "cuda")]
 fn open_cuda_with_stream(n: usize) -> Result<Device> {
-    Device::new_cuda_with_stream(n).map_err(|e| {
+    let device = Device::new_cuda_with_stream(n).map_err(|e| {
         Error::Unsupported(format!(
             "cannot open CUDA device {n} ({e}): does this host have a GPU for every rank (nvidia-smi)?"
         ))
-    })
+    })?;
+    if let Device::Cuda(cuda) = &device {
+        // A created stream puts cudarc in multi-stream mode, which records and waits on CUDA
+        // events around every kernel argument. Everything here (candle's kernels, cuBLAS,
+        // NCCL) runs on this one stream, so that ordering is already given.
+        // SAFETY: no tensor of this device is used on another stream.
+        unsafe { cuda.disable_event_tracking() };
+    }
+    Ok(device)
 }
 
 #[cfg(not(feature = "cuda"))]
