@@ -847,7 +847,11 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Option
         return Ok(None);
     }
     let x2 = x.contiguous()?.reshape(((), c))?; // (rows, C)
-    let y = x2.apply_op3(&w.contiguous()?, &b.contiguous()?, LayerNorm { eps: eps as f32 })?;
+    let y = x2.apply_op3(
+        &w.contiguous()?,
+        &b.contiguous()?,
+        LayerNorm { eps: eps as f32 },
+    )?;
     Ok(Some(y.reshape(x.shape())?))
 }
 

@@ -318,8 +318,15 @@ fn training_attention_backward_redraws_the_hashed_mask() {
             ..Dropout::default()
         },
     };
-    let out = scaled_dot_product(q.as_tensor(), k.as_tensor(), v.as_tensor(), &bias, 0.35, mode)
-        .unwrap();
+    let out = scaled_dot_product(
+        q.as_tensor(),
+        k.as_tensor(),
+        v.as_tensor(),
+        &bias,
+        0.35,
+        mode,
+    )
+    .unwrap();
     let g = randn(&[2, 3, 16, 8], &dev);
     let grads = (&out * &g).unwrap().sum_all().unwrap().backward().unwrap();
     let dv = grads.get(v.as_tensor()).unwrap();
@@ -329,7 +336,10 @@ fn training_attention_backward_redraws_the_hashed_mask() {
         lhs.to_scalar::<f32>().unwrap(),
         rhs.to_scalar::<f32>().unwrap(),
     );
-    assert!((lhs - rhs).abs() < 1e-4 * rhs.abs().max(1.), "{lhs} vs {rhs}");
+    assert!(
+        (lhs - rhs).abs() < 1e-4 * rhs.abs().max(1.),
+        "{lhs} vs {rhs}"
+    );
 }
 
 /// The LayerNorm kernels against autograd of candle's layer_norm_slow: fp32 to rounding, bf16
@@ -361,7 +371,10 @@ fn layer_norm_forward_and_backward_match_layer_norm_slow() {
                 [y, get(&x), get(&w), get(&b)]
             };
             let (fused, composed) = (run(true), run(false));
-            for (name, (a, b)) in ["y", "dx", "dw", "db"].iter().zip(fused.iter().zip(&composed)) {
+            for (name, (a, b)) in ["y", "dx", "dw", "db"]
+                .iter()
+                .zip(fused.iter().zip(&composed))
+            {
                 let r = rel(a, b);
                 assert!(r < tol, "{dtype:?} C={c} {name}: rel {r}");
             }

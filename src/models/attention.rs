@@ -102,7 +102,11 @@ fn recomputed_attention(
     let (b, nh, t, _) = q.dims4()?;
     // Drawn once, so the recompute in the backward sees the same mask as the forward.
     let keep = if p_drop > 0. {
-        Some(kernels::draw_keep(&(b, nh, t, t).into(), p_drop, q.device())?) // (B, nh, T, T)
+        Some(kernels::draw_keep(
+            &(b, nh, t, t).into(),
+            p_drop,
+            q.device(),
+        )?) // (B, nh, T, T)
     } else {
         None
     };
