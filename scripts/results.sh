@@ -38,3 +38,12 @@ $X -i "$R/h200x4/dp/*.jsonl.gz" -o /tmp/h200x4_dp.csv
 $P -i /tmp/h200x4_dp.csv -o $R/h200x4_dp_gpt2_bf16.png --metric train_samples_per_second --x dp \
    --model gpt2 --bf16 --title "gpt2 bf16 fine-tuning, 8 blocks per GPU, 4x H200 (whiskers: ZeRO-0 vs 1)"
 python3 scripts/dp_report.py $R/h200x2/dp $R/h200x4/dp
+
+# Data-parallel, 200 timed steps, 4x H200: gpt2 (batch 8 per GPU) and gpt2-medium (batch 4).
+$X -i "$R/h200x4/dp-200/*.jsonl.gz" -o $R/h200x4_dp200.csv
+$P -i $R/h200x4_dp200.csv -o $R/h200x4_dp200_bf16.png --metric train_samples_per_second --x dp \
+   --bf16 --title "WikiText-2 bf16 fine-tuning, 4x H200, 200 steps: samples/s by dp (whiskers: ZeRO-0 vs 1)"
+python3 scripts/dp_report.py $R/h200x4/dp-200
+
+# Fused kernels, second round (training), H100: before (7f8523b) and after (0174acc).
+$X -i "$R/h100/perf/train-round2/*/*.jsonl.gz" -o $R/h100_perf_train_round2.csv
