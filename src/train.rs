@@ -285,9 +285,19 @@ pub fn lm_loss(model: &dyn CausalLm, ids: &Tensor) -> Result<Tensor> {
     let hidden = model.hidden_states(ids, &mask)?; // (B, T, C)
     let hidden = hidden.narrow(1, 0, t - 1)?.contiguous()?; // (B, T-1, C)
     let c = hidden.dim(2)?;
-    let logits = model.logits(&hidden.reshape((b * (t - 1), c))?)?; // (B·(T-1), V)
+    let hidden = hidden.reshape((b * (t - 1), c))?;
+    // On CUDA the head is padded to 64 columns: GPT-2's 50257 would put its three matmuls on
+    // cuBLAS's slow unaligned kernels (15 ms of a gpt2 step on an H100, docs/perf-notes.md).
+    let (logits, vocab) = match ids.device().is_cuda() {
+        true => model.logits_padded(&hidden, 64)?, // (B·(T-1), V')
+        false => {
+            let logits = model.logits(&hidden)?; // (B·(T-1), V)
+            let v = logits.dim(1)?;
+            (logits, v)
+        }
+    };
     let targets = ids.narrow(1, 1, t - 1)?.flatten_all()?; // (B·(T-1),)
-    crate::models::loss::cross_entropy_rows(&logits, &targets)?.mean_all()
+    crate::models::loss::cross_entropy_rows(&logits, &targets, vocab)?.mean_all()
 }
 
 /// Hands the model its parameters: on the first load it takes each tensor from the real source

@@ -858,8 +858,11 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Option
 // ---------------------------------------------------------------------------------------------
 // Cross-entropy over the logits.
 
-/// Per-row loss (N,) f32 of logits (N, V) and targets (N,) u32.
-struct CrossEntropy;
+/// Per-row loss (N,) f32 of logits (N, ld) and targets (N,) u32 over the first `vocab` columns.
+#[derive(Clone, Copy)]
+struct CrossEntropy {
+    vocab: usize,
+}
 
 impl CustomOp2 for CrossEntropy {
     fn name(&self) -> &'static str {
@@ -874,7 +877,7 @@ impl CustomOp2 for CrossEntropy {
         tl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let dev = x.device().clone();
-        let (rows, v) = xl.shape().dims2()?;
+        let (rows, ld) = xl.shape().dims2()?;
         let func = dev.get_or_load_custom_func(
             &format!("tb_xent_fwd_{}", suffix(x.dtype())?),
             MODULE,
@@ -883,11 +886,11 @@ impl CustomOp2 for CrossEntropy {
         with_dtype!(x.dtype(), T => {
             let (xv, tv) = (view::<T>(x, xl)?, view::<u32>(t, tl)?);
             let out = alloc::<f32>(&dev, rows)?;
-            let v_i = v as i32;
+            let (v_i, ld_i) = (self.vocab as i32, ld as i32);
             let mut launch = func.builder();
-            launch.arg(&xv).arg(&tv).arg(&out).arg(&v_i);
+            launch.arg(&xv).arg(&tv).arg(&out).arg(&v_i).arg(&ld_i);
             // SAFETY: x holds rows·V elements, targets and out rows.
-            unsafe { launch.launch(row_config(rows, v)) }.w()?;
+            unsafe { launch.launch(row_config(rows, ld)) }.w()?;
             Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(rows)))
         })
     }
@@ -899,12 +902,15 @@ impl CustomOp2 for CrossEntropy {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let g = grad.to_dtype(DType::F32)?.contiguous()?;
-        Ok((Some(x.apply_op3_no_bwd(t, &g, &CrossEntropyGrad)?), None))
+        let op = CrossEntropyGrad { vocab: self.vocab };
+        Ok((Some(x.apply_op3_no_bwd(t, &g, &op)?), None))
     }
 }
 
-/// dx = g · (softmax(x) − onehot(target)), row by row.
-struct CrossEntropyGrad;
+/// dx = g · (softmax(x) − onehot(target)) over the vocabulary, 0 in padded columns.
+struct CrossEntropyGrad {
+    vocab: usize,
+}
 
 impl CustomOp3 for CrossEntropyGrad {
     fn name(&self) -> &'static str {
@@ -921,7 +927,7 @@ impl CustomOp3 for CrossEntropyGrad {
         gl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let dev = x.device().clone();
-        let (rows, v) = xl.shape().dims2()?;
+        let (rows, ld) = xl.shape().dims2()?;
         let func = dev.get_or_load_custom_func(
             &format!("tb_xent_bwd_{}", suffix(x.dtype())?),
             MODULE,
@@ -929,24 +935,30 @@ impl CustomOp3 for CrossEntropyGrad {
         )?;
         with_dtype!(x.dtype(), T => {
             let (xv, tv, gv) = (view::<T>(x, xl)?, view::<u32>(t, tl)?, view::<f32>(g, gl)?);
-            let out = alloc::<T>(&dev, rows * v)?;
-            let v_i = v as i32;
+            let out = alloc::<T>(&dev, rows * ld)?;
+            let (v_i, ld_i) = (self.vocab as i32, ld as i32);
             let mut launch = func.builder();
-            launch.arg(&xv).arg(&tv).arg(&gv).arg(&out).arg(&v_i);
-            // SAFETY: x and out hold rows·V elements, targets and g rows.
-            unsafe { launch.launch(row_config(rows, v)) }.w()?;
+            launch.arg(&xv).arg(&tv).arg(&gv).arg(&out).arg(&v_i).arg(&ld_i);
+            // SAFETY: x and out hold rows·ld elements, targets and g rows.
+            unsafe { launch.launch(row_config(rows, ld)) }.w()?;
             Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
         })
     }
 }
 
-pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Option<Tensor>> {
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor, vocab: usize) -> Result<Option<Tensor>> {
     let ok_targets = targets.dtype() == DType::U32 && targets.rank() == 1;
     if !logits.device().is_cuda() || !float_dtype(logits) || logits.rank() != 2 || !ok_targets {
         return Ok(None);
     }
+    if vocab == 0 || vocab > logits.dim(1)? {
+        bail!(
+            "cross-entropy: vocabulary {vocab} for logits {:?}",
+            logits.shape()
+        );
+    }
     let (x, t) = (logits.contiguous()?, targets.contiguous()?);
-    Ok(Some(x.apply_op2(&t, CrossEntropy)?))
+    Ok(Some(x.apply_op2(&t, CrossEntropy { vocab })?))
 }
 
 // ---------------------------------------------------------------------------------------------

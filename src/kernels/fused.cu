@@ -300,23 +300,25 @@ __device__ float row_logsumexp(const T* xr, int v, float* sh) {
   for (int j = threadIdx.x; j < v; j += blockDim.x) sum += expf(to_f(xr[j]) - mx);
   return logf(block_sum(sum, sh)) + mx;
 }
+// v: the vocabulary; ld ≥ v: the row length (a padded lm head's extra columns are ignored, and
+// get a zero gradient).
 template <typename T>
-__device__ void xent_fwd(const T* x, const unsigned int* targets, float* loss, int v) {
+__device__ void xent_fwd(const T* x, const unsigned int* targets, float* loss, int v, int ld) {
   __shared__ float sh[32];
   const long row = blockIdx.x;
-  const T* xr = x + row * v;
+  const T* xr = x + row * ld;
   const float lse = row_logsumexp(xr, v, sh);
   if (threadIdx.x == 0) loss[row] = lse - to_f(xr[targets[row]]);
 }
 template <typename T>
-__device__ void xent_bwd(const T* x, const unsigned int* targets, const float* grad, T* dx, int v) {
+__device__ void xent_bwd(const T* x, const unsigned int* targets, const float* grad, T* dx, int v, int ld) {
   __shared__ float sh[32];
   const long row = blockIdx.x;
-  const T* xr = x + row * v;
+  const T* xr = x + row * ld;
   const float lse = row_logsumexp(xr, v, sh), g = grad[row];
   const unsigned int t = targets[row];
-  for (int j = threadIdx.x; j < v; j += blockDim.x)
-    dx[row * v + j] = from_f<T>(g * (expf(to_f(xr[j]) - lse) - (j == (int)t ? 1.f : 0.f)));
+  for (int j = threadIdx.x; j < ld; j += blockDim.x)
+    dx[row * ld + j] = from_f<T>(j < v ? g * (expf(to_f(xr[j]) - lse) - (j == (int)t ? 1.f : 0.f)) : 0.f);
 }
 
 #define FOR_TYPES(M) M(float, f32) M(__nv_bfloat16, bf16) M(__half, f16)
@@ -332,12 +334,13 @@ __device__ void xent_bwd(const T* x, const unsigned int* targets, const float* g
                                                      float scale, float keep_scale, int tk) {                 \
     attn_softmax_bwd<T>(p, dpd, Keep{mask, key, thresh, keep_scale}, ds, scale, tk);                          \
   }                                                                                                           \
-  extern "C" __global__ void tb_xent_fwd_##S(const T* x, const unsigned int* targets, float* loss, int v) {   \
-    xent_fwd<T>(x, targets, loss, v);                                                                         \
+  extern "C" __global__ void tb_xent_fwd_##S(const T* x, const unsigned int* targets, float* loss, int v,     \
+                                             int ld) {                                                        \
+    xent_fwd<T>(x, targets, loss, v, ld);                                                                     \
   }                                                                                                           \
   extern "C" __global__ void tb_xent_bwd_##S(const T* x, const unsigned int* targets, const float* grad, T* dx, \
-                                             int v) {                                                         \
-    xent_bwd<T>(x, targets, grad, dx, v);                                                                     \
+                                             int v, int ld) {                                                 \
+    xent_bwd<T>(x, targets, grad, dx, v, ld);                                                                 \
   }                                                                                                           \
   extern "C" __global__ void tb_dropout_##S(const T* x, T* y, long n, unsigned long long key,                 \
                                             unsigned int thresh, float scale) {                               \

@@ -207,13 +207,14 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Option
     imp::layer_norm(x, w, b, eps)
 }
 
-/// −log softmax(logits)[target] per row: logits (N, V), targets (N,) u32 -> (N,) f32,
-/// differentiable w.r.t. the logits (the backward recomputes the row's log-sum-exp).
-pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Option<Tensor>> {
+/// −log softmax(logits)[target] per row over the first `vocab` columns: logits (N, V ≥ vocab)
+/// (a padded lm head's extra columns are ignored and get zero gradient), targets (N,) u32 ->
+/// (N,) f32, differentiable w.r.t. the logits (the backward recomputes the log-sum-exp).
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor, vocab: usize) -> Result<Option<Tensor>> {
     if !on(XENT) {
         return Ok(None);
     }
-    imp::cross_entropy(logits, targets)
+    imp::cross_entropy(logits, targets, vocab)
 }
 
 /// Dropped-out attention probabilities of raw scores s = q kᵀ, (B, nh, Tq, Tk):
@@ -284,7 +285,7 @@ mod imp {
     pub fn layer_norm(_: &Tensor, _: &Tensor, _: &Tensor, _: f64) -> Result<Option<Tensor>> {
         Ok(None)
     }
-    pub fn cross_entropy(_: &Tensor, _: &Tensor) -> Result<Option<Tensor>> {
+    pub fn cross_entropy(_: &Tensor, _: &Tensor, _: usize) -> Result<Option<Tensor>> {
         Ok(None)
     }
 

@@ -341,6 +341,22 @@ impl CausalLm for Gpt2 {
         hidden.matmul(&head.t()?) // (N, C) @ (C, V) -> (N, V)
     }
 
+    fn logits_padded(
+        &self,
+        hidden: &Tensor,
+        multiple: usize,
+    ) -> candle_core::Result<(Tensor, usize)> {
+        let head = self.lm_head.as_ref().unwrap_or(&self.wte); // (V, C)
+        let (v, c) = head.dims2()?;
+        let pad = v.next_multiple_of(multiple.max(1)) - v;
+        if pad == 0 {
+            return Ok((self.logits(hidden)?, v));
+        }
+        let zeros = Tensor::zeros((pad, c), head.dtype(), head.device())?;
+        let head = Tensor::cat(&[head, &zeros], 0)?; // (V', C)
+        Ok((hidden.matmul(&head.t()?)?, v)) // (N, V')
+    }
+
     fn max_positions(&self) -> usize {
         self.cfg.n_positions
     }

@@ -5,13 +5,15 @@
 use super::handoff::Handoff;
 use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, D};
 
-/// −log softmax(logits)[target] per row, in f32. logits: (N, V) f32/bf16/f16; targets: (N,)
-/// u32. Returns (N,) f32.
-pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+/// −log softmax(logits)[target] per row, in f32, over the first `vocab` columns (a padded lm
+/// head's extra columns are not part of the softmax). logits: (N, V ≥ vocab) f32/bf16/f16;
+/// targets: (N,) u32. Returns (N,) f32.
+pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor, vocab: usize) -> Result<Tensor> {
     // On CUDA: one kernel each way over the logits in their own dtype.
-    if let Some(loss) = crate::kernels::cross_entropy(logits, targets)? {
+    if let Some(loss) = crate::kernels::cross_entropy(logits, targets, vocab)? {
         return Ok(loss);
     }
+    let logits = &logits.narrow(1, 0, vocab)?;
     let op = CrossEntropyRows {
         targets: targets.unsqueeze(1)?, // (N, 1)
         out: Handoff::default(),
@@ -67,7 +69,7 @@ mod tests {
         let dev = Device::Cpu;
         let logits = Var::from_tensor(&(Tensor::randn(0f32, 3., (6, 11), &dev)?))?;
         let targets = Tensor::new(&[0u32, 10, 3, 3, 7, 1], &dev)?;
-        let ours = cross_entropy_rows(logits.as_tensor(), &targets)?.mean_all()?;
+        let ours = cross_entropy_rows(logits.as_tensor(), &targets, 11)?.mean_all()?;
         let reference = candle_nn::loss::cross_entropy(logits.as_tensor(), &targets)?;
         let diff = |a: &Tensor, b: &Tensor| -> Result<f32> {
             (a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()

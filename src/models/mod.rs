@@ -34,6 +34,21 @@ pub trait CausalLm {
     /// [`CausalLm::hidden_states`] so that scoring computes only the rows it reads.
     fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor>;
 
+    /// [`CausalLm::logits`] with the vocabulary padded by zero rows of the head to a multiple
+    /// of `multiple`: (N, C) -> ((N, V'), V) with V' ≥ V; the extra columns are 0 and not
+    /// part of the vocabulary. cuBLAS takes its fast kernels only for aligned leading
+    /// dimensions, which GPT-2's V = 50257 is not. Default: no padding.
+    fn logits_padded(
+        &self,
+        hidden: &Tensor,
+        multiple: usize,
+    ) -> candle_core::Result<(Tensor, usize)> {
+        let _ = multiple;
+        let logits = self.logits(hidden)?;
+        let v = logits.dim(1)?;
+        Ok((logits, v))
+    }
+
     /// Longest sequence the model accepts.
     fn max_positions(&self) -> usize;
 
