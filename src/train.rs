@@ -118,8 +118,9 @@ impl AdamW {
         })
     }
 
-    /// One update with learning rate `lr`; `grads[i]` belongs to `params[i]` (fp32).
-    pub fn step(&mut self, grads: &[Tensor], lr: f64) -> Result<()> {
+    /// One update with learning rate `lr` and gradients `grads[i] · grad_scale` (`grads[i]`
+    /// belongs to `params[i]`, fp32; `grad_scale`: the clip coefficient over the loss scale).
+    pub fn step(&mut self, grads: &[Tensor], lr: f64, grad_scale: f64) -> Result<()> {
         self.step += 1;
         let t = self.step as i32;
         let h = crate::kernels::AdamStep {
@@ -130,6 +131,7 @@ impl AdamW {
             weight_decay: self.weight_decay,
             bc1: 1. - self.beta1.powi(t),
             bc2_sqrt: (1. - self.beta2.powi(t)).sqrt(),
+            grad_scale,
         };
         for (i, g) in grads.iter().enumerate() {
             let param = self.params[i].as_tensor();
@@ -152,6 +154,10 @@ impl AdamW {
                     mv.get(1)?.reshape(g.shape())?,
                 ),
             };
+            let g = &match grad_scale {
+                1. => g.clone(),
+                k => (g * k)?,
+            };
             let mut p = self.params[i].as_detached_tensor();
             if self.weight_decay != 0. {
                 p = p.affine(1. - lr * self.weight_decay, 0.)?;
@@ -167,25 +173,26 @@ impl AdamW {
     }
 }
 
-/// torch `clip_grad_norm_`: total = ‖(‖g_i‖₂)_i‖₂; every gradient is multiplied by
-/// min(1, max_norm / (total + 1e-6)). Returns the norm before clipping.
-pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
+/// The global L2 norm of `grads`, torch `clip_grad_norm_`'s total = ‖(‖g_i‖₂)_i‖₂. On CUDA one
+/// sum-of-squares kernel per tensor; one sync for all of them.
+pub fn global_grad_norm(grads: &[Tensor]) -> Result<f64> {
     let mut sq = Vec::with_capacity(grads.len());
-    for g in grads.iter() {
-        sq.push(g.sqr()?.sum_all()?);
+    for g in grads {
+        sq.push(match crate::kernels::sum_squares(g)? {
+            Some(s) => s,                            // (1,) f32
+            None => g.sqr()?.sum_all()?.reshape(1)?, // (1,)
+        });
     }
-    let total = Tensor::stack(&sq, 0)?
+    Ok(Tensor::cat(&sq, 0)?
         .sum_all()?
         .to_dtype(DType::F64)?
         .to_scalar::<f64>()?
-        .sqrt();
-    let coef = (max_norm / (total + 1e-6)).min(1.);
-    if coef < 1. {
-        for g in grads.iter_mut() {
-            *g = (&*g * coef)?;
-        }
-    }
-    Ok(total)
+        .sqrt())
+}
+
+/// torch `clip_grad_norm_`'s factor for every gradient: min(1, max_norm / (norm + 1e-6)).
+pub fn clip_coefficient(norm: f64, max_norm: f64) -> f64 {
+    (max_norm / (norm + 1e-6)).min(1.)
 }
 
 /// torch.amp.GradScaler with its defaults: scale 2¹⁶, ×2 after 2000 finite steps, ×0.5 and
@@ -594,12 +601,9 @@ impl Trainer {
             loss_sum = loss.to_vec1::<f32>()?[0] as f64;
             comm_ms = Some(comm.stop(&self.device)?);
         }
-        if scale != 1. {
-            for g in grads.iter_mut() {
-                *g = (&*g * (1. / scale))?;
-            }
-        }
-        let grad_norm = clip_grad_norm(&mut grads, self.hyper.max_grad_norm)?;
+        // Unscaling (fp16) and clipping ride in the optimizer's kernel as one factor.
+        let grad_norm = global_grad_norm(&grads)? / scale;
+        let grad_scale = clip_coefficient(grad_norm, self.hyper.max_grad_norm) / scale;
         let lr = self.schedule.lr(self.step);
         let apply = match self.scaler.as_mut() {
             Some(s) => s.update(grad_norm.is_finite()),
@@ -614,7 +618,7 @@ impl Trainer {
                         .filter(|(_, &o)| o == dp.rank)
                         .map(|(g, _)| g.clone())
                         .collect();
-                    self.opt.step(&mine, lr)?;
+                    self.opt.step(&mine, lr, grad_scale)?;
                     // Every parameter from its owner: the others contribute zeros to the sum
                     // (an all-gather through the one collective we have).
                     let comm = CommClock::start(&self.device)?;
@@ -633,7 +637,7 @@ impl Trainer {
                     }
                     *comm_ms.get_or_insert(0.) += comm.stop(&self.device)?;
                 }
-                _ => self.opt.step(&grads, lr)?,
+                _ => self.opt.step(&grads, lr, grad_scale)?,
             }
             self.step += 1;
         }
@@ -714,14 +718,37 @@ mod tests {
 
     #[test]
     fn grad_clipping_scales_to_max_norm() {
-        let mut g = vec![
+        let g = vec![
             Tensor::new(&[3f32, 0.], &Device::Cpu).unwrap(),
             Tensor::new(&[4f32], &Device::Cpu).unwrap(),
         ];
-        let norm = clip_grad_norm(&mut g, 1.0).unwrap();
+        let norm = global_grad_norm(&g).unwrap();
         assert!((norm - 5.).abs() < 1e-9);
-        let a: Vec<f32> = g[0].to_vec1().unwrap();
-        assert!((a[0] - 0.6).abs() < 1e-6, "{a:?}");
+        assert!((clip_coefficient(norm, 1.0) - 0.2).abs() < 1e-6);
+        assert_eq!(clip_coefficient(0.5, 1.0), 1.);
+    }
+
+    /// The clip factor given to the optimizer acts as scaling the gradients first.
+    #[test]
+    fn adamw_grad_scale_equals_scaled_gradients() {
+        let init = Tensor::new(&[0.5f32, -1., 2.], &Device::Cpu).unwrap();
+        let g = Tensor::new(&[3f32, -4., 0.25], &Device::Cpu).unwrap();
+        let h = Hyper {
+            weight_decay: 0.01,
+            ..Hyper::default()
+        };
+        let mut out = Vec::new();
+        for (grad, k) in [((&g * 0.2).unwrap(), 1.), (g.clone(), 0.2)] {
+            let p = Var::from_tensor(&init).unwrap();
+            let mut opt = AdamW::new(vec![p.clone()], &h).unwrap();
+            for _ in 0..3 {
+                opt.step(std::slice::from_ref(&grad), 1e-2, k).unwrap();
+            }
+            out.push(p.as_tensor().to_vec1::<f32>().unwrap());
+        }
+        for (a, b) in out[0].iter().zip(&out[1]) {
+            assert!((a - b).abs() < 1e-6, "{:?} vs {:?}", out[0], out[1]);
+        }
     }
 
     #[test]

@@ -964,10 +964,11 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor, vocab: usize) -> Result<
 // ---------------------------------------------------------------------------------------------
 // AdamW.
 
-/// mv' from mv (2, n) f32 and the gradient.
+/// mv' from mv (2, n) f32 and the gradient (times grad_scale).
 struct AdamMoments {
     beta1: f32,
     beta2: f32,
+    grad_scale: f32,
 }
 
 impl CustomOp2 for AdamMoments {
@@ -995,6 +996,7 @@ impl CustomOp2 for AdamMoments {
             let n_i = n as i64;
             let mut launch = func.builder();
             launch.arg(&mvv).arg(&gv).arg(&out).arg(&n_i).arg(&self.beta1).arg(&self.beta2);
+            launch.arg(&self.grad_scale);
             // SAFETY: mv and out hold 2n elements, g holds n.
             unsafe { launch.launch(flat_config(n)) }.w()?;
             Ok((CudaStorage::wrap_cuda_slice(out, dev), mvl.shape().clone()))
@@ -1049,6 +1051,42 @@ impl InplaceOp2 for AdamApply {
     }
 }
 
+/// Σ x² of a whole tensor, (1,) f32.
+struct SumSquares;
+
+impl CustomOp1 for SumSquares {
+    fn name(&self) -> &'static str {
+        "tb-sum-squares"
+    }
+    no_cpu_fwd!(CustomOp1);
+    fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
+        let dev = x.device().clone();
+        let n = xl.shape().elem_count();
+        let func = dev.get_or_load_custom_func(
+            &format!("tb_sum_squares_{}", suffix(x.dtype())?),
+            MODULE,
+            PTX,
+        )?;
+        with_dtype!(x.dtype(), T => {
+            let xv = view::<T>(x, xl)?;
+            let out = dev.alloc_zeros::<f32>(1)?;
+            let n_i = n as i64;
+            let mut launch = func.builder();
+            launch.arg(&xv).arg(&out).arg(&n_i);
+            // SAFETY: x holds n elements, out one.
+            unsafe { launch.launch(flat_config(n)) }.w()?;
+            Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(1)))
+        })
+    }
+}
+
+pub fn sum_squares(x: &Tensor) -> Result<Option<Tensor>> {
+    if !x.device().is_cuda() || !float_dtype(x) {
+        return Ok(None);
+    }
+    Ok(Some(x.contiguous()?.apply_op1_no_bwd(&SumSquares)?))
+}
+
 pub fn adamw(param: &Tensor, grad: &Tensor, mv: &Tensor, h: &AdamStep) -> Result<Option<Tensor>> {
     if !param.device().is_cuda() || !float_dtype(param) || grad.dtype() != param.dtype() {
         return Ok(None);
@@ -1060,6 +1098,7 @@ pub fn adamw(param: &Tensor, grad: &Tensor, mv: &Tensor, h: &AdamStep) -> Result
     let moments = AdamMoments {
         beta1: h.beta1 as f32,
         beta2: h.beta2 as f32,
+        grad_scale: h.grad_scale as f32,
     };
     let mv = mv.apply_op2_no_bwd(&g, &moments)?;
     let apply = AdamApply {

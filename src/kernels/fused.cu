@@ -174,10 +174,12 @@ __device__ void bias_act_bwd(const T* x, const T* bias, const T* dy, T* dx, long
 // AdamW, torch's single-tensor order (src/train.rs AdamW), in two passes over a parameter
 // instead of ~12 candle ops. State mv: (2, n) f32, the first and second moments.
 // Pass 1: mv' = (m + (1 − β1)(g − m), β2·v + (1 − β2)·g²), a new tensor.
+// gscale: the gradient's factor (clip coefficient over the loss scale).
 template <typename T>
-__device__ void adam_moments(const float* mv, const T* grad, float* out, long n, float beta1, float beta2) {
+__device__ void adam_moments(const float* mv, const T* grad, float* out, long n, float beta1, float beta2,
+                             float gscale) {
   for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
-    const float g = to_f(grad[i]), m = mv[i], v = mv[n + i];
+    const float g = to_f(grad[i]) * gscale, m = mv[i], v = mv[n + i];
     out[i] = m + (1.f - beta1) * (g - m);  // torch's lerp form
     out[n + i] = beta2 * v + (1.f - beta2) * g * g;
   }
@@ -321,6 +323,19 @@ __device__ void xent_bwd(const T* x, const unsigned int* targets, const float* g
     dx[row * ld + j] = from_f<T>(j < v ? g * (expf(to_f(xr[j]) - lse) - (j == (int)t ? 1.f : 0.f)) : 0.f);
 }
 
+// Σ x² into *out (zeroed by the caller): per-block sums, one atomic add per block.
+template <typename T>
+__device__ void sum_squares(const T* x, float* out, long n) {
+  __shared__ float sh[32];
+  float s = 0.f;
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+    const float v = to_f(x[i]);
+    s += v * v;
+  }
+  s = block_sum(s, sh);
+  if (threadIdx.x == 0) atomicAdd(out, s);
+}
+
 #define FOR_TYPES(M) M(float, f32) M(__nv_bfloat16, bf16) M(__half, f16)
 #define INSTANTIATE(T, S)                                                                                     \
   extern "C" __global__ void tb_attn_softmax_fwd_##S(const T* s, const float* bias, const uint8_t* mask,     \
@@ -366,8 +381,11 @@ __device__ void xent_bwd(const T* x, const unsigned int* targets, const float* g
     bias_act_bwd<T>(x, bias, dy, dx, rows, n, act);                                                           \
   }                                                                                                           \
   extern "C" __global__ void tb_adam_moments_##S(const float* mv, const T* grad, float* out, long n,         \
-                                                 float beta1, float beta2) {                                  \
-    adam_moments<T>(mv, grad, out, n, beta1, beta2);                                                          \
+                                                 float beta1, float beta2, float gscale) {                    \
+    adam_moments<T>(mv, grad, out, n, beta1, beta2, gscale);                                                  \
+  }                                                                                                           \
+  extern "C" __global__ void tb_sum_squares_##S(const T* x, float* out, long n) {                             \
+    sum_squares<T>(x, out, n);                                                                                \
   }                                                                                                           \
   extern "C" __global__ void tb_adamw_apply_##S(T* param, const float* mv, long n, float decay,               \
                                                float step_size, float bc2_sqrt, float eps) {                  \

@@ -211,7 +211,7 @@ fn fused_adamw_takes_the_composed_step() {
     for step in 0..3 {
         let g = (randn(&[300, 7], &Device::Cpu) * (step + 1) as f64).unwrap();
         for (opt, dev) in opts.iter_mut().zip([&Device::Cpu, &gpu]) {
-            opt.step(&[g.to_device(dev).unwrap()], 1e-3).unwrap();
+            opt.step(&[g.to_device(dev).unwrap()], 1e-3, 0.5).unwrap();
         }
         let r = rel(params[1].as_tensor(), params[0].as_tensor());
         assert!(r < 1e-6, "step {step}: rel {r}");
@@ -423,5 +423,28 @@ fn cross_entropy_forward_and_backward_match_the_composed_loss() {
                 );
             }
         }
+    }
+}
+
+/// Σ x² in one kernel (the gradient norm) against square + sum, fp32 and bf16, a length that
+/// is not a multiple of the block.
+#[test]
+fn sum_squares_matches_square_then_sum() {
+    let (dev, _one_at_a_time) = gpu();
+    for dtype in [DType::F32, DType::BF16] {
+        let x = randn(&[(1 << 20) + 7], &dev).to_dtype(dtype).unwrap();
+        let got = sum_squares(&x).unwrap().expect("applies");
+        let want = x
+            .to_dtype(DType::F32)
+            .unwrap()
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        let (g, w) = (
+            got.to_vec1::<f32>().unwrap()[0],
+            want.to_scalar::<f32>().unwrap(),
+        );
+        assert!((g - w).abs() < 1e-4 * w, "{dtype:?}: {g} vs {w}");
     }
 }

@@ -259,10 +259,22 @@ pub struct AdamStep {
     /// 1 − β1ᵗ and √(1 − β2ᵗ).
     pub bc1: f64,
     pub bc2_sqrt: f64,
+    /// Multiplies every gradient first: the clip coefficient (over a loss scale). Folded into
+    /// the kernel instead of one more pass per tensor.
+    pub grad_scale: f64,
 }
 
-/// One AdamW step of `param` (updated in place) with gradient `grad`; `mv` (2, numel) f32
-/// holds the moments. Returns the new moments.
+/// Σ x² over a whole tensor as a (1,) f32 tensor, in one pass (with `adamw`: the gradient
+/// norm before the step, instead of a square and a sum per tensor).
+pub fn sum_squares(x: &Tensor) -> Result<Option<Tensor>> {
+    if !on(ADAMW) {
+        return Ok(None);
+    }
+    imp::sum_squares(x)
+}
+
+/// One AdamW step of `param` (updated in place) with gradient `grad · grad_scale`; `mv`
+/// (2, numel) f32 holds the moments. Returns the new moments.
 pub fn adamw(param: &Tensor, grad: &Tensor, mv: &Tensor, h: &AdamStep) -> Result<Option<Tensor>> {
     if !on(ADAMW) {
         return Ok(None);
@@ -310,6 +322,9 @@ mod imp {
         _: f64,
         _: Option<(&Keep, f32)>,
     ) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+    pub fn sum_squares(_: &Tensor) -> Result<Option<Tensor>> {
         Ok(None)
     }
     pub fn adamw(_: &Tensor, _: &Tensor, _: &Tensor, _: &AdamStep) -> Result<Option<Tensor>> {
