@@ -13,7 +13,8 @@ pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor, vocab: usize) -> Re
     if let Some(loss) = crate::kernels::cross_entropy(logits, targets, vocab)? {
         return Ok(loss);
     }
-    let logits = &logits.narrow(1, 0, vocab)?;
+    // gather below reads contiguous tensors only.
+    let logits = &logits.narrow(1, 0, vocab)?.contiguous()?;
     let op = CrossEntropyRows {
         targets: targets.unsqueeze(1)?, // (N, 1)
         out: Handoff::default(),
