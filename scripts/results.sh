@@ -47,3 +47,4 @@ python3 scripts/dp_report.py $R/h200x4/dp-200
 
 # Fused kernels, second round (training), H100: before (7f8523b) and after (0174acc).
 $X -i "$R/h100/perf/train-round2/*/*.jsonl.gz" -o $R/h100_perf_train_round2.csv
+$X -i "$R/h100/perf/final/*.jsonl.gz" -o $R/h100_perf_final.csv
