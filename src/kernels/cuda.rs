@@ -28,6 +28,18 @@ fn suffix(dtype: DType) -> Result<&'static str> {
     })
 }
 
+/// The fused.cu kernel `$name` + `_f32|_bf16|_f16` for `$dtype` on device `$dev`, loaded once
+/// per device.
+macro_rules! kernel {
+    ($dev:expr, $name:literal, $dtype:expr) => {
+        $dev.get_or_load_custom_func(
+            &format!(concat!($name, "_{}"), suffix($dtype)?),
+            MODULE,
+            PTX,
+        )
+    };
+}
+
 fn float_dtype(t: &Tensor) -> bool {
     matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16)
 }
@@ -272,11 +284,7 @@ impl CustomOp2 for BiasAct {
     ) -> Result<(CudaStorage, Shape)> {
         let dev = x.device().clone();
         let (rows, n) = xl.shape().dims2()?;
-        let func = dev.get_or_load_custom_func(
-            &format!("tb_bias_act_fwd_{}", suffix(x.dtype())?),
-            MODULE,
-            PTX,
-        )?;
+        let func = kernel!(dev, "tb_bias_act_fwd", x.dtype())?;
         with_dtype!(x.dtype(), T => {
             let (xv, bv) = (view::<T>(x, xl)?, view::<T>(b, bl)?);
             let out = alloc::<T>(&dev, rows * n)?;
@@ -323,11 +331,7 @@ impl CustomOp3 for BiasActGrad {
     ) -> Result<(CudaStorage, Shape)> {
         let dev = x.device().clone();
         let (rows, n) = xl.shape().dims2()?;
-        let func = dev.get_or_load_custom_func(
-            &format!("tb_bias_act_bwd_{}", suffix(x.dtype())?),
-            MODULE,
-            PTX,
-        )?;
+        let func = kernel!(dev, "tb_bias_act_bwd", x.dtype())?;
         with_dtype!(x.dtype(), T => {
             let (xv, bv, dyv) = (view::<T>(x, xl)?, view::<T>(b, bl)?, view::<T>(dy, dyl)?);
             let out = alloc::<T>(&dev, rows * n)?;
@@ -412,11 +416,7 @@ impl AttnSoftmax {
         let rows = b * nh * tq;
         let n = rows * tk;
         let two = self.with_probs && self.keep.active;
-        let func = dev.get_or_load_custom_func(
-            &format!("tb_attn_softmax_fwd_{}", suffix(s.0.dtype())?),
-            MODULE,
-            PTX,
-        )?;
+        let func = kernel!(dev, "tb_attn_softmax_fwd", s.0.dtype())?;
         with_dtype!(s.0.dtype(), T => {
             let sv = view::<T>(s.0, s.1)?;
             let bv = view::<f32>(bias.0, bias.1)?;
@@ -541,11 +541,7 @@ impl AttnSoftmaxBwd {
         let tk = *dims.last().unwrap();
         let n = p.1.shape().elem_count();
         let rows = n / tk;
-        let func = dev.get_or_load_custom_func(
-            &format!("tb_attn_softmax_bwd_{}", suffix(p.0.dtype())?),
-            MODULE,
-            PTX,
-        )?;
+        let func = kernel!(dev, "tb_attn_softmax_bwd", p.0.dtype())?;
         with_dtype!(p.0.dtype(), T => {
             let (pv, gv) = (view::<T>(p.0, p.1)?, view::<T>(dpd.0, dpd.1)?);
             let mv = mask.map(|(k, l)| view::<u8>(k, l)).transpose()?;
@@ -639,11 +635,7 @@ impl CustomOp1 for HashDropout {
     fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
         let dev = x.device().clone();
         let n = xl.shape().elem_count();
-        let func = dev.get_or_load_custom_func(
-            &format!("tb_dropout_{}", suffix(x.dtype())?),
-            MODULE,
-            PTX,
-        )?;
+        let func = kernel!(dev, "tb_dropout", x.dtype())?;
         with_dtype!(x.dtype(), T => {
             let xv = view::<T>(x, xl)?;
             let out = alloc::<T>(&dev, n)?;
@@ -728,11 +720,7 @@ impl CustomOp3 for LayerNorm {
     ) -> Result<(CudaStorage, Shape)> {
         let dev = x.device().clone();
         let (rows, c) = xl.shape().dims2()?;
-        let func = dev.get_or_load_custom_func(
-            &format!("tb_layer_norm_fwd_{}", suffix(x.dtype())?),
-            MODULE,
-            PTX,
-        )?;
+        let func = kernel!(dev, "tb_layer_norm_fwd", x.dtype())?;
         with_dtype!(x.dtype(), T => {
             let (xv, wv, bv) = (view::<T>(x, xl)?, view::<T>(w, wl)?, view::<T>(b, bl)?);
             let out = alloc::<T>(&dev, rows * c)?;
@@ -780,11 +768,7 @@ impl CustomOp3 for LayerNormGradX {
     ) -> Result<(CudaStorage, Shape)> {
         let dev = x.device().clone();
         let (rows, c) = xl.shape().dims2()?;
-        let func = dev.get_or_load_custom_func(
-            &format!("tb_layer_norm_bwd_x_{}", suffix(x.dtype())?),
-            MODULE,
-            PTX,
-        )?;
+        let func = kernel!(dev, "tb_layer_norm_bwd_x", x.dtype())?;
         with_dtype!(x.dtype(), T => {
             let (xv, wv, dyv) = (view::<T>(x, xl)?, view::<T>(w, wl)?, view::<T>(dy, dyl)?);
             let out = alloc::<T>(&dev, rows * c)?;
@@ -817,11 +801,7 @@ impl CustomOp2 for LayerNormGradWb {
         let dev = x.device().clone();
         let (rows, c) = xl.shape().dims2()?;
         let blocks = rows.div_ceil(LN_ROWS);
-        let func = dev.get_or_load_custom_func(
-            &format!("tb_layer_norm_bwd_wb_{}", suffix(x.dtype())?),
-            MODULE,
-            PTX,
-        )?;
+        let func = kernel!(dev, "tb_layer_norm_bwd_wb", x.dtype())?;
         with_dtype!(x.dtype(), T => {
             let (xv, dyv) = (view::<T>(x, xl)?, view::<T>(dy, dyl)?);
             let part = alloc::<f32>(&dev, blocks * 2 * c)?;
@@ -878,11 +858,7 @@ impl CustomOp2 for CrossEntropy {
     ) -> Result<(CudaStorage, Shape)> {
         let dev = x.device().clone();
         let (rows, ld) = xl.shape().dims2()?;
-        let func = dev.get_or_load_custom_func(
-            &format!("tb_xent_fwd_{}", suffix(x.dtype())?),
-            MODULE,
-            PTX,
-        )?;
+        let func = kernel!(dev, "tb_xent_fwd", x.dtype())?;
         with_dtype!(x.dtype(), T => {
             let (xv, tv) = (view::<T>(x, xl)?, view::<u32>(t, tl)?);
             let out = alloc::<f32>(&dev, rows)?;
@@ -928,11 +904,7 @@ impl CustomOp3 for CrossEntropyGrad {
     ) -> Result<(CudaStorage, Shape)> {
         let dev = x.device().clone();
         let (rows, ld) = xl.shape().dims2()?;
-        let func = dev.get_or_load_custom_func(
-            &format!("tb_xent_bwd_{}", suffix(x.dtype())?),
-            MODULE,
-            PTX,
-        )?;
+        let func = kernel!(dev, "tb_xent_bwd", x.dtype())?;
         with_dtype!(x.dtype(), T => {
             let (xv, tv, gv) = (view::<T>(x, xl)?, view::<u32>(t, tl)?, view::<f32>(g, gl)?);
             let out = alloc::<T>(&dev, rows * ld)?;
@@ -985,11 +957,7 @@ impl CustomOp2 for AdamMoments {
     ) -> Result<(CudaStorage, Shape)> {
         let dev = mv.device().clone();
         let n = gl.shape().elem_count();
-        let func = dev.get_or_load_custom_func(
-            &format!("tb_adam_moments_{}", suffix(g.dtype())?),
-            MODULE,
-            PTX,
-        )?;
+        let func = kernel!(dev, "tb_adam_moments", g.dtype())?;
         with_dtype!(g.dtype(), T => {
             let (mvv, gv) = (view::<f32>(mv, mvl)?, view::<T>(g, gl)?);
             let out = alloc::<f32>(&dev, 2 * n)?;
@@ -1028,11 +996,7 @@ impl InplaceOp2 for AdamApply {
     ) -> Result<()> {
         let dev = p.device().clone();
         let n = pl.shape().elem_count();
-        let func = dev.get_or_load_custom_func(
-            &format!("tb_adamw_apply_{}", suffix(p.dtype())?),
-            MODULE,
-            PTX,
-        )?;
+        let func = kernel!(dev, "tb_adamw_apply", p.dtype())?;
         let mvv = view::<f32>(mv, mvl)?;
         if !pl.is_contiguous() {
             bail!("fused AdamW: parameter is not contiguous");
@@ -1062,11 +1026,7 @@ impl CustomOp1 for SumSquares {
     fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
         let dev = x.device().clone();
         let n = xl.shape().elem_count();
-        let func = dev.get_or_load_custom_func(
-            &format!("tb_sum_squares_{}", suffix(x.dtype())?),
-            MODULE,
-            PTX,
-        )?;
+        let func = kernel!(dev, "tb_sum_squares", x.dtype())?;
         with_dtype!(x.dtype(), T => {
             let xv = view::<T>(x, xl)?;
             let out = dev.alloc_zeros::<f32>(1)?;
