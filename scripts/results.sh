@@ -41,8 +41,10 @@ python3 scripts/dp_report.py $R/h200x2/dp $R/h200x4/dp
 
 # Data-parallel, 200 timed steps, 4x H200: gpt2 (batch 8 per GPU) and gpt2-medium (batch 4).
 $X -i "$R/h200x4/dp-200/*.jsonl.gz" -o $R/h200x4_dp200.csv
-$P -i $R/h200x4_dp200.csv -o $R/h200x4_dp200_bf16.png --metric train_samples_per_second --x dp \
-   --bf16 --title "WikiText-2 bf16 fine-tuning, 4x H200, 200 steps: samples/s by dp (whiskers: ZeRO-0 vs 1)"
+for m in gpt2 gpt2-medium; do
+  $P -i $R/h200x4_dp200.csv -o $R/h200x4_dp200_${m}_bf16.png --metric train_samples_per_second --x dp \
+     --model $m --bf16 --title "$m bf16 fine-tuning, 4x H200, 200 steps: samples/s by dp (whiskers: ZeRO-0 vs 1)"
+done
 python3 scripts/dp_report.py $R/h200x4/dp-200
 
 # Fused kernels, second round (training), H100: before (7f8523b) and after (0174acc).
