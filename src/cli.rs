@@ -235,9 +235,11 @@ pub struct RunArgs {
     /// ops, for comparison); lt (inference projections as one cuBLASLt matmul with bias and
     /// GELU in its epilogue); softmax (attention scale + mask + softmax + dropout in one
     /// kernel, and its backward); bias-act (bias + activation in one kernel, and its
-    /// backward); adamw (AdamW in two kernels per tensor); layer-norm (training LayerNorm
-    /// as one kernel, and its backward); dropout (masks hashed inside the kernels instead of
-    /// stored). docs/perf-notes.md has the effect of each. No effect on CPU.
+    /// backward); adamw (AdamW in two kernels per tensor, the gradient norm in one, the clip
+    /// folded in); layer-norm (training LayerNorm as one kernel, and its backward); dropout
+    /// (masks hashed inside the kernels instead of stored); cross-entropy (the training loss
+    /// in one kernel each way, GPT-2's lm head padded to 64 columns). docs/perf-notes.md has
+    /// the effect of each. No effect on CPU.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "all")]
     pub fused: Vec<crate::kernels::Fused>,
 

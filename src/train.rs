@@ -293,9 +293,12 @@ pub fn lm_loss(model: &dyn CausalLm, ids: &Tensor) -> Result<Tensor> {
     let hidden = hidden.narrow(1, 0, t - 1)?.contiguous()?; // (B, T-1, C)
     let c = hidden.dim(2)?;
     let hidden = hidden.reshape((b * (t - 1), c))?;
-    // On CUDA the head is padded to 64 columns: GPT-2's 50257 would put its three matmuls on
-    // cuBLAS's slow unaligned kernels (15 ms of a gpt2 step on an H100, docs/perf-notes.md).
-    let (logits, vocab) = match ids.device().is_cuda() {
+    // With the fused loss on CUDA the head is padded to 64 columns: GPT-2's 50257 would put its
+    // three matmuls on cuBLAS's slow unaligned kernels (15 ms of a gpt2 step on an H100,
+    // docs/perf-notes.md). `--fused none` keeps candle's plain path.
+    let pad =
+        ids.device().is_cuda() && crate::kernels::enabled(crate::kernels::Fused::CrossEntropy);
+    let (logits, vocab) = match pad {
         true => model.logits_padded(&hidden, 64)?, // (B·(T-1), V')
         false => {
             let logits = model.logits(&hidden)?; // (B·(T-1), V)

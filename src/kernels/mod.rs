@@ -71,6 +71,11 @@ fn on(b: u8) -> bool {
     ENABLED.load(Ordering::Relaxed) & b != 0
 }
 
+/// Whether the fused path `f` (one path, not `All` / `None`) is switched on.
+pub fn enabled(f: Fused) -> bool {
+    on(bit(f))
+}
+
 /// The enabled paths as `--fused` takes them, for the log header ("none" when off).
 pub fn describe() -> String {
     let names: Vec<&str> = [
