@@ -298,14 +298,8 @@ pub fn lm_loss(model: &dyn CausalLm, ids: &Tensor) -> Result<Tensor> {
     // docs/perf-notes.md). `--fused none` keeps candle's plain path.
     let pad =
         ids.device().is_cuda() && crate::kernels::enabled(crate::kernels::Fused::CrossEntropy);
-    let (logits, vocab) = match pad {
-        true => model.logits_padded(&hidden, 64)?, // (B·(T-1), V')
-        false => {
-            let logits = model.logits(&hidden)?; // (B·(T-1), V)
-            let v = logits.dim(1)?;
-            (logits, v)
-        }
-    };
+    let multiple = if pad { 64 } else { 1 };
+    let (logits, vocab) = model.logits_padded(&hidden, multiple)?; // (B·(T-1), V' ≥ V)
     let targets = ids.narrow(1, 1, t - 1)?.flatten_all()?; // (B·(T-1),)
     crate::models::loss::cross_entropy_rows(&logits, &targets, vocab)?.mean_all()
 }

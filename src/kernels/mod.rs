@@ -172,13 +172,17 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The next hash key: a new mask per draw, the same sequence for the same seed.
+fn next_key() -> u64 {
+    let draw = DROPOUT_DRAWS.fetch_add(1, Ordering::Relaxed);
+    mix(DROPOUT_SEED.load(Ordering::Relaxed) ^ mix(draw.wrapping_add(1)))
+}
+
 /// A fresh keep-mask with drop probability `p` for a tensor of `shape`: hashed on CUDA when
 /// `dropout` is fused, else a u8 tensor from `rand` + `ge`.
 pub fn draw_keep(shape: &Shape, p: f32, dev: &Device) -> Result<Keep> {
     if on(DROPOUT) && dev.is_cuda() {
-        let draw = DROPOUT_DRAWS.fetch_add(1, Ordering::Relaxed);
-        let seed = DROPOUT_SEED.load(Ordering::Relaxed);
-        return Ok(Keep::Hash(mix(seed ^ mix(draw.wrapping_add(1)))));
+        return Ok(Keep::Hash(next_key()));
     }
     Ok(Keep::Mask(Tensor::rand(0f32, 1., shape, dev)?.ge(p)?))
 }
@@ -198,10 +202,7 @@ pub fn dropout(x: &Tensor, p: f32) -> Result<Option<Tensor>> {
     if !on(DROPOUT) || !x.device().is_cuda() {
         return Ok(None);
     }
-    let Keep::Hash(key) = draw_keep(x.shape(), p, x.device())? else {
-        return Ok(None);
-    };
-    imp::dropout(x, key, p)
+    imp::dropout(x, next_key(), p)
 }
 
 /// LayerNorm over the last dim, differentiable: x (…, C), w and b (C,), statistics in f32.

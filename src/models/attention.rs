@@ -87,10 +87,11 @@ fn attend(
 }
 
 /// The attention core for training, differentiable, but keeping only q, k, v and the dropout
-/// keep-mask (u8, or on CUDA only its hash key) for the backward instead of the six (B, nh, T, T) f32 intermediates that
-/// autograd of the composed ops keeps per layer (about 38 GB for gpt2 at batch 8 × 1024 in
-/// fp32). The backward recomputes the scores from q and k, as memory-efficient attention does;
-/// the forward runs detached with the fused softmax kernel.
+/// keep-mask (u8, or on CUDA only its hash key) for the backward instead of the six
+/// (B, nh, T, T) f32 intermediates that autograd of the composed ops keeps per layer (about
+/// 38 GB for gpt2 at batch 8 × 1024 in fp32). The backward recomputes the scores from q and
+/// k, as memory-efficient attention does; the forward runs detached with the fused softmax
+/// kernel.
 fn recomputed_attention(
     q: &Tensor,
     k: &Tensor,
