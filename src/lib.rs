@@ -1,15 +1,21 @@
 //! transformer-bench: fixed transformer workloads, run the same way on every machine.
 //!
-//! - [`models`]: GPT-2 in candle behind the [`models::CausalLm`] trait; weights from HF
-//!   safetensors or random with HF's init.
-//! - [`suites`]: workloads and their scoring (LAMBADA as lm-eval `lambada_openai`).
-//! - [`trackers`]: latency, memory, NVML memory / clocks / energy; [`metrics`]: every metric's
-//!   formula; [`flops`]: model FLOPs, per-GPU peaks and MFU.
+//! Data flows one way: CLI → plan → launcher → scenario (engine, trackers) → record → report.
+//! Nothing below imports anything above it.
+//!
+//! - [`cli`]: the `bench` command line: arguments, the typed plan, the commands.
+//! - [`launch`]: which processes run a plan (this one, sweep children, parallel ranks).
+//! - [`scenarios`]: what is run and scored (LAMBADA, WikiText-2 training, verify).
+//! - [`engines`]: who runs the model (candle, the HF worker), one trait per capability.
+//! - [`train`]: candle's training step and optimizer.
+//! - [`models`]: GPT-2 and BLOOM in candle behind [`models::CausalLm`]; [`kernels`]: fused CUDA
+//!   kernels; [`dist`]: ranks, rendezvous and collectives.
+//! - [`trackers`]: latency, memory, NVML; [`metrics`]: every metric's formula and every
+//!   summary; [`flops`]: model FLOPs, per-GPU peaks and MFU.
+//! - [`record`]: the JSONL schema, the contract with the tools that read results; [`log`]:
+//!   writing and reading run logs.
+//! - [`report`]: console tables, and (feature `report`) `extract-metrics` and `plot`.
 //! - [`env`]: the environment report (`bench env`, every log header).
-//! - [`record`]: the JSONL run log, the contract with the tools that read results.
-//! - [`runner`]: one run end to end; [`sweep`]: a matrix of runs, each in a child process;
-//!   [`cli`]: the `bench` command line.
-//! - [`dist`]: multi-process launch (self-spawned, torchrun, Open MPI, Slurm) and rendezvous.
 
 pub mod cli;
 pub mod data;
@@ -22,19 +28,22 @@ pub mod error;
 pub mod extract;
 pub mod flops;
 pub mod kernels;
+pub mod launch;
+pub mod log;
 pub mod metrics;
 pub mod models;
 #[cfg(feature = "report")]
 pub mod plot;
 pub mod profile;
+pub mod progress;
 pub mod record;
-pub mod runner;
-pub mod suites;
-pub mod sweep;
+pub mod report;
+pub mod scenarios;
 pub mod tokenizer;
 pub mod trackers;
 pub mod train;
-pub mod train_runner;
-pub mod verify;
 
 pub use error::{Error, Result};
+
+/// `git describe`-style commit baked in at build time (build.rs).
+pub const GIT_COMMIT: &str = env!("TB_GIT_COMMIT");

@@ -1,5 +1,10 @@
 //! Every metric the bench reports, defined once, with its formula.
 
+use crate::error::{failure_status, message_without_backtrace};
+use crate::record::{
+    BatchRecord, GenBatchRecord, PhaseMs, Spread, StepRecord, Summary, TrainSummary,
+};
+use crate::trackers::{peak_rss_bytes, MemoryReading};
 use serde::{Deserialize, Serialize};
 
 /// Summary statistics of a sample (e.g. per-batch latencies in ms).
@@ -71,6 +76,277 @@ pub fn per_second(count: f64, seconds: f64) -> f64 {
     count / seconds
 }
 
+/// What the finished batches of a run add up to; the one place a [`Summary`] is computed,
+/// for a whole run and for a killed run's log completed later (see `crate::sweep`).
+#[derive(Default)]
+pub struct BatchTotals {
+    latencies_ms: Vec<f64>,
+    lls: Vec<f64>,
+    greedy: Vec<bool>,
+    n_tokens: usize,
+}
+
+impl BatchTotals {
+    pub fn add(&mut self, batch: &BatchRecord) {
+        self.latencies_ms.push(batch.latency_ms);
+        self.n_tokens += batch.n_tokens;
+        self.lls.extend(batch.passages.iter().map(|p| p.ll));
+        self.greedy.extend(batch.passages.iter().map(|p| p.greedy));
+    }
+
+    /// `failure`: the error that ended the run early, whose words decide `oom` vs `error`.
+    pub fn summary(
+        &self,
+        failure: Option<String>,
+        wall_seconds: f64,
+        mem: MemoryReading,
+    ) -> Summary {
+        let timed_seconds = self.latencies_ms.iter().sum::<f64>() / 1e3;
+        let lat = Distribution::of(&self.latencies_ms);
+        // No finished batch: no latency either (null in the log, not 0).
+        let ms = |v: f64| if lat.count == 0 { f64::NAN } else { v };
+        let n = self.lls.len();
+        let status = failure.as_deref().map_or("ok", failure_status);
+        Summary {
+            status: status.into(),
+            error: failure,
+            n_samples: n,
+            n_batches: self.latencies_ms.len(),
+            n_tokens: self.n_tokens,
+            accuracy: if n > 0 {
+                lambada_accuracy(&self.greedy)
+            } else {
+                f64::NAN
+            },
+            perplexity: if n > 0 {
+                lambada_perplexity(&self.lls)
+            } else {
+                f64::NAN
+            },
+            samples_per_second: per_second(n as f64, timed_seconds),
+            tokens_per_second: per_second(self.n_tokens as f64, timed_seconds),
+            latency_ms_p50: ms(lat.p50),
+            latency_ms_p90: ms(lat.p90),
+            latency_ms_p99: ms(lat.p99),
+            latency_ms_mean: ms(lat.mean),
+            latency_ms_stdev: ms(lat.stdev),
+            timed_seconds,
+            wall_seconds,
+            peak_memory_bytes: mem.peak_bytes,
+            device_memory_used_bytes: mem.device_used_bytes,
+            peak_host_memory_bytes: peak_rss_bytes(),
+            pool_reserved_bytes: mem.pool_reserved_bytes,
+            nvml_peak_process_memory_bytes: None,
+            nvml_peak_device_memory_used_bytes: None,
+            sm_clock_mhz_median: None,
+            gpu_utilization_percent_median: None,
+            power_watts_mean: None,
+            gpu_samples: None,
+            energy_joules: None,
+            energy_seconds: None,
+            joules_per_sample: None,
+            model_flops: None,
+            achieved_tflop_per_second: None,
+            peak_tflop_per_second: None,
+            mfu: None,
+            generated_tokens_per_second: None,
+            decode_tokens_per_second: None,
+            ttft_ms_p50: None,
+            ttft_ms_p90: None,
+            itl_ms_p50: None,
+            itl_ms_p90: None,
+            itl_ms_p99: None,
+            kv_cache_bytes: None,
+        }
+    }
+}
+
+/// What the timed generation calls of a run add up to; the one place a generation run's
+/// [`Summary`] is computed. Rates over the sum of call latencies:
+/// - samples/s = prompts / s; generated tokens/s = rows · N / s (also `tokens_per_second`);
+/// - decode tokens/s = Σ rows · (N − 1) / Σ (latency − time to first token), timed steps only;
+/// - accuracy (`lambada`) = passages whose generated ids start with the target's / passages.
+#[derive(Default)]
+pub struct GenTotals {
+    latencies_ms: Vec<f64>,
+    n_samples: usize,
+    n_generated: usize,
+    decode_tokens: usize,
+    decode_ms: f64,
+    ttft_ms: Vec<f64>,
+    itl_ms: Vec<f64>,
+    correct: Vec<bool>,
+}
+
+impl GenTotals {
+    pub fn add(&mut self, b: &GenBatchRecord) {
+        self.latencies_ms.push(b.latency_ms);
+        self.n_samples += b.n_samples;
+        self.n_generated += b.n_samples * b.new_tokens;
+        if let Some(ttft) = b.ttft_ms {
+            self.ttft_ms.push(ttft);
+            self.decode_tokens += b.n_samples * b.new_tokens.saturating_sub(1);
+            self.decode_ms += b.latency_ms - ttft;
+        }
+        self.itl_ms.extend(&b.itl_ms);
+        self.correct.extend(b.passages.iter().map(|p| p.correct));
+    }
+
+    /// `failure`: the error that ended the run early; `kv_cache_bytes`: of the largest call.
+    pub fn summary(
+        &self,
+        failure: Option<String>,
+        wall_seconds: f64,
+        mem: MemoryReading,
+        kv_cache_bytes: Option<u64>,
+    ) -> Summary {
+        let timed_seconds = self.latencies_ms.iter().sum::<f64>() / 1e3;
+        let lat = Distribution::of(&self.latencies_ms);
+        let ttft = Distribution::of(&self.ttft_ms);
+        let itl = Distribution::of(&self.itl_ms);
+        let some = |d: &Distribution, v: f64| (d.count > 0).then_some(v);
+        let ms = |v: f64| if lat.count == 0 { f64::NAN } else { v };
+        let generated = per_second(self.n_generated as f64, timed_seconds);
+        Summary {
+            n_samples: self.n_samples,
+            n_batches: self.latencies_ms.len(),
+            n_tokens: self.n_generated,
+            accuracy: match self.correct.is_empty() {
+                true => f64::NAN,
+                false => lambada_accuracy(&self.correct),
+            },
+            perplexity: f64::NAN,
+            samples_per_second: per_second(self.n_samples as f64, timed_seconds),
+            tokens_per_second: generated,
+            latency_ms_p50: ms(lat.p50),
+            latency_ms_p90: ms(lat.p90),
+            latency_ms_p99: ms(lat.p99),
+            latency_ms_mean: ms(lat.mean),
+            latency_ms_stdev: ms(lat.stdev),
+            timed_seconds,
+            generated_tokens_per_second: Some(generated),
+            decode_tokens_per_second: (self.decode_ms > 0.)
+                .then(|| self.decode_tokens as f64 / (self.decode_ms / 1e3)),
+            ttft_ms_p50: some(&ttft, ttft.p50),
+            ttft_ms_p90: some(&ttft, ttft.p90),
+            itl_ms_p50: some(&itl, itl.p50),
+            itl_ms_p90: some(&itl, itl.p90),
+            itl_ms_p99: some(&itl, itl.p99),
+            kv_cache_bytes,
+            ..BatchTotals::default().summary(failure, wall_seconds, mem)
+        }
+    }
+}
+
+/// What the optimizer steps of a training run add up to; the one place a [`TrainSummary`]'s
+/// rates and losses are computed. Warm-up steps count in the losses, not in the rates.
+#[derive(Default)]
+pub struct TrainTotals {
+    /// Loss of every step, warm-up included (HF's `train_loss` averages them all).
+    pub losses: Vec<f64>,
+    /// Latency of every timed step.
+    pub timed_ms: Vec<f64>,
+    pub timed_samples: usize,
+    pub timed_tokens: usize,
+    /// Milliseconds of the timed steps spent in all-reduces (data parallelism).
+    pub comm_ms: f64,
+    /// Phase times of the timed steps (`--phase-times`).
+    pub phases: Vec<PhaseMs>,
+}
+
+/// The evaluation after training: mean loss per block and its runtime.
+pub struct EvalResult {
+    pub loss: f64,
+    pub runtime_seconds: f64,
+    pub n_blocks: usize,
+}
+
+impl TrainTotals {
+    /// Adds one step (warm-up steps count in the losses only).
+    pub fn add(&mut self, step: &StepRecord) {
+        self.losses.push(step.loss);
+        if !step.warmup {
+            self.timed_ms.push(step.latency_ms);
+            self.timed_samples += step.n_samples;
+            self.timed_tokens += step.n_tokens;
+            self.comm_ms += step.comm_ms.unwrap_or(0.);
+            self.phases.extend(step.phases_ms);
+        }
+    }
+
+    /// The summary: rates over the timed steps' latencies (train_runtime is their sum);
+    /// `comm_share` = all-reduce ms / timed ms, for data-parallel runs.
+    pub fn summary(
+        &self,
+        failure: Option<&crate::error::Error>,
+        warmup: usize,
+        eval: EvalResult,
+        data_parallel: bool,
+    ) -> TrainSummary {
+        let runtime = self.timed_ms.iter().sum::<f64>() / 1e3;
+        let d = Distribution::of(&self.timed_ms);
+        let losses = &self.losses;
+        TrainSummary {
+            // `oom` or `error` by the message's words, as for LAMBADA runs.
+            status: failure
+                .map_or("ok", |e| failure_status(&e.to_string()))
+                .into(),
+            error: failure.map(|e| message_without_backtrace(&e.to_string())),
+            n_steps: losses.len(),
+            warmup_steps: warmup.min(losses.len()),
+            train_runtime: runtime,
+            train_samples_per_second: per_second(self.timed_samples as f64, runtime),
+            train_steps_per_second: per_second(self.timed_ms.len() as f64, runtime),
+            tokens_per_second: per_second(self.timed_tokens as f64, runtime),
+            train_loss: losses.iter().sum::<f64>() / losses.len().max(1) as f64,
+            first_loss: losses.first().copied().unwrap_or(f64::NAN),
+            last_loss: losses.last().copied().unwrap_or(f64::NAN),
+            eval_loss: eval.loss,
+            eval_runtime: eval.runtime_seconds,
+            eval_samples_per_second: per_second(eval.n_blocks as f64, eval.runtime_seconds),
+            perplexity: eval.loss.exp(),
+            step_latency_ms_p50: d.p50,
+            step_latency_ms_p90: d.p90,
+            step_latency_ms_mean: d.mean,
+            wall_seconds: f64::NAN,
+            peak_memory_bytes: 0,
+            peak_host_memory_bytes: peak_rss_bytes(),
+            comm_share: data_parallel
+                .then(|| self.comm_ms / (runtime * 1e3).max(f64::MIN_POSITIVE)),
+            per_rank_peak_memory_bytes: None,
+            phases_ms_p50: self.phases_p50(),
+        }
+    }
+
+    /// Median of each phase over the timed steps (None without `--phase-times`).
+    fn phases_p50(&self) -> Option<PhaseMs> {
+        let p50 = |f: fn(&PhaseMs) -> f64| {
+            Distribution::of(&self.phases.iter().map(f).collect::<Vec<_>>()).p50
+        };
+        (!self.phases.is_empty()).then(|| PhaseMs {
+            forward: p50(|p| p.forward),
+            backward: p50(|p| p.backward),
+            update: p50(|p| p.update),
+        })
+    }
+}
+
+/// Median, extremes and CV of `values` (None if empty).
+pub fn spread(values: &[f64]) -> Option<Spread> {
+    if values.is_empty() {
+        return None;
+    }
+    let d = Distribution::of(values);
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    Some(Spread {
+        median: percentile(&sorted, 50.),
+        min: d.min,
+        max: d.max,
+        cv: if d.mean != 0. { d.stdev / d.mean } else { 0. },
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,5 +374,26 @@ mod tests {
         assert_eq!(lambada_accuracy(&[true, false, true, true]), 0.75);
         let ppl = lambada_perplexity(&[-1., -3.]);
         assert!((ppl - 2f64.exp()).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_summary_of_a_run_that_died_before_any_batch_reads_back() {
+        // No batch, no wall time measured (a log completed after its process died): NaN
+        // fields are written as null and read back as NaN.
+        let s = BatchTotals::default().summary(Some("killed".into()), f64::NAN, Default::default());
+        let line = serde_json::to_string(&crate::record::Record::Summary(Box::new(s))).unwrap();
+        assert!(line.contains("\"wall_seconds\":null"), "{line}");
+        let crate::record::Record::Summary(back) = serde_json::from_str(&line).unwrap() else {
+            panic!("summary")
+        };
+        assert!(back.wall_seconds.is_nan() && back.accuracy.is_nan());
+    }
+
+    #[test]
+    fn spread_of_repeats() {
+        let s = spread(&[100., 102., 98.]).unwrap();
+        assert_eq!((s.median, s.min, s.max), (100., 98., 102.));
+        assert!((s.cv - 0.02).abs() < 1e-12);
+        assert!(spread(&[]).is_none());
     }
 }

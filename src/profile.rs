@@ -2,7 +2,7 @@
 //! `ncu --profile-from-start off`: with `TB_CUDA_PROFILE=N` in the environment, the N-th call
 //! of this process (counting from 0, warm-up included) runs between `cuProfilerStart` and
 //! `cuProfilerStop`, so the profiler sees exactly that call's kernels. Unset: nothing happens.
-//! The HF worker reads the same variable (engines/hf_worker.py), so both engines are profiled
+//! The HF worker reads the same variable (src/engines/hf/worker.py), so both engines are profiled
 //! at the same call.
 
 use candle_core::Device;

@@ -11,12 +11,8 @@
 //! optional fields, so every version-1 reader still reads run logs).
 
 use crate::env::EnvReport;
-use crate::error::{Error, Result};
 use crate::models::ModelInfo;
 use serde::{Deserialize, Serialize};
-use std::fs::File;
-use std::io::Write;
-use std::path::{Path, PathBuf};
 
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -31,6 +27,9 @@ pub enum Record {
     SweepRepeats(Box<SweepRepeats>),
     /// Training suites: one per optimizer step, then a [`TrainSummary`] instead of a [`Summary`].
     Step(StepRecord),
+    /// Generation runs (`--mode generate`, `--suite generation`): one per generation call, in
+    /// place of [`BatchRecord`]s.
+    GenBatch(GenBatchRecord),
     TrainSummary(Box<TrainSummary>),
 }
 
@@ -49,9 +48,41 @@ pub struct TrainInfo {
     pub epochs: f64,
     pub max_steps: usize,
     pub dropout: bool,
-    pub hyper: crate::train::Hyper,
+    pub hyper: Hyper,
     /// How the rates exclude warm-up.
     pub timing: String,
+}
+
+/// HF `TrainingArguments` defaults that shape the optimization.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Hyper {
+    pub learning_rate: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    pub max_grad_norm: f64,
+    /// Linear warm-up of the learning rate, optimizer steps (HF `warmup_steps`).
+    pub lr_warmup_steps: usize,
+    /// Optimizer steps of the whole run: the linear decay reaches 0 here.
+    pub total_steps: usize,
+    pub grad_accum: usize,
+}
+
+impl Default for Hyper {
+    fn default() -> Self {
+        Self {
+            learning_rate: 5e-5,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.,
+            max_grad_norm: 1.0,
+            lr_warmup_steps: 0,
+            total_steps: 1,
+            grad_accum: 1,
+        }
+    }
 }
 
 /// One optimizer step.
@@ -216,6 +247,61 @@ pub struct Header {
     /// Data-parallel training runs only (`--dp N`, N > 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dp: Option<DpInfo>,
+    /// Generation runs only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<GenerationInfo>,
+}
+
+/// How a generation run generates: greedy, exactly `new_tokens` per prompt (no stop at EOS, so
+/// the work is fixed), prompts left-padded to the longest of their batch.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GenerationInfo {
+    /// `lambada` (FasterTransformer's bloom_lambada: the passage's context, as many new tokens
+    /// as the longest target of the batch, accuracy = generated ids equal the target's) or
+    /// `text` (the generation suite: prompts of `prompt_len` tokens cut from the text).
+    pub source: String,
+    /// Fixed new tokens per prompt (`text`); None: per batch (`lambada`).
+    pub new_tokens: Option<usize>,
+    /// Prompt tokens (`text`).
+    pub prompt_len: Option<usize>,
+    /// Whether each token was timed (device synchronized after each): time to first token and
+    /// inter-token latency; off, only whole calls are timed.
+    pub timed_steps: bool,
+    pub pad_id: u32,
+    /// Banned from the generated ids (HF's `min_new_tokens` bans EOS).
+    pub eos_ids: Vec<u32>,
+}
+
+/// One generation call: a batch of prompts continued by `new_tokens` tokens each.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GenBatchRecord {
+    pub batch: usize,
+    pub n_samples: usize,
+    /// Longest prompt of the batch (all are left-padded to it).
+    pub prompt_len: usize,
+    /// Real prompt tokens of the batch.
+    pub n_prompt_tokens: usize,
+    pub new_tokens: usize,
+    /// The whole call, device synchronized at both ends.
+    pub latency_ms: f64,
+    /// Time to first token (the prefill), ms; timed steps only.
+    #[serde(default)]
+    pub ttft_ms: Option<f64>,
+    /// Time between consecutive new tokens, ms; timed steps only.
+    #[serde(default)]
+    pub itl_ms: Vec<f64>,
+    /// `lambada`: one per passage.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub passages: Vec<GenPassage>,
+}
+
+/// A LAMBADA passage generated: its ids, and whether they start with the target's.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GenPassage {
+    /// Line index in the data file.
+    pub index: usize,
+    pub correct: bool,
+    pub generated: Vec<u32>,
 }
 
 /// A data-parallel run's group and batch rules, as rank 0 (the one that logs) saw it.
@@ -364,6 +450,28 @@ pub struct Summary {
     /// achieved / peak, a fraction (0..1).
     #[serde(default)]
     pub mfu: Option<f64>,
+
+    // Generation runs only (see [`crate::metrics::GenTotals`]).
+    /// New tokens / timed seconds (every row of every timed call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generated_tokens_per_second: Option<f64>,
+    /// Decode-phase tokens / decode seconds: rows · (N − 1) over the time after the first token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_tokens_per_second: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_ms_p50: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_ms_p90: Option<f64>,
+    /// Inter-token latency percentiles over every decode step of the timed calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub itl_ms_p50: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub itl_ms_p90: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub itl_ms_p99: Option<f64>,
+    /// Bytes of the KV cache of the largest call (candle; None where the engine does not say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_bytes: Option<u64>,
 }
 
 /// JSON has no NaN: serde_json writes it as `null` (a run that failed before its first
@@ -379,18 +487,25 @@ pub struct SweepConfig {
     pub model: String,
     pub dtype: String,
     pub batch_size: usize,
-    /// None: the model's maximum context.
+    /// None: the model's maximum context. The generation suite: the prompt length.
     pub seq_len: Option<usize>,
     pub engine: String,
+    /// The generation suite: new tokens per prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_tokens: Option<usize>,
 }
 
 impl SweepConfig {
     /// Identifies the configuration in a sweep log (and for `--resume`).
     pub fn key(&self) -> String {
         let seq = self.seq_len.map_or("max".to_string(), |s| s.to_string());
+        let new = self
+            .new_tokens
+            .map(|n| format!(" new={n}"))
+            .unwrap_or_default();
         format!(
-            "model={} dtype={} batch={} seq={} engine={}",
-            self.model, self.dtype, self.batch_size, seq, self.engine
+            "model={} dtype={} batch={} seq={seq}{new} engine={}",
+            self.model, self.dtype, self.batch_size, self.engine
         )
     }
 }
@@ -448,153 +563,4 @@ pub struct SweepRepeats {
     pub samples_per_second: Option<Spread>,
     pub tokens_per_second: Option<Spread>,
     pub latency_ms_p50: Option<Spread>,
-}
-
-/// An open run log.
-pub struct RunLog {
-    path: PathBuf,
-    file: File,
-}
-
-/// The log of one rank of a run: a [`RunLog`] on the rank that logs, nothing on the others
-/// (every rank of a parallel run goes through the same loop, only rank 0 writes).
-pub struct RankLog(Option<RunLog>);
-
-impl RankLog {
-    pub fn create(logging: bool, dir: &Path, stem: &str) -> Result<Self> {
-        Ok(Self(match logging {
-            true => Some(RunLog::create(dir, stem)?),
-            false => None,
-        }))
-    }
-
-    pub fn write(&mut self, record: &Record) -> Result<()> {
-        match &mut self.0 {
-            Some(l) => l.write(record),
-            None => Ok(()),
-        }
-    }
-
-    /// The log's path; empty on a rank that does not log.
-    pub fn path(&self) -> PathBuf {
-        self.0
-            .as_ref()
-            .map(|l| l.path().to_path_buf())
-            .unwrap_or_default()
-    }
-}
-
-impl RunLog {
-    /// Creates `dir/stem.jsonl` (`stem-1.jsonl`, … if taken); never overwrites a log.
-    pub fn create(dir: &Path, stem: &str) -> Result<Self> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::io(format!("creating log dir {}", dir.display()), e))?;
-        for n in 0.. {
-            let name = if n == 0 {
-                format!("{stem}.jsonl")
-            } else {
-                format!("{stem}-{n}.jsonl")
-            };
-            let path = dir.join(name);
-            match File::options().write(true).create_new(true).open(&path) {
-                Ok(file) => return Ok(Self { path, file }),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(Error::io(format!("creating {}", path.display()), e)),
-            }
-        }
-        unreachable!()
-    }
-
-    /// Opens an existing log to append to it (a sweep completing a killed child's log).
-    pub fn append(path: &Path) -> Result<Self> {
-        let file = File::options()
-            .append(true)
-            .open(path)
-            .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
-        Ok(Self {
-            path: path.to_path_buf(),
-            file,
-        })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Appends one record as one line, in one write: it is on disk (page cache) on return.
-    pub fn write(&mut self, record: &Record) -> Result<()> {
-        let mut line = serde_json::to_string(record).expect("records serialize");
-        line.push('\n');
-        self.file
-            .write_all(line.as_bytes())
-            .map_err(|e| Error::io(format!("writing {}", self.path.display()), e))
-    }
-}
-
-/// Reads a run log back, skipping a torn last line (a run killed mid-write).
-pub fn read_log(path: &Path) -> Result<Vec<Record>> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    let mut records = Vec::with_capacity(lines.len());
-    for (i, line) in lines.iter().enumerate() {
-        match serde_json::from_str(line) {
-            Ok(r) => records.push(r),
-            Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => break,
-            Err(e) => {
-                return Err(Error::BadData {
-                    path: path.display().to_string(),
-                    line: i + 1,
-                    msg: format!("not a run-log record: {e}"),
-                })
-            }
-        }
-    }
-    Ok(records)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn torn_last_line_is_skipped_but_garbage_inside_is_an_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut log = RunLog::create(dir.path(), "run").unwrap();
-        let summary_line = r#"{"record":"batch","batch":0,"n_samples":1,"n_tokens":3,"padded_len":3,"latency_ms":1.5,"passages":[]}"#;
-        log.write(&serde_json::from_str(summary_line).unwrap())
-            .unwrap();
-        let path = log.path().to_path_buf();
-        // A run killed in the middle of a write leaves a partial line.
-        std::fs::write(&path, format!("{summary_line}\n{{\"record\":\"ba")).unwrap();
-        assert_eq!(read_log(&path).unwrap().len(), 1);
-        std::fs::write(&path, format!("nonsense\n{summary_line}\n")).unwrap();
-        let err = read_log(&path).unwrap_err().to_string();
-        assert!(err.contains(":1: not a run-log record"), "{err}");
-    }
-
-    #[test]
-    fn a_summary_of_a_run_that_died_before_any_batch_reads_back() {
-        // No batch, no wall time measured (a log completed after its process died): NaN
-        // fields are written as null and read back as NaN.
-        let s = crate::runner::BatchTotals::default().summary(
-            Some("killed".into()),
-            f64::NAN,
-            Default::default(),
-        );
-        let line = serde_json::to_string(&Record::Summary(Box::new(s))).unwrap();
-        assert!(line.contains("\"wall_seconds\":null"), "{line}");
-        let Record::Summary(back) = serde_json::from_str(&line).unwrap() else {
-            panic!("summary")
-        };
-        assert!(back.wall_seconds.is_nan() && back.accuracy.is_nan());
-    }
-
-    #[test]
-    fn logs_are_never_overwritten() {
-        let dir = tempfile::tempdir().unwrap();
-        let a = RunLog::create(dir.path(), "run").unwrap();
-        let b = RunLog::create(dir.path(), "run").unwrap();
-        assert_ne!(a.path(), b.path());
-    }
 }

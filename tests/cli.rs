@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use transformer_bench::record::{read_log, Record};
+use transformer_bench::log::read_log;
+use transformer_bench::record::Record;
 
 fn bench(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_bench"))

@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 use transformer_bench::device::{DeviceSpec, Precision};
 use transformer_bench::models::{ModelSpec, WeightSource};
-use transformer_bench::suites::lambada::{build_request, score_batch};
+use transformer_bench::scenarios::lambada::data::{build_request, score_batch};
+use transformer_bench::scenarios::verify::{verify, LambadaReference};
 use transformer_bench::tokenizer::TextTokenizer;
-use transformer_bench::verify::{verify, LambadaReference};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

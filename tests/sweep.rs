@@ -7,7 +7,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use transformer_bench::record::{read_log, Record, SweepRun};
+use transformer_bench::log::read_log;
+use transformer_bench::record::{Record, SweepRun};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_bench");
 

@@ -8,7 +8,8 @@
 use candle_core::{DType, Tensor};
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Mutex;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Sum over the ranks of a group.
@@ -18,6 +19,37 @@ pub trait AllReduce: Send + Sync {
     fn all_reduce_sum(&self, x: &Tensor) -> candle_core::Result<Tensor>;
     /// `tcp` or `nccl X.Y.Z`, for the log header.
     fn describe(&self) -> String;
+}
+
+/// Units `rank` holds when `n` units (heads, hidden units) are split over `size` ranks:
+/// contiguous, sizes differing by at most one (GPT-2 XL's 25 heads on 2 ranks: 12 and 13).
+pub fn part(n: usize, rank: usize, size: usize) -> Range<usize> {
+    rank * n / size..(rank + 1) * n / size
+}
+
+/// This rank's place in a tensor-parallel group, and how it sums partial outputs.
+#[derive(Clone)]
+pub struct Tp {
+    pub rank: usize,
+    pub size: usize,
+    /// None when `size == 1`.
+    pub reduce: Option<Arc<dyn AllReduce>>,
+}
+
+impl Tp {
+    /// No tensor parallelism.
+    pub fn single() -> Self {
+        Self {
+            rank: 0,
+            size: 1,
+            reduce: None,
+        }
+    }
+
+    /// This rank's share of `n` units.
+    pub fn part(&self, n: usize) -> Range<usize> {
+        part(n, self.rank, self.size)
+    }
 }
 
 /// Star all-reduce over TCP: each rank sends its f32 values to rank 0, which adds them in rank

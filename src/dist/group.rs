@@ -1,12 +1,11 @@
 //! One rank of a tensor-parallel run: its device, the rendezvous with the other ranks, and the
 //! all-reduce they share (NCCL on GPUs, TCP on CPUs).
 
-use super::collective::{AllReduce, TcpAllReduce};
+use super::collective::{AllReduce, TcpAllReduce, Tp};
 use super::rendezvous::{Peer, Rendezvous};
 use super::world::World;
 use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
-use crate::models::shard::Tp;
 use candle_core::Device;
 use serde_json::json;
 use std::net::TcpListener;

@@ -1,14 +1,14 @@
 //! Multi-process runs without mpirun: who this process is ([`world`]), how the ranks meet and
-//! notice each other's death ([`rendezvous`]), and one command that starts every rank
-//! ([`spawn`]). Nothing here needs a GPU or NCCL: the rendezvous carries an opaque id (NCCL's
+//! notice each other's death ([`rendezvous`]), and the collectives ([`collective`]: the
+//! all-reduce, and [`Tp`], a rank's place in its group). The launcher that starts every rank
+//! is [`crate::launch::spawn`]. Nothing here needs a GPU or NCCL: the rendezvous carries an opaque id (NCCL's
 //! unique id for tensor / data parallelism), so the launcher is tested on CPU.
 
 pub mod collective;
 pub mod group;
 pub mod rendezvous;
-pub mod spawn;
 pub mod world;
 
-pub use collective::AllReduce;
+pub use collective::{part, AllReduce, Tp};
 pub use rendezvous::{Peer, Rendezvous};
 pub use world::{Launcher, World};

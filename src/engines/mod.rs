@@ -1,18 +1,23 @@
-//! Engines run a model on batches the suites prepare; suites decide what to run and score it.
+//! Engines run a model; scenarios decide what to run and score it. A scenario talks to an
+//! engine through one small trait per capability ([`Score`] a LAMBADA batch, [`Generate`]
+//! greedy continuations, [`Train`] a step), on top of what every engine has ([`Engine`]: name, versions, load time, memory).
 //! Both engines get the same token ids, batches and padding, and report per-token scores and a
 //! latency measured with the same rule (device synchronized before each clock read), so the
 //! Rust side computes every metric with one piece of code.
 //!
-//! - [`candle::CandleEngine`]: this crate's models.
-//! - [`hf::HfEngine`]: HF transformers + PyTorch in a Python worker process.
+//! - [`candle`]: this crate's models, in process.
+//! - [`hf`]: HF transformers + PyTorch in a Python worker process.
+//! - [`weight_cache`]: the HF checkpoint both engines read when the weights are random.
 
 pub mod candle;
 pub mod hf;
+pub mod weight_cache;
 
 use crate::error::Result;
-use crate::suites::lambada::{Request, TargetScores};
 use crate::trackers::MemoryReading;
+use crate::train::StepOutcome;
 use std::collections::BTreeMap;
+use std::path::Path;
 
 /// Which engine(s) a run uses (`--engine`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -25,6 +30,53 @@ pub enum EngineKind {
     Both,
 }
 
+impl EngineKind {
+    /// The flag's spelling (`candle`, `hf`, `both`), as logged and as sweep configurations
+    /// name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Candle => "candle",
+            EngineKind::Hf => "hf",
+            EngineKind::Both => "both",
+        }
+    }
+}
+
+/// What every engine has, whatever it runs.
+pub trait Engine {
+    /// `candle` or `hf`, as logged.
+    fn name(&self) -> &'static str;
+    /// Versions and settings recorded in the log header (library versions, attention kind…).
+    fn info(&self) -> BTreeMap<String, String>;
+    /// Seconds the weights took to load.
+    fn load_seconds(&self) -> f64;
+    /// The process that holds the GPU memory (this one, or a worker's), for NVML.
+    fn pid(&self) -> u32 {
+        std::process::id()
+    }
+    /// Ends the run; returns the peak memory (see [`crate::trackers::MemoryTracker`]).
+    fn finish(&mut self) -> Result<MemoryReading>;
+}
+
+/// One tokenized LAMBADA passage, ready to batch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    /// Line index in the data file.
+    pub index: usize,
+    pub context_tokens: Vec<u32>,
+    pub target_tokens: Vec<u32>,
+    /// What the model reads: (context + target) truncated on the left, minus the last token.
+    pub input: Vec<u32>,
+}
+
+/// What an engine returns for a batch: for every passage in order, one entry per target
+/// token: its log-probability (natural log, computed in fp32) and the argmax token id.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TargetScores {
+    pub token_ll: Vec<f32>,
+    pub argmax: Vec<u32>,
+}
+
 /// One batch's scores and the engine's own measurement of it.
 pub struct BatchOutput {
     pub scores: TargetScores,
@@ -33,20 +85,67 @@ pub struct BatchOutput {
     pub latency_ms: f64,
 }
 
-pub trait Engine {
-    /// `candle` or `hf`, as logged.
-    fn name(&self) -> &'static str;
-    /// Versions and settings recorded in the log header (library versions, attention kind…).
-    fn info(&self) -> BTreeMap<String, String>;
+/// Capability: score right-padded batches of [`Request`]s (LAMBADA).
+pub trait Score: Engine {
     /// Longest input the model takes.
     fn max_positions(&self) -> usize;
-    /// Seconds the weights took to load.
-    fn load_seconds(&self) -> f64;
     fn score(&mut self, batch: &[Request]) -> Result<BatchOutput>;
-    /// The process that holds the GPU memory (this one, or a worker's), for NVML.
-    fn pid(&self) -> u32 {
-        std::process::id()
+}
+
+/// One optimizer step as an engine measured it.
+pub struct StepOut {
+    pub outcome: StepOutcome,
+    /// Device synchronized at both ends: ids to the device, forward, backward, clipping,
+    /// optimizer update.
+    pub latency_ms: f64,
+}
+
+/// Capability: train on blocks of token ids of equal length (WikiText-2).
+pub trait Train: Engine {
+    /// One optimizer step over `micro_batches` (each a list of blocks; gradient accumulation
+    /// when more than one).
+    fn step(&mut self, micro_batches: &[Vec<&[u32]>]) -> Result<StepOut>;
+    /// Mean next-token loss per block over `blocks` in batches of `batch_size` (no dropout, no
+    /// gradients), and its runtime in seconds.
+    fn eval(&mut self, blocks: &[Vec<u32>], batch_size: usize) -> Result<(f64, f64)>;
+    /// Writes the trained fp32 weights as an HF checkpoint.
+    fn save(&self, dir: &Path) -> Result<()>;
+}
+
+/// A batch of prompts to continue greedily by exactly `new_tokens` tokens each.
+pub struct GenerateRequest<'a> {
+    /// Token ids of each prompt (the engine left-pads them to the longest).
+    pub prompts: &'a [Vec<u32>],
+    pub new_tokens: usize,
+    /// The id padding takes (GPT-2: its EOS, as HF's examples set `pad_token_id`).
+    pub pad_id: u32,
+    /// Never generated: HF's `min_new_tokens = new_tokens` bans the EOS ids for every step.
+    pub eos_ids: &'a [u32],
+}
+
+/// What an engine generated for a batch, and when.
+pub struct Generated {
+    /// `new_tokens` ids per prompt.
+    pub ids: Vec<Vec<u32>>,
+    /// Milliseconds, device synchronized at both ends: ids to the device, prefill, every
+    /// decode step, the ids back on the host.
+    pub latency_ms: f64,
+    /// Device-synchronized milliseconds from the start to each new token: `token_ms[0]` is the
+    /// time to first token (the prefill), the differences are inter-token latencies. Empty
+    /// when the engine did not time the steps.
+    pub token_ms: Vec<f64>,
+}
+
+/// Capability: greedy generation with a KV cache.
+pub trait Generate: Engine {
+    /// Longest prompt + new tokens the model takes.
+    fn max_positions(&self) -> usize;
+    /// `timed_steps`: synchronize after each token to time it (time to first token,
+    /// inter-token latency); off, only the whole call is timed.
+    fn generate(&mut self, req: &GenerateRequest, timed_steps: bool) -> Result<Generated>;
+    /// Bytes of the KV cache for `batch` rows of `positions` (None where unknown).
+    fn kv_cache_bytes(&self, batch: usize, positions: usize) -> Option<u64> {
+        let _ = (batch, positions);
+        None
     }
-    /// Ends the run; returns the peak memory (see [`crate::trackers::MemoryTracker`]).
-    fn finish(&mut self) -> Result<MemoryReading>;
 }

@@ -152,6 +152,7 @@ fn bench_jsonl(mut row: RunRow, text: &str) -> (Vec<RunRow>, usize) {
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         match serde_json::from_str::<Record>(line) {
             Ok(Record::Header(h)) => header = Some(h),
+            Ok(Record::GenBatch(_)) => {}
             Ok(Record::Batch(b)) => {
                 latencies.push(b.latency_ms);
                 n_samples += b.n_samples;

@@ -18,8 +18,9 @@ use super::layers::{
     dropout, load_layer_norm, Activation, Dropout, Mlp, Mode, Norm, Projection,
     WeightLayout::Linear,
 };
-use super::shard::{Split, Tp};
+use super::shard::Split;
 use super::CausalLm;
+use crate::dist::Tp;
 use crate::error::{Error, Result};
 use candle_core::{DType, Tensor, D};
 use candle_nn::{Init, VarBuilder};

@@ -1,8 +1,8 @@
 //! Layers GPT-2 and BLOOM share: the two weight layouts of a projection, the GELU variants,
 //! the two-projection MLP and layer-norm loading. Each model picks its checkpoint names.
 
-use super::shard::Tp;
 use crate::dist::AllReduce;
+use crate::dist::Tp;
 use crate::error::{Error, Result};
 use crate::kernels::{self, Act};
 use candle_core::Tensor;

@@ -12,10 +12,10 @@ pub mod loss;
 pub mod shard;
 pub mod weights;
 
+use crate::dist::Tp;
 use crate::error::{Error, Result};
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
-use shard::Tp;
 use std::path::Path;
 use std::sync::Arc;
 pub use weights::{Recorder, WeightSource};

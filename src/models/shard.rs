@@ -12,43 +12,12 @@
 //! is read a slice at a time ([`NarrowSource`]), and random weights are generated whole from
 //! the same seed and then sliced: tp=N computes the same model as tp=1.
 
-use crate::dist::AllReduce;
+use crate::dist::part;
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::Init;
 use std::ops::Range;
 use std::sync::Arc;
-
-/// Units `rank` holds when `n` units (heads, hidden units) are split over `size` ranks:
-/// contiguous, sizes differing by at most one (GPT-2 XL's 25 heads on 2 ranks: 12 and 13).
-pub fn part(n: usize, rank: usize, size: usize) -> Range<usize> {
-    rank * n / size..(rank + 1) * n / size
-}
-
-/// This rank's place in a tensor-parallel group, and how it sums partial outputs.
-#[derive(Clone)]
-pub struct Tp {
-    pub rank: usize,
-    pub size: usize,
-    /// None when `size == 1`.
-    pub reduce: Option<Arc<dyn AllReduce>>,
-}
-
-impl Tp {
-    /// No tensor parallelism.
-    pub fn single() -> Self {
-        Self {
-            rank: 0,
-            size: 1,
-            reduce: None,
-        }
-    }
-
-    /// This rank's share of `n` units.
-    pub fn part(&self, n: usize) -> Range<usize> {
-        part(n, self.rank, self.size)
-    }
-}
 
 /// How one weight is split: along `dim`, which holds `blocks` equal blocks (GPT-2's fused
 /// [q | k | v] is 3 blocks) of units of `unit` elements (a head's `hs` columns, one hidden
@@ -152,6 +121,7 @@ impl<B: NarrowSource> SimpleBackend for Sharded<B> {
 mod tests {
     use super::*;
     use crate::dist::collective::TcpAllReduce;
+    use crate::dist::{AllReduce, Tp};
     use crate::models::{ModelSpec, WeightSource};
     use std::time::Duration;
 

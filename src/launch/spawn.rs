@@ -2,8 +2,8 @@
 //! variables set, one process per GPU, rank 0 hosting the rendezvous on a free local port.
 //! No mpirun, no files: the children die with the launcher (`PR_SET_PDEATHSIG`).
 
-use super::rendezvous::STOPPED_BY_PEER;
-use super::world::{ENV_LOCAL_RANK, ENV_MASTER, ENV_RANK, ENV_WORLD_SIZE};
+use crate::dist::rendezvous::STOPPED_BY_PEER;
+use crate::dist::world::{ENV_LOCAL_RANK, ENV_MASTER, ENV_RANK, ENV_WORLD_SIZE};
 use crate::error::{Error, Result};
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};

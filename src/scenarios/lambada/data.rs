@@ -9,23 +9,13 @@
 //! Batches keep file order and are right-padded to their longest row; with a causal mask no
 //! real token ever sees padding, so results do not depend on the batch size.
 
+use crate::engines::candle::target_scores;
+use crate::engines::{Request, TargetScores};
 use crate::error::{Error, Result};
-use crate::models::attention::log_softmax_f32;
 use crate::models::CausalLm;
 use crate::record::PassageResult;
 use crate::tokenizer::TextTokenizer;
-use candle_core::{DType, Device, Tensor};
-
-/// One tokenized passage, ready to batch.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Request {
-    /// Line index in the data file.
-    pub index: usize,
-    pub context_tokens: Vec<u32>,
-    pub target_tokens: Vec<u32>,
-    /// What the model reads: (context + target) truncated on the left, minus the last token.
-    pub input: Vec<u32>,
-}
+use candle_core::Device;
 
 /// lm-eval's `doc_to_text` / `doc_to_target`: split at the last space.
 pub fn split_passage(text: &str) -> (&str, String) {
@@ -101,54 +91,6 @@ pub fn batch_shape(batch: &[Request]) -> BatchShape {
         n_tokens: batch.iter().map(|r| r.input.len()).sum(),
         padded_len: batch.iter().map(|r| r.input.len()).max().unwrap_or(0),
     }
-}
-
-/// What an engine returns for a batch: for every passage in order, one entry per target
-/// token: its log-probability (natural log, computed in fp32) and the argmax token id.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct TargetScores {
-    pub token_ll: Vec<f32>,
-    pub argmax: Vec<u32>,
-}
-
-/// One forward pass of a candle model over a right-padded batch, the LM head only on the
-/// rows that predict target tokens.
-pub fn target_scores(
-    model: &dyn CausalLm,
-    batch: &[Request],
-    device: &Device,
-) -> Result<TargetScores> {
-    let (b, t) = (batch.len(), batch_shape(batch).padded_len);
-    let mut ids = vec![0u32; b * t];
-    let mut mask = vec![0u32; b * t];
-    // Rows of the flattened (B·T) hidden states whose logits predict target tokens.
-    let mut rows = Vec::new();
-    let mut targets = Vec::new();
-    for (i, r) in batch.iter().enumerate() {
-        let n = r.input.len();
-        ids[i * t..i * t + n].copy_from_slice(&r.input);
-        mask[i * t..i * t + n].fill(1);
-        let first = n + 1 - r.target_tokens.len(); // input[first - 1] predicts target[0]
-        rows.extend((first - 1..n).map(|p| (i * t + p) as u32));
-        targets.extend_from_slice(&r.target_tokens);
-    }
-    let ids = Tensor::from_vec(ids, (b, t), device)?;
-    let mask = Tensor::from_vec(mask, (b, t), device)?;
-    let hidden = model.hidden_states(&ids, &mask)?; // (B, T, C)
-    let c = hidden.dim(2)?;
-    let n_rows = rows.len();
-    let rows = Tensor::from_vec(rows, n_rows, device)?;
-    let picked = hidden.reshape((b * t, c))?.index_select(&rows, 0)?; // (N, C)
-    let logp = log_softmax_f32(&model.logits(&picked)?)?; // (N, V) f32
-    let targets = Tensor::from_vec(targets, (n_rows, 1), device)?;
-    Ok(TargetScores {
-        token_ll: logp.gather(&targets, 1)?.flatten_all()?.to_vec1()?,
-        argmax: logp
-            .argmax_keepdim(1)?
-            .flatten_all()?
-            .to_dtype(DType::U32)?
-            .to_vec1()?,
-    })
 }
 
 /// Per-passage results from per-token scores: the metric code every engine shares.

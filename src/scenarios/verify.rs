@@ -3,9 +3,10 @@
 //! tokens, log-likelihoods and greedy flags. Used by the tests and by `bench verify`.
 
 use crate::device::{DeviceSpec, Precision};
+use crate::engines::Request;
 use crate::error::{Error, Result};
 use crate::models::{ModelSpec, WeightSource};
-use crate::suites::lambada::{build_request, score_batch, Request};
+use crate::scenarios::lambada::data::{build_request, score_batch};
 use crate::tokenizer::TextTokenizer;
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};

@@ -14,17 +14,16 @@
 //! before writing a log (from their `sweep_run` record).
 
 use crate::error::{failure_status, Error, Result};
-use crate::metrics::{percentile, Distribution};
+use crate::log::{read_log, RunLog};
+use crate::metrics::{spread, BatchTotals};
 use crate::record::{
-    read_log, Record, RunLog, Spread, Summary, SweepConfig, SweepHeader, SweepRepeats, SweepRun,
-    SCHEMA_VERSION,
+    Record, Summary, SweepConfig, SweepHeader, SweepRepeats, SweepRun, SCHEMA_VERSION,
 };
-use crate::runner::{BatchTotals, GIT_COMMIT};
 use crate::trackers::MemoryReading;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, VecDeque};
-use std::io::{BufRead, BufReader, IsTerminal, Read};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -53,36 +52,6 @@ impl ChildTask {
             Err(_) => Ok(None),
         }
     }
-}
-
-/// The configurations in run order: models, then dtypes, sequence lengths, batch sizes and
-/// engines (innermost, so engines of one configuration run back to back).
-pub fn expand(
-    models: &[String],
-    dtypes: &[String],
-    seq_lens: &[Option<usize>],
-    batch_sizes: &[usize],
-    engines: &[String],
-) -> Vec<SweepConfig> {
-    let mut out = vec![];
-    for model in models {
-        for dtype in dtypes {
-            for &seq_len in seq_lens {
-                for &batch_size in batch_sizes {
-                    for engine in engines {
-                        out.push(SweepConfig {
-                            model: model.clone(),
-                            dtype: dtype.clone(),
-                            batch_size,
-                            seq_len,
-                            engine: engine.clone(),
-                        });
-                    }
-                }
-            }
-        }
-    }
-    out
 }
 
 pub struct SweepOptions {
@@ -281,7 +250,7 @@ fn run_child(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    crate::dist::spawn::die_with_parent(&mut cmd);
+    super::spawn::die_with_parent(&mut cmd);
     let mut child = cmd
         .spawn()
         .map_err(|e| Error::io("starting a sweep child process", e))?;
@@ -336,22 +305,6 @@ fn run_child(
     Ok((status, tail, timed_out))
 }
 
-/// Median, extremes and CV of `values` (None if empty).
-pub fn spread(values: &[f64]) -> Option<Spread> {
-    if values.is_empty() {
-        return None;
-    }
-    let d = Distribution::of(values);
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    Some(Spread {
-        median: percentile(&sorted, 50.),
-        min: d.min,
-        max: d.max,
-        cv: if d.mean != 0. { d.stdev / d.mean } else { 0. },
-    })
-}
-
 fn fold_repeats(config: &SweepConfig, runs: &[&SweepRun], dir: &Path) -> SweepRepeats {
     let ok: Vec<&&SweepRun> = runs.iter().filter(|r| r.status == "ok").collect();
     // tokens/s is read back from the run logs; the sweep record keeps samples/s and p50 only.
@@ -378,6 +331,123 @@ fn fold_repeats(config: &SweepConfig, runs: &[&SweepRun], dir: &Path) -> SweepRe
     }
 }
 
+/// The runs an earlier invocation of this sweep finished (`ok` or `oom`: `--resume` skips
+/// them); logs of children that died with it (kill -9) get a summary, so every log reads as
+/// finished.
+fn earlier_runs(dir: &Path, earlier: &[Record]) -> Result<Vec<SweepRun>> {
+    let done = earlier
+        .iter()
+        .filter_map(|r| match r {
+            Record::SweepRun(r) if r.status == "ok" || r.status == "oom" => Some((**r).clone()),
+            _ => None,
+        })
+        .collect();
+    // No run record points at an orphan's log and it has no summary.
+    let referenced: BTreeSet<String> = earlier
+        .iter()
+        .filter_map(|r| match r {
+            Record::SweepRun(r) => Some(r.logs.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    for orphan in run_logs(dir)?.difference(&referenced) {
+        complete_log(
+            &dir.join(orphan),
+            "the sweep was killed during this run",
+            Some("killed"),
+        )?;
+    }
+    Ok(done)
+}
+
+/// Opens (or continues) `sweep.jsonl` and writes this invocation's header.
+fn open_sweep_log(opts: &SweepOptions, dir: &Path, resumed: bool) -> Result<RunLog> {
+    let sweep_log = dir.join(SWEEP_LOG);
+    let mut log = if sweep_log.is_file() {
+        RunLog::append(&sweep_log)?
+    } else {
+        RunLog::create(dir, SWEEP_LOG.trim_end_matches(".jsonl"))?
+    };
+    log.write(&Record::SweepHeader(Box::new(SweepHeader {
+        schema_version: SCHEMA_VERSION,
+        tool_version: env!("CARGO_PKG_VERSION").into(),
+        git_commit: crate::GIT_COMMIT.into(),
+        time_utc: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        command_line: opts.command_line.clone(),
+        suite: opts.suite.clone(),
+        device: opts.device.clone(),
+        resumed,
+        repeat: opts.repeat,
+        configs: opts.configs.clone(),
+    })))?;
+    Ok(log)
+}
+
+/// Runs one child for `config`, repeat `repeat`, and says how it ended: its status from the
+/// exit and its stderr, its logs completed if it died, `timeout` if it was killed for
+/// `--run-timeout`, `oom` if it recorded an out-of-memory before hanging.
+fn run_one(
+    opts: &SweepOptions,
+    dir: &Path,
+    config: &SweepConfig,
+    repeat: usize,
+    bar: &ProgressBar,
+) -> Result<SweepRun> {
+    let task = ChildTask {
+        config: config.clone(),
+        repeat,
+        log_dir: dir.to_path_buf(),
+    };
+    let before = run_logs(dir)?;
+    let start = Instant::now();
+    let (exit, tail, timed_out) = run_child(opts, &task, bar)?;
+    let (mut status, mut error) = classify(exit, &tail);
+    if timed_out {
+        let limit = opts.run_timeout.unwrap_or_default().as_secs_f64();
+        status = "timeout".into();
+        error = Some(format!("killed after --run-timeout {limit} s"));
+    }
+    let new_logs: Vec<String> = run_logs(dir)?.difference(&before).cloned().collect();
+    let mut summary = None;
+    for l in &new_logs {
+        let failure = error
+            .as_deref()
+            .unwrap_or("the run ended without a summary");
+        let killed_as = ["killed", "timeout"].into_iter().find(|k| *k == status);
+        if let Some(s) = complete_log(&dir.join(l), failure, killed_as)? {
+            summary.get_or_insert(s);
+        }
+    }
+    if status == "ok" && summary.is_none() {
+        status = "error".into();
+    }
+    // A run that recorded its own out-of-memory and then hung on exit (seen with CUDA) ran out
+    // of memory: that is the result, the kill only ended the hang.
+    if let Some(s) = summary
+        .as_ref()
+        .filter(|s| s.status == "oom" && status != "ok")
+    {
+        let then = error.take().unwrap_or_default();
+        error = Some(format!(
+            "{}; then did not exit ({then})",
+            s.error.as_deref().unwrap_or("out of memory")
+        ));
+        status = "oom".into();
+    }
+    Ok(SweepRun {
+        config: config.clone(),
+        repeat,
+        status,
+        error,
+        exit_code: exit.code(),
+        wall_seconds: start.elapsed().as_secs_f64(),
+        logs: new_logs,
+        samples_per_second: summary.as_ref().map(|s| s.samples_per_second),
+        latency_ms_p50: summary.as_ref().map(|s| s.latency_ms_p50),
+    })
+}
+
 /// Runs the sweep; see the module docs.
 pub fn run_sweep(opts: SweepOptions) -> Result<SweepOutcome> {
     let dir = sweep_dir(&opts)?;
@@ -387,127 +457,35 @@ pub fn run_sweep(opts: SweepOptions) -> Result<SweepOutcome> {
     } else {
         vec![]
     };
-    let mut done: Vec<SweepRun> = earlier
-        .iter()
-        .filter_map(|r| match r {
-            Record::SweepRun(r) if r.status == "ok" || r.status == "oom" => Some((**r).clone()),
-            _ => None,
-        })
-        .collect();
-    // Logs of children that died with an earlier sweep (kill -9): no run record points at
-    // them and they have no summary; give them one so every log reads as finished.
-    let referenced: BTreeSet<String> = earlier
-        .iter()
-        .filter_map(|r| match r {
-            Record::SweepRun(r) => Some(r.logs.clone()),
-            _ => None,
-        })
-        .flatten()
-        .collect();
-    for orphan in run_logs(&dir)?.difference(&referenced) {
-        complete_log(
-            &dir.join(orphan),
-            "the sweep was killed during this run",
-            Some("killed"),
-        )?;
-    }
-
-    let mut log = if sweep_log.is_file() {
-        RunLog::append(&sweep_log)?
-    } else {
-        RunLog::create(&dir, SWEEP_LOG.trim_end_matches(".jsonl"))?
-    };
-    log.write(&Record::SweepHeader(Box::new(SweepHeader {
-        schema_version: SCHEMA_VERSION,
-        tool_version: env!("CARGO_PKG_VERSION").into(),
-        git_commit: GIT_COMMIT.into(),
-        time_utc: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        command_line: opts.command_line.clone(),
-        suite: opts.suite.clone(),
-        device: opts.device.clone(),
-        resumed: !earlier.is_empty(),
-        repeat: opts.repeat,
-        configs: opts.configs.clone(),
-    })))?;
-
+    let mut done = earlier_runs(&dir, &earlier)?;
+    let mut log = open_sweep_log(&opts, &dir, !earlier.is_empty())?;
     let total = opts.configs.len() * opts.repeat;
-    let bar = sweep_bar(opts.progress, total as u64);
-    let (mut runs, mut repeats, mut skipped) = (vec![], vec![], 0);
-    let mut n = 0;
+    let bar = crate::progress::sweep_runs(opts.progress, total as u64);
+    let (mut runs, mut repeats, mut skipped, mut n) = (vec![], vec![], 0, 0);
     for config in &opts.configs {
         let mut ran_any = false;
         for repeat in 0..opts.repeat {
             n += 1;
-            let is_done = |r: &SweepRun| r.config == *config && r.repeat == repeat;
-            if done.iter().any(is_done) {
+            bar.inc(1);
+            if done
+                .iter()
+                .any(|r| r.config == *config && r.repeat == repeat)
+            {
                 skipped += 1;
-                bar.inc(1);
                 continue;
             }
             ran_any = true;
             bar.set_message(format!("{} r{repeat}", config.key()));
-            let task = ChildTask {
-                config: config.clone(),
-                repeat,
-                log_dir: dir.clone(),
-            };
-            let before = run_logs(&dir)?;
-            let start = Instant::now();
-            let (exit, tail, timed_out) = run_child(&opts, &task, &bar)?;
-            let (mut status, mut error) = classify(exit, &tail);
-            if timed_out {
-                let limit = opts.run_timeout.unwrap_or_default().as_secs_f64();
-                status = "timeout".into();
-                error = Some(format!("killed after --run-timeout {limit} s"));
-            }
-            let new_logs: Vec<String> = run_logs(&dir)?.difference(&before).cloned().collect();
-            let mut summary = None;
-            for l in &new_logs {
-                let failure = error
-                    .as_deref()
-                    .unwrap_or("the run ended without a summary");
-                let killed_as = ["killed", "timeout"].into_iter().find(|k| *k == status);
-                if let Some(s) = complete_log(&dir.join(l), failure, killed_as)? {
-                    summary.get_or_insert(s);
-                }
-            }
-            if status == "ok" && summary.is_none() {
-                status = "error".into();
-            }
-            // A run that recorded its own out-of-memory and then hung on exit (seen with CUDA)
-            // ran out of memory: that is the result, the kill only ended the hang.
-            if let Some(s) = summary
-                .as_ref()
-                .filter(|s| s.status == "oom" && status != "ok")
-            {
-                let then = error.take().unwrap_or_default();
-                error = Some(format!(
-                    "{}; then did not exit ({then})",
-                    s.error.as_deref().unwrap_or("out of memory")
-                ));
-                status = "oom".into();
-            }
-            let run = SweepRun {
-                config: config.clone(),
-                repeat,
-                status,
-                error,
-                exit_code: exit.code(),
-                wall_seconds: start.elapsed().as_secs_f64(),
-                logs: new_logs,
-                samples_per_second: summary.as_ref().map(|s| s.samples_per_second),
-                latency_ms_p50: summary.as_ref().map(|s| s.latency_ms_p50),
-            };
+            let run = run_one(&opts, &dir, config, repeat, &bar)?;
             log.write(&Record::SweepRun(Box::new(run.clone())))?;
             bar.suspend(|| eprintln!("[{n}/{total}] {}", run_line(&run)));
-            bar.inc(1);
             if run.status == "ok" || run.status == "oom" {
                 done.push(run.clone());
             }
             runs.push(run);
         }
-        let mine: Vec<&SweepRun> = done.iter().filter(|r| r.config == *config).collect();
         if ran_any && opts.repeat > 1 {
+            let mine: Vec<&SweepRun> = done.iter().filter(|r| r.config == *config).collect();
             let folded = fold_repeats(config, &mine, &dir);
             log.write(&Record::SweepRepeats(Box::new(folded.clone())))?;
             repeats.push(folded);
@@ -522,7 +500,8 @@ pub fn run_sweep(opts: SweepOptions) -> Result<SweepOutcome> {
     })
 }
 
-fn run_line(r: &SweepRun) -> String {
+/// One line about a finished run: its configuration and how it ended.
+pub fn run_line(r: &SweepRun) -> String {
     let what = format!("{} r{}", r.config.key(), r.repeat);
     match (&r.status[..], r.samples_per_second) {
         ("ok", Some(sps)) => format!("{what}: ok, {sps:.2} samples/s"),
@@ -533,95 +512,5 @@ fn run_line(r: &SweepRun) -> String {
                 .map(|e| format!(": {e}"))
                 .unwrap_or_default()
         ),
-    }
-}
-
-fn sweep_bar(enabled: bool, len: u64) -> ProgressBar {
-    if !enabled || !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(len);
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} sweep {pos}/{len} runs [{bar:30}] eta {eta} {msg}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    bar
-}
-
-/// The table printed after a sweep: one line a run, then the repeats folded.
-pub fn sweep_table(out: &SweepOutcome) -> String {
-    let mut t = String::new();
-    let count = |s: &str| out.runs.iter().filter(|r| r.status == s).count();
-    t += &format!(
-        "sweep: {} runs ({} ok, {} oom, {} error, {} killed, {} timeout){}\n",
-        out.runs.len(),
-        count("ok"),
-        count("oom"),
-        count("error"),
-        count("killed"),
-        count("timeout"),
-        if out.skipped > 0 {
-            format!(", {} done earlier and skipped (--resume)", out.skipped)
-        } else {
-            String::new()
-        }
-    );
-    for r in &out.runs {
-        t += &format!("  {}\n", run_line(r));
-    }
-    if !out.repeats.is_empty() {
-        t += &format!(
-            "  {:<64} {:>5} {:>12} {:>12} {:>12} {:>7} {:>10}\n",
-            "repeats", "ok", "samples/s", "min", "max", "cv %", "p50 ms"
-        );
-        for r in &out.repeats {
-            let (med, min, max, cv) = r
-                .samples_per_second
-                .as_ref()
-                .map_or((f64::NAN, f64::NAN, f64::NAN, f64::NAN), |s| {
-                    (s.median, s.min, s.max, 100. * s.cv)
-                });
-            let p50 = r.latency_ms_p50.as_ref().map_or(f64::NAN, |s| s.median);
-            t += &format!(
-                "  {:<64} {:>5} {med:>12.2} {min:>12.2} {max:>12.2} {cv:>7.2} {p50:>10.3}\n",
-                r.config.key(),
-                format!("{}/{}", r.n_ok, r.n_repeats),
-            );
-        }
-    }
-    t += &format!("sweep log: {}\n", out.dir.join(SWEEP_LOG).display());
-    t
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn product_runs_engines_innermost() {
-        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        let c = expand(
-            &s(&["a", "b"]),
-            &s(&["fp32"]),
-            &[None],
-            &[1, 2],
-            &s(&["candle", "hf"]),
-        );
-        assert_eq!(c.len(), 8);
-        assert_eq!(
-            (c[0].engine.as_str(), c[1].engine.as_str()),
-            ("candle", "hf")
-        );
-        assert_eq!((c[1].batch_size, c[2].batch_size), (1, 2));
-        assert_eq!((c[3].model.as_str(), c[4].model.as_str()), ("a", "b"));
-    }
-
-    #[test]
-    fn spread_of_repeats() {
-        let s = spread(&[100., 102., 98.]).unwrap();
-        assert_eq!((s.median, s.min, s.max), (100., 98., 102.));
-        assert!((s.cv - 0.02).abs() < 1e-12);
-        assert!(spread(&[]).is_none());
     }
 }

@@ -1,233 +1,15 @@
-//! Causal-LM fine-tuning in candle with HF Trainer's defaults and semantics.
-//!
-//! - Parameters: every tensor the model loads (same code path as inference, random or
-//!   checkpoint) becomes an fp32 [`Var`], the master copy; the optimizer state is fp32 too.
-//! - Precision (as HF `--bf16` / `--fp16`, i.e. autocast): each step the model is rebuilt from
-//!   the masters cast to the compute dtype; `to_dtype` is differentiable, so the gradients land
-//!   on the fp32 masters. fp16 scales the loss dynamically ([`GradScaler`], torch's defaults).
-//! - Loss: mean cross-entropy of next-token prediction, labels = inputs shifted by one, in f32
-//!   (HF `ForCausalLMLoss`). Gradient accumulation divides each micro-batch loss by the number
-//!   of micro-batches (equal to HF's sum / num_items_in_batch for equal-length blocks).
-//! - Step: clip the global L2 norm to `max_grad_norm` (torch `clip_grad_norm_`), AdamW with
-//!   torch's update order ([`AdamW`]), learning rate from [`LinearSchedule`]
-//!   (`get_linear_schedule_with_warmup`).
-//! - Data parallelism ([`DataParallel`]): each rank computes the gradient of its share of the
-//!   step's micro-batches; the gradients are summed over ranks in buckets and divided by the
-//!   number of ranks, so every rank takes the same step as one process accumulating all the
-//!   micro-batches. ZeRO-1 splits the optimizer state: each rank updates the parameters it
-//!   owns, then every parameter is shared from its owner.
+//! The training step: the model rebuilt from fp32 masters in the compute dtype, the loss,
+//! the backward, gradient all-reduce over data-parallel ranks, and the optimizer update.
 
+use super::optim::{clip_coefficient, global_grad_norm, AdamW, GradScaler, LinearSchedule};
 use crate::dist::AllReduce;
 use crate::models::{CausalLm, ModelSpec, WeightSource};
-use crate::record::PhaseMs;
+use crate::record::{Hyper, PhaseMs};
 use candle_core::{DType, Device, Result, Shape, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::Init;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-
-/// HF `TrainingArguments` defaults that shape the optimization.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Hyper {
-    pub learning_rate: f64,
-    pub beta1: f64,
-    pub beta2: f64,
-    pub eps: f64,
-    pub weight_decay: f64,
-    pub max_grad_norm: f64,
-    /// Linear warm-up of the learning rate, optimizer steps (HF `warmup_steps`).
-    pub lr_warmup_steps: usize,
-    /// Optimizer steps of the whole run: the linear decay reaches 0 here.
-    pub total_steps: usize,
-    pub grad_accum: usize,
-}
-
-impl Default for Hyper {
-    fn default() -> Self {
-        Self {
-            learning_rate: 5e-5,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.,
-            max_grad_norm: 1.0,
-            lr_warmup_steps: 0,
-            total_steps: 1,
-            grad_accum: 1,
-        }
-    }
-}
-
-/// `get_linear_schedule_with_warmup`: lr(step) = base · step/warmup while step < warmup, then
-/// base · max(0, (total − step) / max(1, total − warmup)). Optimizer step k (0-based) uses lr(k).
-#[derive(Clone, Copy, Debug)]
-pub struct LinearSchedule {
-    pub base: f64,
-    pub warmup: usize,
-    pub total: usize,
-}
-
-impl LinearSchedule {
-    pub fn lr(&self, step: usize) -> f64 {
-        let factor = if step < self.warmup {
-            step as f64 / self.warmup.max(1) as f64
-        } else {
-            let left = self.total.saturating_sub(step) as f64;
-            (left / (self.total.saturating_sub(self.warmup)).max(1) as f64).max(0.)
-        };
-        self.base * factor
-    }
-}
-
-/// torch.optim.AdamW (single-tensor path), in its operation order:
-/// p ← p·(1 − lr·wd); m ← m + (1−β1)(g − m); v ← β2·v + (1−β2)·g²;
-/// p ← p − lr/(1−β1ᵗ) · m / (√v / √(1−β2ᵗ) + ε).
-pub struct AdamW {
-    params: Vec<Var>,
-    moments: Vec<Moments>,
-    step: usize,
-    beta1: f64,
-    beta2: f64,
-    eps: f64,
-    weight_decay: f64,
-}
-
-/// A parameter's first and second moments (fp32): two tensors for candle's ops, or packed
-/// (2, numel) for the fused kernel (CUDA).
-enum Moments {
-    Split { m: Tensor, v: Tensor },
-    Packed(Tensor),
-}
-
-impl AdamW {
-    pub fn new(params: Vec<Var>, h: &Hyper) -> Result<Self> {
-        let zeros = |p: &Var| -> Result<Moments> {
-            Ok(Moments::Split {
-                m: p.zeros_like()?,
-                v: p.zeros_like()?,
-            })
-        };
-        Ok(Self {
-            moments: params.iter().map(zeros).collect::<Result<_>>()?,
-            params,
-            step: 0,
-            beta1: h.beta1,
-            beta2: h.beta2,
-            eps: h.eps,
-            weight_decay: h.weight_decay,
-        })
-    }
-
-    /// One update with learning rate `lr` and gradients `grads[i] · grad_scale` (`grads[i]`
-    /// belongs to `params[i]`, fp32; `grad_scale`: the clip coefficient over the loss scale).
-    pub fn step(&mut self, grads: &[Tensor], lr: f64, grad_scale: f64) -> Result<()> {
-        self.step += 1;
-        let t = self.step as i32;
-        let h = crate::kernels::AdamStep {
-            lr,
-            beta1: self.beta1,
-            beta2: self.beta2,
-            eps: self.eps,
-            weight_decay: self.weight_decay,
-            bc1: 1. - self.beta1.powi(t),
-            bc2_sqrt: (1. - self.beta2.powi(t)).sqrt(),
-            grad_scale,
-        };
-        for (i, g) in grads.iter().enumerate() {
-            let param = self.params[i].as_tensor();
-            if param.device().is_cuda() {
-                let packed = match &self.moments[i] {
-                    Moments::Packed(mv) => mv.clone(),
-                    Moments::Split { m, v } => {
-                        Tensor::stack(&[m.flatten_all()?, v.flatten_all()?], 0)?
-                    }
-                };
-                if let Some(mv) = crate::kernels::adamw(param, g, &packed, &h)? {
-                    self.moments[i] = Moments::Packed(mv);
-                    continue;
-                }
-            }
-            let (m, v) = match &self.moments[i] {
-                Moments::Split { m, v } => (m.clone(), v.clone()),
-                Moments::Packed(mv) => (
-                    mv.get(0)?.reshape(g.shape())?,
-                    mv.get(1)?.reshape(g.shape())?,
-                ),
-            };
-            let g = &match grad_scale {
-                1. => g.clone(),
-                k => (g * k)?,
-            };
-            let mut p = self.params[i].as_detached_tensor();
-            if self.weight_decay != 0. {
-                p = p.affine(1. - lr * self.weight_decay, 0.)?;
-            }
-            let m = (&m + ((g - &m)? * (1. - self.beta1))?)?;
-            let v = ((&v * self.beta2)? + (g.sqr()? * (1. - self.beta2))?)?;
-            let denom = ((v.sqrt()? / h.bc2_sqrt)? + self.eps)?;
-            let p = (p - ((&m / &denom)? * (lr / h.bc1))?)?;
-            self.params[i].set(&p)?;
-            self.moments[i] = Moments::Split { m, v };
-        }
-        Ok(())
-    }
-}
-
-/// The global L2 norm of `grads`, torch `clip_grad_norm_`'s total = ‖(‖g_i‖₂)_i‖₂. On CUDA one
-/// sum-of-squares kernel per tensor; one sync for all of them.
-pub fn global_grad_norm(grads: &[Tensor]) -> Result<f64> {
-    let mut sq = Vec::with_capacity(grads.len());
-    for g in grads {
-        sq.push(match crate::kernels::sum_squares(g)? {
-            Some(s) => s,                            // (1,) f32
-            None => g.sqr()?.sum_all()?.reshape(1)?, // (1,)
-        });
-    }
-    Ok(Tensor::cat(&sq, 0)?
-        .sum_all()?
-        .to_dtype(DType::F64)?
-        .to_scalar::<f64>()?
-        .sqrt())
-}
-
-/// torch `clip_grad_norm_`'s factor for every gradient: min(1, max_norm / (norm + 1e-6)).
-pub fn clip_coefficient(norm: f64, max_norm: f64) -> f64 {
-    (max_norm / (norm + 1e-6)).min(1.)
-}
-
-/// torch.amp.GradScaler with its defaults: scale 2¹⁶, ×2 after 2000 finite steps, ×0.5 and
-/// the step skipped when a gradient is inf/NaN.
-#[derive(Clone, Debug)]
-pub struct GradScaler {
-    pub scale: f64,
-    good_steps: usize,
-}
-
-impl Default for GradScaler {
-    fn default() -> Self {
-        Self {
-            scale: 65536.,
-            good_steps: 0,
-        }
-    }
-}
-
-impl GradScaler {
-    /// Records whether the step's gradients were finite; returns whether to apply the step.
-    pub fn update(&mut self, finite: bool) -> bool {
-        if finite {
-            self.good_steps += 1;
-            if self.good_steps == 2000 {
-                self.scale *= 2.;
-                self.good_steps = 0;
-            }
-        } else {
-            self.scale *= 0.5;
-            self.good_steps = 0;
-        }
-        finite
-    }
-}
 
 /// Accumulates device-synchronized wall time into the phases of a step; does nothing (no
 /// synchronize) without a device.
@@ -554,6 +336,39 @@ impl Trainer {
             .collect()
     }
 
+    /// The optimizer update with `grads`; with ZeRO-1 only this rank's parameters, then every
+    /// parameter from its owner. Returns the milliseconds that sharing took (ZeRO-1 only).
+    fn update(&mut self, grads: &[Tensor], lr: f64, grad_scale: f64) -> Result<Option<f64>> {
+        let dp = match &self.data_parallel {
+            Some(dp) if dp.zero1 => dp,
+            _ => return self.opt.step(grads, lr, grad_scale).map(|()| None),
+        };
+        let mine: Vec<Tensor> = grads
+            .iter()
+            .zip(&self.owners)
+            .filter(|(_, &o)| o == dp.rank)
+            .map(|(g, _)| g.clone())
+            .collect();
+        self.opt.step(&mine, lr, grad_scale)?;
+        // Every parameter from its owner: the others contribute zeros to the sum (an all-gather
+        // through the one collective we have).
+        let comm = CommClock::start(&self.device)?;
+        let mut shared = self
+            .vars
+            .iter()
+            .zip(&self.owners)
+            .map(|(v, &o)| match o == dp.rank {
+                true => Ok(v.as_detached_tensor()),
+                false => v.zeros_like(),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        dp.all_reduce(&mut shared, 1.)?;
+        for (v, p) in self.vars.iter().zip(shared) {
+            v.set(&p)?;
+        }
+        Ok(Some(comm.stop(&self.device)?))
+    }
+
     /// One optimizer step over `micro_batches` (each (B, T) u32 on the device; gradient
     /// accumulation when more than one).
     pub fn step(&mut self, micro_batches: &[Tensor]) -> crate::error::Result<StepOutcome> {
@@ -562,7 +377,9 @@ impl Trainer {
         let scale = self.scaler.as_ref().map_or(1., |s| s.scale);
         let mut grads: Vec<Option<Tensor>> = vec![None; self.vars.len()];
         let mut loss_sum = 0.;
-        let mut clock = PhaseClock::new(self.phase_times.then_some(&self.device))?;
+        // A handle of its own: the clock spans the update, which borrows the trainer mutably.
+        let device = self.device.clone();
+        let mut clock = PhaseClock::new(self.phase_times.then_some(&device))?;
         for ids in micro_batches {
             let loss = lm_loss(model.as_ref(), ids)?;
             clock.lap(|p| &mut p.forward)?;
@@ -607,34 +424,8 @@ impl Trainer {
             None => true,
         };
         if apply {
-            match &self.data_parallel {
-                Some(dp) if dp.zero1 => {
-                    let mine: Vec<Tensor> = grads
-                        .iter()
-                        .zip(&self.owners)
-                        .filter(|(_, &o)| o == dp.rank)
-                        .map(|(g, _)| g.clone())
-                        .collect();
-                    self.opt.step(&mine, lr, grad_scale)?;
-                    // Every parameter from its owner: the others contribute zeros to the sum
-                    // (an all-gather through the one collective we have).
-                    let comm = CommClock::start(&self.device)?;
-                    let mut shared = self
-                        .vars
-                        .iter()
-                        .zip(&self.owners)
-                        .map(|(v, &o)| match o == dp.rank {
-                            true => Ok(v.as_detached_tensor()),
-                            false => v.zeros_like(),
-                        })
-                        .collect::<Result<Vec<_>>>()?;
-                    dp.all_reduce(&mut shared, 1.)?;
-                    for (v, p) in self.vars.iter().zip(shared) {
-                        v.set(&p)?;
-                    }
-                    *comm_ms.get_or_insert(0.) += comm.stop(&self.device)?;
-                }
-                _ => self.opt.step(&grads, lr, grad_scale)?,
+            if let Some(ms) = self.update(&grads, lr, grad_scale)? {
+                *comm_ms.get_or_insert(0.) += ms;
             }
             self.step += 1;
         }
@@ -670,6 +461,7 @@ impl Trainer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::train::optim::Moments;
 
     /// fp32 weights are the Vars themselves, so their raw gradients carry the forward graph;
     /// if the optimizer state kept it, every step's activations would stay alive.
@@ -693,66 +485,5 @@ mod tests {
         });
         assert_eq!(tracked.filter(|t| t.track_op()).count(), 0);
         Ok(())
-    }
-
-    #[test]
-    fn linear_schedule_matches_hf() {
-        let s = LinearSchedule {
-            base: 1.0,
-            warmup: 2,
-            total: 6,
-        };
-        let lrs: Vec<f64> = (0..7).map(|k| s.lr(k)).collect();
-        assert_eq!(lrs, vec![0., 0.5, 1., 0.75, 0.5, 0.25, 0.]);
-        let s = LinearSchedule {
-            base: 5e-5,
-            warmup: 0,
-            total: 4,
-        };
-        assert_eq!(s.lr(0), 5e-5);
-        assert_eq!(s.lr(3), 5e-5 * 0.25);
-    }
-
-    #[test]
-    fn grad_clipping_scales_to_max_norm() {
-        let g = vec![
-            Tensor::new(&[3f32, 0.], &Device::Cpu).unwrap(),
-            Tensor::new(&[4f32], &Device::Cpu).unwrap(),
-        ];
-        let norm = global_grad_norm(&g).unwrap();
-        assert!((norm - 5.).abs() < 1e-9);
-        assert!((clip_coefficient(norm, 1.0) - 0.2).abs() < 1e-6);
-        assert_eq!(clip_coefficient(0.5, 1.0), 1.);
-    }
-
-    /// The clip factor given to the optimizer acts as scaling the gradients first.
-    #[test]
-    fn adamw_grad_scale_equals_scaled_gradients() {
-        let init = Tensor::new(&[0.5f32, -1., 2.], &Device::Cpu).unwrap();
-        let g = Tensor::new(&[3f32, -4., 0.25], &Device::Cpu).unwrap();
-        let h = Hyper {
-            weight_decay: 0.01,
-            ..Hyper::default()
-        };
-        let mut out = Vec::new();
-        for (grad, k) in [((&g * 0.2).unwrap(), 1.), (g.clone(), 0.2)] {
-            let p = Var::from_tensor(&init).unwrap();
-            let mut opt = AdamW::new(vec![p.clone()], &h).unwrap();
-            for _ in 0..3 {
-                opt.step(std::slice::from_ref(&grad), 1e-2, k).unwrap();
-            }
-            out.push(p.as_tensor().to_vec1::<f32>().unwrap());
-        }
-        for (a, b) in out[0].iter().zip(&out[1]) {
-            assert!((a - b).abs() < 1e-6, "{:?} vs {:?}", out[0], out[1]);
-        }
-    }
-
-    #[test]
-    fn grad_scaler_backs_off_and_skips() {
-        let mut s = GradScaler::default();
-        assert!(!s.update(false));
-        assert_eq!(s.scale, 32768.);
-        assert!(s.update(true));
     }
 }

@@ -1,8 +1,5 @@
-//! Workloads ("suites"): what is run and how it is scored. Each suite's defaults live in a
-//! `suites/NAME.toml` file, embedded in the binary; flags override them.
-
-pub mod lambada;
-pub mod wikitext2;
+//! Each suite's defaults: a `suites/NAME.toml` file, embedded in the binary
+//! (`--suite-file PATH` replaces it); flags override them.
 
 use crate::error::{Error, Result};
 use serde::Deserialize;
@@ -10,6 +7,7 @@ use std::path::Path;
 
 pub const LAMBADA_TOML: &str = include_str!("../../suites/lambada.toml");
 pub const WIKITEXT2_TOML: &str = include_str!("../../suites/wikitext2.toml");
+pub const GENERATION_TOML: &str = include_str!("../../suites/generation.toml");
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -23,6 +21,16 @@ pub struct SuiteFile {
     /// Training suites: HF Trainer defaults of the run.
     #[serde(default)]
     pub train: Option<SuiteTrain>,
+    /// The generation suite: prompt length and new tokens of a run.
+    #[serde(default)]
+    pub generation: Option<SuiteGeneration>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SuiteGeneration {
+    pub prompt_len: usize,
+    pub new_tokens: usize,
 }
 
 /// `[sweep]`: lists whose product runs as one sweep (see `crate::sweep`).
@@ -35,6 +43,9 @@ pub struct SuiteSweep {
     pub seq_lens: Option<Vec<usize>>,
     pub engines: Option<Vec<String>>,
     pub repeat: Option<usize>,
+    /// Generation suite: prompt lengths and new tokens (`--prompt-lens`, `--new-tokens`).
+    pub prompt_lens: Option<Vec<usize>>,
+    pub new_tokens: Option<Vec<usize>>,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -61,6 +72,9 @@ pub struct SuiteData {
 pub struct SuiteRun {
     pub batch_size: usize,
     pub warmup_batches: usize,
+    /// Generation suite: timed calls per configuration.
+    #[serde(default)]
+    pub timed_batches: Option<usize>,
 }
 
 impl SuiteFile {
@@ -72,8 +86,9 @@ impl SuiteFile {
         match name {
             "lambada" => Self::parse(LAMBADA_TOML, "suites/lambada.toml"),
             "wikitext2" => Self::parse(WIKITEXT2_TOML, "suites/wikitext2.toml"),
+            "generation" => Self::parse(GENERATION_TOML, "suites/generation.toml"),
             _ => Err(Error::Config(format!(
-                "unknown suite '{name}': available suites are lambada, wikitext2"
+                "unknown suite '{name}': available suites are lambada, wikitext2, generation"
             ))),
         }
     }

@@ -1,11 +1,14 @@
-//! The HF engine: transformers + PyTorch in a Python worker (`engines/hf_worker.py`, embedded
+//! The HF engine: transformers + PyTorch in a Python worker (`src/engines/hf/worker.py`, embedded
 //! in the binary), driven over JSON lines on its stdin/stdout. Its stderr is kept (last lines)
 //! to explain a crash.
 
-use super::{BatchOutput, Engine};
+pub mod generate;
+pub mod score;
+pub mod train;
+
+use super::Engine;
 use crate::device::{DeviceSpec, Precision};
 use crate::error::{Error, Result};
-use crate::suites::lambada::{Request, TargetScores};
 use crate::trackers::MemoryReading;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, VecDeque};
@@ -15,7 +18,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex};
 
 /// The worker script, run with `python -c`.
-pub const WORKER: &str = include_str!("../../engines/hf_worker.py");
+pub const WORKER: &str = include_str!("worker.py");
 
 /// Lines of the worker's stderr kept for error messages.
 const STDERR_TAIL: usize = 20;
@@ -64,7 +67,7 @@ pub struct HfEngine {
     stdout: BufReader<ChildStdout>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
     info: BTreeMap<String, String>,
-    max_positions: usize,
+    pub(crate) max_positions: usize,
     load_seconds: f64,
 }
 
@@ -88,7 +91,7 @@ impl HfEngine {
     }
 
     /// As [`HfEngine::start`], for training: fp32 weights, `model.train()`, and the worker's
-    /// optimizer, schedule and (fp16) grad scaler built from `train` (see `engines/hf_worker.py`).
+    /// optimizer, schedule and (fp16) grad scaler built from `train` (see `src/engines/hf/worker.py`).
     pub fn start_training(
         opts: &HfOptions,
         model_dir: &Path,
@@ -253,38 +256,8 @@ impl Engine for HfEngine {
         self.info.clone()
     }
 
-    fn max_positions(&self) -> usize {
-        self.max_positions
-    }
-
     fn load_seconds(&self) -> f64 {
         self.load_seconds
-    }
-
-    fn score(&mut self, batch: &[Request]) -> Result<BatchOutput> {
-        let inputs: Vec<&[u32]> = batch.iter().map(|r| r.input.as_slice()).collect();
-        let targets: Vec<&[u32]> = batch.iter().map(|r| r.target_tokens.as_slice()).collect();
-        let v = self.request(&json!({ "op": "score", "inputs": inputs, "targets": targets }))?;
-        let field = |k: &str| -> Result<Vec<Value>> {
-            v[k].as_array()
-                .cloned()
-                .ok_or_else(|| Error::Engine(format!("HF worker reply has no '{k}' list")))
-        };
-        let token_ll = field("token_ll")?
-            .iter()
-            .map(|x| x.as_f64().unwrap_or(f64::NAN) as f32)
-            .collect();
-        let argmax = field("argmax")?
-            .iter()
-            .map(|x| x.as_u64().unwrap_or(u64::MAX) as u32)
-            .collect();
-        let latency_ms = v["latency_ms"]
-            .as_f64()
-            .ok_or_else(|| Error::Engine("HF worker reply has no latency_ms".into()))?;
-        Ok(BatchOutput {
-            scores: TargetScores { token_ll, argmax },
-            latency_ms,
-        })
     }
 
     fn pid(&self) -> u32 {

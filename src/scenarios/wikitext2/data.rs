@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 pub const MAP_BATCH_LINES: usize = 1000;
 
 /// The built-in sample: the first lines of each file (CC BY-SA 3.0, see data/README.md).
-pub const SAMPLE_TRAIN: &str = include_str!("../../data/wikitext2_sample/wiki.valid.raw");
-pub const SAMPLE_EVAL: &str = include_str!("../../data/wikitext2_sample/wiki.test.raw");
+pub const SAMPLE_TRAIN: &str = include_str!("../../../data/wikitext2_sample/wiki.valid.raw");
+pub const SAMPLE_EVAL: &str = include_str!("../../../data/wikitext2_sample/wiki.test.raw");
 
 /// Python `str.splitlines(keepends=True)`.
 pub fn split_lines_keepends(text: &str) -> Vec<&str> {
@@ -70,7 +70,7 @@ pub fn blocks(text: &str, tok: &TextTokenizer, block_size: usize) -> Result<Vec<
 
 /// One split: where it came from and its text.
 #[derive(Clone, Debug)]
-pub struct Split {
+pub struct TextSplit {
     /// Path, or `embedded:NAME`.
     pub origin: String,
     pub text: String,
@@ -81,8 +81,8 @@ pub struct Split {
 /// `wiki.test.raw`... see [`resolve_dir`]), or explicit files.
 #[derive(Clone, Debug)]
 pub struct Splits {
-    pub train: Split,
-    pub eval: Split,
+    pub train: TextSplit,
+    pub eval: TextSplit,
     /// Said in the log header, e.g. "trained on wiki.valid.raw (the train split is not shipped)".
     pub note: String,
 }
@@ -90,11 +90,11 @@ pub struct Splits {
 impl Splits {
     pub fn sample() -> Self {
         Self {
-            train: Split {
+            train: TextSplit {
                 origin: "embedded:wikitext2_sample/wiki.valid.raw".into(),
                 text: SAMPLE_TRAIN.into(),
             },
-            eval: Split {
+            eval: TextSplit {
                 origin: "embedded:wikitext2_sample/wiki.test.raw".into(),
                 text: SAMPLE_EVAL.into(),
             },
@@ -155,7 +155,7 @@ pub fn resolve_dir(dir: &Path) -> Result<Splits> {
     }
 }
 
-fn read_split(path: &Path) -> Result<Split> {
+fn read_split(path: &Path) -> Result<TextSplit> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             Error::NotFound {
@@ -170,7 +170,7 @@ fn read_split(path: &Path) -> Result<Split> {
             Error::io(format!("reading {}", path.display()), e)
         }
     })?;
-    Ok(Split {
+    Ok(TextSplit {
         origin: path.display().to_string(),
         text,
     })

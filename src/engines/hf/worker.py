@@ -17,6 +17,13 @@ worker only runs the model and reports what the Rust side would have measured.
   -> {"op": "finish"}
   <- {"ok": true, "peak_memory_bytes": N, "device_memory_used_bytes": N|null,
       "reserved_memory_bytes": N|null}
+  -> {"op": "generate", "prompts": [[ids]...], "new_tokens": N, "pad_id": P, "time_steps": bool}
+  <- {"ok": true, "ids": [[N ids]...], "latency_ms": t, "token_ms": [t1, ..., tN]}
+     (greedy, exactly N new tokens per prompt, left-padded batch with its attention mask, as
+     `model.generate(do_sample=False, min_new_tokens=N, max_new_tokens=N, pad_token_id=P)`;
+     token_ms[k]: device-synchronized time from the start to the (k+1)-th token, so token_ms[0]
+     is the time to first token (prefill) and the differences are inter-token latencies; empty
+     without time_steps, which leaves out the synchronisation after each token)
 Errors: {"ok": false, "error": "one line"}; the worker then exits non-zero.
 
 Training (`--suite wikitext2`): `load` with a `train` object loads fp32 weights (fp32 masters
@@ -138,6 +145,10 @@ class Worker:
         sync(self.device)
         load_seconds = time.perf_counter() - t0
         self.model = model
+        # --hf-compile for generation: a static KV cache, with which generate() compiles the
+        # decoding forward itself (transformers' fastest generation path; it compiles again
+        # for a new batch shape, so the warm-up covers every shape the run times).
+        self.generate_kwargs = {"cache_implementation": "static"} if req.get("compile") and not train else {}
         self.body = model.base_model  # hidden states; the LM head runs only on target rows
         self.head = model.get_output_embeddings()
         if req.get("compile"):
@@ -178,6 +189,39 @@ class Worker:
         sync(self.device)
         latency_ms = (time.perf_counter() - t0) * 1e3
         reply(ok=True, token_ll=token_ll, argmax=argmax, latency_ms=latency_ms)
+
+    @torch.inference_mode()
+    def generate(self, req):
+        prompts, n_new, pad = req["prompts"], req["new_tokens"], req["pad_id"]
+        b, t = len(prompts), max(len(p) for p in prompts)
+        sync(self.device)
+        t0 = time.perf_counter()
+        ids = torch.full((b, t), pad, dtype=torch.long)
+        mask = torch.zeros((b, t), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding, as generate() expects
+            ids[i, t - len(p):] = torch.tensor(p)
+            mask[i, t - len(p):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        stamps = []
+        device = self.device
+
+        class Clock:  # generate() hands a streamer the prompt, then each new token
+            def put(self, _value):
+                sync(device)
+                stamps.append(time.perf_counter())
+
+            def end(self):
+                pass
+
+        out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                                  max_new_tokens=n_new, min_new_tokens=n_new, pad_token_id=pad,
+                                  streamer=Clock() if req.get("time_steps", True) else None,
+                                  **self.generate_kwargs)
+        new = out[:, t:].tolist()
+        sync(self.device)
+        latency_ms = (time.perf_counter() - t0) * 1e3
+        token_ms = [(s - t0) * 1e3 for s in stamps[1:]]  # stamps[0]: the prompt
+        reply(ok=True, ids=new, latency_ms=latency_ms, token_ms=token_ms)
 
     def setup_training(self, model, h, dtype, compile_):
         from transformers import get_linear_schedule_with_warmup
@@ -297,8 +341,9 @@ def main():
         if op == "finish":
             worker.finish(req)
             return
-        profiled = op in ("score", "train_step") and calls == PROFILE_AT and worker.device.type == "cuda"
-        if op in ("score", "train_step"):
+        timed_ops = ("score", "train_step", "generate")
+        profiled = op in timed_ops and calls == PROFILE_AT and worker.device.type == "cuda"
+        if op in timed_ops:
             calls += 1
         if profiled:
             sync(worker.device)

@@ -1,0 +1,410 @@
+//! `bench` command line: parse options ([`Cli`], here) -> a typed plan ([`plan`]) -> a
+//! launcher and a scenario ([`commands`]) -> the printed summary.
+
+pub mod commands;
+pub mod plan;
+
+use crate::device::{DeviceSpec, Precision};
+use crate::engines::hf::HfAttn;
+use crate::engines::EngineKind;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+const ABOUT: &str =
+    "Runs fixed transformer workloads the same way on every machine and logs samples/s, \
+tokens/s, latency percentiles and peak memory as JSONL.";
+
+const AFTER_HELP: &str = "\
+Examples:
+  # tiny random GPT-2 on the built-in 100-passage LAMBADA sample, CPU
+  bench
+  # GPT-2 124M shape, random weights, full LAMBADA on a GPU
+  bench --model gpt2 --device cuda --dtype bf16 --data lambada_test.jsonl
+  # an HF checkpoint dir (config.json + model.safetensors)
+  bench --model-dir ./gpt2-hf --device cuda --data lambada_test.jsonl
+  # compare with HF reference fixtures
+  bench verify --model-dir tests/fixtures/gpt2-fixture
+  # what this machine has: GPUs, driver, CUDA libraries, peer access, known problems
+  bench env
+
+Full LAMBADA: lambada_test.jsonl, 5153 passages, sha256 4aa8d02c...b226,
+  https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl";
+
+#[derive(Parser, Debug)]
+#[command(name = "bench", version, about = ABOUT, after_help = AFTER_HELP, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Compare this engine with HF transformers reference fixtures in a model dir
+    /// (reference.safetensors logits, lambada_reference.json; made by scripts/make_fixtures.py).
+    Verify(VerifyArgs),
+    /// Environment report: host, GPUs (NVML), driver and CUDA, the CUDA libraries this binary
+    /// loads (version, path), peer access, NCCL, and known problems with a fix each. Exits 1
+    /// when something the built features need is missing.
+    Env(EnvArgs),
+    /// Check multi-process launch and rendezvous (no GPU needed): N ranks meet at rank 0 over
+    /// TCP, receive the same id and the list of ranks, and stop with an error naming the rank
+    /// if any one dies. Self-spawns --nproc ranks, or runs as one rank under torchrun (RANK,
+    /// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), mpirun (OMPI_COMM_WORLD_*, plus
+    /// MASTER_ADDR/PORT) or srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, plus
+    /// MASTER_ADDR/PORT), e.g. across nodes.
+    DistCheck(DistCheckArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DistCheckArgs {
+    /// Ranks to start on this host when no launcher variables are set.
+    #[arg(long, default_value_t = 2)]
+    pub nproc: usize,
+    /// Seconds to wait for every rank to join.
+    #[arg(long, default_value_t = 60)]
+    pub rdzv_timeout: u64,
+    /// Each rank then works (sleeps) this long before finishing, so a failure can be seen.
+    #[arg(long, default_value_t = 0)]
+    pub work_ms: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct EnvArgs {
+    /// Print the report as JSON (the same object every run log's header holds as `host`).
+    #[arg(long)]
+    pub json: bool,
+    /// CUDA builds: check the GPU trackers against known work (a 1 GiB tensor for memory, a
+    /// matmul loop for energy vs mean power x time) on --device.
+    #[arg(long, hide = true)]
+    pub check_trackers: bool,
+    /// Device of --check-trackers.
+    #[arg(long, default_value = "cuda", hide = true)]
+    pub device: DeviceSpec,
+}
+
+/// `--mode`: what the LAMBADA suite measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// One forward pass a batch; log-likelihoods, accuracy and perplexity as lm-eval.
+    Score,
+    /// Greedy generation with a KV cache; accuracy as FasterTransformer's bloom_lambada.
+    Generate,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WeightsKind {
+    /// HF's init (normal, std initializer_range) with --seed, made on the target device.
+    Random,
+    /// The safetensors in --model-dir.
+    Checkpoint,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Workload to run: lambada (scoring, or generation with --mode generate), wikitext2
+    /// (fine-tuning), generation (prompts from a text, time to first token and inter-token
+    /// latency).
+    #[arg(long, default_value = "lambada", value_parser = ["lambada", "wikitext2", "generation"])]
+    pub suite: String,
+
+    /// LAMBADA: score (lm-eval: the last word's log-likelihood from one forward pass) or
+    /// generate (FasterTransformer's bloom_lambada: greedy generation with a KV cache, as many
+    /// new tokens as the batch's longest target; correct when the generated ids start with the
+    /// target's).
+    #[arg(long, value_enum, default_value_t = Mode::Score)]
+    pub mode: Mode,
+
+    /// --mode generate: exit 1 when the accuracy is below X (FasterTransformer's CI gate).
+    #[arg(long, value_name = "X")]
+    pub acc_threshold: Option<f64>,
+
+    /// --suite generation: prompt length in tokens; a list runs a sweep [default: the suite
+    /// file's, 128].
+    #[arg(
+        long = "prompt-lens",
+        visible_alias = "prompt-len",
+        value_delimiter = ',',
+        value_name = "N"
+    )]
+    pub prompt_lens: Vec<usize>,
+
+    /// --suite generation: new tokens per prompt (exactly, no stop at EOS); a list runs a
+    /// sweep [default: the suite file's, 128].
+    #[arg(long = "new-tokens", value_delimiter = ',', value_name = "N")]
+    pub new_tokens: Vec<usize>,
+
+    /// Suite definition (TOML) replacing the built-in suites/NAME.toml.
+    #[arg(long, value_name = "PATH")]
+    pub suite_file: Option<PathBuf>,
+
+    /// Model preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt2-tiny, bloom-560m, bloom-1b1,
+    /// bloom-1b7, bloom-3b, bloom-7b1, bloom (176B), bloom-tiny. A comma-separated list runs a
+    /// sweep [default: gpt2-tiny].
+    #[arg(
+        long = "model",
+        visible_alias = "models",
+        value_delimiter = ',',
+        value_name = "NAME"
+    )]
+    pub models: Vec<String>,
+
+    /// HF model directory (config.json + model.safetensors or a sharded index); replaces --model.
+    #[arg(long, value_name = "DIR")]
+    pub model_dir: Option<PathBuf>,
+
+    /// Where weights come from [default: checkpoint with --model-dir, else random].
+    #[arg(long, value_enum)]
+    pub weights: Option<WeightsKind>,
+
+    /// Seed of random weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceSpec,
+
+    /// Precision: tf32 keeps fp32 weights and lets matmuls use TF32 tensor cores. A list runs a
+    /// sweep [default: fp32].
+    #[arg(
+        long = "dtype",
+        visible_alias = "dtypes",
+        value_enum,
+        value_delimiter = ','
+    )]
+    pub dtypes: Vec<Precision>,
+
+    /// Passages per batch; a list runs a sweep [default: from the suite file, 16].
+    #[arg(
+        long = "batch-size",
+        visible_alias = "batch-sizes",
+        value_delimiter = ',',
+        value_name = "N"
+    )]
+    pub batch_sizes: Vec<usize>,
+
+    /// Left-truncate each LAMBADA context to N tokens (lm-eval's max_length); a list runs a
+    /// sweep [default: the model's maximum].
+    #[arg(
+        long = "seq-len",
+        visible_alias = "seq-lens",
+        value_delimiter = ',',
+        value_name = "N"
+    )]
+    pub seq_lens: Vec<usize>,
+
+    /// Run each configuration N times, each in its own process; the sweep log folds them into
+    /// median, min, max and CV [default: from the suite file, 1].
+    #[arg(long, value_name = "N")]
+    pub repeat: Option<usize>,
+
+    /// Continue a sweep: run only the configurations without an `ok` or `oom` record in its
+    /// sweep log (--sweep-dir, else the newest sweep_* in --log-dir).
+    #[arg(long)]
+    pub resume: bool,
+
+    /// The sweep's directory (sweep.jsonl + run logs) [default: LOG_DIR/sweep_TIME].
+    #[arg(long, value_name = "DIR")]
+    pub sweep_dir: Option<PathBuf>,
+
+    /// Run even a single configuration in a child process, recorded like a sweep.
+    #[arg(long)]
+    pub isolate: bool,
+
+    /// In a sweep, kill a run that takes longer than SECS (recorded as `timeout`, the sweep
+    /// goes on).
+    #[arg(long, value_name = "SECS")]
+    pub run_timeout: Option<f64>,
+
+    /// Score only the first N passages.
+    #[arg(long)]
+    pub limit: Option<usize>,
+
+    /// Untimed warm-up batches before timing [default: from the suite file, 2].
+    #[arg(long)]
+    pub warmup: Option<usize>,
+
+    /// Data file (JSONL, {"text": …} a line) [default: the built-in 100-passage sample].
+    /// `--data full` looks for the suite's full file in $BENCH_DATA_DIR, ./data and
+    /// ~/.cache/transformer-bench.
+    #[arg(long, value_name = "PATH")]
+    pub data: Option<String>,
+
+    /// Directory of the JSONL run logs.
+    #[arg(long, default_value = "results/logs", value_name = "DIR")]
+    pub log_dir: PathBuf,
+
+    /// candle (this crate's models), hf (transformers + PyTorch in a Python worker), or both:
+    /// the same data, batches and weights through each, then a side-by-side summary. A list
+    /// runs a sweep (`both` in it means candle and hf) [default: candle].
+    #[arg(
+        long = "engine",
+        visible_alias = "engines",
+        value_enum,
+        value_delimiter = ','
+    )]
+    pub engines: Vec<EngineKind>,
+
+    /// Python with torch + transformers for the HF engine [default: $BENCH_PYTHON, else python3].
+    #[arg(long, value_name = "PATH")]
+    pub python: Option<PathBuf>,
+
+    /// HF engine attention: auto = sdpa where the model supports it (not BLOOM in
+    /// transformers 5.x), else eager.
+    #[arg(long, value_enum, default_value_t = HfAttn::Auto)]
+    pub hf_attn: HfAttn,
+
+    /// HF engine: torch.compile the model (dynamic shapes; compile time falls in the warm-up).
+    #[arg(long)]
+    pub hf_compile: bool,
+
+    /// candle engine on CUDA: the fused paths to use (comma list). all; none (candle's own
+    /// ops, for comparison); lt (inference projections as one cuBLASLt matmul with bias and
+    /// GELU in its epilogue); softmax (attention scale + mask + softmax + dropout in one
+    /// kernel, and its backward); bias-act (bias + activation in one kernel, and its
+    /// backward); adamw (AdamW in two kernels per tensor, the gradient norm in one, the clip
+    /// folded in); layer-norm (training LayerNorm as one kernel, and its backward); dropout
+    /// (masks hashed inside the kernels instead of stored); cross-entropy (the training loss
+    /// in one kernel each way, GPT-2's lm head padded to 64 columns). docs/perf-notes.md has
+    /// the effect of each. No effect on CPU.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "all")]
+    pub fused: Vec<crate::kernels::Fused>,
+
+    /// HF engine: run this worker script instead of the built-in one (development, tests).
+    #[arg(long, value_name = "PATH", hide = true)]
+    pub hf_worker: Option<PathBuf>,
+
+    /// Write the random weights as an HF checkpoint (config.json + model.safetensors in
+    /// --dtype) to DIR, loadable by --model-dir and by transformers.
+    #[arg(long, value_name = "DIR")]
+    pub save_weights: Option<PathBuf>,
+
+    /// No progress bar (it is also hidden when stderr is not a terminal).
+    #[arg(long)]
+    pub no_progress: bool,
+
+    /// Tensor parallelism over N ranks, one process per GPU (Megatron-style: attention heads
+    /// and MLP units split, one all-reduce per residual branch; NCCL on GPUs, which needs a
+    /// build with the `nccl` feature, TCP on CPUs). Without launcher variables this command
+    /// starts the N ranks itself on cuda:0..N-1 (CUDA_VISIBLE_DEVICES picks them); under
+    /// torchrun, mpirun or srun (see `bench dist-check --help`) each process is one rank,
+    /// across nodes too. Rank 0 writes the log, its header lists every rank's GPU. LAMBADA
+    /// and the candle engine only.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub tp: usize,
+
+    /// Data-parallel fine-tuning over N ranks, one process per GPU (--suite wikitext2, candle
+    /// engine): each rank trains on its share of every optimizer step's micro-batches (global
+    /// batch = N x --batch-size x --grad-accum blocks, --lr unchanged) and the gradients are
+    /// averaged over NCCL (TCP on CPUs) in 128 MiB buckets after the backward (candle's
+    /// backward has no per-gradient hook to overlap them with). Launched like --tp; cannot be
+    /// combined with --tp. Rank 0 logs, with every rank's peak memory and the share of time
+    /// in all-reduces.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub dp: usize,
+
+    /// With --dp: 1 splits the AdamW state over the ranks (ZeRO stage 1): each rank updates the
+    /// parameters it owns, then shares them; 0 keeps a whole copy on every rank.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub zero: u8,
+
+    /// With --tp or --dp: seconds to wait for every rank to join (model loading comes after).
+    #[arg(long, default_value_t = 120, value_name = "SECS")]
+    pub rdzv_timeout: u64,
+
+    #[command(flatten)]
+    pub train: TrainArgs,
+}
+
+/// Training suites (`--suite wikitext2`): HF Trainer / run_clm defaults unless given.
+#[derive(Args, Debug, Default)]
+#[command(next_help_heading = "Training (--suite wikitext2)")]
+pub struct TrainArgs {
+    /// Evaluation text file when --data is a training file (not a directory).
+    #[arg(long, value_name = "PATH")]
+    pub eval_data: Option<PathBuf>,
+    /// Tokens per block [default: min(1024, n_positions), as run_clm].
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    /// Training epochs [default: from the suite file, 3].
+    #[arg(long)]
+    pub epochs: Option<f64>,
+    /// Optimizer steps; overrides --epochs (HF max_steps).
+    #[arg(long)]
+    pub max_steps: Option<usize>,
+    /// Micro-batches per optimizer step [default: 1].
+    #[arg(long)]
+    pub grad_accum: Option<usize>,
+    /// Peak learning rate [default: 5e-5].
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Linear learning-rate warm-up, optimizer steps (HF warmup_steps) [default: 0].
+    #[arg(long)]
+    pub lr_warmup_steps: Option<usize>,
+    /// Dropout off (for comparisons); default: the config's dropout.
+    #[arg(long)]
+    pub no_dropout: bool,
+    /// Time forward, backward and optimizer update of each step (synchronizes the device
+    /// between them, which costs a little throughput); logged per step, medians in the summary.
+    #[arg(long)]
+    pub phase_times: bool,
+    /// Write the trained weights (fp32) as an HF checkpoint (config.json + model.safetensors).
+    #[arg(long, value_name = "DIR")]
+    pub save: Option<PathBuf>,
+}
+
+impl TrainArgs {
+    /// The first training flag given, for the error when the suite does not train.
+    fn given(&self) -> Option<&'static str> {
+        [
+            (self.eval_data.is_some(), "--eval-data"),
+            (self.block_size.is_some(), "--block-size"),
+            (self.epochs.is_some(), "--epochs"),
+            (self.max_steps.is_some(), "--max-steps"),
+            (self.grad_accum.is_some(), "--grad-accum"),
+            (self.lr.is_some(), "--lr"),
+            (self.lr_warmup_steps.is_some(), "--lr-warmup-steps"),
+            (self.no_dropout, "--no-dropout"),
+            (self.phase_times, "--phase-times"),
+            (self.save.is_some(), "--save"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    /// Model dir holding the fixtures next to config.json + model.safetensors.
+    #[arg(long, value_name = "DIR")]
+    pub model_dir: PathBuf,
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceSpec,
+    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
+    pub dtype: Precision,
+    /// Batch size for the LAMBADA passages (results must not depend on it).
+    #[arg(long, default_value_t = 16)]
+    pub batch_size: usize,
+    /// Exit non-zero if logits or log-likelihoods differ by more than this (relative).
+    #[arg(long)]
+    pub tolerance: Option<f64>,
+}
+
+/// Entry point of the `bench` binary.
+pub fn main() -> ExitCode {
+    let command_line: Vec<String> = std::env::args().collect();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Verify(v)) => commands::run_verify(v).map(commands::exit),
+        Some(Command::Env(e)) => commands::run_env(e).map(commands::exit),
+        Some(Command::DistCheck(d)) => commands::run_dist_check(d).map(|()| ExitCode::SUCCESS),
+        None => commands::run_command(cli.run, command_line),
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("Error: {e}");
+        ExitCode::from(2)
+    })
+}

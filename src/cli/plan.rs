@@ -1,0 +1,619 @@
+//! From flags to a typed plan: the suite, the configurations of its matrix (model × dtype ×
+//! seq-len × batch size × engine) and whether they run as a sweep of child processes; then,
+//! per configuration, the fully resolved [`RunSpec`]. Every flag rule lives here, so a bad
+//! combination fails before anything is loaded.
+
+use super::RunArgs;
+use crate::data::{search_dirs, DataFile};
+use crate::device::Precision;
+use crate::engines::hf::{HfAttn, HfOptions};
+use crate::engines::EngineKind;
+use crate::error::{Error, Result};
+use crate::models::{ModelSpec, WeightSource};
+use crate::record::SweepConfig;
+use crate::scenarios::skeleton::max_positions;
+use crate::scenarios::suite_file::{SuiteFile, SuiteTrain};
+use crate::scenarios::wikitext2::data::Splits;
+use crate::scenarios::{GenerateOptions, GenerateSource, RunSpec, TrainOptions, Workload};
+use clap::ValueEnum;
+use std::path::PathBuf;
+
+/// One configuration of the plan: a point of the product, typed. Sweeps carry it to their
+/// children (and log it) as the serde [`SweepConfig`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunConfig {
+    pub model: String,
+    pub precision: Precision,
+    pub batch_size: usize,
+    /// LAMBADA: contexts left-truncated to this; the generation suite: the prompt length.
+    pub seq_len: Option<usize>,
+    pub engine: EngineKind,
+    /// The generation suite: new tokens per prompt.
+    pub new_tokens: Option<usize>,
+}
+
+impl RunConfig {
+    /// As the sweep log records it.
+    pub fn record(&self) -> SweepConfig {
+        SweepConfig {
+            model: self.model.clone(),
+            dtype: self.precision.to_string(),
+            batch_size: self.batch_size,
+            seq_len: self.seq_len,
+            engine: self.engine.as_str().into(),
+            new_tokens: self.new_tokens,
+        }
+    }
+
+    /// A sweep child's configuration, read back from its task.
+    pub fn from_record(c: &SweepConfig) -> Result<Self> {
+        Ok(Self {
+            model: c.model.clone(),
+            precision: parse_precision(&c.dtype)?,
+            batch_size: c.batch_size,
+            seq_len: c.seq_len,
+            engine: parse_engine(&c.engine)?,
+            new_tokens: c.new_tokens,
+        })
+    }
+}
+
+fn parse_precision(s: &str) -> Result<Precision> {
+    <Precision as ValueEnum>::from_str(s, true)
+        .map_err(|_| Error::Config(format!("unknown dtype '{s}' (fp32, tf32, fp16, bf16)")))
+}
+
+fn parse_engine(s: &str) -> Result<EngineKind> {
+    <EngineKind as ValueEnum>::from_str(s, true)
+        .map_err(|_| Error::Config(format!("unknown engine '{s}' (candle, hf, both)")))
+}
+
+/// What a `bench` invocation runs: its suite, the configurations of its matrix, and whether
+/// they run as a sweep of child processes.
+pub struct Plan {
+    pub suite: SuiteFile,
+    pub configs: Vec<RunConfig>,
+    pub repeat: usize,
+    pub sweep: bool,
+}
+
+/// The lists whose product is a plan.
+pub struct Axes {
+    pub models: Vec<String>,
+    pub precisions: Vec<Precision>,
+    pub seq_lens: Vec<Option<usize>>,
+    pub new_tokens: Vec<Option<usize>>,
+    pub batch_sizes: Vec<usize>,
+    pub engines: Vec<EngineKind>,
+}
+
+/// The configurations in run order: models, then dtypes, sequence (prompt) lengths, new
+/// tokens, batch sizes and engines (innermost, so engines of one configuration run back to
+/// back).
+pub fn expand(a: &Axes) -> Vec<RunConfig> {
+    let mut out = vec![];
+    for model in &a.models {
+        for &precision in &a.precisions {
+            for &seq_len in &a.seq_lens {
+                for &new_tokens in &a.new_tokens {
+                    for &batch_size in &a.batch_sizes {
+                        for &engine in &a.engines {
+                            out.push(RunConfig {
+                                model: model.clone(),
+                                precision,
+                                batch_size,
+                                seq_len,
+                                engine,
+                                new_tokens,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Each list comes from its flag, else the suite file's `[sweep]` (parsed here, once), else
+/// the default.
+fn pick<T: Clone>(flag: &[T], file: Option<Vec<T>>, default: T) -> Vec<T> {
+    match (flag, file) {
+        ([], Some(f)) => f,
+        ([], None) => vec![default],
+        (f, _) => f.to_vec(),
+    }
+}
+
+/// The suite and its matrix from `args` (flags over the suite file's `[sweep]`).
+pub fn plan(args: &RunArgs) -> Result<Plan> {
+    let suite = match &args.suite_file {
+        Some(p) => SuiteFile::from_path(p)?,
+        None => SuiteFile::builtin(&args.suite)?,
+    };
+    let sw = &suite.sweep;
+    let models = match &args.model_dir {
+        Some(dir) if args.models.is_empty() => vec![ModelSpec::from_dir(dir)?.name],
+        Some(_) => {
+            return Err(Error::Config(
+                "--model-dir replaces --model: give one of them".into(),
+            ))
+        }
+        None => pick(&args.models, sw.models.clone(), "gpt2-tiny".into()),
+    };
+    let file_dtypes = sw
+        .dtypes
+        .as_ref()
+        .map(|d| {
+            d.iter()
+                .map(|s| parse_precision(s))
+                .collect::<Result<Vec<_>>>()
+        })
+        .transpose()?;
+    let precisions = pick(&args.dtypes, file_dtypes, Precision::Fp32);
+    let file_engines = sw
+        .engines
+        .as_ref()
+        .map(|e| {
+            e.iter()
+                .map(|s| parse_engine(s))
+                .collect::<Result<Vec<_>>>()
+        })
+        .transpose()?;
+    let engines = pick(&args.engines, file_engines, EngineKind::Candle);
+    let batch_sizes = pick(
+        &args.batch_sizes,
+        sw.batch_sizes.clone(),
+        suite.run.batch_size,
+    );
+    let (seq_lens, new_tokens) = lengths(args, &suite)?;
+    if batch_sizes.contains(&0) {
+        return Err(Error::Config("--batch-size must be at least 1".into()));
+    }
+    if seq_lens.contains(&Some(0)) {
+        return Err(Error::Config("--seq-len must be at least 1".into()));
+    }
+    let repeat = args.repeat.or(sw.repeat).unwrap_or(1);
+    if repeat == 0 {
+        return Err(Error::Config("--repeat must be at least 1".into()));
+    }
+    let n = models.len()
+        * precisions.len()
+        * batch_sizes.len()
+        * seq_lens.len()
+        * new_tokens.len()
+        * engines.len();
+    let sweep = n > 1
+        || repeat > 1
+        || args.isolate
+        || args.resume
+        || args.sweep_dir.is_some()
+        || args.run_timeout.is_some();
+    let engines = if sweep {
+        one_engine_each(&engines)
+    } else {
+        engines
+    };
+    let configs = expand(&Axes {
+        models,
+        precisions,
+        seq_lens,
+        new_tokens,
+        batch_sizes,
+        engines,
+    });
+    Ok(Plan {
+        suite,
+        configs,
+        repeat,
+        sweep,
+    })
+}
+
+/// An optional length of each configuration (None: not set, the suite's default).
+type Axis = Vec<Option<usize>>;
+
+/// The sequence-length and new-token axes: for the generation suite the prompt lengths and
+/// new tokens (`--prompt-lens`, `--new-tokens`, else the suite file's), elsewhere `--seq-len`
+/// and no new tokens.
+fn lengths(args: &RunArgs, suite: &SuiteFile) -> Result<(Axis, Axis)> {
+    let sw = &suite.sweep;
+    let some = |v: Vec<usize>| v.into_iter().map(Some).collect::<Vec<_>>();
+    let Some(g) = &suite.generation else {
+        if !args.prompt_lens.is_empty() || !args.new_tokens.is_empty() {
+            return Err(Error::Config(format!(
+                "--prompt-lens and --new-tokens are for --suite generation, not {}",
+                suite.name
+            )));
+        }
+        let seq = match (&args.seq_lens[..], &sw.seq_lens) {
+            ([], Some(s)) => some(s.clone()),
+            ([], None) => vec![None],
+            (s, _) => some(s.to_vec()),
+        };
+        return Ok((seq, vec![None]));
+    };
+    if !args.seq_lens.is_empty() {
+        return Err(Error::Config(
+            "--seq-len is for LAMBADA: the generation suite takes --prompt-lens".into(),
+        ));
+    }
+    let prompt = pick(&args.prompt_lens, sw.prompt_lens.clone(), g.prompt_len);
+    let new = pick(&args.new_tokens, sw.new_tokens.clone(), g.new_tokens);
+    if prompt.contains(&0) || new.contains(&0) {
+        return Err(Error::Config(
+            "--prompt-lens and --new-tokens must be at least 1 (0 new tokens generates nothing)"
+                .into(),
+        ));
+    }
+    Ok((some(prompt), some(new)))
+}
+
+/// In a sweep each engine is its own configuration: `both` is candle, then hf.
+fn one_engine_each(engines: &[EngineKind]) -> Vec<EngineKind> {
+    let mut out = vec![];
+    for &kind in engines {
+        let kinds = match kind {
+            EngineKind::Both => vec![EngineKind::Candle, EngineKind::Hf],
+            k => vec![k],
+        };
+        for k in kinds {
+            if !out.contains(&k) {
+                out.push(k);
+            }
+        }
+    }
+    out
+}
+
+/// `--data`: the embedded sample (none given), the suite's full file found locally (`full`),
+/// or a path.
+fn resolve_data(arg: Option<&str>, suite: &SuiteFile) -> Result<DataFile> {
+    match arg {
+        None => Ok(DataFile::embedded_lambada_sample()),
+        Some("full") => {
+            let found = search_dirs()
+                .into_iter()
+                .map(|d| d.join(&suite.data.file))
+                .find(|p| p.is_file());
+            match found {
+                Some(p) => DataFile::read(&p, &suite.data_hint()),
+                None => Err(Error::NotFound {
+                    what: suite.data.file.clone(),
+                    path: PathBuf::from("$BENCH_DATA_DIR, ./data, ~/.cache/transformer-bench"),
+                    hint: suite.data_hint(),
+                }),
+            }
+        }
+        Some(path) => DataFile::read(&PathBuf::from(path), &suite.data_hint()),
+    }
+}
+
+/// `--weights`, given `--model-dir`: random (the default without a dir) or the checkpoint.
+fn weight_source(args: &RunArgs) -> Result<WeightSource> {
+    use super::WeightsKind;
+    match (args.weights, &args.model_dir) {
+        (Some(WeightsKind::Random), _) | (None, None) => {
+            Ok(WeightSource::Random { seed: args.seed })
+        }
+        (_, Some(dir)) => Ok(WeightSource::Dir(dir.clone())),
+        (Some(WeightsKind::Checkpoint), None) => Err(Error::Config(
+            "--weights checkpoint needs --model-dir DIR".into(),
+        )),
+    }
+}
+
+/// Flags that only make sense with another: HF options without the HF engine, `--save-weights`
+/// without random weights, `--limit 0`.
+fn check_flags(args: &RunArgs, suite: &SuiteFile, weights: &WeightSource) -> Result<()> {
+    let uses_hf = args.engines.iter().any(|e| *e != EngineKind::Candle)
+        || suite
+            .sweep
+            .engines
+            .as_ref()
+            .is_some_and(|e| e.iter().any(|e| e != "candle"));
+    if !uses_hf && (args.hf_compile || args.hf_attn != HfAttn::Auto || args.python.is_some()) {
+        return Err(Error::Config(
+            "--python, --hf-attn and --hf-compile are for --engine hf or both".into(),
+        ));
+    }
+    if args.save_weights.is_some() && !matches!(weights, WeightSource::Random { .. }) {
+        return Err(Error::Config(
+            "--save-weights writes random weights: use it with --weights random".into(),
+        ));
+    }
+    if args.limit == Some(0) {
+        return Err(Error::Config("--limit must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// The workload of `suite`: training options for a training suite (and a refusal of training
+/// flags anywhere else), generation for the generation suite or `--mode generate`, LAMBADA
+/// scoring otherwise.
+fn workload(args: &RunArgs, suite: &SuiteFile, config: &RunConfig) -> Result<Workload> {
+    let generate = args.mode == super::Mode::Generate;
+    if generate && suite.name != "lambada" {
+        return Err(Error::Config(format!(
+            "--mode generate is for --suite lambada; --suite {} has its own workload",
+            suite.name
+        )));
+    }
+    if args.acc_threshold.is_some() && !generate {
+        return Err(Error::Config(
+            "--acc-threshold is for --suite lambada --mode generate".into(),
+        ));
+    }
+    if let (Some(flag), None) = (args.train.given(), &suite.train) {
+        return Err(Error::Config(format!(
+            "{flag} is a training option: it applies to --suite wikitext2, not {}",
+            suite.name
+        )));
+    }
+    if let Some(t) = &suite.train {
+        let opts = resolve_train(args, t, config.batch_size, config.engine)?;
+        return Ok(Workload::Train(opts));
+    }
+    let source = match (&suite.generation, generate) {
+        (Some(_), _) => text_source(args, suite, config)?,
+        (None, true) => GenerateSource::Lambada,
+        (None, false) => return Ok(Workload::Score),
+    };
+    Ok(Workload::Generate(GenerateOptions {
+        source,
+        acc_threshold: args.acc_threshold,
+    }))
+}
+
+/// The generation suite's prompts: cut from `--data` (a text file) or the embedded WikiText-2
+/// test sample, at the configuration's prompt length.
+fn text_source(args: &RunArgs, suite: &SuiteFile, config: &RunConfig) -> Result<GenerateSource> {
+    let (text, origin) = match args.data.as_deref() {
+        None => (
+            crate::scenarios::wikitext2::data::SAMPLE_EVAL.to_string(),
+            "embedded:wikitext2_sample/wiki.test.raw".to_string(),
+        ),
+        Some(p) => (
+            std::fs::read_to_string(p).map_err(|e| Error::io(format!("reading --data {p}"), e))?,
+            p.to_string(),
+        ),
+    };
+    let model = model_spec(args, config)?;
+    let (prompt_len, new_tokens) = (
+        config.seq_len.unwrap_or(128),
+        config.new_tokens.unwrap_or(128),
+    );
+    crate::models::generate::check_lengths(prompt_len, new_tokens, max_positions(&model))?;
+    Ok(GenerateSource::Text {
+        text,
+        origin,
+        prompt_len,
+        new_tokens,
+        batches: args.limit.unwrap_or(suite.run.timed_batches.unwrap_or(10)),
+    })
+}
+
+fn model_spec(args: &RunArgs, config: &RunConfig) -> Result<ModelSpec> {
+    match &args.model_dir {
+        Some(dir) => ModelSpec::from_dir(dir),
+        None => ModelSpec::preset(&config.model),
+    }
+}
+
+/// The run of one configuration of `args`' plan.
+pub fn resolve_config(
+    args: &RunArgs,
+    suite: &SuiteFile,
+    config: &RunConfig,
+    repeat: Option<usize>,
+    command_line: Vec<String>,
+) -> Result<RunSpec> {
+    let model = model_spec(args, config)?;
+    let weights = weight_source(args)?;
+    check_flags(args, suite, &weights)?;
+    let workload = workload(args, suite, config)?;
+    let data = match &workload {
+        // Training and text generation read their own data; this is a placeholder they ignore.
+        Workload::Train(_)
+        | Workload::Generate(GenerateOptions {
+            source: GenerateSource::Text { .. },
+            ..
+        }) => DataFile::embedded_lambada_sample(),
+        Workload::Score | Workload::Generate(_) => resolve_data(args.data.as_deref(), suite)?,
+    };
+    Ok(RunSpec {
+        seed: args.seed,
+        workload,
+        warmup_batches: args.warmup.unwrap_or(suite.run.warmup_batches),
+        suite: suite.clone(),
+        model,
+        weights,
+        tokenizer_dir: args.model_dir.clone(),
+        device: args.device,
+        precision: config.precision,
+        batch_size: config.batch_size,
+        limit: args.limit,
+        seq_len: config.seq_len,
+        repeat,
+        data,
+        log_dir: args.log_dir.clone(),
+        save_weights: args.save_weights.clone(),
+        engine: config.engine,
+        hf: HfOptions {
+            python: args.python.clone(),
+            attn: args.hf_attn,
+            compile: args.hf_compile,
+            worker: args.hf_worker.clone(),
+        },
+        command_line,
+        progress: !args.no_progress,
+        tp: None,
+        dp: None,
+    })
+}
+
+/// A single run of `args` (which must not be a sweep).
+pub fn resolve(args: RunArgs, command_line: Vec<String>) -> Result<RunSpec> {
+    let plan = plan(&args)?;
+    match &plan.configs[..] {
+        [config] if !plan.sweep => resolve_config(&args, &plan.suite, config, None, command_line),
+        _ => Err(Error::Config(
+            "these options describe a sweep, not one run".into(),
+        )),
+    }
+}
+
+fn resolve_train(
+    args: &RunArgs,
+    t: &SuiteTrain,
+    batch_size: usize,
+    engine: EngineKind,
+) -> Result<TrainOptions> {
+    let a = &args.train;
+    if engine != EngineKind::Candle && a.save.is_some() {
+        return Err(Error::Config(
+            "--save writes the candle engine's trained weights: use it with --engine candle".into(),
+        ));
+    }
+    if args.limit.is_some() {
+        return Err(Error::Config(
+            "--limit is for LAMBADA; use --max-steps".into(),
+        ));
+    }
+    let splits = match args.data.as_deref() {
+        None => Splits::sample(),
+        Some(p) => Splits::from_path(std::path::Path::new(p), a.eval_data.as_deref())?,
+    };
+    let grad_accum = a.grad_accum.unwrap_or(t.grad_accum);
+    if grad_accum == 0 || a.max_steps == Some(0) || a.epochs.is_some_and(|e| e <= 0.) {
+        return Err(Error::Config(
+            "--grad-accum, --max-steps and --epochs must be positive".into(),
+        ));
+    }
+    Ok(TrainOptions {
+        splits,
+        block_size: a.block_size,
+        epochs: a.epochs.unwrap_or(t.epochs),
+        max_steps: a.max_steps,
+        grad_accum,
+        learning_rate: a.lr.unwrap_or(t.learning_rate),
+        lr_warmup_steps: a.lr_warmup_steps.unwrap_or(t.lr_warmup_steps),
+        eval_batch_size: batch_size,
+        dropout: !a.no_dropout,
+        phase_times: a.phase_times,
+        save: a.save.clone(),
+    })
+}
+
+/// `--tp N` or `--dp N`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Parallel {
+    Tensor(usize),
+    Data { size: usize, zero1: bool },
+}
+
+impl Parallel {
+    pub fn size(self) -> usize {
+        match self {
+            Parallel::Tensor(n) | Parallel::Data { size: n, .. } => n,
+        }
+    }
+
+    pub fn flag(self) -> &'static str {
+        match self {
+            Parallel::Tensor(_) => "--tp",
+            Parallel::Data { .. } => "--dp",
+        }
+    }
+}
+
+/// The parallel mode of `args`, checked against the plan: one configuration, the candle
+/// engine, the right kind of suite, a CUDA build with NCCL for GPUs. None without `--tp`/`--dp`.
+pub fn parallel(args: &RunArgs, plan: &Plan) -> Result<Option<Parallel>> {
+    let par = match (args.tp, args.dp) {
+        (1, 1) if args.zero != 0 => return Err(Error::Config("--zero is for --dp runs".into())),
+        (1, 1) => return Ok(None),
+        (tp, 1) => Parallel::Tensor(tp),
+        (1, dp) => Parallel::Data {
+            size: dp,
+            zero1: args.zero == 1,
+        },
+        _ => {
+            return Err(Error::Config(
+                "--tp and --dp cannot be combined yet: use one of them".into(),
+            ))
+        }
+    };
+    let flag = par.flag();
+    let not_with = |what: &str| Err(Error::Config(format!("{flag} is not supported {what}")));
+    if plan.sweep {
+        return not_with(
+            "in a sweep (one configuration at a time; --repeat and --isolate included)",
+        );
+    }
+    if plan.configs[0].engine != EngineKind::Candle {
+        return not_with("with --engine hf or both (the candle engine only)");
+    }
+    if args.save_weights.is_some() {
+        return not_with("with --save-weights (write the weights with a single-process run)");
+    }
+    let training = plan.suite.train.is_some();
+    if matches!(par, Parallel::Tensor(_)) && training {
+        return not_with("for training suites (LAMBADA only; data parallelism is --dp)");
+    }
+    if matches!(par, Parallel::Data { .. }) && !training {
+        return not_with(
+            "for LAMBADA (it is for training suites: --suite wikitext2; for inference use --tp)",
+        );
+    }
+    if args.zero != 0 && !matches!(par, Parallel::Data { .. }) {
+        return Err(Error::Config("--zero is for --dp runs".into()));
+    }
+    Ok(Some(par))
+}
+
+/// What a parallel run needs of the spec and the device flag: at least one rank, heads that
+/// split (`--tp`), `--device cuda` (each rank takes cuda:LOCAL_RANK), NCCL for GPUs.
+pub fn check_parallel(par: Parallel, spec: &RunSpec) -> Result<()> {
+    use crate::device::DeviceSpec;
+    let (n, flag) = (par.size(), par.flag());
+    if n == 0 {
+        return Err(Error::Config(format!("{flag} must be at least 1")));
+    }
+    if let Parallel::Tensor(n) = par {
+        spec.model.check_tp(n)?;
+    }
+    if let DeviceSpec::Cuda(n @ 1..) = spec.device {
+        return Err(Error::Config(format!(
+            "--device cuda:{n} with {flag}: each rank uses cuda:LOCAL_RANK; pick GPUs with CUDA_VISIBLE_DEVICES and pass --device cuda"
+        )));
+    }
+    if matches!(spec.device, DeviceSpec::Cuda(_)) && !cfg!(feature = "nccl") {
+        return Err(Error::Unsupported(crate::dist::group::NO_NCCL.into()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn product_runs_engines_innermost() {
+        let c = expand(&Axes {
+            models: vec!["a".into(), "b".into()],
+            precisions: vec![Precision::Fp32],
+            seq_lens: vec![None],
+            new_tokens: vec![None],
+            batch_sizes: vec![1, 2],
+            engines: vec![EngineKind::Candle, EngineKind::Hf],
+        });
+        assert_eq!(c.len(), 8);
+        assert_eq!(
+            (c[0].engine.as_str(), c[1].engine.as_str()),
+            ("candle", "hf")
+        );
+        assert_eq!((c[1].batch_size, c[2].batch_size), (1, 2));
+        assert_eq!((c[3].model.as_str(), c[4].model.as_str()), ("a", "b"));
+    }
+}

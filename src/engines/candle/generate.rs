@@ -1,0 +1,46 @@
+//! The candle engine's generation: [`crate::models::generate`] (a preallocated KV cache,
+//! prefill then one-token decode steps) behind the [`Generate`] capability.
+
+use super::CandleEngine;
+use crate::engines::{Generate, GenerateRequest, Generated};
+use crate::error::Result;
+use crate::models::generate::{generate, left_pad, Greedy};
+use std::time::Instant;
+
+impl Generate for CandleEngine {
+    fn max_positions(&self) -> usize {
+        self.model.max_positions()
+    }
+
+    fn generate(&mut self, req: &GenerateRequest, timed_steps: bool) -> Result<Generated> {
+        let _profiled = crate::profile::window(&self.device);
+        self.device.synchronize()?;
+        let start = Instant::now();
+        let prompts = left_pad(req.prompts, req.pad_id, &self.device)?;
+        let greedy = Greedy {
+            new_tokens: req.new_tokens,
+            banned: req.eos_ids.to_vec(),
+        };
+        let mut token_ms = Vec::with_capacity(if timed_steps { req.new_tokens } else { 0 });
+        let device = self.device.clone();
+        let mut hook = |_phase| -> Result<()> {
+            if timed_steps {
+                device.synchronize()?;
+                token_ms.push(start.elapsed().as_secs_f64() * 1e3);
+            }
+            Ok(())
+        };
+        let ids = generate(self.model.as_ref(), &prompts, &greedy, &mut hook)?;
+        // to_vec2 copied the ids to the host: the device is done.
+        Ok(Generated {
+            ids,
+            latency_ms: start.elapsed().as_secs_f64() * 1e3,
+            token_ms,
+        })
+    }
+
+    fn kv_cache_bytes(&self, batch: usize, positions: usize) -> Option<u64> {
+        let _ = (batch, positions);
+        None // TEMP
+    }
+}

@@ -1,0 +1,33 @@
+//! The HF engine's generation: the worker's `generate` op (`model.generate`, greedy, exactly
+//! N new tokens, the same left-padded batch).
+
+use super::HfEngine;
+use crate::engines::{Generate, GenerateRequest, Generated};
+use crate::error::{Error, Result};
+use serde_json::json;
+
+impl Generate for HfEngine {
+    fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+
+    fn generate(&mut self, req: &GenerateRequest, timed_steps: bool) -> Result<Generated> {
+        let v = self.request(&json!({
+            "op": "generate",
+            "prompts": req.prompts,
+            "new_tokens": req.new_tokens,
+            "pad_id": req.pad_id,
+            "time_steps": timed_steps,
+        }))?;
+        let bad = |k: &str| Error::Engine(format!("HF worker generate reply has no '{k}'"));
+        let ids: Vec<Vec<u32>> =
+            serde_json::from_value(v["ids"].clone()).map_err(|_| bad("ids"))?;
+        let token_ms: Vec<f64> =
+            serde_json::from_value(v["token_ms"].clone()).map_err(|_| bad("token_ms"))?;
+        Ok(Generated {
+            ids,
+            latency_ms: v["latency_ms"].as_f64().ok_or_else(|| bad("latency_ms"))?,
+            token_ms,
+        })
+    }
+}

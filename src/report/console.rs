@@ -1,0 +1,470 @@
+//! Tables printed on stdout: a run's summary, the candle-vs-HF side-by-side of `--engine
+//! both` (and whether the engines agree), and a sweep's runs and repeats.
+
+use crate::launch::sweep::{run_line, SweepOutcome};
+use crate::log::RunOutcome;
+use crate::record::{Header, Summary, TrainSummary};
+use std::path::Path;
+
+/// Bytes as MiB.
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024. * 1024.)
+}
+
+/// The summary rows of a generation run: generated and decode tokens/s, time to first token,
+/// inter-token latency, KV cache.
+fn generation_rows(s: &Summary) -> Vec<(&'static str, String)> {
+    let f = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |v| format!("{v:.p$}"));
+    let mut rows = vec![
+        ("generated tokens/s", f(s.generated_tokens_per_second, 1)),
+        ("decode tokens/s", f(s.decode_tokens_per_second, 1)),
+    ];
+    if s.ttft_ms_p50.is_some() {
+        rows.push((
+            "first token ms",
+            format!("p50 {}  p90 {}", f(s.ttft_ms_p50, 3), f(s.ttft_ms_p90, 3)),
+        ));
+        rows.push((
+            "inter-token ms",
+            format!(
+                "p50 {}  p90 {}  p99 {}",
+                f(s.itl_ms_p50, 3),
+                f(s.itl_ms_p90, 3),
+                f(s.itl_ms_p99, 3)
+            ),
+        ));
+    }
+    if let Some(b) = s.kv_cache_bytes {
+        rows.push(("KV cache", format!("{:.1} MiB", mib(b))));
+    }
+    rows
+}
+
+/// The summary rows of the GPU trackers, where they measured anything: NVML memory, clocks,
+/// energy, model FLOP/s.
+fn gpu_rows(s: &Summary) -> Vec<(&'static str, String)> {
+    let mut rows = vec![];
+    if let Some(nvml) = s.nvml_peak_process_memory_bytes {
+        // NVML counts what the driver gave the process; the engine counts its tensors.
+        let pool = s.pool_reserved_bytes.unwrap_or(s.peak_memory_bytes);
+        rows.push((
+            "NVML process peak",
+            format!(
+                "{:.1} MiB = pool {:.1} MiB reserved ({:.1} used) + {:.1} MiB context, kernels, cuBLAS workspace",
+                mib(nvml),
+                mib(pool),
+                mib(s.peak_memory_bytes),
+                (nvml as f64 - pool as f64) / (1024. * 1024.)
+            ),
+        ));
+    }
+    if let Some(c) = s.sm_clock_mhz_median {
+        rows.push((
+            "GPU (median)",
+            format!(
+                "SM clock {c:.0} MHz, utilisation {:.0} %, mean power {:.0} W",
+                s.gpu_utilization_percent_median.unwrap_or(f64::NAN),
+                s.power_watts_mean.unwrap_or(f64::NAN)
+            ),
+        ));
+    }
+    if let (Some(j), Some(per)) = (s.energy_joules, s.joules_per_sample) {
+        rows.push(("energy", format!("{j:.1} J, {per:.4} J/sample")));
+    }
+    if let Some(a) = s.achieved_tflop_per_second {
+        let mfu = match (s.mfu, s.peak_tflop_per_second) {
+            (Some(m), Some(p)) => format!(", MFU {:.1}% of {p} TFLOP/s", m * 100.),
+            _ => String::new(),
+        };
+        rows.push(("model FLOP/s", format!("{a:.3} TFLOP/s{mfu}")));
+    }
+    rows
+}
+
+/// The short table printed on stdout after a run.
+pub fn summary_table(h: &Header, s: &Summary, log_path: &Path) -> String {
+    let mut t = String::new();
+    t += &format!(
+        "{} | {} | {} ({:.2}M params, weights {}) | {} | {} | batch {}\n",
+        h.engine,
+        h.suite,
+        h.model.name,
+        h.model.n_parameters as f64 / 1e6,
+        h.model.weights,
+        h.dtype,
+        h.device,
+        h.batch_size
+    );
+    if let Some(tp) = &h.tp {
+        t += &format!(
+            "tensor parallel: {} ranks over {} ({}), figures from rank 0\n",
+            tp.size,
+            tp.backend,
+            tp.ranks
+                .iter()
+                .map(|r| format!("{} {}", r.host, r.info["device"].as_str().unwrap_or("?")))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let rows = [
+        ("passages", format!("{}", s.n_samples)),
+        ("accuracy", format!("{:.4}", s.accuracy)),
+        ("perplexity", format!("{:.4}", s.perplexity)),
+        ("samples/s", format!("{:.2}", s.samples_per_second)),
+        ("tokens/s", format!("{:.1}", s.tokens_per_second)),
+        (
+            "batch latency ms",
+            format!(
+                "p50 {:.3}  p90 {:.3}  p99 {:.3}  mean {:.3} ± {:.3}",
+                s.latency_ms_p50,
+                s.latency_ms_p90,
+                s.latency_ms_p99,
+                s.latency_ms_mean,
+                s.latency_ms_stdev
+            ),
+        ),
+        (
+            "peak memory",
+            format!("{:.1} MiB", mib(s.peak_memory_bytes)),
+        ),
+        (
+            "peak host RSS",
+            format!("{:.1} MiB", mib(s.peak_host_memory_bytes.unwrap_or(0))),
+        ),
+        (
+            "load / wall",
+            format!("{:.2} s / {:.2} s", h.load_seconds, s.wall_seconds),
+        ),
+    ];
+    let mut rows = rows.to_vec();
+    if h.generation.is_some() {
+        // No log-likelihoods in a generation run: its own rates instead of a perplexity.
+        rows.retain(|(k, _)| *k != "perplexity");
+        rows.extend(generation_rows(s));
+    }
+    rows.extend(gpu_rows(s));
+    for (k, v) in rows {
+        t += &format!("  {k:<18} {v}\n");
+    }
+    t += &format!("log: {}\n", log_path.display());
+    t
+}
+
+/// A candle-vs-HF table: a row a quantity, candle's value, HF's, and the ratio candle/HF.
+struct Ratios {
+    text: String,
+    width: usize,
+}
+
+impl Ratios {
+    /// The heading, names `width` wide.
+    fn new(width: usize) -> Self {
+        let text = format!(
+            "\n{:<width$} {:>14} {:>14} {:>12}\n",
+            "candle vs hf", "candle", "hf", "candle/hf"
+        );
+        Self { text, width }
+    }
+
+    /// One row with `prec` decimals.
+    fn row(&mut self, name: &str, a: f64, b: f64, prec: usize) {
+        let w = self.width;
+        self.text += &format!("{name:<w$} {a:>14.prec$} {b:>14.prec$} {:>12.3}\n", a / b);
+    }
+}
+
+/// The candle-vs-HF table of `--engine both`, and whether the two engines agree on the scores:
+/// in fp32/tf32 equal accuracy and perplexity within 1e-3 relative; in fp16/bf16, where the
+/// engines round differently (HF takes softmax and ALiBi in half precision) and a borderline
+/// argmax can flip, accuracy within 0.005 and perplexity within 1e-2.
+pub fn side_by_side(candle: &RunOutcome<Summary>, hf: &RunOutcome<Summary>) -> (String, bool) {
+    let (c, h) = (&candle.summary, &hf.summary);
+    let ppl_rel = (c.perplexity - h.perplexity).abs() / h.perplexity;
+    let full = matches!(candle.header.dtype.as_str(), "fp32" | "tf32");
+    let (tol, acc_tol) = if full { (1e-3, 0.) } else { (1e-2, 5e-3) };
+    let agree = (c.accuracy - h.accuracy).abs() <= acc_tol && ppl_rel <= tol;
+    let mut r = Ratios::new(22);
+    let mut row = |name: &str, a: f64, b: f64, prec: usize| r.row(name, a, b, prec);
+    row("samples/s", c.samples_per_second, h.samples_per_second, 2);
+    row("tokens/s", c.tokens_per_second, h.tokens_per_second, 1);
+    row("latency p50 ms", c.latency_ms_p50, h.latency_ms_p50, 3);
+    row("latency p99 ms", c.latency_ms_p99, h.latency_ms_p99, 3);
+    row(
+        "peak memory MiB",
+        mib(c.peak_memory_bytes),
+        mib(h.peak_memory_bytes),
+        1,
+    );
+    row("accuracy", c.accuracy, h.accuracy, 4);
+    row("perplexity", c.perplexity, h.perplexity, 4);
+    let mut t = r.text;
+    t += &format!(
+        "scores {} (accuracy {}, perplexity rel. diff {ppl_rel:.2e}, tolerance {tol:.0e})\n",
+        if agree { "agree" } else { "DISAGREE" },
+        if c.accuracy == h.accuracy {
+            "equal".to_string()
+        } else {
+            format!("differs by {:.4}", (c.accuracy - h.accuracy).abs())
+        }
+    );
+    (t, agree)
+}
+
+/// The candle-vs-HF table of a generation run, with the agreement of the generated tokens:
+/// the share of passages whose generated ids are identical (read back from the two logs;
+/// LAMBADA only). Informational: engines that round differently may pick another token where
+/// two logits are close, so nothing is failed on it.
+pub fn generate_side_by_side(candle: &RunOutcome<Summary>, hf: &RunOutcome<Summary>) -> String {
+    let (c, h) = (&candle.summary, &hf.summary);
+    let mut r = Ratios::new(24);
+    let mut row = |name: &str, a: f64, b: f64, prec: usize| r.row(name, a, b, prec);
+    let nan = |v: Option<f64>| v.unwrap_or(f64::NAN);
+    row("samples/s", c.samples_per_second, h.samples_per_second, 2);
+    row(
+        "generated tokens/s",
+        nan(c.generated_tokens_per_second),
+        nan(h.generated_tokens_per_second),
+        1,
+    );
+    row(
+        "decode tokens/s",
+        nan(c.decode_tokens_per_second),
+        nan(h.decode_tokens_per_second),
+        1,
+    );
+    row(
+        "time to first token p50",
+        nan(c.ttft_ms_p50),
+        nan(h.ttft_ms_p50),
+        3,
+    );
+    row(
+        "inter-token ms p50",
+        nan(c.itl_ms_p50),
+        nan(h.itl_ms_p50),
+        3,
+    );
+    row("call latency p50 ms", c.latency_ms_p50, h.latency_ms_p50, 3);
+    row(
+        "peak memory MiB",
+        mib(c.peak_memory_bytes),
+        mib(h.peak_memory_bytes),
+        1,
+    );
+    row("accuracy", c.accuracy, h.accuracy, 4);
+    let mut t = r.text;
+    if let Some((same, n)) = generated_agreement(&candle.log_path, &hf.log_path) {
+        t += &format!(
+            "generated ids identical for {same} of {n} passages ({:.1}%)\n",
+            100. * same as f64 / n.max(1) as f64
+        );
+    }
+    t
+}
+
+/// Passages whose generated ids are identical in two generation logs, and how many both have.
+fn generated_agreement(a: &Path, b: &Path) -> Option<(usize, usize)> {
+    use crate::record::Record;
+    use std::collections::BTreeMap;
+    let ids = |p: &Path| -> Option<BTreeMap<usize, Vec<u32>>> {
+        let records = crate::log::read_log(p).ok()?;
+        Some(
+            records
+                .into_iter()
+                .filter_map(|r| match r {
+                    Record::GenBatch(b) => Some(b.passages),
+                    _ => None,
+                })
+                .flatten()
+                .map(|p| (p.index, p.generated))
+                .collect(),
+        )
+    };
+    let (a, b) = (ids(a)?, ids(b)?);
+    let common: Vec<_> = a.iter().filter(|(k, _)| b.contains_key(k)).collect();
+    if common.is_empty() {
+        return None;
+    }
+    let same = common.iter().filter(|(k, v)| b[k] == **v).count();
+    Some((same, common.len()))
+}
+
+/// The candle-vs-HF table of `--suite wikitext2 --engine both`, and whether the engines agree.
+/// Rates and memory are compared as ratios. The check: with dropout off, the first step's loss
+/// (same weights, same first batch, nothing trained yet) within 1e-3 relative in fp32/tf32
+/// (the LAMBADA tolerance; summation order and TF32 matmuls differ between the engines) and
+/// 1e-2 in bf16/fp16 (torch autocast picks each op's precision, candle casts its weights per
+/// step: the two round at different points). With dropout on the masks are random per
+/// engine, so no step's loss is comparable and nothing is checked.
+pub fn train_side_by_side(
+    candle: &RunOutcome<TrainSummary>,
+    hf: &RunOutcome<TrainSummary>,
+) -> (String, bool) {
+    let (c, h) = (&candle.summary, &hf.summary);
+    let mut r = Ratios::new(26);
+    let mut row = |name: &str, a: f64, b: f64, prec: usize| r.row(name, a, b, prec);
+    row(
+        "train_samples_per_second",
+        c.train_samples_per_second,
+        h.train_samples_per_second,
+        3,
+    );
+    row(
+        "step latency p50 ms",
+        c.step_latency_ms_p50,
+        h.step_latency_ms_p50,
+        3,
+    );
+    row("first step loss", c.first_loss, h.first_loss, 6);
+    row("train_loss", c.train_loss, h.train_loss, 4);
+    row("eval_loss", c.eval_loss, h.eval_loss, 4);
+    row("perplexity", c.perplexity, h.perplexity, 3);
+    row(
+        "peak memory MiB",
+        mib(c.peak_memory_bytes),
+        mib(h.peak_memory_bytes),
+        1,
+    );
+    let mut t = r.text;
+    let dropout = candle.header.train.as_ref().is_none_or(|t| t.dropout);
+    if dropout {
+        t += "first-step loss not checked: dropout is on (each engine draws its own masks, so losses differ step by step); --no-dropout checks it\n";
+        return (t, true);
+    }
+    let full = matches!(candle.header.dtype.as_str(), "fp32" | "tf32");
+    let tol = if full { 1e-3 } else { 1e-2 };
+    let rel = (c.first_loss - h.first_loss).abs() / h.first_loss.abs();
+    let agree = rel <= tol;
+    t += &format!(
+        "first-step loss {} (rel. diff {rel:.2e}, tolerance {tol:.0e}; dropout off, same weights and batch)\n",
+        if agree { "agrees" } else { "DISAGREES" }
+    );
+    (t, agree)
+}
+
+/// The printed summary of a training run.
+pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> String {
+    let t = h.train.as_ref();
+    let mut out = format!(
+        "{} | {} | {} ({:.2}M params, weights {}) | {} | {} | batch {} x accum {} | block {}\n",
+        h.engine,
+        h.suite,
+        h.model.name,
+        h.model.n_parameters as f64 / 1e6,
+        h.model.weights,
+        h.dtype,
+        h.device,
+        h.batch_size,
+        t.map_or(1, |t| t.grad_accum),
+        t.map_or(0, |t| t.block_size),
+    );
+    if let Some(t) = t {
+        out += &format!("  data                      {}\n", t.note);
+    }
+    if let Some(d) = &h.dp {
+        out += &format!(
+            "  data parallel             {} ranks over {}, ZeRO-{}, global batch {} blocks; figures from rank 0\n",
+            d.size, d.backend, d.zero_stage, d.global_batch_size
+        );
+    }
+    out += &format!(
+        "  steps                     {} ({} warm-up, not timed)\n",
+        s.n_steps, s.warmup_steps
+    );
+    out += &format!(
+        "  train_loss                {:.4} (first {:.4}, last {:.4})\n",
+        s.train_loss, s.first_loss, s.last_loss
+    );
+    out += &format!("  eval_loss                 {:.4}\n", s.eval_loss);
+    out += &format!("  perplexity                {:.3}\n", s.perplexity);
+    out += &format!(
+        "  train_samples_per_second  {:.3}\n",
+        s.train_samples_per_second
+    );
+    out += &format!(
+        "  train_steps_per_second    {:.3}\n",
+        s.train_steps_per_second
+    );
+    out += &format!("  tokens/s                  {:.1}\n", s.tokens_per_second);
+    out += &format!(
+        "  step latency ms           p50 {:.3}  p90 {:.3}\n",
+        s.step_latency_ms_p50, s.step_latency_ms_p90
+    );
+    if let Some(c) = s.comm_share {
+        out += &format!(
+            "  all-reduce share          {:.1}% of the timed steps\n",
+            c * 100.
+        );
+    }
+    if let Some(m) = &s.per_rank_peak_memory_bytes {
+        let gib: Vec<String> = m
+            .iter()
+            .map(|b| format!("{:.2}", *b as f64 / (1u64 << 30) as f64))
+            .collect();
+        out += &format!("  peak memory by rank       {} GiB\n", gib.join(" / "));
+    }
+    if let Some(p) = &s.phases_ms_p50 {
+        out += &format!(
+            "  phases p50 ms             forward {:.3}  backward {:.3}  update {:.3}\n",
+            p.forward, p.backward, p.update
+        );
+    }
+    out += &format!(
+        "  train_runtime / eval_runtime  {:.3} s / {:.3} s\n",
+        s.train_runtime, s.eval_runtime
+    );
+    out += &format!(
+        "  peak memory               {:.1} MiB\n",
+        s.peak_memory_bytes as f64 / 1048576.
+    );
+    out += &format!("log: {}\n", log_path.display());
+    out
+}
+/// The table printed after a sweep: one line a run, then the repeats folded.
+pub fn sweep_table(out: &SweepOutcome) -> String {
+    let mut t = String::new();
+    let count = |s: &str| out.runs.iter().filter(|r| r.status == s).count();
+    t += &format!(
+        "sweep: {} runs ({} ok, {} oom, {} error, {} killed, {} timeout){}\n",
+        out.runs.len(),
+        count("ok"),
+        count("oom"),
+        count("error"),
+        count("killed"),
+        count("timeout"),
+        if out.skipped > 0 {
+            format!(", {} done earlier and skipped (--resume)", out.skipped)
+        } else {
+            String::new()
+        }
+    );
+    for r in &out.runs {
+        t += &format!("  {}\n", run_line(r));
+    }
+    if !out.repeats.is_empty() {
+        t += &format!(
+            "  {:<64} {:>5} {:>12} {:>12} {:>12} {:>7} {:>10}\n",
+            "repeats", "ok", "samples/s", "min", "max", "cv %", "p50 ms"
+        );
+        for r in &out.repeats {
+            let (med, min, max, cv) = r
+                .samples_per_second
+                .as_ref()
+                .map_or((f64::NAN, f64::NAN, f64::NAN, f64::NAN), |s| {
+                    (s.median, s.min, s.max, 100. * s.cv)
+                });
+            let p50 = r.latency_ms_p50.as_ref().map_or(f64::NAN, |s| s.median);
+            t += &format!(
+                "  {:<64} {:>5} {med:>12.2} {min:>12.2} {max:>12.2} {cv:>7.2} {p50:>10.3}\n",
+                r.config.key(),
+                format!("{}/{}", r.n_ok, r.n_repeats),
+            );
+        }
+    }
+    t += &format!(
+        "sweep log: {}\n",
+        out.dir.join(crate::launch::sweep::SWEEP_LOG).display()
+    );
+    t
+}

@@ -1,0 +1,360 @@
+//! Generation scenarios: greedy decoding with a KV cache, every engine on the same prompts,
+//! batches and padding, exactly N new tokens per prompt (no stop at EOS, so the work is fixed).
+//!
+//! - LAMBADA the way FasterTransformer's `bloom_lambada.py` benchmarks it (`--suite lambada
+//!   --mode generate`): per batch, the passages' contexts left-padded, as many new tokens as
+//!   the batch's longest target; a passage is correct when its generated ids start with the
+//!   target's ids. Time: the sum of the generation calls (device synchronized).
+//! - The generation suite (`--suite generation`): prompts of `--prompt-lens` tokens cut from
+//!   the suite's text, `--new-tokens` each, every token timed: time to first token (the
+//!   prefill), inter-token latency, decode tokens/s. Metrics: [`crate::metrics::GenTotals`].
+
+use super::lambada::data::build_requests;
+use super::skeleton::{
+    base_header, candle_device, engine_runs, gpu_index, hf_dir, open_log, GpuWatch,
+};
+use super::spec::{GenerateOptions, GenerateSource, RunSpec};
+use crate::data::sha256_hex;
+use crate::device::DeviceSpec;
+use crate::engines::candle::CandleEngine;
+use crate::engines::hf::HfEngine;
+use crate::engines::{EngineKind, Generate, GenerateRequest};
+use crate::env::EnvReport;
+use crate::error::{message_without_backtrace, Error, Result};
+use crate::log::{RankLog, RunOutcome};
+use crate::metrics::GenTotals;
+use crate::models::{Architecture, WeightSource};
+use crate::record::{
+    DataInfo, GenBatchRecord, GenPassage, GenerationInfo, Header, Record, Summary,
+};
+use crate::tokenizer::TextTokenizer;
+use crate::trackers::MemoryReading;
+use std::time::Instant;
+
+/// One generation call's input; `targets` (LAMBADA) are what a correct continuation starts with.
+struct GenBatch {
+    prompts: Vec<Vec<u32>>,
+    new_tokens: usize,
+    /// (line index, target ids) per prompt; empty for the text source.
+    targets: Vec<(usize, Vec<u32>)>,
+}
+
+/// Generates with each engine `spec` names, in order; one outcome per engine.
+pub fn run(spec: &RunSpec, opts: &GenerateOptions) -> Result<Vec<RunOutcome<Summary>>> {
+    engine_runs(spec)?
+        .iter()
+        .map(|(kind, weights)| run_engine(spec, opts, *kind, weights))
+        .collect()
+}
+
+/// The id padding takes and the EOS ids generation never picks: GPT-2 pads with its EOS
+/// (50256, as HF's generation examples do); BLOOM has its own pad (3) and EOS (2).
+pub fn special_ids(arch: &Architecture) -> (u32, Vec<u32>) {
+    match arch {
+        Architecture::Gpt2(_) => (50256, vec![50256]),
+        Architecture::Bloom(_) => (3, vec![2]),
+    }
+}
+
+fn start(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Result<Box<dyn Generate>> {
+    if kind == EngineKind::Hf {
+        let dir = hf_dir(weights)?;
+        return Ok(Box::new(HfEngine::start(
+            &spec.hf,
+            dir,
+            spec.precision,
+            spec.device,
+        )?));
+    }
+    let tp = spec.tp.as_ref().map(|t| &t.group);
+    let device = candle_device(spec)?;
+    let engine = CandleEngine::load(&spec.model, weights, spec.precision, device, tp, None)?;
+    Ok(Box::new(engine))
+}
+
+/// LAMBADA: the contexts of `--batch-size` passages a call, left-truncated so that context +
+/// new tokens fit the model (and `--seq-len`).
+fn lambada_batches(spec: &RunSpec, tok: &TextTokenizer, max_pos: usize) -> Result<Vec<GenBatch>> {
+    let mut passages = crate::data::lambada_passages(&spec.data)?;
+    if let Some(n) = spec.limit {
+        passages.truncate(n);
+    }
+    let limit = spec.seq_len.unwrap_or(max_pos).min(max_pos);
+    let requests = build_requests(tok, &passages, limit)?;
+    Ok(requests
+        .chunks(spec.batch_size.max(1))
+        .map(|chunk| {
+            let new_tokens = chunk
+                .iter()
+                .map(|r| r.target_tokens.len())
+                .max()
+                .unwrap_or(1);
+            let keep = limit.saturating_sub(new_tokens).max(1);
+            let prompts = chunk
+                .iter()
+                .map(|r| {
+                    let c = &r.context_tokens;
+                    c[c.len().saturating_sub(keep)..].to_vec()
+                })
+                .collect();
+            let targets = chunk
+                .iter()
+                .map(|r| (r.index, r.target_tokens.clone()))
+                .collect();
+            GenBatch {
+                prompts,
+                new_tokens,
+                targets,
+            }
+        })
+        .collect())
+}
+
+/// The generation suite: consecutive windows of `prompt_len` tokens of the text, `batch_size`
+/// prompts a call, `warm-up + batches` calls (the text is reused from its start if short).
+fn text_batches(
+    spec: &RunSpec,
+    tok: &TextTokenizer,
+    text: &str,
+    prompt_len: usize,
+    new_tokens: usize,
+    batches: usize,
+) -> Result<Vec<GenBatch>> {
+    let ids = tok.encode(text)?;
+    if ids.len() < prompt_len {
+        return Err(Error::Config(format!(
+            "the text has {} tokens, fewer than one prompt of {prompt_len}: lower --prompt-lens or give a longer --data",
+            ids.len()
+        )));
+    }
+    let windows: Vec<&[u32]> = ids.chunks_exact(prompt_len).collect();
+    let mut next = windows.iter().cycle();
+    let calls = spec.warmup_batches + batches;
+    Ok((0..calls)
+        .map(|_| GenBatch {
+            prompts: (0..spec.batch_size)
+                .map(|_| next.next().expect("cycle").to_vec())
+                .collect(),
+            new_tokens,
+            targets: vec![],
+        })
+        .collect())
+}
+
+/// The calls of the run, and how the log describes them.
+fn batches(
+    spec: &RunSpec,
+    opts: &GenerateOptions,
+    tok: &TextTokenizer,
+    max_pos: usize,
+) -> Result<(Vec<GenBatch>, GenerationInfo, DataInfo)> {
+    let (pad_id, eos_ids) = special_ids(&spec.model.arch);
+    let (batches, info, data) = match &opts.source {
+        GenerateSource::Lambada => {
+            let b = lambada_batches(spec, tok, max_pos)?;
+            let n = b.iter().map(|b| b.prompts.len()).sum();
+            let data = super::lambada::data_info(spec, n);
+            (b, ("lambada", None, None, false), data)
+        }
+        GenerateSource::Text {
+            text,
+            origin,
+            prompt_len,
+            new_tokens,
+            batches,
+        } => {
+            crate::models::generate::check_lengths(*prompt_len, *new_tokens, max_pos)?;
+            let b = text_batches(spec, tok, text, *prompt_len, *new_tokens, *batches)?;
+            let data = DataInfo {
+                path: origin.clone(),
+                sha256: sha256_hex(text.as_bytes()),
+                n_samples: b.iter().map(|b| b.prompts.len()).sum(),
+                matches_reference: None,
+            };
+            (
+                b,
+                ("text", Some(*new_tokens), Some(*prompt_len), true),
+                data,
+            )
+        }
+    };
+    let (source, new_tokens, prompt_len, timed_steps) = info;
+    let info = GenerationInfo {
+        source: source.into(),
+        new_tokens,
+        prompt_len,
+        timed_steps,
+        pad_id,
+        eos_ids,
+    };
+    Ok((batches, info, data))
+}
+
+fn run_engine(
+    spec: &RunSpec,
+    opts: &GenerateOptions,
+    kind: EngineKind,
+    weights: &WeightSource,
+) -> Result<RunOutcome<Summary>> {
+    let wall = Instant::now();
+    let tokenizer =
+        TextTokenizer::for_model(spec.tokenizer_dir.as_deref(), spec.model.architecture())?;
+    let mut engine = start(spec, kind, weights)?;
+    let (batches, info, data) = batches(spec, opts, &tokenizer, engine.max_positions())?;
+    let host = EnvReport::collect();
+    let header = Header {
+        engine: engine.name().into(),
+        engine_info: engine.info(),
+        gpu_index: match spec.device {
+            DeviceSpec::Cuda(_) => gpu_index(spec.device, None, &host),
+            DeviceSpec::Cpu => None,
+        },
+        seed: match spec.weights {
+            WeightSource::Random { seed } => Some(seed),
+            WeightSource::Dir(_) => None,
+        },
+        limit: spec.limit,
+        load_seconds: engine.load_seconds(),
+        seq_len: spec.seq_len,
+        generation: Some(info.clone()),
+        ..base_header(spec, weights, &tokenizer, host, data)
+    };
+    let mut log = open_log(spec, &header)?;
+    let mut out = generate_all(spec, &header, &info, engine.as_mut(), &batches, &mut log)?;
+    let failure = out.failure.take();
+    let mem = match failure {
+        Some(_) => MemoryReading::default(),
+        None => engine.finish().unwrap_or_else(|e| {
+            eprintln!("warning: memory tracking failed: {e}");
+            MemoryReading::default()
+        }),
+    };
+    let message = failure
+        .as_ref()
+        .map(|e| message_without_backtrace(&e.to_string()));
+    let summary = out.gpu.apply(out.totals.summary(
+        message,
+        wall.elapsed().as_secs_f64(),
+        mem,
+        out.kv_cache_bytes,
+    ));
+    log.write(&Record::Summary(Box::new(summary.clone())))?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    Ok(RunOutcome {
+        log_path: log.path(),
+        header,
+        summary,
+    })
+}
+
+/// What the generation calls of a run left.
+struct Generated {
+    totals: GenTotals,
+    gpu: super::skeleton::GpuFigures,
+    kv_cache_bytes: Option<u64>,
+    failure: Option<Error>,
+}
+
+/// Warm-up calls (untimed: PTX load, cuBLAS handles, HF's compilation for each new shape),
+/// then every call timed and logged as it finishes.
+fn generate_all(
+    spec: &RunSpec,
+    header: &Header,
+    info: &GenerationInfo,
+    engine: &mut dyn Generate,
+    batches: &[GenBatch],
+    log: &mut RankLog,
+) -> Result<Generated> {
+    // LAMBADA warms up on its first batches (timed again afterwards, as the score mode does);
+    // the text source made its warm-up calls extra.
+    let (warm, timed) = match info.source.as_str() {
+        "text" => batches.split_at(spec.warmup_batches.min(batches.len())),
+        _ => (&batches[..spec.warmup_batches.min(batches.len())], batches),
+    };
+    let mut failure = warm
+        .iter()
+        .find_map(|b| engine.generate(&request(b, info), info.timed_steps).err());
+    let watch = GpuWatch::start(spec.device, header.gpu_index, engine.pid());
+    let mut totals = GenTotals::default();
+    let mut kv_cache_bytes = None;
+    let n_prompts: usize = timed.iter().map(|b| b.prompts.len()).sum();
+    let bar = crate::progress::passages(spec.progress && spec.is_logging_rank(), n_prompts as u64);
+    for (i, b) in timed.iter().enumerate() {
+        if failure.is_some() {
+            break;
+        }
+        let record = match generate_one(engine, i, b, &request(b, info), info.timed_steps) {
+            Ok(r) => r,
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        };
+        let positions = record.prompt_len + record.new_tokens;
+        kv_cache_bytes = kv_cache_bytes.max(engine.kv_cache_bytes(b.prompts.len(), positions));
+        totals.add(&record);
+        log.write(&Record::GenBatch(record))?;
+        bar.inc(b.prompts.len() as u64);
+    }
+    bar.finish_and_clear();
+    Ok(Generated {
+        totals,
+        gpu: GpuWatch::stop(watch),
+        kv_cache_bytes,
+        failure,
+    })
+}
+
+/// The engine's request for one call.
+fn request<'a>(b: &'a GenBatch, info: &'a GenerationInfo) -> GenerateRequest<'a> {
+    GenerateRequest {
+        prompts: &b.prompts,
+        new_tokens: b.new_tokens,
+        pad_id: info.pad_id,
+        eos_ids: &info.eos_ids,
+    }
+}
+
+/// One call, checked (a row per prompt, `new_tokens` ids each) and turned into its record.
+fn generate_one(
+    engine: &mut dyn Generate,
+    i: usize,
+    b: &GenBatch,
+    req: &GenerateRequest,
+    timed_steps: bool,
+) -> Result<GenBatchRecord> {
+    let out = engine.generate(req, timed_steps)?;
+    if out.ids.len() != b.prompts.len() || out.ids.iter().any(|r| r.len() != b.new_tokens) {
+        return Err(Error::Engine(format!(
+            "{} returned {} rows for {} prompts of {} new tokens",
+            engine.name(),
+            out.ids.len(),
+            b.prompts.len(),
+            b.new_tokens
+        )));
+    }
+    let itl_ms = out.token_ms.windows(2).map(|w| w[1] - w[0]).collect();
+    let passages = b
+        .targets
+        .iter()
+        .zip(&out.ids)
+        .map(|((index, target), ids)| GenPassage {
+            index: *index,
+            correct: ids.starts_with(target),
+            generated: ids.clone(),
+        })
+        .collect();
+    Ok(GenBatchRecord {
+        batch: i,
+        n_samples: b.prompts.len(),
+        prompt_len: b.prompts.iter().map(Vec::len).max().unwrap_or(0),
+        n_prompt_tokens: b.prompts.iter().map(Vec::len).sum(),
+        new_tokens: b.new_tokens,
+        latency_ms: out.latency_ms,
+        ttft_ms: out.token_ms.first().copied(),
+        itl_ms,
+        passages,
+    })
+}

@@ -1,0 +1,293 @@
+//! The LAMBADA scoring scenario: load, warm up, score every batch (timed), write the log,
+//! summarize. Per engine of the run: the same requests, batches and padding ([`data`]).
+
+pub mod data;
+
+use super::skeleton::{
+    base_header, candle_device, engine_runs, gpu_index, hf_dir, open_log, GpuWatch,
+};
+use super::spec::RunSpec;
+use crate::device::DeviceSpec;
+use crate::engines::candle::CandleEngine;
+use crate::engines::hf::HfEngine;
+use crate::engines::{Engine, EngineKind, Request, Score};
+use crate::env::{EnvReport, GpuInfo};
+use crate::error::{message_without_backtrace, Error, Result};
+use crate::flops::{lambada_forward_flops, mfu, peak_tflops, ModelShape};
+use crate::log::{RankLog, RunOutcome};
+use crate::metrics::BatchTotals;
+use crate::models::WeightSource;
+use crate::record::{BatchRecord, DataInfo, Header, Record, Summary};
+use crate::tokenizer::TextTokenizer;
+use crate::trackers::MemoryReading;
+use data::{batch_shape, build_requests, passage_results};
+use std::path::Path;
+use std::time::Instant;
+
+/// Scores `spec` with each engine it names, in order; one outcome per engine.
+pub fn run(spec: &RunSpec) -> Result<Vec<RunOutcome<Summary>>> {
+    engine_runs(spec)?
+        .iter()
+        .map(|(kind, weights)| run_engine(spec, *kind, weights))
+        .collect()
+}
+
+/// An engine that scores, and what is known of its host.
+struct Started {
+    engine: Box<dyn Score>,
+    host: EnvReport,
+    cuda_uuid: Option<String>,
+}
+
+/// Starts the engine `kind` on `weights`: the HF worker, or candle's model (with
+/// `--save-weights`, candle also writes the random weights).
+fn start(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Result<Started> {
+    if kind == EngineKind::Hf {
+        let engine = HfEngine::start(&spec.hf, hf_dir(weights)?, spec.precision, spec.device)?;
+        // NVML opens no CUDA context, so no GPU memory is taken from the worker.
+        let mut host = EnvReport::collect();
+        if let (true, Some(gpu)) = (host.gpus.is_empty(), engine.info().get("gpu").cloned()) {
+            let index = match spec.device {
+                DeviceSpec::Cuda(n) => n,
+                DeviceSpec::Cpu => 0,
+            };
+            host.gpus.push(GpuInfo {
+                index,
+                name: gpu,
+                ..Default::default()
+            });
+        }
+        return Ok(Started {
+            engine: Box::new(engine),
+            host,
+            cuda_uuid: None,
+        });
+    }
+    let save = spec
+        .save_weights
+        .as_deref()
+        .filter(|_| spec.engine == EngineKind::Candle);
+    let tp = spec.tp.as_ref().map(|t| &t.group);
+    let device = candle_device(spec)?;
+    let engine = CandleEngine::load(&spec.model, weights, spec.precision, device, tp, save)?;
+    Ok(Started {
+        cuda_uuid: crate::device::cuda_uuid(&engine.device),
+        engine: Box::new(engine),
+        host: EnvReport::collect(),
+    })
+}
+
+/// The longest input the run gives the model: `--seq-len`, else the model's maximum.
+fn max_len(spec: &RunSpec, engine: &dyn Score) -> Result<usize> {
+    match spec.seq_len {
+        Some(n) if n > engine.max_positions() => Err(Error::Config(format!(
+            "--seq-len {n} is longer than the model's {} positions",
+            engine.max_positions()
+        ))),
+        Some(n) => Ok(n),
+        None => Ok(engine.max_positions()),
+    }
+}
+
+/// The data's identity; `matches_reference` when the file has the suite's reference name.
+pub(crate) fn data_info(spec: &RunSpec, n_samples: usize) -> DataInfo {
+    let sha256 = spec.data.sha256();
+    DataInfo {
+        path: spec.data.origin.clone(),
+        matches_reference: Path::new(&spec.data.origin)
+            .file_name()
+            .filter(|n| n.to_string_lossy() == spec.suite.data.file)
+            .map(|_| sha256 == spec.suite.data.sha256),
+        sha256,
+        n_samples,
+    }
+}
+
+fn header(
+    spec: &RunSpec,
+    started: &Started,
+    weights: &WeightSource,
+    tokenizer: &TextTokenizer,
+    n_requests: usize,
+) -> Header {
+    let engine = &started.engine;
+    Header {
+        engine: engine.name().into(),
+        engine_info: engine.info(),
+        gpu_index: gpu_index(spec.device, started.cuda_uuid.as_deref(), &started.host),
+        seed: match spec.weights {
+            WeightSource::Random { seed } => Some(seed),
+            WeightSource::Dir(_) => None,
+        },
+        limit: spec.limit,
+        load_seconds: engine.load_seconds(),
+        seq_len: spec.seq_len,
+        ..base_header(
+            spec,
+            weights,
+            tokenizer,
+            started.host.clone(),
+            data_info(spec, n_requests),
+        )
+    }
+}
+
+fn run_engine(
+    spec: &RunSpec,
+    kind: EngineKind,
+    weights: &WeightSource,
+) -> Result<RunOutcome<Summary>> {
+    let wall = Instant::now();
+    let tokenizer =
+        TextTokenizer::for_model(spec.tokenizer_dir.as_deref(), spec.model.architecture())?;
+    // Data first: bad data fails before minutes of model loading.
+    let mut passages = crate::data::lambada_passages(&spec.data)?;
+    if let Some(n) = spec.limit {
+        passages.truncate(n);
+    }
+    let mut started = start(spec, kind, weights)?;
+    let requests = build_requests(
+        &tokenizer,
+        &passages,
+        max_len(spec, started.engine.as_ref())?,
+    )?;
+    let header = header(spec, &started, weights, &tokenizer, requests.len());
+    if header.data.matches_reference == Some(false) && spec.is_logging_rank() {
+        eprintln!(
+            "warning: {} has sha256 {}, not the suite's {}: results are not comparable with the reference set",
+            header.data.path, header.data.sha256, spec.suite.data.sha256
+        );
+    }
+    // Every rank runs every batch (each forward has all-reduces); only rank 0 logs.
+    let mut log = open_log(spec, &header)?;
+    let mut scored = score_all(spec, &header, started.engine.as_mut(), &requests, &mut log)?;
+    let failure = scored.failure.take();
+    let summary = finish(
+        spec,
+        &header,
+        started.engine.as_mut(),
+        scored,
+        failure.as_ref(),
+        wall,
+    );
+    log.write(&Record::Summary(Box::new(summary.clone())))?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    Ok(RunOutcome {
+        log_path: log.path(),
+        header,
+        summary,
+    })
+}
+
+/// What the scored batches of a run left: their totals, the model FLOPs of the timed batches,
+/// what the GPU trackers saw, and the error that ended the run early.
+struct Scored {
+    totals: BatchTotals,
+    model_flops: f64,
+    gpu: super::skeleton::GpuFigures,
+    failure: Option<Error>,
+}
+
+/// Untimed warm-up batches, then every batch timed and logged as it finishes.
+fn score_all(
+    spec: &RunSpec,
+    header: &Header,
+    engine: &mut dyn Score,
+    requests: &[Request],
+    log: &mut RankLog,
+) -> Result<Scored> {
+    let batches: Vec<&[Request]> = requests.chunks(spec.batch_size.max(1)).collect();
+    // Untimed warm-up batches: CUDA loads candle's PTX kernels, cuBLAS creates handles and the
+    // memory pools grow on first use; none of that is the model's speed. A failure here (an
+    // out-of-memory at a large batch) is recorded like one in the timed batches.
+    let mut failure = batches
+        .iter()
+        .take(spec.warmup_batches)
+        .find_map(|batch| engine.score(batch).err());
+    // NVML trackers over the timed loop only (warm-up excluded, as for latency).
+    let watch = GpuWatch::start(spec.device, header.gpu_index, engine.pid());
+    let shape = ModelShape::of(&spec.model);
+    let (mut totals, mut model_flops) = (BatchTotals::default(), 0.);
+    let bar = crate::progress::passages(
+        spec.progress && spec.is_logging_rank(),
+        requests.len() as u64,
+    );
+    for (i, batch) in batches.iter().enumerate() {
+        if failure.is_some() {
+            break;
+        }
+        let record = match score_one(engine, i, batch) {
+            Ok(r) => r,
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        };
+        model_flops += batch
+            .iter()
+            .map(|r| lambada_forward_flops(&shape, r.input.len(), r.target_tokens.len()))
+            .sum::<f64>();
+        totals.add(&record);
+        log.write(&Record::Batch(record))?;
+        bar.inc(batch.len() as u64);
+    }
+    bar.finish_and_clear();
+    Ok(Scored {
+        totals,
+        model_flops,
+        gpu: GpuWatch::stop(watch),
+        failure,
+    })
+}
+
+/// Scores batch `i` and turns the engine's per-token scores into its log record.
+fn score_one(engine: &mut dyn Score, i: usize, batch: &[Request]) -> Result<BatchRecord> {
+    let out = engine.score(batch)?;
+    let bs = batch_shape(batch);
+    Ok(BatchRecord {
+        batch: i,
+        n_samples: batch.len(),
+        n_tokens: bs.n_tokens,
+        padded_len: bs.padded_len,
+        latency_ms: out.latency_ms,
+        passages: passage_results(batch, &out.scores)?,
+    })
+}
+
+/// The run's summary: totals, memory (engine's), GPU trackers, FLOPs and MFU.
+fn finish(
+    spec: &RunSpec,
+    header: &Header,
+    engine: &mut dyn Score,
+    scored: Scored,
+    failure: Option<&Error>,
+    wall: Instant,
+) -> Summary {
+    let mem = if failure.is_some() {
+        MemoryReading::default()
+    } else {
+        engine.finish().unwrap_or_else(|e| {
+            eprintln!("warning: memory tracking failed: {e}");
+            MemoryReading::default()
+        })
+    };
+    let failure = failure.map(|e| message_without_backtrace(&e.to_string()));
+    let summary = scored
+        .totals
+        .summary(failure, wall.elapsed().as_secs_f64(), mem);
+    let peak = header
+        .gpu_index
+        .and_then(|i| header.host.gpu(i))
+        .and_then(|g| peak_tflops(&g.name, spec.precision));
+    let model_flops = (scored.model_flops > 0.).then_some(scored.model_flops);
+    let (achieved, mfu) = mfu(model_flops.unwrap_or(0.), summary.timed_seconds, peak);
+    scored.gpu.apply(Summary {
+        model_flops,
+        achieved_tflop_per_second: achieved,
+        peak_tflop_per_second: peak,
+        mfu,
+        ..summary
+    })
+}

@@ -1,0 +1,23 @@
+//! Scenarios: what is run and scored, one module a workload, each owning its data, its loop
+//! and its summary, and talking to engines through one trait per capability
+//! ([`crate::engines::Score`], [`crate::engines::Train`]).
+//!
+//! - [`spec`]: the fully resolved run ([`RunSpec`]) a scenario receives.
+//! - [`skeleton`]: what every scenario does the same way (engines to run, log header and name,
+//!   GPU trackers).
+//! - [`lambada`]: LAMBADA scored like lm-eval `lambada_openai`.
+//! - [`generate`]: greedy generation with a KV cache: LAMBADA the FasterTransformer way
+//!   (`--mode generate`) and the generation suite (time to first token, inter-token latency).
+//! - [`wikitext2`]: causal-LM fine-tuning with HF Trainer's semantics (run_clm data).
+//! - [`verify`]: this engine against HF reference fixtures (`bench verify`).
+//! - [`suite_file`]: each suite's defaults (`suites/NAME.toml`, embedded).
+
+pub mod generate;
+pub mod lambada;
+pub mod skeleton;
+pub mod spec;
+pub mod suite_file;
+pub mod verify;
+pub mod wikitext2;
+
+pub use spec::{DpRun, GenerateOptions, GenerateSource, RunSpec, TrainOptions, Workload};

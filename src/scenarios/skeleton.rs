@@ -1,0 +1,223 @@
+//! What every scenario does the same way: which engines run on which weights, the log
+//! header's shared fields and the log's file name, the rank that logs, and the GPU trackers
+//! over the timed loop.
+
+use super::spec::RunSpec;
+use crate::device::DeviceSpec;
+use crate::engines::hf::HfEngine;
+use crate::engines::weight_cache::hf_checkpoint;
+use crate::engines::EngineKind;
+use crate::env::{nvml_index, EnvReport};
+use crate::error::{Error, Result};
+use crate::log::RankLog;
+use crate::models::{Architecture, ModelSpec, WeightSource};
+use crate::record::{DataInfo, Header, Record, Summary, TpInfo, SCHEMA_VERSION};
+use crate::tokenizer::TextTokenizer;
+use crate::trackers::{EnergyReading, EnergyTracker, GpuActivity, GpuSampler, NvmlGpu};
+use candle_core::Device;
+use std::time::Duration;
+
+/// The engines `spec` names, in run order, each with the weights it reads. The HF engine reads
+/// an HF checkpoint: with random weights, candle writes them once and, with `--engine both`,
+/// candle runs from that same file too.
+pub fn engine_runs(spec: &RunSpec) -> Result<Vec<(EngineKind, WeightSource)>> {
+    if spec.engine == EngineKind::Candle {
+        return Ok(vec![(EngineKind::Candle, spec.weights.clone())]);
+    }
+    HfEngine::preflight(&spec.hf)?;
+    let dir = hf_checkpoint(
+        &spec.model,
+        &spec.weights,
+        spec.save_weights.as_deref(),
+        spec.device,
+    )?;
+    let weights = WeightSource::Dir(dir);
+    let mut runs = vec![];
+    if spec.engine == EngineKind::Both {
+        runs.push((EngineKind::Candle, weights.clone()));
+    }
+    runs.push((EngineKind::Hf, weights));
+    Ok(runs)
+}
+
+/// Longest sequence `model` takes: GPT-2's learned positions, BLOOM's lm-eval default (ALiBi
+/// has no limit of its own).
+pub fn max_positions(model: &ModelSpec) -> usize {
+    match &model.arch {
+        Architecture::Gpt2(c) => c.n_positions,
+        Architecture::Bloom(_) => crate::models::bloom::Config::MAX_POSITIONS,
+    }
+}
+
+/// The checkpoint directory of the HF engine (which never runs on random weights directly).
+pub fn hf_dir(weights: &WeightSource) -> Result<&std::path::Path> {
+    match weights {
+        WeightSource::Dir(dir) => Ok(dir),
+        WeightSource::Random { .. } => Err(Error::Config(
+            "the HF engine loads a checkpoint: random weights are written first".into(),
+        )),
+    }
+}
+
+/// The device candle runs on: this rank's (tensor or data parallel), else `--device`.
+pub fn candle_device(spec: &RunSpec) -> Result<Device> {
+    match (&spec.tp, &spec.dp) {
+        (Some(t), _) => Ok(t.device.clone()),
+        (_, Some(d)) => Ok(d.ctx.device.clone()),
+        _ => spec.device.open(),
+    }
+}
+
+/// The header fields every run shares: tool, commit, time, command line, model, precision,
+/// host. Each scenario adds its engine, data and suite fields with struct update syntax.
+pub fn base_header(
+    spec: &RunSpec,
+    weights: &WeightSource,
+    tokenizer: &TextTokenizer,
+    host: EnvReport,
+    data: DataInfo,
+) -> Header {
+    Header {
+        schema_version: SCHEMA_VERSION,
+        tool: "transformer-bench".into(),
+        tool_version: env!("CARGO_PKG_VERSION").into(),
+        git_commit: crate::GIT_COMMIT.into(),
+        time_utc: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        command_line: spec.command_line.clone(),
+        engine: String::new(),
+        engine_info: Default::default(),
+        suite: spec.suite.name.clone(),
+        model: spec.model.info(weights, &spec.weights),
+        tokenizer: tokenizer.describe().into(),
+        dtype: spec.precision.to_string(),
+        device: spec.device.to_string(),
+        host,
+        gpu_index: None,
+        batch_size: spec.batch_size,
+        warmup_batches: spec.warmup_batches,
+        seed: None,
+        limit: None,
+        data,
+        load_seconds: 0.,
+        seq_len: None,
+        repeat: spec.repeat,
+        train: None,
+        tp: spec.tp.as_ref().map(|t| TpInfo {
+            size: t.group.size,
+            backend: t.backend.clone(),
+            launcher: format!("{:?}", t.world.launcher),
+            ranks: t.peers.clone(),
+        }),
+        dp: None,
+        generation: None,
+    }
+}
+
+/// A run log's file stem: `SUITE_MODEL_ENGINE_DTYPE_bsN_DEVICE[_tpN]_TIME`.
+pub fn log_stem(h: &Header) -> String {
+    format!(
+        "{}_{}_{}_{}_bs{}_{}{}_{}",
+        h.suite,
+        h.model.name,
+        h.engine,
+        h.dtype,
+        h.batch_size,
+        h.device.replace(':', ""),
+        h.tp.as_ref()
+            .map(|t| format!("_tp{}", t.size))
+            .unwrap_or_default(),
+        chrono::Utc::now().format("%Y%m%dT%H%M%SZ")
+    )
+}
+
+/// Opens the run's log (rank 0 only; the other ranks run the same loop and write nothing) and
+/// writes its header.
+pub fn open_log(spec: &RunSpec, header: &Header) -> Result<RankLog> {
+    let mut log = RankLog::create(spec.is_logging_rank(), &spec.log_dir, &log_stem(header))?;
+    log.write(&Record::Header(Box::new(header.clone())))?;
+    Ok(log)
+}
+
+/// NVML index of the run's GPU (`cuda:N`, told apart by UUID under `CUDA_VISIBLE_DEVICES`);
+/// None on CPU or where NVML does not list it.
+pub fn gpu_index(device: DeviceSpec, cuda_uuid: Option<&str>, host: &EnvReport) -> Option<usize> {
+    let DeviceSpec::Cuda(ordinal) = device else {
+        return None;
+    };
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    nvml_index(ordinal, cuda_uuid, visible.as_deref(), &host.gpus)
+        .filter(|&i| host.gpu(i).is_some())
+}
+
+/// NVML sampler and energy counter over a timed loop, on the run's GPU.
+pub struct GpuWatch {
+    sampler: GpuSampler,
+    energy: Option<EnergyTracker>,
+}
+
+impl GpuWatch {
+    /// Starts watching NVML GPU `gpu_index` and process `pid`; None on CPU. A GPU NVML cannot
+    /// read costs these figures (with a warning), not the run.
+    pub fn start(device: DeviceSpec, gpu_index: Option<usize>, pid: u32) -> Option<Self> {
+        let DeviceSpec::Cuda(ordinal) = device else {
+            return None;
+        };
+        let gpu = gpu_index
+            .ok_or_else(|| Error::Unsupported(format!("no NVML GPU matches cuda:{ordinal}")))
+            .and_then(|i| NvmlGpu::open(i, pid))
+            .inspect_err(|e| eprintln!("warning: GPU trackers unavailable: {e}"))
+            .ok()?;
+        let energy = EnergyTracker::start(&gpu)
+            .inspect_err(|e| eprintln!("warning: energy tracking unavailable: {e}"))
+            .ok();
+        Some(Self {
+            sampler: GpuSampler::start(gpu, Duration::from_millis(10)),
+            energy,
+        })
+    }
+
+    /// Stops both trackers (before the engine finishes: its memory query is not timed).
+    pub fn stop(watch: Option<Self>) -> GpuFigures {
+        match watch {
+            Some(w) => GpuFigures {
+                activity: Some(w.sampler.stop()),
+                energy: w.energy.and_then(|e| {
+                    e.stop()
+                        .inspect_err(|e| eprintln!("warning: energy tracking failed: {e}"))
+                        .ok()
+                }),
+            },
+            None => GpuFigures::default(),
+        }
+    }
+}
+
+/// What [`GpuWatch`] saw.
+#[derive(Default)]
+pub struct GpuFigures {
+    activity: Option<GpuActivity>,
+    energy: Option<EnergyReading>,
+}
+
+impl GpuFigures {
+    /// `summary` with these figures (energy per sample over its `n_samples`).
+    pub fn apply(self, summary: Summary) -> Summary {
+        let act = self.activity.unwrap_or_default();
+        let energy = self.energy;
+        let n_samples = summary.n_samples;
+        Summary {
+            nvml_peak_process_memory_bytes: act.peak_process_memory_bytes,
+            nvml_peak_device_memory_used_bytes: act.peak_device_memory_used_bytes,
+            sm_clock_mhz_median: act.sm_clock_mhz_median,
+            gpu_utilization_percent_median: act.utilization_percent_median,
+            power_watts_mean: act.power_watts_mean,
+            gpu_samples: self.activity.map(|a| a.n_samples),
+            energy_joules: energy.map(|e| e.joules),
+            energy_seconds: energy.map(|e| e.seconds),
+            joules_per_sample: energy
+                .filter(|_| n_samples > 0)
+                .map(|e| e.joules / n_samples as f64),
+            ..summary
+        }
+    }
+}

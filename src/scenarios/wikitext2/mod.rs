@@ -1,0 +1,396 @@
+//! The training scenario (WikiText-2 fine-tuning, run_clm semantics) end to end: data blocks
+//! ([`data`]), training through the [`Train`] capability (fp32-master training in candle,
+//! [`crate::train`], or HF transformers + PyTorch in the Python worker), evaluation, the JSONL
+//! log, the summary. Both engines get the same blocks in the same order and the same
+//! hyper-parameters; each times its own steps (device synchronized at both ends).
+
+pub mod data;
+
+use super::skeleton::{base_header, candle_device, engine_runs, hf_dir, max_positions, open_log};
+use super::spec::{DpRun, RunSpec, TrainOptions};
+use crate::data::sha256_hex;
+use crate::engines::candle::train::TrainSetup;
+use crate::engines::candle::CandleTrainer;
+use crate::engines::hf::HfEngine;
+use crate::engines::{EngineKind, StepOut, Train};
+use crate::env::EnvReport;
+use crate::error::{Error, Result};
+use crate::log::{RankLog, RunOutcome};
+use crate::metrics::{EvalResult, TrainTotals};
+use crate::models::WeightSource;
+use crate::record::{DataInfo, DpInfo, Header, Hyper, Record, StepRecord, TrainInfo, TrainSummary};
+use crate::tokenizer::TextTokenizer;
+use crate::trackers::MemoryReading;
+use crate::train::DataParallel;
+use candle_core::Tensor;
+use data::{blocks, TextSplit};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde_json::{json, Value};
+use std::time::Instant;
+
+/// Trains with each engine `spec` names, in order; one outcome per engine. As for LAMBADA, the
+/// HF engine reads an HF checkpoint: random weights are written once and, with `--engine
+/// both`, candle trains from that same file.
+pub fn run(spec: &RunSpec, opts: &TrainOptions) -> Result<Vec<RunOutcome<TrainSummary>>> {
+    let prep = prepare(spec, opts)?;
+    if spec.is_logging_rank() {
+        eprintln!("{}", opts.splits.note);
+    }
+    engine_runs(spec)?
+        .iter()
+        .map(|(kind, weights)| train_with(spec, opts, &prep, *kind, weights))
+        .collect()
+}
+
+fn data_info(split: &TextSplit, n_samples: usize) -> DataInfo {
+    DataInfo {
+        path: split.origin.clone(),
+        sha256: sha256_hex(split.text.as_bytes()),
+        n_samples,
+        matches_reference: None,
+    }
+}
+
+/// Data and schedule of a training run, the same for every engine.
+struct Prepared {
+    tokenizer: TextTokenizer,
+    block_size: usize,
+    train_blocks: Vec<Vec<u32>>,
+    eval_blocks: Vec<Vec<u32>>,
+    micro_per_epoch: usize,
+    steps_per_epoch: usize,
+    total_steps: usize,
+    hyper: Hyper,
+}
+
+fn prepare(spec: &RunSpec, opts: &TrainOptions) -> Result<Prepared> {
+    let tokenizer =
+        TextTokenizer::for_model(spec.tokenizer_dir.as_deref(), spec.model.architecture())?;
+    let max_pos = max_positions(&spec.model);
+    let block_size = opts.block_size.unwrap_or(max_pos.min(1024));
+    if block_size < 2 || block_size > max_pos {
+        return Err(Error::Config(format!(
+            "--block-size {block_size} must be in 2..={max_pos} (the model's positions)"
+        )));
+    }
+    let train_blocks = blocks(&opts.splits.train.text, &tokenizer, block_size)?;
+    let eval_blocks = blocks(&opts.splits.eval.text, &tokenizer, block_size)?;
+    if train_blocks.is_empty() || eval_blocks.is_empty() {
+        return Err(Error::Config(format!(
+            "{} or {} has fewer tokens than one block of {block_size}: lower --block-size",
+            opts.splits.train.origin, opts.splits.eval.origin
+        )));
+    }
+    let micro_per_epoch = train_blocks.len().div_ceil(spec.batch_size);
+    // Micro-batches per optimizer step over all data-parallel ranks.
+    let global_accum = opts.grad_accum * spec.dp_size();
+    let steps_per_epoch = (micro_per_epoch / global_accum).max(1);
+    let total_steps = opts
+        .max_steps
+        .unwrap_or_else(|| (opts.epochs * steps_per_epoch as f64).ceil() as usize)
+        .max(1);
+    let hyper = Hyper {
+        learning_rate: opts.learning_rate,
+        lr_warmup_steps: opts.lr_warmup_steps,
+        total_steps,
+        grad_accum: opts.grad_accum,
+        ..Hyper::default()
+    };
+    Ok(Prepared {
+        tokenizer,
+        block_size,
+        train_blocks,
+        eval_blocks,
+        micro_per_epoch,
+        steps_per_epoch,
+        total_steps,
+        hyper,
+    })
+}
+
+/// `bytes` of every rank, in rank order (MiB resolution: the all-reduce carries f32).
+fn gather_mib(d: &DpRun, bytes: u64) -> Result<Vec<u64>> {
+    let (rank, size) = (d.ctx.group.rank, d.ctx.group.size);
+    let mut slots = vec![0f32; size];
+    slots[rank] = (bytes as f64 / (1u64 << 20) as f64).round() as f32;
+    let reduce = d
+        .ctx
+        .group
+        .reduce
+        .as_ref()
+        .expect("a group has an all-reduce");
+    let sum = reduce.all_reduce_sum(&Tensor::new(slots, &d.ctx.device)?)?;
+    Ok(sum
+        .to_vec1::<f32>()?
+        .into_iter()
+        .map(|m| m as u64 * (1 << 20))
+        .collect())
+}
+
+/// Starts the engine `kind`: the HF worker with the run's hyper-parameters, or the candle
+/// trainer (joined to its data-parallel group with `--dp`).
+fn start(
+    spec: &RunSpec,
+    opts: &TrainOptions,
+    prep: &Prepared,
+    kind: EngineKind,
+    weights: &WeightSource,
+) -> Result<Box<dyn Train>> {
+    if kind == EngineKind::Hf {
+        let mut train = serde_json::to_value(&prep.hyper).expect("hyper serializes");
+        train["dropout"] = Value::Bool(opts.dropout);
+        train["seed"] = json!(spec.seed);
+        train["phase_times"] = Value::Bool(opts.phase_times);
+        let dir = hf_dir(weights)?;
+        let hf = HfEngine::start_training(&spec.hf, dir, spec.precision, spec.device, train)?;
+        return Ok(Box::new(hf));
+    }
+    let dp = spec.dp.as_ref().map(|d| DataParallel {
+        rank: d.ctx.group.rank,
+        size: d.ctx.group.size,
+        reduce: d
+            .ctx
+            .group
+            .reduce
+            .clone()
+            .expect("a group has an all-reduce"),
+        zero1: d.zero1,
+    });
+    let setup = TrainSetup {
+        model: &spec.model,
+        weights,
+        precision: spec.precision,
+        hyper: &prep.hyper,
+        dropout: opts.dropout,
+        seed: spec.seed,
+        dp,
+    };
+    let mut candle = CandleTrainer::start(setup, candle_device(spec)?)?;
+    candle.trainer.phase_times = opts.phase_times;
+    Ok(Box::new(candle))
+}
+
+/// Warm-up steps (trained, not timed): the suite's, leaving at least one timed step.
+fn warmup_steps(spec: &RunSpec, prep: &Prepared) -> usize {
+    spec.warmup_batches.min(prep.total_steps.saturating_sub(1))
+}
+
+fn header(
+    spec: &RunSpec,
+    opts: &TrainOptions,
+    prep: &Prepared,
+    engine: &dyn Train,
+    weights: &WeightSource,
+) -> Header {
+    let warmup = warmup_steps(spec, prep);
+    Header {
+        engine: engine.name().into(),
+        engine_info: engine.info(),
+        warmup_batches: warmup,
+        seed: Some(spec.seed),
+        load_seconds: engine.load_seconds(),
+        train: Some(Box::new(TrainInfo {
+            note: opts.splits.note.clone(),
+            eval_data: data_info(&opts.splits.eval, prep.eval_blocks.len()),
+            block_size: prep.block_size,
+            n_train_blocks: prep.train_blocks.len(),
+            n_eval_blocks: prep.eval_blocks.len(),
+            eval_batch_size: opts.eval_batch_size,
+            grad_accum: opts.grad_accum,
+            epochs: prep.total_steps as f64 / prep.steps_per_epoch as f64,
+            max_steps: prep.total_steps,
+            dropout: opts.dropout,
+            hyper: prep.hyper.clone(),
+            timing: format!(
+                "the first {warmup} optimizer steps are trained but not timed (PTX load, cuBLAS handles, allocator growth); rates use the other steps' latencies"
+            ),
+        })),
+        dp: spec.dp.as_ref().map(|d| dp_info(spec, opts, d)),
+        ..base_header(
+            spec,
+            weights,
+            &prep.tokenizer,
+            EnvReport::collect(),
+            data_info(&opts.splits.train, prep.train_blocks.len()),
+        )
+    }
+}
+
+fn dp_info(spec: &RunSpec, opts: &TrainOptions, d: &DpRun) -> DpInfo {
+    let (n, bs, ga) = (d.ctx.group.size, spec.batch_size, opts.grad_accum);
+    DpInfo {
+        size: n,
+        zero_stage: d.zero1 as u8,
+        backend: d.ctx.backend.clone(),
+        launcher: format!("{:?}", d.ctx.world.launcher),
+        ranks: d.ctx.peers.clone(),
+        global_batch_size: n * bs * ga,
+        rules: format!(
+            "each optimizer step takes {n} x {ga} micro-batches of {bs} blocks, consecutive in the shuffled order, rank r the r-th {ga} of them (the blocks one process with --grad-accum {} would take); gradients are averaged over ranks, so --lr applies to the global batch of {} blocks unchanged (no scaling rule)",
+            n * ga,
+            n * bs * ga
+        ),
+    }
+}
+
+/// Micro-batches over epochs, each epoch reshuffled (seeded; HF's RandomSampler draws another
+/// permutation), the last partial batch kept (HF's dataloader_drop_last=False). Every engine
+/// of a run starts from the same seed: the same blocks in the same order.
+struct MicroBatches {
+    rng: rand_chacha::ChaCha8Rng,
+    order: Vec<usize>,
+    cursor: usize,
+    n_blocks: usize,
+    batch_size: usize,
+}
+
+impl MicroBatches {
+    fn new(seed: u64, n_blocks: usize, batch_size: usize) -> Self {
+        Self {
+            rng: rand_chacha::ChaCha8Rng::seed_from_u64(seed),
+            order: vec![],
+            cursor: 0,
+            n_blocks,
+            batch_size,
+        }
+    }
+
+    /// Block indices of the next micro-batch.
+    fn next(&mut self) -> Vec<usize> {
+        if self.cursor >= self.order.len() {
+            self.order = (0..self.n_blocks).collect();
+            self.order.shuffle(&mut self.rng);
+            self.cursor = 0;
+        }
+        let end = (self.cursor + self.batch_size).min(self.order.len());
+        let idx = self.order[self.cursor..end].to_vec();
+        self.cursor = end;
+        idx
+    }
+}
+
+fn train_with(
+    spec: &RunSpec,
+    opts: &TrainOptions,
+    prep: &Prepared,
+    kind: EngineKind,
+    weights: &WeightSource,
+) -> Result<RunOutcome<TrainSummary>> {
+    let wall = Instant::now();
+    let mut engine = start(spec, opts, prep, kind, weights)?;
+    let header = header(spec, opts, prep, engine.as_ref(), weights);
+    // Only rank 0 logs: every rank takes the same steps, with the same loss.
+    let mut log = open_log(spec, &header)?;
+    let (totals, mut failure) = train_steps(spec, opts, prep, engine.as_mut(), &mut log)?;
+
+    // Each rank's peak over the training steps, gathered to every rank (the last collective:
+    // only rank 0 evaluates and logs after it).
+    let mut per_rank_peak = None;
+    if let (Some(d), None) = (&spec.dp, &failure) {
+        let mine = engine.finish().map(|m| m.peak_bytes).unwrap_or(0);
+        per_rank_peak = Some(gather_mib(d, mine)?);
+    }
+    let mut eval = EvalResult {
+        loss: f64::NAN,
+        runtime_seconds: 0.,
+        n_blocks: prep.eval_blocks.len(),
+    };
+    if failure.is_none() && spec.rank() == 0 {
+        match engine.eval(&prep.eval_blocks, opts.eval_batch_size) {
+            Ok((l, s)) => (eval.loss, eval.runtime_seconds) = (l, s),
+            Err(e) => failure = Some(e),
+        }
+    }
+    if let (None, Some(dir), 0) = (&failure, &opts.save, spec.rank()) {
+        engine.save(dir)?;
+        eprintln!(
+            "saved trained weights to {} (config.json + model.safetensors, fp32)",
+            dir.display()
+        );
+    }
+    // A dead worker has no memory to report.
+    let mem = if failure.is_some() && kind == EngineKind::Hf {
+        MemoryReading::default()
+    } else {
+        engine.finish().unwrap_or_else(|e| {
+            eprintln!("warning: memory tracking failed: {e}");
+            MemoryReading::default()
+        })
+    };
+    let warmup = warmup_steps(spec, prep);
+    let summary = TrainSummary {
+        wall_seconds: wall.elapsed().as_secs_f64(),
+        peak_memory_bytes: mem.peak_bytes,
+        per_rank_peak_memory_bytes: per_rank_peak,
+        ..totals.summary(failure.as_ref(), warmup, eval, spec.dp.is_some())
+    };
+    log.write(&Record::TrainSummary(Box::new(summary.clone())))?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    Ok(RunOutcome {
+        log_path: log.path(),
+        header,
+        summary,
+    })
+}
+
+/// Every optimizer step, each logged as it finishes; stops at the first failing step and
+/// returns its error beside the totals of the steps before it.
+fn train_steps(
+    spec: &RunSpec,
+    opts: &TrainOptions,
+    prep: &Prepared,
+    engine: &mut dyn Train,
+    log: &mut RankLog,
+) -> Result<(TrainTotals, Option<Error>)> {
+    let (dp_rank, dp_n, ga) = (spec.rank(), spec.dp_size(), opts.grad_accum);
+    let warmup = warmup_steps(spec, prep);
+    let mut micro = MicroBatches::new(spec.seed, prep.train_blocks.len(), spec.batch_size);
+    let bar = crate::progress::steps(spec.progress && dp_rank == 0, prep.total_steps as u64);
+    let mut totals = TrainTotals::default();
+    let mut micro_done = 0usize;
+    for step in 0..prep.total_steps {
+        // Every rank draws the whole step's micro-batches (the same seeded order) and trains on
+        // its share: rank r takes micro-batches r·ga .. (r+1)·ga.
+        let ids: Vec<Vec<usize>> = (0..ga * dp_n).map(|_| micro.next()).collect();
+        let n_samples: usize = ids.iter().map(Vec::len).sum();
+        let mine: Vec<Vec<&[u32]>> = ids[dp_rank * ga..(dp_rank + 1) * ga]
+            .iter()
+            .map(|b| b.iter().map(|&i| prep.train_blocks[i].as_slice()).collect())
+            .collect();
+        let StepOut {
+            outcome: out,
+            latency_ms,
+        } = match engine.step(&mine) {
+            Ok(r) => r,
+            Err(e) => {
+                bar.finish_and_clear();
+                return Ok((totals, Some(e)));
+            }
+        };
+        micro_done += ga * dp_n;
+        let n_tokens = n_samples * prep.block_size;
+        let record = StepRecord {
+            step: step + 1,
+            epoch: micro_done as f64 / prep.micro_per_epoch as f64,
+            loss: out.loss,
+            learning_rate: out.lr,
+            grad_norm: out.grad_norm,
+            latency_ms,
+            n_samples,
+            n_tokens,
+            warmup: step < warmup,
+            skipped: out.skipped,
+            loss_scale: out.loss_scale,
+            phases_ms: out.phases_ms,
+            comm_ms: out.comm_ms,
+        };
+        totals.add(&record);
+        log.write(&Record::Step(record))?;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok((totals, None))
+}

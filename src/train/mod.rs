@@ -1,0 +1,25 @@
+//! Causal-LM fine-tuning in candle with HF Trainer's defaults and semantics.
+//!
+//! - Parameters: every tensor the model loads (same code path as inference, random or
+//!   checkpoint) becomes an fp32 [`Var`], the master copy; the optimizer state is fp32 too.
+//! - Precision (as HF `--bf16` / `--fp16`, i.e. autocast): each step the model is rebuilt from
+//!   the masters cast to the compute dtype; `to_dtype` is differentiable, so the gradients land
+//!   on the fp32 masters. fp16 scales the loss dynamically ([`GradScaler`], torch's defaults).
+//! - Loss: mean cross-entropy of next-token prediction, labels = inputs shifted by one, in f32
+//!   (HF `ForCausalLMLoss`). Gradient accumulation divides each micro-batch loss by the number
+//!   of micro-batches (equal to HF's sum / num_items_in_batch for equal-length blocks).
+//! - Step: clip the global L2 norm to `max_grad_norm` (torch `clip_grad_norm_`), AdamW with
+//!   torch's update order ([`AdamW`]), learning rate from [`LinearSchedule`]
+//!   (`get_linear_schedule_with_warmup`).
+//! - Data parallelism ([`DataParallel`]): each rank computes the gradient of its share of the
+//!   step's micro-batches; the gradients are summed over ranks in buckets and divided by the
+//!   number of ranks, so every rank takes the same step as one process accumulating all the
+//!   micro-batches. ZeRO-1 splits the optimizer state: each rank updates the parameters it
+//!   owns, then every parameter is shared from its owner.
+
+pub mod optim;
+pub mod trainer;
+
+pub use crate::record::Hyper;
+pub use optim::{clip_coefficient, global_grad_norm, AdamW, GradScaler, LinearSchedule};
+pub use trainer::{lm_loss, DataParallel, StepOutcome, Trainer};
