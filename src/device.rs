@@ -141,3 +141,94 @@ pub fn cuda_uuid(device: &Device) -> Option<String> {
 pub fn cuda_uuid(_device: &Device) -> Option<String> {
     None
 }
+
+/// What `--device auto` and `--dtype auto` chose, and why (printed with the summary and kept
+/// in the log header).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AutoChoice {
+    pub device: DeviceSpec,
+    /// bf16 where the GPU has it (compute capability 8.0 and up), else fp32.
+    pub precision: Precision,
+    /// One line: what was chosen and why.
+    pub why: String,
+}
+
+/// The GPUs this process may use as NVML sees them (no CUDA context is created): the compute
+/// capability's major of each, or why none could be listed. `CUDA_VISIBLE_DEVICES=""` hides
+/// them all.
+pub fn visible_gpus() -> std::result::Result<Vec<u32>, String> {
+    if std::env::var("CUDA_VISIBLE_DEVICES").is_ok_and(|v| v.trim().is_empty()) {
+        return Ok(vec![]);
+    }
+    let nvml = nvml_wrapper::Nvml::init().map_err(|e| format!("NVML: {e}"))?;
+    let n = nvml.device_count().map_err(|e| format!("NVML: {e}"))?;
+    (0..n)
+        .map(|i| {
+            let d = nvml.device_by_index(i).map_err(|e| format!("NVML: {e}"))?;
+            Ok(d.cuda_compute_capability()
+                .map(|c| c.major as u32)
+                .unwrap_or(0))
+        })
+        .collect()
+}
+
+/// `--device auto` / `--dtype auto`: the first GPU when this build has CUDA and a GPU is
+/// there (bf16 when it has it), else the CPU in fp32, with the reason.
+pub fn choose_auto(cuda_built: bool, gpus: std::result::Result<Vec<u32>, String>) -> AutoChoice {
+    let cpu = |why: String| AutoChoice {
+        device: DeviceSpec::Cpu,
+        precision: Precision::Fp32,
+        why,
+    };
+    if !cuda_built {
+        return cpu(
+            "auto: cpu, fp32 (this build has no CUDA: build with --features cuda for GPUs)".into(),
+        );
+    }
+    match gpus {
+        Ok(g) if !g.is_empty() => {
+            let bf16 = g[0] >= 8;
+            let precision = if bf16 { Precision::Bf16 } else { Precision::Fp32 };
+            AutoChoice {
+                device: DeviceSpec::Cuda(0),
+                precision,
+                why: format!("auto: cuda:0, {precision} (first of {} visible GPUs)", g.len()),
+            }
+        }
+        Ok(_) => cpu("auto: cpu, fp32 (no GPU found: nvidia-smi lists none, or CUDA_VISIBLE_DEVICES hides them)".into()),
+        Err(e) => cpu(format!("auto: cpu, fp32 (no GPU found: {e})")),
+    }
+}
+
+#[cfg(test)]
+mod auto_tests {
+    use super::*;
+
+    #[test]
+    fn auto_takes_the_first_gpu_in_bf16_where_it_can() {
+        let hopper = choose_auto(true, Ok(vec![9, 9]));
+        assert_eq!(
+            (hopper.device, hopper.precision),
+            (DeviceSpec::Cuda(0), Precision::Bf16)
+        );
+        let turing = choose_auto(true, Ok(vec![7]));
+        assert_eq!(
+            (turing.device, turing.precision),
+            (DeviceSpec::Cuda(0), Precision::Fp32)
+        );
+    }
+
+    #[test]
+    fn auto_falls_back_to_the_cpu_and_says_why() {
+        let no_cuda = choose_auto(false, Ok(vec![9]));
+        assert_eq!(
+            (no_cuda.device, no_cuda.precision),
+            (DeviceSpec::Cpu, Precision::Fp32)
+        );
+        assert!(no_cuda.why.contains("--features cuda"), "{}", no_cuda.why);
+        let none = choose_auto(true, Ok(vec![]));
+        assert!(none.why.contains("no GPU found"), "{}", none.why);
+        let nvml = choose_auto(true, Err("NVML: library not found".into()));
+        assert!(nvml.why.contains("library not found"), "{}", nvml.why);
+    }
+}

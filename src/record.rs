@@ -250,6 +250,10 @@ pub struct Header {
     /// Generation runs only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<GenerationInfo>,
+    /// What `--device auto` / `--dtype auto` chose and why (`device` and `dtype` hold the
+    /// choice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto: Option<String>,
 }
 
 /// How a generation run generates: greedy, exactly `new_tokens` per prompt (no stop at EOS, so

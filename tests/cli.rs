@@ -284,14 +284,14 @@ fn bad_device_and_dtype_are_rejected() {
     let o = bench(&["--device", "tpu"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(
-        stderr(&o).contains("invalid device 'tpu': use cpu, cuda or cuda:N"),
+        stderr(&o).contains("invalid device 'tpu': use auto, cpu, cuda or cuda:N"),
         "{}",
         stderr(&o)
     );
     let o = bench(&["--dtype", "fp64"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(
-        stderr(&o).contains("possible values: fp32, tf32, fp16, bf16"),
+        stderr(&o).contains("possible values: auto, fp32, tf32, fp16, bf16"),
         "{}",
         stderr(&o)
     );

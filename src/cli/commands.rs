@@ -36,8 +36,7 @@ pub fn run_command(args: RunArgs, command_line: Vec<String>) -> Result<ExitCode>
     }
     if let Some(task) = ChildTask::from_env()? {
         let config = RunConfig::from_record(&task.config)?;
-        let mut spec =
-            resolve_config(&args, &plan.suite, &config, Some(task.repeat), command_line)?;
+        let mut spec = resolve_config(&args, &plan, &config, Some(task.repeat), command_line)?;
         spec.log_dir = task.log_dir;
         spec.progress = false;
         return single(spec);
@@ -45,7 +44,7 @@ pub fn run_command(args: RunArgs, command_line: Vec<String>) -> Result<ExitCode>
     if plan.sweep {
         return sweep(args, plan, command_line);
     }
-    let spec = resolve_config(&args, &plan.suite, &plan.configs[0], None, command_line)?;
+    let spec = resolve_config(&args, &plan, &plan.configs[0], None, command_line)?;
     single(spec)
 }
 
@@ -63,10 +62,10 @@ fn sweep(args: RunArgs, plan: Plan, command_line: Vec<String>) -> Result<ExitCod
             None => Err(e),
         })?;
     }
-    resolve_config(&args, &plan.suite, &plan.configs[0], None, vec![])?;
+    resolve_config(&args, &plan, &plan.configs[0], None, vec![])?;
     let outcome = run_sweep(SweepOptions {
         suite: plan.suite.name.clone(),
-        device: args.device.to_string(),
+        device: plan.device.to_string(),
         configs: plan.configs.iter().map(RunConfig::record).collect(),
         repeat: plan.repeat,
         log_dir: args.log_dir.clone(),
@@ -90,8 +89,9 @@ fn run_parallel(
     par: Parallel,
     command_line: Vec<String>,
 ) -> Result<ExitCode> {
-    let spec = resolve_config(&args, &plan.suite, &plan.configs[0], None, command_line)?;
+    let spec = resolve_config(&args, &plan, &plan.configs[0], None, command_line)?;
     check_parallel(par, &spec)?;
+    let spec_device = spec.device;
     let timeout = std::time::Duration::from_secs(args.rdzv_timeout);
     let run = move |ctx| {
         single(match par {
@@ -105,7 +105,8 @@ fn run_parallel(
             },
         })
     };
-    run_ranks(par.size(), par.flag(), args.device, timeout, Box::new(run))
+    let device = spec_device;
+    run_ranks(par.size(), par.flag(), device, timeout, Box::new(run))
 }
 
 /// `--acc-threshold X`: every engine's accuracy at least X (FasterTransformer's CI gate);

@@ -85,6 +85,50 @@ pub struct EnvArgs {
     pub device: DeviceSpec,
 }
 
+/// `--device`: a device, or `auto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceArg {
+    Auto,
+    Spec(DeviceSpec),
+}
+
+impl std::str::FromStr for DeviceArg {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(DeviceArg::Auto),
+            _ => s
+                .parse()
+                .map(DeviceArg::Spec)
+                .map_err(|e: String| e.replace("use cpu, cuda", "use auto, cpu, cuda")),
+        }
+    }
+}
+
+/// `--dtype`: a precision, or `auto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DtypeArg {
+    /// bf16 on a GPU that has it (compute capability 8.0+), else fp32.
+    Auto,
+    Fp32,
+    Tf32,
+    Fp16,
+    Bf16,
+}
+
+impl DtypeArg {
+    /// The precision, `auto` resolved to `auto_precision`.
+    pub fn resolve(self, auto_precision: Precision) -> Precision {
+        match self {
+            DtypeArg::Auto => auto_precision,
+            DtypeArg::Fp32 => Precision::Fp32,
+            DtypeArg::Tf32 => Precision::Tf32,
+            DtypeArg::Fp16 => Precision::Fp16,
+            DtypeArg::Bf16 => Precision::Bf16,
+        }
+    }
+}
+
 /// `--mode`: what the LAMBADA suite measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
@@ -163,19 +207,21 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
-    /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    pub device: DeviceSpec,
+    /// auto, cpu, cuda or cuda:N. auto: the first visible GPU when this build has CUDA and a
+    /// GPU is there (every --tp/--dp rank on its own GPU), else the CPU; the summary and the
+    /// log say what it chose and why.
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceArg,
 
-    /// Precision: tf32 keeps fp32 weights and lets matmuls use TF32 tensor cores. A list runs a
-    /// sweep [default: fp32].
+    /// Precision: auto (bf16 on GPUs that have it, else fp32), fp32, tf32 (fp32 weights,
+    /// matmuls on TF32 tensor cores), fp16, bf16. A list runs a sweep [default: auto].
     #[arg(
         long = "dtype",
         visible_alias = "dtypes",
         value_enum,
         value_delimiter = ','
     )]
-    pub dtypes: Vec<Precision>,
+    pub dtypes: Vec<DtypeArg>,
 
     /// Passages per batch; a list runs a sweep [default: from the suite file, 16].
     #[arg(

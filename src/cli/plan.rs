@@ -3,9 +3,9 @@
 //! per configuration, the fully resolved [`RunSpec`]. Every flag rule lives here, so a bad
 //! combination fails before anything is loaded.
 
-use super::RunArgs;
+use super::{DeviceArg, DtypeArg, RunArgs};
 use crate::data::{search_dirs, DataFile};
-use crate::device::Precision;
+use crate::device::{choose_auto, visible_gpus, AutoChoice, DeviceSpec, Precision};
 use crate::engines::hf::{HfAttn, HfOptions};
 use crate::engines::EngineKind;
 use crate::error::{Error, Result};
@@ -63,6 +63,46 @@ fn parse_precision(s: &str) -> Result<Precision> {
         .map_err(|_| Error::Config(format!("unknown dtype '{s}' (fp32, tf32, fp16, bf16)")))
 }
 
+fn parse_dtype(s: &str) -> Result<DtypeArg> {
+    <DtypeArg as ValueEnum>::from_str(s, true).map_err(|_| {
+        Error::Config(format!(
+            "unknown dtype '{s}' (auto, fp32, tf32, fp16, bf16)"
+        ))
+    })
+}
+
+/// `--device`, and whether `auto` chose it or the precision. `--dtype auto` on a device given
+/// explicitly: bf16 on a CUDA GPU that has it, fp32 on the CPU.
+fn resolve_device(arg: DeviceArg, auto_dtype: bool) -> (DeviceSpec, Option<AutoChoice>) {
+    let cuda_built = cfg!(feature = "cuda");
+    match arg {
+        DeviceArg::Auto => {
+            let c = choose_auto(cuda_built, visible_gpus());
+            (c.device, Some(c))
+        }
+        DeviceArg::Spec(DeviceSpec::Cpu) => {
+            let why = "auto: fp32 on the CPU".to_string();
+            let c = AutoChoice {
+                device: DeviceSpec::Cpu,
+                precision: Precision::Fp32,
+                why,
+            };
+            (DeviceSpec::Cpu, auto_dtype.then_some(c))
+        }
+        DeviceArg::Spec(d @ DeviceSpec::Cuda(n)) => {
+            let mut c = choose_auto(cuda_built, visible_gpus());
+            // Only the precision is auto here: the GPU asked for decides it.
+            let major = visible_gpus().ok().and_then(|g| g.get(n).copied());
+            c.precision = match major {
+                Some(m) if m < 8 => Precision::Fp32,
+                _ => Precision::Bf16,
+            };
+            c.why = format!("auto: {} on {d}", c.precision);
+            (d, auto_dtype.then_some(c))
+        }
+    }
+}
+
 fn parse_engine(s: &str) -> Result<EngineKind> {
     <EngineKind as ValueEnum>::from_str(s, true)
         .map_err(|_| Error::Config(format!("unknown engine '{s}' (candle, hf, both)")))
@@ -72,6 +112,10 @@ fn parse_engine(s: &str) -> Result<EngineKind> {
 /// they run as a sweep of child processes.
 pub struct Plan {
     pub suite: SuiteFile,
+    /// `--device`, `auto` resolved.
+    pub device: DeviceSpec,
+    /// What `auto` chose and why (None when nothing was auto).
+    pub auto: Option<String>,
     pub configs: Vec<RunConfig>,
     pub repeat: usize,
     pub sweep: bool,
@@ -125,6 +169,17 @@ fn pick<T: Clone>(flag: &[T], file: Option<Vec<T>>, default: T) -> Vec<T> {
     }
 }
 
+/// A suite file's list of names, parsed (the first bad name is the error).
+fn parse_all<T>(
+    names: &Option<Vec<String>>,
+    parse: fn(&str) -> Result<T>,
+) -> Result<Option<Vec<T>>> {
+    names
+        .as_ref()
+        .map(|n| n.iter().map(|s| parse(s)).collect())
+        .transpose()
+}
+
 /// The suite and its matrix from `args` (flags over the suite file's `[sweep]`).
 pub fn plan(args: &RunArgs) -> Result<Plan> {
     let suite = match &args.suite_file {
@@ -141,25 +196,12 @@ pub fn plan(args: &RunArgs) -> Result<Plan> {
         }
         None => pick(&args.models, sw.models.clone(), "gpt2-tiny".into()),
     };
-    let file_dtypes = sw
-        .dtypes
-        .as_ref()
-        .map(|d| {
-            d.iter()
-                .map(|s| parse_precision(s))
-                .collect::<Result<Vec<_>>>()
-        })
-        .transpose()?;
-    let precisions = pick(&args.dtypes, file_dtypes, Precision::Fp32);
-    let file_engines = sw
-        .engines
-        .as_ref()
-        .map(|e| {
-            e.iter()
-                .map(|s| parse_engine(s))
-                .collect::<Result<Vec<_>>>()
-        })
-        .transpose()?;
+    let file_dtypes = parse_all(&sw.dtypes, parse_dtype)?;
+    let dtypes = pick(&args.dtypes, file_dtypes, DtypeArg::Auto);
+    let (device, auto) = resolve_device(args.device, dtypes.contains(&DtypeArg::Auto));
+    let auto_precision = auto.as_ref().map_or(Precision::Fp32, |a| a.precision);
+    let precisions: Vec<Precision> = dtypes.iter().map(|d| d.resolve(auto_precision)).collect();
+    let file_engines = parse_all(&sw.engines, parse_engine)?;
     let engines = pick(&args.engines, file_engines, EngineKind::Candle);
     let batch_sizes = pick(
         &args.batch_sizes,
@@ -204,6 +246,8 @@ pub fn plan(args: &RunArgs) -> Result<Plan> {
     });
     Ok(Plan {
         suite,
+        device,
+        auto: auto.map(|a| a.why),
         configs,
         repeat,
         sweep,
@@ -403,11 +447,12 @@ fn model_spec(args: &RunArgs, config: &RunConfig) -> Result<ModelSpec> {
 /// The run of one configuration of `args`' plan.
 pub fn resolve_config(
     args: &RunArgs,
-    suite: &SuiteFile,
+    plan: &Plan,
     config: &RunConfig,
     repeat: Option<usize>,
     command_line: Vec<String>,
 ) -> Result<RunSpec> {
+    let (suite, plan_device) = (&plan.suite, plan.device);
     let model = model_spec(args, config)?;
     let weights = weight_source(args)?;
     check_flags(args, suite, &weights)?;
@@ -429,7 +474,7 @@ pub fn resolve_config(
         model,
         weights,
         tokenizer_dir: args.model_dir.clone(),
-        device: args.device,
+        device: plan_device,
         precision: config.precision,
         batch_size: config.batch_size,
         limit: args.limit,
@@ -449,6 +494,7 @@ pub fn resolve_config(
         progress: !args.no_progress,
         tp: None,
         dp: None,
+        auto: plan.auto.clone(),
     })
 }
 
@@ -456,7 +502,7 @@ pub fn resolve_config(
 pub fn resolve(args: RunArgs, command_line: Vec<String>) -> Result<RunSpec> {
     let plan = plan(&args)?;
     match &plan.configs[..] {
-        [config] if !plan.sweep => resolve_config(&args, &plan.suite, config, None, command_line),
+        [config] if !plan.sweep => resolve_config(&args, &plan, config, None, command_line),
         _ => Err(Error::Config(
             "these options describe a sweep, not one run".into(),
         )),

@@ -95,6 +95,9 @@ pub fn summary_table(h: &Header, s: &Summary, log_path: &Path) -> String {
         h.device,
         h.batch_size
     );
+    if let Some(auto) = &h.auto {
+        t += &format!("{auto}\n");
+    }
     if let Some(tp) = &h.tp {
         t += &format!(
             "tensor parallel: {} ranks over {} ({}), figures from rank 0\n",
@@ -359,6 +362,9 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
         t.map_or(1, |t| t.grad_accum),
         t.map_or(0, |t| t.block_size),
     );
+    if let Some(auto) = &h.auto {
+        out += &format!("  device                    {auto}\n");
+    }
     if let Some(t) = t {
         out += &format!("  data                      {}\n", t.note);
     }

@@ -110,6 +110,7 @@ pub fn base_header(
         }),
         dp: None,
         generation: None,
+        auto: spec.auto.clone(),
     }
 }
 

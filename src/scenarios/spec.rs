@@ -43,6 +43,8 @@ pub struct RunSpec {
     pub tp: Option<RankContext>,
     /// This process is one rank of a data-parallel training group (`--dp N`).
     pub dp: Option<DpRun>,
+    /// What `--device auto` / `--dtype auto` chose and why.
+    pub auto: Option<String>,
 }
 
 /// The workload of a run; each has its scenario module.
