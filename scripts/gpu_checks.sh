@@ -49,6 +49,13 @@
 #                  --phase-times ($PERF_CASES picks rows: gpt2-bs16 gpt2-bs1 bloom-560m-bs16
 #                  bloom-7b1-bs16 train-gpt2). $PERF_FLAGS go to every run, $PERF_ENGINE (both) picks the
 #                  engines (candle + PERF_FLAGS="--fused none": the "before")  -> perf-logs.tgz
+#   gen-fixtures   HF generate() references (fp32, CPU and GPU) for tests/fixtures/generate
+#                  (scripts/hf_fixtures/make_generate_fixtures.py)           -> gen-fixtures.tgz
+#   generate       #12/#20 benchmarks, bf16: LAMBADA --mode generate, candle and HF (sdpa where
+#                  supported), batch 16 (first $GEN_LIMIT (1600) passages) and batch 1 (first
+#                  $GEN_B1_LIMIT (200)); the generation suite, prompt 128 + 128 new tokens, batch 1
+#                  and 16, candle, HF and HF --hf-compile (static KV cache); models $GEN_MODELS
+#                  (gpt2 bloom-560m)                                          -> gen-logs.tgz
 # Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.gz, lambada_test.jsonl.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -132,9 +139,38 @@ perf_run() { # bench args: one timed run into /tmp/perf-logs
   (cd /tmp && tar czf "$OUT/perf-logs.tgz" perf-logs)
 }
 
+GEN_LIMIT=${GEN_LIMIT:-1600}
+gen_run() { # engine model batch [extra flags]: one generation run into /tmp/gen-logs
+  local e=$1 m=$2 bs=$3; shift 3
+  local hf=(); [ "$e" = hf-compile ] && { e=hf; hf=(--hf-compile); }
+  $B --engine "$e" "${hf[@]}" --model "$m" --weights random --seed 0 --device cuda --dtype bf16 \
+    --batch-size "$bs" --log-dir /tmp/gen-logs --no-progress "$@" 2>&1 | grep -v "^  |" | tee -a "$OUT/gen.txt"
+  echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/gen.txt"
+  (cd /tmp && tar czf "$OUT/gen-logs.tgz" gen-logs)  # after every run: a time-out keeps what finished
+}
+
 for stage in "$@"; do
   echo "=== $stage"
   case $stage in
+  gen-fixtures)
+    python3 scripts/hf_fixtures/make_generate_fixtures.py --out /tmp/gen-fixtures 2>&1 | tail -20
+    (cd /tmp && tar czf "$OUT/gen-fixtures.tgz" gen-fixtures)
+    ;;
+  generate)
+    # HF --hf-compile (static cache) only on the suite's fixed shapes: on LAMBADA every batch
+    # has its own padded length, and each new length recompiles (#22).
+    for m in ${GEN_MODELS:-gpt2 bloom-560m}; do
+      for e in ${GEN_ENGINES:-candle hf}; do
+        gen_run $e $m 16 --mode generate --data .gpu/lambada_test.jsonl --limit "$GEN_LIMIT"
+        gen_run $e $m 1 --mode generate --data .gpu/lambada_test.jsonl --limit "${GEN_B1_LIMIT:-200}"
+      done
+      for e in ${GEN_SUITE_ENGINES:-candle hf hf-compile}; do
+        for bs in 1 16; do
+          gen_run $e $m $bs --suite generation --prompt-lens 128 --new-tokens 128 --limit "${GEN_CALLS:-10}"
+        done
+      done
+    done
+    ;;
   dp)
     m=${DP_MODEL:-gpt2}; eq=${DP_EQ_STEPS:-10}; steps=$(( ${DP_STEPS:-50} + 3 ))
     for n in ${DP_SIZES:-2}; do
