@@ -104,51 +104,7 @@ impl Rendezvous {
                 world.master
             ))
         })?;
-        listener.set_nonblocking(true)?;
-        let mut clients: Vec<(Peer, TcpStream)> = vec![];
-        while clients.len() + 1 < world.size {
-            match listener.accept() {
-                Ok((stream, _)) => {
-                    stream.set_nonblocking(false)?;
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    stream.set_read_timeout(Some(left.max(Duration::from_millis(100))))?;
-                    let mut line = String::new();
-                    BufReader::new(&stream).read_line(&mut line)?;
-                    let hello: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
-                    let peer: Peer = serde_json::from_value(hello["hello"].clone()).map_err(|_| {
-                        Error::Config(format!(
-                            "rank 0: a connection to {} did not say hello ({line:?}): another program on MASTER_PORT?",
-                            world.master
-                        ))
-                    })?;
-                    let known = clients.iter().any(|(p, _)| p.rank == peer.rank);
-                    if peer.rank == 0 || peer.rank >= world.size || known {
-                        return Err(Error::Config(format!(
-                            "rank 0: a process says it is rank {} of {} (duplicate or out of range): check RANK / WORLD_SIZE",
-                            peer.rank, world.size
-                        )));
-                    }
-                    stream.set_read_timeout(None)?;
-                    clients.push((peer, stream));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        let joined: BTreeSet<usize> = clients.iter().map(|(p, _)| p.rank).collect();
-                        let missing: Vec<String> = (1..world.size)
-                            .filter(|r| !joined.contains(r))
-                            .map(|r| r.to_string())
-                            .collect();
-                        return Err(Error::Config(format!(
-                            "rank(s) {} did not join within {} s (did they start? look at their output; raise --rdzv-timeout for slow starts)",
-                            missing.join(", "),
-                            timeout.as_secs()
-                        )));
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
+        let mut clients = accept_ranks(world, &listener, deadline, timeout)?;
         let id = make_id()?;
         let mut peers: Vec<Peer> = clients.iter().map(|(p, _)| p.clone()).collect();
         peers.push(me);
@@ -263,6 +219,77 @@ impl Rendezvous {
             }
         }
     }
+}
+
+/// Rank 0 accepts every other rank of `world` (each says hello first) until `deadline`.
+fn accept_ranks(
+    world: &World,
+    listener: &TcpListener,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Vec<(Peer, TcpStream)>> {
+    listener.set_nonblocking(true)?;
+    let mut clients: Vec<(Peer, TcpStream)> = vec![];
+    while clients.len() + 1 < world.size {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                let peer = read_hello(world, &stream, deadline, &clients)?;
+                clients.push((peer, stream));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err(missing_ranks(world, &clients, timeout));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(clients)
+}
+
+/// The hello of a new connection: a rank of `world` that has not joined yet.
+fn read_hello(
+    world: &World,
+    stream: &TcpStream,
+    deadline: Instant,
+    clients: &[(Peer, TcpStream)],
+) -> Result<Peer> {
+    stream.set_nonblocking(false)?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    stream.set_read_timeout(Some(left.max(Duration::from_millis(100))))?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line)?;
+    let hello: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+    let peer: Peer = serde_json::from_value(hello["hello"].clone()).map_err(|_| {
+        Error::Config(format!(
+            "rank 0: a connection to {} did not say hello ({line:?}): another program on MASTER_PORT?",
+            world.master
+        ))
+    })?;
+    let known = clients.iter().any(|(p, _)| p.rank == peer.rank);
+    if peer.rank == 0 || peer.rank >= world.size || known {
+        return Err(Error::Config(format!(
+            "rank 0: a process says it is rank {} of {} (duplicate or out of range): check RANK / WORLD_SIZE",
+            peer.rank, world.size
+        )));
+    }
+    stream.set_read_timeout(None)?;
+    Ok(peer)
+}
+
+/// The error naming the ranks that did not join within `timeout`.
+fn missing_ranks(world: &World, clients: &[(Peer, TcpStream)], timeout: Duration) -> Error {
+    let joined: BTreeSet<usize> = clients.iter().map(|(p, _)| p.rank).collect();
+    let missing: Vec<String> = (1..world.size)
+        .filter(|r| !joined.contains(r))
+        .map(|r| r.to_string())
+        .collect();
+    Error::Config(format!(
+        "rank(s) {} did not join within {} s (did they start? look at their output; raise --rdzv-timeout for slow starts)",
+        missing.join(", "),
+        timeout.as_secs()
+    ))
 }
 
 /// Rank 0's watch over one rank: `done`, or a closed connection = that rank failed.
