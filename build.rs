@@ -24,21 +24,38 @@ fn main() {
     }
 }
 
-/// src/kernels/fused.cu -> $OUT_DIR/fused.ptx (embedded by src/kernels/mod.rs). PTX for the
-/// compute capability in CUDA_COMPUTE_CAP (as candle's kernels; default 80, the first with
-/// bf16), compiled by the driver at first use.
+/// The kernel families of src/kernels: each `<name>.cu` -> `$OUT_DIR/<name>.ptx`, embedded by
+/// src/kernels/<name>.rs (`ptx!`) and loaded as its own module.
+const KERNELS: [&str; 6] = [
+    "adamw",
+    "attn_softmax",
+    "bias_act",
+    "cross_entropy",
+    "dropout",
+    "layer_norm",
+];
+/// The headers those `.cu` files include.
+const HEADERS: [&str; 2] = ["common.cuh", "dropout.cuh"];
+
+/// PTX for the compute capability in CUDA_COMPUTE_CAP (as candle's kernels; default 80, the
+/// first with bf16), compiled by the driver at first use.
 fn compile_fused_kernels() {
-    let src = "src/kernels/fused.cu";
-    println!("cargo:rerun-if-changed={src}");
+    for h in HEADERS {
+        println!("cargo:rerun-if-changed=src/kernels/{h}");
+    }
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "80".into());
-    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("fused.ptx");
-    let status = Command::new("nvcc")
-        .args(["--ptx", "-O3", "-std=c++17", &format!("-arch=compute_{cap}"), src, "-o"])
-        .arg(&out)
-        .status()
-        .unwrap_or_else(|e| {
-            panic!("cannot run nvcc ({e}): the cuda feature needs a CUDA toolkit on PATH (README, CUDA build)")
-        });
-    assert!(status.success(), "nvcc failed on {src}");
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    for name in KERNELS {
+        let src = format!("src/kernels/{name}.cu");
+        println!("cargo:rerun-if-changed={src}");
+        let status = Command::new("nvcc")
+            .args(["--ptx", "-O3", "-std=c++17", &format!("-arch=compute_{cap}"), &src, "-o"])
+            .arg(out_dir.join(format!("{name}.ptx")))
+            .status()
+            .unwrap_or_else(|e| {
+                panic!("cannot run nvcc ({e}): the cuda feature needs a CUDA toolkit on PATH (README, CUDA build)")
+            });
+        assert!(status.success(), "nvcc failed on {src}");
+    }
 }

@@ -1,0 +1,57 @@
+// Shared device helpers of the fused kernels (#10), included by every <family>.cu (one file a
+// kernel family, each compiled to its own PTX by build.rs with `--features cuda`). Each kernel
+// replaces a chain of candle ops that each read and wrote the whole tensor; the arithmetic is
+// the same (f32 inside, one rounding to the storage type at the end).
+// Names end in the storage type: _f32, _bf16, _f16 (candle's kernel_name convention);
+// FOR_TYPES instantiates a family's extern "C" kernels once per storage type.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half(x); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+  return v;
+}
+// Sum / max over the block, returned to every thread. sh: 32 floats of shared memory.
+__device__ float block_sum(float v, float* sh) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // sh may still be read from the previous reduction
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    v = warp_sum(lane < nw ? sh[lane] : 0.f);
+    if (lane == 0) sh[0] = v;
+  }
+  __syncthreads();
+  return sh[0];
+}
+__device__ float block_max(float v, float* sh) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    v = warp_max(lane < nw ? sh[lane] : -INFINITY);
+    if (lane == 0) sh[0] = v;
+  }
+  __syncthreads();
+  return sh[0];
+}
+
+// M(T, S) for each storage type T with its kernel-name suffix S.
+#define FOR_TYPES(M) M(float, f32) M(__nv_bfloat16, bf16) M(__half, f16)

@@ -1,0 +1,137 @@
+//! Training loss (`--fused cross-entropy`; kernels in cross_entropy.cu): cross-entropy over
+//! the logits in one kernel each way, f32 inside, no f32 copy of the logits.
+//!
+//! Shapes: N rows (tokens), V the vocabulary, ld ≥ V the logits' row length (a padded lm head).
+//!   logits, dlogits (N, ld); targets (N,) u32; loss, its gradient (N,) f32
+
+use super::{enabled, Fused};
+use candle_core::{Result, Tensor};
+
+/// −log softmax(logits)[target] per row over the first `vocab` columns: logits (N, V ≥ vocab)
+/// (a padded lm head's extra columns are ignored and get zero gradient), targets (N,) u32 ->
+/// (N,) f32, differentiable w.r.t. the logits (the backward recomputes the log-sum-exp).
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor, vocab: usize) -> Result<Option<Tensor>> {
+    if !enabled(Fused::CrossEntropy) {
+        return Ok(None);
+    }
+    imp::cross_entropy(logits, targets, vocab)
+}
+
+/// The CPU runs candle's log-softmax and gather.
+#[cfg(not(feature = "cuda"))]
+mod imp {
+    use candle_core::{Result, Tensor};
+
+    pub fn cross_entropy(_: &Tensor, _: &Tensor, _: usize) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod imp {
+    use crate::kernels::launch::{
+        alloc, float_dtype, kernel, launch, no_cpu_fwd, ptx, row_config, view, with_dtype, Ptx,
+    };
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::CudaDType;
+    use candle_core::{
+        bail, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
+    };
+
+    const PTX: Ptx = ptx!("cross_entropy");
+
+    /// Per-row loss (N,) f32 of logits (N, ld) and targets (N,) u32 over the first `vocab` columns.
+    #[derive(Clone, Copy)]
+    struct CrossEntropy {
+        vocab: usize,
+    }
+
+    impl CustomOp2 for CrossEntropy {
+        fn name(&self) -> &'static str {
+            "tb-cross-entropy"
+        }
+        no_cpu_fwd!(CustomOp2);
+        fn cuda_fwd(
+            &self,
+            x: &CudaStorage,
+            xl: &Layout,
+            t: &CudaStorage,
+            tl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
+            let dev = x.device().clone();
+            let (rows, ld) = xl.shape().dims2()?;
+            let func = kernel!(dev, PTX, "tb_xent_fwd", x.dtype())?;
+            with_dtype!(x.dtype(), T => {
+                let (xv, tv) = (view::<T>(x, xl)?, view::<u32>(t, tl)?);
+                let out = alloc::<f32>(&dev, rows)?;
+                let (v_i, ld_i) = (self.vocab as i32, ld as i32);
+                // SAFETY: x holds rows·V elements, targets and out rows.
+                launch!(unsafe func, row_config(rows, ld); &xv, &tv, &out, &v_i, &ld_i)?;
+                Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(rows)))
+            })
+        }
+        fn bwd(
+            &self,
+            x: &Tensor,
+            t: &Tensor,
+            _loss: &Tensor,
+            grad: &Tensor,
+        ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+            let g = grad.to_dtype(DType::F32)?.contiguous()?;
+            let op = CrossEntropyGrad { vocab: self.vocab };
+            Ok((Some(x.apply_op3_no_bwd(t, &g, &op)?), None))
+        }
+    }
+
+    /// dx = g · (softmax(x) − onehot(target)) over the vocabulary, 0 in padded columns.
+    struct CrossEntropyGrad {
+        vocab: usize,
+    }
+
+    impl CustomOp3 for CrossEntropyGrad {
+        fn name(&self) -> &'static str {
+            "tb-cross-entropy-grad"
+        }
+        no_cpu_fwd!(CustomOp3);
+        fn cuda_fwd(
+            &self,
+            x: &CudaStorage,
+            xl: &Layout,
+            t: &CudaStorage,
+            tl: &Layout,
+            g: &CudaStorage,
+            gl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
+            let dev = x.device().clone();
+            let (rows, ld) = xl.shape().dims2()?;
+            let func = kernel!(dev, PTX, "tb_xent_bwd", x.dtype())?;
+            with_dtype!(x.dtype(), T => {
+                let (xv, tv, gv) = (view::<T>(x, xl)?, view::<u32>(t, tl)?, view::<f32>(g, gl)?);
+                let out = alloc::<T>(&dev, rows * ld)?;
+                let (v_i, ld_i) = (self.vocab as i32, ld as i32);
+                // SAFETY: x and out hold rows·ld elements, targets and g rows.
+                launch!(unsafe func, row_config(rows, ld); &xv, &tv, &gv, &out, &v_i, &ld_i)?;
+                Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
+            })
+        }
+    }
+
+    pub fn cross_entropy(
+        logits: &Tensor,
+        targets: &Tensor,
+        vocab: usize,
+    ) -> Result<Option<Tensor>> {
+        let ok_targets = targets.dtype() == DType::U32 && targets.rank() == 1;
+        if !logits.device().is_cuda() || !float_dtype(logits) || logits.rank() != 2 || !ok_targets {
+            return Ok(None);
+        }
+        if vocab == 0 || vocab > logits.dim(1)? {
+            bail!(
+                "cross-entropy: vocabulary {vocab} for logits {:?}",
+                logits.shape()
+            );
+        }
+        let (x, t) = (logits.contiguous()?, targets.contiguous()?);
+        Ok(Some(x.apply_op2(&t, CrossEntropy { vocab })?))
+    }
+}

@@ -1,0 +1,186 @@
+//! Training LayerNorm (`--fused layer-norm`; kernels in layer_norm.cu): one kernel forward,
+//! two backward (dx; partial sums of dw and db over blocks of rows), statistics in f32.
+//!
+//! Shapes: x, y, dy, dx (…, C), seen as (rows, C); w, b, dw, db (C,); the partial sums
+//! (⌈rows / LN_ROWS⌉, 2, C) f32.
+
+use super::{enabled, Fused};
+use candle_core::{Result, Tensor};
+
+/// LayerNorm over the last dim, differentiable: x (…, C), w and b (C,), statistics in f32.
+pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Option<Tensor>> {
+    if !enabled(Fused::LayerNorm) {
+        return Ok(None);
+    }
+    imp::layer_norm(x, w, b, eps)
+}
+
+/// The CPU runs candle's layer norm.
+#[cfg(not(feature = "cuda"))]
+mod imp {
+    use candle_core::{Result, Tensor};
+
+    pub fn layer_norm(_: &Tensor, _: &Tensor, _: &Tensor, _: f64) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod imp {
+    use crate::kernels::launch::{
+        alloc, float_dtype, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx,
+    };
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    use candle_core::cuda_backend::CudaDType;
+    use candle_core::{CudaStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+
+    const PTX: Ptx = ptx!("layer_norm");
+
+    /// Rows per block of the dw/db partial sums (LN_ROWS in layer_norm.cu).
+    const LN_ROWS: usize = 64;
+
+    /// One warp per row, 8 rows per block.
+    fn warp_rows_config(rows: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (rows.div_ceil(8) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// y = (x − μ)·rstd·w + b over rows of C.
+    struct LayerNorm {
+        eps: f32,
+    }
+
+    impl CustomOp3 for LayerNorm {
+        fn name(&self) -> &'static str {
+            "tb-layer-norm"
+        }
+        no_cpu_fwd!(CustomOp3);
+        fn cuda_fwd(
+            &self,
+            x: &CudaStorage,
+            xl: &Layout,
+            w: &CudaStorage,
+            wl: &Layout,
+            b: &CudaStorage,
+            bl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
+            let dev = x.device().clone();
+            let (rows, c) = xl.shape().dims2()?;
+            let func = kernel!(dev, PTX, "tb_layer_norm_fwd", x.dtype())?;
+            with_dtype!(x.dtype(), T => {
+                let (xv, wv, bv) = (view::<T>(x, xl)?, view::<T>(w, wl)?, view::<T>(b, bl)?);
+                let out = alloc::<T>(&dev, rows * c)?;
+                let (rows_i, c_i) = (rows as i64, c as i32);
+                // SAFETY: x and out hold rows·C elements, w and b C.
+                launch!(unsafe func, warp_rows_config(rows);
+                    &xv, &wv, &bv, &out, &rows_i, &c_i, &self.eps)?;
+                Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
+            })
+        }
+        fn bwd(
+            &self,
+            x: &Tensor,
+            w: &Tensor,
+            _b: &Tensor,
+            _y: &Tensor,
+            dy: &Tensor,
+        ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+            let dy = dy.contiguous()?;
+            let dx = x.apply_op3_no_bwd(w, &dy, &LayerNormGradX { eps: self.eps })?;
+            // (blocks, 2, C)
+            let part = x.apply_op2_no_bwd(&dy, &LayerNormGradWb { eps: self.eps })?;
+            let wb = part.sum(0)?.to_dtype(w.dtype())?; // (2, C)
+            Ok((Some(dx), Some(wb.get(0)?), Some(wb.get(1)?)))
+        }
+    }
+
+    /// dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂)), g = dy ⊙ w.
+    struct LayerNormGradX {
+        eps: f32,
+    }
+
+    impl CustomOp3 for LayerNormGradX {
+        fn name(&self) -> &'static str {
+            "tb-layer-norm-grad-x"
+        }
+        no_cpu_fwd!(CustomOp3);
+        fn cuda_fwd(
+            &self,
+            x: &CudaStorage,
+            xl: &Layout,
+            w: &CudaStorage,
+            wl: &Layout,
+            dy: &CudaStorage,
+            dyl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
+            let dev = x.device().clone();
+            let (rows, c) = xl.shape().dims2()?;
+            let func = kernel!(dev, PTX, "tb_layer_norm_bwd_x", x.dtype())?;
+            with_dtype!(x.dtype(), T => {
+                let (xv, wv, dyv) = (view::<T>(x, xl)?, view::<T>(w, wl)?, view::<T>(dy, dyl)?);
+                let out = alloc::<T>(&dev, rows * c)?;
+                let (rows_i, c_i) = (rows as i64, c as i32);
+                // SAFETY: x, dy and out hold rows·C elements, w C.
+                launch!(unsafe func, warp_rows_config(rows);
+                    &xv, &wv, &dyv, &out, &rows_i, &c_i, &self.eps)?;
+                Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
+            })
+        }
+    }
+
+    /// Partial sums of dw = Σ dy ⊙ x̂ and db = Σ dy, LN_ROWS rows a block: (blocks, 2, C) f32.
+    struct LayerNormGradWb {
+        eps: f32,
+    }
+
+    impl CustomOp2 for LayerNormGradWb {
+        fn name(&self) -> &'static str {
+            "tb-layer-norm-grad-wb"
+        }
+        no_cpu_fwd!(CustomOp2);
+        fn cuda_fwd(
+            &self,
+            x: &CudaStorage,
+            xl: &Layout,
+            dy: &CudaStorage,
+            dyl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
+            let dev = x.device().clone();
+            let (rows, c) = xl.shape().dims2()?;
+            let blocks = rows.div_ceil(LN_ROWS);
+            let func = kernel!(dev, PTX, "tb_layer_norm_bwd_wb", x.dtype())?;
+            with_dtype!(x.dtype(), T => {
+                let (xv, dyv) = (view::<T>(x, xl)?, view::<T>(dy, dyl)?);
+                let part = alloc::<f32>(&dev, blocks * 2 * c)?;
+                let (rows_i, c_i) = (rows as i64, c as i32);
+                let cfg = LaunchConfig {
+                    grid_dim: (blocks as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: x and dy hold rows·C elements, part blocks·2·C.
+                launch!(unsafe func, cfg; &xv, &dyv, &part, &rows_i, &c_i, &self.eps)?;
+                Ok((CudaStorage::wrap_cuda_slice(part, dev), Shape::from((blocks, 2, c))))
+            })
+        }
+    }
+
+    pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Option<Tensor>> {
+        let c = x.dim(candle_core::D::Minus1)?;
+        let same = w.dtype() == x.dtype() && b.dtype() == x.dtype();
+        if !x.device().is_cuda() || !float_dtype(x) || !same || w.dims() != [c] || b.dims() != [c] {
+            return Ok(None);
+        }
+        let x2 = x.contiguous()?.reshape(((), c))?; // (rows, C)
+        let y = x2.apply_op3(
+            &w.contiguous()?,
+            &b.contiguous()?,
+            LayerNorm { eps: eps as f32 },
+        )?;
+        Ok(Some(y.reshape(x.shape())?))
+    }
+}
