@@ -69,7 +69,7 @@ export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on shared hosts (KINDS.m
 } 2>&1 | tee "$OUT/host.txt"
 if [ -f .gpu/bench.gz ]; then gunzip -c .gpu/bench.gz > /tmp/bench && chmod +x /tmp/bench; fi
 B=/tmp/bench
-FIX="python3 scripts/make_fixtures.py --vocab-dir .gpu/vocab --data data/lambada_sample.jsonl"
+FIX="python3 scripts/hf_fixtures/make_fixtures.py --vocab-dir .gpu/vocab --data data/lambada_sample.jsonl"
 LOGS=/tmp/logs
 lambada() { # model dtype [extra flags]
   local m=$1 dt=$2; shift 2
@@ -241,7 +241,7 @@ for stage in "$@"; do
     (cd "$OUT" && tar czf fixtures.tgz fixtures && rm -rf fixtures)
     ;;
   train-fixtures)
-    python3 scripts/make_train_fixtures.py --out "$OUT/train-fixtures" --archs gpt2,bloom 2>&1 | grep -v Writing
+    python3 scripts/hf_fixtures/make_train_fixtures.py --out "$OUT/train-fixtures" --archs gpt2,bloom 2>&1 | grep -v Writing
     rm -f "$OUT"/train-fixtures/*/generation_config.json
     (cd "$OUT/train-fixtures" && tar czf "$OUT/train-fixtures.tgz" train-gpt2 train-bloom) && rm -rf "$OUT/train-fixtures"
     ;;

@@ -1,4 +1,4 @@
-//! Numerics against HF transformers: fixtures made by scripts/make_fixtures.py
+//! Numerics against HF transformers: fixtures made by scripts/hf_fixtures/make_fixtures.py
 //! (GPT2LMHeadModel, fp32, CPU), loaded through the real `--model-dir` path.
 
 use std::path::{Path, PathBuf};

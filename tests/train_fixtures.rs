@@ -1,6 +1,6 @@
 //! Training against HF: 5 AdamW steps (grad accumulation 2, clip 1.0, linear schedule with
 //! warm-up) on CPU fp32, dropout off, from the same initial weights and token blocks as
-//! `scripts/make_train_fixtures.py` (HF transformers + torch). Losses within 1e-4, every weight
+//! `scripts/hf_fixtures/make_train_fixtures.py` (HF transformers + torch). Losses within 1e-4, every weight
 //! after step 5 within 1e-5.
 
 use candle_core::{DType, Device, IndexOp, Tensor};
@@ -14,7 +14,7 @@ fn fixture(name: &str) -> PathBuf {
         .join(name);
     assert!(
         dir.join("reference.json").is_file(),
-        "{} missing: run `scripts/gpu_checks.sh train-fixtures` (scripts/make_train_fixtures.py)",
+        "{} missing: run `scripts/gpu_checks.sh train-fixtures` (scripts/hf_fixtures/make_train_fixtures.py)",
         dir.display()
     );
     dir

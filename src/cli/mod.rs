@@ -43,7 +43,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Compare this engine with HF transformers reference fixtures in a model dir
-    /// (reference.safetensors logits, lambada_reference.json; made by scripts/make_fixtures.py).
+    /// (reference.safetensors logits, lambada_reference.json; made by scripts/hf_fixtures/make_fixtures.py).
     Verify(VerifyArgs),
     /// Environment report: host, GPUs (NVML), driver and CUDA, the CUDA libraries this binary
     /// loads (version, path), peer access, NCCL, and known problems with a fix each. Exits 1

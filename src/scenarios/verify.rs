@@ -1,5 +1,5 @@
 //! Compares this engine with reference fixtures made by HF transformers
-//! (`scripts/make_fixtures.py`): full logits of a padded batch, and per-passage LAMBADA
+//! (`scripts/hf_fixtures/make_fixtures.py`): full logits of a padded batch, and per-passage LAMBADA
 //! tokens, log-likelihoods and greedy flags. Used by the tests and by `bench verify`.
 
 use crate::device::{DeviceSpec, Precision};
@@ -101,7 +101,7 @@ pub fn verify(
         return Err(Error::NotFound {
             what: "reference fixtures".into(),
             path: dir.to_path_buf(),
-            hint: "make them with scripts/make_fixtures.py (reference.safetensors, lambada_reference.json)".into(),
+            hint: "make them with scripts/hf_fixtures/make_fixtures.py (reference.safetensors, lambada_reference.json)".into(),
         });
     }
     Ok(VerifyReport { logits, lambada })

@@ -20,7 +20,7 @@ test's 1e-5 tolerance; warm-up 2 of 10 scheduled steps, so both schedule branche
 Tiny vocabulary (512; random ids) keeps the files small: no tokenizer is involved.
 
 Usage:
-  python3 scripts/make_train_fixtures.py --out tests/fixtures [--archs gpt2,bloom]
+  python3 scripts/hf_fixtures/make_train_fixtures.py --out tests/fixtures [--archs gpt2,bloom]
 """
 import argparse
 import json

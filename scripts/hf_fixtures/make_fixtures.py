@@ -18,9 +18,9 @@ _loglikelihood_tokens) because lm_eval is not installed on the GPU host:
   ll = sum log_softmax(logits)[cont], greedy = all(argmax == cont)
 
 Usage:
-  python3 scripts/make_fixtures.py --vocab-dir DIR --data data/lambada_sample.jsonl \
+  python3 scripts/hf_fixtures/make_fixtures.py --vocab-dir DIR --data data/lambada_sample.jsonl \
       --out tests/fixtures --configs gpt2-fixture,gpt2-fixture-logits
-  python3 scripts/make_fixtures.py ... --configs gpt2 --device cuda --dtype bf16   # 124M shape
+  python3 scripts/hf_fixtures/make_fixtures.py ... --configs gpt2 --device cuda --dtype bf16   # 124M shape
 DIR holds GPT-2's encoder.json and vocab.bpe (tiktoken-rs ships both).
 """
 import argparse
@@ -174,7 +174,7 @@ def main():
             max_len = getattr(cfg, "n_positions", DEFAULT_MAX_LENGTH)
             passages = [score_passage(model, tok, t, max_len, args.device) for t in texts]
             ref = dict(
-                generator="scripts/make_fixtures.py",
+                generator="scripts/hf_fixtures/make_fixtures.py",
                 tokenizer="gpt2" if arch == "gpt2" else "gpt2 (proxy)",
                 transformers=transformers.__version__,
                 torch=torch.__version__,
