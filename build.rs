@@ -54,7 +54,7 @@ fn compile_fused_kernels() {
             .arg(out_dir.join(format!("{name}.ptx")))
             .status()
             .unwrap_or_else(|e| {
-                panic!("cannot run nvcc ({e}): the cuda feature needs a CUDA toolkit on PATH (README, CUDA build)")
+                panic!("cannot run nvcc ({e}): the cuda feature needs a CUDA toolkit on PATH (docs/environment.md, CUDA build)")
             });
         assert!(status.success(), "nvcc failed on {src}");
     }

@@ -105,7 +105,7 @@ fn open_cuda(ordinal: usize) -> Result<Device> {
 #[cfg(not(feature = "cuda"))]
 fn open_cuda(_ordinal: usize) -> Result<Device> {
     Err(Error::Unsupported(
-        "this binary was built without CUDA: rebuild with `cargo build --release --features cuda` (see README, CUDA build)".into(),
+        "this binary was built without CUDA: rebuild with `cargo build --release --features cuda` (see docs/environment.md, CUDA build)".into(),
     ))
 }
 

@@ -77,7 +77,7 @@ pub fn per_second(count: f64, seconds: f64) -> f64 {
 }
 
 /// What the finished batches of a run add up to; the one place a [`Summary`] is computed,
-/// for a whole run and for a killed run's log completed later (see `crate::sweep`).
+/// for a whole run and for a killed run's log completed later (see `crate::launch::sweep`).
 #[derive(Default)]
 pub struct BatchTotals {
     latencies_ms: Vec<f64>,

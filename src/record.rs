@@ -3,7 +3,7 @@
 //! [`Summary`]. Each record is written with a single `write` as soon as it exists, so a run
 //! that dies half-way keeps every finished record.
 //!
-//! A sweep (`crate::sweep`) keeps its own log, `sweep.jsonl`, beside its runs' logs: a
+//! A sweep (`crate::launch::sweep`) keeps its own log, `sweep.jsonl`, beside its runs' logs: a
 //! [`SweepHeader`] per invocation, one [`SweepRun`] per finished child process and one
 //! [`SweepRepeats`] per configuration once its repeats are done.
 //!

@@ -161,7 +161,7 @@ fn nccl_join(dev: &Device, rank: usize, size: usize, id: &[u8]) -> Result<Arc<dy
 }
 
 /// The error of `--tp` on GPUs in a build without NCCL.
-pub const NO_NCCL: &str = "--tp on GPUs needs NCCL: rebuild with `cargo build --release --features nccl` (see README, CUDA build); --device cpu runs tensor parallelism without it";
+pub const NO_NCCL: &str = "--tp on GPUs needs NCCL: rebuild with `cargo build --release --features nccl` (see docs/environment.md, CUDA build); --device cpu runs tensor parallelism without it";
 
 #[cfg(not(feature = "nccl"))]
 fn nccl_id() -> Result<Vec<u8>> {

@@ -33,7 +33,7 @@ pub struct SuiteGeneration {
     pub new_tokens: usize,
 }
 
-/// `[sweep]`: lists whose product runs as one sweep (see `crate::sweep`).
+/// `[sweep]`: lists whose product runs as one sweep (see `crate::launch::sweep`).
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SuiteSweep {
