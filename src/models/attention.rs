@@ -19,17 +19,27 @@ pub const MASKED: f32 = -1e9;
 /// (`s <= t` and `attention_mask[b, s] == 1`), [`MASKED`] elsewhere.
 /// `attention_mask`: (B, T), 1 for real tokens, 0 for padding.
 pub fn causal_padding_bias(attention_mask: &Tensor) -> Result<Tensor> {
-    let (b, t) = attention_mask.dims2()?;
-    let device = attention_mask.device();
-    let causal: Vec<f32> = (0..t)
-        .flat_map(|q| (0..t).map(move |k| if k <= q { 0. } else { MASKED }))
-        .collect();
-    let causal = Tensor::from_vec(causal, (1, 1, t, t), device)?;
+    causal_padding_bias_last(attention_mask, attention_mask.dim(1)?)
+}
+
+/// [`causal_padding_bias`] of the last `tq` of Tk positions (a forward over a KV cache),
+/// (B, 1, tq, Tk) f32: query `i`, at position Tk − tq + i, may attend key `s` when
+/// `s <= Tk - tq + i` and `key_mask[b, s] == 1`. `key_mask`: (B, Tk), 1 real / 0 padding.
+pub fn causal_padding_bias_last(key_mask: &Tensor, tq: usize) -> Result<Tensor> {
+    let (b, tk) = key_mask.dims2()?;
     // (1 - mask) * MASKED: 0 for real keys, MASKED for padding.
-    let keys = attention_mask
+    let keys = key_mask
         .to_dtype(DType::F32)?
         .affine(-(MASKED as f64), MASKED as f64)?
-        .reshape((b, 1, 1, t))?;
+        .reshape((b, 1, 1, tk))?;
+    if tq == 1 {
+        return Ok(keys); // one query, the last position: it sees every key
+    }
+    let past = tk - tq;
+    let causal: Vec<f32> = (0..tq)
+        .flat_map(|q| (0..tk).map(move |k| if k <= past + q { 0. } else { MASKED }))
+        .collect();
+    let causal = Tensor::from_vec(causal, (1, 1, tq, tk), key_mask.device())?;
     causal.broadcast_add(&keys)
 }
 

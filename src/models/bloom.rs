@@ -13,7 +13,10 @@
 //! - `apply_residual_connection_post_layernorm` takes the residual after the norm;
 //! - attention softmax in fp32 whatever the model dtype (shared core does this).
 
-use super::attention::{causal_padding_bias, merge_heads, scaled_dot_product};
+use super::attention::{
+    causal_padding_bias, causal_padding_bias_last, merge_heads, scaled_dot_product,
+};
+use super::cache::{KvCache, LayerKv};
 use super::layers::{
     dropout, load_layer_norm, Activation, Dropout, Mlp, Mode, Norm, Projection,
     WeightLayout::Linear,
@@ -200,6 +203,17 @@ fn alibi_bias(attention_mask: &Tensor, slopes: &Tensor) -> candle_core::Result<T
     pos.broadcast_mul(&slopes.reshape((1, nh, 1, 1))?)
 }
 
+/// ALiBi bias of a forward over a KV cache, (B, nh, 1, Tk) f32: slope_h · key_pos[b, s], the
+/// key positions (cumsum(mask) − 1)·mask of every cached and new position, as HF builds it from
+/// the whole attention mask at every decoding step.
+fn alibi_bias_cached(key_pos: &Tensor, slopes: &Tensor) -> candle_core::Result<Tensor> {
+    let (b, tk) = key_pos.dims2()?;
+    let nh = slopes.dim(0)?;
+    key_pos
+        .reshape((b, 1, 1, tk))?
+        .broadcast_mul(&slopes.reshape((1, nh, 1, 1))?)
+}
+
 /// Under tensor parallelism a rank holds `nh` of the heads: their `query_key_value` rows and
 /// the matching `dense` columns.
 struct Attention {
@@ -220,9 +234,17 @@ impl Attention {
         })
     }
 
-    /// x: (B, T, H); bias: (B, nh, T, T) causal + padding + ALiBi of this rank's heads.
+    /// x: (B, T, H); bias: (B, nh, T, Tk) causal + padding + ALiBi of this rank's heads.
+    /// With `kv` = (cache, start), the new keys and values go into the cache at `start` and the
+    /// queries attend all Tk = start + T cached positions; without, Tk = T.
     /// Returns dense(attn), (B, T, H).
-    fn forward(&self, x: &Tensor, bias: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
+    fn forward(
+        &self,
+        x: &Tensor,
+        bias: &Tensor,
+        kv: Option<(&LayerKv, usize)>,
+        mode: Mode,
+    ) -> candle_core::Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let hs = self.head_size;
         let qkv = self.query_key_value.forward(x)?; // (B, T, nh·3·hs)
@@ -236,6 +258,10 @@ impl Attention {
                 .contiguous()
         };
         let (q, k, v) = (head(0)?, head(1)?, head(2)?);
+        let (k, v) = match kv {
+            Some((cache, start)) => cache.append(&k, &v, start)?, // (B, nh, Tk, hs)
+            None => (k, v),
+        };
         let y = scaled_dot_product(&q, &k, &v, bias, self.scale, mode)?; // (B, nh, T, hs)
         dropout(&self.dense.forward(&merge_heads(&y)?)?, mode.dropout.resid)
     }
@@ -270,10 +296,16 @@ impl Block {
         })
     }
 
-    fn forward(&self, x: &Tensor, bias: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
+    fn forward(
+        &self,
+        x: &Tensor,
+        bias: &Tensor,
+        kv: Option<(&LayerKv, usize)>,
+        mode: Mode,
+    ) -> candle_core::Result<Tensor> {
         let ln = self.input_layernorm.forward(x, mode)?;
         let residual = if self.residual_after_norm { &ln } else { x };
-        let x = (self.self_attention.forward(&ln, bias, mode)? + residual)?;
+        let x = (self.self_attention.forward(&ln, bias, kv, mode)? + residual)?;
         let ln = self.post_attention_layernorm.forward(&x, mode)?;
         let residual = if self.residual_after_norm { &ln } else { &x };
         dropout(&self.mlp.forward(&ln)?, mode.dropout.resid)? + residual
@@ -287,8 +319,9 @@ pub struct Bloom {
     h: Vec<Block>,
     ln_f: Norm,
     lm_head: Option<Tensor>, // (V, H) when not tied
-    slopes: Tensor,          // (nh,) f32
-    dropout: Dropout,        // from the config, used in training mode
+    slopes: Tensor,          // (nh,) f32, this rank's heads
+    head_size: usize,
+    dropout: Dropout, // from the config, used in training mode
     mode: Mode,
 }
 
@@ -334,6 +367,7 @@ impl Bloom {
             ln_f,
             lm_head,
             slopes,
+            head_size: h / cfg.n_head,
             dropout: Dropout {
                 embd: 0.,
                 attn: cfg.attention_dropout,
@@ -360,7 +394,7 @@ impl CausalLm for Bloom {
         let causal = causal_padding_bias(attention_mask)?; // (B, 1, T, T)
         let bias = causal.broadcast_add(&alibi_bias(attention_mask, &self.slopes)?)?; // (B, nh, T, T)
         for block in &self.h {
-            x = block.forward(&x, &bias, self.mode)?;
+            x = block.forward(&x, &bias, None, self.mode)?;
         }
         self.ln_f.forward(&x, self.mode)
     }
@@ -368,6 +402,39 @@ impl CausalLm for Bloom {
     fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
         let head = self.lm_head.as_ref().unwrap_or(&self.word_embeddings); // (V, H)
         hidden.matmul(&head.t()?) // (N, H) @ (H, V) -> (N, V)
+    }
+
+    fn new_cache(&self, batch: usize, max_len: usize) -> candle_core::Result<KvCache> {
+        let shape = (self.slopes.dim(0)?, self.head_size);
+        let (dtype, device) = (self.word_embeddings.dtype(), self.word_embeddings.device());
+        KvCache::new(self.h.len(), batch, max_len, shape, dtype, device)
+    }
+
+    fn forward_cached(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        cache: &mut KvCache,
+    ) -> candle_core::Result<Tensor> {
+        let (b, t) = input_ids.dims2()?;
+        let step = cache.begin(attention_mask, self.h.len())?;
+        let x = self
+            .word_embeddings
+            .index_select(&input_ids.flatten_all()?, 0)?; // (B·T, H)
+        let inference = Mode::default();
+        let mut x = self
+            .word_embeddings_layernorm
+            .forward(&x.reshape((b, t, ()))?, inference)?; // (B, T, H)
+        let causal = causal_padding_bias_last(&step.key_mask, t)?; // (B, 1, T, Tk)
+        let alibi = alibi_bias_cached(&step.key_pos, &self.slopes)?; // (B, nh, 1, Tk)
+        let bias = causal.broadcast_add(&alibi)?; // (B, nh, T, Tk)
+        for (i, block) in self.h.iter().enumerate() {
+            let kv = Some((cache.layer(i)?, step.start));
+            x = block.forward(&x, &bias, kv, inference)?;
+        }
+        cache.commit(step);
+        let last = x.narrow(1, t - 1, 1)?.squeeze(1)?.contiguous()?; // (B, H)
+        self.logits(&self.ln_f.forward(&last, inference)?) // (B, V)
     }
 
     fn max_positions(&self) -> usize {

@@ -10,8 +10,10 @@
 //! - pre-norm blocks, a final `ln_f`, and the LM head tied to `wte`.
 
 use super::attention::{
-    causal_padding_bias, merge_heads, positions, scaled_dot_product, split_heads,
+    causal_padding_bias, causal_padding_bias_last, merge_heads, positions, scaled_dot_product,
+    split_heads,
 };
+use super::cache::{KvCache, LayerKv};
 use super::layers::{
     dropout, load_layer_norm, Activation, Dropout, Mlp, Mode, Norm, Projection,
     WeightLayout::Conv1D,
@@ -20,7 +22,7 @@ use super::shard::Split;
 use super::CausalLm;
 use crate::dist::Tp;
 use crate::error::{Error, Result};
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use candle_nn::{Init, VarBuilder};
 use serde::Deserialize;
 
@@ -198,14 +200,26 @@ impl Attention {
         })
     }
 
-    /// x: (B, T, C), bias: (B, 1, T, T) -> (B, T, C)
-    fn forward(&self, x: &Tensor, bias: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
+    /// x: (B, T, C), bias: (B, 1, T, Tk) -> (B, T, C). With `kv` = (cache, start), the new
+    /// keys and values go into the cache at `start` and the queries attend all Tk = start + T
+    /// cached positions; without, Tk = T.
+    fn forward(
+        &self,
+        x: &Tensor,
+        bias: &Tensor,
+        kv: Option<(&LayerKv, usize)>,
+        mode: Mode,
+    ) -> candle_core::Result<Tensor> {
         let qkv = self.c_attn.forward(x)?; // (B, T, 3c), c = C without tensor parallelism
         let c = qkv.dim(2)? / 3;
         let nh = c / self.head_size;
         let q = split_heads(&qkv.narrow(2, 0, c)?, nh)?; // (B, nh, T, hs)
         let k = split_heads(&qkv.narrow(2, c, c)?, nh)?;
         let v = split_heads(&qkv.narrow(2, 2 * c, c)?, nh)?;
+        let (k, v) = match kv {
+            Some((cache, start)) => cache.append(&k, &v, start)?, // (B, nh, Tk, hs)
+            None => (k, v),
+        };
         let y = scaled_dot_product(&q, &k, &v, bias, self.scale, mode)?; // (B, nh, T, hs)
         dropout(&self.c_proj.forward(&merge_heads(&y)?)?, mode.dropout.resid)
     }
@@ -247,10 +261,16 @@ impl Block {
         })
     }
 
-    fn forward(&self, x: &Tensor, bias: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
+    fn forward(
+        &self,
+        x: &Tensor,
+        bias: &Tensor,
+        kv: Option<(&LayerKv, usize)>,
+        mode: Mode,
+    ) -> candle_core::Result<Tensor> {
         let x = (x + self
             .attn
-            .forward(&self.ln_1.forward(x, mode)?, bias, mode)?)?;
+            .forward(&self.ln_1.forward(x, mode)?, bias, kv, mode)?)?;
         let mlp = self.mlp.forward(&self.ln_2.forward(&x, mode)?)?;
         &x + dropout(&mlp, mode.dropout.resid)?
     }
@@ -264,6 +284,8 @@ pub struct Gpt2 {
     ln_f: Norm,
     lm_head: Option<Tensor>, // (V, C) when not tied to wte
     cfg: Config,
+    /// Heads this rank computes (all of them without tensor parallelism).
+    local_heads: usize,
     mode: Mode,
 }
 
@@ -305,8 +327,18 @@ impl Gpt2 {
             ln_f,
             lm_head,
             cfg: cfg.clone(),
+            local_heads: tp.part(cfg.n_head).len(),
             mode: Mode::default(),
         })
+    }
+
+    /// Token + position embeddings of the new positions, (B, T, C); positions: (B, T) f32.
+    fn embed_at(&self, input_ids: &Tensor, positions: &Tensor) -> candle_core::Result<Tensor> {
+        let (b, t) = input_ids.dims2()?;
+        let pos = positions.to_dtype(DType::U32)?.flatten_all()?; // (B·T,)
+        let pos = self.wpe.index_select(&pos, 0)?; // (B·T, C)
+        let tok = self.wte.index_select(&input_ids.flatten_all()?, 0)?; // (B·T, C)
+        (tok + pos)?.reshape((b, t, ()))
     }
 }
 
@@ -332,7 +364,7 @@ impl CausalLm for Gpt2 {
         let mut x = dropout(&x, self.mode.dropout.embd)?;
         let bias = causal_padding_bias(attention_mask)?; // (B, 1, T, T)
         for block in &self.h {
-            x = block.forward(&x, &bias, self.mode)?;
+            x = block.forward(&x, &bias, None, self.mode)?;
         }
         self.ln_f.forward(&x, self.mode)
     }
@@ -356,6 +388,41 @@ impl CausalLm for Gpt2 {
         let zeros = Tensor::zeros((pad, c), head.dtype(), head.device())?;
         let head = Tensor::cat(&[head, &zeros], 0)?; // (V', C)
         Ok((hidden.matmul(&head.t()?)?, v)) // (N, V')
+    }
+
+    fn new_cache(&self, batch: usize, max_len: usize) -> candle_core::Result<KvCache> {
+        let hs = self.cfg.n_embd / self.cfg.n_head;
+        let shape = (self.local_heads, hs);
+        let (dtype, device) = (self.wte.dtype(), self.wte.device());
+        KvCache::new(self.h.len(), batch, max_len, shape, dtype, device)
+    }
+
+    /// Position ids from the mask, as HF `generate` makes them for left-padded batches:
+    /// cumsum(mask) − 1, 0 for padding.
+    fn forward_cached(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        cache: &mut KvCache,
+    ) -> candle_core::Result<Tensor> {
+        let t = input_ids.dim(1)?;
+        if cache.len() + t > self.cfg.n_positions {
+            return Err(candle_core::Error::Msg(format!(
+                "{} cached + {t} new positions is more than n_positions {}: use shorter prompts or fewer new tokens",
+                cache.len(),
+                self.cfg.n_positions
+            )));
+        }
+        let step = cache.begin(attention_mask, self.h.len())?;
+        let mut x = self.embed_at(input_ids, &step.positions)?; // (B, T, C)
+        let bias = causal_padding_bias_last(&step.key_mask, t)?; // (B, 1, T, Tk)
+        for (i, block) in self.h.iter().enumerate() {
+            let kv = Some((cache.layer(i)?, step.start));
+            x = block.forward(&x, &bias, kv, Mode::default())?;
+        }
+        cache.commit(step);
+        let last = x.narrow(1, t - 1, 1)?.squeeze(1)?.contiguous()?; // (B, C)
+        self.logits(&self.ln_f.forward(&last, Mode::default())?) // (B, V)
     }
 
     fn max_positions(&self) -> usize {

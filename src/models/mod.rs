@@ -1,10 +1,13 @@
 //! Models the bench runs, and how a `--model NAME` or `--model-dir DIR` becomes one.
 //!
 //! Each architecture lives in its own file; what they really share (the attention core,
-//! weight loading) lives in [`attention`] and [`weights`]. Suites only see [`CausalLm`].
+//! weight loading) lives in [`attention`] and [`weights`]. Suites only see [`CausalLm`];
+//! incremental decoding goes through its KV cache ([`cache`]) and [`generate`].
 
 pub mod attention;
 pub mod bloom;
+pub mod cache;
+pub mod generate;
 pub mod gpt2;
 pub mod handoff;
 pub mod layers;
@@ -14,6 +17,7 @@ pub mod weights;
 
 use crate::dist::Tp;
 use crate::error::{Error, Result};
+pub use cache::KvCache;
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 use std::path::Path;
@@ -51,6 +55,24 @@ pub trait CausalLm {
 
     /// Longest sequence the model accepts.
     fn max_positions(&self) -> usize;
+
+    /// A KV cache for [`CausalLm::forward_cached`]: `batch` rows of up to `max_len` positions,
+    /// every layer of this model (under tensor parallelism: this rank's heads), in its dtype on
+    /// its device.
+    fn new_cache(&self, batch: usize, max_len: usize) -> candle_core::Result<KvCache>;
+
+    /// The next T positions of every row through the model, attending the positions already
+    /// in `cache` and writing their own keys and values into it (in place): the prefill is
+    /// the prompt into an empty cache, a decode step one token. input_ids: (B, T) u32;
+    /// attention_mask: (B, T) u32 of the new positions, 1 real token, 0 (left) padding; the
+    /// cache carries the mask of the earlier ones. Returns the logits of the last position,
+    /// (B, V). Always the inference path (no dropout), whatever [`CausalLm::set_training`] said.
+    fn forward_cached(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        cache: &mut KvCache,
+    ) -> candle_core::Result<Tensor>;
 
     /// Switches to training: differentiable ops everywhere and, `with_dropout`, the config's
     /// dropout (see [`layers::Mode`]). Models start in inference mode.
