@@ -196,3 +196,39 @@ fn bad_generation_input_is_one_line() {
     one_line_error(&["--acc-threshold", "0.1"], "--acc-threshold");
     one_line_error(&["--new-tokens", "4"], "--suite generation");
 }
+
+/// Generated ids of every passage of a generation log, in file order.
+fn generated(log: &Path) -> Vec<Value> {
+    records(log)
+        .iter()
+        .filter(|r| r["record"] == "gen_batch")
+        .flat_map(|r| r["passages"].as_array().unwrap().clone())
+        .map(|p| p["generated"].clone())
+        .collect()
+}
+
+#[test]
+fn tensor_parallel_generation_generates_what_one_process_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--mode", "generate", "--limit", "6", "--batch-size", "3"];
+    let one = bench_logging_to(&dir.path().join("tp1"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(one.status.success(), "{}", text(&one));
+    let two = bench_logging_to(&dir.path().join("tp2"))
+        .args(args)
+        .args(["--tp", "2"])
+        .output()
+        .unwrap();
+    assert!(two.status.success(), "{}", text(&two));
+    let logs = |d: &str| -> PathBuf {
+        std::fs::read_dir(dir.path().join(d))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|x| x == "jsonl"))
+            .unwrap()
+    };
+    // fp32 on CPU, the all-reduce summing in rank order: the same greedy choices.
+    assert_eq!(generated(&logs("tp1")), generated(&logs("tp2")));
+}

@@ -143,9 +143,8 @@ pub trait Generate: Engine {
     /// `timed_steps`: synchronize after each token to time it (time to first token,
     /// inter-token latency); off, only the whole call is timed.
     fn generate(&mut self, req: &GenerateRequest, timed_steps: bool) -> Result<Generated>;
-    /// Bytes of the KV cache for `batch` rows of `positions` (None where unknown).
-    fn kv_cache_bytes(&self, batch: usize, positions: usize) -> Option<u64> {
-        let _ = (batch, positions);
+    /// Bytes of the KV cache the last call used (None where the engine does not say).
+    fn kv_cache_bytes(&self) -> Option<u64> {
         None
     }
 }

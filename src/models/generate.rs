@@ -190,7 +190,7 @@ mod tests {
     use super::*;
     use crate::dist::collective::TcpAllReduce;
     use crate::dist::AllReduce;
-    use crate::models::shard::Tp;
+    use crate::dist::Tp;
     use crate::models::{ModelSpec, WeightSource};
     use std::sync::Arc;
     use std::time::Duration;
@@ -253,7 +253,7 @@ mod tests {
                     assert_eq!(ids, &one.0, "{name} tp{size} rank {rank}");
                 }
                 let heads: Vec<usize> = (0..size)
-                    .map(|r| crate::models::shard::part(4, r, size).len())
+                    .map(|r| crate::dist::part(4, r, size).len())
                     .collect();
                 let bytes: Vec<usize> = ranks.iter().map(|r| r.1).collect();
                 let want: Vec<usize> = heads.iter().map(|h| one.1 / 4 * h).collect();

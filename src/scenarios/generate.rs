@@ -292,8 +292,7 @@ fn generate_all(
                 break;
             }
         };
-        let positions = record.prompt_len + record.new_tokens;
-        kv_cache_bytes = kv_cache_bytes.max(engine.kv_cache_bytes(b.prompts.len(), positions));
+        kv_cache_bytes = kv_cache_bytes.max(engine.kv_cache_bytes());
         totals.add(&record);
         log.write(&Record::GenBatch(record))?;
         bar.inc(b.prompts.len() as u64);

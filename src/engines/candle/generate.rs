@@ -4,7 +4,7 @@
 use super::CandleEngine;
 use crate::engines::{Generate, GenerateRequest, Generated};
 use crate::error::Result;
-use crate::models::generate::{generate, left_pad, Greedy};
+use crate::models::generate::{generate_in, left_pad, Greedy};
 use std::time::Instant;
 
 impl Generate for CandleEngine {
@@ -30,7 +30,14 @@ impl Generate for CandleEngine {
             }
             Ok(())
         };
-        let ids = generate(self.model.as_ref(), &prompts, &greedy, &mut hook)?;
+        let (rows, need) = (prompts.batch(), prompts.len() + req.new_tokens);
+        let fits = |c: &crate::models::KvCache| c.batch() == rows && c.max_len() >= need;
+        if !self.cache.as_ref().is_some_and(fits) {
+            self.cache = None; // the old one's memory goes back before the new one is made
+            self.cache = Some(self.model.new_cache(rows, need)?);
+        }
+        let cache = self.cache.as_mut().expect("made above");
+        let ids = generate_in(self.model.as_ref(), cache, &prompts, &greedy, &mut hook)?;
         // to_vec2 copied the ids to the host: the device is done.
         Ok(Generated {
             ids,
@@ -39,8 +46,7 @@ impl Generate for CandleEngine {
         })
     }
 
-    fn kv_cache_bytes(&self, batch: usize, positions: usize) -> Option<u64> {
-        let _ = (batch, positions);
-        None // TEMP
+    fn kv_cache_bytes(&self) -> Option<u64> {
+        self.cache.as_ref().map(|c| c.bytes() as u64)
     }
 }

@@ -14,7 +14,7 @@ use crate::device::{synchronize, Precision};
 use crate::dist::Tp;
 use crate::error::Result;
 use crate::models::weights::save_checkpoint;
-use crate::models::{CausalLm, ModelSpec, Recorder, WeightSource};
+use crate::models::{CausalLm, KvCache, ModelSpec, Recorder, WeightSource};
 use crate::trackers::{MemoryReading, MemoryTracker};
 use candle_core::Device;
 use std::collections::BTreeMap;
@@ -27,6 +27,9 @@ pub struct CandleEngine {
     pub device: Device,
     pub memory: Option<MemoryTracker>,
     pub load_seconds: f64,
+    /// Generation: the KV cache, kept between calls (a new one only when a call needs more
+    /// rows or positions than it has).
+    pub cache: Option<KvCache>,
 }
 
 /// What the candle engine records in a log header: its version and, on CUDA, which fused
@@ -89,6 +92,7 @@ impl CandleEngine {
             device,
             memory,
             load_seconds,
+            cache: None,
         })
     }
 }
