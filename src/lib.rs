@@ -10,6 +10,7 @@
 //! - [`runner`]: one run end to end; [`sweep`]: a matrix of runs, each in a child process;
 //!   [`cli`]: the `bench` command line.
 //! - [`dist`]: multi-process launch (self-spawned, torchrun, Open MPI, Slurm) and rendezvous.
+//! - `report` (feature `report`): `extract-metrics` and `plot`, logs -> CSV, Markdown, charts.
 
 pub mod cli;
 pub mod data;
@@ -18,16 +19,14 @@ pub mod dist;
 pub mod engines;
 pub mod env;
 pub mod error;
-#[cfg(feature = "report")]
-pub mod extract;
 pub mod flops;
 pub mod kernels;
 pub mod metrics;
 pub mod models;
-#[cfg(feature = "report")]
-pub mod plot;
 pub mod profile;
 pub mod record;
+#[cfg(feature = "report")]
+pub mod report;
 pub mod runner;
 pub mod suites;
 pub mod sweep;
