@@ -68,10 +68,19 @@ done
 $X -i "$R/h100/perf/train-round2/*/*.jsonl.gz" -o $R/h100_perf_train_round2.csv
 $X -i "$R/h100/perf/final/*.jsonl.gz" -o $R/h100_perf_final.csv
 
+# Training runs, sweeps (repeats; bloom-7b1 batch sizes) into CSVs. (h100_perf.csv, whose
+# engine column was renamed by hand to candle-fused / candle-unfused, is not made here.)
+$X -i "$R/h100/train/*.jsonl.gz" -o $R/h100_train.csv
+$X -i "$R/h100/train-2026-11-22/*.jsonl.gz" -o $R/h100_train_2026-11-22.csv
+$X -i $R/h100/sweeps/sweep_20261121T233609Z -o $R/h100_gpt2_repeat.csv
+$X -i $R/h200/sweeps/sweep_20261121T222702Z -o $R/h200_gpt2_repeat.csv
+$X -i $R/h100/sweeps/sweep_20261121T233648Z -o $R/h100_bloom7b1_batch_sweep.csv
+$X -i $R/h200/sweeps/sweep_20261121T222734Z -o $R/h200_bloom7b1_batch_sweep.csv
+
 # The tables of results/README.md.
-TRAIN_COLS=engine,dtype,train_samples_per_second:.2=train_samples_per_second,step_latency_ms_p50:.1=step p50 ms,train_loss_first:.3,train_loss_last:.3,train_loss:.4,eval_loss:.4,perplexity:.1,peak_memory_bytes:GB.1=peak GB,status
-table perf-final -i $R/h100/perf/final --ratio candle/hf
-table train-round2 -i $R/h100/perf/train-round2 --where suite=wikitext2 --sort git_commit,engine \
+TRAIN_COLS="engine,dtype,train_samples_per_second:.2=train_samples_per_second,step_latency_ms_p50:.1=step p50 ms,train_loss_first:.3,train_loss_last:.3,train_loss:.4,eval_loss:.4,perplexity:.1,peak_memory_bytes:GB.1=peak GB,status"
+table perf-final -i "$R/h100/perf/final/*.jsonl.gz" --where dtype=bf16 --ratio candle/hf
+table train-round2 -i "$R/h100/perf/train-round2/*/*.jsonl.gz" --where suite=wikitext2 --sort git_commit,engine \
   --columns "engine,git_commit,run,train_samples_per_second:.2,phases_ms_p50_forward:.1=forward p50 ms,phases_ms_p50_backward:.1=backward p50 ms,phases_ms_p50_update:.1=update p50 ms,peak_memory_bytes:GB.1=peak GB"
 table dp200-h200x4 -i $R/h200x4/dp-200 --table dp-report
 table dp200-h200x2 -i $R/h200x2/dp-200 --table dp-report
