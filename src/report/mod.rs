@@ -2,8 +2,11 @@
 //! Everything here reads what `bench` (or HF Trainer, or llm.c) wrote and depends only on the
 //! log contract ([`crate::record`]) and the metric definitions ([`crate::metrics`]).
 //!
+//! - [`row`]: one run's row (metadata, numbers), the polars helpers, reading a gzipped log:
+//!   the bottom layer, which imports nothing else of `report`.
 //! - [`extract`]: `extract-metrics`, logs -> one row per run (polars) -> CSV or Markdown, and
-//!   the report tables it can print instead ([`table`]).
+//!   the report tables it can print instead ([`table`]). The command sits on top: it imports
+//!   `table`, which imports only `row`.
 //! - [`table`]: Markdown rendering with per-column formats, the ratio table of two engines,
 //!   and the data- / tensor-parallel reports that compare runs step by step or passage by
 //!   passage.
@@ -13,6 +16,7 @@
 pub mod extract;
 pub mod filter;
 pub mod plot;
+pub mod row;
 pub mod table;
 
 /// A command-line error of either binary in one line (clap's own ends with a usage hint on

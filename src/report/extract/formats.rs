@@ -4,6 +4,7 @@
 //! [`super::schema`]); lines a parser does not recognise are counted, never fatal.
 
 use super::{bench_log, hf, llmc, Num, RunRow};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// A log format, as `--format` names it.
@@ -35,6 +36,34 @@ impl Format {
             Format::HfTrainerState => "hf-trainer-state",
             Format::LlmcLog => "llmc-log",
             Format::LlmcMainLog => "llmc-main-log",
+        }
+    }
+}
+
+impl RunRow {
+    /// An empty row of a file in `format`.
+    pub fn new(path: &Path, format: Format) -> Self {
+        // A run is named by its file, or by its directory for HF Trainer's fixed file names.
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let run = match format {
+            Format::HfTrainerResults | Format::HfTrainerState => path
+                .parent()
+                .and_then(|p| p.file_name())
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or(stem),
+            _ => stem,
+        };
+        let meta = BTreeMap::from([
+            ("run".to_string(), run),
+            ("file".to_string(), path.display().to_string()),
+            ("format".to_string(), format.name().to_string()),
+        ]);
+        Self {
+            meta,
+            metrics: BTreeMap::new(),
         }
     }
 }

@@ -3,6 +3,7 @@
 
 use super::{schema, Num, RunRow};
 use crate::error::{Error, Result};
+use crate::report::row::{column_names, polars_err};
 use polars::prelude::*;
 use std::collections::BTreeSet;
 
@@ -124,18 +125,6 @@ pub fn grouped_frame(df: DataFrame, by: &[String]) -> Result<DataFrame> {
         .agg(aggs)
         .collect()
         .map_err(polars_err)
-}
-
-pub fn column_names(df: &DataFrame) -> String {
-    df.get_column_names()
-        .iter()
-        .map(|c| c.as_str())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-pub fn polars_err(e: PolarsError) -> Error {
-    Error::Config(format!("table error: {e}"))
 }
 
 /// CSV bytes of a frame.

@@ -61,21 +61,4 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-pub fn is_gz(path: &Path) -> bool {
-    path.extension().is_some_and(|e| e == "gz")
-}
-
-/// A file's bytes, gunzipped if its name ends in `.gz`.
-pub fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
-    use std::io::Read;
-    let bytes =
-        std::fs::read(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-    if !is_gz(path) {
-        return Ok(bytes);
-    }
-    let mut out = vec![];
-    flate2::read::MultiGzDecoder::new(&bytes[..])
-        .read_to_end(&mut out)
-        .map_err(|e| Error::io(format!("gunzipping {}", path.display()), e))?;
-    Ok(out)
-}
+pub use crate::report::row::{is_gz, read_maybe_gz};

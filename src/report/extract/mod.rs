@@ -22,116 +22,15 @@ pub mod schema;
 
 use crate::error::{Error, Result};
 use crate::report::filter::Where;
+pub use crate::report::row::{column_names, polars_err, read_maybe_gz, Num, RunRow};
 use crate::report::table::{self, Col, TableKind};
 use clap::Parser;
 use formats::{detect, parse, Format, FORMAT_NAMES};
-pub use frame::{column_names, grouped_frame, long_frame, polars_err, to_csv, wide_frame};
-pub use inputs::{collect_inputs, read_maybe_gz};
+pub use frame::{grouped_frame, long_frame, to_csv, wide_frame};
+pub use inputs::collect_inputs;
 use polars::prelude::DataFrame;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-
-/// A metric's value. Integer quantities (sizes, counts, bytes) stay integers, so the CSV says
-/// `8`, not `8.0`; a column is written as integers when every run's value in it is one.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Num {
-    Int(i64),
-    Float(f64),
-}
-
-impl Num {
-    pub fn as_f64(self) -> f64 {
-        match self {
-            Num::Int(i) => i as f64,
-            Num::Float(f) => f,
-        }
-    }
-
-    /// A JSON number as it was written: `8` an integer, `8.0` a float.
-    pub fn from_json(v: &serde_json::Value) -> Option<Self> {
-        v.as_i64()
-            .map(Num::Int)
-            .or_else(|| v.as_f64().map(Num::Float))
-    }
-}
-
-impl From<usize> for Num {
-    fn from(v: usize) -> Self {
-        Num::Int(v as i64)
-    }
-}
-
-impl From<u64> for Num {
-    fn from(v: u64) -> Self {
-        Num::Int(v as i64)
-    }
-}
-
-impl From<f64> for Num {
-    fn from(v: f64) -> Self {
-        Num::Float(v)
-    }
-}
-
-/// One run's row before it becomes a table row.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RunRow {
-    pub meta: BTreeMap<String, String>,
-    pub metrics: BTreeMap<String, Num>,
-}
-
-impl RunRow {
-    pub fn new(path: &Path, format: Format) -> Self {
-        // A run is named by its file, or by its directory for HF Trainer's fixed file names.
-        let stem = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let run = match format {
-            Format::HfTrainerResults | Format::HfTrainerState => path
-                .parent()
-                .and_then(|p| p.file_name())
-                .map(|p| p.to_string_lossy().into_owned())
-                .unwrap_or(stem),
-            _ => stem,
-        };
-        let meta = BTreeMap::from([
-            ("run".to_string(), run),
-            ("file".to_string(), path.display().to_string()),
-            ("format".to_string(), format.name().to_string()),
-        ]);
-        Self {
-            meta,
-            metrics: BTreeMap::new(),
-        }
-    }
-
-    /// Sets a metric.
-    pub fn set(&mut self, key: impl Into<String>, value: impl Into<Num>) {
-        self.metrics.insert(key.into(), value.into());
-    }
-
-    /// A metric as f64.
-    pub fn num(&self, key: &str) -> Option<f64> {
-        self.metrics.get(key).map(|v| v.as_f64())
-    }
-
-    /// A column's cell as text (metadata as is, metrics as numbers), None when empty.
-    pub fn cell(&self, key: &str) -> Option<String> {
-        if let Some(v) = self.meta.get(key) {
-            return Some(v.clone());
-        }
-        self.metrics.get(key).map(|v| match v {
-            Num::Int(i) => i.to_string(),
-            Num::Float(f) => f.to_string(),
-        })
-    }
-
-    fn has(&self, key: &str) -> bool {
-        self.meta.contains_key(key) || self.metrics.contains_key(key)
-    }
-}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -227,6 +126,27 @@ pub fn extract(
     Ok(rows)
 }
 
+/// The bench run logs among `files` whose row satisfies `wheres`: what `--table` reads.
+fn bench_logs(files: &[PathBuf], wheres: &[Where]) -> Result<Vec<PathBuf>> {
+    let mut keep = vec![];
+    for path in files {
+        let text = String::from_utf8_lossy(&read_maybe_gz(path)?).into_owned();
+        let plain = path.with_extension("");
+        let named = if inputs::is_gz(path) { &plain } else { path };
+        if detect(named, &text) != Some(Format::BenchJsonl) {
+            continue;
+        }
+        let (rows, _) = parse(Format::BenchJsonl, named, &text);
+        if rows
+            .first()
+            .is_some_and(|r| wheres.iter().all(|w| w.matches(r.cell(&w.key).as_deref())))
+        {
+            keep.push(path.clone());
+        }
+    }
+    Ok(keep)
+}
+
 /// Keeps the rows that satisfy every condition; a KEY no row has is an error.
 pub fn filter_rows(rows: &mut Vec<RunRow>, wheres: &[Where]) -> Result<()> {
     for w in wheres {
@@ -313,7 +233,7 @@ pub fn run(args: Args) -> Result<()> {
     let files = collect_inputs(&args.inputs)?;
     let (csv_to, md_to) = sinks(&args)?;
     if let Some(kind) = args.table {
-        let text = table::report(kind, &files, &wheres)?;
+        let text = table::report(kind, &bench_logs(&files, &wheres)?)?;
         return write_to(
             &md_to.or(csv_to).unwrap_or_default(),
             text.as_bytes(),

@@ -5,8 +5,8 @@
 
 use super::{units, Args};
 use crate::error::{Error, Result};
-use crate::report::extract::{column_names, polars_err};
 use crate::report::filter::Where;
+use crate::report::row::{column_names, polars_err};
 use polars::prelude::*;
 use std::collections::BTreeMap;
 

@@ -4,9 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::record::{BatchRecord, Header, Record, StepRecord, Summary, TrainSummary};
-use crate::report::extract::formats::{detect, parse, Format};
-use crate::report::extract::inputs::{is_gz, read_maybe_gz};
-use crate::report::filter::Where;
+use crate::report::row::read_maybe_gz;
 use std::path::{Path, PathBuf};
 
 /// One run log's records.
@@ -32,27 +30,13 @@ impl Run {
     }
 }
 
-/// The bench run logs among `files` (others, e.g. `host.txt`, are left out) that satisfy
-/// `wheres`, in file order. None at all is an error.
-pub fn read_runs(files: &[PathBuf], wheres: &[Where]) -> Result<Vec<Run>> {
+/// The run logs among `files`, in file order; files without a run-log header (e.g.
+/// `host.txt`, sweep logs) are left out. None at all is an error.
+pub fn read_runs(files: &[PathBuf]) -> Result<Vec<Run>> {
     let mut runs = vec![];
     for path in files {
         let text = String::from_utf8_lossy(&read_maybe_gz(path)?).into_owned();
-        let named = if is_gz(path) {
-            path.with_extension("")
-        } else {
-            path.clone()
-        };
-        if detect(&named, &text) != Some(Format::BenchJsonl) {
-            continue;
-        }
-        let (rows, _) = parse(Format::BenchJsonl, &named, &text);
-        let keep = rows
-            .first()
-            .is_some_and(|r| wheres.iter().all(|w| w.matches(r.cell(&w.key).as_deref())));
-        if let (true, Some(run)) = (keep, read_run(path, &text)) {
-            runs.push(run);
-        }
+        runs.extend(read_run(path, &text));
     }
     if runs.is_empty() {
         return Err(Error::Config(

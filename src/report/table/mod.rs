@@ -9,8 +9,7 @@ pub mod ratio;
 pub mod tp;
 
 use crate::error::{Error, Result};
-use crate::report::extract::{column_names, polars_err};
-use crate::report::filter::Where;
+use crate::report::row::{column_names, polars_err};
 use polars::prelude::*;
 use std::cmp::Ordering;
 use std::path::PathBuf;
@@ -27,9 +26,9 @@ pub enum TableKind {
     TpScaling,
 }
 
-/// The Markdown report `kind` of the bench logs among `files` that satisfy `wheres`.
-pub fn report(kind: TableKind, files: &[PathBuf], wheres: &[Where]) -> Result<String> {
-    let runs = logs::read_runs(files, wheres)?;
+/// The Markdown report `kind` of the bench run logs among `files`.
+pub fn report(kind: TableKind, files: &[PathBuf]) -> Result<String> {
+    let runs = logs::read_runs(files)?;
     match kind {
         TableKind::DpReport => dp::report(&runs),
         TableKind::TpAgreement => tp::agreement(&runs),

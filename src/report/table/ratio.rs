@@ -8,7 +8,7 @@
 
 use super::{precision_rank, Col, Fmt};
 use crate::error::{Error, Result};
-use crate::report::extract::{polars_err, RunRow};
+use crate::report::row::{polars_err, RunRow};
 use polars::prelude::*;
 use std::path::Path;
 
