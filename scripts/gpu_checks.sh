@@ -36,7 +36,7 @@
 #                  with --grad-accum N (the same global batch: equal loss curves), then bf16 with
 #                  dropout, 3 warm-up + $DP_STEPS (50) timed steps at dp 1, dp N, dp N --zero 1
 #                  (the ZeRO-1 runs only for the sizes in $DP_ZERO_SIZES, default all);
-#                  scripts/dp_report.py prints both tables                    -> dp-logs.tgz
+#                  `extract-metrics --table dp-report` makes both tables from  -> dp-logs.tgz
 #   perf-profile   ncu kernel times of one forward / one training step, candle and HF, same call
 #                  index (TB_CUDA_PROFILE): gpt2 bs16 and bs1, bloom-560m and bloom-7b1 bs16,
 #                  gpt2 training step; scripts/kernel_breakdown.py sums them by op -> perf-profile.tgz
@@ -185,7 +185,8 @@ for stage in "$@"; do
         dp_run "$m" bf16 --warmup 3 --max-steps "$steps" --dp "$n" --zero 1 ;;
       esac
     done
-    python3 scripts/dp_report.py /tmp/dp-logs | tee -a "$OUT/dp.txt"
+    # The tables come from the logs on a report build: extract-metrics --table dp-report -i DIR.
+    echo "tables: unpack dp-logs.tgz, then extract-metrics --table dp-report -i dp-logs" | tee -a "$OUT/dp.txt"
     ;;
   perf-profile)
     L="--suite lambada --data .gpu/lambada_test.jsonl"

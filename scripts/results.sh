@@ -1,12 +1,32 @@
 #!/usr/bin/env bash
-# Regenerates results/*.csv and results/*.png from the committed run logs.
+# Regenerates results/*.csv, results/*.png and the tables of results/README.md from the
+# committed run logs, with the release binaries only (extract-metrics, plot).
 #   bash scripts/results.sh        (builds the release binaries first if needed)
+# Each generated table sits in results/README.md between `<!-- table NAME -->` and
+# `<!-- /table -->`; `git diff results/` shows what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --quiet --bin extract-metrics --bin plot
 X=target/release/extract-metrics
 P=target/release/plot
 R=results
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+
+# table NAME EXTRACT-METRICS-ARGS…: the Markdown table into results/README.md between its
+# markers (indented as the opening marker is, so a table can sit in a list item).
+table() {
+  local name=$1
+  shift
+  $X "$@" -o "$T/$name.md"
+  grep -q "^ *<!-- table $name -->$" $R/README.md || { echo "no <!-- table $name --> in $R/README.md" >&2; exit 1; }
+  awk -v start="<!-- table $name -->" -v file="$T/$name.md" '
+    { line = $0; sub(/^ +/, "", line); indent = substr($0, 1, length($0) - length(line)) }
+    line == start { print; while ((getline l < file) > 0) print (l == "" ? "" : indent l); skip = 1; next }
+    skip && line == "<!-- /table -->" { skip = 0 }
+    !skip { print }' $R/README.md > "$T/README.md"
+  cp "$T/README.md" $R/README.md
+}
 
 # Every H100 log into one CSV; the candle-vs-HF pairs (one commit, one session) into another.
 $X -i "$R/h100/*.jsonl.gz" "$R/h100/engines/*.jsonl.gz" -o $R/h100.csv
@@ -23,30 +43,53 @@ echo "wrote $R/h100.csv, $R/h100_engines.csv and $R/h100_*.png"
 
 # Tensor parallelism on H200s: every run into one CSV; charts from the one 4x run with the fixed binary.
 $X -i "$R/h200x2/tp/*.jsonl.gz" "$R/h200x4/tp/*.jsonl.gz" "$R/h200x4/tp-run2/*.jsonl.gz" -o $R/h200_tp.csv
-$X -i "$R/h200x4/tp-run2/*.jsonl.gz" -o /tmp/h200x4_tp_run2.csv
+$X -i "$R/h200x4/tp-run2/*.jsonl.gz" -o "$T/h200x4_tp_run2.csv"
 for m in bloom-7b1 gpt2-xl; do
-  $P -i /tmp/h200x4_tp_run2.csv -o $R/h200x4_tp_${m}_bs16.png --metric samples_per_second --x tp \
+  $P -i "$T/h200x4_tp_run2.csv" -o $R/h200x4_tp_${m}_bs16.png --metric samples_per_second --x tp \
      --model $m --batch-size 16 --bf16 --title "LAMBADA $m bf16 batch 16, 4x H200: samples/s by tensor-parallel degree"
-  $P -i /tmp/h200x4_tp_run2.csv -o $R/h200x4_tp_${m}_bs16_memory.png --metric peak_memory_bytes --x tp \
+  $P -i "$T/h200x4_tp_run2.csv" -o $R/h200x4_tp_${m}_bs16_memory.png --metric peak_memory_bytes --x tp \
      --model $m --batch-size 16 --bf16 --title "LAMBADA $m bf16 batch 16, 4x H200: peak memory of rank 0"
 done
-python3 scripts/tp_agreement.py $R/h200x2/tp $R/h200x4/tp-run2
 
 # Data-parallel fine-tuning on H200s: every run into one CSV; the chart from the 4x host's runs.
 $X -i "$R/h200x2/dp/*.jsonl.gz" "$R/h200x4/dp/*.jsonl.gz" -o $R/h200_dp.csv
-$X -i "$R/h200x4/dp/*.jsonl.gz" -o /tmp/h200x4_dp.csv
-$P -i /tmp/h200x4_dp.csv -o $R/h200x4_dp_gpt2_bf16.png --metric train_samples_per_second --x dp \
-   --model gpt2 --bf16 --title "gpt2 bf16 fine-tuning, 8 blocks per GPU, 4x H200 (whiskers: ZeRO-0 vs 1)"
-python3 scripts/dp_report.py $R/h200x2/dp $R/h200x4/dp
+$X -i "$R/h200x4/dp/*.jsonl.gz" -o "$T/h200x4_dp.csv"
+$P -i "$T/h200x4_dp.csv" -o $R/h200x4_dp_gpt2_bf16.png --metric train_samples_per_second --x dp \
+   --model gpt2 --bf16 --title "gpt2 bf16 fine-tuning, 8 blocks per GPU, 4x H200: samples/s by dp, ZeRO-0 and -1"
 
 # Data-parallel, 200 timed steps, 4x H200: gpt2 (batch 8 per GPU) and gpt2-medium (batch 4).
 $X -i "$R/h200x4/dp-200/*.jsonl.gz" -o $R/h200x4_dp200.csv
 for m in gpt2 gpt2-medium; do
   $P -i $R/h200x4_dp200.csv -o $R/h200x4_dp200_${m}_bf16.png --metric train_samples_per_second --x dp \
-     --model $m --bf16 --title "$m bf16 fine-tuning, 4x H200, 200 steps: samples/s by dp (whiskers: ZeRO-0 vs 1)"
+     --model $m --bf16 --title "$m bf16 fine-tuning, 4x H200, 200 steps: samples/s by dp, ZeRO-0 and -1"
 done
-python3 scripts/dp_report.py $R/h200x4/dp-200
 
 # Fused kernels, second round (training), H100: before (7f8523b) and after (0174acc).
 $X -i "$R/h100/perf/train-round2/*/*.jsonl.gz" -o $R/h100_perf_train_round2.csv
 $X -i "$R/h100/perf/final/*.jsonl.gz" -o $R/h100_perf_final.csv
+
+# Training runs, sweeps (repeats; bloom-7b1 batch sizes) into CSVs. (h100_perf.csv, whose
+# engine column was renamed by hand to candle-fused / candle-unfused, is not made here.)
+$X -i "$R/h100/train/*.jsonl.gz" -o $R/h100_train.csv
+$X -i "$R/h100/train-2026-11-22/*.jsonl.gz" -o $R/h100_train_2026-11-22.csv
+$X -i $R/h100/sweeps/sweep_20261121T233609Z -o $R/h100_gpt2_repeat.csv
+$X -i $R/h200/sweeps/sweep_20261121T222702Z -o $R/h200_gpt2_repeat.csv
+$X -i $R/h100/sweeps/sweep_20261121T233648Z -o $R/h100_bloom7b1_batch_sweep.csv
+$X -i $R/h200/sweeps/sweep_20261121T222734Z -o $R/h200_bloom7b1_batch_sweep.csv
+
+# The tables of results/README.md.
+TRAIN_COLS="engine,dtype,train_samples_per_second:.2=train_samples_per_second,step_latency_ms_p50:.1=step p50 ms,train_loss_first:.3,train_loss_last:.3,train_loss:.4,eval_loss:.4,perplexity:.1,peak_memory_bytes:GB.1=peak GB,status"
+table perf-final -i "$R/h100/perf/final/*.jsonl.gz" --where dtype=bf16 --ratio candle/hf
+table train-round2 -i "$R/h100/perf/train-round2/*/*.jsonl.gz" --where suite=wikitext2 --sort git_commit,engine \
+  --columns "engine,git_commit,run,train_samples_per_second:.2,phases_ms_p50_forward:.1=forward p50 ms,phases_ms_p50_backward:.1=backward p50 ms,phases_ms_p50_update:.1=update p50 ms,peak_memory_bytes:GB.1=peak GB"
+table dp200-h200x4 -i $R/h200x4/dp-200 --table dp-report
+table dp200-h200x2 -i $R/h200x2/dp-200 --table dp-report
+table dp -i $R/h200x2/dp $R/h200x4/dp --table dp-report
+table tp-scaling -i $R/h200x4/tp-run2 --table tp-scaling
+table tp-batch1 -i $R/h200x2/tp $R/h200x4/tp --where batch_size=1 --table tp-scaling
+table tp-agreement -i $R/h200x2/tp $R/h200x4/tp-run2 --table tp-agreement
+table train-2026-11-22 -i "$R/h100/train-2026-11-22/wikitext2_*.jsonl.gz" --sort dtype,engine --columns "$TRAIN_COLS"
+table train-2026-11-21 -i "$R/h100/train/wikitext2_*.jsonl.gz" --sort dtype,engine --columns "$TRAIN_COLS"
+table h100-lambada -i "$R/h100/*.jsonl.gz" --where suite=lambada --sort model,dtype \
+  --columns "model,dtype,batch_size=batch,n_samples=passages,samples_per_second:.1=samples/s,tokens_per_second:.0=tokens/s,latency_ms_p50:.2=p50 ms,latency_ms_p99:.2=p99 ms,peak_memory_bytes:GiB.2=peak GPU GiB,peak_host_memory_bytes:GiB.2=peak host GiB,load_seconds:.2=load s,accuracy:.4=acc,perplexity:e3=ppl,gpu=GPU,driver,git_commit=commit,run=log"
+echo "wrote the tables of $R/README.md (git diff $R/README.md shows what changed)"

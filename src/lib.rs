@@ -14,7 +14,8 @@
 //!   summary; [`flops`]: model FLOPs, per-GPU peaks and MFU.
 //! - [`record`]: the JSONL schema, the contract with the tools that read results; [`log`]:
 //!   writing and reading run logs.
-//! - [`report`]: console tables, and (feature `report`) `extract-metrics` and `plot`.
+//! - [`report`]: console tables, and (feature `report`) `extract-metrics` and `plot`: logs ->
+//!   CSV, Markdown tables, charts.
 //! - [`env`]: the environment report (`bench env`, every log header).
 
 pub mod cli;
@@ -24,16 +25,12 @@ pub mod dist;
 pub mod engines;
 pub mod env;
 pub mod error;
-#[cfg(feature = "report")]
-pub mod extract;
 pub mod flops;
 pub mod kernels;
 pub mod launch;
 pub mod log;
 pub mod metrics;
 pub mod models;
-#[cfg(feature = "report")]
-pub mod plot;
 pub mod profile;
 pub mod progress;
 pub mod record;

@@ -1,7 +1,9 @@
 #![cfg(feature = "report")]
 //! extract-metrics and plot as users run them: golden CSVs for committed sample logs of each
 //! format (bench logs from real H100 runs, HF Trainer output from a real Trainer run, llm.c lines
-//! in its printf formats), broken inputs, and a look at the PNG.
+//! in its printf formats), one name per quantity whatever the source, integers as integers,
+//! Markdown and report tables (golden files; the dp/tp logs are real H200 runs), broken
+//! inputs, and a look at the PNG.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -224,7 +226,8 @@ fn gpu_tracker_and_mfu_fields_become_columns() {
     assert_eq!(col("joules_per_sample"), "4.115");
     assert_eq!(col("sm_clock_mhz_median"), "1980.0");
     assert_eq!(col("achieved_tflop_per_second"), "123.4");
-    assert_eq!(col("nvml_peak_process_memory_bytes"), "15000000000.0");
+    // A byte count is an integer in the log, and so in the CSV.
+    assert_eq!(col("nvml_peak_process_memory_bytes"), "15000000000");
     assert_eq!(col("gpu"), "NVIDIA H100 80GB HBM3");
 }
 
@@ -253,4 +256,358 @@ fn gzipped_logs_give_the_same_rows() {
         zipped.replace(gz.to_str().unwrap(), "FILE")
     );
     assert!(zipped.lines().count() == 2, "{zipped}");
+}
+
+/// CSV text -> one map (column -> cell) per row. (No cell of these fixtures holds a comma.)
+fn csv_rows(csv: &str) -> Vec<std::collections::HashMap<String, String>> {
+    let mut lines = csv.lines();
+    let head: Vec<&str> = lines.next().unwrap().split(',').collect();
+    lines
+        .map(|l| {
+            head.iter()
+                .zip(l.split(','))
+                .map(|(h, c)| (h.to_string(), c.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+/// The row of `csv` whose `run` is `run`.
+fn row_of(csv: &str, run: &str) -> std::collections::HashMap<String, String> {
+    csv_rows(csv)
+        .into_iter()
+        .find(|r| r["run"] == run)
+        .unwrap_or_else(|| panic!("no run {run} in {csv}"))
+}
+
+fn cell(row: &std::collections::HashMap<String, String>, col: &str) -> f64 {
+    row.get(col)
+        .unwrap_or_else(|| panic!("no column {col}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("{col} = {:?} is not a number", row[col]))
+}
+
+#[test]
+fn every_source_names_a_quantity_the_same_way() {
+    // main_lr_norm.log is the main.log of the run whose stdout is train_gpt2cu.log (llm.c
+    // prints 6 digits there, 4 in main.log; lr as %.2e there, %.6f in main.log).
+    let o = extract(&[
+        "-i",
+        "tests/fixtures/logs/llmc/main_lr_norm.log",
+        "tests/fixtures/logs/llmc/train_gpt2cu.log",
+        "tests/fixtures/logs/hf_trainer/trainer_state.json",
+        "tests/fixtures/logs/bench/wikitext2_gpt2_candle_bf16_bs8_cuda0_20261122T010350Z.jsonl",
+    ]);
+    let csv = String::from_utf8_lossy(ok_stdout(&o)).into_owned();
+    let header = csv.lines().next().unwrap();
+    for old in [
+        "trl_last",
+        "tel_last",
+        "lr_last",
+        "norm_last",
+        "val_loss_last",
+        "loss_last",
+        "last_loss",
+        "first_loss",
+        "steps",
+        "global_step",
+        "step_ms_median",
+    ] {
+        assert!(!header.split(',').any(|c| c == old), "{old} in {header}");
+    }
+    let (main, out) = (row_of(&csv, "main_lr_norm"), row_of(&csv, "train_gpt2cu"));
+    for (col, tol) in [
+        ("train_loss_last", 5e-5),
+        ("learning_rate_last", 5e-7),
+        ("grad_norm_last", 5e-3),
+        ("eval_loss", 5e-5),
+        ("train_loss", 5e-5),
+        ("n_steps", 0.),
+    ] {
+        let (a, b) = (cell(&main, col), cell(&out, col));
+        assert!((a - b).abs() <= tol, "{col}: main.log {a} vs stdout {b}");
+    }
+    // Mean of the five step losses of the stdout log.
+    let mean = (11.010456 + 10.947962 + 10.841220 + 10.700113 + 10.533017) / 5.;
+    assert!((cell(&out, "train_loss") - mean).abs() < 1e-9);
+    assert_eq!(cell(&main, "hellaswag_accuracy"), 0.25);
+    // HF Trainer and the bench's own training log: the same columns.
+    for run in [
+        "hf_trainer",
+        "wikitext2_gpt2_candle_bf16_bs8_cuda0_20261122T010350Z",
+    ] {
+        let r = row_of(&csv, run);
+        for col in [
+            "train_loss",
+            "train_loss_last",
+            "learning_rate_last",
+            "grad_norm_last",
+            "n_steps",
+        ] {
+            assert!(cell(&r, col).is_finite(), "{run}: {col}");
+        }
+    }
+    let bench = row_of(
+        &csv,
+        "wikitext2_gpt2_candle_bf16_bs8_cuda0_20261122T010350Z",
+    );
+    assert_eq!(bench["train_loss_last"], "8.733603477478027");
+    assert_eq!(row_of(&csv, "hf_trainer")["n_steps"], "40");
+}
+
+#[test]
+fn integer_fields_are_written_as_integers() {
+    let o = extract(&[
+        "-i",
+        "tests/fixtures/logs/bench",
+        "tests/fixtures/logs/llmc",
+    ]);
+    let csv = String::from_utf8_lossy(ok_stdout(&o)).into_owned();
+    for r in csv_rows(&csv) {
+        for col in [
+            "batch_size",
+            "n_steps",
+            "n_samples",
+            "tp",
+            "dp",
+            "zero",
+            "peak_memory_bytes",
+        ] {
+            if let Some(v) = r.get(col).filter(|v| !v.is_empty()) {
+                assert!(v.parse::<i64>().is_ok(), "{}: {col} = {v}", r["run"]);
+            }
+        }
+    }
+    let bench = row_of(
+        &csv,
+        "wikitext2_gpt2_candle_bf16_bs8_cuda0_20261122T010350Z",
+    );
+    assert_eq!(
+        (bench["batch_size"].as_str(), bench["n_steps"].as_str()),
+        ("8", "23")
+    );
+    assert_eq!(row_of(&csv, "train_gpt2c")["n_steps"], "21"); // steps 0..=20 of the C trainer
+}
+
+#[test]
+fn older_cuda_log_with_right_aligned_steps_parses() {
+    let o = extract(&["-i", "tests/fixtures/logs/llmc/train_gpt2cu_aligned.log"]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let csv = String::from_utf8_lossy(ok_stdout(&o)).into_owned();
+    assert!(!err.contains("skipped"), "{err}");
+    let r = row_of(&csv, "train_gpt2cu_aligned");
+    assert_eq!(r["n_steps"], "62");
+    assert_eq!(cell(&r, "train_loss_last"), 3.19817);
+    assert_eq!(cell(&r, "eval_loss"), 3.41258);
+    assert_eq!(cell(&r, "tokens_per_second"), 13141.);
+    // Median of the steps after the first: (312.014672 + 312.4) / 2.
+    assert!((cell(&r, "step_latency_ms_p50") - 312.207336).abs() < 1e-9);
+}
+
+#[test]
+fn markdown_table_with_columns_formats_and_sort() {
+    let args = [
+        "-i",
+        "tests/fixtures/logs/bench",
+        "--where",
+        "suite=lambada",
+        "--sort",
+        "model,dtype,batch_size",
+        "--columns",
+        "model,dtype,batch_size=batch,status,samples_per_second:.1=samples/s,latency_ms_p50:.2=p50 ms,peak_memory_bytes:GiB.2=peak GiB,perplexity:e3=ppl,gpu",
+    ];
+    let mut md = args.to_vec();
+    md.push("--markdown");
+    let o = extract(&md);
+    golden("bench.md", ok_stdout(&o));
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        text.starts_with("| model | dtype | batch | status | samples/s |"),
+        "{text}"
+    );
+    // -o x.md writes the same table; the CSV of the same columns keeps full precision.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.md");
+    let mut to_file = args.to_vec();
+    to_file.extend(["-o", path.to_str().unwrap()]);
+    assert!(extract(&to_file).status.success());
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+    let csv = String::from_utf8_lossy(ok_stdout(&extract(&args))).into_owned();
+    assert!(
+        csv.starts_with("model,dtype,batch_size,status,samples_per_second,"),
+        "{csv}"
+    );
+}
+
+#[test]
+fn ratio_table_pairs_engines_of_one_configuration() {
+    let o = extract(&[
+        "-i",
+        "tests/fixtures/logs/bench",
+        "--ratio",
+        "candle/hf",
+        "--markdown",
+    ]);
+    golden("ratio.md", ok_stdout(&o));
+    // The same pair as CSV: the ratio is candle's samples/s over HF's, from the wide CSV.
+    let o = extract(&["-i", "tests/fixtures/logs/bench", "--ratio", "candle/hf"]);
+    let ratio = csv_rows(&String::from_utf8_lossy(ok_stdout(&o)));
+    assert_eq!(ratio.len(), 1, "one finished candle/hf pair: {ratio:?}");
+    let wide = String::from_utf8_lossy(ok_stdout(&extract(&["-i", "tests/fixtures/logs/bench"])))
+        .into_owned();
+    let c = row_of(
+        &wide,
+        "lambada_bloom-7b1_candle_fp16_bs1_cuda0_20261121T204940Z",
+    );
+    let h = row_of(
+        &wide,
+        "lambada_bloom-7b1_hf_fp16_bs1_cuda0_20261121T205005Z",
+    );
+    let want = cell(&c, "samples_per_second") / cell(&h, "samples_per_second");
+    assert!((cell(&ratio[0], "samples_per_second_ratio") - want).abs() < 1e-12);
+    let want = cell(&c, "latency_ms_p50") / cell(&h, "latency_ms_p50");
+    assert!((cell(&ratio[0], "latency_ms_p50_ratio") - want).abs() < 1e-12);
+}
+
+#[test]
+fn parallel_reports_match_the_python_scripts_tables() {
+    // The dp logs are results/h200x2/dp; results/README.md has the table dp_report.py made
+    // of them: dp 2 vs dp 1 × grad-accum 2, loss 5.2e-08, grad norm 0.0e+00; efficiency 0.898.
+    let o = extract(&["-i", "tests/fixtures/logs/dp", "--table", "dp-report"]);
+    golden("dp_report.md", ok_stdout(&o));
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        text.contains(
+            "| gpt2 | fp32 | dp 2 ZeRO-0 | dp 1, grad_accum 2 | 10 | 5.2e-08 | 0.0e+00 |"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("| gpt2 | bf16 | 2 | 0 | 16 | 17.48 | 0.898 | 10.7% | 22.02 / 22.02 |"),
+        "{text}"
+    );
+    // The tiny tp logs of results/h200x2/tp, as tp_agreement.py printed them.
+    let o = extract(&["-i", "tests/fixtures/logs/tp", "--table", "tp-agreement"]);
+    golden("tp_agreement.md", ok_stdout(&o));
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(text.contains("| gpt2-tiny | fp32 | 16 | tp 2 | 100 | 0.0000 / 0.0000 | 7.6e-08 | 9.0e-08 | 0.0e+00 | 0 |"), "{text}");
+    let o = extract(&["-i", "tests/fixtures/logs/tp", "--table", "tp-scaling"]);
+    golden("tp_scaling.md", ok_stdout(&o));
+}
+
+/// The error of a failed command: one line, `Error: …`, the last on stderr (notes about the
+/// inputs, e.g. a torn line, may come before it), no usage text.
+fn one_line_error(o: &Output) -> String {
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let last = err.trim_end().lines().last().unwrap_or("").to_string();
+    assert!(last.starts_with("Error: "), "{err}");
+    assert_eq!(err.matches("Error").count(), 1, "{err}");
+    assert!(
+        !err.contains("Usage") && !err.contains("For more information"),
+        "{err}"
+    );
+    last
+}
+
+#[test]
+fn bad_flag_values_fail_in_one_line() {
+    let b = "tests/fixtures/logs/bench";
+    for (args, want) in [
+        (
+            vec!["-i", b, "--ratio", "candle"],
+            "expected two engines as A/B",
+        ),
+        (
+            vec!["-i", b, "--ratio", "candle/tgi"],
+            "no finished 'tgi' run",
+        ),
+        (
+            vec!["-i", b, "--columns", "model:zz"],
+            "unknown format 'zz'",
+        ),
+        (vec!["-i", b, "--columns", "nope"], "no column 'nope'"),
+        (vec!["-i", b, "--where", "model"], "expected KEY=VALUE"),
+        (
+            vec!["-i", b, "--where", "nope=1"],
+            "no run has a column 'nope'",
+        ),
+        (
+            vec!["-i", b, "--sort", "nope"],
+            "--sort: no run has a column 'nope'",
+        ),
+        (vec!["-i", b, "--table", "nope"], "invalid value 'nope'"),
+        (
+            vec!["-i", b, "--table", "dp-report", "--where", "model=gpt5"],
+            "no bench run logs",
+        ),
+    ] {
+        let err = one_line_error(&extract(&args));
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    let err = one_line_error(&extract(&[]));
+    assert!(err.contains("--input"), "{err}");
+}
+
+/// A CSV of two models, two engines, fp32 and bf16, on two GPUs; gpt2 candle fp32 on the
+/// H100 ran twice (repeats: one bar, their median).
+const TWO_MODELS: &str = "run,engine,suite,model,dtype,gpu,batch_size,samples_per_second
+a,candle,lambada,gpt2,fp32,H100,16,1000
+b,candle,lambada,gpt2,fp32,H100,16,1100
+c,hf,lambada,gpt2,fp32,H100,16,900
+d,candle,lambada,bloom-560m,fp32,H100,16,400
+e,hf,lambada,bloom-560m,fp32,H100,16,350
+f,candle,lambada,gpt2,fp32,H200,16,1200
+g,candle,lambada,bloom-560m,fp32,H200,16,450
+h,candle,lambada,gpt2,bf16,H100,16,2000
+";
+
+fn plot_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_plot"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("runs")
+}
+
+#[test]
+fn plot_defaults_to_out_csv_and_one_bar_per_model_engine_precision_per_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("out.csv"), TWO_MODELS).unwrap();
+    let o = plot_in(dir.path(), &["--metric", "samples_per_second", "--fp32"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("wrote samples_per_second_fp32.png"), "{err}");
+    let img = image::open(dir.path().join("samples_per_second_fp32.png"))
+        .unwrap()
+        .to_rgb8();
+    assert_eq!(img.dimensions(), (1280, 720));
+    // Four series (2 models × 2 engines, fp32 only): the first four palette colours fill
+    // bars, the fifth is not drawn.
+    let count = |rgb: [u8; 3]| img.pixels().filter(|p| p.0 == rgb).count();
+    for rgb in [[31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40]] {
+        assert!(count(rgb) > 1000, "{rgb:?}: {} pixels", count(rgb));
+    }
+    assert_eq!(count([148, 103, 189]), 0);
+}
+
+#[test]
+fn plot_bad_flag_values_fail_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("out.csv"), TWO_MODELS).unwrap();
+    for (args, want) in [
+        (vec!["--batch-size", "abc"], "invalid value 'abc'"),
+        (vec!["--where", "model"], "expected KEY=VALUE"),
+        (vec!["--where", "nope=1"], "no column 'nope'"),
+        (vec!["--metric", "nope"], "no column 'nope'"),
+        (vec!["-o", "x.jpg"], "must end in .png or .svg"),
+        (
+            vec!["-i", "missing.csv"],
+            "extract-metrics -i LOGS -o missing.csv",
+        ),
+        (vec!["--where", "model=gpt5"], "no rows of out.csv match"),
+    ] {
+        let err = one_line_error(&plot_in(dir.path(), &args));
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
 }

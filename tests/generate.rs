@@ -232,3 +232,44 @@ fn tensor_parallel_generation_generates_what_one_process_does() {
     // fp32 on CPU, the all-reduce summing in rank order: the same greedy choices.
     assert_eq!(generated(&logs("tp1")), generated(&logs("tp2")));
 }
+
+#[test]
+fn extract_metrics_reads_the_generation_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = bench_logging_to(dir.path())
+        .args([
+            "--suite",
+            "generation",
+            "--prompt-lens",
+            "8",
+            "--new-tokens",
+            "3",
+        ])
+        .args(["--limit", "2"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let csv = dir.path().join("out.csv");
+    let x = std::process::Command::new(env!("CARGO_BIN_EXE_extract-metrics"))
+        .arg("-i")
+        .arg(&log_paths(&o.stdout)[0])
+        .arg("-o")
+        .arg(&csv)
+        .output()
+        .unwrap();
+    assert!(x.status.success(), "{}", text(&x));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+    for col in [
+        "generated_tokens_per_second",
+        "decode_tokens_per_second",
+        "ttft_ms_p50",
+        "itl_ms_p99",
+        "kv_cache_bytes",
+        "new_tokens",
+        "prompt_len",
+        "gen_source",
+    ] {
+        assert!(header.contains(&col), "{col} missing from {header:?}");
+    }
+}

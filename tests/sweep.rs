@@ -110,7 +110,7 @@ fn a_matrix_from_a_suite_file_runs_every_config_and_folds_repeats() {
     assert_eq!(csv.len(), 1 + 4, "{csv:?}");
     let mut repeats = column(&csv, "repeat");
     repeats.sort();
-    assert_eq!(repeats, ["0.0", "0.0", "1.0", "1.0"]);
+    assert_eq!(repeats, ["0", "0", "1", "1"]); // integers are written as integers
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(
         stdout.contains("cv %") && stdout.contains("4 ok"),

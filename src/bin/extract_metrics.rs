@@ -1,3 +1,4 @@
+//! `extract-metrics`: see `extract-metrics --help`.
 fn main() -> std::process::ExitCode {
-    transformer_bench::extract::main()
+    transformer_bench::report::extract::main()
 }

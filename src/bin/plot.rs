@@ -1,3 +1,4 @@
+//! `plot`: see `plot --help`.
 fn main() -> std::process::ExitCode {
-    transformer_bench::plot::main()
+    transformer_bench::report::plot::main()
 }

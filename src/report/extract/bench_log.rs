@@ -1,0 +1,236 @@
+//! transformer-bench's own logs -> rows: a run log gives one row (its header's settings, its
+//! summary's metrics, or, for a run killed before its summary, what its finished batches or
+//! steps say); a sweep log gives a row for each run that died before writing a log.
+
+use super::schema::canonical;
+use super::{Num, RunRow};
+use crate::metrics::{per_second, Distribution};
+use crate::record::{Header, Record, StepRecord, SweepHeader, SweepRun};
+
+/// The records of one log, read once.
+#[derive(Default)]
+struct Collected {
+    header: Option<Box<Header>>,
+    summary: Option<serde_json::Value>,
+    sweep: Option<Box<SweepHeader>>,
+    sweep_runs: Vec<SweepRun>,
+    /// Timed batches (LAMBADA) or timed steps (training): latency, samples, tokens.
+    latencies_ms: Vec<f64>,
+    n_samples: usize,
+    n_tokens: usize,
+    /// Training: every step's loss (warm-up included), and the last step.
+    losses: Vec<f64>,
+    last_step: Option<StepRecord>,
+    skipped: usize,
+}
+
+fn collect(text: &str) -> Collected {
+    let mut c = Collected::default();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        match serde_json::from_str::<Record>(line) {
+            Ok(Record::Header(h)) => c.header = Some(h),
+            Ok(Record::Batch(b)) => {
+                c.latencies_ms.push(b.latency_ms);
+                c.n_samples += b.n_samples;
+                c.n_tokens += b.n_tokens;
+            }
+            Ok(Record::Summary(s)) => c.summary = serde_json::to_value(&s).ok(),
+            Ok(Record::TrainSummary(s)) => c.summary = serde_json::to_value(&s).ok(),
+            Ok(Record::Step(s)) => {
+                c.losses.push(s.loss);
+                if !s.warmup {
+                    c.latencies_ms.push(s.latency_ms);
+                    c.n_samples += s.n_samples;
+                    c.n_tokens += s.n_tokens;
+                }
+                c.last_step = Some(s);
+            }
+            Ok(Record::SweepHeader(h)) => c.sweep = Some(h),
+            Ok(Record::SweepRun(r)) => c.sweep_runs.push(*r),
+            Ok(Record::SweepRepeats(_)) => {}
+            Ok(Record::GenBatch(b)) => {
+                c.latencies_ms.push(b.latency_ms);
+                c.n_samples += b.n_samples;
+                c.n_tokens += b.n_samples * b.new_tokens;
+            }
+            Err(_) => c.skipped += 1,
+        }
+    }
+    c
+}
+
+/// A bench log's rows and the number of lines that were not records.
+pub(super) fn parse(mut row: RunRow, text: &str) -> (Vec<RunRow>, usize) {
+    let c = collect(text);
+    let Some(h) = &c.header else {
+        return (
+            sweep_rows(&row, c.sweep.as_deref(), &c.sweep_runs),
+            c.skipped,
+        );
+    };
+    header_columns(&mut row, h);
+    if let Some(s) = &c.last_step {
+        row.set("learning_rate_last", s.learning_rate);
+        row.set("grad_norm_last", s.grad_norm);
+    }
+    match &c.summary {
+        Some(v) => summary_columns(&mut row, v),
+        None if h.train.is_some() => partial_train_columns(&mut row, &c),
+        None => partial_columns(&mut row, &c),
+    }
+    (vec![row], c.skipped)
+}
+
+/// What the header says: the run's settings.
+fn header_columns(row: &mut RunRow, h: &Header) {
+    let m = &mut row.meta;
+    m.insert("engine".into(), h.engine.clone());
+    m.insert("suite".into(), h.suite.clone());
+    m.insert("model".into(), h.model.name.clone());
+    m.insert("dtype".into(), h.dtype.clone());
+    m.insert("device".into(), h.device.clone());
+    // The run's GPU: `gpu_index`; logs before it listed only the run's GPU, on CUDA runs.
+    let gpu = match h.gpu_index {
+        Some(i) => h.host.gpu(i),
+        None if h.device.starts_with("cuda") => h.host.gpus.first(),
+        None => None,
+    }
+    .map(|g| g.name.clone())
+    .unwrap_or_else(|| format!("CPU ({})", h.host.cpu));
+    m.insert("gpu".into(), gpu);
+    if let Some(d) = &h.host.driver_version {
+        m.insert("driver".into(), d.clone());
+    }
+    m.insert("git_commit".into(), h.git_commit.clone());
+    m.insert("time_utc".into(), h.time_utc.clone());
+    if let Some(attn) = h.engine_info.get("attn") {
+        m.insert("attn".into(), attn.clone());
+    }
+    row.set("batch_size", h.batch_size);
+    row.set("n_parameters", h.model.n_parameters);
+    row.set("load_seconds", h.load_seconds);
+    if let Some(n) = h.seq_len {
+        row.set("seq_len", n);
+    }
+    if let Some(r) = h.repeat {
+        row.set("repeat", r);
+    }
+    // Tensor-parallel degree: 1 for single-GPU runs, so charts can put tp on an axis.
+    row.set("tp", h.tp.as_ref().map_or(1, |t| t.size));
+    // Data-parallel degree and ZeRO stage (1 and 0 without --dp).
+    row.set("dp", h.dp.as_ref().map_or(1, |d| d.size));
+    row.set("zero", h.dp.as_ref().map_or(0, |d| d.zero_stage as usize));
+    // Generation runs: what was generated from (lambada / text); the summary holds the rates.
+    if let Some(g) = &h.generation {
+        m_insert(row, "mode", "generate");
+        m_insert(row, "gen_source", &g.source);
+        if let Some(n) = g.new_tokens {
+            row.set("new_tokens", n);
+        }
+        if let Some(n) = g.prompt_len {
+            row.set("prompt_len", n);
+        }
+    }
+}
+
+fn m_insert(row: &mut RunRow, k: &str, v: &str) {
+    row.meta.insert(k.into(), v.into());
+}
+
+/// The summary record's fields, one level of nesting flattened
+/// (`phases_ms_p50.forward` -> `phases_ms_p50_forward`).
+fn summary_columns(row: &mut RunRow, v: &serde_json::Value) {
+    let status = v["status"].as_str().unwrap_or("ok").to_string();
+    row.meta.insert("status".into(), status);
+    if let Some(e) = v["error"].as_str() {
+        row.meta.insert("error".into(), e.to_string());
+    }
+    for (k, v) in v.as_object().into_iter().flatten() {
+        if let Some(n) = Num::from_json(v) {
+            row.set(canonical(k), n);
+        }
+        for (k2, v2) in v.as_object().into_iter().flatten() {
+            if let Some(n) = Num::from_json(v2) {
+                row.set(format!("{k}_{k2}"), n);
+            }
+        }
+    }
+}
+
+/// A LAMBADA or generation run killed before its summary: what its finished batches (calls)
+/// say; for generation, tokens are the generated ones.
+fn partial_columns(row: &mut RunRow, c: &Collected) {
+    row.meta.insert("status".into(), "partial".into());
+    let secs = c.latencies_ms.iter().sum::<f64>() / 1e3;
+    row.set("n_samples", c.n_samples);
+    row.set("n_batches", c.latencies_ms.len());
+    row.set("n_tokens", c.n_tokens);
+    if secs > 0. {
+        row.set("samples_per_second", per_second(c.n_samples as f64, secs));
+        row.set("tokens_per_second", per_second(c.n_tokens as f64, secs));
+        row.set("latency_ms_p50", Distribution::of(&c.latencies_ms).p50);
+    }
+}
+
+/// A training run killed before its summary: its finished steps, under the names of the
+/// training summary.
+fn partial_train_columns(row: &mut RunRow, c: &Collected) {
+    row.meta.insert("status".into(), "partial".into());
+    row.set("n_steps", c.losses.len());
+    if let (Some(first), Some(last)) = (c.losses.first(), c.losses.last()) {
+        row.set("train_loss", Distribution::of(&c.losses).mean);
+        row.set("train_loss_first", *first);
+        row.set("train_loss_last", *last);
+    }
+    let secs = c.latencies_ms.iter().sum::<f64>() / 1e3;
+    if secs > 0. {
+        let d = Distribution::of(&c.latencies_ms);
+        row.set("train_runtime", secs);
+        row.set(
+            "train_samples_per_second",
+            per_second(c.n_samples as f64, secs),
+        );
+        let steps = c.latencies_ms.len() as f64;
+        row.set("train_steps_per_second", per_second(steps, secs));
+        row.set("tokens_per_second", per_second(c.n_tokens as f64, secs));
+        row.set("step_latency_ms_p50", d.p50);
+        row.set("step_latency_ms_p90", d.p90);
+        row.set("step_latency_ms_mean", d.mean);
+    }
+}
+
+/// A sweep log's rows: one for each run that failed before writing a run log of its own (the
+/// others are rows of their run logs, beside it in the sweep directory).
+fn sweep_rows(base: &RunRow, header: Option<&SweepHeader>, runs: &[SweepRun]) -> Vec<RunRow> {
+    runs.iter()
+        .filter(|r| r.logs.is_empty())
+        .map(|r| {
+            let mut row = base.clone();
+            let c = &r.config;
+            let m = &mut row.meta;
+            let run = format!(
+                "{}_{}_{}_{}_bs{}_r{}",
+                m["run"], c.model, c.engine, c.dtype, c.batch_size, r.repeat
+            );
+            m.insert("run".into(), run);
+            m.insert("engine".into(), c.engine.clone());
+            m.insert("model".into(), c.model.clone());
+            m.insert("dtype".into(), c.dtype.clone());
+            m.insert("status".into(), r.status.clone());
+            if let Some(e) = &r.error {
+                m.insert("error".into(), e.clone());
+            }
+            if let Some(h) = header {
+                m.insert("suite".into(), h.suite.clone());
+                m.insert("device".into(), h.device.clone());
+                m.insert("git_commit".into(), h.git_commit.clone());
+            }
+            row.set("batch_size", c.batch_size);
+            if let Some(n) = c.seq_len {
+                row.set("seq_len", n);
+            }
+            row.set("repeat", r.repeat);
+            row
+        })
+        .collect()
+}

@@ -1,0 +1,157 @@
+//! Every log format extract-metrics reads: which one a file is in, and the dispatch to its
+//! parser (bench JSONL in `bench_log`, HF Trainer in `hf`, llm.c in `llmc`). Each maps a file
+//! into [`RunRow`]s (run metadata + numeric metrics, under the names of
+//! [`super::schema`]); lines a parser does not recognise are counted, never fatal.
+
+use super::{bench_log, hf, llmc, Num, RunRow};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// A log format, as `--format` names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// transformer-bench's JSONL run log (every schema version so far: 1).
+    BenchJsonl,
+    /// HF Trainer stdout: `***** train metrics *****` blocks and `{'loss': …}` lines.
+    HfTrainerLog,
+    /// HF Trainer `all_results.json` / `train_results.json` / `eval_results.json`.
+    HfTrainerResults,
+    /// HF Trainer `trainer_state.json` (its `log_history`).
+    HfTrainerState,
+    /// llm.c stdout: `step …` lines in its older and newer formats, `val loss …`.
+    LlmcLog,
+    /// llm.c `main.log`: `s:N trl:…`, `s:N tel:…` lines.
+    LlmcMainLog,
+}
+
+pub const FORMAT_NAMES: &str =
+    "bench-jsonl, hf-trainer-log, hf-trainer-results, hf-trainer-state, llmc-log, llmc-main-log";
+
+impl Format {
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::BenchJsonl => "bench-jsonl",
+            Format::HfTrainerLog => "hf-trainer-log",
+            Format::HfTrainerResults => "hf-trainer-results",
+            Format::HfTrainerState => "hf-trainer-state",
+            Format::LlmcLog => "llmc-log",
+            Format::LlmcMainLog => "llmc-main-log",
+        }
+    }
+}
+
+impl RunRow {
+    /// An empty row of a file in `format`.
+    pub fn new(path: &Path, format: Format) -> Self {
+        // A run is named by its file, or by its directory for HF Trainer's fixed file names.
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let run = match format {
+            Format::HfTrainerResults | Format::HfTrainerState => path
+                .parent()
+                .and_then(|p| p.file_name())
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or(stem),
+            _ => stem,
+        };
+        let meta = BTreeMap::from([
+            ("run".to_string(), run),
+            ("file".to_string(), path.display().to_string()),
+            ("format".to_string(), format.name().to_string()),
+        ]);
+        Self {
+            meta,
+            metrics: BTreeMap::new(),
+        }
+    }
+}
+
+/// Which format a file is in, from its name and content; None if no parser knows it.
+pub fn detect(path: &Path, text: &str) -> Option<Format> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_lowercase())
+        .unwrap_or_default();
+    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    if first.starts_with('{') && first.contains("\"record\"") {
+        return Some(Format::BenchJsonl);
+    }
+    if name == "trainer_state.json"
+        || (text.trim_start().starts_with('{') && text.contains("\"log_history\""))
+    {
+        return Some(Format::HfTrainerState);
+    }
+    if name.ends_with("results.json")
+        || (name.ends_with(".json") && (text.contains("\"train_") || text.contains("\"eval_")))
+    {
+        return Some(Format::HfTrainerResults);
+    }
+    if hf::is_trainer_log(text) {
+        return Some(Format::HfTrainerLog);
+    }
+    if text.lines().any(|l| llmc::is_step_line(l.trim_end())) {
+        return Some(Format::LlmcLog);
+    }
+    if text.lines().any(|l| llmc::is_main_log_line(l.trim_end())) {
+        return Some(Format::LlmcMainLog);
+    }
+    None
+}
+
+/// Parses `text` as `format`: the rows and the number of lines skipped.
+pub fn parse(format: Format, path: &Path, text: &str) -> (Vec<RunRow>, usize) {
+    let mut row = RunRow::new(path, format);
+    let skipped = match format {
+        Format::BenchJsonl => return bench_log::parse(row, text),
+        Format::HfTrainerLog => hf::trainer_log(&mut row, text),
+        Format::HfTrainerResults => hf::results_json(&mut row, text),
+        Format::HfTrainerState => hf::trainer_state(&mut row, text),
+        Format::LlmcLog => llmc::stdout_log(&mut row, text),
+        Format::LlmcMainLog => llmc::main_log(&mut row, text),
+    };
+    row.meta.entry("engine".into()).or_insert_with(|| {
+        match format {
+            Format::HfTrainerLog | Format::HfTrainerResults | Format::HfTrainerState => {
+                "hf-trainer"
+            }
+            _ => "llm.c",
+        }
+        .into()
+    });
+    if row.metrics.is_empty() {
+        return (vec![], skipped);
+    }
+    (vec![row], skipped)
+}
+
+/// A number as a log prints it: `8` an integer, `8.0` / `1e-3` / `nan` a float.
+pub(super) fn num(s: &str) -> Option<Num> {
+    let s = s.trim().trim_matches('\'');
+    if let Ok(i) = s.parse::<i64>() {
+        return Some(Num::Int(i));
+    }
+    s.parse::<f64>().ok().map(Num::Float)
+}
+
+/// A number that is a float whatever it looks like (a loss printed `10` is still a loss).
+pub(super) fn float(s: &str) -> Option<f64> {
+    num(s).map(Num::as_f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_stay_integers() {
+        assert_eq!(num("117"), Some(Num::Int(117)));
+        assert_eq!(num("'8'"), Some(Num::Int(8)));
+        assert_eq!(num("2.6667"), Some(Num::Float(2.6667)));
+        assert_eq!(num("1.25e-05"), Some(Num::Float(1.25e-5)));
+        assert!(matches!(num("nan"), Some(Num::Float(f)) if f.is_nan()));
+        assert_eq!(num("x"), None);
+        assert_eq!(float("10"), Some(10.0));
+    }
+}
