@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
 """Greedy-generation fixtures from HF transformers, for tests/generate_fixtures.rs.
 
-Loads the tiny random checkpoints shipped in tests/fixtures (config.json + model.safetensors,
-made by scripts/make_fixtures.py) with `AutoModelForCausalLM` (eager attention, fp32), builds
+Loads tiny random checkpoints (config.json + model.safetensors) with `AutoModelForCausalLM`
+(eager attention, fp32): those shipped in tests/fixtures (made by scripts/make_fixtures.py),
+and two made here, tests/fixtures/generate/{gpt2,bloom}-generate. The shipped ones have tied
+embeddings and a small init, so a random BLOOM repeats one token whatever its attention does;
+the `*-generate` ones (init 0.3, untied LM head) generate varied tokens, so a wrong mask,
+position or ALiBi bias changes the ids. They are made (HF init, fixed seed) only when missing
+or with --remake-checkpoints: regenerating the fixtures keeps the committed weights. It builds
 left-padded batches of prompts of mixed lengths (token ids drawn with a fixed seed; several
 batch shapes, batch 1 included, one batch without padding, one filling GPT-2's positions to the
 last), and runs
@@ -25,7 +30,7 @@ Writes tests/fixtures/generate/MODEL.json:
 
 Usage (from the repository root; the committed fixtures must come from the GPU host):
   python3 scripts/hf_fixtures/make_generate_fixtures.py
-  python3 scripts/hf_fixtures/make_generate_fixtures.py --models gpt2-fixture-logits --seed 7
+  python3 scripts/hf_fixtures/make_generate_fixtures.py --models gpt2-generate --cpu-only
 """
 import argparse
 import json
@@ -33,9 +38,34 @@ import os
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    BloomConfig,
+    BloomForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+)
 
-MODELS = ["gpt2-fixture-logits", "bloom-fixture-logits", "gpt2-fixture", "bloom-fixture"]
+MODELS = [
+    "gpt2-generate",
+    "bloom-generate",
+    "gpt2-fixture-logits",
+    "bloom-fixture-logits",
+    "gpt2-fixture",
+    "bloom-fixture",
+]
+# Checkpoints made here, in the output folder: name -> (config class, model class, kwargs).
+# BLOOM's 6 heads take ALiBi's non-power-of-two branch.
+CHECKPOINTS = {
+    "gpt2-generate": (GPT2Config, GPT2LMHeadModel, dict(
+        vocab_size=512, n_positions=64, n_embd=64, n_layer=2, n_head=4, initializer_range=0.3,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
+    )),
+    "bloom-generate": (BloomConfig, BloomForCausalLM, dict(
+        vocab_size=512, hidden_size=48, n_layer=2, n_head=6, initializer_range=0.3,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )),
+}
 # (name, prompt lengths of the batch, new tokens). GPT-2 fixtures have n_positions >= 64:
 # "full" ends exactly at position 64.
 CASES = [
@@ -93,8 +123,15 @@ def banned_ids(model):
     return sorted(set(eos if isinstance(eos, list) else [eos]))
 
 
-def fixture(name, fixtures, devices, seed):
-    path = os.path.join(fixtures, name)
+def make_checkpoint(path, name, seed):
+    config_cls, model_cls, kwargs = CHECKPOINTS[name]
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**kwargs, attn_implementation="eager")).eval()
+    model.save_pretrained(path, safe_serialization=True)
+    print(f"{name}: made the checkpoint {path}")
+
+
+def fixture(path, name, devices, seed):
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
     model.eval()
     cfg = model.config
@@ -139,6 +176,8 @@ def main():
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--cpu-only", action="store_true", help="skip the GPU even when present")
+    ap.add_argument("--remake-checkpoints", action="store_true",
+                    help="make the *-generate checkpoints again (changes the committed weights)")
     args = ap.parse_args()
 
     # fp32 means fp32 on the GPU too: no TF32 matmuls.
@@ -147,7 +186,10 @@ def main():
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() and not args.cpu_only else [])
     os.makedirs(args.out, exist_ok=True)
     for name in args.models.split(","):
-        ref = fixture(name, args.fixtures, devices, args.seed)
+        path = os.path.join(args.out if name in CHECKPOINTS else args.fixtures, name)
+        if name in CHECKPOINTS and (args.remake_checkpoints or not os.path.exists(path)):
+            make_checkpoint(path, name, args.seed)
+        ref = fixture(path, name, devices, args.seed)
         out = os.path.join(args.out, f"{name}.json")
         with open(out, "w") as f:
             json.dump(ref, f, indent=1)
