@@ -153,8 +153,9 @@ for stage in "$@"; do
   echo "=== $stage"
   case $stage in
   gen-fixtures)
-    python3 scripts/hf_fixtures/make_generate_fixtures.py --out /tmp/gen-fixtures 2>&1 | tail -20
-    (cd /tmp && tar czf "$OUT/gen-fixtures.tgz" gen-fixtures)
+    # Written over the checkout's tests/fixtures/generate (its checkpoints are kept).
+    python3 scripts/hf_fixtures/make_generate_fixtures.py 2>&1 | tail -20
+    tar czf "$OUT/gen-fixtures.tgz" tests/fixtures/generate
     ;;
   generate)
     # HF --hf-compile (static cache) only on the suite's fixed shapes: on LAMBADA every batch
