@@ -21,6 +21,7 @@ pub mod error;
 #[cfg(feature = "report")]
 pub mod extract;
 pub mod flops;
+pub mod hub;
 pub mod kernels;
 pub mod metrics;
 pub mod models;
