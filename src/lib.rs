@@ -26,6 +26,7 @@ pub mod engines;
 pub mod env;
 pub mod error;
 pub mod flops;
+pub mod hub;
 pub mod kernels;
 pub mod launch;
 pub mod log;
