@@ -142,7 +142,12 @@ perf_run() { # bench args: one timed run into /tmp/perf-logs
 GEN_LIMIT=${GEN_LIMIT:-1600}
 gen_run() { # engine model batch [extra flags]: one generation run into /tmp/gen-logs
   local e=$1 m=$2 bs=$3; shift 3
-  local hf=(); [ "$e" = hf-compile ] && { e=hf; hf=(--hf-compile); }
+  local hf=()
+  case $e in
+  hf-compile) e=hf; hf=(--hf-compile) ;;
+  hf-eager) e=hf; hf=(--hf-attn eager) ;;
+  hf-sdpa) e=hf; hf=(--hf-attn sdpa) ;;
+  esac
   $B --engine "$e" "${hf[@]}" --model "$m" --weights random --seed 0 --device cuda --dtype bf16 \
     --batch-size "$bs" --log-dir /tmp/gen-logs --no-progress "$@" 2>&1 | grep -v "^  |" | tee -a "$OUT/gen.txt"
   echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/gen.txt"
@@ -152,6 +157,14 @@ gen_run() { # engine model batch [extra flags]: one generation run into /tmp/gen
 for stage in "$@"; do
   echo "=== $stage"
   case $stage in
+  gen-profile)
+    # One candle generate call (batch 1, prompt 128, 16 new tokens: a prefill and 15 decode
+    # steps) under ncu, kernels summed by op; and the same call's wall time without ncu.
+    G="--suite generation --prompt-lens 128 --new-tokens 16 --batch-size 1 --limit 1"
+    for m in ${GEN_PROF_MODELS:-gpt2}; do profile gen-$m 2 $G --model $m; done
+    python3 scripts/kernel_breakdown.py /tmp/prof/gen-*.csv --top 12 | tee "$OUT/gen-profile.txt"
+    (cd /tmp && tar czf "$OUT/gen-profile.tgz" prof)
+    ;;
   gen-fixtures)
     # Written over the checkout's tests/fixtures/generate (its checkpoints are kept).
     python3 scripts/hf_fixtures/make_generate_fixtures.py 2>&1 | tail -20
