@@ -12,7 +12,7 @@ use transformer_bench::hub::{
     hub_cache_dir_from, is_hub_id, offline_reason_from, resolve_in, resolve_model, Fetch, HubId,
     Remote, RemoteInfo,
 };
-use transformer_bench::suites::SuiteFile;
+use transformer_bench::scenarios::suite_file::SuiteFile;
 use transformer_bench::Error;
 
 fn fixture(name: &str) -> PathBuf {

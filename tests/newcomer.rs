@@ -68,3 +68,55 @@ fn a_bad_device_names_auto_among_the_choices() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("use auto, cpu, cuda or cuda:N"), "{err}");
 }
+
+/// An HF hub cache as `huggingface_hub` lays it out, made from `--save-weights`:
+/// `models--org--tiny/snapshots/REV/` and `refs/main` holding REV.
+fn hub_cache(root: &std::path::Path) -> std::path::PathBuf {
+    let repo = root.join("models--org--tiny");
+    let snapshot = repo.join("snapshots/0123456789abcdef");
+    let o = bench()
+        .args(["--model", "gpt2-tiny", "--limit", "1", "--no-progress"])
+        .arg("--log-dir")
+        .arg(root.join("logs"))
+        .arg("--save-weights")
+        .arg(&snapshot)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "0123456789abcdef").unwrap();
+    root.to_path_buf()
+}
+
+#[test]
+fn a_hub_id_runs_offline_from_the_hf_cache_and_a_missing_one_is_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = hub_cache(dir.path());
+    let run = |model: &str| {
+        bench_logging_to(&dir.path().join("runs"))
+            .env("HF_HUB_CACHE", &cache)
+            .env("HF_HUB_OFFLINE", "1")
+            .args(["--model", model, "--limit", "8"])
+            .output()
+            .unwrap()
+    };
+    let o = run("org/tiny");
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("org/tiny"), "{out}");
+    let log = out.lines().find_map(|l| l.strip_prefix("log: ")).unwrap();
+    assert!(log.contains("org--tiny"), "the id names no folder: {log}");
+    let header = &records(std::path::Path::new(log))[0];
+    assert!(header["model"]["weights"]
+        .as_str()
+        .unwrap()
+        .contains("0123456789abcdef"));
+    let missing = run("org/nothing");
+    assert_eq!(missing.status.code(), Some(2), "{}", text(&missing));
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("org/nothing") && err.contains("HF_HUB_OFFLINE"),
+        "{err}"
+    );
+}

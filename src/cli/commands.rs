@@ -8,7 +8,6 @@ use crate::error::{Error, Result};
 use crate::launch::ranks::run_ranks;
 use crate::launch::sweep::{run_sweep, ChildTask, SweepOptions};
 use crate::log::RunOutcome;
-use crate::models::ModelSpec;
 use crate::record::Summary;
 use crate::report::console::{
     generate_side_by_side, side_by_side, summary_table, sweep_table, train_side_by_side,
@@ -57,10 +56,7 @@ fn sweep(args: RunArgs, plan: Plan, command_line: Vec<String>) -> Result<ExitCod
         ));
     }
     for config in &plan.configs {
-        ModelSpec::preset(&config.model).or_else(|e| match &args.model_dir {
-            Some(dir) => ModelSpec::from_dir(dir),
-            None => Err(e),
-        })?;
+        super::plan::model_source(&args, config)?;
     }
     resolve_config(&args, &plan, &plan.configs[0], None, vec![])?;
     let outcome = run_sweep(SweepOptions {

@@ -4,7 +4,7 @@
 //! combination fails before anything is loaded.
 
 use super::{DeviceArg, DtypeArg, RunArgs};
-use crate::data::{search_dirs, DataFile};
+use crate::data::{find_or_download, DataFile, Lookup, Reference};
 use crate::device::{choose_auto, visible_gpus, AutoChoice, DeviceSpec, Precision};
 use crate::engines::hf::{HfAttn, HfOptions};
 use crate::engines::EngineKind;
@@ -315,34 +315,31 @@ fn one_engine_each(engines: &[EngineKind]) -> Vec<EngineKind> {
 fn resolve_data(arg: Option<&str>, suite: &SuiteFile) -> Result<DataFile> {
     match arg {
         None => Ok(DataFile::embedded_lambada_sample()),
+        // Found locally, else downloaded (checksum-verified) into the cache when online.
         Some("full") => {
-            let found = search_dirs()
-                .into_iter()
-                .map(|d| d.join(&suite.data.file))
-                .find(|p| p.is_file());
-            match found {
-                Some(p) => DataFile::read(&p, &suite.data_hint()),
-                None => Err(Error::NotFound {
-                    what: suite.data.file.clone(),
-                    path: PathBuf::from("$BENCH_DATA_DIR, ./data, ~/.cache/transformer-bench"),
-                    hint: suite.data_hint(),
-                }),
-            }
+            let hint = suite.data_hint();
+            let reference = Reference {
+                file: &suite.data.file,
+                url: &suite.data.url,
+                sha256: &suite.data.sha256,
+                hint: &hint,
+            };
+            find_or_download(&reference, &Lookup::from_env())
         }
         Some(path) => DataFile::read(&PathBuf::from(path), &suite.data_hint()),
     }
 }
 
 /// `--weights`, given `--model-dir`: random (the default without a dir) or the checkpoint.
-fn weight_source(args: &RunArgs) -> Result<WeightSource> {
+fn weight_source(args: &RunArgs, checkpoint: Option<&PathBuf>) -> Result<WeightSource> {
     use super::WeightsKind;
-    match (args.weights, &args.model_dir) {
+    match (args.weights, checkpoint) {
         (Some(WeightsKind::Random), _) | (None, None) => {
             Ok(WeightSource::Random { seed: args.seed })
         }
         (_, Some(dir)) => Ok(WeightSource::Dir(dir.clone())),
         (Some(WeightsKind::Checkpoint), None) => Err(Error::Config(
-            "--weights checkpoint needs --model-dir DIR".into(),
+            "--weights checkpoint needs --model-dir DIR or --model ORG/NAME".into(),
         )),
     }
 }
@@ -437,11 +434,21 @@ fn text_source(args: &RunArgs, suite: &SuiteFile, config: &RunConfig) -> Result<
     })
 }
 
-fn model_spec(args: &RunArgs, config: &RunConfig) -> Result<ModelSpec> {
+/// The configuration's model and its checkpoint directory: `--model-dir`, an HF hub id
+/// (`ORG/NAME[@REV]`, from the HF cache, downloaded into it when online), or a preset (none).
+pub fn model_source(args: &RunArgs, config: &RunConfig) -> Result<(ModelSpec, Option<PathBuf>)> {
     match &args.model_dir {
-        Some(dir) => ModelSpec::from_dir(dir),
-        None => ModelSpec::preset(&config.model),
+        Some(dir) => Ok((ModelSpec::from_dir(dir)?, Some(dir.clone()))),
+        None if crate::hub::is_hub_id(&config.model) => {
+            let resolved = crate::hub::resolve_model(&config.model)?;
+            Ok((resolved.spec()?, Some(resolved.dir)))
+        }
+        None => Ok((ModelSpec::preset(&config.model)?, None)),
     }
+}
+
+fn model_spec(args: &RunArgs, config: &RunConfig) -> Result<ModelSpec> {
+    model_source(args, config).map(|(spec, _)| spec)
 }
 
 /// The run of one configuration of `args`' plan.
@@ -453,8 +460,8 @@ pub fn resolve_config(
     command_line: Vec<String>,
 ) -> Result<RunSpec> {
     let (suite, plan_device) = (&plan.suite, plan.device);
-    let model = model_spec(args, config)?;
-    let weights = weight_source(args)?;
+    let (model, checkpoint) = model_source(args, config)?;
+    let weights = weight_source(args, checkpoint.as_ref())?;
     check_flags(args, suite, &weights)?;
     let workload = workload(args, suite, config)?;
     let data = match &workload {
@@ -473,7 +480,7 @@ pub fn resolve_config(
         suite: suite.clone(),
         model,
         weights,
-        tokenizer_dir: args.model_dir.clone(),
+        tokenizer_dir: checkpoint,
         device: plan_device,
         precision: config.precision,
         batch_size: config.batch_size,

@@ -119,7 +119,8 @@ pub fn log_stem(h: &Header) -> String {
     format!(
         "{}_{}_{}_{}_bs{}_{}{}_{}",
         h.suite,
-        h.model.name,
+        // An HF hub id (ORG/NAME) names no folder.
+        h.model.name.replace('/', "--"),
         h.engine,
         h.dtype,
         h.batch_size,
