@@ -2,7 +2,9 @@
 //! scripts/hf_fixtures/make_generate_fixtures.py (left-padded batches of mixed lengths, fp32,
 //! eager attention) on the tiny checkpoints of tests/fixtures, loaded through `--model-dir`'s
 //! path. Also: cached decoding computes the logits of a full forward, and bad requests are
-//! one-line errors.
+//! one-line errors. Built with `--features cuda`, the `cuda` tests run the same checks on the
+//! GPU (fp32 ids; fp32/bf16/fp16 logits) and fail without one; run the test binary from the
+//! repository root when it was built elsewhere (the fixtures are then found from there).
 
 use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
@@ -12,16 +14,23 @@ use transformer_bench::models::generate::{generate, left_pad, Greedy, Phase};
 use transformer_bench::models::{CausalLm, ModelSpec, WeightSource};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let root = if built.exists() {
+        built
+    } else {
+        PathBuf::from("tests/fixtures") // a test binary copied to another host
+    };
+    root.join(name)
+}
+
+fn load_on(name: &str, dtype: DType, device: &Device) -> Box<dyn CausalLm> {
+    let dir = fixture(name);
+    let spec = ModelSpec::from_dir(&dir).unwrap();
+    spec.load(&WeightSource::Dir(dir), dtype, device).unwrap()
 }
 
 fn load(name: &str) -> Box<dyn CausalLm> {
-    let dir = fixture(name);
-    let spec = ModelSpec::from_dir(&dir).unwrap();
-    spec.load(&WeightSource::Dir(dir), DType::F32, &Device::Cpu)
-        .unwrap()
+    load_on(name, DType::F32, &Device::Cpu)
 }
 
 #[derive(Deserialize)]
@@ -81,17 +90,22 @@ fn compare(model: &str, case: &Case, device: &str, tie_rel: f32, got: &[Vec<u32>
     a
 }
 
-/// Every case of the fixture: our left padding is HF's, and the generated ids are HF's.
 /// `name`: the checkpoint's folder under tests/fixtures; its expected ids are in
 /// tests/fixtures/generate/BASENAME.json.
 fn assert_generation_matches_hf(name: &str) {
+    assert_generation_matches_hf_on(name, &Device::Cpu);
+}
+
+/// Every case of the fixture: our left padding is HF's, and the generated ids (fp32, on
+/// `device`) are HF's on every device the fixture recorded.
+fn assert_generation_matches_hf_on(name: &str, device: &Device) {
     let base = Path::new(name).file_name().unwrap().to_string_lossy();
     let text = std::fs::read_to_string(fixture("generate").join(format!("{base}.json"))).unwrap();
     let reference: Reference = serde_json::from_str(&text).unwrap();
-    let model = load(name);
+    let model = load_on(name, DType::F32, device);
     let mut agreement = Agreement::default();
     for case in &reference.cases {
-        let prompts = left_pad(&case.prompts, case.pad_token_id, &Device::Cpu).unwrap();
+        let prompts = left_pad(&case.prompts, case.pad_token_id, device).unwrap();
         assert_eq!(prompts.ids.to_vec2::<u32>().unwrap(), case.input_ids);
         assert_eq!(prompts.mask.to_vec2::<u32>().unwrap(), case.attention_mask);
         let g = Greedy {
@@ -101,8 +115,8 @@ fn assert_generation_matches_hf(name: &str) {
         let got = generate(model.as_ref(), &prompts, &g, &mut |_| Ok(())).unwrap();
         assert_eq!(got.len(), case.prompts.len());
         assert!(got.iter().all(|row| row.len() == case.new_tokens));
-        for device in case.results.keys() {
-            let a = compare(name, case, device, reference.tie_rel, &got);
+        for recorded in case.results.keys() {
+            let a = compare(name, case, recorded, reference.tie_rel, &got);
             agreement.compared += a.compared;
             agreement.total += a.total;
         }
@@ -140,8 +154,15 @@ fn bloom_with_the_real_vocabulary_generates_hf_ids() {
     assert_generation_matches_hf("bloom-fixture");
 }
 
-/// Largest |a − b| over the largest |b|.
+/// Largest |a − b| over the largest |b|, in f32 on the CPU.
 fn rel_diff(a: &Tensor, b: &Tensor) -> f32 {
+    let f32_cpu = |t: &Tensor| {
+        t.to_dtype(DType::F32)
+            .unwrap()
+            .to_device(&Device::Cpu)
+            .unwrap()
+    };
+    let (a, b) = (&f32_cpu(a), &f32_cpu(b));
     let scale = b
         .abs()
         .unwrap()
@@ -154,11 +175,8 @@ fn rel_diff(a: &Tensor, b: &Tensor) -> f32 {
 }
 
 /// Logits of every position of one unpadded sequence by a full forward, (T, V).
-fn full_forward(model: &dyn CausalLm, seq: &[u32]) -> Tensor {
-    let ids = Tensor::new(seq, &Device::Cpu)
-        .unwrap()
-        .unsqueeze(0)
-        .unwrap(); // (1, T)
+fn full_forward(model: &dyn CausalLm, seq: &[u32], device: &Device) -> Tensor {
+    let ids = Tensor::new(seq, device).unwrap().unsqueeze(0).unwrap(); // (1, T)
     let mask = ids.ones_like().unwrap();
     let h = model.hidden_states(&ids, &mask).unwrap(); // (1, T, C)
     model.logits(&h.squeeze(0).unwrap()).unwrap()
@@ -168,7 +186,13 @@ fn full_forward(model: &dyn CausalLm, seq: &[u32]) -> Tensor {
 /// then a chunk of three tokens at once; after each forward the last logits of every row
 /// equal those of a full forward over that row's unpadded sequence so far.
 fn assert_cached_decoding_matches_full_forward(name: &str) {
-    let model = load(name);
+    assert_cached_matches_full_on(name, DType::F32, &Device::Cpu, 1e-5);
+}
+
+/// [`assert_cached_decoding_matches_full_forward`] in `dtype` on `device`, within `tol`
+/// (largest difference over the largest logit).
+fn assert_cached_matches_full_on(name: &str, dtype: DType, device: &Device, tol: f32) {
+    let model = load_on(name, dtype, device);
     let prompts = vec![
         vec![5, 17, 300, 42, 9, 77],
         vec![101, 3],
@@ -179,10 +203,13 @@ fn assert_cached_decoding_matches_full_forward(name: &str) {
         vec![200, 201, 202, 203, 204, 205],
         vec![7, 7, 400, 401, 7, 3],
     ];
-    let batch = left_pad(&prompts, 0, &Device::Cpu).unwrap();
+    let batch = left_pad(&prompts, 0, device).unwrap();
     let mut cache = model.new_cache(3, batch.len() + 6).unwrap();
     let reference: Vec<Tensor> = (0..3)
-        .map(|r| full_forward(model.as_ref(), &[&prompts[r][..], &cont[r][..]].concat()))
+        .map(|r| {
+            let seq = [&prompts[r][..], &cont[r][..]].concat();
+            full_forward(model.as_ref(), &seq, device)
+        })
         .collect();
     // Forwards after the prefill: (first continuation token, count).
     let chunks = [(0, 1), (1, 1), (2, 1), (3, 3)];
@@ -196,8 +223,8 @@ fn assert_cached_decoding_matches_full_forward(name: &str) {
             let want = reference.get(pos).unwrap();
             let d = rel_diff(&last.get(r).unwrap(), &want);
             assert!(
-                d < 1e-5,
-                "{name} row {r} after {done} tokens: rel diff {d:e}"
+                d < tol,
+                "{name} {dtype:?} row {r} after {done} tokens: rel diff {d:e}"
             );
         }
         let Some(&(from, n)) = chunks.get(step) else {
@@ -207,7 +234,7 @@ fn assert_cached_decoding_matches_full_forward(name: &str) {
             .iter()
             .flat_map(|c| c[from..from + n].to_vec())
             .collect();
-        let ids = Tensor::from_vec(ids, (3, n), &Device::Cpu).unwrap(); // (B, n)
+        let ids = Tensor::from_vec(ids, (3, n), device).unwrap(); // (B, n)
         last = model
             .forward_cached(&ids, &ids.ones_like().unwrap(), &mut cache)
             .unwrap();
@@ -217,11 +244,13 @@ fn assert_cached_decoding_matches_full_forward(name: &str) {
 
 #[test]
 fn gpt2_cached_decoding_computes_the_full_forward_logits() {
+    assert_cached_decoding_matches_full_forward("generate/gpt2-generate");
     assert_cached_decoding_matches_full_forward("gpt2-fixture-logits");
 }
 
 #[test]
 fn bloom_cached_decoding_computes_the_full_forward_logits() {
+    assert_cached_decoding_matches_full_forward("generate/bloom-generate");
     assert_cached_decoding_matches_full_forward("bloom-fixture-logits");
 }
 
@@ -293,5 +322,40 @@ fn bad_requests_are_one_line_errors() {
     );
     for e in [zero, long, outside] {
         assert!(!e.contains('\n'), "{e}");
+    }
+}
+
+/// The same checks on a GPU, in CUDA builds (they fail without one).
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+
+    fn gpu() -> Device {
+        Device::new_cuda(0).expect("these tests need a CUDA GPU")
+    }
+
+    #[test]
+    fn generated_ids_match_hf_on_the_gpu() {
+        for name in [
+            "generate/gpt2-generate",
+            "generate/bloom-generate",
+            "gpt2-fixture-logits",
+            "bloom-fixture-logits",
+            "gpt2-fixture",
+            "bloom-fixture",
+        ] {
+            assert_generation_matches_hf_on(name, &gpu());
+        }
+    }
+
+    /// fp32 to rounding; half precision within a few ulps of the logits' scale (the cached
+    /// and the full forward multiply matrices of other shapes, so cuBLAS rounds otherwise).
+    #[test]
+    fn cached_decoding_computes_the_full_forward_logits_on_the_gpu() {
+        for name in ["generate/gpt2-generate", "generate/bloom-generate"] {
+            for (dtype, tol) in [(DType::F32, 1e-4), (DType::BF16, 5e-2), (DType::F16, 1e-2)] {
+                assert_cached_matches_full_on(name, dtype, &gpu(), tol);
+            }
+        }
     }
 }

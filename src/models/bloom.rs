@@ -12,6 +12,9 @@
 //! - projections are `nn.Linear` (weights (out, in)); the GELU is the tanh approximation;
 //! - `apply_residual_connection_post_layernorm` takes the residual after the norm;
 //! - attention softmax in fp32 whatever the model dtype (shared core does this).
+//!
+//! Decoding ([`CausalLm::forward_cached`]) reads earlier keys and values from a [`KvCache`],
+//! which also keeps every key's ALiBi position.
 
 use super::attention::{
     causal_padding_bias, causal_padding_bias_last, merge_heads, scaled_dot_product,
@@ -195,18 +198,15 @@ pub fn alibi_slopes(n_head: usize) -> Vec<f64> {
 /// real tokens, 0 for padding (masked anyway). Broadcasts over queries: a per-query constant
 /// shift would not change the softmax, so key position alone gives the relative bias.
 fn alibi_bias(attention_mask: &Tensor, slopes: &Tensor) -> candle_core::Result<Tensor> {
-    let (b, t) = attention_mask.dims2()?;
-    let nh = slopes.dim(0)?;
     let mask = attention_mask.to_dtype(DType::F32)?;
     let pos = ((mask.cumsum(D::Minus1)? - 1.)? * &mask)?; // (B, T)
-    let pos = pos.reshape((b, 1, 1, t))?;
-    pos.broadcast_mul(&slopes.reshape((1, nh, 1, 1))?)
+    alibi_at(&pos, slopes)
 }
 
-/// ALiBi bias of a forward over a KV cache, (B, nh, 1, Tk) f32: slope_h · key_pos[b, s], the
-/// key positions (cumsum(mask) − 1)·mask of every cached and new position, as HF builds it from
-/// the whole attention mask at every decoding step.
-fn alibi_bias_cached(key_pos: &Tensor, slopes: &Tensor) -> candle_core::Result<Tensor> {
+/// ALiBi bias of keys at `key_pos` (B, Tk) f32, (B, nh, 1, Tk): slope_h · key_pos[b, s]. Over
+/// a KV cache the key positions are those the cache keeps, (cumsum(mask) − 1)·mask of every
+/// cached and new position, as HF builds them from the whole mask at every decoding step.
+fn alibi_at(key_pos: &Tensor, slopes: &Tensor) -> candle_core::Result<Tensor> {
     let (b, tk) = key_pos.dims2()?;
     let nh = slopes.dim(0)?;
     key_pos
@@ -426,7 +426,7 @@ impl CausalLm for Bloom {
             .word_embeddings_layernorm
             .forward(&x.reshape((b, t, ()))?, inference)?; // (B, T, H)
         let causal = causal_padding_bias_last(&step.key_mask, t)?; // (B, 1, T, Tk)
-        let alibi = alibi_bias_cached(&step.key_pos, &self.slopes)?; // (B, nh, 1, Tk)
+        let alibi = alibi_at(&step.key_pos, &self.slopes)?; // (B, nh, 1, Tk)
         let bias = causal.broadcast_add(&alibi)?; // (B, nh, T, Tk)
         for (i, block) in self.h.iter().enumerate() {
             let kv = Some((cache.layer(i)?, step.start));

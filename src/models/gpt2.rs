@@ -8,6 +8,9 @@
 //! - projections are `Conv1D`: the weight is stored (in, out), the transpose of `nn.Linear`;
 //! - the MLP activation is `gelu_new`, the tanh approximation of GELU;
 //! - pre-norm blocks, a final `ln_f`, and the LM head tied to `wte`.
+//!
+//! Decoding ([`CausalLm::forward_cached`]) reads earlier keys and values from a [`KvCache`];
+//! position ids come from the attention mask, as HF `generate` makes them for left padding.
 
 use super::attention::{
     causal_padding_bias, causal_padding_bias_last, merge_heads, positions, scaled_dot_product,
