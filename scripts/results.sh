@@ -93,3 +93,9 @@ table train-2026-11-21 -i "$R/h100/train/wikitext2_*.jsonl.gz" --sort dtype,engi
 table h100-lambada -i "$R/h100/*.jsonl.gz" --where suite=lambada --sort model,dtype \
   --columns "model,dtype,batch_size=batch,n_samples=passages,samples_per_second:.1=samples/s,tokens_per_second:.0=tokens/s,latency_ms_p50:.2=p50 ms,latency_ms_p99:.2=p99 ms,peak_memory_bytes:GiB.2=peak GPU GiB,peak_host_memory_bytes:GiB.2=peak host GiB,load_seconds:.2=load s,accuracy:.4=acc,perplexity:e3=ppl,gpu=GPU,driver,git_commit=commit,run=log"
 echo "wrote the tables of $R/README.md (git diff $R/README.md shows what changed)"
+
+# Generation (#20): every H100 generation log into one CSV; decode tokens/s of the suite's runs.
+$X -i "$R/h100/generate-run*/gen-logs/*.jsonl.gz" -o $R/h100_generate.csv
+$P -i $R/h100_generate.csv -o $R/h100_generate_decode_tokens.png --metric decode_tokens_per_second \
+   --x batch_size --where gen_source=text --bf16 \
+   --title "Generation suite, prompt 128 + 128 new tokens, H100 bf16: decode tokens/s"

@@ -106,6 +106,11 @@ fn header_columns(row: &mut RunRow, h: &Header) {
     if let Some(attn) = h.engine_info.get("attn") {
         m.insert("attn".into(), attn.clone());
     }
+    // HF's torch.compile (--hf-compile; a static KV cache for generation): a configuration of
+    // its own, never averaged with the eager runs.
+    if let Some(c) = h.engine_info.get("compile") {
+        m.insert("hf_compile".into(), c.clone());
+    }
     row.set("batch_size", h.batch_size);
     row.set("n_parameters", h.model.n_parameters);
     row.set("load_seconds", h.load_seconds);
