@@ -11,7 +11,8 @@
 
 use super::lambada::data::build_requests;
 use super::skeleton::{
-    base_header, candle_device, engine_runs, gpu_index, hf_dir, open_log, GpuWatch,
+    base_header, candle_device, engine_runs, final_memory, finish_log, gpu_index, hf_dir, open_log,
+    GpuWatch,
 };
 use super::spec::{GenerateOptions, GenerateSource, RunSpec};
 use crate::data::sha256_hex;
@@ -28,7 +29,6 @@ use crate::record::{
     DataInfo, GenBatchRecord, GenPassage, GenerationInfo, Header, Record, Summary,
 };
 use crate::tokenizer::TextTokenizer;
-use crate::trackers::MemoryReading;
 use std::time::Instant;
 
 /// One generation call's input; `targets` (LAMBADA) are what a correct continuation starts with.
@@ -222,13 +222,7 @@ fn run_engine(
     let mut log = open_log(spec, &header)?;
     let mut out = generate_all(spec, &header, &info, engine.as_mut(), &batches, &mut log)?;
     let failure = out.failure.take();
-    let mem = match failure {
-        Some(_) => MemoryReading::default(),
-        None => engine.finish().unwrap_or_else(|e| {
-            eprintln!("warning: memory tracking failed: {e}");
-            MemoryReading::default()
-        }),
-    };
+    let mem = final_memory(engine.as_mut(), failure.is_some());
     let message = failure
         .as_ref()
         .map(|e| message_without_backtrace(&e.to_string()));
@@ -238,15 +232,7 @@ fn run_engine(
         mem,
         out.kv_cache_bytes,
     ));
-    log.write(&Record::Summary(Box::new(summary.clone())))?;
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    Ok(RunOutcome {
-        log_path: log.path(),
-        header,
-        summary,
-    })
+    finish_log(log, header, summary, Record::Summary, failure)
 }
 
 /// What the generation calls of a run left.

@@ -6,14 +6,16 @@ use super::spec::RunSpec;
 use crate::device::DeviceSpec;
 use crate::engines::hf::HfEngine;
 use crate::engines::weight_cache::hf_checkpoint;
-use crate::engines::EngineKind;
+use crate::engines::{Engine, EngineKind};
 use crate::env::{nvml_index, EnvReport};
 use crate::error::{Error, Result};
-use crate::log::RankLog;
+use crate::log::{RankLog, RunOutcome};
 use crate::models::{Architecture, ModelSpec, WeightSource};
 use crate::record::{DataInfo, Header, Record, Summary, TpInfo, SCHEMA_VERSION};
 use crate::tokenizer::TextTokenizer;
-use crate::trackers::{EnergyReading, EnergyTracker, GpuActivity, GpuSampler, NvmlGpu};
+use crate::trackers::{
+    EnergyReading, EnergyTracker, GpuActivity, GpuSampler, MemoryReading, NvmlGpu,
+};
 use candle_core::Device;
 use std::time::Duration;
 
@@ -138,6 +140,38 @@ pub fn open_log(spec: &RunSpec, header: &Header) -> Result<RankLog> {
     let mut log = RankLog::create(spec.is_logging_rank(), &spec.log_dir, &log_stem(header))?;
     log.write(&Record::Header(Box::new(header.clone())))?;
     Ok(log)
+}
+
+/// The engine's peak memory as the run ends; none when `skip` (a failed run: a dead worker
+/// cannot answer). A failed query costs the figure, with a warning, not the run.
+pub fn final_memory(engine: &mut dyn Engine, skip: bool) -> MemoryReading {
+    if skip {
+        return MemoryReading::default();
+    }
+    engine.finish().unwrap_or_else(|e| {
+        eprintln!("warning: memory tracking failed: {e}");
+        MemoryReading::default()
+    })
+}
+
+/// Writes the run's last record (its summary), then ends it: the error that stopped it early,
+/// or its outcome.
+pub fn finish_log<S: Clone>(
+    mut log: RankLog,
+    header: Header,
+    summary: S,
+    record: fn(Box<S>) -> Record,
+    failure: Option<crate::error::Error>,
+) -> Result<RunOutcome<S>> {
+    log.write(&record(Box::new(summary.clone())))?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    Ok(RunOutcome {
+        log_path: log.path(),
+        header,
+        summary,
+    })
 }
 
 /// NVML index of the run's GPU (`cuda:N`, told apart by UUID under `CUDA_VISIBLE_DEVICES`);

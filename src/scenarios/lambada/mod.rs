@@ -4,7 +4,8 @@
 pub mod data;
 
 use super::skeleton::{
-    base_header, candle_device, engine_runs, gpu_index, hf_dir, open_log, GpuWatch,
+    base_header, candle_device, engine_runs, final_memory, finish_log, gpu_index, hf_dir, open_log,
+    GpuWatch,
 };
 use super::spec::RunSpec;
 use crate::device::DeviceSpec;
@@ -19,7 +20,6 @@ use crate::metrics::BatchTotals;
 use crate::models::WeightSource;
 use crate::record::{BatchRecord, DataInfo, Header, Record, Summary};
 use crate::tokenizer::TextTokenizer;
-use crate::trackers::MemoryReading;
 use data::{batch_shape, build_requests, passage_results};
 use std::path::Path;
 use std::time::Instant;
@@ -170,15 +170,7 @@ fn run_engine(
         failure.as_ref(),
         wall,
     );
-    log.write(&Record::Summary(Box::new(summary.clone())))?;
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    Ok(RunOutcome {
-        log_path: log.path(),
-        header,
-        summary,
-    })
+    finish_log(log, header, summary, Record::Summary, failure)
 }
 
 /// What the scored batches of a run left: their totals, the model FLOPs of the timed batches,
@@ -265,14 +257,7 @@ fn finish(
     failure: Option<&Error>,
     wall: Instant,
 ) -> Summary {
-    let mem = if failure.is_some() {
-        MemoryReading::default()
-    } else {
-        engine.finish().unwrap_or_else(|e| {
-            eprintln!("warning: memory tracking failed: {e}");
-            MemoryReading::default()
-        })
-    };
+    let mem = final_memory(engine, failure.is_some());
     let failure = failure.map(|e| message_without_backtrace(&e.to_string()));
     let summary = scored
         .totals

@@ -6,7 +6,10 @@
 
 pub mod data;
 
-use super::skeleton::{base_header, candle_device, engine_runs, hf_dir, max_positions, open_log};
+use super::skeleton::{
+    base_header, candle_device, engine_runs, final_memory, finish_log, hf_dir, max_positions,
+    open_log,
+};
 use super::spec::{DpRun, RunSpec, TrainOptions};
 use crate::data::sha256_hex;
 use crate::engines::candle::train::TrainSetup;
@@ -20,7 +23,6 @@ use crate::metrics::{EvalResult, TrainTotals};
 use crate::models::WeightSource;
 use crate::record::{DataInfo, DpInfo, Header, Hyper, Record, StepRecord, TrainInfo, TrainSummary};
 use crate::tokenizer::TextTokenizer;
-use crate::trackers::MemoryReading;
 use crate::train::DataParallel;
 use candle_core::Tensor;
 use data::{blocks, TextSplit};
@@ -310,14 +312,7 @@ fn train_with(
         );
     }
     // A dead worker has no memory to report.
-    let mem = if failure.is_some() && kind == EngineKind::Hf {
-        MemoryReading::default()
-    } else {
-        engine.finish().unwrap_or_else(|e| {
-            eprintln!("warning: memory tracking failed: {e}");
-            MemoryReading::default()
-        })
-    };
+    let mem = final_memory(engine.as_mut(), failure.is_some() && kind == EngineKind::Hf);
     let warmup = warmup_steps(spec, prep);
     let summary = TrainSummary {
         wall_seconds: wall.elapsed().as_secs_f64(),
@@ -325,15 +320,7 @@ fn train_with(
         per_rank_peak_memory_bytes: per_rank_peak,
         ..totals.summary(failure.as_ref(), warmup, eval, spec.dp.is_some())
     };
-    log.write(&Record::TrainSummary(Box::new(summary.clone())))?;
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    Ok(RunOutcome {
-        log_path: log.path(),
-        header,
-        summary,
-    })
+    finish_log(log, header, summary, Record::TrainSummary, failure)
 }
 
 /// Every optimizer step, each logged as it finishes; stops at the first failing step and
