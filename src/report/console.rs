@@ -141,9 +141,14 @@ pub fn summary_table(h: &Header, s: &Summary, log_path: &Path) -> String {
         ),
     ];
     let mut rows = rows.to_vec();
-    if h.generation.is_some() {
-        // No log-likelihoods in a generation run: its own rates instead of a perplexity.
+    if let Some(g) = &h.generation {
+        // No log-likelihoods in a generation run: its own rates instead of a perplexity; the
+        // text source has prompts, not passages, and nothing to be right about.
         rows.retain(|(k, _)| *k != "perplexity");
+        if g.source == "text" {
+            rows.retain(|(k, _)| *k != "accuracy");
+            rows[0].0 = "prompts";
+        }
         rows.extend(generation_rows(s));
     }
     rows.extend(gpu_rows(s));
