@@ -26,11 +26,12 @@ fn main() {
 
 /// The kernel families of src/kernels: each `<name>.cu` -> `$OUT_DIR/<name>.ptx`, embedded by
 /// src/kernels/<name>.rs (`ptx!`) and loaded as its own module.
-const KERNELS: [&str; 6] = [
+const KERNELS: [&str; 7] = [
     "adamw",
     "attn_softmax",
     "bias_act",
     "cross_entropy",
+    "decode",
     "dropout",
     "layer_norm",
 ];

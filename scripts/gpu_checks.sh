@@ -51,11 +51,14 @@
 #                  engines (candle + PERF_FLAGS="--fused none": the "before")  -> perf-logs.tgz
 #   gen-fixtures   HF generate() references (fp32, CPU and GPU) for tests/fixtures/generate
 #                  (scripts/hf_fixtures/make_generate_fixtures.py)           -> gen-fixtures.tgz
+#   gen-agree      candle vs HF generate(), fp32, LAMBADA --mode generate, 256 passages: the share of
+#                  identical generated ids ($GEN_MODELS)                     -> gen-agree.txt
 #   generate       #12/#20 benchmarks, bf16: LAMBADA --mode generate, candle and HF (sdpa where
 #                  supported), batch 16 (first $GEN_LIMIT (1600) passages) and batch 1 (first
 #                  $GEN_B1_LIMIT (200)); the generation suite, prompt 128 + 128 new tokens, batch 1
 #                  and 16, candle, HF and HF --hf-compile (static KV cache); models $GEN_MODELS
-#                  (gpt2 bloom-560m)                                          -> gen-logs.tgz
+#                  (gpt2 bloom-560m); engine names: candle, candle-nodecode (every fused path
+#                  but the decode kernels: their "before"), hf, hf-eager, hf-sdpa, hf-compile -> gen-logs.tgz
 # Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.gz, lambada_test.jsonl.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -147,6 +150,7 @@ gen_run() { # engine model batch [extra flags]: one generation run into /tmp/gen
   hf-compile) e=hf; hf=(--hf-compile) ;;
   hf-eager) e=hf; hf=(--hf-attn eager) ;;
   hf-sdpa) e=hf; hf=(--hf-attn sdpa) ;;
+  candle-nodecode) e=candle; hf=(--fused lt,softmax,bias-act,layer-norm,cross-entropy) ;;  # the "before" of the decode kernels
   esac
   $B --engine "$e" "${hf[@]}" --model "$m" --weights random --seed 0 --device cuda --dtype bf16 \
     --batch-size "$bs" --log-dir /tmp/gen-logs --no-progress "$@" 2>&1 | grep -v "^  |" | tee -a "$OUT/gen.txt"
@@ -169,6 +173,15 @@ for stage in "$@"; do
     # Written over the checkout's tests/fixtures/generate (its checkpoints are kept).
     python3 scripts/hf_fixtures/make_generate_fixtures.py 2>&1 | tail -20
     tar czf "$OUT/gen-fixtures.tgz" tests/fixtures/generate
+    ;;
+  gen-agree)
+    # Correctness of the decode path on real shapes: candle vs HF generate in fp32 (ids must
+    # agree but for ties), LAMBADA --mode generate, first 256 passages, batch 16.
+    for m in ${GEN_MODELS:-gpt2 bloom-560m}; do
+      $B --engine both --mode generate --model "$m" --weights random --seed 0 --device cuda --dtype fp32 \
+        --batch-size 16 --data .gpu/lambada_test.jsonl --limit 256 --hf-attn eager --log-dir /tmp/gen-logs \
+        --no-progress 2>&1 | grep -v "^  |" | tee -a "$OUT/gen-agree.txt"
+    done
     ;;
   generate)
     # HF --hf-compile (static cache) only on the suite's fixed shapes: on LAMBADA every batch

@@ -448,3 +448,96 @@ fn sum_squares_matches_square_then_sum() {
         assert!((g - w).abs() < 1e-4 * w, "{dtype:?}: {g} vs {w}");
     }
 }
+
+/// The decode kernels end to end: a cached prefill and decode steps of gpt2-tiny and
+/// bloom-tiny (GPT-2's [q | k | v] and BLOOM's per-head qkv with ALiBi), a left-padded batch,
+/// fp32 and bf16, logits of every step with `--fused all` against `--fused none`.
+#[test]
+fn cached_decoding_on_the_decode_kernels_matches_candles_ops() {
+    use crate::models::generate::left_pad;
+    let (gpu, _one_at_a_time) = gpu();
+    let prompts = left_pad(&[vec![5, 9, 2, 7, 1, 3], vec![4, 8, 6]], 0, &gpu).unwrap();
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 3e-2)] {
+        for name in ["gpt2-tiny", "bloom-tiny"] {
+            let spec = ModelSpec::preset(name).unwrap();
+            let src = WeightSource::Random { seed: 0 };
+            let mut steps = Vec::new();
+            for fused in [Fused::None, Fused::All] {
+                set_enabled(&[fused]);
+                let model = spec.load(&src, dtype, &gpu).unwrap();
+                let mut cache = model.new_cache(2, 12).unwrap();
+                let mut logits = vec![model
+                    .forward_cached(&prompts.ids, &prompts.mask, &mut cache)
+                    .unwrap()];
+                let real = Tensor::ones((2, 1), DType::U32, &gpu).unwrap();
+                for id in [11u32, 12, 13, 14, 15] {
+                    let next = Tensor::new(&[[id], [id + 7]], &gpu).unwrap();
+                    logits.push(model.forward_cached(&next, &real, &mut cache).unwrap());
+                }
+                steps.push(logits);
+            }
+            for (i, (fused, none)) in steps[1].iter().zip(&steps[0]).enumerate() {
+                let r = rel(fused, none);
+                assert!(r < tol, "{name} {dtype:?} step {i}: rel {r}");
+            }
+        }
+    }
+}
+
+/// The residual add rounds like candle's add; the norm of the sum like candle's layer norm.
+#[test]
+fn add_layer_norm_matches_the_add_then_the_norm() {
+    let (gpu, _one_at_a_time) = gpu();
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
+        let x = randn(&[3, 5, 768], &gpu).to_dtype(dtype).unwrap();
+        let r = randn(&[3, 5, 768], &gpu).to_dtype(dtype).unwrap();
+        let w = randn(&[768], &gpu).to_dtype(dtype).unwrap();
+        let b = randn(&[768], &gpu).to_dtype(dtype).unwrap();
+        let (sum, normed) = add_layer_norm(&x, &r, &w, &b, 1e-5)
+            .unwrap()
+            .expect("applies");
+        let want_sum = (&x + &r).unwrap();
+        assert_eq!(
+            rel(&sum, &want_sum),
+            0.,
+            "{dtype:?}: the sum rounds as the add"
+        );
+        let want = candle_nn::ops::layer_norm_slow(&want_sum, &w, &b, 1e-5).unwrap();
+        let r = rel(&normed, &want);
+        assert!(r < tol, "{dtype:?}: rel {r}");
+    }
+}
+
+/// The greedy pick: the first index of the maximum, a banned id never chosen, ties to the
+/// lower index (as torch's argmax, which HF generate uses).
+#[test]
+fn argmax_picks_the_first_maximum_and_skips_banned_ids() {
+    let (gpu, _one_at_a_time) = gpu();
+    let v = 50257;
+    for dtype in [DType::F32, DType::BF16] {
+        let x = randn(&[4, v], &gpu).to_dtype(dtype).unwrap();
+        let got = argmax(&x, None).unwrap().expect("applies");
+        let want = x.argmax_keepdim(1).unwrap();
+        assert_eq!(
+            got.to_vec2::<u32>().unwrap(),
+            want.to_vec2::<u32>().unwrap()
+        );
+        let top = want.to_vec2::<u32>().unwrap()[0][0] as usize;
+        let mut ban = vec![0f32; v];
+        ban[top] = f32::NEG_INFINITY;
+        let ban = Tensor::from_vec(ban, (1, v), &gpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let got = argmax(&x, Some(&ban)).unwrap().expect("applies");
+        let want = x.broadcast_add(&ban).unwrap().argmax_keepdim(1).unwrap();
+        assert_eq!(
+            got.to_vec2::<u32>().unwrap(),
+            want.to_vec2::<u32>().unwrap()
+        );
+        assert_ne!(got.to_vec2::<u32>().unwrap()[0][0] as usize, top);
+    }
+    let ties = Tensor::new(&[[1f32, 3., 0., 3., 3.]], &gpu).unwrap();
+    let got = argmax(&ties, None).unwrap().expect("applies");
+    assert_eq!(got.to_vec2::<u32>().unwrap(), [[1]]);
+}

@@ -12,13 +12,15 @@
 //! switched off with `--fused`, a dtype or layout it does not take); the caller then runs
 //! candle's composed ops, which stay the reference that the GPU tests compare against.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU16, Ordering};
 
 mod adamw;
 mod attn_softmax;
 mod bias_act;
 mod cross_entropy;
+mod decode;
 mod dropout;
+mod graph;
 #[cfg(feature = "cuda")]
 mod launch;
 mod layer_norm;
@@ -28,7 +30,9 @@ pub use adamw::{adamw, sum_squares, AdamStep};
 pub use attn_softmax::{attn_softmax, attn_softmax_bwd};
 pub use bias_act::bias_act;
 pub use cross_entropy::cross_entropy;
+pub use decode::{add_layer_norm, argmax, decode_attention, decode_begin, CacheSlot, QkvLayout};
 pub use dropout::{draw_keep, dropout, keep_mask, set_dropout_seed, Keep};
+pub use graph::{capture, Graph};
 pub use layer_norm::layer_norm;
 pub use linear_lt::linear;
 
@@ -54,20 +58,28 @@ pub enum Fused {
     Dropout,
     /// Training loss: cross-entropy over the logits in one kernel each way (no f32 copies).
     CrossEntropy,
+    /// Generation: residual add + LayerNorm in one pass, single-query attention over the KV
+    /// cache in one kernel, the greedy argmax in one block a row.
+    Decode,
+    /// Generation: each decode step after the first recorded once as a CUDA graph and
+    /// replayed (needs `decode`).
+    Graph,
 }
 
-const LT: u8 = 1;
-const SOFTMAX: u8 = 2;
-const BIAS_ACT: u8 = 4;
-const ADAMW: u8 = 8;
-const LAYER_NORM: u8 = 16;
-const DROPOUT: u8 = 32;
-const XENT: u8 = 64;
-const ALL: u8 = LT | SOFTMAX | BIAS_ACT | ADAMW | LAYER_NORM | DROPOUT | XENT;
+const LT: u16 = 1;
+const SOFTMAX: u16 = 2;
+const BIAS_ACT: u16 = 4;
+const ADAMW: u16 = 8;
+const LAYER_NORM: u16 = 16;
+const DROPOUT: u16 = 32;
+const XENT: u16 = 64;
+const DECODE: u16 = 128;
+const GRAPH: u16 = 256;
+const ALL: u16 = LT | SOFTMAX | BIAS_ACT | ADAMW | LAYER_NORM | DROPOUT | XENT | DECODE | GRAPH;
 
-static ENABLED: AtomicU8 = AtomicU8::new(ALL);
+static ENABLED: AtomicU16 = AtomicU16::new(ALL);
 
-fn bit(f: Fused) -> u8 {
+fn bit(f: Fused) -> u16 {
     match f {
         Fused::All => ALL,
         Fused::None => 0,
@@ -78,6 +90,8 @@ fn bit(f: Fused) -> u8 {
         Fused::LayerNorm => LAYER_NORM,
         Fused::Dropout => DROPOUT,
         Fused::CrossEntropy => XENT,
+        Fused::Decode => DECODE,
+        Fused::Graph => GRAPH,
     }
 }
 
@@ -89,7 +103,7 @@ pub fn set_enabled(list: &[Fused]) {
     );
 }
 
-fn on(b: u8) -> bool {
+fn on(b: u16) -> bool {
     ENABLED.load(Ordering::Relaxed) & b != 0
 }
 
@@ -108,6 +122,8 @@ pub fn describe() -> String {
         (LAYER_NORM, "layer-norm"),
         (DROPOUT, "dropout"),
         (XENT, "cross-entropy"),
+        (DECODE, "decode"),
+        (GRAPH, "graph"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

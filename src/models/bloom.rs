@@ -19,7 +19,7 @@
 use super::attention::{
     causal_padding_bias, causal_padding_bias_last, merge_heads, scaled_dot_product,
 };
-use super::cache::{KvCache, LayerKv};
+use super::cache::{KvCache, LayerStep, Step};
 use super::layers::{
     dropout, load_layer_norm, Activation, Dropout, Mlp, Mode, Norm, Projection,
     WeightLayout::Linear,
@@ -28,6 +28,7 @@ use super::shard::Split;
 use super::CausalLm;
 use crate::dist::Tp;
 use crate::error::{Error, Result};
+use crate::kernels::{self, QkvLayout};
 use candle_core::{DType, Tensor, D};
 use candle_nn::{Init, VarBuilder};
 use serde::Deserialize;
@@ -221,34 +222,49 @@ struct Attention {
     dense: Projection,           // Linear (H, H)
     head_size: usize,
     scale: f64,
+    slopes: Tensor, // (nh,) f32, this rank's heads (the decode kernel adds ALiBi itself)
 }
 
 impl Attention {
-    fn load(vb: VarBuilder, cfg: &Config, tp: &Tp) -> candle_core::Result<Self> {
+    fn load(vb: VarBuilder, cfg: &Config, tp: &Tp, slopes: &Tensor) -> candle_core::Result<Self> {
         let (h, std) = (cfg.hidden_size, cfg.initializer_range);
         Ok(Self {
             query_key_value: Projection::load(vb.pp("query_key_value"), Linear, h, 3 * h, std)?,
             dense: Projection::load(vb.pp("dense"), Linear, h, h, std)?.row_parallel(tp),
             head_size: h / cfg.n_head,
             scale: 1. / ((h / cfg.n_head) as f64).sqrt(),
+            slopes: slopes.clone(),
         })
     }
 
     /// x: (B, T, H); bias: (B, nh, T, Tk) causal + padding + ALiBi of this rank's heads.
-    /// With `kv` = (cache, start), the new keys and values go into the cache at `start` and the
+    /// With `kv`, the new keys and values go into the cache at the forward's start and the
     /// queries attend all Tk = start + T cached positions; without, Tk = T.
     /// Returns dense(attn), (B, T, H).
     fn forward(
         &self,
         x: &Tensor,
         bias: &Tensor,
-        kv: Option<(&LayerKv, usize)>,
+        kv: Option<LayerStep>,
         mode: Mode,
     ) -> candle_core::Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let hs = self.head_size;
         let qkv = self.query_key_value.forward(x)?; // (B, T, nh·3·hs)
         let nh = qkv.dim(2)? / (3 * hs);
+        if let Some(kv) = kv.filter(|kv| kv.is_decode() && !mode.train) {
+            let layout = QkvLayout {
+                head_stride: 3 * hs,
+                part: hs,
+            };
+            let slopes = Some(&self.slopes);
+            let y =
+                kernels::decode_attention(&qkv, layout, (nh, hs), &kv.slot(), slopes, self.scale)?;
+            if let Some(y) = y {
+                return self.dense.forward(&y); // (B, 1, nh·hs) -> (B, 1, H)
+            }
+            kv.check_kernel_served()?;
+        }
         // Per head, not [q | k | v]: (B, T, nh, 3, hs).
         let qkv = qkv.reshape((b, t, nh, 3, hs))?;
         let head = |i: usize| -> candle_core::Result<Tensor> {
@@ -259,7 +275,7 @@ impl Attention {
         };
         let (q, k, v) = (head(0)?, head(1)?, head(2)?);
         let (k, v) = match kv {
-            Some((cache, start)) => cache.append(&k, &v, start)?, // (B, nh, Tk, hs)
+            Some(kv) => kv.append(&k, &v)?, // (B, nh, Tk, hs)
             None => (k, v),
         };
         let y = scaled_dot_product(&q, &k, &v, bias, self.scale, mode)?; // (B, nh, T, hs)
@@ -285,27 +301,21 @@ struct Block {
 }
 
 impl Block {
-    fn load(vb: VarBuilder, cfg: &Config, tp: &Tp) -> candle_core::Result<Self> {
+    fn load(vb: VarBuilder, cfg: &Config, tp: &Tp, slopes: &Tensor) -> candle_core::Result<Self> {
         let (h, eps) = (cfg.hidden_size, cfg.layer_norm_epsilon);
         Ok(Self {
             input_layernorm: load_layer_norm(vb.pp("input_layernorm"), h, eps)?,
-            self_attention: Attention::load(vb.pp("self_attention"), cfg, tp)?,
+            self_attention: Attention::load(vb.pp("self_attention"), cfg, tp, slopes)?,
             post_attention_layernorm: load_layer_norm(vb.pp("post_attention_layernorm"), h, eps)?,
             mlp: load_mlp(vb.pp("mlp"), cfg, tp)?,
             residual_after_norm: cfg.apply_residual_connection_post_layernorm,
         })
     }
 
-    fn forward(
-        &self,
-        x: &Tensor,
-        bias: &Tensor,
-        kv: Option<(&LayerKv, usize)>,
-        mode: Mode,
-    ) -> candle_core::Result<Tensor> {
+    fn forward(&self, x: &Tensor, bias: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
         let ln = self.input_layernorm.forward(x, mode)?;
         let residual = if self.residual_after_norm { &ln } else { x };
-        let x = (self.self_attention.forward(&ln, bias, kv, mode)? + residual)?;
+        let x = (self.self_attention.forward(&ln, bias, None, mode)? + residual)?;
         let ln = self.post_attention_layernorm.forward(&x, mode)?;
         let residual = if self.residual_after_norm { &ln } else { &x };
         dropout(&self.mlp.forward(&ln)?, mode.dropout.resid)? + residual
@@ -343,8 +353,13 @@ impl Bloom {
                 .get_with_hints((cfg.vocab_size, h), "weight", std)?;
         let word_embeddings_layernorm =
             load_layer_norm(vb.pp("word_embeddings_layernorm"), h, eps)?;
+        let slopes: Vec<f32> = alibi_slopes(cfg.n_head)[tp.part(cfg.n_head)]
+            .iter()
+            .map(|&s| s as f32)
+            .collect();
+        let slopes = Tensor::from_vec(slopes.clone(), slopes.len(), vb.device())?;
         let blocks = (0..cfg.n_layer)
-            .map(|i| Block::load(vb.pp("h").pp(i), cfg, tp))
+            .map(|i| Block::load(vb.pp("h").pp(i), cfg, tp, &slopes))
             .collect::<candle_core::Result<Vec<_>>>()?;
         let ln_f = load_layer_norm(vb.pp("ln_f"), h, eps)?;
         let lm_head = if cfg.tie_word_embeddings {
@@ -355,11 +370,6 @@ impl Bloom {
                     .get_with_hints((cfg.vocab_size, h), "weight", std)?,
             )
         };
-        let slopes: Vec<f32> = alibi_slopes(cfg.n_head)[tp.part(cfg.n_head)]
-            .iter()
-            .map(|&s| s as f32)
-            .collect();
-        let slopes = Tensor::from_vec(slopes.clone(), slopes.len(), vb.device())?;
         Ok(Self {
             word_embeddings,
             word_embeddings_layernorm,
@@ -375,6 +385,36 @@ impl Bloom {
             },
             mode: Mode::default(),
         })
+    }
+}
+
+impl Bloom {
+    /// The blocks and ln_f over the new positions x (B, T, H) of a cached forward. Each
+    /// residual add goes with the norm after it ([`Norm::add_forward`]: one kernel on CUDA),
+    /// and one new position a row attends the cache in one kernel.
+    fn blocks_cached(
+        &self,
+        x: Tensor,
+        cache: &KvCache,
+        step: &Step,
+    ) -> candle_core::Result<Tensor> {
+        let inference = Mode::default();
+        let causal = causal_padding_bias_last(&step.key_mask, step.t)?; // (B, 1, T, Tk)
+        let alibi = alibi_at(&step.key_pos, &self.slopes)?; // (B, nh, 1, Tk)
+        let bias = causal.broadcast_add(&alibi)?; // (B, nh, T, Tk)
+        let first = self.h.first().map_or(&self.ln_f, |b| &b.input_layernorm);
+        let (mut x, mut h) = (x.clone(), first.forward(&x, inference)?);
+        for (i, block) in self.h.iter().enumerate() {
+            let kv = Some(cache.layer_step(i, step)?);
+            let a = block.self_attention.forward(&h, &bias, kv, inference)?;
+            let residual = if block.residual_after_norm { &h } else { &x };
+            let (x1, h2) = block.post_attention_layernorm.add_forward(residual, &a)?;
+            let residual = if block.residual_after_norm { &h2 } else { &x1 };
+            let m = block.mlp.forward(&h2)?;
+            let next = self.h.get(i + 1).map_or(&self.ln_f, |b| &b.input_layernorm);
+            (x, h) = next.add_forward(residual, &m)?;
+        }
+        Ok(h)
     }
 }
 
@@ -394,7 +434,7 @@ impl CausalLm for Bloom {
         let causal = causal_padding_bias(attention_mask)?; // (B, 1, T, T)
         let bias = causal.broadcast_add(&alibi_bias(attention_mask, &self.slopes)?)?; // (B, nh, T, T)
         for block in &self.h {
-            x = block.forward(&x, &bias, None, self.mode)?;
+            x = block.forward(&x, &bias, self.mode)?;
         }
         self.ln_f.forward(&x, self.mode)
     }
@@ -421,24 +461,22 @@ impl CausalLm for Bloom {
         let x = self
             .word_embeddings
             .index_select(&input_ids.flatten_all()?, 0)?; // (B·T, H)
-        let inference = Mode::default();
-        let mut x = self
+        let x = self
             .word_embeddings_layernorm
-            .forward(&x.reshape((b, t, ()))?, inference)?; // (B, T, H)
-        let causal = causal_padding_bias_last(&step.key_mask, t)?; // (B, 1, T, Tk)
-        let alibi = alibi_at(&step.key_pos, &self.slopes)?; // (B, nh, 1, Tk)
-        let bias = causal.broadcast_add(&alibi)?; // (B, nh, T, Tk)
-        for (i, block) in self.h.iter().enumerate() {
-            let kv = Some((cache.layer(i)?, step.start));
-            x = block.forward(&x, &bias, kv, inference)?;
-        }
+            .forward(&x.reshape((b, t, ()))?, Mode::default())?; // (B, T, H)
+        let h = self.blocks_cached(x, cache, &step)?; // (B, T, H), after ln_f
         cache.commit(step);
-        let last = x.narrow(1, t - 1, 1)?.squeeze(1)?.contiguous()?; // (B, H)
-        self.logits(&self.ln_f.forward(&last, inference)?) // (B, V)
+        let last = h.narrow(1, t - 1, 1)?.squeeze(1)?.contiguous()?; // (B, H)
+        self.logits(&last) // (B, V)
     }
 
     fn max_positions(&self) -> usize {
         Config::MAX_POSITIONS
+    }
+
+    fn graph_capturable(&self) -> bool {
+        let local = self.slopes.dims().first().copied().unwrap_or(0) * self.head_size;
+        self.word_embeddings.dims().get(1) == Some(&local) // all heads on this rank
     }
 
     fn set_training(&mut self, with_dropout: bool) {

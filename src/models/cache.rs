@@ -10,6 +10,7 @@
 //! Shapes: `B` batch, `nh` heads (of this rank), `T_max` positions the cache holds, `T` new
 //! positions of a forward, `Tk` = `len` + `T` keys, `hs` head size.
 
+use crate::kernels::CacheSlot;
 use candle_core::{DType, Device, Result, Tensor};
 
 /// Keys and values of one layer, each (B, nh, T_max, hs) in the model dtype; positions
@@ -34,6 +35,49 @@ impl LayerKv {
     }
 }
 
+/// One layer's keys and values in a forward of new positions ([`KvCache::layer_step`]).
+#[derive(Clone, Copy)]
+pub struct LayerStep<'a> {
+    kv: &'a LayerKv,
+    step: &'a Step,
+}
+
+impl<'a> LayerStep<'a> {
+    /// [`LayerKv::append`] at this forward's start.
+    pub fn append(&self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        self.kv.append(k, v, self.step.start)
+    }
+
+    /// One new position per row: what the decode kernel serves.
+    pub fn is_decode(&self) -> bool {
+        self.step.t == 1
+    }
+
+    /// An error unless the decode kernel served this step: with a device-side cursor (a step
+    /// a CUDA graph replays) the composed attention would attend the capture's positions only.
+    pub fn check_kernel_served(&self) -> Result<()> {
+        if self.step.cursor.is_some() {
+            candle_core::bail!(
+                "the decode attention kernel does not apply to this KV cache (it takes head sizes up to 512 and about 11k positions): leave graph out of --fused"
+            );
+        }
+        Ok(())
+    }
+
+    /// The cache as the decode kernel reads and writes it: the new key and value go at
+    /// `start`, the mask and positions are the whole (B, T_max) tensors.
+    pub fn slot(&self) -> CacheSlot<'a> {
+        CacheSlot {
+            k: &self.kv.k,
+            v: &self.kv.v,
+            key_mask: &self.step.mask_all,
+            key_pos: &self.step.key_pos_all,
+            pos: self.step.start,
+            cursor: self.step.cursor.as_ref(),
+        }
+    }
+}
+
 /// Preallocated keys and values of every layer, plus the mask and positions of the cached
 /// tokens. Layout:
 /// - `layers[l]`: k and v of layer l, (B, nh, T_max, hs) each, model dtype;
@@ -50,6 +94,9 @@ pub struct KvCache {
     seen: Tensor,
     len: usize,
     max_len: usize,
+    /// (1,) u32 on the device: positions written, when a decode step finds its position
+    /// there ([`KvCache::start_device_cursor`]); `len` then lags until synced.
+    cursor: Option<Tensor>,
 }
 
 /// What a forward of new positions needs from the cache before its layers run; the cache
@@ -66,6 +113,11 @@ pub struct Step {
     /// Key positions of every position so far, (B, Tk) f32.
     pub key_pos: Tensor,
     seen_after: Tensor, // (B, 1) f32
+    /// The cache's whole mask and positions, (B, T_max) f32 each, this forward's written.
+    mask_all: Tensor,
+    key_pos_all: Tensor,
+    /// The cache's device-side cursor, when the step reads its position there.
+    cursor: Option<Tensor>,
 }
 
 impl KvCache {
@@ -100,6 +152,7 @@ impl KvCache {
             seen: Tensor::zeros((batch, 1), DType::F32, device)?,
             len: 0,
             max_len,
+            cursor: None,
         })
     }
 
@@ -134,6 +187,31 @@ impl KvCache {
     pub fn reset(&mut self) -> Result<()> {
         self.seen = self.seen.zeros_like()?;
         self.len = 0;
+        self.cursor = None;
+        Ok(())
+    }
+
+    /// From now on each decode step (one new position) finds its position on the device and
+    /// advances it there, with `seen`, in place (one kernel: [`kernels::decode_begin`]), so that
+    /// a CUDA graph of the step replays at every position. False where that kernel does not
+    /// apply (the CPU, `--fused` without decode); [`KvCache::sync_from_device`] catches `len` up.
+    ///
+    /// [`kernels::decode_begin`]: crate::kernels::decode_begin
+    pub fn start_device_cursor(&mut self) -> Result<bool> {
+        let dev = self.mask.device().clone();
+        if !dev.is_cuda() || !crate::kernels::enabled(crate::kernels::Fused::Decode) {
+            return Ok(false);
+        }
+        self.seen = self.seen.contiguous()?.copy()?; // (B, 1) f32, written in place from now
+        self.cursor = Some(Tensor::new(&[self.len as u32], &dev)?);
+        Ok(true)
+    }
+
+    /// `len` from the device-side cursor (after graph replays, which the host does not count).
+    pub fn sync_from_device(&mut self) -> Result<()> {
+        if let Some(c) = &self.cursor {
+            self.len = c.to_vec1::<u32>()?[0] as usize;
+        }
         Ok(())
     }
 
@@ -144,6 +222,14 @@ impl KvCache {
                 "the KV cache has {} layers, the model asked for layer {i}: make the cache with this model's new_cache",
                 self.layers.len()
             ))
+        })
+    }
+
+    /// Layer `i` in the forward `step` ([`KvCache::begin`]).
+    pub fn layer_step<'a>(&'a self, i: usize, step: &'a Step) -> Result<LayerStep<'a>> {
+        Ok(LayerStep {
+            kv: self.layer(i)?,
+            step,
         })
     }
 
@@ -166,6 +252,9 @@ impl KvCache {
                 self.max_len
             )));
         }
+        if let (Some(cursor), 1) = (&self.cursor, t) {
+            return self.begin_on_device(cursor, tk);
+        }
         let mask = attention_mask.to_dtype(DType::F32)?.contiguous()?; // (B, T)
         let cum = if t == 1 {
             mask.clone()
@@ -183,6 +272,33 @@ impl KvCache {
             key_mask: self.mask.narrow(1, 0, tk)?,
             key_pos: self.key_pos.narrow(1, 0, tk)?,
             seen_after,
+            mask_all: self.mask.clone(),
+            key_pos_all: self.key_pos.clone(),
+            cursor: None,
+        })
+    }
+
+    /// [`KvCache::begin`] of one real new token a row at the device-side cursor: every tensor
+    /// it launches on has the same shape at every position (the narrow views, `len` on the
+    /// host, serve only the composed attention outside a graph).
+    fn begin_on_device(&self, cursor: &Tensor, tk: usize) -> Result<Step> {
+        let positions =
+            crate::kernels::decode_begin(&self.mask, &self.key_pos, &self.seen, cursor)?
+                .ok_or_else(|| {
+                    candle_core::Error::Msg(
+                        "the decode-step kernel did not apply to this KV cache".into(),
+                    )
+                })?; // (B, 1) f32
+        Ok(Step {
+            start: self.len,
+            t: 1,
+            positions,
+            key_mask: self.mask.narrow(1, 0, tk)?,
+            key_pos: self.key_pos.narrow(1, 0, tk)?,
+            seen_after: self.seen.clone(), // advanced in place
+            mask_all: self.mask.clone(),
+            key_pos_all: self.key_pos.clone(),
+            cursor: Some(cursor.clone()),
         })
     }
 

@@ -146,6 +146,9 @@ pub fn generate_in(
     let logits = model.forward_cached(&prompts.ids, &prompts.mask, cache)?; // (B, V)
     let ban = ban_bias(&g.banned, &logits)?; // (1, V)
     let pick = |logits: Tensor| -> Result<Tensor> {
+        if let Some(ids) = crate::kernels::argmax(&logits, ban.as_ref())? {
+            return Ok(ids); // (B, 1) u32, one kernel on CUDA
+        }
         let logits = match &ban {
             Some(ban) => logits.broadcast_add(ban)?,
             None => logits,
@@ -155,6 +158,14 @@ pub fn generate_in(
     let mut next = pick(logits)?;
     hook(Phase::Prefill)?;
     let real = Tensor::ones((b, 1), DType::U32, prompts.ids.device())?; // (B, 1)
+    let graphed = g.new_tokens >= GRAPH_MIN_TOKENS && cache.max_len() <= GRAPH_MAX_LEN;
+    if graphed && model.graph_capturable() && cache.start_device_cursor()? {
+        let step = |ids: &Tensor, cache: &mut KvCache| -> Result<()> {
+            let next = pick(model.forward_cached(ids, &real, cache)?)?; // (B, 1)
+            Ok(ids.slice_set(&next, 0, 0)?)
+        };
+        return decode_graphed(cache, next, g.new_tokens, &step, hook);
+    }
     let mut tokens = Vec::with_capacity(g.new_tokens);
     for step in 1..g.new_tokens {
         let logits = model.forward_cached(&next, &real, cache)?; // (B, V)
@@ -163,6 +174,50 @@ pub fn generate_in(
         hook(Phase::Decode { step })?;
     }
     tokens.push(next);
+    Ok(Tensor::cat(&tokens, 1)?.to_vec2::<u32>()?) // (B, N)
+}
+
+/// Fewer new tokens than this decode eagerly: a graph's capture costs about two steps.
+const GRAPH_MIN_TOKENS: usize = 8;
+/// Caches longer than this decode eagerly: the decode kernel keeps a score per position in
+/// shared memory (48 KiB a block).
+const GRAPH_MAX_LEN: usize = 8192;
+
+/// Decode steps 1 to N − 1 after the prefill chose `first` (B, 1): step 1 eagerly (every
+/// kernel loaded), then `step` recorded as a CUDA graph and replayed for the others, the ids
+/// going from one replay to the next in one device buffer. Where the capture fails (or there
+/// is no graph, as on the CPU), the steps run eagerly.
+fn decode_graphed(
+    cache: &mut KvCache,
+    first: Tensor,
+    n: usize,
+    step: &dyn Fn(&Tensor, &mut KvCache) -> Result<()>,
+    hook: &mut dyn FnMut(Phase) -> Result<()>,
+) -> Result<Vec<Vec<u32>>> {
+    let ids = first.copy()?; // (B, 1) u32: the step's input, overwritten with its output
+    let mut tokens = vec![ids.copy()?];
+    step(&ids, cache)?;
+    hook(Phase::Decode { step: 1 })?;
+    let graph = match crate::kernels::capture(ids.device(), || {
+        step(&ids, cache).map_err(candle_core::Error::wrap)
+    }) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("note: decoding without a CUDA graph (the capture failed: {e})");
+            None
+        }
+    };
+    cache.sync_from_device()?; // the capture counted a step on the host that did not run
+    for s in 2..n {
+        tokens.push(ids.copy()?);
+        match &graph {
+            Some(g) => g.launch()?,
+            None => step(&ids, cache)?,
+        }
+        hook(Phase::Decode { step: s })?;
+    }
+    tokens.push(ids.copy()?);
+    cache.sync_from_device()?;
     Ok(Tensor::cat(&tokens, 1)?.to_vec2::<u32>()?) // (B, N)
 }
 

@@ -16,7 +16,7 @@ use super::attention::{
     causal_padding_bias, causal_padding_bias_last, merge_heads, positions, scaled_dot_product,
     split_heads,
 };
-use super::cache::{KvCache, LayerKv};
+use super::cache::{KvCache, LayerStep, Step};
 use super::layers::{
     dropout, load_layer_norm, Activation, Dropout, Mlp, Mode, Norm, Projection,
     WeightLayout::Conv1D,
@@ -25,6 +25,7 @@ use super::shard::Split;
 use super::CausalLm;
 use crate::dist::Tp;
 use crate::error::{Error, Result};
+use crate::kernels::{self, QkvLayout};
 use candle_core::{DType, Tensor};
 use candle_nn::{Init, VarBuilder};
 use serde::Deserialize;
@@ -203,24 +204,37 @@ impl Attention {
         })
     }
 
-    /// x: (B, T, C), bias: (B, 1, T, Tk) -> (B, T, C). With `kv` = (cache, start), the new
-    /// keys and values go into the cache at `start` and the queries attend all Tk = start + T
-    /// cached positions; without, Tk = T.
+    /// x: (B, T, C), bias: (B, 1, T, Tk) -> (B, T, C). With `kv`, the new keys and values go
+    /// into the cache at the forward's start and the queries attend all Tk = start + T cached
+    /// positions; without, Tk = T.
     fn forward(
         &self,
         x: &Tensor,
         bias: &Tensor,
-        kv: Option<(&LayerKv, usize)>,
+        kv: Option<LayerStep>,
         mode: Mode,
     ) -> candle_core::Result<Tensor> {
         let qkv = self.c_attn.forward(x)?; // (B, T, 3c), c = C without tensor parallelism
         let c = qkv.dim(2)? / 3;
         let nh = c / self.head_size;
+        if let Some(kv) = kv.filter(|kv| kv.is_decode() && !mode.train) {
+            let layout = QkvLayout {
+                head_stride: self.head_size,
+                part: c,
+            };
+            let hs = self.head_size;
+            let y =
+                kernels::decode_attention(&qkv, layout, (nh, hs), &kv.slot(), None, self.scale)?;
+            if let Some(y) = y {
+                return self.c_proj.forward(&y); // (B, 1, c) -> (B, 1, C)
+            }
+            kv.check_kernel_served()?;
+        }
         let q = split_heads(&qkv.narrow(2, 0, c)?, nh)?; // (B, nh, T, hs)
         let k = split_heads(&qkv.narrow(2, c, c)?, nh)?;
         let v = split_heads(&qkv.narrow(2, 2 * c, c)?, nh)?;
         let (k, v) = match kv {
-            Some((cache, start)) => cache.append(&k, &v, start)?, // (B, nh, Tk, hs)
+            Some(kv) => kv.append(&k, &v)?, // (B, nh, Tk, hs)
             None => (k, v),
         };
         let y = scaled_dot_product(&q, &k, &v, bias, self.scale, mode)?; // (B, nh, T, hs)
@@ -264,16 +278,10 @@ impl Block {
         })
     }
 
-    fn forward(
-        &self,
-        x: &Tensor,
-        bias: &Tensor,
-        kv: Option<(&LayerKv, usize)>,
-        mode: Mode,
-    ) -> candle_core::Result<Tensor> {
+    fn forward(&self, x: &Tensor, bias: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
         let x = (x + self
             .attn
-            .forward(&self.ln_1.forward(x, mode)?, bias, kv, mode)?)?;
+            .forward(&self.ln_1.forward(x, mode)?, bias, None, mode)?)?;
         let mlp = self.mlp.forward(&self.ln_2.forward(&x, mode)?)?;
         &x + dropout(&mlp, mode.dropout.resid)?
     }
@@ -335,6 +343,30 @@ impl Gpt2 {
         })
     }
 
+    /// The blocks and ln_f over the new positions x (B, T, C) of a cached forward. Each
+    /// residual add goes with the norm after it ([`Norm::add_forward`]: one kernel on CUDA),
+    /// and one new position a row attends the cache in one kernel.
+    fn blocks_cached(
+        &self,
+        x: Tensor,
+        cache: &KvCache,
+        step: &Step,
+    ) -> candle_core::Result<Tensor> {
+        let inference = Mode::default();
+        let bias = causal_padding_bias_last(&step.key_mask, step.t)?; // (B, 1, T, Tk)
+        let first = self.h.first().map_or(&self.ln_f, |b| &b.ln_1);
+        let (mut x, mut h) = (x.clone(), first.forward(&x, inference)?);
+        for (i, block) in self.h.iter().enumerate() {
+            let kv = Some(cache.layer_step(i, step)?);
+            let a = block.attn.forward(&h, &bias, kv, inference)?;
+            let (x1, h2) = block.ln_2.add_forward(&x, &a)?;
+            let m = block.mlp.forward(&h2)?;
+            let next = self.h.get(i + 1).map_or(&self.ln_f, |b| &b.ln_1);
+            (x, h) = next.add_forward(&x1, &m)?;
+        }
+        Ok(h)
+    }
+
     /// Token + position embeddings of the new positions, (B, T, C); positions: (B, T) f32.
     fn embed_at(&self, input_ids: &Tensor, positions: &Tensor) -> candle_core::Result<Tensor> {
         let (b, t) = input_ids.dims2()?;
@@ -367,7 +399,7 @@ impl CausalLm for Gpt2 {
         let mut x = dropout(&x, self.mode.dropout.embd)?;
         let bias = causal_padding_bias(attention_mask)?; // (B, 1, T, T)
         for block in &self.h {
-            x = block.forward(&x, &bias, None, self.mode)?;
+            x = block.forward(&x, &bias, self.mode)?;
         }
         self.ln_f.forward(&x, self.mode)
     }
@@ -417,19 +449,19 @@ impl CausalLm for Gpt2 {
             )));
         }
         let step = cache.begin(attention_mask, self.h.len())?;
-        let mut x = self.embed_at(input_ids, &step.positions)?; // (B, T, C)
-        let bias = causal_padding_bias_last(&step.key_mask, t)?; // (B, 1, T, Tk)
-        for (i, block) in self.h.iter().enumerate() {
-            let kv = Some((cache.layer(i)?, step.start));
-            x = block.forward(&x, &bias, kv, Mode::default())?;
-        }
+        let x = self.embed_at(input_ids, &step.positions)?; // (B, T, C)
+        let h = self.blocks_cached(x, cache, &step)?; // (B, T, C), after ln_f
         cache.commit(step);
-        let last = x.narrow(1, t - 1, 1)?.squeeze(1)?.contiguous()?; // (B, C)
-        self.logits(&self.ln_f.forward(&last, Mode::default())?) // (B, V)
+        let last = h.narrow(1, t - 1, 1)?.squeeze(1)?.contiguous()?; // (B, C)
+        self.logits(&last) // (B, V)
     }
 
     fn max_positions(&self) -> usize {
         self.cfg.n_positions
+    }
+
+    fn graph_capturable(&self) -> bool {
+        self.local_heads == self.cfg.n_head
     }
 
     fn set_training(&mut self, with_dropout: bool) {

@@ -208,6 +208,19 @@ impl Norm {
             _ => self.ln.forward(x),
         }
     }
+
+    /// (x + r, norm(x + r)), inference: the residual add and the next block's (or the final)
+    /// norm; on CUDA one kernel (`--fused decode`), else the add, then [`Norm::forward`].
+    pub fn add_forward(&self, x: &Tensor, r: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
+        if let Some(b) = self.ln.bias() {
+            if let Some(out) = kernels::add_layer_norm(x, r, self.ln.weight(), b, self.eps)? {
+                return Ok(out);
+            }
+        }
+        let sum = (x + r)?;
+        let normed = self.forward(&sum, Mode::default())?;
+        Ok((sum, normed))
+    }
 }
 
 /// `weight` (ones) and `bias` (zeros) of a LayerNorm over `size` channels.

@@ -74,6 +74,12 @@ pub trait CausalLm {
         cache: &mut KvCache,
     ) -> candle_core::Result<Tensor>;
 
+    /// Whether a decode step's launches can be recorded as a CUDA graph: not under tensor
+    /// parallelism, whose all-reduce goes through the host.
+    fn graph_capturable(&self) -> bool {
+        false
+    }
+
     /// Switches to training: differentiable ops everywhere and, `with_dropout`, the config's
     /// dropout (see [`layers::Mode`]). Models start in inference mode.
     fn set_training(&mut self, with_dropout: bool);
