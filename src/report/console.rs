@@ -356,7 +356,7 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
     let t = h.train.as_ref();
     let mut out = format!(
         "{} | {} | {} ({:.2}M params, weights {}) | {} | {} | batch {} x accum {} | block {}\n",
-        h.engine,
+        h.engine_label(),
         h.suite,
         h.model.name,
         h.model.n_parameters as f64 / 1e6,
@@ -379,8 +379,11 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
             d.size, d.backend, d.zero_stage, d.global_batch_size
         );
     }
+    let warmup_secs = s
+        .warmup_runtime
+        .map_or(String::new(), |w| format!(": {w:.3} s"));
     out += &format!(
-        "  steps                     {} ({} warm-up, not timed)\n",
+        "  steps                     {} ({} warm-up, not timed{warmup_secs})\n",
         s.n_steps, s.warmup_steps
     );
     out += &format!(
@@ -398,6 +401,12 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
         s.train_steps_per_second
     );
     out += &format!("  tokens/s                  {:.1}\n", s.tokens_per_second);
+    if let Some(a) = s.achieved_tflop_per_second {
+        let mfu = s
+            .mfu
+            .map_or(String::new(), |m| format!(", MFU {:.1}%", m * 100.));
+        out += &format!("  model FLOP/s              {a:.3} TFLOP/s{mfu}\n");
+    }
     out += &format!(
         "  step latency ms           p50 {:.3}  p90 {:.3}\n",
         s.step_latency_ms_p50, s.step_latency_ms_p90

@@ -116,14 +116,15 @@ pub fn base_header(
     }
 }
 
-/// A run log's file stem: `SUITE_MODEL_ENGINE_DTYPE_bsN_DEVICE[_tpN]_TIME`.
+/// A run log's file stem: `SUITE_MODEL_ENGINE_DTYPE_bsN_DEVICE[_tpN]_TIME` (ENGINE as
+/// [`Header::engine_label`] names it: `hf-compile` for compiled HF).
 pub fn log_stem(h: &Header) -> String {
     format!(
         "{}_{}_{}_{}_bs{}_{}{}_{}",
         h.suite,
         // An HF hub id (ORG/NAME) names no folder.
         h.model.name.replace('/', "--"),
-        h.engine,
+        h.engine_label(),
         h.dtype,
         h.batch_size,
         h.device.replace(':', ""),
