@@ -59,6 +59,15 @@
 #                  and 16, candle, HF and HF --hf-compile (static KV cache); models $GEN_MODELS
 #                  (gpt2 bloom-560m); engine names: candle, candle-nodecode (every fused path
 #                  but the decode kernels: their "before"), hf, hf-eager, hf-sdpa, hf-compile -> gen-logs.tgz
+#   train-compare  #21: the training suite's three engines in one table: gpt2 124M (random init),
+#                  bf16, batch 8 x block 1024, WikiText-2 (wiki.valid.raw, eval wiki.test.raw),
+#                  dropout off (llm.c has none), 10 warm-up + $CMP_STEPS (50) timed steps,
+#                  `--engine candle,hf,llmc --hf-compile` (a sweep: one process per engine; HF
+#                  compiled as Trainer's torch_compile=True, compilation in the warm-up; llm.c's
+#                  train_gpt2cu from .gpu/train_gpt2cu, a copy of /work/shared/gpu/llmc/), then
+#                  eager HF alone for the compile gain. The CSV (engine candle / hf / hf-compile /
+#                  llmc, samples/s, tokens/s, peak memory, MFU) needs .gpu/extract-metrics.gz (a
+#                  report build), else make it from the logs: -> train-compare-logs.tgz, train-compare.csv
 # Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.gz, lambada_test.jsonl.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -140,6 +149,15 @@ perf_run() { # bench args: one timed run into /tmp/perf-logs
   $B --weights random --seed 0 --device cuda --dtype bf16 --log-dir /tmp/perf-logs --no-progress "$@" 2>&1 | tee -a "$OUT/perf.txt"
   echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/perf.txt"
   (cd /tmp && tar czf "$OUT/perf-logs.tgz" perf-logs)
+}
+
+cmp_run() { # bench args: one train-compare invocation into /tmp/cmp-logs (children's stderr dropped)
+  $B --suite wikitext2 --model gpt2 --weights random --seed 0 --device cuda --dtype bf16 \
+    --batch-size 8 --block-size 1024 --data .gpu/wikitext-2-raw --no-dropout --warmup 10 \
+    --max-steps $(( ${CMP_STEPS:-50} + 10 )) --log-dir /tmp/cmp-logs --no-progress "$@" 2>&1 \
+    | grep -v '^  |' | tee -a "$OUT/train-compare.txt"
+  echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/train-compare.txt"
+  (cd /tmp && tar czf "$OUT/train-compare-logs.tgz" cmp-logs)  # after every run: a time-out keeps what finished
 }
 
 GEN_LIMIT=${GEN_LIMIT:-1600}
@@ -366,6 +384,19 @@ PY
       --weights random --seed 0 --device cuda --data .gpu/lambada_test.jsonl --log-dir $SWEEPS \
       --no-progress 2>&1 | grep -v '^  |' | tee -a "$OUT/sweep.txt"
     (cd $SWEEPS/.. && tar czf "$OUT/sweeps.tgz" gpu-sweeps)
+    ;;
+  train-compare)
+    [ -x .gpu/train_gpt2cu ] || { echo ".gpu/train_gpt2cu missing: copy /work/shared/gpu/llmc/train_gpt2cu there" >&2; exit 1; }
+    LLMC_BIN=$PWD/.gpu/train_gpt2cu cmp_run --engine candle,hf,llmc --hf-compile
+    cmp_run --engine hf
+    if [ -f .gpu/extract-metrics.gz ]; then
+      gunzip -c .gpu/extract-metrics.gz > /tmp/extract-metrics && chmod +x /tmp/extract-metrics
+      /tmp/extract-metrics -i /tmp/cmp-logs -o "$OUT/train-compare.csv" --where suite=wikitext2 \
+        --columns engine,model,dtype,batch_size,train_samples_per_second,tokens_per_second,peak_memory_bytes,mfu,step_latency_ms_p50,warmup_runtime,train_loss,eval_loss,status
+      cat "$OUT/train-compare.csv"
+    else
+      echo "no .gpu/extract-metrics.gz: unpack train-compare-logs.tgz, then extract-metrics -i cmp-logs -o train-compare.csv" | tee -a "$OUT/train-compare.txt"
+    fi
     ;;
   hf-trainer)
     # Real HF Trainer output (run_clm's shape) for extract-metrics' golden tests.

@@ -62,6 +62,20 @@ pub fn lambada_forward_flops(s: &ModelShape, n: usize, m: usize) -> f64 {
     l * n * (8. * c * c + 4. * c * f) + l * 4. * n * n * c + m * 2. * c * v
 }
 
+/// FLOPs of training on one block of `t` tokens: forward and backward, the backward twice the
+/// forward (a gradient for the inputs and one for the weights of every matmul), every position
+/// through the LM head (the loss reads them all):
+///
+/// ```text
+///   3 · lambada_forward_flops(t, t)
+/// ```
+///
+/// Recomputation is not counted (candle's attention core, llm.c's GELU with `-r 1`): every
+/// engine is measured against the same useful work.
+pub fn train_block_flops(s: &ModelShape, t: usize) -> f64 {
+    3. * lambada_forward_flops(s, t, t)
+}
+
 /// Dense (no sparsity) peak TFLOP/s of a GPU for a precision, from the vendor datasheets:
 /// H100 SXM5 / H200 (NVIDIA H100 and H200 datasheets), H100 PCIe, H100 NVL, A100 and A800
 /// (A100 datasheet; A800 has A100's compute), V100 SXM2 and PCIe (V100 datasheet; no bf16 or
@@ -138,6 +152,16 @@ mod tests {
         assert_eq!(attn(100), 12. * 4. * 100. * 100. * 768.);
         let bloom = ModelShape::of(&ModelSpec::preset("bloom-560m").unwrap());
         assert_eq!((bloom.n_embd, bloom.n_inner), (1024, 4096));
+    }
+
+    #[test]
+    fn training_counts_three_forwards_over_every_position() {
+        let s = ModelShape::of(&ModelSpec::preset("gpt2").unwrap());
+        let f = train_block_flops(&s, 1024);
+        assert_eq!(f, 3. * lambada_forward_flops(&s, 1024, 1024));
+        // 6 FLOPs per matmul weight and token (85M block weights, the 38.6M-weight LM
+        // head), plus attention's 3 · 4·L·T²·C: 0.875 TFLOP a block of 1024.
+        assert!((f / 1e12 - 0.87494).abs() < 1e-5, "{f}");
     }
 
     #[test]

@@ -252,6 +252,8 @@ pub struct TrainTotals {
     pub comm_ms: f64,
     /// Phase times of the timed steps (`--phase-times`).
     pub phases: Vec<PhaseMs>,
+    /// Latency of every warm-up step.
+    pub warmup_ms: Vec<f64>,
 }
 
 /// The evaluation after training: mean loss per block and its runtime.
@@ -265,7 +267,9 @@ impl TrainTotals {
     /// Adds one step (warm-up steps count in the losses only).
     pub fn add(&mut self, step: &StepRecord) {
         self.losses.push(step.loss);
-        if !step.warmup {
+        if step.warmup {
+            self.warmup_ms.push(step.latency_ms);
+        } else {
             self.timed_ms.push(step.latency_ms);
             self.timed_samples += step.n_samples;
             self.timed_tokens += step.n_tokens;
@@ -315,6 +319,12 @@ impl TrainTotals {
                 .then(|| self.comm_ms / (runtime * 1e3).max(f64::MIN_POSITIVE)),
             per_rank_peak_memory_bytes: None,
             phases_ms_p50: self.phases_p50(),
+            warmup_runtime: (!self.warmup_ms.is_empty())
+                .then(|| self.warmup_ms.iter().sum::<f64>() / 1e3),
+            model_flops: None,
+            achieved_tflop_per_second: None,
+            peak_tflop_per_second: None,
+            mfu: None,
         }
     }
 

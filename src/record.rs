@@ -187,6 +187,22 @@ pub struct TrainSummary {
     pub peak_memory_bytes: u64,
     #[serde(default)]
     pub peak_host_memory_bytes: Option<u64>,
+    /// Seconds of the warm-up steps (the sum of their latencies), reported, never in the
+    /// rates: torch.compile's compilation with `--hf-compile`, set-up costs otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_runtime: Option<f64>,
+    /// Model FLOPs of the timed steps: [`crate::flops::train_block_flops`] per block trained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_flops: Option<f64>,
+    /// model_flops / train_runtime / 1e12.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub achieved_tflop_per_second: Option<f64>,
+    /// The GPU's dense peak for the run's precision ([`crate::flops::PEAK_TFLOPS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_tflop_per_second: Option<f64>,
+    /// achieved / peak, a fraction (0..1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mfu: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -208,10 +224,11 @@ pub struct Header {
     pub git_commit: String,
     pub time_utc: String,
     pub command_line: Vec<String>,
-    /// `candle` (this binary) or `hf` (transformers + PyTorch).
+    /// `candle` (this binary), `hf` (transformers + PyTorch) or `llmc` (llm.c's train_gpt2cu).
     pub engine: String,
     /// The engine's versions and settings: candle's version; for `hf`: torch, transformers,
-    /// CUDA (torch's), python, gpu, attn (eager/sdpa), compile.
+    /// CUDA (torch's), python, gpu, attn (eager/sdpa), compile; for `llmc`: the binary, its
+    /// arguments and where its output is.
     #[serde(default)]
     pub engine_info: std::collections::BTreeMap<String, String>,
     pub suite: String,
@@ -254,6 +271,19 @@ pub struct Header {
     /// choice).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto: Option<String>,
+}
+
+impl Header {
+    /// The engine as reports and tables name it: `hf-compile` for the HF engine with
+    /// torch.compile (`--hf-compile`: a configuration of its own, never folded with eager HF),
+    /// else the engine.
+    pub fn engine_label(&self) -> String {
+        let compiled = self.engine_info.get("compile").is_some_and(|c| c == "true");
+        match self.engine.as_str() {
+            "hf" if compiled => "hf-compile".into(),
+            e => e.into(),
+        }
+    }
 }
 
 /// How a generation run generates: greedy, exactly `new_tokens` per prompt (no stop at EOS, so

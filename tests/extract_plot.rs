@@ -231,6 +231,55 @@ fn gpu_tracker_and_mfu_fields_become_columns() {
     assert_eq!(col("gpu"), "NVIDIA H100 80GB HBM3");
 }
 
+/// The real H100 candle training log as engine `engine` (`hf`, compiled or not, `llmc`) would
+/// have written it: header engine and `compile`, and the summary's throughput, memory and MFU
+/// (values made up, shapes real), in `dir` as `name.jsonl`.
+fn train_log_as(dir: &Path, name: &str, engine: &str, compile: Option<&str>, sps: f64) {
+    let src = logs("bench/wikitext2_gpt2_candle_bf16_bs8_cuda0_20261122T010350Z.jsonl");
+    let mut lines: Vec<serde_json::Value> = std::fs::read_to_string(src)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    lines[0]["engine"] = engine.into();
+    if let Some(c) = compile {
+        lines[0]["engine_info"]["compile"] = c.into();
+    }
+    let summary = lines.last_mut().unwrap();
+    summary["train_samples_per_second"] = sps.into();
+    summary["tokens_per_second"] = (sps * 1024.).into();
+    summary["peak_memory_bytes"] = ((sps as u64) << 24).into();
+    summary["mfu"] = (sps * 0.003).into();
+    summary["warmup_runtime"] = 2.5.into();
+    let body: Vec<String> = lines.iter().map(|v| v.to_string()).collect();
+    std::fs::write(dir.join(format!("{name}.jsonl")), body.join("\n") + "\n").unwrap();
+}
+
+#[test]
+fn training_logs_of_every_engine_give_the_train_csv_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    train_log_as(dir.path(), "a_candle", "candle", None, 55.75);
+    train_log_as(dir.path(), "b_hf", "hf", Some("false"), 95.0);
+    train_log_as(dir.path(), "c_hf_compile", "hf", Some("true"), 120.5);
+    train_log_as(dir.path(), "d_llmc", "llmc", None, 290.25);
+    let cols = "run,engine,model,dtype,batch_size,train_samples_per_second,tokens_per_second,peak_memory_bytes,mfu,warmup_runtime";
+    let o = extract(&["-i", dir.path().to_str().unwrap(), "--columns", cols]);
+    golden("train_engines.csv", ok_stdout(&o));
+    // Compiled HF is a side of its own in a ratio table, and llm.c one too.
+    for pair in ["candle/hf-compile", "candle/llmc", "candle/hf"] {
+        let o = extract(&[
+            "-i",
+            dir.path().to_str().unwrap(),
+            "--ratio",
+            pair,
+            "--markdown",
+        ]);
+        let md = String::from_utf8_lossy(ok_stdout(&o)).into_owned();
+        let rows = md.lines().filter(|l| l.starts_with("| gpt2")).count();
+        assert_eq!(rows, 1, "{pair}: {md}");
+    }
+}
+
 #[test]
 fn gzipped_logs_give_the_same_rows() {
     use std::io::Write;

@@ -11,7 +11,7 @@ use crate::log::RunOutcome;
 use crate::record::Summary;
 use crate::report::console::{
     generate_side_by_side, side_by_side, summary_table, sweep_table, train_side_by_side,
-    train_table,
+    train_sweep_table, train_table,
 };
 use crate::scenarios::verify::verify;
 use crate::scenarios::{generate, lambada, wikitext2, DpRun, RunSpec, Workload};
@@ -55,10 +55,10 @@ fn sweep(args: RunArgs, plan: Plan, command_line: Vec<String>) -> Result<ExitCod
             "--save-weights writes one model: run it without a sweep".into(),
         ));
     }
+    // Every configuration, so that a missing llm.c binary fails before candle trains.
     for config in &plan.configs {
-        super::plan::model_source(&args, config)?;
+        resolve_config(&args, &plan, config, None, vec![])?;
     }
-    resolve_config(&args, &plan, &plan.configs[0], None, vec![])?;
     let outcome = run_sweep(SweepOptions {
         suite: plan.suite.name.clone(),
         device: plan.device.to_string(),
@@ -75,6 +75,7 @@ fn sweep(args: RunArgs, plan: Plan, command_line: Vec<String>) -> Result<ExitCod
         command_line,
     })?;
     print!("{}", sweep_table(&outcome));
+    print!("{}", train_sweep_table(&outcome));
     Ok(exit(outcome.succeeded()))
 }
 

@@ -284,8 +284,10 @@ pub struct RunArgs {
     pub log_dir: PathBuf,
 
     /// candle (this crate's models), hf (transformers + PyTorch in a Python worker), or both:
-    /// the same data, batches and weights through each, then a side-by-side summary. A list
-    /// runs a sweep (`both` in it means candle and hf) [default: candle].
+    /// the same data, batches and weights through each, then a side-by-side summary; llmc
+    /// (--suite wikitext2 only): llm.c's train_gpt2cu on the same blocks, from scratch, bf16,
+    /// see --llmc-bin. A list runs a sweep, one process per engine (`both` in it means candle
+    /// and hf), and a training sweep ends with one table of every engine [default: candle].
     #[arg(
         long = "engine",
         visible_alias = "engines",
@@ -303,7 +305,10 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = HfAttn::Auto)]
     pub hf_attn: HfAttn,
 
-    /// HF engine: torch.compile the model (dynamic shapes; compile time falls in the warm-up).
+    /// HF engine: torch.compile the model. Scoring: dynamic shapes; training: as HF Trainer's
+    /// torch_compile=True, compiled in the first step. Compile time falls in the warm-up
+    /// (training: reported as warm-up seconds, never timed); the log records compile=true and
+    /// reports name the engine hf-compile.
     #[arg(long)]
     pub hf_compile: bool,
 
@@ -322,6 +327,14 @@ pub struct RunArgs {
     /// HF engine: run this worker script instead of the built-in one (development, tests).
     #[arg(long, value_name = "PATH", hide = true)]
     pub hf_worker: Option<PathBuf>,
+
+    /// --engine llmc: llm.c's train_gpt2cu [default: $LLMC_BIN]. bench writes the suite's
+    /// train and eval blocks as llm.c token files, runs it from scratch (-e d12 for gpt2;
+    /// d24/d36/d48 for gpt2-medium/large/xl) with the same batch, block size, steps (warm-up
+    /// included), learning rate and linear schedule, bf16 on cuda:0, and logs its step lines
+    /// as the other engines' steps (warm-up steps not timed).
+    #[arg(long, value_name = "PATH")]
+    pub llmc_bin: Option<PathBuf>,
 
     /// Write the random weights as an HF checkpoint (config.json + model.safetensors in
     /// --dtype) to DIR, loadable by --model-dir and by transformers.

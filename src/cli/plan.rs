@@ -7,6 +7,7 @@ use super::{DeviceArg, DtypeArg, RunArgs};
 use crate::data::{find_or_download, DataFile, Lookup, Reference};
 use crate::device::{choose_auto, visible_gpus, AutoChoice, DeviceSpec, Precision};
 use crate::engines::hf::{HfAttn, HfOptions};
+use crate::engines::llmc::{setup as llmc_setup, LlmcOptions};
 use crate::engines::EngineKind;
 use crate::error::{Error, Result};
 use crate::models::{ModelSpec, WeightSource};
@@ -105,7 +106,7 @@ fn resolve_device(arg: DeviceArg, auto_dtype: bool) -> (DeviceSpec, Option<AutoC
 
 fn parse_engine(s: &str) -> Result<EngineKind> {
     <EngineKind as ValueEnum>::from_str(s, true)
-        .map_err(|_| Error::Config(format!("unknown engine '{s}' (candle, hf, both)")))
+        .map_err(|_| Error::Config(format!("unknown engine '{s}' (candle, hf, both, llmc)")))
 }
 
 /// What a `bench` invocation runs: its suite, the configurations of its matrix, and whether
@@ -344,19 +345,28 @@ fn weight_source(args: &RunArgs, checkpoint: Option<&PathBuf>) -> Result<WeightS
     }
 }
 
-/// Flags that only make sense with another: HF options without the HF engine, `--save-weights`
-/// without random weights, `--limit 0`.
-fn check_flags(args: &RunArgs, suite: &SuiteFile, weights: &WeightSource) -> Result<()> {
-    let uses_hf = args.engines.iter().any(|e| *e != EngineKind::Candle)
+/// Whether `args` or the suite file's `[sweep]` name one of `kinds`.
+fn names_engine(args: &RunArgs, suite: &SuiteFile, kinds: &[EngineKind]) -> bool {
+    let names = |e: &str| kinds.iter().any(|k| k.as_str() == e);
+    args.engines.iter().any(|e| kinds.contains(e))
         || suite
             .sweep
             .engines
             .as_ref()
-            .is_some_and(|e| e.iter().any(|e| e != "candle"));
+            .is_some_and(|e| e.iter().any(|e| names(e)))
+}
+
+/// Flags that only make sense with another: HF options without the HF engine, `--llmc-bin`
+/// without llm.c, `--save-weights` without random weights, `--limit 0`.
+fn check_flags(args: &RunArgs, suite: &SuiteFile, weights: &WeightSource) -> Result<()> {
+    let uses_hf = names_engine(args, suite, &[EngineKind::Hf, EngineKind::Both]);
     if !uses_hf && (args.hf_compile || args.hf_attn != HfAttn::Auto || args.python.is_some()) {
         return Err(Error::Config(
             "--python, --hf-attn and --hf-compile are for --engine hf or both".into(),
         ));
+    }
+    if args.llmc_bin.is_some() && !names_engine(args, suite, &[EngineKind::Llmc]) {
+        return Err(Error::Config("--llmc-bin is for --engine llmc".into()));
     }
     if args.save_weights.is_some() && !matches!(weights, WeightSource::Random { .. }) {
         return Err(Error::Config(
@@ -464,6 +474,22 @@ pub fn resolve_config(
     let weights = weight_source(args, checkpoint.as_ref())?;
     check_flags(args, suite, &weights)?;
     let workload = workload(args, suite, config)?;
+    if config.engine == EngineKind::Llmc {
+        check_llmc(
+            args,
+            &workload,
+            &model,
+            config.precision,
+            plan_device,
+            &weights,
+        )?;
+    }
+    let warmup_batches = args.warmup.unwrap_or(suite.run.warmup_batches);
+    if args.hf_compile && warmup_batches == 0 && matches!(workload, Workload::Train(_)) {
+        return Err(Error::Config(
+            "--hf-compile compiles in the first training step: keep --warmup at 1 or more, so compilation is reported, not timed".into(),
+        ));
+    }
     let data = match &workload {
         // Training and text generation read their own data; this is a placeholder they ignore.
         Workload::Train(_)
@@ -476,7 +502,7 @@ pub fn resolve_config(
     Ok(RunSpec {
         seed: args.seed,
         workload,
-        warmup_batches: args.warmup.unwrap_or(suite.run.warmup_batches),
+        warmup_batches,
         suite: suite.clone(),
         model,
         weights,
@@ -497,12 +523,43 @@ pub fn resolve_config(
             compile: args.hf_compile,
             worker: args.hf_worker.clone(),
         },
+        llmc: LlmcOptions {
+            bin: args.llmc_bin.clone(),
+        },
         command_line,
         progress: !args.no_progress,
         tp: None,
         dp: None,
         auto: plan.auto.clone(),
     })
+}
+
+/// `--engine llmc`: a training suite, a model, precision, device and weights llm.c's
+/// default build runs, no per-phase times, and its binary (checked before anything runs).
+fn check_llmc(
+    args: &RunArgs,
+    workload: &Workload,
+    model: &ModelSpec,
+    precision: Precision,
+    device: DeviceSpec,
+    weights: &WeightSource,
+) -> Result<()> {
+    let Workload::Train(opts) = workload else {
+        return Err(Error::Config(
+            "--engine llmc trains (llm.c's train_gpt2cu): use it with --suite wikitext2".into(),
+        ));
+    };
+    if opts.phase_times {
+        return Err(Error::Config(
+            "--phase-times splits candle's and HF's steps; llm.c reports whole steps: drop it for --engine llmc".into(),
+        ));
+    }
+    llmc_setup::check(model, precision, device, weights)?;
+    LlmcOptions {
+        bin: args.llmc_bin.clone(),
+    }
+    .binary()
+    .map(|_| ())
 }
 
 /// A single run of `args` (which must not be a sweep).

@@ -7,10 +7,12 @@
 //!
 //! - [`candle`]: this crate's models, in process.
 //! - [`hf`]: HF transformers + PyTorch in a Python worker process.
+//! - [`llmc`]: llm.c's `train_gpt2cu`, an external process (training only).
 //! - [`weight_cache`]: the HF checkpoint both engines read when the weights are random.
 
 pub mod candle;
 pub mod hf;
+pub mod llmc;
 pub mod weight_cache;
 
 use crate::error::Result;
@@ -28,23 +30,26 @@ pub enum EngineKind {
     Hf,
     /// Candle, then HF on the same weights and data, with a side-by-side summary.
     Both,
+    /// llm.c's train_gpt2cu (training suites only), an external binary.
+    Llmc,
 }
 
 impl EngineKind {
-    /// The flag's spelling (`candle`, `hf`, `both`), as logged and as sweep configurations
+    /// The flag's spelling (`candle`, `hf`, `both`, `llmc`), as logged and as sweep configurations
     /// name it.
     pub fn as_str(self) -> &'static str {
         match self {
             EngineKind::Candle => "candle",
             EngineKind::Hf => "hf",
             EngineKind::Both => "both",
+            EngineKind::Llmc => "llmc",
         }
     }
 }
 
 /// What every engine has, whatever it runs.
 pub trait Engine {
-    /// `candle` or `hf`, as logged.
+    /// `candle`, `hf` or `llmc`, as logged.
     fn name(&self) -> &'static str;
     /// Versions and settings recorded in the log header (library versions, attention kind…).
     fn info(&self) -> BTreeMap<String, String>;

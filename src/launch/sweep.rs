@@ -15,10 +15,8 @@
 
 use crate::error::{failure_status, Error, Result};
 use crate::log::{read_log, RunLog};
-use crate::metrics::{spread, BatchTotals};
-use crate::record::{
-    Record, Summary, SweepConfig, SweepHeader, SweepRepeats, SweepRun, SCHEMA_VERSION,
-};
+use crate::metrics::{spread, BatchTotals, EvalResult, TrainTotals};
+use crate::record::{Record, SweepConfig, SweepHeader, SweepRepeats, SweepRun, SCHEMA_VERSION};
 use crate::trackers::MemoryReading;
 use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
@@ -148,38 +146,106 @@ fn run_logs(dir: &Path) -> Result<BTreeSet<String>> {
         .collect())
 }
 
-/// Appends a summary of its finished batches to a run log that has none (its process died),
-/// with `status` from `failure`'s words, or `killed_as` (`killed`, `timeout`) when the words
-/// say no more than `error`. Returns the log's summary, old or new.
-pub fn complete_log(
-    path: &Path,
-    failure: &str,
-    killed_as: Option<&str>,
-) -> Result<Option<Summary>> {
+/// How a run ended, as its log's summary says: LAMBADA and generation runs (samples/s and
+/// batch latency) or training runs (train samples/s and step latency).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunEnd {
+    pub status: String,
+    pub error: Option<String>,
+    pub samples_per_second: f64,
+    pub latency_ms_p50: f64,
+    pub tokens_per_second: f64,
+}
+
+impl RunEnd {
+    /// The run's end, if `record` is a summary.
+    pub fn of(record: &Record) -> Option<Self> {
+        match record {
+            Record::Summary(s) => Some(Self {
+                status: s.status.clone(),
+                error: s.error.clone(),
+                samples_per_second: s.samples_per_second,
+                latency_ms_p50: s.latency_ms_p50,
+                tokens_per_second: s.tokens_per_second,
+            }),
+            Record::TrainSummary(s) => Some(Self {
+                status: s.status.clone(),
+                error: s.error.clone(),
+                samples_per_second: s.train_samples_per_second,
+                latency_ms_p50: s.step_latency_ms_p50,
+                tokens_per_second: s.tokens_per_second,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Appends a summary of its finished batches (or training steps) to a run log that has none
+/// (its process died), with `status` from `failure`'s words, or `killed_as` (`killed`,
+/// `timeout`) when the words say no more than `error`. Returns how the run ended, from the
+/// log's summary, old or new.
+pub fn complete_log(path: &Path, failure: &str, killed_as: Option<&str>) -> Result<Option<RunEnd>> {
     let records = read_log(path)?;
-    let mut totals = BatchTotals::default();
-    for r in &records {
-        match r {
-            Record::Summary(s) => return Ok(Some((**s).clone())),
-            Record::Batch(b) => totals.add(b),
+    if let Some(end) = records.iter().find_map(RunEnd::of) {
+        return Ok(Some(end));
+    }
+    let Some(header) = records.iter().find_map(|r| match r {
+        Record::Header(h) => Some(h),
+        _ => None,
+    }) else {
+        return Ok(None);
+    };
+    let mut summary = if header.train.is_some() {
+        train_summary_of(&records, header.warmup_batches, failure)
+    } else {
+        batch_summary_of(&records, failure)
+    };
+    if let Some(status) = killed_as {
+        match &mut summary {
+            Record::Summary(s) if s.status == "error" => s.status = status.into(),
+            Record::TrainSummary(s) if s.status == "error" => s.status = status.into(),
             _ => {}
         }
     }
-    if !records.iter().any(|r| matches!(r, Record::Header(_))) {
-        return Ok(None);
+    RunLog::append(path)?.write(&summary)?;
+    Ok(RunEnd::of(&summary))
+}
+
+/// The summary of a dead run's finished batches.
+fn batch_summary_of(records: &[Record], failure: &str) -> Record {
+    let mut totals = BatchTotals::default();
+    for r in records {
+        if let Record::Batch(b) = r {
+            totals.add(b);
+        }
     }
     let mut summary = totals.summary(
         Some(failure.to_string()),
         f64::NAN,
         MemoryReading::default(),
     );
-    if let Some(status) = killed_as.filter(|_| summary.status == "error") {
-        summary.status = status.into();
-    }
     // Whatever was measured of the process's memory died with it.
     summary.peak_host_memory_bytes = None;
-    RunLog::append(path)?.write(&Record::Summary(Box::new(summary.clone())))?;
-    Ok(Some(summary))
+    Record::Summary(Box::new(summary))
+}
+
+/// The summary of a dead training run's finished steps (no evaluation).
+fn train_summary_of(records: &[Record], warmup: usize, failure: &str) -> Record {
+    let mut totals = TrainTotals::default();
+    for r in records {
+        if let Record::Step(s) = r {
+            totals.add(s);
+        }
+    }
+    let eval = EvalResult {
+        loss: f64::NAN,
+        runtime_seconds: f64::NAN,
+        n_blocks: 0,
+    };
+    let failure = Error::Engine(failure.to_string());
+    let mut summary = totals.summary(Some(&failure), warmup, eval, false);
+    summary.peak_host_memory_bytes = None;
+    Record::TrainSummary(Box::new(summary))
 }
 
 /// How a child process ended, from its exit status and the tail of its stderr.
@@ -313,10 +379,8 @@ fn fold_repeats(config: &SweepConfig, runs: &[&SweepRun], dir: &Path) -> SweepRe
         .flat_map(|r| r.logs.iter())
         .filter_map(|l| read_log(&dir.join(l)).ok())
         .flat_map(|recs| {
-            recs.into_iter().filter_map(|r| match r {
-                Record::Summary(s) => Some(s.tokens_per_second),
-                _ => None,
-            })
+            recs.into_iter()
+                .filter_map(|r| RunEnd::of(&r).map(|e| e.tokens_per_second))
         })
         .collect();
     let pick =

@@ -1,9 +1,10 @@
 //! Tables printed on stdout: a run's summary, the candle-vs-HF side-by-side of `--engine
-//! both` (and whether the engines agree), and a sweep's runs and repeats.
+//! both` (and whether the engines agree), and a sweep's runs and repeats (for training, every
+//! engine's run in one table).
 
 use crate::launch::sweep::{run_line, SweepOutcome};
-use crate::log::RunOutcome;
-use crate::record::{Header, Summary, TrainSummary};
+use crate::log::{read_log, RunOutcome};
+use crate::record::{Header, Record, Summary, TrainSummary};
 use std::path::Path;
 
 /// Bytes as MiB.
@@ -356,7 +357,7 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
     let t = h.train.as_ref();
     let mut out = format!(
         "{} | {} | {} ({:.2}M params, weights {}) | {} | {} | batch {} x accum {} | block {}\n",
-        h.engine,
+        h.engine_label(),
         h.suite,
         h.model.name,
         h.model.n_parameters as f64 / 1e6,
@@ -379,8 +380,11 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
             d.size, d.backend, d.zero_stage, d.global_batch_size
         );
     }
+    let warmup_secs = s
+        .warmup_runtime
+        .map_or(String::new(), |w| format!(": {w:.3} s"));
     out += &format!(
-        "  steps                     {} ({} warm-up, not timed)\n",
+        "  steps                     {} ({} warm-up, not timed{warmup_secs})\n",
         s.n_steps, s.warmup_steps
     );
     out += &format!(
@@ -398,6 +402,12 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
         s.train_steps_per_second
     );
     out += &format!("  tokens/s                  {:.1}\n", s.tokens_per_second);
+    if let Some(a) = s.achieved_tflop_per_second {
+        let mfu = s
+            .mfu
+            .map_or(String::new(), |m| format!(", MFU {:.1}%", m * 100.));
+        out += &format!("  model FLOP/s              {a:.3} TFLOP/s{mfu}\n");
+    }
     out += &format!(
         "  step latency ms           p50 {:.3}  p90 {:.3}\n",
         s.step_latency_ms_p50, s.step_latency_ms_p90
@@ -432,6 +442,100 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
     out += &format!("log: {}\n", log_path.display());
     out
 }
+/// `v` times `scale` with `p` decimals, `-` for none.
+fn opt(v: Option<f64>, scale: f64, p: usize) -> String {
+    v.map_or("-".into(), |v| format!("{:.p$}", v * scale))
+}
+
+/// The finished training runs of a sweep, in run order: (header, summary).
+fn train_runs(out: &SweepOutcome) -> Vec<(Header, TrainSummary)> {
+    let mut runs = vec![];
+    for log in out.runs.iter().flat_map(|r| r.logs.iter()) {
+        let Ok(records) = read_log(&out.dir.join(log)) else {
+            continue;
+        };
+        let header = records.iter().find_map(|r| match r {
+            Record::Header(h) => Some((**h).clone()),
+            _ => None,
+        });
+        let summary = records.iter().find_map(|r| match r {
+            Record::TrainSummary(s) => Some((**s).clone()),
+            _ => None,
+        });
+        if let (Some(h), Some(s)) = (header, summary) {
+            runs.push((h, s));
+        }
+    }
+    runs
+}
+
+/// A row of the training sweep table: its name and each run's cell.
+type TrainRow = (&'static str, fn(&TrainSummary) -> String);
+
+/// The rows of [`train_sweep_table`].
+const TRAIN_ROWS: [TrainRow; 9] = [
+    ("train_samples_per_second", |s| {
+        format!("{:.2}", s.train_samples_per_second)
+    }),
+    ("tokens/s", |s| format!("{:.0}", s.tokens_per_second)),
+    ("step latency p50 ms", |s| {
+        format!("{:.3}", s.step_latency_ms_p50)
+    }),
+    ("MFU %", |s| opt(s.mfu, 100., 1)),
+    ("peak memory MiB", |s| {
+        format!("{:.0}", mib(s.peak_memory_bytes))
+    }),
+    ("warm-up s (not timed)", |s| opt(s.warmup_runtime, 1., 2)),
+    ("train_loss", |s| format!("{:.4}", s.train_loss)),
+    ("eval_loss", |s| format!("{:.4}", s.eval_loss)),
+    ("status", |s| s.status.clone()),
+];
+
+/// Each run's column name: its engine (`hf-compile` for compiled HF) when the runs share
+/// model, precision and batch size, else all four.
+fn run_labels(runs: &[(Header, TrainSummary)]) -> Vec<String> {
+    let key = |h: &Header| (h.model.name.clone(), h.dtype.clone(), h.batch_size);
+    let one_config = runs.iter().all(|(h, _)| key(h) == key(&runs[0].0));
+    runs.iter()
+        .map(|(h, _)| match one_config {
+            true => h.engine_label(),
+            false => format!(
+                "{} {} bs{} {}",
+                h.model.name,
+                h.dtype,
+                h.batch_size,
+                h.engine_label()
+            ),
+        })
+        .collect()
+}
+
+/// A training sweep's runs side by side, one column a run: `--engine candle,hf,llmc` as one
+/// table. The last row is each run's train samples/s over the first column's. Empty when the
+/// sweep trained nothing.
+pub fn train_sweep_table(out: &SweepOutcome) -> String {
+    let runs = train_runs(out);
+    let labels = run_labels(&runs);
+    let (Some((_, first)), Some(first_label)) = (runs.first(), labels.first()) else {
+        return String::new();
+    };
+    let w = labels.iter().map(String::len).max().unwrap_or(0).max(10);
+    let line = |name: &str, cells: Vec<String>| {
+        let cells: String = cells.iter().map(|c| format!(" {c:>w$}")).collect();
+        format!("{name:<26}{cells}\n")
+    };
+    let mut t = String::from("\n") + &line("training", labels.clone());
+    for (name, cell) in TRAIN_ROWS {
+        t += &line(name, runs.iter().map(|(_, s)| cell(s)).collect());
+    }
+    let ratio = |s: &TrainSummary| s.train_samples_per_second / first.train_samples_per_second;
+    let ratios = runs
+        .iter()
+        .map(|(_, s)| format!("{:.3}", ratio(s)))
+        .collect();
+    t + &line(&format!("samples/s / {first_label}"), ratios)
+}
+
 /// The table printed after a sweep: one line a run, then the repeats folded.
 pub fn sweep_table(out: &SweepOutcome) -> String {
     let mut t = String::new();

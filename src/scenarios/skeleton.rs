@@ -21,10 +21,10 @@ use std::time::Duration;
 
 /// The engines `spec` names, in run order, each with the weights it reads. The HF engine reads
 /// an HF checkpoint: with random weights, candle writes them once and, with `--engine both`,
-/// candle runs from that same file too.
+/// candle runs from that same file too. llm.c initializes its own weights.
 pub fn engine_runs(spec: &RunSpec) -> Result<Vec<(EngineKind, WeightSource)>> {
-    if spec.engine == EngineKind::Candle {
-        return Ok(vec![(EngineKind::Candle, spec.weights.clone())]);
+    if matches!(spec.engine, EngineKind::Candle | EngineKind::Llmc) {
+        return Ok(vec![(spec.engine, spec.weights.clone())]);
     }
     HfEngine::preflight(&spec.hf)?;
     let dir = hf_checkpoint(
@@ -116,14 +116,15 @@ pub fn base_header(
     }
 }
 
-/// A run log's file stem: `SUITE_MODEL_ENGINE_DTYPE_bsN_DEVICE[_tpN]_TIME`.
+/// A run log's file stem: `SUITE_MODEL_ENGINE_DTYPE_bsN_DEVICE[_tpN]_TIME` (ENGINE as
+/// [`Header::engine_label`] names it: `hf-compile` for compiled HF).
 pub fn log_stem(h: &Header) -> String {
     format!(
         "{}_{}_{}_{}_bs{}_{}{}_{}",
         h.suite,
         // An HF hub id (ORG/NAME) names no folder.
         h.model.name.replace('/', "--"),
-        h.engine,
+        h.engine_label(),
         h.dtype,
         h.batch_size,
         h.device.replace(':', ""),

@@ -6,6 +6,7 @@ use crate::data::DataFile;
 use crate::device::{DeviceSpec, Precision};
 use crate::dist::group::RankContext;
 use crate::engines::hf::HfOptions;
+use crate::engines::llmc::LlmcOptions;
 use crate::engines::EngineKind;
 use crate::models::{ModelSpec, WeightSource};
 use crate::scenarios::suite_file::SuiteFile;
@@ -35,6 +36,8 @@ pub struct RunSpec {
     pub save_weights: Option<PathBuf>,
     pub engine: EngineKind,
     pub hf: HfOptions,
+    /// `--llmc-bin`: llm.c's train_gpt2cu (`--engine llmc`).
+    pub llmc: LlmcOptions,
     pub command_line: Vec<String>,
     pub progress: bool,
     /// `--seed`: random weights and, for training, the data order.

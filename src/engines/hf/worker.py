@@ -32,7 +32,9 @@ and optimizer state, as HF Trainer), `model.train()`, and builds HF Trainer's lo
   -> {"op": "load", ..., "train": {"learning_rate": x, "beta1": x, "beta2": x, "eps": x,
       "weight_decay": x, "max_grad_norm": x, "lr_warmup_steps": N, "total_steps": N,
       "grad_accum": N, "dropout": true|false, "seed": N}}
-     (dropout false: every `*pdrop` / `*dropout` probability of the config set to 0)
+     (dropout false: every `*pdrop` / `*dropout` probability of the config set to 0;
+     "compile": true trains `torch.compile(model)`, as HF Trainer's torch_compile=True: the
+     first train_step compiles forward and backward, so the Rust side keeps it a warm-up step)
   -> {"op": "train_step", "micro_batches": [[[ids]...]...]}   (one optimizer step)
   <- {"ok": true, "loss": x, "grad_norm": x, "learning_rate": x, "latency_ms": t,
       "skipped": false, "loss_scale": x|null, "phases_ms": {forward, backward, update}|null}
@@ -151,13 +153,17 @@ class Worker:
         self.generate_kwargs = {"cache_implementation": "static"} if req.get("compile") and not train else {}
         self.body = model.base_model  # hidden states; the LM head runs only on target rows
         self.head = model.get_output_embeddings()
-        if req.get("compile"):
+        if req.get("compile") and not train:  # training compiles the whole model (setup_training)
             self.body = torch.compile(self.body, dynamic=True)
         max_positions = getattr(config, "n_positions", None) or DEFAULT_MAX_LENGTH
         info = versions()
         if train:
             info["optimizer"] = "torch.optim.AdamW (torch default: foreach on CUDA)"
             info["autocast"] = str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else "none"
+            if req.get("compile"):
+                # HF Trainer's torch_compile=True: torch.compile(model), inductor, default mode.
+                # It compiles forward and backward in the first train_step, a warm-up step.
+                info["compiled"] = "torch.compile(model): training steps (eval runs eager)"
         if self.device.type == "cuda":
             info["gpu"] = torch.cuda.get_device_name(self.device)
         reply(ok=True, versions=info, attn=attn, max_positions=max_positions,

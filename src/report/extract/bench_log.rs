@@ -84,7 +84,8 @@ pub(super) fn parse(mut row: RunRow, text: &str) -> (Vec<RunRow>, usize) {
 /// What the header says: the run's settings.
 fn header_columns(row: &mut RunRow, h: &Header) {
     let m = &mut row.meta;
-    m.insert("engine".into(), h.engine.clone());
+    // `hf-compile` for HF with torch.compile: its own series and its own side of a ratio.
+    m.insert("engine".into(), h.engine_label());
     m.insert("suite".into(), h.suite.clone());
     m.insert("model".into(), h.model.name.clone());
     m.insert("dtype".into(), h.dtype.clone());

@@ -1,47 +1,23 @@
 //! llm.c's logs: its stdout (`step …` lines of the C trainer, the older CUDA trainer with
 //! right-aligned step numbers, and the current CUDA trainer; `val loss`, `HellaSwag`, `total
-//! average iteration time`) and its `main.log` (`s:N trl:… lr:… norm:…`, `s:N tel:…`,
+//! average iteration time`: read by [`crate::engines::llmc::output`], the parser the llmc
+//! engine runs on the live trainer) and its `main.log` (`s:N trl:… lr:… norm:…`, `s:N tel:…`,
 //! `s:N eval:…`). Both land in the columns of [`super::schema`]; the step statistics use
 //! [`crate::metrics`], as the bench's own summaries do.
 
 use super::formats::{float, num};
 use super::schema::{canonical, last};
 use super::RunRow;
+use crate::engines::llmc::output::{parse_line, Line};
 use crate::metrics::Distribution;
 use regex::Regex;
 use std::sync::LazyLock;
 
-const NUM: &str = r"[-\d.eE+naif]+";
-
-static STEP_CUDA: LazyLock<Regex> = LazyLock::new(|| {
-    // step    1/74 | loss 11.0 (+0.00z)| norm 15.4 (+0.00z)| lr 6.00e-06 | 1234.56 ms | 12.3% bf16 MFU | 12345 tok/s
-    // (2024: "| train loss 11.0 | norm 15.4 | …", without the z-scores; some builds print no MFU)
-    Regex::new(&format!(r"^step\s+(\d+)/(\d+)\s*\|\s*(?:train )?loss ({NUM})(?:\s*\([^)]*\))?\s*\|\s*norm ({NUM})(?:\s*\([^)]*\))?\s*\|\s*lr ({NUM})\s*\|\s*([\d.]+) ms(?:\s*\|\s*(-?[\d.]+)% bf16 MFU)?\s*\|\s*([\d.]+) tok/s")).unwrap()
-});
-static STEP_OLD_CUDA: LazyLock<Regex> = LazyLock::new(|| {
-    // step   61/74: train loss 3.213066 (312.014672 ms, 13127 tok/s)   ("step %4d/%d: …")
-    Regex::new(&format!(
-        r"^step\s+(\d+)/(\d+): train loss ({NUM}) \(([\d.]+) ms, ([\d.]+) tok/s\)"
-    ))
-    .unwrap()
-});
-static STEP_C: LazyLock<Regex> = LazyLock::new(|| {
-    // step 20: train loss 4.52 (took 2636.6 ms)   (0-based step)
-    Regex::new(&format!(
-        r"^step\s+(\d+): train loss ({NUM}) \(took ([\d.]+) ms\)"
-    ))
-    .unwrap()
-});
-static VAL: LazyLock<Regex> = LazyLock::new(|| Regex::new(&format!(r"^val loss ({NUM})")).unwrap());
-static HELLASWAG: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^HellaSwag: \d+/\d+ = ([\d.]+)").unwrap());
-static AVG: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^total average iteration time: ([\d.]+) ms").unwrap());
 static MAIN: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(&format!(r"^s:(\d+)((?: \w+:{NUM})+)\s*$")).unwrap());
+    LazyLock::new(|| Regex::new(r"^s:(\d+)((?: \w+:[-\d.eE+naif]+)+)\s*$").unwrap());
 
 pub(super) fn is_step_line(line: &str) -> bool {
-    STEP_CUDA.is_match(line) || STEP_OLD_CUDA.is_match(line) || STEP_C.is_match(line)
+    matches!(parse_line(line), Some(Line::Step(_)))
 }
 
 pub(super) fn is_main_log_line(line: &str) -> bool {
@@ -106,34 +82,26 @@ fn f(s: &str) -> f64 {
 
 /// One stdout line into `steps` / `row`; false when no pattern knows it.
 fn stdout_line(line: &str, steps: &mut Steps, row: &mut RunRow) -> bool {
-    if let Some(c) = STEP_CUDA.captures(line) {
-        steps.n = c[1].parse().unwrap_or(0);
-        steps.loss.push(f(&c[3]));
-        row.set("grad_norm_last", f(&c[4]));
-        row.set("learning_rate_last", f(&c[5]));
-        steps.ms.push(f(&c[6]));
-        if let Some(m) = c.get(7) {
-            steps.mfu.push(f(m.as_str()));
+    match parse_line(line) {
+        Some(Line::Step(s)) => {
+            steps.n = s.step as i64;
+            steps.loss.push(s.loss);
+            if let Some(g) = s.grad_norm {
+                row.set("grad_norm_last", g);
+            }
+            if let Some(lr) = s.lr {
+                row.set("learning_rate_last", lr);
+            }
+            steps.ms.push(s.ms);
+            steps.mfu.extend(s.mfu_percent);
+            steps.tok_per_s.extend(s.tok_per_s);
         }
-        steps.tok_per_s.push(f(&c[8]));
-    } else if let Some(c) = STEP_OLD_CUDA.captures(line) {
-        steps.n = c[1].parse().unwrap_or(0);
-        steps.loss.push(f(&c[3]));
-        steps.ms.push(f(&c[4]));
-        steps.tok_per_s.push(f(&c[5]));
-    } else if let Some(c) = STEP_C.captures(line) {
-        // The C trainer counts from 0.
-        steps.n = c[1].parse::<i64>().map_or(0, |s| s + 1);
-        steps.loss.push(f(&c[2]));
-        steps.ms.push(f(&c[3]));
-    } else if let Some(c) = VAL.captures(line) {
-        row.set("eval_loss", f(&c[1]));
-    } else if let Some(c) = HELLASWAG.captures(line) {
-        row.set("hellaswag_accuracy", f(&c[1]));
-    } else if let Some(c) = AVG.captures(line) {
-        steps.avg_ms = Some(f(&c[1]));
-    } else {
-        return false;
+        Some(Line::ValLoss(v)) => row.set("eval_loss", v),
+        Some(Line::HellaSwag(v)) => row.set("hellaswag_accuracy", v),
+        Some(Line::AverageMs(v)) => steps.avg_ms = Some(v),
+        // Not a column of llm.c's own logs (the llmc engine reads it into its run log).
+        Some(Line::DeviceMemory { .. }) => {}
+        None => return false,
     }
     true
 }

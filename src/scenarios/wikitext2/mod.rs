@@ -7,17 +7,20 @@
 pub mod data;
 
 use super::skeleton::{
-    base_header, candle_device, engine_runs, final_memory, finish_log, hf_dir, max_positions,
-    open_log,
+    base_header, candle_device, engine_runs, final_memory, finish_log, gpu_index, hf_dir,
+    max_positions, open_log,
 };
 use super::spec::{DpRun, RunSpec, TrainOptions};
 use crate::data::sha256_hex;
+use crate::device::DeviceSpec;
 use crate::engines::candle::train::TrainSetup;
 use crate::engines::candle::CandleTrainer;
 use crate::engines::hf::HfEngine;
+use crate::engines::llmc::{LlmcEngine, LlmcSetup};
 use crate::engines::{EngineKind, StepOut, Train};
 use crate::env::EnvReport;
 use crate::error::{Error, Result};
+use crate::flops::{mfu, peak_tflops, train_block_flops, ModelShape};
 use crate::log::{RankLog, RunOutcome};
 use crate::metrics::{EvalResult, TrainTotals};
 use crate::models::WeightSource;
@@ -130,8 +133,8 @@ fn gather_mib(d: &DpRun, bytes: u64) -> Result<Vec<u64>> {
         .collect())
 }
 
-/// Starts the engine `kind`: the HF worker with the run's hyper-parameters, or the candle
-/// trainer (joined to its data-parallel group with `--dp`).
+/// Starts the engine `kind`: llm.c on the run's blocks, the HF worker with the run's
+/// hyper-parameters, or the candle trainer (joined to its data-parallel group with `--dp`).
 fn start(
     spec: &RunSpec,
     opts: &TrainOptions,
@@ -139,6 +142,21 @@ fn start(
     kind: EngineKind,
     weights: &WeightSource,
 ) -> Result<Box<dyn Train>> {
+    if kind == EngineKind::Llmc {
+        let llmc = LlmcEngine::start(LlmcSetup {
+            opts: &spec.llmc,
+            model: &spec.model,
+            weights,
+            precision: spec.precision,
+            device: spec.device,
+            hyper: &prep.hyper,
+            batch_size: spec.batch_size,
+            block_size: prep.block_size,
+            train_blocks: &prep.train_blocks,
+            eval_blocks: &prep.eval_blocks,
+        })?;
+        return Ok(Box::new(llmc));
+    }
     if kind == EngineKind::Hf {
         let mut train = serde_json::to_value(&prep.hyper).expect("hyper serializes");
         train["dropout"] = Value::Bool(opts.dropout);
@@ -186,7 +204,12 @@ fn header(
     weights: &WeightSource,
 ) -> Header {
     let warmup = warmup_steps(spec, prep);
+    let host = EnvReport::collect();
     Header {
+        gpu_index: match spec.device {
+            DeviceSpec::Cuda(_) => gpu_index(spec.device, None, &host),
+            DeviceSpec::Cpu => None,
+        },
         engine: engine.name().into(),
         engine_info: engine.info(),
         warmup_batches: warmup,
@@ -205,7 +228,8 @@ fn header(
             dropout: opts.dropout,
             hyper: prep.hyper.clone(),
             timing: format!(
-                "the first {warmup} optimizer steps are trained but not timed (PTX load, cuBLAS handles, allocator growth); rates use the other steps' latencies"
+                "the first {warmup} optimizer steps are trained but not timed ({}); rates use the other steps' latencies",
+                warmup_work(engine)
             ),
         })),
         dp: spec.dp.as_ref().map(|d| dp_info(spec, opts, d)),
@@ -213,9 +237,19 @@ fn header(
             spec,
             weights,
             &prep.tokenizer,
-            EnvReport::collect(),
+            host,
             data_info(&opts.splits.train, prep.train_blocks.len()),
         )
+    }
+}
+
+/// What the warm-up steps absorb, by engine.
+fn warmup_work(engine: &dyn Train) -> &'static str {
+    let compiled = engine.info().get("compile").is_some_and(|c| c == "true");
+    match engine.name() {
+        "hf" if compiled => "torch.compile compiles the model and its backward in the first step; cuBLAS handles, allocator growth",
+        "llmc" => "cuBLAS set-up; llm.c leaves its first step out of its own average too",
+        _ => "PTX load, cuBLAS handles, allocator growth",
     }
 }
 
@@ -320,7 +354,34 @@ fn train_with(
         per_rank_peak_memory_bytes: per_rank_peak,
         ..totals.summary(failure.as_ref(), warmup, eval, spec.dp.is_some())
     };
+    let summary = with_flop_rates(spec, &header, prep, &totals, summary);
     finish_log(log, header, summary, Record::TrainSummary, failure)
+}
+
+/// `summary` with the model FLOPs of the timed steps ([`train_block_flops`] per block, every
+/// engine counted alike), the FLOP/s achieved over `train_runtime`, and MFU against the run's
+/// GPU (none on CPU or an unknown GPU).
+fn with_flop_rates(
+    spec: &RunSpec,
+    header: &Header,
+    prep: &Prepared,
+    totals: &TrainTotals,
+    summary: TrainSummary,
+) -> TrainSummary {
+    let per_block = train_block_flops(&ModelShape::of(&spec.model), prep.block_size);
+    let flops = per_block * totals.timed_samples as f64;
+    let peak = header
+        .gpu_index
+        .and_then(|i| header.host.gpu(i))
+        .and_then(|g| peak_tflops(&g.name, spec.precision));
+    let (achieved, mfu) = mfu(flops, summary.train_runtime, peak);
+    TrainSummary {
+        model_flops: (flops > 0.).then_some(flops),
+        achieved_tflop_per_second: achieved,
+        peak_tflop_per_second: peak,
+        mfu,
+        ..summary
+    }
 }
 
 /// Every optimizer step, each logged as it finishes; stops at the first failing step and
