@@ -53,6 +53,7 @@
 #                  (scripts/hf_fixtures/make_generate_fixtures.py)           -> gen-fixtures.tgz
 #   gen-agree      candle vs HF generate(), fp32, LAMBADA --mode generate, 256 passages: the share of
 #                  identical generated ids ($GEN_MODELS)                     -> gen-agree.txt
+#   gen-suite      the generation-suite half of `generate` alone                -> gen-logs.tgz
 #   generate       #12/#20 benchmarks, bf16: LAMBADA --mode generate, candle and HF (sdpa where
 #                  supported), batch 16 (first $GEN_LIMIT (1600) passages) and batch 1 (first
 #                  $GEN_B1_LIMIT (200)); the generation suite, prompt 128 + 128 new tokens, batch 1
@@ -199,6 +200,16 @@ for stage in "$@"; do
       $B --engine both --mode generate --model "$m" --weights random --seed 0 --device cuda --dtype fp32 \
         --batch-size 16 --data .gpu/lambada_test.jsonl --limit 256 --hf-attn eager --log-dir /tmp/gen-logs \
         --no-progress 2>&1 | grep -v "^  |" | tee -a "$OUT/gen-agree.txt"
+    done
+    ;;
+  gen-suite)
+    # The generation suite only (the part the CUDA graph changes): $GEN_SUITE_ENGINES x batch 1, 16.
+    for m in ${GEN_MODELS:-gpt2 bloom-560m}; do
+      for e in ${GEN_SUITE_ENGINES:-candle hf hf-compile}; do
+        for bs in 1 16; do
+          gen_run $e $m $bs --suite generation --prompt-lens 128 --new-tokens 128 --limit "${GEN_CALLS:-10}"
+        done
+      done
     done
     ;;
   generate)

@@ -541,3 +541,45 @@ fn argmax_picks_the_first_maximum_and_skips_banned_ids() {
     let got = argmax(&ties, None).unwrap().expect("applies");
     assert_eq!(got.to_vec2::<u32>().unwrap(), [[1]]);
 }
+
+/// Decode steps replayed as a CUDA graph choose the same ids as the eager steps (fp32, greedy,
+/// 12 new tokens: one eager step, the capture, ten replays), for both models.
+#[test]
+fn graph_replayed_decoding_matches_eager_decoding() {
+    use crate::models::generate::{generate, left_pad, Greedy};
+    let (gpu, _one_at_a_time) = gpu();
+    let prompts = left_pad(&[vec![5, 9, 2, 7, 1, 3], vec![4, 8, 6]], 0, &gpu).unwrap();
+    let g = Greedy {
+        new_tokens: 12,
+        banned: vec![],
+    };
+    let eager_paths = [
+        Fused::Lt,
+        Fused::Softmax,
+        Fused::BiasAct,
+        Fused::LayerNorm,
+        Fused::Decode,
+    ];
+    for name in ["gpt2-tiny", "bloom-tiny"] {
+        let spec = ModelSpec::preset(name).unwrap();
+        let src = WeightSource::Random { seed: 0 };
+        let mut ids = Vec::new();
+        for graph in [false, true] {
+            match graph {
+                true => set_enabled(&[Fused::All]),
+                false => set_enabled(&eager_paths),
+            }
+            let model = spec.load(&src, DType::F32, &gpu).unwrap();
+            let before = replays();
+            ids.push(generate(model.as_ref(), &prompts, &g, &mut |_| Ok(())).unwrap());
+            let replayed = replays() - before;
+            assert_eq!(
+                replayed,
+                if graph { 10 } else { 0 },
+                "{name}: graph replays"
+            );
+        }
+        assert_eq!(ids[1], ids[0], "{name}");
+        assert_eq!(ids[0][0].len(), 12);
+    }
+}

@@ -10,6 +10,16 @@
 
 use super::{enabled, Fused};
 use candle_core::{Device, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Graph replays in this process (the log and the tests tell a replayed decode from an eager
+/// one by it).
+static REPLAYS: AtomicUsize = AtomicUsize::new(0);
+
+/// How many times a graph was replayed in this process.
+pub fn replays() -> usize {
+    REPLAYS.load(Ordering::Relaxed)
+}
 
 /// A recorded sequence of launches, replayed on the stream it was captured on.
 pub struct Graph {
@@ -20,6 +30,7 @@ pub struct Graph {
 impl Graph {
     /// Replays the launches (asynchronously, as the launches themselves).
     pub fn launch(&self) -> Result<()> {
+        REPLAYS.fetch_add(1, Ordering::Relaxed);
         imp::launch(self)
     }
 }
