@@ -59,7 +59,8 @@
 #                  $GEN_B1_LIMIT (200)); the generation suite, prompt 128 + 128 new tokens, batch 1
 #                  and 16, candle, HF and HF --hf-compile (static KV cache); models $GEN_MODELS
 #                  (gpt2 bloom-560m); engine names: candle, candle-nodecode (every fused path
-#                  but the decode kernels: their "before"), hf, hf-eager, hf-sdpa, hf-compile -> gen-logs.tgz
+#                  but the decode kernels: their "before"), candle-nograph (the decode kernels
+#                  without the CUDA graph), hf, hf-eager, hf-sdpa, hf-compile -> gen-logs.tgz
 #   train-compare  #21: the training suite's three engines in one table: gpt2 124M (random init),
 #                  bf16, batch 8 x block 1024, WikiText-2 (wiki.valid.raw, eval wiki.test.raw),
 #                  dropout off (llm.c has none), 10 warm-up + $CMP_STEPS (50) timed steps,
@@ -170,6 +171,7 @@ gen_run() { # engine model batch [extra flags]: one generation run into /tmp/gen
   hf-eager) e=hf; hf=(--hf-attn eager) ;;
   hf-sdpa) e=hf; hf=(--hf-attn sdpa) ;;
   candle-nodecode) e=candle; hf=(--fused lt,softmax,bias-act,layer-norm,cross-entropy) ;;  # the "before" of the decode kernels
+  candle-nograph) e=candle; hf=(--fused lt,softmax,bias-act,layer-norm,cross-entropy,decode) ;;  # the decode kernels, eager
   esac
   $B --engine "$e" "${hf[@]}" --model "$m" --weights random --seed 0 --device cuda --dtype bf16 \
     --batch-size "$bs" --log-dir /tmp/gen-logs --no-progress "$@" 2>&1 | grep -v "^  |" | tee -a "$OUT/gen.txt"
