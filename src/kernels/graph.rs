@@ -21,6 +21,21 @@ pub fn replays() -> usize {
     REPLAYS.load(Ordering::Relaxed)
 }
 
+/// While alive (on a CUDA device), candle keeps the layout parameters its kernels upload
+/// from the host (dims and strides: every `index_select`, every strided op) in persistent
+/// device buffers, keyed by value. A capture must run under it, after an eager run of the same
+/// shapes under it: a graph would otherwise replay copies from host memory long freed.
+pub struct ParamCache(#[allow(dead_code)] Option<Box<dyn std::any::Any>>);
+
+/// [`ParamCache`] for `device` (nothing on the CPU).
+pub fn param_cache(device: &Device) -> ParamCache {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(d) => ParamCache(Some(Box::new(d.enable_cuda_graph_htod_cache()))),
+        _ => ParamCache(None),
+    }
+}
+
 /// A recorded sequence of launches, replayed on the stream it was captured on.
 pub struct Graph {
     #[cfg(feature = "cuda")]

@@ -32,7 +32,7 @@ pub use bias_act::bias_act;
 pub use cross_entropy::cross_entropy;
 pub use decode::{add_layer_norm, argmax, decode_attention, decode_begin, CacheSlot, QkvLayout};
 pub use dropout::{draw_keep, dropout, keep_mask, set_dropout_seed, Keep};
-pub use graph::{capture, replays, Graph};
+pub use graph::{capture, param_cache, replays, Graph, ParamCache};
 pub use layer_norm::layer_norm;
 pub use linear_lt::linear;
 

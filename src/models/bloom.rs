@@ -244,7 +244,7 @@ impl Attention {
     fn forward(
         &self,
         x: &Tensor,
-        bias: &Tensor,
+        bias: Option<&Tensor>,
         kv: Option<LayerStep>,
         mode: Mode,
     ) -> candle_core::Result<Tensor> {
@@ -265,6 +265,9 @@ impl Attention {
             }
             kv.check_kernel_served()?;
         }
+        // Only a step the decode kernel must serve comes without one (LayerStep::check_kernel_served).
+        let bias =
+            bias.ok_or_else(|| candle_core::Error::Msg("attention needs its bias".into()))?;
         // Per head, not [q | k | v]: (B, T, nh, 3, hs).
         let qkv = qkv.reshape((b, t, nh, 3, hs))?;
         let head = |i: usize| -> candle_core::Result<Tensor> {
@@ -315,7 +318,7 @@ impl Block {
     fn forward(&self, x: &Tensor, bias: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
         let ln = self.input_layernorm.forward(x, mode)?;
         let residual = if self.residual_after_norm { &ln } else { x };
-        let x = (self.self_attention.forward(&ln, bias, None, mode)? + residual)?;
+        let x = (self.self_attention.forward(&ln, Some(bias), None, mode)? + residual)?;
         let ln = self.post_attention_layernorm.forward(&x, mode)?;
         let residual = if self.residual_after_norm { &ln } else { &x };
         dropout(&self.mlp.forward(&ln)?, mode.dropout.resid)? + residual
@@ -399,14 +402,23 @@ impl Bloom {
         step: &Step,
     ) -> candle_core::Result<Tensor> {
         let inference = Mode::default();
-        let causal = causal_padding_bias_last(&step.key_mask, step.t)?; // (B, 1, T, Tk)
-        let alibi = alibi_at(&step.key_pos, &self.slopes)?; // (B, nh, 1, Tk)
-        let bias = causal.broadcast_add(&alibi)?; // (B, nh, T, Tk)
+        // (B, nh, T, Tk) causal + padding + ALiBi; none for a step on the device (its shape
+        // would be the capture's: the decode kernel adds ALiBi itself).
+        let bias = match step.on_device() {
+            true => None,
+            false => {
+                let causal = causal_padding_bias_last(&step.key_mask, step.t)?; // (B, 1, T, Tk)
+                let alibi = alibi_at(&step.key_pos, &self.slopes)?; // (B, nh, 1, Tk)
+                Some(causal.broadcast_add(&alibi)?)
+            }
+        };
         let first = self.h.first().map_or(&self.ln_f, |b| &b.input_layernorm);
         let (mut x, mut h) = (x.clone(), first.forward(&x, inference)?);
         for (i, block) in self.h.iter().enumerate() {
             let kv = Some(cache.layer_step(i, step)?);
-            let a = block.self_attention.forward(&h, &bias, kv, inference)?;
+            let a = block
+                .self_attention
+                .forward(&h, bias.as_ref(), kv, inference)?;
             let residual = if block.residual_after_norm { &h } else { &x };
             let (x1, h2) = block.post_attention_layernorm.add_forward(residual, &a)?;
             let residual = if block.residual_after_norm { &h2 } else { &x1 };

@@ -102,7 +102,8 @@ pub struct KvCache {
 /// What a forward of new positions needs from the cache before its layers run; the cache
 /// takes them as written once the forward ends ([`KvCache::commit`]).
 pub struct Step {
-    /// Cached positions before this forward; the new ones start here.
+    /// Cached positions before this forward; the new ones start here (with a device-side
+    /// cursor: the host's count, which a graph replay does not advance).
     pub start: usize,
     /// New positions T.
     pub t: usize,
@@ -118,6 +119,14 @@ pub struct Step {
     key_pos_all: Tensor,
     /// The cache's device-side cursor, when the step reads its position there.
     cursor: Option<Tensor>,
+}
+
+impl Step {
+    /// Whether the step finds its position on the device (a step a CUDA graph can replay):
+    /// then only the decode kernel attends, and no bias over the first Tk keys is made.
+    pub fn on_device(&self) -> bool {
+        self.cursor.is_some()
+    }
 }
 
 impl KvCache {

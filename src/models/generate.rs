@@ -195,6 +195,8 @@ fn decode_graphed(
     hook: &mut dyn FnMut(Phase) -> Result<()>,
 ) -> Result<Vec<Vec<u32>>> {
     let ids = first.copy()?; // (B, 1) u32: the step's input, overwritten with its output
+                             // Step 1 fills candle's parameter cache with every layout the capture will ask for.
+    let _params = crate::kernels::param_cache(ids.device());
     let mut tokens = vec![ids.copy()?];
     step(&ids, cache)?;
     hook(Phase::Decode { step: 1 })?;

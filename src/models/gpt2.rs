@@ -210,7 +210,7 @@ impl Attention {
     fn forward(
         &self,
         x: &Tensor,
-        bias: &Tensor,
+        bias: Option<&Tensor>,
         kv: Option<LayerStep>,
         mode: Mode,
     ) -> candle_core::Result<Tensor> {
@@ -230,6 +230,9 @@ impl Attention {
             }
             kv.check_kernel_served()?;
         }
+        // Only a step the decode kernel must serve comes without one (LayerStep::check_kernel_served).
+        let bias =
+            bias.ok_or_else(|| candle_core::Error::Msg("attention needs its bias".into()))?;
         let q = split_heads(&qkv.narrow(2, 0, c)?, nh)?; // (B, nh, T, hs)
         let k = split_heads(&qkv.narrow(2, c, c)?, nh)?;
         let v = split_heads(&qkv.narrow(2, 2 * c, c)?, nh)?;
@@ -281,7 +284,7 @@ impl Block {
     fn forward(&self, x: &Tensor, bias: &Tensor, mode: Mode) -> candle_core::Result<Tensor> {
         let x = (x + self
             .attn
-            .forward(&self.ln_1.forward(x, mode)?, bias, None, mode)?)?;
+            .forward(&self.ln_1.forward(x, mode)?, Some(bias), None, mode)?)?;
         let mlp = self.mlp.forward(&self.ln_2.forward(&x, mode)?)?;
         &x + dropout(&mlp, mode.dropout.resid)?
     }
@@ -353,12 +356,16 @@ impl Gpt2 {
         step: &Step,
     ) -> candle_core::Result<Tensor> {
         let inference = Mode::default();
-        let bias = causal_padding_bias_last(&step.key_mask, step.t)?; // (B, 1, T, Tk)
+        // (B, 1, T, Tk); none for a step on the device (its shape would be the capture's).
+        let bias = match step.on_device() {
+            true => None,
+            false => Some(causal_padding_bias_last(&step.key_mask, step.t)?),
+        };
         let first = self.h.first().map_or(&self.ln_f, |b| &b.ln_1);
         let (mut x, mut h) = (x.clone(), first.forward(&x, inference)?);
         for (i, block) in self.h.iter().enumerate() {
             let kv = Some(cache.layer_step(i, step)?);
-            let a = block.attn.forward(&h, &bias, kv, inference)?;
+            let a = block.attn.forward(&h, bias.as_ref(), kv, inference)?;
             let (x1, h2) = block.ln_2.add_forward(&x, &a)?;
             let m = block.mlp.forward(&h2)?;
             let next = self.h.get(i + 1).map_or(&self.ln_f, |b| &b.ln_1);
