@@ -393,6 +393,11 @@ pub struct TrainArgs {
     /// Dropout off (for comparisons); default: the config's dropout.
     #[arg(long)]
     pub no_dropout: bool,
+    /// candle engine: how gradients are computed. manual: GPT-2's forward and backward
+    /// written per block, no autograd graph (GPT-2 only); autograd: candle's autograd through
+    /// the model's ops [default: manual for GPT-2, autograd for BLOOM].
+    #[arg(long, value_enum)]
+    pub backward: Option<crate::train::Backward>,
     /// Time forward, backward and optimizer update of each step (synchronizes the device
     /// between them, which costs a little throughput); logged per step, medians in the summary.
     #[arg(long)]
@@ -414,6 +419,7 @@ impl TrainArgs {
             (self.lr.is_some(), "--lr"),
             (self.lr_warmup_steps.is_some(), "--lr-warmup-steps"),
             (self.no_dropout, "--no-dropout"),
+            (self.backward.is_some(), "--backward"),
             (self.phase_times, "--phase-times"),
             (self.save.is_some(), "--save"),
         ]

@@ -523,6 +523,11 @@ fn resolve_train(
     engine: EngineKind,
 ) -> Result<TrainOptions> {
     let a = &args.train;
+    if engine == EngineKind::Hf && a.backward.is_some() {
+        return Err(Error::Config(
+            "--backward picks how the candle engine computes gradients: use it with --engine candle or both".into(),
+        ));
+    }
     if engine != EngineKind::Candle && a.save.is_some() {
         return Err(Error::Config(
             "--save writes the candle engine's trained weights: use it with --engine candle".into(),
@@ -553,6 +558,7 @@ fn resolve_train(
         lr_warmup_steps: a.lr_warmup_steps.unwrap_or(t.lr_warmup_steps),
         eval_batch_size: batch_size,
         dropout: !a.no_dropout,
+        backward: a.backward,
         phase_times: a.phase_times,
         save: a.save.clone(),
     })
