@@ -464,6 +464,12 @@ pub fn resolve_config(
     let weights = weight_source(args, checkpoint.as_ref())?;
     check_flags(args, suite, &weights)?;
     let workload = workload(args, suite, config)?;
+    if let Workload::Train(TrainOptions {
+        backward: Some(b), ..
+    }) = &workload
+    {
+        b.check(&model)?; // before any weights load
+    }
     let data = match &workload {
         // Training and text generation read their own data; this is a placeholder they ignore.
         Workload::Train(_)

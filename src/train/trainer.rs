@@ -248,6 +248,18 @@ impl Backward {
             Self::Autograd => "autograd",
         }
     }
+
+    /// Whether `spec` can train this way: the manual backward is written for GPT-2 only.
+    pub fn check(self, spec: &ModelSpec) -> crate::error::Result<()> {
+        if self == Self::Manual && !matches!(spec.arch, Architecture::Gpt2(_)) {
+            return Err(crate::error::Error::Unsupported(format!(
+                "--backward manual is written for GPT-2; {} ({}) trains with --backward autograd",
+                spec.name,
+                spec.architecture()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// What computes a step's gradients: the model's ops under autograd, or GPT-2's manual step.
@@ -322,13 +334,7 @@ impl Trainer {
 
     /// Picks how gradients are computed; `Manual` is for GPT-2 only.
     pub fn set_backward(&mut self, backward: Backward) -> crate::error::Result<()> {
-        if backward == Backward::Manual && !matches!(self.spec.arch, Architecture::Gpt2(_)) {
-            return Err(crate::error::Error::Unsupported(format!(
-                "--backward manual is written for GPT-2; {} ({}) trains with --backward autograd",
-                self.spec.name,
-                self.spec.architecture()
-            )));
-        }
+        backward.check(&self.spec)?;
         self.backward = backward;
         Ok(())
     }
