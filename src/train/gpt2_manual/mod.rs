@@ -32,6 +32,8 @@ use params::{Gpt2Params, Norm};
 pub struct Gpt2Step {
     cfg: Config,
     w: Gpt2Params,
+    /// The lm head (`wte` when tied) with zero rows to the loss's padding, (V', C).
+    head: Tensor,
     act: Activation,
     dropout: Dropout,
 }
@@ -44,7 +46,6 @@ pub struct Forward {
     blocks: Vec<block::Acts>,
     x_last: Tensor,  // (N, C) ln_f's input
     hidden: Tensor,  // (M, C) ln_f's output at the predicting positions: the head's input
-    head: Tensor,    // (V', C) the lm head with its zero padding rows
     logits: Tensor,  // (M, V')
     targets: Tensor, // (M,) u32
 }
@@ -61,9 +62,11 @@ impl Gpt2Step {
             },
             false => Dropout::default(),
         };
+        let head = padded_head(weights.lm_head.as_ref().unwrap_or(&weights.wte))?;
         Ok(Self {
             cfg: cfg.clone(),
             w: weights,
+            head,
             act,
             dropout,
         })
@@ -93,8 +96,7 @@ impl Gpt2Step {
         let hf = ops::layer_norm(&x, &self.w.ln_f.weight, &self.w.ln_f.bias, eps)?; // (N, C)
         let hidden = hf.reshape((b, t, c))?.narrow(1, 0, t - 1)?.contiguous()?; // (B, T-1, C)
         let hidden = hidden.reshape((b * (t - 1), c))?; // (M, C)
-        let head = self.padded_head(ids.device())?;
-        let logits = hidden.matmul(&head.t()?)?; // (M, V')
+        let logits = hidden.matmul(&self.head.t()?)?; // (M, V')
         let targets = ids.narrow(1, 1, t - 1)?.flatten_all()?; // (M,)
         let loss = cross_entropy_rows(&logits, &targets, self.cfg.vocab_size)?.mean_all()?;
         let f = Forward {
@@ -104,7 +106,6 @@ impl Gpt2Step {
             blocks,
             x_last: x,
             hidden,
-            head,
             logits,
             targets,
         };
@@ -121,7 +122,7 @@ impl Gpt2Step {
         let g = Tensor::full((loss_scale / m as f64) as f32, m, dev)?;
         let dlogits = cross_entropy_rows_grad(&f.logits, &f.targets, &g, v)?; // (M, V')
         drop(f.logits);
-        let dhidden = dlogits.matmul(&f.head)?; // (M, C)
+        let dhidden = dlogits.matmul(&self.head)?; // (M, C)
         let dhead = dlogits.t()?.matmul(&f.hidden)?.narrow(0, 0, v)?; // (V, C)
         drop(dlogits);
         // The last position predicts nothing: zero gradient there.
@@ -188,18 +189,6 @@ impl Gpt2Step {
         })
     }
 
-    /// The lm head (V, C) (`wte` when tied) with zero rows to the loss's padding, (V', C).
-    fn padded_head(&self, device: &Device) -> Result<Tensor> {
-        let head = self.w.lm_head.as_ref().unwrap_or(&self.w.wte);
-        let (v, c) = head.dims2()?;
-        let pad = v.next_multiple_of(head_padding(device)) - v;
-        if pad == 0 {
-            return Ok(head.clone());
-        }
-        let zeros = Tensor::zeros((pad, c), head.dtype(), head.device())?;
-        Tensor::cat(&[head, &zeros], 0)
-    }
-
     fn ctx(&self, batch: usize, time: usize, device: &Device) -> Result<block::Ctx> {
         let mask = Tensor::ones((batch, time), DType::U32, device)?;
         Ok(block::Ctx {
@@ -212,6 +201,16 @@ impl Gpt2Step {
             bias: causal_padding_bias(&mask)?, // (B, 1, T, T)
         })
     }
+}
+/// `head` (V, C) with zero rows to the loss's padding on its device ([`head_padding`]), (V', C).
+fn padded_head(head: &Tensor) -> Result<Tensor> {
+    let (v, c) = head.dims2()?;
+    let pad = v.next_multiple_of(head_padding(head.device())) - v;
+    if pad == 0 {
+        return Ok(head.clone());
+    }
+    let zeros = Tensor::zeros((pad, c), head.dtype(), head.device())?;
+    Tensor::cat(&[head, &zeros], 0)
 }
 
 #[cfg(test)]
