@@ -40,7 +40,8 @@
 #   perf-profile   ncu kernel times of one forward / one training step, candle and HF, same call
 #                  index (TB_CUDA_PROFILE): gpt2 bs16 and bs1, bloom-560m and bloom-7b1 bs16,
 #                  gpt2 training step; scripts/kernel_breakdown.py sums them by op -> perf-profile.tgz
-#                  ($PROF_ENGINES: candle hf; $PROF_CASES: those five)
+#                  ($PROF_ENGINES: candle hf; $PROF_CASES: those five; $PROF_FLAGS go to the
+#                  training run, e.g. PROF_ENGINES=candle PROF_FLAGS="--backward autograd")
 #   kernels        the fused kernels against candle's composed ops (src/kernels/gpu_tests.rs),
 #                  from the CUDA unit-test binary .gpu/tests.gz             -> kernels.txt
 #   perf-compare   the #10 targets in one run: candle vs HF (`--engine both`), bf16, LAMBADA:
@@ -256,7 +257,7 @@ for stage in "$@"; do
         gpt2-bs1) profile $c-$e 20 $L --engine $e --model gpt2 --batch-size 1 --limit 40 ;;
         bloom-560m-bs16) profile $c-$e 10 $L --engine $e --model bloom-560m --batch-size 16 --limit 400 ;;
         bloom-7b1-bs16) profile $c-$e 6 $L --engine $e --model bloom-7b1 --batch-size 16 --limit 160 ;;
-        train-gpt2) profile $c-$e 2 $W --engine $e --model gpt2 ;;
+        train-gpt2) profile $c-$e 2 $W --engine $e --model gpt2 ${PROF_FLAGS:-} ;;
         esac
       done
     done

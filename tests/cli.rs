@@ -614,6 +614,8 @@ fn wikitext2_trains_on_the_builtin_sample_and_logs_hf_metric_names() {
         panic!("header first")
     };
     assert!(h.train.as_ref().unwrap().note.contains("wiki.valid.raw"));
+    // Autograd unless told otherwise (the manual step's GPU tests have not run yet).
+    assert_eq!(h.engine_info["backward"], "autograd");
     let steps: Vec<_> = records
         .iter()
         .filter_map(|r| match r {
@@ -811,4 +813,25 @@ fn bad_sweep_and_training_inputs_are_one_line_errors() {
     );
     let e = error_of(&["--max-steps", "3"]);
     assert!(e.contains("--max-steps is a training option"), "{e}");
+    let bloom_manual = [
+        "--suite",
+        "wikitext2",
+        "--model",
+        "bloom-tiny",
+        "--backward",
+        "manual",
+        "--max-steps",
+        "1",
+    ];
+    let e = error_of(&bloom_manual);
+    assert!(e.contains("--backward manual is written for GPT-2"), "{e}");
+    let e = error_of(&[
+        "--suite",
+        "wikitext2",
+        "--engine",
+        "hf",
+        "--backward",
+        "autograd",
+    ]);
+    assert!(e.contains("--backward picks how the candle engine"), "{e}");
 }

@@ -8,6 +8,8 @@ numbers up to float summation order). For each tiny config it builds `GPT2LMHead
   config.json, model.safetensors   initial weights (save_pretrained, as a real checkpoint)
   batches.safetensors              input_ids (steps, grad_accum, B, T) int64, ids < vocab_size
   final.safetensors                every parameter after the last step (named_parameters names)
+  grads.safetensors                every parameter's gradient of the first step (the sum over its
+                                   micro-batches of grad(loss / grad_accum), before clipping)
   reference.json                   hyper-parameters; per step: loss (mean of its micro-batch
                                    losses), grad_norm (before clipping), lr (the step's)
 
@@ -21,6 +23,8 @@ Tiny vocabulary (512; random ids) keeps the files small: no tokenizer is involve
 
 Usage:
   python3 scripts/hf_fixtures/make_train_fixtures.py --out tests/fixtures [--archs gpt2,bloom]
+  # only grads.safetensors, from the model.safetensors and batches.safetensors already in OUT:
+  python3 scripts/hf_fixtures/make_train_fixtures.py --out tests/fixtures --grads-only
 """
 import argparse
 import json
@@ -28,8 +32,8 @@ import os
 
 import torch
 import transformers
-from safetensors.torch import save_file
-from transformers import (BloomConfig, BloomForCausalLM, GPT2Config, GPT2LMHeadModel,
+from safetensors.torch import load_file, save_file
+from transformers import (AutoModelForCausalLM, BloomConfig, BloomForCausalLM, GPT2Config, GPT2LMHeadModel,
                           get_linear_schedule_with_warmup)
 
 STEPS, ACCUM, BATCH, T = 5, 2, 2, 32
@@ -49,14 +53,39 @@ def build(arch):
     raise SystemExit(f"unknown arch {arch}")
 
 
+def first_step(model, ids):
+    """Step 0's micro-batches through forward and backward: (their losses, {name: grad})."""
+    losses = []
+    for a in range(ACCUM):
+        loss = model(input_ids=ids[0, a], labels=ids[0, a]).loss
+        (loss / ACCUM).backward()
+        losses.append(loss.item())
+    return losses, {n: p.grad.detach().contiguous().clone() for n, p in model.named_parameters()}
+
+
+def grads_only(out):
+    """grads.safetensors from the checkpoint and batches already in `out`."""
+    model = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager", dtype=torch.float32)
+    model.train()
+    ids = load_file(os.path.join(out, "batches.safetensors"))["input_ids"]
+    losses, grads = first_step(model, ids)
+    save_file(grads, os.path.join(out, "grads.safetensors"))
+    print(out, "first-step losses", [round(x, 6) for x in losses])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--archs", default="gpt2,bloom")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--grads-only", action="store_true",
+                    help="write grads.safetensors only, from the fixtures already in OUT")
     args = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     for arch in args.archs.split(","):
+        if args.grads_only:
+            grads_only(os.path.join(args.out, f"train-{arch}"))
+            continue
         torch.manual_seed(args.seed)
         model = build(arch)
         model.config._attn_implementation = "eager"
@@ -73,11 +102,15 @@ def main():
         sched = get_linear_schedule_with_warmup(opt, HYPER["lr_warmup_steps"], HYPER["total_steps"])
         steps = []
         for s in range(STEPS):
-            losses = []
-            for a in range(ACCUM):
-                loss = model(input_ids=ids[s, a], labels=ids[s, a]).loss
-                (loss / ACCUM).backward()
-                losses.append(loss.item())
+            if s == 0:
+                losses, grads = first_step(model, ids)
+                save_file(grads, os.path.join(out, "grads.safetensors"))
+            else:
+                losses = []
+                for a in range(ACCUM):
+                    loss = model(input_ids=ids[s, a], labels=ids[s, a]).loss
+                    (loss / ACCUM).backward()
+                    losses.append(loss.item())
             norm = torch.nn.utils.clip_grad_norm_(params, HYPER["max_grad_norm"]).item()
             lr = sched.get_last_lr()[0]
             opt.step()

@@ -406,6 +406,12 @@ pub struct TrainArgs {
     /// Dropout off (for comparisons); default: the config's dropout.
     #[arg(long)]
     pub no_dropout: bool,
+    /// candle engine: how gradients are computed. manual: GPT-2's forward and backward
+    /// written per block, no autograd graph (GPT-2 only; equal to autograd on the CPU, its GPU
+    /// tests and speed not yet run); autograd: candle's autograd through the model's ops
+    /// [default: autograd].
+    #[arg(long, value_enum)]
+    pub backward: Option<crate::train::Backward>,
     /// Time forward, backward and optimizer update of each step (synchronizes the device
     /// between them, which costs a little throughput); logged per step, medians in the summary.
     #[arg(long)]
@@ -427,6 +433,7 @@ impl TrainArgs {
             (self.lr.is_some(), "--lr"),
             (self.lr_warmup_steps.is_some(), "--lr-warmup-steps"),
             (self.no_dropout, "--no-dropout"),
+            (self.backward.is_some(), "--backward"),
             (self.phase_times, "--phase-times"),
             (self.save.is_some(), "--save"),
         ]

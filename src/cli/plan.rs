@@ -490,6 +490,12 @@ pub fn resolve_config(
             "--hf-compile compiles in the first training step: keep --warmup at 1 or more, so compilation is reported, not timed".into(),
         ));
     }
+    if let Workload::Train(TrainOptions {
+        backward: Some(b), ..
+    }) = &workload
+    {
+        b.check(&model)?; // before any weights load
+    }
     let data = match &workload {
         // Training and text generation read their own data; this is a placeholder they ignore.
         Workload::Train(_)
@@ -580,6 +586,11 @@ fn resolve_train(
     engine: EngineKind,
 ) -> Result<TrainOptions> {
     let a = &args.train;
+    if engine == EngineKind::Hf && a.backward.is_some() {
+        return Err(Error::Config(
+            "--backward picks how the candle engine computes gradients: use it with --engine candle or both".into(),
+        ));
+    }
     if engine != EngineKind::Candle && a.save.is_some() {
         return Err(Error::Config(
             "--save writes the candle engine's trained weights: use it with --engine candle".into(),
@@ -610,6 +621,7 @@ fn resolve_train(
         lr_warmup_steps: a.lr_warmup_steps.unwrap_or(t.lr_warmup_steps),
         eval_batch_size: batch_size,
         dropout: !a.no_dropout,
+        backward: a.backward,
         phase_times: a.phase_times,
         save: a.save.clone(),
     })

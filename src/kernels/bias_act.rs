@@ -15,6 +15,20 @@ pub fn bias_act(x: &Tensor, b: &Tensor, act: Act) -> Result<Option<Tensor>> {
     imp::bias_act(x, b, act)
 }
 
+/// The backward of [`bias_act`] as its own entry point (the manual training step calls it):
+/// x, dy (N, C), b (C,) -> (dx = dy ⊙ act'(x + b) (N, C), db = Σ_rows dx (C,)).
+pub fn bias_act_bwd(
+    x: &Tensor,
+    b: &Tensor,
+    dy: &Tensor,
+    act: Act,
+) -> Result<Option<(Tensor, Tensor)>> {
+    if !enabled(Fused::BiasAct) {
+        return Ok(None);
+    }
+    imp::bias_act_bwd(x, b, dy, act)
+}
+
 /// The CPU runs candle's broadcast add and activation.
 #[cfg(not(feature = "cuda"))]
 mod imp {
@@ -22,6 +36,15 @@ mod imp {
     use candle_core::{Result, Tensor};
 
     pub fn bias_act(_: &Tensor, _: &Tensor, _: Act) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+
+    pub fn bias_act_bwd(
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: Act,
+    ) -> Result<Option<(Tensor, Tensor)>> {
         Ok(None)
     }
 }
@@ -72,13 +95,19 @@ mod imp {
             _res: &Tensor,
             dy: &Tensor,
         ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-            let dx = match self.0 {
-                Act::None => dy.clone(),
-                act => x.apply_op3_no_bwd(b, &dy.contiguous()?, &BiasActGrad(act))?,
-            };
-            let db = dx.sum(0)?;
+            let (dx, db) = grads(x, b, dy, self.0)?;
             Ok((Some(dx), Some(db)))
         }
+    }
+
+    /// dx = dy ⊙ act'(x + b) and db = Σ_rows dx.
+    fn grads(x: &Tensor, b: &Tensor, dy: &Tensor, act: Act) -> Result<(Tensor, Tensor)> {
+        let dx = match act {
+            Act::None => dy.clone(),
+            act => x.apply_op3_no_bwd(b, &dy.contiguous()?, &BiasActGrad(act))?,
+        };
+        let db = dx.sum(0)?;
+        Ok((dx, db))
     }
 
     /// dx = dy ⊙ act'(x + b).
@@ -119,5 +148,19 @@ mod imp {
         }
         let (x, b) = (x.contiguous()?, b.contiguous()?);
         Ok(Some(x.apply_op2(&b, BiasAct(act))?))
+    }
+
+    pub fn bias_act_bwd(
+        x: &Tensor,
+        b: &Tensor,
+        dy: &Tensor,
+        act: Act,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        let same = b.dtype() == x.dtype() && dy.dtype() == x.dtype() && dy.dims() == x.dims();
+        if !x.device().is_cuda() || !float_dtype(x) || x.rank() != 2 || !same {
+            return Ok(None);
+        }
+        let (x, b) = (x.contiguous()?, b.contiguous()?);
+        grads(&x, &b, dy, act).map(Some)
     }
 }

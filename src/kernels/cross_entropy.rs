@@ -17,12 +17,36 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor, vocab: usize) -> Result<
     imp::cross_entropy(logits, targets, vocab)
 }
 
+/// The backward of [`cross_entropy`] as its own entry point (the manual training step calls
+/// it): g_i · (softmax(logits_i) − onehot(target_i)) for per-row gradients g (N,) f32, as
+/// (N, ld) in the logits' dtype, 0 in the padded columns.
+pub fn cross_entropy_bwd(
+    logits: &Tensor,
+    targets: &Tensor,
+    g: &Tensor,
+    vocab: usize,
+) -> Result<Option<Tensor>> {
+    if !enabled(Fused::CrossEntropy) {
+        return Ok(None);
+    }
+    imp::cross_entropy_bwd(logits, targets, g, vocab)
+}
+
 /// The CPU runs candle's log-softmax and gather.
 #[cfg(not(feature = "cuda"))]
 mod imp {
     use candle_core::{Result, Tensor};
 
     pub fn cross_entropy(_: &Tensor, _: &Tensor, _: usize) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+
+    pub fn cross_entropy_bwd(
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: usize,
+    ) -> Result<Option<Tensor>> {
         Ok(None)
     }
 }
@@ -133,5 +157,30 @@ mod imp {
         }
         let (x, t) = (logits.contiguous()?, targets.contiguous()?);
         Ok(Some(x.apply_op2(&t, CrossEntropy { vocab })?))
+    }
+
+    pub fn cross_entropy_bwd(
+        logits: &Tensor,
+        targets: &Tensor,
+        g: &Tensor,
+        vocab: usize,
+    ) -> Result<Option<Tensor>> {
+        let ok_targets = targets.dtype() == DType::U32 && targets.rank() == 1;
+        if !logits.device().is_cuda() || !float_dtype(logits) || logits.rank() != 2 || !ok_targets {
+            return Ok(None);
+        }
+        if vocab == 0 || vocab > logits.dim(1)? {
+            bail!(
+                "cross-entropy: vocabulary {vocab} for logits {:?}",
+                logits.shape()
+            );
+        }
+        let (x, t) = (logits.contiguous()?, targets.contiguous()?);
+        let g = g.to_dtype(DType::F32)?.contiguous()?;
+        Ok(Some(x.apply_op3_no_bwd(
+            &t,
+            &g,
+            &CrossEntropyGrad { vocab },
+        )?))
     }
 }

@@ -67,6 +67,19 @@ pub fn dropout(x: &Tensor, p: f32) -> Result<Option<Tensor>> {
     imp::dropout(x, next_key(), p)
 }
 
+/// x ⊙ keep / (1 − p) with a mask already drawn ([`draw_keep`]): the forward of dropout, and
+/// its backward (the same op on the gradient). Not differentiable. A hashed mask is one kernel
+/// (CUDA); a stored one candle's multiply and scale, as `candle_nn::ops::dropout`.
+pub fn apply_keep(x: &Tensor, keep: &Keep, p: f32) -> Result<Tensor> {
+    match keep {
+        Keep::Mask(m) => (x * m.to_dtype(x.dtype())?)?.affine(1. / (1. - p as f64), 0.),
+        Keep::Hash(key) => match imp::dropout(&x.detach(), *key, p)? {
+            Some(y) => Ok(y),
+            None => candle_core::bail!("a hashed dropout mask on a {:?} tensor", x.dtype()),
+        },
+    }
+}
+
 /// The CPU draws stored masks only (`rand` + `ge`).
 #[cfg(not(feature = "cuda"))]
 mod imp {

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::models::{attention::causal_padding_bias, ModelSpec, WeightSource};
-use crate::train::{Hyper, Trainer};
+use crate::train::{Backward, Hyper, Trainer};
 use candle_core::{DType, Device, Tensor, Var, D};
 
 /// The tests switch `--fused` process-wide (reference runs use none): one at a time.
@@ -241,9 +241,15 @@ fn models_on_the_fused_path_match_candles_ops() {
 }
 
 /// Three fp32 training steps of gpt2-tiny without dropout on the GPU, fused against
-/// `--fused none`: losses and gradient norms.
+/// `--fused none`, through autograd and through the manual backward: losses and gradient norms.
 #[test]
 fn training_steps_on_the_fused_path_match_candles_ops() {
+    for backward in [Backward::Autograd, Backward::Manual] {
+        training_steps_fused_vs_unfused(backward);
+    }
+}
+
+fn training_steps_fused_vs_unfused(backward: Backward) {
     let (gpu, _one_at_a_time) = gpu();
     let spec = ModelSpec::preset("gpt2-tiny").unwrap();
     let src = WeightSource::Random { seed: 0 };
@@ -260,6 +266,7 @@ fn training_steps_on_the_fused_path_match_candles_ops() {
         set_enabled(&[fused]);
         let mut trainer =
             Trainer::new(&spec, &src, DType::F32, &gpu, hyper.clone(), false).unwrap();
+        trainer.set_backward(backward).unwrap();
         let steps: Vec<(f64, f64)> = (0..3)
             .map(|_| {
                 let o = trainer.step(std::slice::from_ref(&ids)).unwrap();
@@ -269,9 +276,72 @@ fn training_steps_on_the_fused_path_match_candles_ops() {
         runs.push(steps);
     }
     for ((l0, g0), (l1, g1)) in runs[0].iter().zip(&runs[1]) {
-        assert!((l0 - l1).abs() < 1e-5 * l0.abs(), "loss {l0} vs {l1}");
-        assert!((g0 - g1).abs() < 1e-4 * g0.abs(), "grad norm {g0} vs {g1}");
+        assert!(
+            (l0 - l1).abs() < 1e-5 * l0.abs(),
+            "{backward:?}: loss {l0} vs {l1}"
+        );
+        assert!(
+            (g0 - g1).abs() < 1e-4 * g0.abs(),
+            "{backward:?}: grad norm {g0} vs {g1}"
+        );
     }
+}
+
+/// gpt2-tiny's loss and every parameter's gradient through the manual backward and through
+/// autograd, on the GPU with the fused kernels, `dropout` on or off (the same seed draws the
+/// same hashed masks in both). Returns the worst relative difference of a gradient.
+fn manual_vs_autograd(dtype: DType, dropout: bool) -> f32 {
+    let (dev, _one_at_a_time) = gpu();
+    let spec = ModelSpec::preset("gpt2-tiny").unwrap();
+    let src = WeightSource::Random { seed: 0 };
+    let ids: Vec<u32> = (0..2 * 64)
+        .map(|i| ((i * 7919 + 13) % 50257) as u32)
+        .collect();
+    let ids = Tensor::from_vec(ids, (2, 64), &dev).unwrap();
+    let mut trainer = Trainer::new(&spec, &src, dtype, &dev, Hyper::default(), dropout).unwrap();
+    let mut run = |backward| {
+        trainer.set_backward(backward).unwrap();
+        set_dropout_seed(7);
+        trainer.gradients(std::slice::from_ref(&ids)).unwrap()
+    };
+    let (loss_a, grads_a) = run(Backward::Autograd);
+    let (loss_m, grads_m) = run(Backward::Manual);
+    let loss_tol = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+    assert!(
+        (loss_m - loss_a).abs() < loss_tol * loss_a,
+        "{dtype:?}: loss {loss_m} vs {loss_a}"
+    );
+    let mut worst = 0f32;
+    for ((name, m), (_, a)) in grads_m.iter().zip(&grads_a) {
+        let r = rel(m, a);
+        eprintln!("{dtype:?} dropout={dropout} {name}: rel {r:.2e}");
+        worst = worst.max(r);
+    }
+    worst
+}
+
+/// fp32: the two paths round differently only in summation order (cuBLAS, the f32 embedding
+/// sums), so every gradient within 1e-4.
+#[test]
+fn manual_backward_matches_autograd_in_fp32() {
+    let worst = manual_vs_autograd(DType::F32, false);
+    assert!(worst < 1e-4, "worst gradient rel {worst}");
+}
+
+/// bf16: the manual path rounds at other points (cuBLASLt's bias epilogue, f32 embedding
+/// gradients, stored instead of recomputed probabilities): a loose bound, a few bf16 ulps.
+#[test]
+fn manual_backward_matches_autograd_in_bf16() {
+    let worst = manual_vs_autograd(DType::BF16, false);
+    assert!(worst < 5e-2, "worst gradient rel {worst}");
+}
+
+/// Dropout on: the manual path draws the hashed masks in the autograd path's order, so the
+/// same seed gives the same gradients.
+#[test]
+fn manual_backward_draws_the_autograd_paths_dropout_masks() {
+    let worst = manual_vs_autograd(DType::F32, true);
+    assert!(worst < 1e-4, "worst gradient rel {worst}");
 }
 
 /// The hashed mask: about 1 − p kept, survivors scaled by 1/(1 − p), a new mask per draw, and

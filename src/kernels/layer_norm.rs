@@ -15,12 +15,36 @@ pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Option
     imp::layer_norm(x, w, b, eps)
 }
 
+/// The backward of [`layer_norm`] as its own entry point (the manual training step calls it;
+/// the op's autograd backward runs the same kernels): x, dy (…, C), w (C,) -> (dx like x,
+/// dw (C,) f32, db (C,) f32). The statistics are recomputed from x.
+pub fn layer_norm_bwd(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    eps: f64,
+) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+    if !enabled(Fused::LayerNorm) {
+        return Ok(None);
+    }
+    imp::layer_norm_bwd(x, w, dy, eps)
+}
+
 /// The CPU runs candle's layer norm.
 #[cfg(not(feature = "cuda"))]
 mod imp {
     use candle_core::{Result, Tensor};
 
     pub fn layer_norm(_: &Tensor, _: &Tensor, _: &Tensor, _: f64) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+
+    pub fn layer_norm_bwd(
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: f64,
+    ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
         Ok(None)
     }
 }
@@ -89,13 +113,18 @@ mod imp {
             _y: &Tensor,
             dy: &Tensor,
         ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-            let dy = dy.contiguous()?;
-            let dx = x.apply_op3_no_bwd(w, &dy, &LayerNormGradX { eps: self.eps })?;
-            // (blocks, 2, C)
-            let part = x.apply_op2_no_bwd(&dy, &LayerNormGradWb { eps: self.eps })?;
-            let wb = part.sum(0)?.to_dtype(w.dtype())?; // (2, C)
-            Ok((Some(dx), Some(wb.get(0)?), Some(wb.get(1)?)))
+            let (dx, dw, db) = grads(x, w, &dy.contiguous()?, self.eps)?;
+            let (dw, db) = (dw.to_dtype(w.dtype())?, db.to_dtype(w.dtype())?);
+            Ok((Some(dx), Some(dw), Some(db)))
         }
+    }
+
+    /// dx (rows, C) and dw, db (C,) f32 of x, dy (rows, C) contiguous and w (C,).
+    fn grads(x: &Tensor, w: &Tensor, dy: &Tensor, eps: f32) -> Result<(Tensor, Tensor, Tensor)> {
+        let dx = x.apply_op3_no_bwd(w, dy, &LayerNormGradX { eps })?;
+        let part = x.apply_op2_no_bwd(dy, &LayerNormGradWb { eps })?; // (blocks, 2, C)
+        let wb = part.sum(0)?; // (2, C)
+        Ok((dx, wb.get(0)?, wb.get(1)?))
     }
 
     /// dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂)), g = dy ⊙ w.
@@ -182,5 +211,22 @@ mod imp {
             LayerNorm { eps: eps as f32 },
         )?;
         Ok(Some(y.reshape(x.shape())?))
+    }
+
+    pub fn layer_norm_bwd(
+        x: &Tensor,
+        w: &Tensor,
+        dy: &Tensor,
+        eps: f64,
+    ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+        let c = x.dim(candle_core::D::Minus1)?;
+        let same = w.dtype() == x.dtype() && dy.dtype() == x.dtype() && dy.dims() == x.dims();
+        if !x.device().is_cuda() || !float_dtype(x) || !same || w.dims() != [c] {
+            return Ok(None);
+        }
+        let x2 = x.contiguous()?.reshape(((), c))?; // (rows, C)
+        let dy2 = dy.contiguous()?.reshape(((), c))?;
+        let (dx, dw, db) = grads(&x2, &w.contiguous()?, &dy2, eps as f32)?;
+        Ok(Some((dx.reshape(x.shape())?, dw, db)))
     }
 }

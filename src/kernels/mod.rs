@@ -28,12 +28,12 @@ mod linear_lt;
 
 pub use adamw::{adamw, sum_squares, AdamStep};
 pub use attn_softmax::{attn_softmax, attn_softmax_bwd};
-pub use bias_act::bias_act;
-pub use cross_entropy::cross_entropy;
+pub use bias_act::{bias_act, bias_act_bwd};
+pub use cross_entropy::{cross_entropy, cross_entropy_bwd};
 pub use decode::{add_layer_norm, argmax, decode_attention, decode_begin, CacheSlot, QkvLayout};
-pub use dropout::{draw_keep, dropout, keep_mask, set_dropout_seed, Keep};
+pub use dropout::{apply_keep, draw_keep, dropout, keep_mask, set_dropout_seed, Keep};
 pub use graph::{capture, param_cache, replays, Graph, ParamCache};
-pub use layer_norm::layer_norm;
+pub use layer_norm::{layer_norm, layer_norm_bwd};
 pub use linear_lt::linear;
 
 /// The fused paths `--fused` switches (each on by default on CUDA).

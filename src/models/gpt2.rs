@@ -123,6 +123,21 @@ impl Config {
         self.n_inner.unwrap_or(4 * self.n_embd)
     }
 
+    /// The attention scores' scale in layer `layer_idx`: 1/√hs (`scale_attn_weights`), divided
+    /// by layer_idx + 1 with `scale_attn_by_inverse_layer_idx`.
+    pub fn attn_scale(&self, layer_idx: usize) -> f64 {
+        let hs = (self.n_embd / self.n_head) as f64;
+        let scale = if self.scale_attn_weights {
+            1. / hs.sqrt()
+        } else {
+            1.
+        };
+        match self.scale_attn_by_inverse_layer_idx {
+            true => scale / (layer_idx + 1) as f64,
+            false => scale,
+        }
+    }
+
     /// Rejects configs this implementation would silently compute wrong.
     pub fn validate(&self) -> Result<()> {
         if !self.n_embd.is_multiple_of(self.n_head) {
@@ -187,15 +202,7 @@ impl Attention {
         let c = cfg.n_embd;
         // HF scales residual projections' init by 1/sqrt(2·n_layer) (GPT-2 paper, 2.3).
         let proj_std = cfg.initializer_range / (2. * cfg.n_layer as f64).sqrt();
-        let hs = (c / cfg.n_head) as f64;
-        let mut scale = if cfg.scale_attn_weights {
-            1. / hs.sqrt()
-        } else {
-            1.
-        };
-        if cfg.scale_attn_by_inverse_layer_idx {
-            scale /= (layer_idx + 1) as f64;
-        }
+        let scale = cfg.attn_scale(layer_idx);
         Ok(Self {
             c_attn: Projection::load(vb.pp("c_attn"), Conv1D, c, 3 * c, cfg.initializer_range)?,
             c_proj: Projection::load(vb.pp("c_proj"), Conv1D, c, c, proj_std)?.row_parallel(tp),

@@ -135,7 +135,8 @@ impl Activation {
         }
     }
 
-    fn kernel(self) -> Act {
+    /// The fused kernels' code for this activation.
+    pub(crate) fn kernel(self) -> Act {
         match self {
             Self::GeluTanh => Act::GeluTanh,
             Self::GeluErf => Act::GeluErf,

@@ -99,6 +99,8 @@ pub struct TrainOptions {
     pub lr_warmup_steps: usize,
     pub eval_batch_size: usize,
     pub dropout: bool,
+    /// The candle engine's gradients (`--backward`); None: the model's default.
+    pub backward: Option<crate::train::Backward>,
     /// Synchronize between forward, backward and update and log each one's time.
     pub phase_times: bool,
     /// Write the trained weights (fp32 masters) as an HF checkpoint here.

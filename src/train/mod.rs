@@ -17,9 +17,10 @@
 //!   micro-batches. ZeRO-1 splits the optimizer state: each rank updates the parameters it
 //!   owns, then every parameter is shared from its owner.
 
+pub mod gpt2_manual;
 pub mod optim;
 pub mod trainer;
 
 pub use crate::record::Hyper;
 pub use optim::{clip_coefficient, global_grad_norm, AdamW, GradScaler, LinearSchedule};
-pub use trainer::{lm_loss, DataParallel, StepOutcome, Trainer};
+pub use trainer::{lm_loss, Backward, DataParallel, StepOutcome, Trainer};

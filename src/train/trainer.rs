@@ -1,9 +1,10 @@
 //! The training step: the model rebuilt from fp32 masters in the compute dtype, the loss,
 //! the backward, gradient all-reduce over data-parallel ranks, and the optimizer update.
 
+use super::gpt2_manual::{params::Gpt2Params, Gpt2Step};
 use super::optim::{clip_coefficient, global_grad_norm, AdamW, GradScaler, LinearSchedule};
 use crate::dist::AllReduce;
-use crate::models::{CausalLm, ModelSpec, WeightSource};
+use crate::models::{Architecture, CausalLm, ModelSpec, WeightSource};
 use crate::record::{Hyper, PhaseMs};
 use candle_core::{DType, Device, Result, Shape, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
@@ -75,12 +76,7 @@ pub fn lm_loss(model: &dyn CausalLm, ids: &Tensor) -> Result<Tensor> {
     let hidden = hidden.narrow(1, 0, t - 1)?.contiguous()?; // (B, T-1, C)
     let c = hidden.dim(2)?;
     let hidden = hidden.reshape((b * (t - 1), c))?;
-    // With the fused loss on CUDA the head is padded to 64 columns: GPT-2's 50257 would put its
-    // three matmuls on cuBLAS's slow unaligned kernels (15 ms of a gpt2 step on an H100,
-    // docs/perf-notes.md). `--fused none` keeps candle's plain path.
-    let pad =
-        ids.device().is_cuda() && crate::kernels::enabled(crate::kernels::Fused::CrossEntropy);
-    let multiple = if pad { 64 } else { 1 };
+    let multiple = crate::models::loss::head_padding(ids.device());
     let (logits, vocab) = model.logits_padded(&hidden, multiple)?; // (B·(T-1), V' ≥ V)
     let targets = ids.narrow(1, 1, t - 1)?.flatten_all()?; // (B·(T-1),)
     crate::models::loss::cross_entropy_rows(&logits, &targets, vocab)?.mean_all()
@@ -228,6 +224,48 @@ impl DataParallel {
     }
 }
 
+/// How a step computes its gradients (`--backward`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backward {
+    /// GPT-2's forward and backward written per block ([`super::gpt2_manual`]); GPT-2 only.
+    Manual,
+    /// candle's autograd through the model's ops (every model).
+    Autograd,
+}
+
+impl Backward {
+    /// The default for `spec`: autograd, for every model until the manual step's GPU tests
+    /// have run (it equals autograd on the CPU; on CUDA it is unmeasured: docs/training.md).
+    pub fn default_for(_spec: &ModelSpec) -> Self {
+        Self::Autograd
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Manual => "manual",
+            Self::Autograd => "autograd",
+        }
+    }
+
+    /// Whether `spec` can train this way: the manual backward is written for GPT-2 only.
+    pub fn check(self, spec: &ModelSpec) -> crate::error::Result<()> {
+        if self == Self::Manual && !matches!(spec.arch, Architecture::Gpt2(_)) {
+            return Err(crate::error::Error::Unsupported(format!(
+                "--backward manual is written for GPT-2; {} ({}) trains with --backward autograd",
+                spec.name,
+                spec.architecture()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What computes a step's gradients: the model's ops under autograd, or GPT-2's manual step.
+enum Graph {
+    Autograd(Box<dyn CausalLm>),
+    Manual(Gpt2Step),
+}
+
 /// Model spec + fp32 master parameters + optimizer state.
 pub struct Trainer {
     spec: ModelSpec,
@@ -239,6 +277,7 @@ pub struct Trainer {
     compute: DType,
     device: Device,
     dropout: bool,
+    backward: Backward,
     scaler: Option<GradScaler>,
     /// Optimizer steps taken (skipped fp16 steps not counted), the schedule's position.
     pub step: usize,
@@ -282,12 +321,25 @@ impl Trainer {
             compute,
             device: device.clone(),
             dropout,
+            backward: Backward::default_for(spec),
             scaler: (compute == DType::F16).then(GradScaler::default),
             step: 0,
             phase_times: false,
             data_parallel: None,
             owners: vec![],
         })
+    }
+
+    /// Picks how gradients are computed; `Manual` is for GPT-2 only.
+    pub fn set_backward(&mut self, backward: Backward) -> crate::error::Result<()> {
+        backward.check(&self.spec)?;
+        self.backward = backward;
+        Ok(())
+    }
+
+    /// How this trainer computes gradients.
+    pub fn backward(&self) -> Backward {
+        self.backward
     }
 
     /// Makes this trainer one rank of a data-parallel group. Every rank must start from the
@@ -372,39 +424,15 @@ impl Trainer {
     /// One optimizer step over `micro_batches` (each (B, T) u32 on the device; gradient
     /// accumulation when more than one).
     pub fn step(&mut self, micro_batches: &[Tensor]) -> crate::error::Result<StepOutcome> {
-        let model = self.model(true)?;
+        let graph = self.graph()?;
         let n = micro_batches.len() as f64;
         let scale = self.scaler.as_ref().map_or(1., |s| s.scale);
-        let mut grads: Vec<Option<Tensor>> = vec![None; self.vars.len()];
-        let mut loss_sum = 0.;
         // A handle of its own: the clock spans the update, which borrows the trainer mutably.
         let device = self.device.clone();
         let mut clock = PhaseClock::new(self.phase_times.then_some(&device))?;
-        for ids in micro_batches {
-            let loss = lm_loss(model.as_ref(), ids)?;
-            clock.lap(|p| &mut p.forward)?;
-            let store = (&loss * (scale / n))?.backward()?;
-            clock.lap(|p| &mut p.backward)?;
-            for (acc, var) in grads.iter_mut().zip(&self.vars) {
-                if let Some(g) = store.get(var.as_tensor()) {
-                    // Detached: a Var's gradient (e.g. xᵀ·grad of a matmul) can still hold the
-                    // step's whole forward graph, which AdamW's moments would then keep alive
-                    // step after step (fp32 and tf32 ran out of memory after a few steps).
-                    let g = g.detach().to_dtype(DType::F32)?;
-                    *acc = Some(match acc.take() {
-                        Some(a) => (a + g)?,
-                        None => g,
-                    });
-                }
-            }
-            loss_sum += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-        }
-        drop(model);
-        let mut grads = grads
-            .into_iter()
-            .zip(&self.vars)
-            .map(|(g, v)| g.map_or_else(|| v.zeros_like(), Ok))
-            .collect::<Result<Vec<_>>>()?;
+        let (mut grads, mut loss_sum) =
+            self.accumulate(&graph, micro_batches, scale / n, &mut clock)?;
+        drop(graph);
         let mut comm_ms = None;
         if let Some(dp) = &self.data_parallel {
             // Mean over ranks of each rank's mean over its micro-batches; the loss rides along.
@@ -441,6 +469,113 @@ impl Trainer {
         })
     }
 
+    /// The mean loss over `micro_batches` and every parameter's gradient of it (fp32, with its
+    /// name, in load order): what a step would clip and apply, without taking the step.
+    pub fn gradients(
+        &self,
+        micro_batches: &[Tensor],
+    ) -> crate::error::Result<(f64, Vec<(String, Tensor)>)> {
+        let graph = self.graph()?;
+        let n = micro_batches.len() as f64;
+        let (grads, loss_sum) =
+            self.accumulate(&graph, micro_batches, 1. / n, &mut PhaseClock::new(None)?)?;
+        let names = self.params.lock().expect("params lock").names.clone();
+        Ok((loss_sum / n, names.into_iter().zip(grads).collect()))
+    }
+
+    /// The step's weights in the compute dtype: the model for autograd, or GPT-2's manual step.
+    fn graph(&self) -> crate::error::Result<Graph> {
+        match (&self.spec.arch, self.backward) {
+            (Architecture::Gpt2(cfg), Backward::Manual) => {
+                let params = self.params.lock().expect("params lock");
+                let weights = Gpt2Params::load(cfg, |name| match params.index.get(name) {
+                    Some(&i) => params.vars[i].as_detached_tensor().to_dtype(self.compute),
+                    None => candle_core::bail!("no parameter '{name}'"),
+                })?;
+                Ok(Graph::Manual(Gpt2Step::new(cfg, weights, self.dropout)?))
+            }
+            _ => Ok(Graph::Autograd(self.model(true)?)),
+        }
+    }
+
+    /// Σ over `micro_batches` of the gradients of loss · `loss_scale`, fp32, one per parameter
+    /// in `self.vars` order (zeros where a parameter got none), and the sum of the losses.
+    fn accumulate(
+        &self,
+        graph: &Graph,
+        micro_batches: &[Tensor],
+        loss_scale: f64,
+        clock: &mut PhaseClock<'_>,
+    ) -> Result<(Vec<Tensor>, f64)> {
+        let mut acc: Vec<Option<Tensor>> = vec![None; self.vars.len()];
+        let mut loss_sum = 0.;
+        for ids in micro_batches {
+            let (loss, grads) = match graph {
+                Graph::Autograd(model) => self.autograd(model.as_ref(), ids, loss_scale, clock)?,
+                Graph::Manual(step) => self.manual(step, ids, loss_scale, clock)?,
+            };
+            for (i, g) in grads {
+                let g = g.to_dtype(DType::F32)?;
+                acc[i] = Some(match acc[i].take() {
+                    Some(a) => (a + g)?,
+                    None => g,
+                });
+            }
+            loss_sum += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        }
+        let grads = acc
+            .into_iter()
+            .zip(&self.vars)
+            .map(|(g, v)| g.map_or_else(|| v.zeros_like(), Ok))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((grads, loss_sum))
+    }
+
+    /// One micro-batch through autograd: its loss and (parameter index, gradient) pairs.
+    fn autograd(
+        &self,
+        model: &dyn CausalLm,
+        ids: &Tensor,
+        loss_scale: f64,
+        clock: &mut PhaseClock<'_>,
+    ) -> Result<(Tensor, Vec<(usize, Tensor)>)> {
+        let loss = lm_loss(model, ids)?;
+        clock.lap(|p| &mut p.forward)?;
+        let store = (&loss * loss_scale)?.backward()?;
+        clock.lap(|p| &mut p.backward)?;
+        // Detached: a Var's gradient (e.g. xᵀ·grad of a matmul) can still hold the step's whole
+        // forward graph, which AdamW's moments would then keep alive step after step (fp32 and
+        // tf32 ran out of memory after a few steps).
+        let grads = self
+            .vars
+            .iter()
+            .enumerate()
+            .filter_map(|(i, var)| store.get(var.as_tensor()).map(|g| (i, g.detach())));
+        Ok((loss, grads.collect()))
+    }
+
+    /// One micro-batch through GPT-2's manual step: its loss and (parameter index, gradient)
+    /// pairs.
+    fn manual(
+        &self,
+        step: &Gpt2Step,
+        ids: &Tensor,
+        loss_scale: f64,
+        clock: &mut PhaseClock<'_>,
+    ) -> Result<(Tensor, Vec<(usize, Tensor)>)> {
+        let (loss, forward) = step.forward(ids)?;
+        clock.lap(|p| &mut p.forward)?;
+        let grads = step.backward(forward, loss_scale)?;
+        clock.lap(|p| &mut p.backward)?;
+        let params = self.params.lock().expect("params lock");
+        let index = |(name, g): (String, Tensor)| match params.index.get(&name) {
+            Some(&i) => Ok((i, g)),
+            None => candle_core::bail!("no parameter '{name}'"),
+        };
+        let grads = grads.into_named().into_iter().map(index);
+        Ok((loss, grads.collect::<Result<Vec<_>>>()?))
+    }
+
     /// Mean loss per block over `batches` (inference mode, no dropout): HF's `eval_loss` for
     /// equal-length blocks.
     pub fn eval_loss(&self, batches: &[Tensor]) -> crate::error::Result<f64> {
@@ -475,6 +610,7 @@ mod tests {
         let dev = Device::Cpu;
         let random = WeightSource::Random { seed: 0 };
         let mut trainer = Trainer::new(&spec, &random, DType::F32, &dev, hyper, false)?;
+        trainer.set_backward(Backward::Autograd)?;
         let ids = Tensor::arange(0u32, 32, &dev)?.reshape((2, 16))?;
         for _ in 0..2 {
             trainer.step(std::slice::from_ref(&ids))?;

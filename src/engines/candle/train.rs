@@ -9,7 +9,7 @@ use crate::models::weights::save_checkpoint;
 use crate::models::{ModelSpec, WeightSource};
 use crate::record::Hyper;
 use crate::trackers::{LatencyTracker, MemoryReading, MemoryTracker};
-use crate::train::{DataParallel, Trainer};
+use crate::train::{Backward, DataParallel, Trainer};
 use candle_core::{DType, Device, Tensor};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -31,6 +31,8 @@ pub struct TrainSetup<'a> {
     pub precision: Precision,
     pub hyper: &'a Hyper,
     pub dropout: bool,
+    /// `--backward`; None: the model's default ([`Backward::default_for`]).
+    pub backward: Option<Backward>,
     pub seed: u64,
     /// This rank's data-parallel group (`--dp`).
     pub dp: Option<DataParallel>,
@@ -51,6 +53,9 @@ impl CandleTrainer {
             setup.hyper.clone(),
             setup.dropout,
         )?;
+        if let Some(backward) = setup.backward {
+            trainer.set_backward(backward)?;
+        }
         if let Some(dp) = setup.dp {
             trainer.set_data_parallel(dp)?;
         }
@@ -78,7 +83,9 @@ impl Engine for CandleTrainer {
     }
 
     fn info(&self) -> BTreeMap<String, String> {
-        engine_info(&self.device)
+        let mut info = engine_info(&self.device);
+        info.insert("backward".into(), self.trainer.backward().as_str().into());
+        info
     }
 
     fn load_seconds(&self) -> f64 {

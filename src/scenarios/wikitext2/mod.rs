@@ -183,6 +183,7 @@ fn start(
         precision: spec.precision,
         hyper: &prep.hyper,
         dropout: opts.dropout,
+        backward: opts.backward,
         seed: spec.seed,
         dp,
     };

@@ -1,0 +1,116 @@
+//! The attention core of the manual step: softmax(q kᵀ·scale + bias) (dropout) v, keeping the
+//! probabilities for the backward instead of recomputing them (the autograd path recomputes:
+//! `models::attention::recomputed_attention`), and its backward as FlashAttention's: five
+//! matmuls and one row-wise pass (`kernels::attn_softmax_bwd` on CUDA).
+//!
+//! Shapes: `B` batch, `T` time, `nh` heads, `hs` head size, `C` = nh·hs; the scores and
+//! probabilities (B, nh, T, T); the bias (B, 1, T, T) f32 (causal mask).
+
+use crate::kernels::{self, Keep};
+use candle_core::{DType, Result, Tensor, D};
+
+/// What the backward reads of the forward.
+pub struct Kept {
+    q: Tensor, // (B, nh, T, hs)
+    k: Tensor,
+    v: Tensor,
+    /// Before dropout: f32 on the composed path, the model dtype from the fused kernel.
+    probs: Tensor,
+    /// After dropout, in the model dtype (the P·V matmul's operand); `probs` without dropout.
+    dropped: Tensor,
+    keep: Option<(Keep, f32)>,
+}
+
+/// The attention of the projection's output qkv (B, T, 3C) = [q | k | v] with `nh` heads:
+/// (y (B·T, C) with the heads merged, what the backward needs). `p_drop` > 0: dropout on the
+/// probabilities with a mask drawn here (the draw the autograd path makes at this point).
+pub fn attention(
+    qkv: &Tensor,
+    nh: usize,
+    bias: &Tensor,
+    scale: f64,
+    p_drop: f32,
+) -> Result<(Tensor, Kept)> {
+    let (b, t, c3) = qkv.dims3()?;
+    let hs = c3 / 3 / nh;
+    let qkv = qkv
+        .reshape((b, t, 3, nh, hs))?
+        .permute((2, 0, 3, 1, 4))? // (3, B, nh, T, hs)
+        .contiguous()?;
+    let (q, k, v) = (qkv.get(0)?, qkv.get(1)?, qkv.get(2)?);
+    let keep = match p_drop > 0. {
+        true => Some((
+            kernels::draw_keep(&(b, nh, t, t).into(), p_drop, q.device())?,
+            p_drop,
+        )),
+        false => None,
+    };
+    let s = q.matmul(&k.t()?)?; // (B, nh, T, T)
+    let (probs, dropped) = softmax(&s, bias, scale, &keep, v.dtype())?;
+    let y = dropped.matmul(&v)?; // (B, nh, T, hs)
+    let y = y.transpose(1, 2)?.reshape((b * t, nh * hs))?; // (B·T, C)
+    let kept = Kept {
+        q,
+        k,
+        v,
+        probs,
+        dropped,
+        keep,
+    };
+    Ok((y, kept))
+}
+
+/// (probabilities, dropped probabilities in `dtype`) of the raw scores s (B, nh, T, T).
+fn softmax(
+    s: &Tensor,
+    bias: &Tensor,
+    scale: f64,
+    keep: &Option<(Keep, f32)>,
+    dtype: DType,
+) -> Result<(Tensor, Tensor)> {
+    let keep_ref = keep.as_ref().map(|(k, p)| (k, *p));
+    if let Some((dropped, Some(probs))) = kernels::attn_softmax(s, bias, scale, keep_ref, true)? {
+        return Ok((probs, dropped));
+    }
+    // The autograd path's composed ops: scale in the model dtype, bias and softmax in f32.
+    let scores = (s * scale)?.to_dtype(DType::F32)?.broadcast_add(bias)?;
+    let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+    let dropped = match keep {
+        Some((k, p)) => kernels::apply_keep(&probs, k, *p)?,
+        None => probs.clone(),
+    };
+    Ok((probs, dropped.to_dtype(dtype)?))
+}
+
+/// dqkv (B·T, 3C) = [dq | dk | dv] of [`attention`] from dy (B·T, C), the gradient of its
+/// merged output.
+pub fn attention_bwd(kept: &Kept, dy: &Tensor, scale: f64) -> Result<Tensor> {
+    let (b, nh, t, hs) = kept.q.dims4()?;
+    let dout = dy.reshape((b, t, nh, hs))?.transpose(1, 2)?.contiguous()?; // (B, nh, T, hs)
+    let dv = kept.dropped.t()?.matmul(&dout)?;
+    let d_dropped = dout.matmul(&kept.v.t()?)?; // (B, nh, T, T)
+    let ds = softmax_bwd(kept, &d_dropped, scale)?; // d/ds of the raw scores
+    let dq = ds.matmul(&kept.k)?;
+    let dk = ds.t()?.matmul(&kept.q)?;
+    Tensor::stack(&[dq, dk, dv], 0)? // (3, B, nh, T, hs)
+        .permute((1, 3, 0, 2, 4))? // (B, T, 3, nh, hs)
+        .reshape((b * t, 3 * nh * hs))
+}
+
+/// ds = scale · P ⊙ (dP − Σ_row P ⊙ dP), dP = d_dropped ⊙ keep / (1 − p), in d_dropped's dtype.
+fn softmax_bwd(kept: &Kept, d_dropped: &Tensor, scale: f64) -> Result<Tensor> {
+    let keep_ref = kept.keep.as_ref().map(|(k, p)| (k, *p));
+    if let Some(ds) = kernels::attn_softmax_bwd(&kept.probs, d_dropped, scale, keep_ref)? {
+        return Ok(ds);
+    }
+    let dp = d_dropped.to_dtype(DType::F32)?;
+    let dp = match &kept.keep {
+        Some((k, p)) => kernels::apply_keep(&dp, k, *p)?,
+        None => dp,
+    };
+    let p = kept.probs.to_dtype(DType::F32)?;
+    let row = (&p * &dp)?.sum_keepdim(D::Minus1)?; // (B, nh, T, 1)
+    let dscores = (&p * dp.broadcast_sub(&row)?)?;
+    // The forward scaled in the model dtype, before the cast to f32.
+    dscores.to_dtype(d_dropped.dtype())? * scale
+}

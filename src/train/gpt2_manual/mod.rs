@@ -1,0 +1,217 @@
+//! GPT-2's training step without candle's autograd (`--backward manual`, issue #21): the
+//! forward written out, keeping the activations its backward reads, and the backward per block
+//! in reverse order, as llm.c does. Each parameter's gradient is produced once (autograd adds
+//! every contribution into a zeros tensor it makes first); the residual stream's gradient is
+//! carried from block to block, each branch's added to it once. candle tensors are the
+//! storage, matmuls candle's (cuBLAS on CUDA); the rest runs the fused kernels where they apply
+//! (`--fused`) and candle's ops otherwise (the CPU, where CI checks the same maths).
+//!
+//! The loss is `train::lm_loss`'s: mean next-token cross-entropy over B·(T−1) positions, the lm
+//! head tied to `wte` (its two gradient contributions summed into one tensor), padded as the
+//! loss pads it ([`head_padding`]). Dropout draws its masks in the autograd path's order
+//! (embeddings; per block: attention probabilities, attention residual, MLP residual), so the
+//! hashed masks (CUDA, `--fused dropout`) are the autograd path's for the same seed.
+//!
+//! Shapes: `B` batch, `T` time, `N` = B·T rows, `M` = B·(T−1) predicted positions, `C`
+//! channels, `V` vocab (`V'` ≥ V with the padded head), `P` n_positions.
+
+mod attention;
+mod block;
+mod ops;
+pub mod params;
+
+use crate::kernels::Keep;
+use crate::models::attention::causal_padding_bias;
+use crate::models::gpt2::Config;
+use crate::models::layers::{Activation, Dropout};
+use crate::models::loss::{cross_entropy_rows, cross_entropy_rows_grad, head_padding};
+use candle_core::{DType, Device, Result, Tensor};
+use params::{Gpt2Params, Norm};
+
+/// The weights of one optimizer step (compute-dtype copies of the masters) and its dropout.
+pub struct Gpt2Step {
+    cfg: Config,
+    w: Gpt2Params,
+    /// The lm head (`wte` when tied) with zero rows to the loss's padding, (V', C).
+    head: Tensor,
+    act: Activation,
+    dropout: Dropout,
+}
+
+/// A forward's activations, which its backward consumes.
+pub struct Forward {
+    ids: Tensor, // (B, T) u32
+    drop_embd: Option<Keep>,
+    ctx: block::Ctx,
+    blocks: Vec<block::Acts>,
+    x_last: Tensor,  // (N, C) ln_f's input
+    hidden: Tensor,  // (M, C) ln_f's output at the predicting positions: the head's input
+    logits: Tensor,  // (M, V')
+    targets: Tensor, // (M,) u32
+}
+
+impl Gpt2Step {
+    /// `weights`: every parameter in the compute dtype; `dropout`: the config's, else none.
+    pub fn new(cfg: &Config, weights: Gpt2Params, dropout: bool) -> Result<Self> {
+        let act = Activation::parse(&cfg.activation_function).map_err(candle_core::Error::wrap)?;
+        let dropout = match dropout {
+            true => Dropout {
+                embd: cfg.embd_pdrop,
+                attn: cfg.attn_pdrop,
+                resid: cfg.resid_pdrop,
+            },
+            false => Dropout::default(),
+        };
+        let head = padded_head(weights.lm_head.as_ref().unwrap_or(&weights.wte))?;
+        Ok(Self {
+            cfg: cfg.clone(),
+            w: weights,
+            head,
+            act,
+            dropout,
+        })
+    }
+
+    /// The mean loss (scalar f32) of `ids` (B, T) u32, and what the backward needs.
+    pub fn forward(&self, ids: &Tensor) -> Result<(Tensor, Forward)> {
+        let (b, t) = ids.dims2()?;
+        if t < 2 || t > self.cfg.n_positions {
+            candle_core::bail!("blocks of 2 to {} tokens, not {t}", self.cfg.n_positions);
+        }
+        let (c, eps) = (self.cfg.n_embd, self.cfg.layer_norm_epsilon);
+        let ctx = self.ctx(b, t, ids.device())?;
+        let tok = self.w.wte.index_select(&ids.flatten_all()?, 0)?; // (N, C)
+        let pos = self.w.wpe.narrow(0, 0, t)?; // (T, C)
+        let x = tok
+            .reshape((b, t, c))?
+            .broadcast_add(&pos)?
+            .reshape((b * t, c))?;
+        let (mut x, drop_embd) = ops::dropout(&x, self.dropout.embd)?;
+        let mut blocks = Vec::with_capacity(self.w.h.len());
+        for (i, p) in self.w.h.iter().enumerate() {
+            let (out, acts) = block::forward(p, x, &ctx, self.cfg.attn_scale(i))?;
+            blocks.push(acts);
+            x = out;
+        }
+        let hf = ops::layer_norm(&x, &self.w.ln_f.weight, &self.w.ln_f.bias, eps)?; // (N, C)
+        let hidden = hf.reshape((b, t, c))?.narrow(1, 0, t - 1)?.contiguous()?; // (B, T-1, C)
+        let hidden = hidden.reshape((b * (t - 1), c))?; // (M, C)
+        let logits = hidden.matmul(&self.head.t()?)?; // (M, V')
+        let targets = ids.narrow(1, 1, t - 1)?.flatten_all()?; // (M,)
+        let loss = cross_entropy_rows(&logits, &targets, self.cfg.vocab_size)?.mean_all()?;
+        let f = Forward {
+            ids: ids.clone(),
+            drop_embd,
+            ctx,
+            blocks,
+            x_last: x,
+            hidden,
+            logits,
+            targets,
+        };
+        Ok((loss, f))
+    }
+
+    /// Every parameter's gradient of `loss_scale` · the forward's loss: the projections' in
+    /// the compute dtype, the LayerNorms' and embeddings' in f32.
+    pub fn backward(&self, f: Forward, loss_scale: f64) -> Result<Gpt2Params> {
+        let (b, t) = f.ids.dims2()?;
+        let (c, m, v) = (self.cfg.n_embd, b * (t - 1), self.cfg.vocab_size);
+        let dev = f.ids.device();
+        // The mean over M rows: each row's loss has gradient loss_scale / M.
+        let g = Tensor::full((loss_scale / m as f64) as f32, m, dev)?;
+        let dlogits = cross_entropy_rows_grad(&f.logits, &f.targets, &g, v)?; // (M, V')
+        drop(f.logits);
+        let dhidden = dlogits.matmul(&self.head)?; // (M, C)
+        let dhead = dlogits.t()?.matmul(&f.hidden)?.narrow(0, 0, v)?; // (V, C)
+        drop(dlogits);
+        // The last position predicts nothing: zero gradient there.
+        let zeros = Tensor::zeros((b, 1, c), dhidden.dtype(), dev)?;
+        let dhf = Tensor::cat(&[&dhidden.reshape((b, t - 1, c))?, &zeros], 1)?;
+        let ln_f = &self.w.ln_f.weight;
+        let eps = self.cfg.layer_norm_epsilon;
+        let (mut dx, dw, db) =
+            ops::layer_norm_bwd(&f.x_last, ln_f, &dhf.reshape((b * t, c))?, eps)?;
+        let ln_f = Norm {
+            weight: dw,
+            bias: db,
+        };
+        let mut h = Vec::with_capacity(f.blocks.len());
+        let layers = self.w.h.iter().zip(f.blocks).enumerate().rev();
+        for (i, (p, acts)) in layers {
+            let (d, grads) = block::backward(p, acts, dx, &f.ctx, self.cfg.attn_scale(i))?;
+            h.push(grads);
+            dx = d;
+        }
+        h.reverse();
+        let (wte, wpe, lm_head) = self.embedding_grads(&f.ids, &dx, &f.drop_embd, dhead)?;
+        Ok(Gpt2Params {
+            wte,
+            wpe,
+            h,
+            ln_f,
+            lm_head,
+        })
+    }
+
+    /// (wte, wpe, lm_head) gradients in f32 from dx (N, C), the gradient of the embeddings'
+    /// sum (before dropout's backward), and the head's gradient `dhead` (V, C).
+    fn embedding_grads(
+        &self,
+        ids: &Tensor,
+        dx: &Tensor,
+        drop_embd: &Option<Keep>,
+        dhead: Tensor,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        let (b, t) = ids.dims2()?;
+        let c = self.cfg.n_embd;
+        let demb = ops::dropout_bwd(dx, drop_embd, self.dropout.embd)?.to_dtype(DType::F32)?;
+        let dpos = demb.reshape((b, t, c))?.sum(0)?; // (T, C)
+        let wpe = match self.cfg.n_positions - t {
+            0 => dpos,
+            unused => {
+                let zeros = Tensor::zeros((unused, c), DType::F32, dx.device())?;
+                Tensor::cat(&[&dpos, &zeros], 0)? // (P, C)
+            }
+        };
+        let ids = ids.flatten_all()?; // (N,)
+        Ok(match self.w.lm_head {
+            // Tied: the head's gradient and the token embeddings' in one tensor.
+            None => (
+                dhead.to_dtype(DType::F32)?.index_add(&ids, &demb, 0)?,
+                wpe,
+                None,
+            ),
+            Some(_) => {
+                let wte = Tensor::zeros(dhead.shape(), DType::F32, dx.device())?;
+                (wte.index_add(&ids, &demb, 0)?, wpe, Some(dhead))
+            }
+        })
+    }
+
+    fn ctx(&self, batch: usize, time: usize, device: &Device) -> Result<block::Ctx> {
+        let mask = Tensor::ones((batch, time), DType::U32, device)?;
+        Ok(block::Ctx {
+            batch,
+            time,
+            n_head: self.cfg.n_head,
+            eps: self.cfg.layer_norm_epsilon,
+            act: self.act,
+            dropout: self.dropout,
+            bias: causal_padding_bias(&mask)?, // (B, 1, T, T)
+        })
+    }
+}
+/// `head` (V, C) with zero rows to the loss's padding on its device ([`head_padding`]), (V', C).
+fn padded_head(head: &Tensor) -> Result<Tensor> {
+    let (v, c) = head.dims2()?;
+    let pad = v.next_multiple_of(head_padding(head.device())) - v;
+    if pad == 0 {
+        return Ok(head.clone());
+    }
+    let zeros = Tensor::zeros((pad, c), head.dtype(), head.device())?;
+    Tensor::cat(&[head, &zeros], 0)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,117 @@
+//! GPT-2's parameters by checkpoint name, as one typed tree: the weights the manual step reads
+//! (compute-dtype copies of the fp32 masters) and the gradients it produces have this shape.
+//!
+//! Shapes: `C` channels (n_embd), `F` the MLP's hidden units (n_inner), `V` vocab, `P`
+//! n_positions. Projections are HF's Conv1D: weight (in, out).
+
+use crate::models::gpt2::Config;
+use candle_core::{Result, Tensor};
+
+/// A LayerNorm's weight and bias, (C,) each.
+pub struct Norm {
+    pub weight: Tensor,
+    pub bias: Tensor,
+}
+
+/// A projection x W + b: weight (in, out) (Conv1D), bias (out,).
+pub struct Linear {
+    pub weight: Tensor,
+    pub bias: Tensor,
+}
+
+/// One block, fields named after the checkpoint's `h.{i}.…` tensors.
+pub struct Block {
+    pub ln_1: Norm,
+    pub c_attn: Linear,    // (C, 3C): [q | k | v]
+    pub attn_proj: Linear, // attn.c_proj (C, C)
+    pub ln_2: Norm,
+    pub c_fc: Linear,     // (C, F)
+    pub mlp_proj: Linear, // mlp.c_proj (F, C)
+}
+
+/// Every parameter of `GPT2LMHeadModel`.
+pub struct Gpt2Params {
+    pub wte: Tensor, // (V, C)
+    pub wpe: Tensor, // (P, C)
+    pub h: Vec<Block>,
+    pub ln_f: Norm,
+    /// (V, C) when the head is not tied to `wte`.
+    pub lm_head: Option<Tensor>,
+}
+
+impl Gpt2Params {
+    /// Each tensor from `get(name)`, with the checkpoint's names (`wte.weight`,
+    /// `h.0.attn.c_attn.weight`, …, no `transformer.` prefix).
+    pub fn load(cfg: &Config, mut get: impl FnMut(&str) -> Result<Tensor>) -> Result<Self> {
+        // (weight, bias) of the tensor pair `p`.
+        let mut pair = |p: &str| -> Result<(Tensor, Tensor)> {
+            Ok((get(&format!("{p}.weight"))?, get(&format!("{p}.bias"))?))
+        };
+        let mut h = Vec::with_capacity(cfg.n_layer);
+        for i in 0..cfg.n_layer {
+            h.push(Block {
+                ln_1: norm(pair(&format!("h.{i}.ln_1"))?),
+                c_attn: linear(pair(&format!("h.{i}.attn.c_attn"))?),
+                attn_proj: linear(pair(&format!("h.{i}.attn.c_proj"))?),
+                ln_2: norm(pair(&format!("h.{i}.ln_2"))?),
+                c_fc: linear(pair(&format!("h.{i}.mlp.c_fc"))?),
+                mlp_proj: linear(pair(&format!("h.{i}.mlp.c_proj"))?),
+            });
+        }
+        let ln_f = norm(pair("ln_f")?);
+        let wte = get("wte.weight")?;
+        let wpe = get("wpe.weight")?;
+        let lm_head = match cfg.tie_word_embeddings {
+            true => None,
+            false => Some(get("lm_head.weight")?),
+        };
+        Ok(Self {
+            wte,
+            wpe,
+            h,
+            ln_f,
+            lm_head,
+        })
+    }
+
+    /// (checkpoint name, tensor) of every parameter, the names of [`Gpt2Params::load`].
+    pub fn into_named(self) -> Vec<(String, Tensor)> {
+        let mut out = vec![
+            ("wte.weight".to_string(), self.wte),
+            ("wpe.weight".to_string(), self.wpe),
+        ];
+        let mut push = |name: String, w: Tensor, b: Tensor| {
+            out.push((format!("{name}.weight"), w));
+            out.push((format!("{name}.bias"), b));
+        };
+        for (i, b) in self.h.into_iter().enumerate() {
+            push(format!("h.{i}.ln_1"), b.ln_1.weight, b.ln_1.bias);
+            push(format!("h.{i}.attn.c_attn"), b.c_attn.weight, b.c_attn.bias);
+            push(
+                format!("h.{i}.attn.c_proj"),
+                b.attn_proj.weight,
+                b.attn_proj.bias,
+            );
+            push(format!("h.{i}.ln_2"), b.ln_2.weight, b.ln_2.bias);
+            push(format!("h.{i}.mlp.c_fc"), b.c_fc.weight, b.c_fc.bias);
+            push(
+                format!("h.{i}.mlp.c_proj"),
+                b.mlp_proj.weight,
+                b.mlp_proj.bias,
+            );
+        }
+        push("ln_f".into(), self.ln_f.weight, self.ln_f.bias);
+        if let Some(head) = self.lm_head {
+            out.push(("lm_head.weight".into(), head));
+        }
+        out
+    }
+}
+
+fn norm((weight, bias): (Tensor, Tensor)) -> Norm {
+    Norm { weight, bias }
+}
+
+fn linear((weight, bias): (Tensor, Tensor)) -> Linear {
+    Linear { weight, bias }
+}
