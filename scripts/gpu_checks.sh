@@ -64,7 +64,8 @@
 #                  `--hf-compile` (padded to multiples of 64, every bucket compiled in the
 #                  warm-up). Logs -> hf-best-logs.tgz, console -> hf-best.txt, and with
 #                  .gpu/extract-metrics.gz the CSV and ratio table -> hf_best.csv, hf_best_ratio.md
-#                  (about 4 minutes on an H100)
+#                  (estimated 3-5 minutes on an H100, most of it HF's import, load and
+#                  compilation; not run yet: BEST_MODELS=gpt2 drops the bloom-560m runs)
 # Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.gz, lambada_test.jsonl;
 # for hf-best's CSV also extract-metrics.gz (a CPU build: cargo build --release --bin extract-metrics).
 set -uo pipefail

@@ -192,6 +192,9 @@ class Worker:
                 timings[attn] += run[probe["op"]](probe, compiled=False)["latency_ms"]
         best = min(timings, key=timings.get)
         self.model.set_attn_implementation(best)
+        if self.device.type == "cuda":  # the run's memory figures are its own, not the probe's
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
         reply(ok=True, attn=best, timings_ms=timings)
 
     def score(self, req):
