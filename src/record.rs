@@ -258,6 +258,10 @@ pub struct Header {
     /// Training suites only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train: Option<Box<TrainInfo>>,
+    /// `--pad-multiple`: batches (scoring) and prompts (generation) padded to a multiple of
+    /// this many positions; None for training and in older logs (which padded to the longest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad_multiple: Option<usize>,
     /// Tensor-parallel runs only (`--tp N`, N > 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tp: Option<TpInfo>,
@@ -286,6 +290,23 @@ impl Header {
     }
 }
 
+/// The configuration an HF run ran, from its `engine_info`, as the console's candle / HF
+/// tables name it: `attn=sdpa (best of eager 4.00 ms, sdpa 3.00 ms (2 probe batches)),
+/// compile off`.
+pub fn describe_hf_config(info: &std::collections::BTreeMap<String, String>) -> String {
+    let attn = info.get("attn").map_or("?", String::as_str);
+    let by = match (info.get("attn_chosen_by"), info.get("attn_requested")) {
+        (Some(by), _) => format!(" ({by})"),
+        (None, Some(asked)) if asked != attn => format!(" (--hf-attn {asked})"),
+        _ => String::new(),
+    };
+    let compile = match info.get("compile").map(String::as_str) {
+        Some("true") => "on",
+        _ => "off",
+    };
+    format!("attn={attn}{by}, compile {compile}")
+}
+
 /// How a generation run generates: greedy, exactly `new_tokens` per prompt (no stop at EOS, so
 /// the work is fixed), prompts left-padded to the longest of their batch.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -311,8 +332,12 @@ pub struct GenerationInfo {
 pub struct GenBatchRecord {
     pub batch: usize,
     pub n_samples: usize,
-    /// Longest prompt of the batch (all are left-padded to it).
+    /// Longest prompt of the batch.
     pub prompt_len: usize,
+    /// Length every prompt was left-padded to: `prompt_len` rounded up to `--pad-multiple`
+    /// (None in older logs, which padded to `prompt_len`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub padded_len: Option<usize>,
     /// Real prompt tokens of the batch.
     pub n_prompt_tokens: usize,
     pub new_tokens: usize,
@@ -597,4 +622,46 @@ pub struct SweepRepeats {
     pub samples_per_second: Option<Spread>,
     pub tokens_per_second: Option<Spread>,
     pub latency_ms_p50: Option<Spread>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe_hf_config;
+    use std::collections::BTreeMap;
+
+    fn info(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn an_hf_configuration_names_attention_how_it_was_chosen_and_compile() {
+        let best = info(&[
+            ("attn", "eager"),
+            ("attn_requested", "best"),
+            (
+                "attn_chosen_by",
+                "best of eager 1.00 ms, sdpa 2.00 ms (3 probe batches)",
+            ),
+            ("compile", "true"),
+        ]);
+        assert_eq!(
+            describe_hf_config(&best),
+            "attn=eager (best of eager 1.00 ms, sdpa 2.00 ms (3 probe batches)), compile on"
+        );
+        let auto = info(&[
+            ("attn", "sdpa"),
+            ("attn_requested", "auto"),
+            ("compile", "false"),
+        ]);
+        assert_eq!(
+            describe_hf_config(&auto),
+            "attn=sdpa (--hf-attn auto), compile off"
+        );
+        // Logs from before --hf-attn best name the attention only.
+        let old = info(&[("attn", "sdpa"), ("compile", "false")]);
+        assert_eq!(describe_hf_config(&old), "attn=sdpa, compile off");
+    }
 }

@@ -23,18 +23,22 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// The error of a failed run: stderr's last line, and its only error line. Lines before it
+/// say what the run was doing when it failed (loading weights, starting the HF worker).
+fn error_line(err: &str) -> String {
+    let lines: Vec<&str> = err.trim_end().lines().collect();
+    let last = lines.last().copied().unwrap_or_default();
+    assert!(last.starts_with("Error: "), "error not printed last: {err}");
+    let errors = lines.iter().filter(|l| l.contains("Error")).count();
+    assert_eq!(errors, 1, "error not printed once, on one line: {err}");
+    last.to_string()
+}
+
 /// Runs bench expecting failure; returns its (one-line) error.
 fn error_of(args: &[&str]) -> String {
     let o = bench(args);
     assert!(!o.status.success(), "bench {args:?} should fail");
-    let err = stderr(&o);
-    assert!(err.starts_with("Error: "), "error not printed once: {err}");
-    assert_eq!(
-        err.trim_end().lines().count(),
-        1,
-        "error is not one line: {err}"
-    );
-    err
+    error_line(&stderr(&o))
 }
 
 fn log_path_from(stdout: &str) -> PathBuf {
@@ -417,6 +421,25 @@ fn engine_both_writes_two_logs_and_compares_them() {
         hh.engine_info.get("torch").map(String::as_str),
         Some("fake")
     );
+    // --hf-attn best (the default): the stand-in's sdpa is faster on the probe batches; the
+    // header and the table name the choice and both timings.
+    let info = |k: &str| hh.engine_info.get(k).cloned().unwrap_or_default();
+    assert_eq!(
+        (info("attn"), info("attn_requested")),
+        ("sdpa".into(), "best".into())
+    );
+    assert!(
+        info("attn_chosen_by").starts_with("best of eager "),
+        "{:?}",
+        hh.engine_info
+    );
+    assert!(
+        stdout.contains(&format!(
+            "hf ran attn=sdpa ({}), compile off",
+            info("attn_chosen_by")
+        )),
+        "{stdout}"
+    );
     assert_eq!(ch.data.sha256, hh.data.sha256);
     // Same passages, same tokens: the stand-in's ll is -1 per target token, so the HF
     // perplexity is exp(mean target length) over the candle log's own token counts.
@@ -473,7 +496,7 @@ fn worker_crash_keeps_finished_records_and_shows_its_stderr() {
         err.contains("HF worker died") && err.contains("CUDA out of memory (fake)"),
         "{err}"
     );
-    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    error_line(&err);
     let log = std::fs::read_dir(dir.path())
         .unwrap()
         .next()
@@ -558,7 +581,7 @@ fn missing_torch_or_python_is_one_clear_line() {
             && err.contains("pip install torch transformers"),
         "{err}"
     );
-    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    error_line(&err);
     let e = error_of(&[
         "--engine",
         "hf",
@@ -834,4 +857,89 @@ fn bad_sweep_and_training_inputs_are_one_line_errors() {
         "autograd",
     ]);
     assert!(e.contains("--backward picks how the candle engine"), "{e}");
+}
+
+#[test]
+fn hf_attn_best_takes_the_only_attention_and_a_given_one_is_not_timed() {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = fake_worker();
+    let model = fixture("gpt2-fixture");
+    let header_of = |extra: &[&str], env: &[(&str, &str)]| {
+        let args = [
+            &[
+                "--engine",
+                "hf",
+                "--hf-worker",
+                &worker,
+                "--model-dir",
+                model.to_str().unwrap(),
+                "--log-dir",
+                dir.path().to_str().unwrap(),
+                "--limit",
+                "8",
+            ][..],
+            extra,
+        ]
+        .concat();
+        let o = bench_env(&args, env);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let log = log_paths(&String::from_utf8(o.stdout).unwrap())
+            .pop()
+            .unwrap();
+        let Record::Header(h) = read_log(&log).unwrap().remove(0) else {
+            panic!("header")
+        };
+        h.engine_info
+    };
+    // A model with eager only (BLOOM in transformers 5.x): best says so; generation probes too.
+    let only = header_of(&["--mode", "generate"], &[("FAKE_EAGER_ONLY", "1")]);
+    assert_eq!(only["attn"], "eager");
+    assert_eq!(
+        only["attn_chosen_by"],
+        "best: FakeForCausalLM in transformers fake supports eager only (1 probe batch)"
+    );
+    let given = header_of(&["--hf-attn", "eager"], &[]);
+    assert_eq!(
+        (given["attn"].as_str(), given["attn_requested"].as_str()),
+        ("eager", "eager")
+    );
+    assert!(!given.contains_key("attn_chosen_by"), "{given:?}");
+}
+
+#[test]
+fn a_run_says_what_it_loads_on_stderr_before_its_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let merged = dir.path().join("out.txt");
+    let file = std::fs::File::create(&merged).unwrap();
+    let status = Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args(["--limit", "16", "--log-dir", dir.path().to_str().unwrap()])
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .status()
+        .unwrap();
+    let out = std::fs::read_to_string(&merged).unwrap();
+    assert!(status.success(), "{out}");
+    let at = |needle: &str| {
+        out.find(needle)
+            .unwrap_or_else(|| panic!("no {needle:?}: {out}"))
+    };
+    assert!(at("loading weights: gpt2-tiny (random (seed 0)) in fp32") < at("loaded weights: "));
+    assert!(at("loaded weights: ") < at("  passages"), "{out}");
+    // stdout alone keeps only the results: tests and scripts parse it.
+    let o = bench(&["--limit", "16", "--log-dir", dir.path().to_str().unwrap()]);
+    let stdout = String::from_utf8(o.stdout.clone()).unwrap();
+    assert!(
+        !stdout.contains("loading weights") && stdout.contains("  passages"),
+        "{stdout}"
+    );
+    assert!(stderr(&o).contains("loading weights"), "{}", stderr(&o));
+    // --no-progress: neither bars nor status lines.
+    let o = bench(&[
+        "--limit",
+        "16",
+        "--no-progress",
+        "--log-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(!stderr(&o).contains("loading weights"), "{}", stderr(&o));
 }

@@ -5,7 +5,7 @@ use super::plan::{check_parallel, parallel, plan, resolve_config, Parallel, Plan
 use super::{DistCheckArgs, EnvArgs, RunArgs, VerifyArgs};
 use crate::env::EnvReport;
 use crate::error::{Error, Result};
-use crate::launch::ranks::run_ranks;
+use crate::launch::ranks::{run_ranks, Meeting};
 use crate::launch::sweep::{run_sweep, ChildTask, SweepOptions};
 use crate::log::RunOutcome;
 use crate::record::Summary;
@@ -102,8 +102,11 @@ fn run_parallel(
             },
         })
     };
-    let device = spec_device;
-    run_ranks(par.size(), par.flag(), device, timeout, Box::new(run))
+    let meeting = Meeting {
+        timeout,
+        progress: !args.no_progress,
+    };
+    run_ranks(par.size(), par.flag(), spec_device, meeting, Box::new(run))
 }
 
 /// `--acc-threshold X`: every engine's accuracy at least X (FasterTransformer's CI gate);
@@ -262,7 +265,7 @@ pub fn run_dist_check(a: DistCheckArgs) -> Result<()> {
     let timeout = Duration::from_secs(a.rdzv_timeout);
     // The id rank 0 hands out: random bytes here (NCCL's unique id in a parallel run).
     let make_id = || Ok((0..128).map(|_| rand::random::<u8>()).collect());
-    let rdzv = Rendezvous::join(&world, me, make_id, timeout)?;
+    let rdzv = Rendezvous::join(&world, me, make_id, timeout, true)?;
     let digest = crate::data::sha256_hex(&rdzv.id);
     println!(
         "rank {}/{} ({:?}): id sha256 {} from rank 0, ranks {:?}",

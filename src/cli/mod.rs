@@ -300,17 +300,28 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub python: Option<PathBuf>,
 
-    /// HF engine attention: auto = sdpa where the model supports it (not BLOOM in
-    /// transformers 5.x), else eager.
-    #[arg(long, value_enum, default_value_t = HfAttn::Auto)]
+    /// HF engine attention. best: before the warm-up, time eager and sdpa on the run's first
+    /// batches (the first of each of its first 3 padded lengths, once warm, then timed) and keep
+    /// the faster, named with both timings in the log header and the candle/HF table (eager
+    /// where the model has no sdpa: BLOOM in transformers 5.x; training takes auto's choice).
+    /// auto: sdpa where the model supports it, else eager.
+    #[arg(long, value_enum, default_value_t = HfAttn::Best)]
     pub hf_attn: HfAttn,
 
     /// HF engine: torch.compile the model. Scoring: dynamic shapes; training: as HF Trainer's
     /// torch_compile=True, compiled in the first step. Compile time falls in the warm-up
     /// (training: reported as warm-up seconds, never timed); the log records compile=true and
-    /// reports name the engine hf-compile.
+    /// reports name the engine hf-compile. Makes --pad-multiple default to 64, so that scoring
+    /// compiles once per bucket of 64 positions.
     #[arg(long)]
     pub hf_compile: bool,
+
+    /// Pad every LAMBADA batch and every batch of generation prompts (both engines) to a
+    /// multiple of N positions: a compiled engine then meets a few shapes instead of one per
+    /// padded length. Padding is masked, so scores and generated ids do not change [default:
+    /// 1 (each batch to its longest row); 64 with --hf-compile].
+    #[arg(long, value_name = "N")]
+    pub pad_multiple: Option<usize>,
 
     /// candle engine on CUDA: the fused paths to use (comma list). all; none (candle's own
     /// ops, for comparison); lt (inference projections as one cuBLASLt matmul with bias and

@@ -360,7 +360,7 @@ fn names_engine(args: &RunArgs, suite: &SuiteFile, kinds: &[EngineKind]) -> bool
 /// without llm.c, `--save-weights` without random weights, `--limit 0`.
 fn check_flags(args: &RunArgs, suite: &SuiteFile, weights: &WeightSource) -> Result<()> {
     let uses_hf = names_engine(args, suite, &[EngineKind::Hf, EngineKind::Both]);
-    if !uses_hf && (args.hf_compile || args.hf_attn != HfAttn::Auto || args.python.is_some()) {
+    if !uses_hf && (args.hf_compile || args.hf_attn != HfAttn::Best || args.python.is_some()) {
         return Err(Error::Config(
             "--python, --hf-attn and --hf-compile are for --engine hf or both".into(),
         ));
@@ -377,6 +377,23 @@ fn check_flags(args: &RunArgs, suite: &SuiteFile, weights: &WeightSource) -> Res
         return Err(Error::Config("--limit must be at least 1".into()));
     }
     Ok(())
+}
+
+/// `--pad-multiple`: given, else 64 with `--hf-compile` (one compilation per bucket of 64
+/// positions, in the warm-up) and 1 without. Training blocks all have one length.
+fn pad_multiple(args: &RunArgs, suite: &SuiteFile) -> Result<usize> {
+    match args.pad_multiple {
+        Some(0) => Err(Error::Config(
+            "--pad-multiple must be at least 1 (1 pads each batch to its longest row)".into(),
+        )),
+        Some(_) if suite.train.is_some() => Err(Error::Config(format!(
+            "--pad-multiple is for LAMBADA and generation: --suite {}'s blocks all have one length",
+            suite.name
+        ))),
+        Some(n) => Ok(n),
+        None if args.hf_compile => Ok(64),
+        None => Ok(1),
+    }
 }
 
 /// The workload of `suite`: training options for a training suite (and a refusal of training
@@ -518,6 +535,7 @@ pub fn resolve_config(
         batch_size: config.batch_size,
         limit: args.limit,
         seq_len: config.seq_len,
+        pad_multiple: pad_multiple(args, suite)?,
         repeat,
         data,
         log_dir: args.log_dir.clone(),

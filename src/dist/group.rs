@@ -35,9 +35,14 @@ pub struct GroupRank {
 }
 
 impl GroupRank {
-    /// Opens this rank's device (`cuda:LOCAL_RANK` for a CUDA run), meets the other ranks and
-    /// joins the all-reduce group.
-    pub fn join(world: World, device: DeviceSpec, timeout: Duration) -> Result<Self> {
+    /// Opens this rank's device (`cuda:LOCAL_RANK` for a CUDA run), meets the other ranks
+    /// (rank 0 showing the count with `progress`) and joins the all-reduce group.
+    pub fn join(
+        world: World,
+        device: DeviceSpec,
+        timeout: Duration,
+        progress: bool,
+    ) -> Result<Self> {
         let device_spec = match device {
             DeviceSpec::Cpu => DeviceSpec::Cpu,
             // `--device cuda`: the CLI refuses cuda:N with N > 0 before any rank starts.
@@ -70,7 +75,7 @@ impl GroupRank {
                 _ => nccl_id(),
             }
         };
-        let rendezvous = Rendezvous::join(&world, me, make_id, timeout)?;
+        let rendezvous = Rendezvous::join(&world, me, make_id, timeout, progress)?;
         let reduce: Arc<dyn AllReduce> = match &dev {
             Device::Cpu if world.rank == 0 => {
                 let l = listener.take().expect("rank 0 made the id");

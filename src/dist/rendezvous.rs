@@ -8,6 +8,8 @@
 
 use super::world::World;
 use crate::error::{Error, Result};
+use crate::progress::Status;
+use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -77,15 +79,17 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 
 impl Rendezvous {
     /// Meets the other ranks of `world` within `timeout`. On rank 0 `make_id` makes the id
-    /// every rank receives; elsewhere it is not called.
+    /// every rank receives; elsewhere it is not called. With `progress`, rank 0 shows how many
+    /// ranks have joined (the others show nothing: they share its stderr).
     pub fn join(
         world: &World,
         me: Peer,
         make_id: impl FnOnce() -> Result<Vec<u8>>,
         timeout: Duration,
+        progress: bool,
     ) -> Result<Self> {
         if world.rank == 0 {
-            Self::serve(world, me, make_id, timeout)
+            Self::serve(world, me, make_id, timeout, progress)
         } else {
             Self::connect(world, me, timeout)
         }
@@ -96,6 +100,7 @@ impl Rendezvous {
         me: Peer,
         make_id: impl FnOnce() -> Result<Vec<u8>>,
         timeout: Duration,
+        progress: bool,
     ) -> Result<Self> {
         let deadline = Instant::now() + timeout;
         let listener = TcpListener::bind(world.master).map_err(|e| {
@@ -104,7 +109,10 @@ impl Rendezvous {
                 world.master
             ))
         })?;
-        let mut clients = accept_ranks(world, &listener, deadline, timeout)?;
+        let status = Status::spinner(progress, waiting(1, world.size, timeout));
+        let mut clients = accept_ranks(world, &listener, (deadline, timeout), status.bar())?;
+        let secs = status.elapsed().as_secs_f64();
+        status.done(format!("all {} ranks joined in {secs:.1} s", world.size));
         let id = make_id()?;
         let mut peers: Vec<Peer> = clients.iter().map(|(p, _)| p.clone()).collect();
         peers.push(me);
@@ -221,12 +229,21 @@ impl Rendezvous {
     }
 }
 
-/// Rank 0 accepts every other rank of `world` (each says hello first) until `deadline`.
+/// `waiting for ranks: 1/4 joined (timeout 120 s)`.
+fn waiting(joined: usize, size: usize, timeout: Duration) -> String {
+    format!(
+        "waiting for ranks: {joined}/{size} joined (timeout {} s)",
+        timeout.as_secs()
+    )
+}
+
+/// Rank 0 accepts every other rank of `world` (each says hello first) until `deadline`
+/// (`timeout` after the start), counting them on `bar`.
 fn accept_ranks(
     world: &World,
     listener: &TcpListener,
-    deadline: Instant,
-    timeout: Duration,
+    (deadline, timeout): (Instant, Duration),
+    bar: &ProgressBar,
 ) -> Result<Vec<(Peer, TcpStream)>> {
     listener.set_nonblocking(true)?;
     let mut clients: Vec<(Peer, TcpStream)> = vec![];
@@ -235,6 +252,7 @@ fn accept_ranks(
             Ok((stream, _)) => {
                 let peer = read_hello(world, &stream, deadline, &clients)?;
                 clients.push((peer, stream));
+                bar.set_message(waiting(clients.len() + 1, world.size, timeout));
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {

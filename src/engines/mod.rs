@@ -94,7 +94,15 @@ pub struct BatchOutput {
 pub trait Score: Engine {
     /// Longest input the model takes.
     fn max_positions(&self) -> usize;
-    fn score(&mut self, batch: &[Request]) -> Result<BatchOutput>;
+    /// Scores `batch`, every row right-padded to `padded_len` positions (at least its longest
+    /// input; the scenario decides, so that every engine pads alike).
+    fn score(&mut self, batch: &[Request], padded_len: usize) -> Result<BatchOutput>;
+    /// Before the warm-up, an engine with settings to choose between (HF's `--hf-attn best`)
+    /// times each on `probe` (batches with their padded lengths) and keeps the fastest, saying
+    /// so in [`Engine::info`]; the others have nothing to choose.
+    fn choose_config(&mut self, _probe: &[(&[Request], usize)]) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// One optimizer step as an engine measured it.
@@ -119,8 +127,10 @@ pub trait Train: Engine {
 
 /// A batch of prompts to continue greedily by exactly `new_tokens` tokens each.
 pub struct GenerateRequest<'a> {
-    /// Token ids of each prompt (the engine left-pads them to the longest).
+    /// Token ids of each prompt, left-padded by the engine to `padded_len`.
     pub prompts: &'a [Vec<u32>],
+    /// Positions every prompt is left-padded to (at least the longest prompt).
+    pub padded_len: usize,
     pub new_tokens: usize,
     /// The id padding takes (GPT-2: its EOS, as HF's examples set `pad_token_id`).
     pub pad_id: u32,
@@ -148,6 +158,10 @@ pub trait Generate: Engine {
     /// `timed_steps`: synchronize after each token to time it (time to first token,
     /// inter-token latency); off, only the whole call is timed.
     fn generate(&mut self, req: &GenerateRequest, timed_steps: bool) -> Result<Generated>;
+    /// As [`Score::choose_config`], on generation calls.
+    fn choose_config(&mut self, _probe: &[GenerateRequest]) -> Result<()> {
+        Ok(())
+    }
     /// Bytes of the KV cache the last call used (None where the engine does not say).
     fn kv_cache_bytes(&self) -> Option<u64> {
         None

@@ -6,6 +6,7 @@ use crate::device::DeviceSpec;
 use crate::error::{Error, Result};
 use crate::models::weights::save_checkpoint;
 use crate::models::{ModelSpec, Recorder, WeightSource};
+use crate::progress::{rate, Status};
 use candle_core::DType;
 use std::path::{Path, PathBuf};
 
@@ -35,6 +36,7 @@ pub fn hf_checkpoint(
     weights: &WeightSource,
     save_to: Option<&Path>,
     device: DeviceSpec,
+    progress: bool,
 ) -> Result<PathBuf> {
     let seed = match weights {
         WeightSource::Dir(d) => return Ok(d.clone()),
@@ -46,7 +48,7 @@ pub fn hf_checkpoint(
     if dir.join("config.json").is_file() && dir.join("model.safetensors").is_file() {
         return Ok(dir);
     }
-    write_random(model, weights, &dir, device)?;
+    write_random(model, weights, &dir, device, progress)?;
     eprintln!(
         "wrote random weights (seed {seed}) for the HF engine to {}",
         dir.display()
@@ -62,12 +64,23 @@ fn write_random(
     weights: &WeightSource,
     dir: &Path,
     device: DeviceSpec,
+    progress: bool,
 ) -> Result<()> {
     let dtype = DType::F32;
     let tmp = dir.with_extension(format!("partial-{}", std::process::id()));
     let record = Recorder::default();
-    let loaded = model.load_recording(weights, dtype, &device.open()?, Some(record.clone()))?;
+    let total = weights.payload_bytes(model.n_parameters(), dtype)?;
+    let msg = format!(
+        "making {} weights of {} (fp32) for the HF engine",
+        weights.describe(),
+        model.name
+    );
+    let status = Status::bytes(progress, Some(total), msg);
+    let device = device.open()?;
+    let loaded = model.load_watched(weights, dtype, &device, Some(record.clone()), status.bar())?;
     drop(loaded);
+    let made = rate(status.bar().position(), status.elapsed());
+    status.done(format!("made the weights: {made}; writing them"));
     let tensors = std::mem::take(&mut *record.lock().expect("recorder lock"));
     save_checkpoint(&tmp, &model.hf_config(dtype), tensors)?;
     if dir.exists() {

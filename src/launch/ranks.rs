@@ -13,15 +13,22 @@ use std::time::Duration;
 /// How to run one rank: with its group's context, to an exit code.
 pub type RankRun<'a> = Box<dyn FnOnce(RankContext) -> Result<ExitCode> + 'a>;
 
+/// How the ranks meet: within `timeout`, rank 0 showing who has joined with `progress`.
+pub struct Meeting {
+    pub timeout: Duration,
+    pub progress: bool,
+}
+
 /// Runs this process as one of `n` ranks (`flag` names the mode in errors), or, without
 /// launcher variables, starts `n` ranks of this command and waits for them.
 pub fn run_ranks(
     n: usize,
     flag: &str,
     device: DeviceSpec,
-    rdzv_timeout: Duration,
+    meeting: Meeting,
     run: RankRun,
 ) -> Result<ExitCode> {
+    let Meeting { timeout, progress } = meeting;
     let Some(world) = World::from_env()? else {
         let child_args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
         spawn_ranks(n, &child_args)?;
@@ -33,8 +40,8 @@ pub fn run_ranks(
             world.size
         )));
     }
-    let rank = GroupRank::join(world, device, rdzv_timeout)?;
+    let rank = GroupRank::join(world, device, timeout, progress)?;
     let code = run(rank.ctx.clone())?;
-    rank.finish(rdzv_timeout)?;
+    rank.finish(timeout)?;
     Ok(code)
 }

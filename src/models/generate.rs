@@ -46,6 +46,16 @@ impl Prompts {
 /// `padding_side="left"`): row b is `[pad; T - len_b] ++ prompt_b`, its mask `[0; T - len_b] ++
 /// [1; len_b]`.
 pub fn left_pad(prompts: &[Vec<u32>], pad_id: u32, device: &Device) -> Result<Prompts> {
+    left_pad_to(prompts, pad_id, 0, device)
+}
+
+/// [`left_pad`] to T = max(`padded_len`, the longest prompt) positions (`--pad-multiple`).
+pub fn left_pad_to(
+    prompts: &[Vec<u32>],
+    pad_id: u32,
+    padded_len: usize,
+    device: &Device,
+) -> Result<Prompts> {
     if prompts.is_empty() {
         return Err(Error::Config(
             "no prompts to generate from: pass at least one".into(),
@@ -57,7 +67,7 @@ pub fn left_pad(prompts: &[Vec<u32>], pad_id: u32, device: &Device) -> Result<Pr
         )));
     }
     let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
-    let t = lens.iter().copied().max().unwrap_or(0);
+    let t = lens.iter().copied().max().unwrap_or(0).max(padded_len);
     let (mut ids, mut mask) = (Vec::with_capacity(t * lens.len()), Vec::new());
     for p in prompts {
         let pad = t - p.len();
@@ -325,6 +335,16 @@ mod tests {
         assert_eq!(p.ids.to_vec2::<u32>()?, [[5, 6, 7], [0, 0, 8]]);
         assert_eq!(p.mask.to_vec2::<u32>()?, [[1, 1, 1], [0, 0, 1]]);
         assert_eq!((p.batch(), p.len()), (2, 3));
+        Ok(())
+    }
+
+    #[test]
+    fn left_pad_to_pads_past_the_longest_prompt() -> Result<()> {
+        let p = left_pad_to(&[vec![5, 6, 7], vec![8]], 0, 5, &Device::Cpu)?;
+        assert_eq!(p.ids.to_vec2::<u32>()?, [[0, 0, 5, 6, 7], [0, 0, 0, 0, 8]]);
+        assert_eq!(p.mask.to_vec2::<u32>()?, [[0, 0, 1, 1, 1], [0, 0, 0, 0, 1]]);
+        // Shorter than the longest prompt: the longest wins.
+        assert_eq!(left_pad_to(&[vec![5, 6, 7]], 0, 2, &Device::Cpu)?.len(), 3);
         Ok(())
     }
 

@@ -19,6 +19,7 @@ use crate::dist::Tp;
 use crate::error::{Error, Result};
 pub use cache::KvCache;
 use candle_core::{DType, Device, Tensor};
+use indicatif::ProgressBar;
 use serde::Serialize;
 use std::path::Path;
 use std::sync::Arc;
@@ -241,7 +242,21 @@ impl ModelSpec {
         device: &Device,
         record: Option<weights::Recorder>,
     ) -> Result<Box<dyn CausalLm>> {
-        self.load_backend(source.backend(self.prefixes(), record)?, dtype, device)
+        self.load_watched(source, dtype, device, record, &ProgressBar::hidden())
+    }
+
+    /// [`ModelSpec::load_recording`], counting on `progress` the bytes of every tensor loaded
+    /// (what the checkpoint stores of it, or what random init made).
+    pub fn load_watched(
+        &self,
+        source: &WeightSource,
+        dtype: DType,
+        device: &Device,
+        record: Option<weights::Recorder>,
+        progress: &ProgressBar,
+    ) -> Result<Box<dyn CausalLm>> {
+        let backend = source.backend_watched(self.prefixes(), record, progress)?;
+        self.load_backend(backend, dtype, device)
     }
 
     /// Checkpoint-name prefixes tried in front of every tensor name.
@@ -271,13 +286,26 @@ impl ModelSpec {
         device: &Device,
         tp: &Tp,
     ) -> Result<Box<dyn CausalLm>> {
+        self.load_shard_watched(source, dtype, device, tp, &ProgressBar::hidden())
+    }
+
+    /// [`ModelSpec::load_shard`], counting the bytes of this rank's tensors on `progress`.
+    pub fn load_shard_watched(
+        &self,
+        source: &WeightSource,
+        dtype: DType,
+        device: &Device,
+        tp: &Tp,
+        progress: &ProgressBar,
+    ) -> Result<Box<dyn CausalLm>> {
         self.check_tp(tp.size)?;
         let arch = self.arch.clone();
         let rule: shard::SplitRule = Arc::new(move |name: &str| match &arch {
             Architecture::Gpt2(c) => c.tp_split(name),
             Architecture::Bloom(c) => c.tp_split(name),
         });
-        let backend = source.sharded_backend(self.prefixes(), tp.rank, tp.size, rule)?;
+        let backend =
+            source.sharded_backend(self.prefixes(), (tp.rank, tp.size), rule, progress)?;
         self.load_shard_backend(backend, dtype, device, tp)
     }
 

@@ -220,10 +220,11 @@ mod tests {
     fn a_rank_keeps_only_its_slice_of_a_weight() {
         // Rows 4..8 of an (8, 4) weight: the rank's tensor must own 16 values, not a view of 32.
         let rows = Sharded {
-            inner: crate::models::weights::RandomInit {
-                seed: 0,
-                record: None,
-            },
+            inner: crate::models::weights::RandomInit::new(
+                0,
+                None,
+                &indicatif::ProgressBar::hidden(),
+            ),
             rank: 1,
             size: 2,
             rule: Arc::new(|_: &str| {

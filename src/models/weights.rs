@@ -16,6 +16,7 @@ use candle_core::safetensors::{Load, MmapedSafetensors};
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
+use indicatif::ProgressBar;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -47,25 +48,24 @@ impl WeightSource {
 
     /// What rank `rank` of a `size`-way tensor-parallel group holds of these weights: the
     /// tensors `rule` splits are sliced (see [`super::shard`]); with `size == 1` all of them.
+    /// `progress` counts the bytes of every tensor handed out: what the checkpoint stores of
+    /// it (this rank's slices), or what random init made.
     pub fn sharded_backend(
         &self,
         prefixes: &'static [&'static str],
-        rank: usize,
-        size: usize,
+        (rank, size): (usize, usize),
         rule: SplitRule,
+        progress: &ProgressBar,
     ) -> Result<Box<dyn SimpleBackend>> {
         Ok(match self {
             WeightSource::Random { seed } => Box::new(Sharded {
-                inner: RandomInit {
-                    seed: *seed,
-                    record: None,
-                },
+                inner: RandomInit::new(*seed, None, progress),
                 rank,
                 size,
                 rule,
             }),
             WeightSource::Dir(dir) => Box::new(Sharded {
-                inner: CheckpointWeights::open(dir, prefixes)?,
+                inner: CheckpointWeights::open(dir, prefixes)?.with_progress(progress),
                 rank,
                 size,
                 rule,
@@ -79,13 +79,35 @@ impl WeightSource {
         prefixes: &'static [&'static str],
         record: Option<Recorder>,
     ) -> Result<Box<dyn SimpleBackend>> {
+        self.backend_watched(prefixes, record, &ProgressBar::hidden())
+    }
+
+    /// [`WeightSource::backend`], counting bytes on `progress` as
+    /// [`WeightSource::sharded_backend`] does.
+    pub fn backend_watched(
+        &self,
+        prefixes: &'static [&'static str],
+        record: Option<Recorder>,
+        progress: &ProgressBar,
+    ) -> Result<Box<dyn SimpleBackend>> {
         Ok(match self {
-            WeightSource::Random { seed } => Box::new(RandomInit {
-                seed: *seed,
-                record,
-            }),
-            WeightSource::Dir(dir) => Box::new(CheckpointWeights::open(dir, prefixes)?),
+            WeightSource::Random { seed } => Box::new(RandomInit::new(*seed, record, progress)),
+            WeightSource::Dir(dir) => {
+                Box::new(CheckpointWeights::open(dir, prefixes)?.with_progress(progress))
+            }
         })
+    }
+
+    /// The bytes a whole (single-rank) load hands out, for a progress bar's length: the
+    /// safetensors payload of a checkpoint, or `n_parameters` in `dtype` for random weights.
+    pub fn payload_bytes(&self, n_parameters: usize, dtype: DType) -> Result<u64> {
+        match self {
+            WeightSource::Random { .. } => Ok((n_parameters * dtype.size_in_bytes()) as u64),
+            WeightSource::Dir(dir) => safetensors_files(dir)?
+                .iter()
+                .map(|f| safetensors_payload(f))
+                .sum(),
+        }
     }
 
     pub fn describe(&self) -> String {
@@ -141,6 +163,23 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
     })
 }
 
+/// Bytes of tensor data in one safetensors file: the file less its 8-byte header length and
+/// the JSON header.
+pub fn safetensors_payload(file: &Path) -> Result<u64> {
+    use std::io::Read;
+    let bad = |e: std::io::Error| Error::io(format!("reading {}", file.display()), e);
+    let mut f = std::fs::File::open(file).map_err(bad)?;
+    let mut n = [0u8; 8];
+    f.read_exact(&mut n).map_err(bad)?;
+    let len = f.metadata().map_err(bad)?.len();
+    len.checked_sub(8 + u64::from_le_bytes(n)).ok_or_else(|| {
+        Error::Config(format!(
+            "{}: not a safetensors file (its header is longer than the file)",
+            file.display()
+        ))
+    })
+}
+
 /// Writes `config.json` and `model.safetensors` into `dir`. Names get the `transformer.`
 /// prefix of HF's `*ForCausalLM` classes (the LM head, when untied, keeps its own name).
 pub fn save_checkpoint(
@@ -175,6 +214,8 @@ pub struct CheckpointWeights {
     dir: PathBuf,
     tensors: MmapedSafetensors,
     prefixes: &'static [&'static str],
+    /// Counts the stored bytes of every tensor read.
+    progress: ProgressBar,
 }
 
 impl CheckpointWeights {
@@ -190,7 +231,16 @@ impl CheckpointWeights {
             dir: dir.to_path_buf(),
             tensors,
             prefixes,
+            progress: ProgressBar::hidden(),
         })
+    }
+
+    /// Counts the stored bytes of every tensor read on `progress`.
+    pub fn with_progress(self, progress: &ProgressBar) -> Self {
+        Self {
+            progress: progress.clone(),
+            ..self
+        }
     }
 
     /// The stored name of `name` and its view, checked against the shape the model expects.
@@ -234,13 +284,16 @@ impl SimpleBackend for CheckpointWeights {
         dtype: DType,
         dev: &Device,
     ) -> candle_core::Result<Tensor> {
-        let (stored, _) = self.view(name, &s)?;
+        let (stored, view) = self.view(name, &s)?;
+        self.progress.inc(view.data().len() as u64);
         // Converts on the device: the host only holds the mapped file.
         self.tensors.load(&stored, dev)?.to_dtype(dtype)
     }
 
     fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
         let stored = self.resolve(name).unwrap_or_else(|| name.to_string());
+        self.progress
+            .inc(self.tensors.get(&stored)?.data().len() as u64);
         self.tensors.load(&stored, dev)?.to_dtype(dtype)
     }
 
@@ -281,6 +334,7 @@ impl NarrowSource for CheckpointWeights {
                     .flatten()
                     .copied()
                     .collect();
+                self.progress.inc(bytes.len() as u64);
                 let mut shape = view.shape().to_vec();
                 shape[dim] = r.len();
                 safetensors::tensor::TensorView::new(view.dtype(), shape, &bytes)
@@ -301,6 +355,18 @@ impl NarrowSource for RandomInit {}
 pub struct RandomInit {
     pub seed: u64,
     pub record: Option<Recorder>,
+    /// Counts the bytes of every tensor made.
+    pub progress: ProgressBar,
+}
+
+impl RandomInit {
+    pub fn new(seed: u64, record: Option<Recorder>, progress: &ProgressBar) -> Self {
+        Self {
+            seed,
+            record,
+            progress: progress.clone(),
+        }
+    }
 }
 
 /// The seed of one tensor's stream: FNV-1a of its name, mixed with the run's seed.
@@ -357,6 +423,8 @@ impl SimpleBackend for RandomInit {
             }
             other => candle_core::bail!("random init {other:?} of '{name}' is not supported"),
         };
+        self.progress
+            .inc((t.elem_count() * t.dtype().size_in_bytes()) as u64);
         if let Some(r) = &self.record {
             r.lock()
                 .expect("recorder lock")
@@ -379,7 +447,7 @@ mod tests {
     use super::*;
 
     fn get(seed: u64, name: &str, init: Init) -> Vec<f32> {
-        RandomInit { seed, record: None }
+        RandomInit::new(seed, None, &ProgressBar::hidden())
             .get(Shape::from((4, 8)), name, init, DType::F32, &Device::Cpu)
             .unwrap()
             .flatten_all()
@@ -408,6 +476,55 @@ mod tests {
         );
     }
 
+    /// The loader's byte count is the checkpoint's tensor payload: every stored byte, once.
+    #[test]
+    fn a_load_counts_the_safetensors_payload() {
+        for name in ["gpt2-tiny", "bloom-tiny"] {
+            let spec = crate::models::ModelSpec::preset(name).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let random = WeightSource::Random { seed: 1 };
+            let made = ProgressBar::hidden();
+            let record = Recorder::default();
+            spec.load_watched(
+                &random,
+                DType::F32,
+                &Device::Cpu,
+                Some(record.clone()),
+                &made,
+            )
+            .unwrap();
+            let tensors = std::mem::take(&mut *record.lock().unwrap());
+            save_checkpoint(dir.path(), &spec.hf_config(DType::F32), tensors).unwrap();
+            let file = dir.path().join("model.safetensors");
+            let payload = safetensors_payload(&file).unwrap();
+            let bytes = std::fs::read(&file).unwrap();
+            let header = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+            assert_eq!(payload, bytes.len() as u64 - 8 - header, "{name}");
+            assert_eq!(
+                made.position(),
+                payload,
+                "{name}: random init counts what it made"
+            );
+            let n = spec.n_parameters();
+            assert_eq!(
+                random.payload_bytes(n, DType::F32).unwrap(),
+                payload,
+                "{name}"
+            );
+
+            let read = ProgressBar::hidden();
+            let dir_source = WeightSource::Dir(dir.path().to_path_buf());
+            spec.load_watched(&dir_source, DType::BF16, &Device::Cpu, None, &read)
+                .unwrap();
+            assert_eq!(
+                read.position(),
+                payload,
+                "{name}: stored bytes, not bf16 ones"
+            );
+            assert_eq!(dir_source.payload_bytes(n, DType::BF16).unwrap(), payload);
+        }
+    }
+
     #[test]
     fn random_init_follows_the_hint() {
         assert!(get(0, "ln_f.weight", Init::Const(1.))
@@ -416,21 +533,18 @@ mod tests {
         assert!(get(0, "ln_f.bias", Init::Const(0.))
             .iter()
             .all(|&v| v == 0.));
-        let big = RandomInit {
-            seed: 3,
-            record: None,
-        }
-        .get(
-            Shape::from(100_000),
-            "w",
-            Init::Randn {
-                mean: 0.,
-                stdev: 0.02,
-            },
-            DType::F32,
-            &Device::Cpu,
-        )
-        .unwrap();
+        let big = RandomInit::new(3, None, &ProgressBar::hidden())
+            .get(
+                Shape::from(100_000),
+                "w",
+                Init::Randn {
+                    mean: 0.,
+                    stdev: 0.02,
+                },
+                DType::F32,
+                &Device::Cpu,
+            )
+            .unwrap();
         let std: f32 = big
             .sqr()
             .unwrap()

@@ -183,6 +183,19 @@ impl Ratios {
     }
 }
 
+/// The line under a candle-vs-HF table that names HF's configuration (the ratios are against
+/// it) and the padding both engines ran with.
+fn hf_configuration(h: &Header) -> String {
+    let pad = match h.pad_multiple {
+        Some(n) if n > 1 => format!("; batches padded to a multiple of {n}"),
+        _ => String::new(),
+    };
+    format!(
+        "hf ran {}{pad}\n",
+        crate::record::describe_hf_config(&h.engine_info)
+    )
+}
+
 /// The candle-vs-HF table of `--engine both`, and whether the two engines agree on the scores:
 /// in fp32/tf32 equal accuracy and perplexity within 1e-3 relative; in fp16/bf16, where the
 /// engines round differently (HF takes softmax and ALiBi in half precision) and a borderline
@@ -208,6 +221,7 @@ pub fn side_by_side(candle: &RunOutcome<Summary>, hf: &RunOutcome<Summary>) -> (
     row("accuracy", c.accuracy, h.accuracy, 4);
     row("perplexity", c.perplexity, h.perplexity, 4);
     let mut t = r.text;
+    t += &hf_configuration(&hf.header);
     t += &format!(
         "scores {} (accuracy {}, perplexity rel. diff {ppl_rel:.2e}, tolerance {tol:.0e})\n",
         if agree { "agree" } else { "DISAGREE" },
@@ -263,6 +277,7 @@ pub fn generate_side_by_side(candle: &RunOutcome<Summary>, hf: &RunOutcome<Summa
     );
     row("accuracy", c.accuracy, h.accuracy, 4);
     let mut t = r.text;
+    t += &hf_configuration(&hf.header);
     if let Some((same, n)) = generated_agreement(&candle.log_path, &hf.log_path) {
         t += &format!(
             "generated ids identical for {same} of {n} passages ({:.1}%)\n",

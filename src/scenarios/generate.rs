@@ -9,16 +9,16 @@
 //!   the suite's text, `--new-tokens` each, every token timed: time to first token (the
 //!   prefill), inter-token latency, decode tokens/s. Metrics: [`crate::metrics::GenTotals`].
 
-use super::lambada::data::build_requests;
+use super::lambada::tokenize;
 use super::skeleton::{
-    base_header, candle_device, engine_runs, final_memory, finish_log, gpu_index, hf_dir, open_log,
-    GpuWatch,
+    base_header, candle_device, choose_config, engine_runs, final_memory, finish_log,
+    first_of_each_shape, gpu_index, open_log, shows_progress, start_hf, warmup_batches, GpuWatch,
+    Padding, PROBE_SHAPES,
 };
 use super::spec::{GenerateOptions, GenerateSource, RunSpec};
 use crate::data::sha256_hex;
 use crate::device::DeviceSpec;
-use crate::engines::candle::CandleEngine;
-use crate::engines::hf::HfEngine;
+use crate::engines::candle::{CandleEngine, LoadFrom};
 use crate::engines::{EngineKind, Generate, GenerateRequest};
 use crate::env::EnvReport;
 use crate::error::{message_without_backtrace, Error, Result};
@@ -34,6 +34,8 @@ use std::time::Instant;
 /// One generation call's input; `targets` (LAMBADA) are what a correct continuation starts with.
 struct GenBatch {
     prompts: Vec<Vec<u32>>,
+    /// What the prompts are left-padded to (`--pad-multiple`).
+    padded_len: usize,
     new_tokens: usize,
     /// (line index, target ids) per prompt; empty for the text source.
     targets: Vec<(usize, Vec<u32>)>,
@@ -58,17 +60,17 @@ pub fn special_ids(arch: &Architecture) -> (u32, Vec<u32>) {
 
 fn start(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Result<Box<dyn Generate>> {
     if kind == EngineKind::Hf {
-        let dir = hf_dir(weights)?;
-        return Ok(Box::new(HfEngine::start(
-            &spec.hf,
-            dir,
-            spec.precision,
-            spec.device,
-        )?));
+        return Ok(Box::new(start_hf(spec, weights)?));
     }
     let tp = spec.tp.as_ref().map(|t| &t.group);
     let device = candle_device(spec)?;
-    let engine = CandleEngine::load(&spec.model, weights, spec.precision, device, tp, None)?;
+    let from = LoadFrom {
+        weights,
+        tp,
+        save: None,
+        progress: shows_progress(spec),
+    };
+    let engine = CandleEngine::load(&spec.model, from, spec.precision, device)?;
     Ok(Box::new(engine))
 }
 
@@ -80,7 +82,7 @@ fn lambada_batches(spec: &RunSpec, tok: &TextTokenizer, max_pos: usize) -> Resul
         passages.truncate(n);
     }
     let limit = spec.seq_len.unwrap_or(max_pos).min(max_pos);
-    let requests = build_requests(tok, &passages, limit)?;
+    let requests = tokenize(spec, tok, &passages, limit)?;
     Ok(requests
         .chunks(spec.batch_size.max(1))
         .map(|chunk| {
@@ -90,7 +92,7 @@ fn lambada_batches(spec: &RunSpec, tok: &TextTokenizer, max_pos: usize) -> Resul
                 .max()
                 .unwrap_or(1);
             let keep = limit.saturating_sub(new_tokens).max(1);
-            let prompts = chunk
+            let prompts: Vec<Vec<u32>> = chunk
                 .iter()
                 .map(|r| {
                     let c = &r.context_tokens;
@@ -102,6 +104,7 @@ fn lambada_batches(spec: &RunSpec, tok: &TextTokenizer, max_pos: usize) -> Resul
                 .map(|r| (r.index, r.target_tokens.clone()))
                 .collect();
             GenBatch {
+                padded_len: padding(spec, max_pos, new_tokens).len(longest(&prompts)),
                 prompts,
                 new_tokens,
                 targets,
@@ -116,8 +119,7 @@ fn text_batches(
     spec: &RunSpec,
     tok: &TextTokenizer,
     text: &str,
-    prompt_len: usize,
-    new_tokens: usize,
+    (prompt_len, new_tokens, max_pos): (usize, usize, usize),
     batches: usize,
 ) -> Result<Vec<GenBatch>> {
     let ids = tok.encode(text)?;
@@ -130,15 +132,30 @@ fn text_batches(
     let windows: Vec<&[u32]> = ids.chunks_exact(prompt_len).collect();
     let mut next = windows.iter().cycle();
     let calls = spec.warmup_batches + batches;
+    let padded_len = padding(spec, max_pos, new_tokens).len(prompt_len);
     Ok((0..calls)
         .map(|_| GenBatch {
             prompts: (0..spec.batch_size)
                 .map(|_| next.next().expect("cycle").to_vec())
                 .collect(),
+            padded_len,
             new_tokens,
             targets: vec![],
         })
         .collect())
+}
+
+/// `--pad-multiple` for prompts followed by `new_tokens`: the cache holds both, so the padded
+/// prompt stops `new_tokens` short of the model's positions.
+fn padding(spec: &RunSpec, max_pos: usize, new_tokens: usize) -> Padding {
+    Padding {
+        multiple: spec.pad_multiple,
+        cap: max_pos.saturating_sub(new_tokens),
+    }
+}
+
+fn longest(prompts: &[Vec<u32>]) -> usize {
+    prompts.iter().map(Vec::len).max().unwrap_or(0)
 }
 
 /// The calls of the run, and how the log describes them.
@@ -164,7 +181,8 @@ fn batches(
             batches,
         } => {
             crate::models::generate::check_lengths(*prompt_len, *new_tokens, max_pos)?;
-            let b = text_batches(spec, tok, text, *prompt_len, *new_tokens, *batches)?;
+            let lens = (*prompt_len, *new_tokens, max_pos);
+            let b = text_batches(spec, tok, text, lens, *batches)?;
             let data = DataInfo {
                 path: origin.clone(),
                 sha256: sha256_hex(text.as_bytes()),
@@ -201,6 +219,15 @@ fn run_engine(
         TextTokenizer::for_model(spec.tokenizer_dir.as_deref(), spec.model.architecture())?;
     let mut engine = start(spec, kind, weights)?;
     let (batches, info, data) = batches(spec, opts, &tokenizer, engine.max_positions())?;
+    let (warm, timed) = split_warmup(spec, &info, &batches);
+    let probe: Vec<GenerateRequest> = first_of_each_shape(&padded_lens(&batches), PROBE_SHAPES)
+        .into_iter()
+        .map(|i| request(&batches[i], &info))
+        .collect();
+    choose_config(spec, kind, probe.len(), || {
+        engine.choose_config(&probe)?;
+        Ok(engine.info())
+    })?;
     let host = EnvReport::collect();
     let header = Header {
         engine: engine.name().into(),
@@ -217,10 +244,12 @@ fn run_engine(
         load_seconds: engine.load_seconds(),
         seq_len: spec.seq_len,
         generation: Some(info.clone()),
+        warmup_batches: warm.len(),
         ..base_header(spec, weights, &tokenizer, host, data)
     };
     let mut log = open_log(spec, &header)?;
-    let mut out = generate_all(spec, &header, &info, engine.as_mut(), &batches, &mut log)?;
+    let calls = Calls { warm, timed };
+    let mut out = generate_all(spec, &header, &info, engine.as_mut(), &calls, &mut log)?;
     let failure = out.failure.take();
     let mem = final_memory(engine.as_mut(), failure.is_some());
     let message = failure
@@ -243,6 +272,41 @@ struct Generated {
     failure: Option<Error>,
 }
 
+/// The padded length of each call's prompts.
+fn padded_lens(batches: &[GenBatch]) -> Vec<usize> {
+    batches.iter().map(|b| b.padded_len).collect()
+}
+
+/// The warm-up calls and the timed ones. LAMBADA warms up on its first batches (timed again
+/// afterwards, as the score mode does) and, with `--pad-multiple` above 1, on the first batch
+/// of every shape (padded length, new tokens) besides; the text source made its warm-up calls
+/// extra.
+fn split_warmup<'a>(
+    spec: &RunSpec,
+    info: &GenerationInfo,
+    batches: &'a [GenBatch],
+) -> (Vec<&'a GenBatch>, Vec<&'a GenBatch>) {
+    if info.source == "text" {
+        let (warm, timed) = batches.split_at(spec.warmup_batches.min(batches.len()));
+        return (warm.iter().collect(), timed.iter().collect());
+    }
+    let shapes: Vec<(usize, usize)> = batches
+        .iter()
+        .map(|b| (b.padded_len, b.new_tokens))
+        .collect();
+    let warm = warmup_batches(&shapes, spec.warmup_batches, spec.pad_multiple > 1);
+    (
+        warm.iter().map(|&i| &batches[i]).collect(),
+        batches.iter().collect(),
+    )
+}
+
+/// A run's generation calls: the untimed warm-up ones, then the timed ones.
+struct Calls<'a> {
+    warm: Vec<&'a GenBatch>,
+    timed: Vec<&'a GenBatch>,
+}
+
 /// Warm-up calls (untimed: PTX load, cuBLAS handles, HF's compilation for each new shape),
 /// then every call timed and logged as it finishes.
 fn generate_all(
@@ -250,15 +314,10 @@ fn generate_all(
     header: &Header,
     info: &GenerationInfo,
     engine: &mut dyn Generate,
-    batches: &[GenBatch],
+    calls: &Calls,
     log: &mut RankLog,
 ) -> Result<Generated> {
-    // LAMBADA warms up on its first batches (timed again afterwards, as the score mode does);
-    // the text source made its warm-up calls extra.
-    let (warm, timed) = match info.source.as_str() {
-        "text" => batches.split_at(spec.warmup_batches.min(batches.len())),
-        _ => (&batches[..spec.warmup_batches.min(batches.len())], batches),
-    };
+    let (warm, timed) = (&calls.warm, &calls.timed);
     let mut failure = warm
         .iter()
         .find_map(|b| engine.generate(&request(b, info), info.timed_steps).err());
@@ -296,6 +355,7 @@ fn generate_all(
 fn request<'a>(b: &'a GenBatch, info: &'a GenerationInfo) -> GenerateRequest<'a> {
     GenerateRequest {
         prompts: &b.prompts,
+        padded_len: b.padded_len,
         new_tokens: b.new_tokens,
         pad_id: info.pad_id,
         eos_ids: &info.eos_ids,
@@ -334,7 +394,8 @@ fn generate_one(
     Ok(GenBatchRecord {
         batch: i,
         n_samples: b.prompts.len(),
-        prompt_len: b.prompts.iter().map(Vec::len).max().unwrap_or(0),
+        prompt_len: longest(&b.prompts),
+        padded_len: Some(b.padded_len),
         n_prompt_tokens: b.prompts.iter().map(Vec::len).sum(),
         new_tokens: b.new_tokens,
         latency_ms: out.latency_ms,

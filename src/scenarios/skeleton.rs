@@ -2,21 +2,25 @@
 //! header's shared fields and the log's file name, the rank that logs, and the GPU trackers
 //! over the timed loop.
 
-use super::spec::RunSpec;
+use super::spec::{RunSpec, Workload};
 use crate::device::DeviceSpec;
-use crate::engines::hf::HfEngine;
+use crate::engines::hf::{HfAttn, HfEngine};
 use crate::engines::weight_cache::hf_checkpoint;
 use crate::engines::{Engine, EngineKind};
 use crate::env::{nvml_index, EnvReport};
 use crate::error::{Error, Result};
 use crate::log::{RankLog, RunOutcome};
 use crate::models::{Architecture, ModelSpec, WeightSource};
-use crate::record::{DataInfo, Header, Record, Summary, TpInfo, SCHEMA_VERSION};
+use crate::progress::Status;
+use crate::record::{
+    describe_hf_config, DataInfo, Header, Record, Summary, TpInfo, SCHEMA_VERSION,
+};
 use crate::tokenizer::TextTokenizer;
 use crate::trackers::{
     EnergyReading, EnergyTracker, GpuActivity, GpuSampler, MemoryReading, NvmlGpu,
 };
 use candle_core::Device;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// The engines `spec` names, in run order, each with the weights it reads. The HF engine reads
@@ -26,12 +30,26 @@ pub fn engine_runs(spec: &RunSpec) -> Result<Vec<(EngineKind, WeightSource)>> {
     if matches!(spec.engine, EngineKind::Candle | EngineKind::Llmc) {
         return Ok(vec![(spec.engine, spec.weights.clone())]);
     }
-    HfEngine::preflight(&spec.hf)?;
+    let python = spec.hf.python();
+    let msg = format!(
+        "checking the HF engine's Python ({}: importing torch, transformers)",
+        python.display()
+    );
+    let status = Status::spinner(shows_progress(spec), msg);
+    let versions = HfEngine::preflight(&spec.hf)?;
+    let version = |k: &str| versions.get(k).map_or("?", String::as_str).to_string();
+    let secs = status.elapsed().as_secs_f64();
+    status.done(format!(
+        "HF engine: torch {}, transformers {} ({secs:.1} s to import)",
+        version("torch"),
+        version("transformers"),
+    ));
     let dir = hf_checkpoint(
         &spec.model,
         &spec.weights,
         spec.save_weights.as_deref(),
         spec.device,
+        shows_progress(spec),
     )?;
     let weights = WeightSource::Dir(dir);
     let mut runs = vec![];
@@ -42,6 +60,51 @@ pub fn engine_runs(spec: &RunSpec) -> Result<Vec<(EngineKind, WeightSource)>> {
     Ok(runs)
 }
 
+/// Whether this process shows progress: `--no-progress` not given, and the logging rank.
+pub fn shows_progress(spec: &RunSpec) -> bool {
+    spec.progress && spec.is_logging_rank()
+}
+
+/// Starts the HF worker on `weights`, saying so: importing torch and transformers takes
+/// seconds, loading the model (and compiling it) more.
+pub fn start_hf(spec: &RunSpec, weights: &WeightSource) -> Result<HfEngine> {
+    let dir = hf_dir(weights)?;
+    let msg = format!(
+        "starting the HF worker ({}: importing torch, transformers; loading {})",
+        spec.hf.python().display(),
+        dir.display()
+    );
+    let status = Status::spinner(shows_progress(spec), msg);
+    let engine = HfEngine::start(&spec.hf, dir, spec.precision, spec.device)?;
+    let secs = status.elapsed().as_secs_f64();
+    let config = match spec.hf.attn {
+        HfAttn::Best => "attention timed next".to_string(),
+        _ => describe_hf_config(&engine.info()),
+    };
+    status.done(format!(
+        "HF worker: loaded the model in {:.2} s ({secs:.1} s with the imports; {config})",
+        engine.load_seconds(),
+    ));
+    Ok(engine)
+}
+
+/// Runs `choose` (the engine's `choose_config` on `n_probe` probe batches, returning its info),
+/// saying so when it is the HF worker timing its attentions (`--hf-attn best`).
+pub fn choose_config(
+    spec: &RunSpec,
+    kind: EngineKind,
+    n_probe: usize,
+    choose: impl FnOnce() -> Result<BTreeMap<String, String>>,
+) -> Result<()> {
+    let timed = kind == EngineKind::Hf && spec.hf.attn == HfAttn::Best;
+    let batches = if n_probe == 1 { "batch" } else { "batches" };
+    let msg = format!("HF: timing each attention on {n_probe} probe {batches} (--hf-attn best)");
+    let status = Status::spinner(timed && shows_progress(spec), msg);
+    let info = choose()?;
+    status.done(format!("HF ran {}", describe_hf_config(&info)));
+    Ok(())
+}
+
 /// Longest sequence `model` takes: GPT-2's learned positions, BLOOM's lm-eval default (ALiBi
 /// has no limit of its own).
 pub fn max_positions(model: &ModelSpec) -> usize {
@@ -50,6 +113,57 @@ pub fn max_positions(model: &ModelSpec) -> usize {
         Architecture::Bloom(_) => crate::models::bloom::Config::MAX_POSITIONS,
     }
 }
+
+/// How far a batch is padded (`--pad-multiple`): every row to its longest, rounded up to a
+/// multiple of `multiple` so that a compiled engine sees a few shapes (one per bucket of
+/// `multiple` positions), never past `cap` (what the model takes). Padding is masked: no real
+/// token sees it, so results do not depend on it (tested).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Padding {
+    pub multiple: usize,
+    pub cap: usize,
+}
+
+impl Padding {
+    /// The padded length of a batch whose longest row has `longest` tokens.
+    pub fn len(&self, longest: usize) -> usize {
+        let m = self.multiple.max(1);
+        (longest.div_ceil(m) * m).min(self.cap).max(longest)
+    }
+}
+
+/// Which batches warm up, by index: the first `n`, and with `every_shape` also the first batch
+/// of each shape (`shapes[i]`) that those leave out, so that no timed batch is the first of its
+/// shape (where a compiled engine compiles and sdpa sets itself up for the shape).
+pub fn warmup_batches<K: PartialEq>(shapes: &[K], n: usize, every_shape: bool) -> Vec<usize> {
+    let mut warm: Vec<usize> = (0..n.min(shapes.len())).collect();
+    if every_shape {
+        for i in first_of_each_shape(shapes, usize::MAX) {
+            if !warm.iter().any(|&w| shapes[w] == shapes[i]) {
+                warm.push(i);
+            }
+        }
+    }
+    warm
+}
+
+/// The first batch of each of the first `cap` distinct shapes, in order (what `--hf-attn best`
+/// times its candidates on).
+pub fn first_of_each_shape<K: PartialEq>(shapes: &[K], cap: usize) -> Vec<usize> {
+    let mut firsts: Vec<usize> = vec![];
+    for (i, s) in shapes.iter().enumerate() {
+        if firsts.len() == cap {
+            break;
+        }
+        if !firsts.iter().any(|&f| shapes[f] == *s) {
+            firsts.push(i);
+        }
+    }
+    firsts
+}
+
+/// Padded lengths `--hf-attn best` times eager and sdpa on (the first batch of each).
+pub const PROBE_SHAPES: usize = 3;
 
 /// The checkpoint directory of the HF engine (which never runs on random weights directly).
 pub fn hf_dir(weights: &WeightSource) -> Result<&std::path::Path> {
@@ -104,6 +218,10 @@ pub fn base_header(
         seq_len: None,
         repeat: spec.repeat,
         train: None,
+        pad_multiple: match spec.workload {
+            Workload::Train(_) => None,
+            _ => Some(spec.pad_multiple),
+        },
         tp: spec.tp.as_ref().map(|t| TpInfo {
             size: t.group.size,
             backend: t.backend.clone(),
@@ -256,5 +374,38 @@ impl GpuFigures {
                 .map(|e| e.joules / n_samples as f64),
             ..summary
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Padding;
+
+    #[test]
+    fn padding_rounds_up_to_the_multiple_within_the_cap() {
+        let p = |multiple, cap| Padding { multiple, cap };
+        assert_eq!(p(1, 1024).len(37), 37, "multiple 1: the longest row");
+        assert_eq!(p(64, 1024).len(37), 64);
+        assert_eq!(p(64, 1024).len(64), 64);
+        assert_eq!(p(64, 1024).len(65), 128);
+        // Never past what the model takes, never shorter than the longest row.
+        assert_eq!(p(64, 1000).len(990), 1000);
+        assert_eq!(p(64, 10).len(12), 12);
+    }
+
+    #[test]
+    fn the_warm_up_covers_every_shape_when_asked() {
+        let shapes = [64, 64, 128, 64, 192, 128, 256];
+        assert_eq!(super::warmup_batches(&shapes, 2, false), [0, 1]);
+        assert_eq!(super::warmup_batches(&shapes, 2, true), [0, 1, 2, 4, 6]);
+        assert_eq!(super::warmup_batches(&shapes, 0, true), [0, 2, 4, 6]);
+        assert_eq!(super::warmup_batches(&shapes[..1], 3, false), [0]);
+    }
+
+    #[test]
+    fn probes_are_the_first_batch_of_the_first_shapes() {
+        let shapes = [64, 64, 128, 64, 192, 128, 256];
+        assert_eq!(super::first_of_each_shape(&shapes, 3), [0, 2, 4]);
+        assert_eq!(super::first_of_each_shape(&shapes[..2], 3), [0]);
     }
 }

@@ -28,6 +28,9 @@ pub struct RunSpec {
     pub limit: Option<usize>,
     /// Left-truncate contexts to this many tokens (None: the model's maximum).
     pub seq_len: Option<usize>,
+    /// `--pad-multiple`: scoring batches and generation prompts are padded to a multiple of
+    /// this many positions (1: to their longest row).
+    pub pad_multiple: usize,
     /// Repeat index when a sweep runs this configuration several times.
     pub repeat: Option<usize>,
     pub data: DataFile,

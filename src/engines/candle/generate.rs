@@ -4,7 +4,7 @@
 use super::CandleEngine;
 use crate::engines::{Generate, GenerateRequest, Generated};
 use crate::error::Result;
-use crate::models::generate::{generate_in, left_pad, Greedy};
+use crate::models::generate::{generate_in, left_pad_to, Greedy};
 use std::time::Instant;
 
 impl Generate for CandleEngine {
@@ -16,7 +16,7 @@ impl Generate for CandleEngine {
         let _profiled = crate::profile::window(&self.device);
         self.device.synchronize()?;
         let start = Instant::now();
-        let prompts = left_pad(req.prompts, req.pad_id, &self.device)?;
+        let prompts = left_pad_to(req.prompts, req.pad_id, req.padded_len, &self.device)?;
         let greedy = Greedy {
             new_tokens: req.new_tokens,
             banned: req.eos_ids.to_vec(),

@@ -15,6 +15,7 @@ use crate::dist::Tp;
 use crate::error::Result;
 use crate::models::weights::save_checkpoint;
 use crate::models::{CausalLm, KvCache, ModelSpec, Recorder, WeightSource};
+use crate::progress::{rate, Status};
 use crate::trackers::{MemoryReading, MemoryTracker};
 use candle_core::Device;
 use std::collections::BTreeMap;
@@ -57,28 +58,53 @@ fn read_memory(memory: &Option<MemoryTracker>) -> Result<MemoryReading> {
     }
 }
 
+/// Where a candle engine's weights come from and what it shows while loading them.
+pub struct LoadFrom<'a> {
+    pub weights: &'a WeightSource,
+    /// This rank's shard of a tensor-parallel group.
+    pub tp: Option<&'a Tp>,
+    /// Also write the random weights here as an HF checkpoint (`--save-weights`).
+    pub save: Option<&'a Path>,
+    /// A byte bar (or lines) on stderr while loading.
+    pub progress: bool,
+}
+
 impl CandleEngine {
-    /// Loads `model` (this rank's shard with `tp`) on `device` in `precision`; with `save`,
-    /// also writes the random weights there as an HF checkpoint.
+    /// Loads `model` from `from` on `device` in `precision`.
     pub fn load(
         model: &ModelSpec,
-        weights: &WeightSource,
+        from: LoadFrom,
         precision: Precision,
         device: Device,
-        tp: Option<&Tp>,
-        save: Option<&Path>,
     ) -> Result<Self> {
+        let LoadFrom {
+            weights,
+            tp,
+            save,
+            progress,
+        } = from;
         precision.apply_matmul_mode(&device);
         let memory = memory_tracker(&device);
         let dtype = precision.dtype();
         let record = save.map(|_| Recorder::default());
+        // A rank reads only its slices: a count without a total.
+        let total = match tp {
+            Some(_) => None,
+            None => Some(weights.payload_bytes(model.n_parameters(), dtype)?),
+        };
+        let what = format!("{} ({}) in {precision}", model.name, weights.describe());
+        let status = Status::bytes(progress, total, format!("loading weights: {what}"));
         let load = Instant::now();
         let loaded = match tp {
-            Some(group) => model.load_shard(weights, dtype, &device, group)?,
-            None => model.load_recording(weights, dtype, &device, record.clone())?,
+            Some(group) => {
+                model.load_shard_watched(weights, dtype, &device, group, status.bar())?
+            }
+            None => model.load_watched(weights, dtype, &device, record.clone(), status.bar())?,
         };
         synchronize(&device)?;
         let load_seconds = load.elapsed().as_secs_f64();
+        let bytes = status.bar().position();
+        status.done(format!("loaded weights: {}", rate(bytes, load.elapsed())));
         if let (Some(dir), Some(record)) = (save, record) {
             let tensors = std::mem::take(&mut *record.lock().expect("recorder lock"));
             save_checkpoint(dir, &model.hf_config(dtype), tensors)?;

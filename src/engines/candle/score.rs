@@ -10,17 +10,16 @@ use crate::trackers::{LatencyTracker, MemoryReading};
 use candle_core::{DType, Device, Tensor};
 use std::collections::BTreeMap;
 
-/// One forward pass of a candle model over a right-padded batch, the LM head only on the
-/// rows that predict target tokens.
+/// One forward pass of a candle model over a batch right-padded to `padded_len` positions
+/// (at least its longest input), the LM head only on the rows that predict target tokens.
 pub fn target_scores(
     model: &dyn CausalLm,
     batch: &[Request],
+    padded_len: usize,
     device: &Device,
 ) -> Result<TargetScores> {
-    let (b, t) = (
-        batch.len(),
-        batch.iter().map(|r| r.input.len()).max().unwrap_or(0),
-    );
+    let longest = batch.iter().map(|r| r.input.len()).max().unwrap_or(0);
+    let (b, t) = (batch.len(), longest.max(padded_len));
     let mut ids = vec![0u32; b * t];
     let mut mask = vec![0u32; b * t];
     // Rows of the flattened (B·T) hidden states whose logits predict target tokens.
@@ -76,11 +75,11 @@ impl Score for CandleEngine {
         self.model.max_positions()
     }
 
-    fn score(&mut self, batch: &[Request]) -> Result<BatchOutput> {
+    fn score(&mut self, batch: &[Request], padded_len: usize) -> Result<BatchOutput> {
         let _profiled = crate::profile::window(&self.device);
         let mut timer = LatencyTracker::new(&self.device);
         timer.start()?;
-        let scores = target_scores(self.model.as_ref(), batch, &self.device)?;
+        let scores = target_scores(self.model.as_ref(), batch, padded_len, &self.device)?;
         Ok(BatchOutput {
             scores,
             latency_ms: timer.stop_ms()?,

@@ -4,7 +4,19 @@
 use super::HfEngine;
 use crate::engines::{Generate, GenerateRequest, Generated};
 use crate::error::{Error, Result};
-use serde_json::json;
+use serde_json::{json, Value};
+
+/// The worker's `generate` request; `timed_steps` synchronizes after every token.
+fn generate_request(req: &GenerateRequest, timed_steps: bool) -> Value {
+    json!({
+        "op": "generate",
+        "prompts": req.prompts,
+        "padded_len": req.padded_len,
+        "new_tokens": req.new_tokens,
+        "pad_id": req.pad_id,
+        "time_steps": timed_steps,
+    })
+}
 
 impl Generate for HfEngine {
     fn max_positions(&self) -> usize {
@@ -12,13 +24,7 @@ impl Generate for HfEngine {
     }
 
     fn generate(&mut self, req: &GenerateRequest, timed_steps: bool) -> Result<Generated> {
-        let v = self.request(&json!({
-            "op": "generate",
-            "prompts": req.prompts,
-            "new_tokens": req.new_tokens,
-            "pad_id": req.pad_id,
-            "time_steps": timed_steps,
-        }))?;
+        let v = self.request(&generate_request(req, timed_steps))?;
         let bad = |k: &str| Error::Engine(format!("HF worker generate reply has no '{k}'"));
         let ids: Vec<Vec<u32>> =
             serde_json::from_value(v["ids"].clone()).map_err(|_| bad("ids"))?;
@@ -29,5 +35,10 @@ impl Generate for HfEngine {
             latency_ms: v["latency_ms"].as_f64().ok_or_else(|| bad("latency_ms"))?,
             token_ms,
         })
+    }
+
+    fn choose_config(&mut self, probe: &[GenerateRequest]) -> Result<()> {
+        let requests = probe.iter().map(|r| generate_request(r, false)).collect();
+        self.choose_attn(requests).map(|_| ())
     }
 }

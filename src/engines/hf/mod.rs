@@ -26,6 +26,9 @@ const STDERR_TAIL: usize = 20;
 /// `--hf-attn`: transformers' attention implementation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum HfAttn {
+    /// Time eager and sdpa on the run's first batches (one per padded length, up to 3) and
+    /// keep the faster; eager where the model has no sdpa.
+    Best,
     /// sdpa where the model supports it, else eager.
     Auto,
     Eager,
@@ -33,12 +36,49 @@ pub enum HfAttn {
 }
 
 impl HfAttn {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
+            HfAttn::Best => "best",
             HfAttn::Auto => "auto",
             HfAttn::Eager => "eager",
             HfAttn::Sdpa => "sdpa",
         }
+    }
+}
+
+/// The worker's answer to `choose_attn` (`--hf-attn best`): the attention it kept, the time
+/// of the probe batches under each candidate, and why there was nothing to time (the model
+/// has one implementation).
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+pub struct AttnChoice {
+    pub attn: String,
+    #[serde(default)]
+    pub timings_ms: BTreeMap<String, f64>,
+    #[serde(default)]
+    pub note: Option<String>,
+}
+
+impl AttnChoice {
+    /// Parses the worker's reply.
+    pub fn from_reply(v: &Value) -> Result<Self> {
+        serde_json::from_value(v.clone()).map_err(|e| {
+            Error::Engine(format!(
+                "HF worker's choose_attn reply is not an attention choice ({e}): {v}"
+            ))
+        })
+    }
+
+    /// `best of eager 12.50 ms, sdpa 10.25 ms` or the note (`… supports eager only`).
+    pub fn describe(&self) -> String {
+        if self.timings_ms.is_empty() {
+            return format!("best: {}", self.note.as_deref().unwrap_or("one candidate"));
+        }
+        let each: Vec<String> = self
+            .timings_ms
+            .iter()
+            .map(|(attn, ms)| format!("{attn} {ms:.2} ms"))
+            .collect();
+        format!("best of {}", each.join(", "))
     }
 }
 
@@ -53,7 +93,8 @@ pub struct HfOptions {
 }
 
 impl HfOptions {
-    fn python(&self) -> PathBuf {
+    /// The interpreter the worker runs in.
+    pub fn python(&self) -> PathBuf {
         self.python
             .clone()
             .or_else(|| std::env::var_os("BENCH_PYTHON").map(PathBuf::from))
@@ -69,15 +110,17 @@ pub struct HfEngine {
     info: BTreeMap<String, String>,
     pub(crate) max_positions: usize,
     load_seconds: f64,
+    /// `--hf-attn best` on a scoring or generation run: the attention is chosen on the run's
+    /// first batches ([`HfEngine::choose_attn`]).
+    choose: bool,
 }
 
 impl HfEngine {
     /// Checks that the worker starts and imports torch + transformers, before any weights are
-    /// written for it.
-    pub fn preflight(opts: &HfOptions) -> Result<()> {
-        Self::spawn(opts)?
-            .request(&json!({ "op": "hello" }))
-            .map(|_| ())
+    /// written for it; returns their versions.
+    pub fn preflight(opts: &HfOptions) -> Result<BTreeMap<String, String>> {
+        let reply = Self::spawn(opts)?.request(&json!({ "op": "hello" }))?;
+        Ok(versions(&reply))
     }
 
     /// Starts the worker and loads `model_dir` (an HF checkpoint) on `device` in `precision`.
@@ -114,28 +157,37 @@ impl HfEngine {
             DeviceSpec::Cpu => "cpu".to_string(),
             DeviceSpec::Cuda(n) => format!("cuda:{n}"),
         };
+        // A training step changes the weights, so `best` has nothing to time there: auto's
+        // choice (sdpa where the model has it).
+        let training = train.is_some();
+        let attn = match opts.attn {
+            HfAttn::Best if training => HfAttn::Auto,
+            a => a,
+        };
         let mut load = json!({
             "op": "load",
             "model_dir": model_dir,
             "dtype": precision.as_str(),
             "device": device,
-            "attn": opts.attn.as_str(),
+            "attn": attn.as_str(),
             "compile": opts.compile,
         });
         if let Some(train) = train {
             load["train"] = train;
         }
         let reply = engine.request(&load)?;
-        if let Some(versions) = reply["versions"].as_object() {
-            for (k, v) in versions {
-                engine
-                    .info
-                    .insert(k.clone(), v.as_str().unwrap_or_default().to_string());
-            }
-        }
+        engine.info = versions(&reply);
         engine
             .info
             .insert("attn".into(), reply["attn"].as_str().unwrap_or("?").into());
+        engine
+            .info
+            .insert("attn_requested".into(), opts.attn.as_str().into());
+        if opts.attn == HfAttn::Best && training {
+            let why = "auto: training is not timed (a step changes the weights)";
+            engine.info.insert("attn_chosen_by".into(), why.into());
+        }
+        engine.choose = attn == HfAttn::Best;
         engine
             .info
             .insert("compile".into(), opts.compile.to_string());
@@ -185,7 +237,30 @@ impl HfEngine {
             info: BTreeMap::new(),
             max_positions: 0,
             load_seconds: 0.,
+            choose: false,
         })
+    }
+
+    /// `--hf-attn best`: the worker runs `probe` (score or generate requests, the first batch
+    /// of each of the run's first padded lengths) under each attention the model has, once to
+    /// warm up and once timed, and keeps the fastest. The choice and both timings go into
+    /// [`Engine::info`] (the log header). Nothing happens for any other `--hf-attn`.
+    pub(crate) fn choose_attn(&mut self, probe: Vec<Value>) -> Result<Option<AttnChoice>> {
+        if !self.choose || probe.is_empty() {
+            return Ok(None);
+        }
+        let n = probe.len();
+        let reply = self.request(&json!({ "op": "choose_attn", "probe": probe }))?;
+        let choice = AttnChoice::from_reply(&reply)?;
+        self.info.insert("attn".into(), choice.attn.clone());
+        let batches = if n == 1 { "batch" } else { "batches" };
+        let by = format!("{} ({n} probe {batches})", choice.describe());
+        self.info.insert("attn_chosen_by".into(), by);
+        for (attn, ms) in &choice.timings_ms {
+            self.info
+                .insert(format!("attn_probe_ms_{attn}"), format!("{ms:.3}"));
+        }
+        Ok(Some(choice))
     }
 
     /// Sends one request and reads its reply. A reply `{"ok": false}` or a dead worker is an
@@ -247,6 +322,18 @@ impl HfEngine {
     }
 }
 
+/// The `versions` object of a worker reply, as strings.
+fn versions(reply: &Value) -> BTreeMap<String, String> {
+    reply["versions"]
+        .as_object()
+        .map(|v| {
+            v.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 impl Engine for HfEngine {
     fn name(&self) -> &'static str {
         "hf"
@@ -282,5 +369,28 @@ impl Drop for HfEngine {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `choose_attn` reply as worker.py writes it (one JSON line).
+    #[test]
+    fn the_worker_s_attention_choice_parses() {
+        let line = r#"{"ok": true, "attn": "eager", "timings_ms": {"eager": 31.25, "sdpa": 40.5}}"#;
+        let choice = AttnChoice::from_reply(&serde_json::from_str(line).unwrap()).unwrap();
+        assert_eq!(choice.attn, "eager");
+        assert_eq!(choice.timings_ms["sdpa"], 40.5);
+        assert_eq!(choice.describe(), "best of eager 31.25 ms, sdpa 40.50 ms");
+        let bloom = r#"{"ok": true, "attn": "eager", "timings_ms": {}, "note": "BloomForCausalLM in transformers 5.17.0 supports eager only"}"#;
+        let choice = AttnChoice::from_reply(&serde_json::from_str(bloom).unwrap()).unwrap();
+        assert_eq!(
+            choice.describe(),
+            "best: BloomForCausalLM in transformers 5.17.0 supports eager only"
+        );
+        let bad = AttnChoice::from_reply(&json!({"ok": true})).unwrap_err();
+        assert!(bad.to_string().contains("not an attention choice"), "{bad}");
     }
 }

@@ -5,15 +5,20 @@ use crate::engines::{BatchOutput, Request, Score, TargetScores};
 use crate::error::{Error, Result};
 use serde_json::{json, Value};
 
+/// The worker's `score` request for `batch`, right-padded to `padded_len`.
+pub(crate) fn score_request(batch: &[Request], padded_len: usize) -> Value {
+    let inputs: Vec<&[u32]> = batch.iter().map(|r| r.input.as_slice()).collect();
+    let targets: Vec<&[u32]> = batch.iter().map(|r| r.target_tokens.as_slice()).collect();
+    json!({ "op": "score", "inputs": inputs, "targets": targets, "padded_len": padded_len })
+}
+
 impl Score for HfEngine {
     fn max_positions(&self) -> usize {
         self.max_positions
     }
 
-    fn score(&mut self, batch: &[Request]) -> Result<BatchOutput> {
-        let inputs: Vec<&[u32]> = batch.iter().map(|r| r.input.as_slice()).collect();
-        let targets: Vec<&[u32]> = batch.iter().map(|r| r.target_tokens.as_slice()).collect();
-        let v = self.request(&json!({ "op": "score", "inputs": inputs, "targets": targets }))?;
+    fn score(&mut self, batch: &[Request], padded_len: usize) -> Result<BatchOutput> {
+        let v = self.request(&score_request(batch, padded_len))?;
         let field = |k: &str| -> Result<Vec<Value>> {
             v[k].as_array()
                 .cloned()
@@ -34,5 +39,10 @@ impl Score for HfEngine {
             scores: TargetScores { token_ll, argmax },
             latency_ms,
         })
+    }
+
+    fn choose_config(&mut self, probe: &[(&[Request], usize)]) -> Result<()> {
+        let requests = probe.iter().map(|(b, t)| score_request(b, *t)).collect();
+        self.choose_attn(requests).map(|_| ())
     }
 }

@@ -8,18 +8,28 @@ worker only runs the model and reports what the Rust side would have measured.
   -> {"op": "hello"}                       (imports work: checked before any weights are written)
   <- {"ok": true, "versions": {...}}
   -> {"op": "load", "model_dir": D, "dtype": "fp32|tf32|fp16|bf16", "device": "cpu|cuda:N",
-      "attn": "auto|eager|sdpa", "compile": false}
+      "attn": "best|auto|eager|sdpa", "compile": false}
   <- {"ok": true, "versions": {...}, "attn": "sdpa", "max_positions": N, "n_parameters": N,
       "load_seconds": s}
-  -> {"op": "score", "inputs": [[ids]...], "n_targets": [k...], "targets": [[ids]...]}
+     (best loads as auto does; choose_attn then picks)
+  -> {"op": "choose_attn", "probe": [score or generate request...]}
+  <- {"ok": true, "attn": "eager", "timings_ms": {"eager": t, "sdpa": t}}
+     or {"ok": true, "attn": "eager", "timings_ms": {}, "note": "... supports eager only"}
+     (--hf-attn best: every attention the model supports runs each probe request twice,
+     uncompiled: once to warm up, once timed; timings_ms sums the timed latencies; the fastest
+     is kept for the rest of the run)
+  -> {"op": "score", "inputs": [[ids]...], "targets": [[ids]...], "padded_len": T}
   <- {"ok": true, "token_ll": [...], "argmax": [...], "latency_ms": t}
-     (token_ll / argmax: for every passage in order, one entry per target token)
+     (inputs right-padded to max(T, longest); token_ll / argmax: for every passage in order,
+     one entry per target token)
   -> {"op": "finish"}
   <- {"ok": true, "peak_memory_bytes": N, "device_memory_used_bytes": N|null,
       "reserved_memory_bytes": N|null}
-  -> {"op": "generate", "prompts": [[ids]...], "new_tokens": N, "pad_id": P, "time_steps": bool}
+  -> {"op": "generate", "prompts": [[ids]...], "padded_len": T, "new_tokens": N, "pad_id": P,
+      "time_steps": bool}
   <- {"ok": true, "ids": [[N ids]...], "latency_ms": t, "token_ms": [t1, ..., tN]}
-     (greedy, exactly N new tokens per prompt, left-padded batch with its attention mask, as
+     (greedy, exactly N new tokens per prompt, batch left-padded to max(T, longest) with its
+     attention mask, as
      `model.generate(do_sample=False, min_new_tokens=N, max_new_tokens=N, pad_token_id=P)`;
      token_ms[k]: device-synchronized time from the start to the (k+1)-th token, so token_ms[0]
      is the time to first token (prefill) and the differences are inter-token latencies; empty
@@ -124,8 +134,9 @@ class Worker:
 
         cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
         supported = ["eager"] + (["sdpa"] if getattr(cls, "_supports_sdpa", False) else [])
+        self.candidates = supported  # what choose_attn times (--hf-attn best)
         attn = req["attn"]
-        if attn == "auto":
+        if attn in ("auto", "best"):
             attn = supported[-1]
         if attn not in supported:
             fail(f"{cls.__name__} in transformers {transformers.__version__} supports attention "
@@ -169,10 +180,37 @@ class Worker:
         reply(ok=True, versions=info, attn=attn, max_positions=max_positions,
               n_parameters=model.num_parameters(), load_seconds=load_seconds)
 
-    @torch.inference_mode()
+    def choose_attn(self, req):
+        """--hf-attn best: each supported attention on the probe requests, uncompiled (once to
+        warm up, once timed); keeps the fastest."""
+        name = f"{type(self.model).__name__} in transformers {transformers.__version__}"
+        if len(self.candidates) == 1:
+            only = self.candidates[0]
+            reply(ok=True, attn=only, timings_ms={}, note=f"{name} supports {only} only")
+            return
+        run = {"score": self.run_score, "generate": self.run_generate}
+        timings = {}
+        for attn in self.candidates:
+            self.model.set_attn_implementation(attn)
+            timings[attn] = 0.0
+            for probe in req["probe"]:
+                run[probe["op"]](probe, compiled=False)  # per-shape set-up, allocator growth
+                timings[attn] += run[probe["op"]](probe, compiled=False)["latency_ms"]
+        best = min(timings, key=timings.get)
+        self.model.set_attn_implementation(best)
+        if self.device.type == "cuda":  # the run's memory figures are its own, not the probe's
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+        reply(ok=True, attn=best, timings_ms=timings)
+
     def score(self, req):
+        reply(ok=True, **self.run_score(req))
+
+    @torch.inference_mode()
+    def run_score(self, req, compiled=True):
         inputs, targets = req["inputs"], req["targets"]
-        b, t = len(inputs), max(len(x) for x in inputs)
+        b, t = len(inputs), max([req.get("padded_len", 0)] + [len(x) for x in inputs])
+        body = self.body if compiled else self.model.base_model
         sync(self.device)
         t0 = time.perf_counter()
         ids = torch.zeros((b, t), dtype=torch.long)
@@ -186,7 +224,7 @@ class Worker:
             rows.extend(i * t + p for p in range(first - 1, n))
             flat_targets.extend(y)
         ids, mask = ids.to(self.device), mask.to(self.device)
-        hidden = self.body(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, T, C)
+        hidden = body(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, T, C)
         picked = hidden.reshape(b * t, -1)[torch.tensor(rows, device=self.device)]  # (N, C)
         logp = torch.log_softmax(self.head(picked).float(), dim=-1)  # (N, V)
         want = torch.tensor(flat_targets, device=self.device)
@@ -194,12 +232,15 @@ class Worker:
         argmax = logp.argmax(-1).tolist()
         sync(self.device)
         latency_ms = (time.perf_counter() - t0) * 1e3
-        reply(ok=True, token_ll=token_ll, argmax=argmax, latency_ms=latency_ms)
+        return dict(token_ll=token_ll, argmax=argmax, latency_ms=latency_ms)
+
+    def generate(self, req):
+        reply(ok=True, **self.run_generate(req))
 
     @torch.inference_mode()
-    def generate(self, req):
+    def run_generate(self, req, compiled=True):
         prompts, n_new, pad = req["prompts"], req["new_tokens"], req["pad_id"]
-        b, t = len(prompts), max(len(p) for p in prompts)
+        b, t = len(prompts), max([req.get("padded_len", 0)] + [len(p) for p in prompts])
         sync(self.device)
         t0 = time.perf_counter()
         ids = torch.full((b, t), pad, dtype=torch.long)
@@ -222,12 +263,12 @@ class Worker:
         out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
                                   max_new_tokens=n_new, min_new_tokens=n_new, pad_token_id=pad,
                                   streamer=Clock() if req.get("time_steps", True) else None,
-                                  **self.generate_kwargs)
+                                  **(self.generate_kwargs if compiled else {}))
         new = out[:, t:].tolist()
         sync(self.device)
         latency_ms = (time.perf_counter() - t0) * 1e3
         token_ms = [(s - t0) * 1e3 for s in stamps[1:]]  # stamps[0]: the prompt
-        reply(ok=True, ids=new, latency_ms=latency_ms, token_ms=token_ms)
+        return dict(ids=new, latency_ms=latency_ms, token_ms=token_ms)
 
     def setup_training(self, model, h, dtype, compile_):
         from transformers import get_linear_schedule_with_warmup

@@ -104,14 +104,7 @@ fn header_columns(row: &mut RunRow, h: &Header) {
     }
     m.insert("git_commit".into(), h.git_commit.clone());
     m.insert("time_utc".into(), h.time_utc.clone());
-    if let Some(attn) = h.engine_info.get("attn") {
-        m.insert("attn".into(), attn.clone());
-    }
-    // HF's torch.compile (--hf-compile; a static KV cache for generation): a configuration of
-    // its own, never averaged with the eager runs.
-    if let Some(c) = h.engine_info.get("compile") {
-        m.insert("hf_compile".into(), c.clone());
-    }
+    hf_columns(row, h);
     row.set("batch_size", h.batch_size);
     row.set("n_parameters", h.model.n_parameters);
     row.set("load_seconds", h.load_seconds);
@@ -136,6 +129,31 @@ fn header_columns(row: &mut RunRow, h: &Header) {
         if let Some(n) = g.prompt_len {
             row.set("prompt_len", n);
         }
+    }
+}
+
+/// The HF configuration: attention (and what asked for it: `best` with the probe's time of
+/// each candidate), torch.compile, the padding multiple (both engines).
+fn hf_columns(row: &mut RunRow, h: &Header) {
+    let info = &h.engine_info;
+    for (key, column) in [
+        ("attn", "attn"),
+        ("attn_requested", "attn_requested"),
+        // HF's torch.compile (--hf-compile; a static KV cache for generation): a configuration
+        // of its own, never averaged with the eager runs.
+        ("compile", "hf_compile"),
+    ] {
+        if let Some(v) = info.get(key) {
+            m_insert(row, column, v);
+        }
+    }
+    for (k, v) in info.iter().filter(|(k, _)| k.starts_with("attn_probe_ms_")) {
+        if let Ok(ms) = v.parse::<f64>() {
+            row.set(k, ms);
+        }
+    }
+    if let Some(n) = h.pad_multiple {
+        row.set("pad_multiple", n);
     }
 }
 

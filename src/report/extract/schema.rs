@@ -27,6 +27,7 @@ pub const META: &[&str] = &[
     "gpu",
     "driver",
     "attn",
+    "attn_requested",
     "hf_compile",
     "mode",
     "gen_source",

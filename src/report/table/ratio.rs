@@ -57,12 +57,21 @@ fn latency(r: &RunRow) -> Option<f64> {
         .or_else(|| r.num("step_latency_ms_p50"))
 }
 
-/// B's configuration as a label: `hf-eager` for HF runs that name their attention.
+/// B's configuration as a label: `hf-eager` for HF runs that name their attention,
+/// `+compile` with torch.compile, ` (best)` when `--hf-attn best` chose the attention.
 fn config(r: &RunRow, engine: &str) -> String {
-    match r.meta.get("attn") {
+    let meta = |k: &str| r.meta.get(k).map(String::as_str);
+    let mut label = match meta("attn") {
         Some(a) => format!("{engine}-{a}"),
         None => engine.to_string(),
+    };
+    if meta("hf_compile") == Some("true") {
+        label += "+compile";
     }
+    if meta("attn_requested") == Some("best") {
+        label += " (best)";
+    }
+    label
 }
 
 /// The (A, B) pairs, sorted by model, suite, precision, batch size (largest first), B's config.

@@ -6,8 +6,9 @@
 //! the passage's log-likelihood is the sum of log p(target token) at the target positions, and
 //! it is `greedy` when every target token is the argmax. Metrics: [`crate::metrics`].
 //!
-//! Batches keep file order and are right-padded to their longest row; with a causal mask no
-//! real token ever sees padding, so results do not depend on the batch size.
+//! Batches keep file order and are right-padded to their longest row (rounded up to
+//! `--pad-multiple`); with a causal mask no real token ever sees padding, so results depend on
+//! neither the batch size nor the padding.
 
 use crate::engines::candle::target_scores;
 use crate::engines::{Request, TargetScores};
@@ -80,16 +81,18 @@ pub fn build_requests(
         .collect()
 }
 
-/// Shapes of one padded batch.
+/// Shapes of one batch.
 pub struct BatchShape {
+    /// Real input tokens.
     pub n_tokens: usize,
-    pub padded_len: usize,
+    /// The longest input (the batch is right-padded to at least this).
+    pub longest: usize,
 }
 
 pub fn batch_shape(batch: &[Request]) -> BatchShape {
     BatchShape {
         n_tokens: batch.iter().map(|r| r.input.len()).sum(),
-        padded_len: batch.iter().map(|r| r.input.len()).max().unwrap_or(0),
+        longest: batch.iter().map(|r| r.input.len()).max().unwrap_or(0),
     }
 }
 
@@ -120,13 +123,14 @@ pub fn passage_results(batch: &[Request], scores: &TargetScores) -> Result<Vec<P
     Ok(out)
 }
 
-/// Scores one batch with a candle model.
+/// Scores one batch with a candle model, padded to its longest input.
 pub fn score_batch(
     model: &dyn CausalLm,
     batch: &[Request],
     device: &Device,
 ) -> Result<Vec<PassageResult>> {
-    passage_results(batch, &target_scores(model, batch, device)?)
+    let longest = batch_shape(batch).longest;
+    passage_results(batch, &target_scores(model, batch, longest, device)?)
 }
 
 #[cfg(test)]

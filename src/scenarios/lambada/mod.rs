@@ -4,13 +4,13 @@
 pub mod data;
 
 use super::skeleton::{
-    base_header, candle_device, engine_runs, final_memory, finish_log, gpu_index, hf_dir, open_log,
-    GpuWatch,
+    base_header, candle_device, choose_config, engine_runs, final_memory, finish_log,
+    first_of_each_shape, gpu_index, open_log, shows_progress, start_hf, warmup_batches, GpuWatch,
+    Padding, PROBE_SHAPES,
 };
 use super::spec::RunSpec;
 use crate::device::DeviceSpec;
-use crate::engines::candle::CandleEngine;
-use crate::engines::hf::HfEngine;
+use crate::engines::candle::{CandleEngine, LoadFrom};
 use crate::engines::{Engine, EngineKind, Request, Score};
 use crate::env::{EnvReport, GpuInfo};
 use crate::error::{message_without_backtrace, Error, Result};
@@ -18,6 +18,7 @@ use crate::flops::{lambada_forward_flops, mfu, peak_tflops, ModelShape};
 use crate::log::{RankLog, RunOutcome};
 use crate::metrics::BatchTotals;
 use crate::models::WeightSource;
+use crate::progress::Status;
 use crate::record::{BatchRecord, DataInfo, Header, Record, Summary};
 use crate::tokenizer::TextTokenizer;
 use data::{batch_shape, build_requests, passage_results};
@@ -43,7 +44,7 @@ struct Started {
 /// `--save-weights`, candle also writes the random weights).
 fn start(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Result<Started> {
     if kind == EngineKind::Hf {
-        let engine = HfEngine::start(&spec.hf, hf_dir(weights)?, spec.precision, spec.device)?;
+        let engine = start_hf(spec, weights)?;
         // NVML opens no CUDA context, so no GPU memory is taken from the worker.
         let mut host = EnvReport::collect();
         if let (true, Some(gpu)) = (host.gpus.is_empty(), engine.info().get("gpu").cloned()) {
@@ -69,7 +70,13 @@ fn start(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Result<Sta
         .filter(|_| spec.engine == EngineKind::Candle);
     let tp = spec.tp.as_ref().map(|t| &t.group);
     let device = candle_device(spec)?;
-    let engine = CandleEngine::load(&spec.model, weights, spec.precision, device, tp, save)?;
+    let from = LoadFrom {
+        weights,
+        tp,
+        save,
+        progress: shows_progress(spec),
+    };
+    let engine = CandleEngine::load(&spec.model, from, spec.precision, device)?;
     Ok(Started {
         cuda_uuid: crate::device::cuda_uuid(&engine.device),
         engine: Box::new(engine),
@@ -87,6 +94,21 @@ fn max_len(spec: &RunSpec, engine: &dyn Score) -> Result<usize> {
         Some(n) => Ok(n),
         None => Ok(engine.max_positions()),
     }
+}
+
+/// The passages as requests ([`build_requests`]), saying so: the full set takes a moment.
+pub(crate) fn tokenize(
+    spec: &RunSpec,
+    tokenizer: &TextTokenizer,
+    passages: &[(usize, String)],
+    max_len: usize,
+) -> Result<Vec<Request>> {
+    let n = passages.len();
+    let status = Status::spinner(shows_progress(spec), format!("tokenizing {n} passages"));
+    let requests = build_requests(tokenizer, passages, max_len)?;
+    let secs = status.elapsed().as_secs_f64();
+    status.done(format!("tokenized {n} passages in {secs:.2} s"));
+    Ok(requests)
 }
 
 /// The data's identity; `matches_reference` when the file has the suite's reference name.
@@ -146,12 +168,20 @@ fn run_engine(
         passages.truncate(n);
     }
     let mut started = start(spec, kind, weights)?;
-    let requests = build_requests(
+    let requests = tokenize(
+        spec,
         &tokenizer,
         &passages,
         max_len(spec, started.engine.as_ref())?,
     )?;
-    let header = header(spec, &started, weights, &tokenizer, requests.len());
+    let batches = Batches::of(spec, &requests, started.engine.max_positions());
+    let probe = batches.probe();
+    choose_config(spec, kind, probe.len(), || {
+        started.engine.choose_config(&probe)?;
+        Ok(started.engine.info())
+    })?;
+    let mut header = header(spec, &started, weights, &tokenizer, requests.len());
+    header.warmup_batches = batches.warmup.len();
     if header.data.matches_reference == Some(false) && spec.is_logging_rank() {
         eprintln!(
             "warning: {} has sha256 {}, not the suite's {}: results are not comparable with the reference set",
@@ -160,7 +190,7 @@ fn run_engine(
     }
     // Every rank runs every batch (each forward has all-reduces); only rank 0 logs.
     let mut log = open_log(spec, &header)?;
-    let mut scored = score_all(spec, &header, started.engine.as_mut(), &requests, &mut log)?;
+    let mut scored = score_all(spec, &header, started.engine.as_mut(), &batches, &mut log)?;
     let failure = scored.failure.take();
     let summary = finish(
         spec,
@@ -182,35 +212,69 @@ struct Scored {
     failure: Option<Error>,
 }
 
+/// The run's batches in file order, each with the length it is padded to, and which of them
+/// warm up.
+struct Batches<'a> {
+    list: Vec<(&'a [Request], usize)>,
+    warmup: Vec<usize>,
+}
+
+impl<'a> Batches<'a> {
+    /// `--batch-size` passages a batch, padded by `--pad-multiple` (never past `max_positions`).
+    /// The warm-up is the first `--warmup` batches and, with `--pad-multiple` above 1, the
+    /// first batch of every padded length besides.
+    fn of(spec: &RunSpec, requests: &'a [Request], max_positions: usize) -> Self {
+        let pad = Padding {
+            multiple: spec.pad_multiple,
+            cap: max_positions,
+        };
+        let list: Vec<(&[Request], usize)> = requests
+            .chunks(spec.batch_size.max(1))
+            .map(|b| (b, pad.len(batch_shape(b).longest)))
+            .collect();
+        let lens: Vec<usize> = list.iter().map(|b| b.1).collect();
+        let warmup = warmup_batches(&lens, spec.warmup_batches, spec.pad_multiple > 1);
+        Self { list, warmup }
+    }
+
+    /// The first batch of each of the first padded lengths: what `--hf-attn best` times.
+    fn probe(&self) -> Vec<(&'a [Request], usize)> {
+        let lens: Vec<usize> = self.list.iter().map(|b| b.1).collect();
+        first_of_each_shape(&lens, PROBE_SHAPES)
+            .into_iter()
+            .map(|i| self.list[i])
+            .collect()
+    }
+}
+
 /// Untimed warm-up batches, then every batch timed and logged as it finishes.
 fn score_all(
     spec: &RunSpec,
     header: &Header,
     engine: &mut dyn Score,
-    requests: &[Request],
+    batches: &Batches,
     log: &mut RankLog,
 ) -> Result<Scored> {
-    let batches: Vec<&[Request]> = requests.chunks(spec.batch_size.max(1)).collect();
     // Untimed warm-up batches: CUDA loads candle's PTX kernels, cuBLAS creates handles and the
-    // memory pools grow on first use; none of that is the model's speed. A failure here (an
-    // out-of-memory at a large batch) is recorded like one in the timed batches.
+    // memory pools grow on first use (and a compiled HF model compiles each new shape); none
+    // of that is the model's speed. A failure here (an out-of-memory at a large batch) is
+    // recorded like one in the timed batches.
     let mut failure = batches
+        .warmup
         .iter()
-        .take(spec.warmup_batches)
-        .find_map(|batch| engine.score(batch).err());
+        .map(|&i| batches.list[i])
+        .find_map(|(batch, padded)| engine.score(batch, padded).err());
     // NVML trackers over the timed loop only (warm-up excluded, as for latency).
     let watch = GpuWatch::start(spec.device, header.gpu_index, engine.pid());
     let shape = ModelShape::of(&spec.model);
     let (mut totals, mut model_flops) = (BatchTotals::default(), 0.);
-    let bar = crate::progress::passages(
-        spec.progress && spec.is_logging_rank(),
-        requests.len() as u64,
-    );
-    for (i, batch) in batches.iter().enumerate() {
+    let n_passages = batches.list.iter().map(|b| b.0.len()).sum::<usize>();
+    let bar = crate::progress::passages(spec.progress && spec.is_logging_rank(), n_passages as u64);
+    for (i, &(batch, padded)) in batches.list.iter().enumerate() {
         if failure.is_some() {
             break;
         }
-        let record = match score_one(engine, i, batch) {
+        let record = match score_one(engine, i, batch, padded) {
             Ok(r) => r,
             Err(e) => {
                 failure = Some(e);
@@ -234,15 +298,20 @@ fn score_all(
     })
 }
 
-/// Scores batch `i` and turns the engine's per-token scores into its log record.
-fn score_one(engine: &mut dyn Score, i: usize, batch: &[Request]) -> Result<BatchRecord> {
-    let out = engine.score(batch)?;
-    let bs = batch_shape(batch);
+/// Scores batch `i`, padded to `padded_len`, and turns the engine's per-token scores into its
+/// log record.
+fn score_one(
+    engine: &mut dyn Score,
+    i: usize,
+    batch: &[Request],
+    padded_len: usize,
+) -> Result<BatchRecord> {
+    let out = engine.score(batch, padded_len)?;
     Ok(BatchRecord {
         batch: i,
         n_samples: batch.len(),
-        n_tokens: bs.n_tokens,
-        padded_len: bs.padded_len,
+        n_tokens: batch_shape(batch).n_tokens,
+        padded_len,
         latency_ms: out.latency_ms,
         passages: passage_results(batch, &out.scores)?,
     })
