@@ -138,6 +138,7 @@ class Worker:
         attn = req["attn"]
         if attn in ("auto", "best"):
             attn = supported[-1]
+        self.loaded_attn = attn  # what choose_attn falls back to
         if attn not in supported:
             fail(f"{cls.__name__} in transformers {transformers.__version__} supports attention "
                  f"{', '.join(supported)}, not {attn}: use --hf-attn {supported[-1]}")
@@ -190,14 +191,23 @@ class Worker:
             return
         run = {"score": self.run_score, "generate": self.run_generate}
         timings = {}
-        for attn in self.candidates:
-            self.model.set_attn_implementation(attn)
-            timings[attn] = 0.0
-            for probe in req["probe"]:
-                run[probe["op"]](probe, compiled=False)  # per-shape set-up, allocator growth
-                timings[attn] += run[probe["op"]](probe, compiled=False)["latency_ms"]
-        best = min(timings, key=timings.get)
-        self.model.set_attn_implementation(best)
+        try:
+            for attn in self.candidates:
+                self.model.set_attn_implementation(attn)
+                timings[attn] = 0.0
+                for probe in req["probe"]:
+                    run[probe["op"]](probe, compiled=False)  # per-shape set-up, allocator growth
+                    timings[attn] += run[probe["op"]](probe, compiled=False)["latency_ms"]
+            best = min(timings, key=timings.get)
+            self.model.set_attn_implementation(best)
+        except Exception as e:  # a switch this transformers cannot make: keep what loaded, say so
+            try:
+                self.model.set_attn_implementation(self.loaded_attn)
+            except Exception:
+                pass  # the switch itself failed: the model still runs what it loaded
+            reply(ok=True, attn=self.loaded_attn, timings_ms={},
+                  note=f"could not time the attentions ({type(e).__name__}: {e}); kept {self.loaded_attn}")
+            return
         if self.device.type == "cuda":  # the run's memory figures are its own, not the probe's
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
