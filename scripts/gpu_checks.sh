@@ -2,6 +2,7 @@
 # One batch of GPU-host checks per device call; stages run in the order given.
 # Run from the repo root on the GPU host; writes everything under $OUT (<= 8 files come back).
 #   fixtures       HF reference fixtures (CPU fp32) for tests/fixtures           -> fixtures.tgz
+#   train-grads    HF first-step gradients for the shipped train fixtures (CPU fp32)  -> train-grads.tgz
 #   train-fixtures HF training fixtures (CPU fp32): tests/fixtures/train-{gpt2,bloom} -> train-fixtures.tgz
 #   numerics       real-shape HF references made here (gpt2, bloom-560m; fp32, bf16) vs ours
 #   lambada-small  full LAMBADA, batch 16: gpt2 in 4 precisions, bloom-560m in 3
@@ -43,7 +44,7 @@
 #                  ($PROF_ENGINES: candle hf; $PROF_CASES: those five; $PROF_FLAGS go to the
 #                  training run, e.g. PROF_ENGINES=candle PROF_FLAGS="--backward autograd")
 #   kernels        the fused kernels against candle's composed ops (src/kernels/gpu_tests.rs),
-#                  from the CUDA unit-test binary .gpu/tests.gz             -> kernels.txt
+#                  from the CUDA unit-test binary .gpu/tests.{xz,gz}           -> kernels.txt
 #   perf-compare   the #10 targets in one run: candle vs HF (`--engine both`), bf16, LAMBADA:
 #                  gpt2 / bloom-560m / bloom-7b1 batch 16 (full set), gpt2 batch 1 (--limit
 #                  $B1_LIMIT); WikiText-2 gpt2 fine-tuning, $PERF_STEPS (50) timed steps with
@@ -68,8 +69,9 @@
 #                  `--engine candle,hf,llmc --hf-compile` (a sweep: one process per engine; HF
 #                  compiled as Trainer's torch_compile=True, compilation in the warm-up; llm.c's
 #                  train_gpt2cu from .gpu/train_gpt2cu, a copy of /work/shared/gpu/llmc/), then
-#                  eager HF alone for the compile gain. The CSV (engine candle / hf / hf-compile /
-#                  llmc, samples/s, tokens/s, peak memory, MFU) needs .gpu/extract-metrics.gz (a
+#                  eager HF alone for the compile gain, then candle alone with each
+#                  --backward of $CMP_BACKWARDS (e.g. "manual autograd"). The CSV (engine candle / hf / hf-compile /
+#                  llmc, samples/s, tokens/s, peak memory, MFU) needs .gpu/extract-metrics.{xz,gz} (a
 #                  report build), else make it from the logs: -> train-compare-logs.tgz, train-compare.csv
 #   hf-best        candle vs HF at HF's best configuration (#22 item 5), bf16, `--engine both` with
 #                  the default `--hf-attn best` (eager and sdpa timed on the first batch of each
@@ -78,11 +80,11 @@
 #                  batch 16 on the first $GEN_LIMIT (1600) passages; then gpt2 scoring with HF
 #                  `--hf-compile` (padded to multiples of 64, every bucket compiled in the
 #                  warm-up). Logs -> hf-best-logs.tgz, console -> hf-best.txt, and with
-#                  .gpu/extract-metrics.gz the CSV and ratio table -> hf_best.csv, hf_best_ratio.md
+#                  .gpu/extract-metrics.{xz,gz} the CSV and ratio table -> hf_best.csv, hf_best_ratio.md
 #                  (estimated 3-5 minutes on an H100, most of it HF's import, load and
 #                  compilation; not run yet: BEST_MODELS=gpt2 drops the bloom-560m runs)
-# Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.gz, lambada_test.jsonl;
-# for hf-best's CSV also extract-metrics.gz (a CPU build: cargo build --release --bin extract-metrics).
+# Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.{xz,gz}, lambada_test.jsonl;
+# for hf-best's CSV also extract-metrics.{xz,gz} (a CPU build: cargo build --release --bin extract-metrics).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/logs
@@ -93,7 +95,14 @@ export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on shared hosts (KINDS.m
   head -1 /proc/driver/nvidia/version
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
 } 2>&1 | tee "$OUT/host.txt"
-if [ -f .gpu/bench.gz ]; then gunzip -c .gpu/bench.gz > /tmp/bench && chmod +x /tmp/bench; fi
+unpack() { # NAME DEST: .gpu/NAME.xz (half gzip's size: the carry limit) or .gpu/NAME.gz -> DEST
+  if [ -f ".gpu/$1.xz" ]; then
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' ".gpu/$1.xz" "$2"
+  elif [ -f ".gpu/$1.gz" ]; then gunzip -c ".gpu/$1.gz" > "$2"
+  else return 1
+  fi && chmod +x "$2"
+}
+unpack bench /tmp/bench
 B=/tmp/bench
 FIX="python3 scripts/hf_fixtures/make_fixtures.py --vocab-dir .gpu/vocab --data data/lambada_sample.jsonl"
 LOGS=/tmp/logs
@@ -217,13 +226,12 @@ for stage in "$@"; do
     # Compiled HF (the candle run of the same configuration is above): --pad-multiple defaults
     # to 64, the warm-up runs the first batch of every bucket, so compilation stays untimed.
     best_run --engine hf --hf-compile --model gpt2
-    if [ -f .gpu/extract-metrics.gz ]; then
-      gunzip -c .gpu/extract-metrics.gz > /tmp/extract-metrics && chmod +x /tmp/extract-metrics
+    if unpack extract-metrics /tmp/extract-metrics; then
       /tmp/extract-metrics -i /tmp/hf-best-logs -o "$OUT/hf_best.csv"
       /tmp/extract-metrics -i /tmp/hf-best-logs --ratio candle/hf -o "$OUT/hf_best_ratio.md"
       cat "$OUT/hf_best_ratio.md" | tee -a "$OUT/hf-best.txt"
     else
-      echo "no .gpu/extract-metrics.gz: extract-metrics -i hf-best-logs -o hf_best.csv after unpacking" | tee -a "$OUT/hf-best.txt"
+      echo "no .gpu/extract-metrics.{xz,gz}: extract-metrics -i hf-best-logs -o hf_best.csv after unpacking" | tee -a "$OUT/hf-best.txt"
     fi
     ;;
   gen-fixtures)
@@ -300,8 +308,9 @@ for stage in "$@"; do
     (cd /tmp && tar czf "$OUT/perf-profile.tgz" prof)
     ;;
   kernels)
-    gunzip -c .gpu/tests.gz > /tmp/unit-tests && chmod +x /tmp/unit-tests
-    /tmp/unit-tests kernels:: 2>&1 | tee "$OUT/kernels.txt"
+    unpack tests /tmp/unit-tests
+    # One test at a time: with parallel threads the binary hung once (results/h100/generate-run5).
+    /tmp/unit-tests kernels:: --test-threads 1 2>&1 | tee "$OUT/kernels.txt"
     ;;
   perf-compare)
     E=${PERF_ENGINE:-both}
@@ -334,6 +343,12 @@ for stage in "$@"; do
     $FIX --out "$OUT/fixtures" --device cpu --dtype fp32 \
       --configs gpt2-fixture,gpt2-fixture-logits,bloom-fixture,bloom-fixture-logits 2>&1 | grep -v Writing
     (cd "$OUT" && tar czf fixtures.tgz fixtures && rm -rf fixtures)
+    ;;
+  train-grads)
+    # First-step gradients of every parameter (HF, CPU fp32) from the shipped train fixtures'
+    # weights and batches: tests/fixtures/train-{gpt2,bloom}/grads.safetensors
+    python3 scripts/hf_fixtures/make_train_fixtures.py --out tests/fixtures --grads-only 2>&1 | tee "$OUT/train-grads.txt"
+    tar czf "$OUT/train-grads.tgz" tests/fixtures/train-gpt2/grads.safetensors tests/fixtures/train-bloom/grads.safetensors
     ;;
   train-fixtures)
     python3 scripts/hf_fixtures/make_train_fixtures.py --out "$OUT/train-fixtures" --archs gpt2,bloom 2>&1 | grep -v Writing
@@ -438,13 +453,13 @@ PY
     [ -x .gpu/train_gpt2cu ] || { echo ".gpu/train_gpt2cu missing: copy /work/shared/gpu/llmc/train_gpt2cu there" >&2; exit 1; }
     LLMC_BIN=$PWD/.gpu/train_gpt2cu cmp_run --engine candle,hf,llmc --hf-compile
     cmp_run --engine hf
-    if [ -f .gpu/extract-metrics.gz ]; then
-      gunzip -c .gpu/extract-metrics.gz > /tmp/extract-metrics && chmod +x /tmp/extract-metrics
+    for b in ${CMP_BACKWARDS:-}; do cmp_run --engine candle --backward "$b"; done
+    if unpack extract-metrics /tmp/extract-metrics; then
       /tmp/extract-metrics -i /tmp/cmp-logs -o "$OUT/train-compare.csv" --where suite=wikitext2 \
         --columns engine,model,dtype,batch_size,train_samples_per_second,tokens_per_second,peak_memory_bytes,mfu,step_latency_ms_p50,warmup_runtime,train_loss,eval_loss,status
       cat "$OUT/train-compare.csv"
     else
-      echo "no .gpu/extract-metrics.gz: unpack train-compare-logs.tgz, then extract-metrics -i cmp-logs -o train-compare.csv" | tee -a "$OUT/train-compare.txt"
+      echo "no .gpu/extract-metrics.{xz,gz}: unpack train-compare-logs.tgz, then extract-metrics -i cmp-logs -o train-compare.csv" | tee -a "$OUT/train-compare.txt"
     fi
     ;;
   hf-trainer)
