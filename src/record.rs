@@ -48,6 +48,9 @@ pub struct TrainInfo {
     pub epochs: f64,
     pub max_steps: usize,
     pub dropout: bool,
+    /// Each epoch's last partial batch dropped (HF's dataloader_drop_last); absent in older logs.
+    #[serde(default)]
+    pub drop_last: bool,
     pub hyper: Hyper,
     /// How the rates exclude warm-up.
     pub timing: String,

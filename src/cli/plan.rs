@@ -641,6 +641,7 @@ fn resolve_train(
         dropout: !a.no_dropout,
         backward: a.backward,
         phase_times: a.phase_times,
+        drop_last: a.drop_last || args.hf_compile,
         save: a.save.clone(),
     })
 }

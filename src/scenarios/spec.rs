@@ -106,6 +106,8 @@ pub struct TrainOptions {
     pub backward: Option<crate::train::Backward>,
     /// Synchronize between forward, backward and update and log each one's time.
     pub phase_times: bool,
+    /// Drop each epoch's last partial batch (HF's dataloader_drop_last).
+    pub drop_last: bool,
     /// Write the trained weights (fp32 masters) as an HF checkpoint here.
     pub save: Option<PathBuf>,
 }

@@ -234,10 +234,13 @@ pub enum Backward {
 }
 
 impl Backward {
-    /// The default for `spec`: autograd, for every model until the manual step's GPU tests
-    /// have run (it equals autograd on the CPU; on CUDA it is unmeasured: docs/training.md).
-    pub fn default_for(_spec: &ModelSpec) -> Self {
-        Self::Autograd
+    /// The default for `spec`: manual for GPT-2 (the same gradients, 1.67x autograd's
+    /// samples/s on an H100: docs/perf-notes.md), autograd for every other model.
+    pub fn default_for(spec: &ModelSpec) -> Self {
+        match spec.arch {
+            Architecture::Gpt2(_) => Self::Manual,
+            _ => Self::Autograd,
+        }
     }
 
     pub fn as_str(self) -> &'static str {

@@ -87,7 +87,19 @@ fn prepare(spec: &RunSpec, opts: &TrainOptions) -> Result<Prepared> {
             opts.splits.train.origin, opts.splits.eval.origin
         )));
     }
-    let micro_per_epoch = train_blocks.len().div_ceil(spec.batch_size);
+    let micro_per_epoch = if opts.drop_last {
+        train_blocks.len() / spec.batch_size
+    } else {
+        train_blocks.len().div_ceil(spec.batch_size)
+    };
+    if micro_per_epoch == 0 {
+        return Err(Error::Config(format!(
+            "{} has {} blocks of {block_size}, fewer than one batch of {} with --drop-last (on with --hf-compile): lower --batch-size",
+            opts.splits.train.origin,
+            train_blocks.len(),
+            spec.batch_size
+        )));
+    }
     // Micro-batches per optimizer step over all data-parallel ranks.
     let global_accum = opts.grad_accum * spec.dp_size();
     let steps_per_epoch = (micro_per_epoch / global_accum).max(1);
@@ -227,6 +239,7 @@ fn header(
             epochs: prep.total_steps as f64 / prep.steps_per_epoch as f64,
             max_steps: prep.total_steps,
             dropout: opts.dropout,
+            drop_last: opts.drop_last,
             hyper: prep.hyper.clone(),
             timing: format!(
                 "the first {warmup} optimizer steps are trained but not timed ({}); rates use the other steps' latencies",
@@ -272,30 +285,34 @@ fn dp_info(spec: &RunSpec, opts: &TrainOptions, d: &DpRun) -> DpInfo {
 }
 
 /// Micro-batches over epochs, each epoch reshuffled (seeded; HF's RandomSampler draws another
-/// permutation), the last partial batch kept (HF's dataloader_drop_last=False). Every engine
-/// of a run starts from the same seed: the same blocks in the same order.
+/// permutation), the last partial batch kept (HF's dataloader_drop_last=False) unless
+/// `drop_last`. Every engine of a run starts from the same seed: the same blocks in the same
+/// order.
 struct MicroBatches {
     rng: rand_chacha::ChaCha8Rng,
     order: Vec<usize>,
     cursor: usize,
     n_blocks: usize,
     batch_size: usize,
+    drop_last: bool,
 }
 
 impl MicroBatches {
-    fn new(seed: u64, n_blocks: usize, batch_size: usize) -> Self {
+    fn new(seed: u64, n_blocks: usize, batch_size: usize, drop_last: bool) -> Self {
         Self {
             rng: rand_chacha::ChaCha8Rng::seed_from_u64(seed),
             order: vec![],
             cursor: 0,
             n_blocks,
             batch_size,
+            drop_last,
         }
     }
 
     /// Block indices of the next micro-batch.
     fn next(&mut self) -> Vec<usize> {
-        if self.cursor >= self.order.len() {
+        let left = self.order.len() - self.cursor;
+        if left == 0 || (self.drop_last && left < self.batch_size) {
             self.order = (0..self.n_blocks).collect();
             self.order.shuffle(&mut self.rng);
             self.cursor = 0;
@@ -396,7 +413,12 @@ fn train_steps(
 ) -> Result<(TrainTotals, Option<Error>)> {
     let (dp_rank, dp_n, ga) = (spec.rank(), spec.dp_size(), opts.grad_accum);
     let warmup = warmup_steps(spec, prep);
-    let mut micro = MicroBatches::new(spec.seed, prep.train_blocks.len(), spec.batch_size);
+    let mut micro = MicroBatches::new(
+        spec.seed,
+        prep.train_blocks.len(),
+        spec.batch_size,
+        opts.drop_last,
+    );
     let bar = crate::progress::steps(spec.progress && dp_rank == 0, prep.total_steps as u64);
     let mut totals = TrainTotals::default();
     let mut micro_done = 0usize;
@@ -442,4 +464,27 @@ fn train_steps(
     }
     bar.finish_and_clear();
     Ok((totals, None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MicroBatches;
+
+    /// 10 blocks in batches of 4: an epoch is 4, 4, 2 with the ragged batch kept, and 4, 4
+    /// with it dropped (each epoch a fresh permutation of every block either way).
+    #[test]
+    fn drop_last_skips_each_epochs_partial_batch() {
+        let sizes = |drop_last| {
+            let mut m = MicroBatches::new(0, 10, 4, drop_last);
+            (0..6).map(|_| m.next().len()).collect::<Vec<_>>()
+        };
+        assert_eq!(sizes(false), [4, 4, 2, 4, 4, 2]);
+        assert_eq!(sizes(true), [4, 4, 4, 4, 4, 4]);
+        let mut m = MicroBatches::new(0, 10, 4, true);
+        let epoch: Vec<usize> = (0..2).flat_map(|_| m.next()).collect();
+        let mut seen = epoch.clone();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), 8, "no block twice within an epoch: {epoch:?}");
+    }
 }
