@@ -637,8 +637,9 @@ fn wikitext2_trains_on_the_builtin_sample_and_logs_hf_metric_names() {
         panic!("header first")
     };
     assert!(h.train.as_ref().unwrap().note.contains("wiki.valid.raw"));
-    // Autograd unless told otherwise (the manual step's GPU tests have not run yet).
-    assert_eq!(h.engine_info["backward"], "autograd");
+    // GPT-2 trains through the manual step unless told otherwise; HF's ragged last batch is kept.
+    assert_eq!(h.engine_info["backward"], "manual");
+    assert!(!h.train.as_ref().unwrap().drop_last);
     let steps: Vec<_> = records
         .iter()
         .filter_map(|r| match r {

@@ -147,18 +147,15 @@ fn bloom_training_matches_hf() {
     check("train-bloom", Backward::Autograd);
 }
 
-// The gradient fixtures need torch: `scripts/hf_fixtures/make_train_fixtures.py --out
-// tests/fixtures --grads-only` on the GPU host writes them next to the others; then drop the
-// `ignore`s (or run `cargo test -- --ignored`).
+// The gradient fixtures were made on the GPU host (`bash scripts/gpu_checks.sh train-grads`:
+// `make_train_fixtures.py --out tests/fixtures --grads-only`, CPU fp32).
 #[test]
-#[ignore = "needs tests/fixtures/train-*/grads.safetensors (make_train_fixtures.py --grads-only)"]
 fn gpt2_first_step_gradients_match_hf() {
     check_first_gradients("train-gpt2", Backward::Manual);
     check_first_gradients("train-gpt2", Backward::Autograd);
 }
 
 #[test]
-#[ignore = "needs tests/fixtures/train-*/grads.safetensors (make_train_fixtures.py --grads-only)"]
 fn bloom_first_step_gradients_match_hf() {
     check_first_gradients("train-bloom", Backward::Autograd);
 }
