@@ -26,13 +26,14 @@ fn main() {
 
 /// The kernel families of src/kernels: each `<name>.cu` -> `$OUT_DIR/<name>.ptx`, embedded by
 /// src/kernels/<name>.rs (`ptx!`) and loaded as its own module.
-const KERNELS: [&str; 7] = [
+const KERNELS: [&str; 8] = [
     "adamw",
     "attn_softmax",
     "bias_act",
     "cross_entropy",
     "decode",
     "dropout",
+    "embedding",
     "layer_norm",
 ];
 /// The headers those `.cu` files include.

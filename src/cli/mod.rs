@@ -330,8 +330,11 @@ pub struct RunArgs {
     /// backward); adamw (AdamW in two kernels per tensor, the gradient norm in one, the clip
     /// folded in); layer-norm (training LayerNorm as one kernel, and its backward); dropout
     /// (masks hashed inside the kernels instead of stored); cross-entropy (the training loss
-    /// in one kernel each way, GPT-2's lm head padded to 64 columns). docs/perf-notes.md has
-    /// the effect of each. No effect on CPU.
+    /// in one kernel each way, GPT-2's lm head padded to 64 columns); decode (generation:
+    /// residual add + LayerNorm, single-query attention over the KV cache, argmax); graph
+    /// (generation: decode steps replayed as a CUDA graph); embedding (training: the token
+    /// embedding's gradient in one scatter-add kernel). docs/perf-notes.md has the effect of
+    /// each. No effect on CPU.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "all")]
     pub fused: Vec<crate::kernels::Fused>,
 

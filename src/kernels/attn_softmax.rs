@@ -72,11 +72,28 @@ mod imp {
         alloc, float_dtype, kernel, no_cpu_fwd, ptx, row_config, view, with_dtype, Ptx, NULL,
     };
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::{CudaDType, WrapErr};
     use candle_core::{CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
     const PTX: Ptx = ptx!("attn_softmax");
+
+    /// The warp-a-row kernels' vectors of 8 per lane (1, 2 or 4) for rows of `tk`, when they
+    /// apply: Tk ≤ 1024 and a multiple of 8, every input starting 16-byte aligned (`offsets`:
+    /// their start offsets in bytes; fresh outputs are aligned).
+    fn warp_vectors(tk: usize, offsets: &[usize]) -> Option<u32> {
+        let aligned = offsets.iter().all(|o| o % 16 == 0);
+        (tk <= 1024 && tk % 8 == 0 && aligned).then(|| tk.div_ceil(256).next_power_of_two() as u32)
+    }
+
+    /// Four warps a block, one row a warp.
+    fn warp_config(rows: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (rows.div_ceil(4) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
 
     /// softmax(scale·s + bias) (⊙ keep / (1 − p)). Output (1 | 2, B, nh, Tq, Tk): the dropped
     /// probabilities, then (with `with_probs` and dropout) the probabilities before dropout.
@@ -99,7 +116,16 @@ mod imp {
             let rows = b * nh * tq;
             let n = rows * tk;
             let two = self.with_probs && self.keep.active;
-            let func = kernel!(dev, PTX, "tb_attn_softmax_fwd", s.0.dtype())?;
+            let dt = s.0.dtype();
+            let offsets = [s.1.start_offset() * dt.size_in_bytes(), bias.1.start_offset() * 4];
+            let nv = warp_vectors(tk, &offsets);
+            let func = match nv {
+                Some(1) => kernel!(dev, PTX, "tb_attn_softmax_fwd_w1", dt)?,
+                Some(2) => kernel!(dev, PTX, "tb_attn_softmax_fwd_w2", dt)?,
+                Some(_) => kernel!(dev, PTX, "tb_attn_softmax_fwd_w4", dt)?,
+                None => kernel!(dev, PTX, "tb_attn_softmax_fwd", dt)?,
+            };
+            let rows_i = rows as i64;
             with_dtype!(s.0.dtype(), T => {
                 let sv = view::<T>(s.0, s.1)?;
                 let bv = view::<f32>(bias.0, bias.1)?;
@@ -126,8 +152,16 @@ mod imp {
                 for d in &dims {
                     launch.arg(d);
                 }
-                // SAFETY: s, the mask and each output hold rows·Tk elements; bias (B, bh, Tq, Tk).
-                unsafe { launch.launch(row_config(rows, tk)) }.w()?;
+                let cfg = match nv {
+                    Some(_) => {
+                        launch.arg(&rows_i);
+                        warp_config(rows)
+                    }
+                    None => row_config(rows, tk),
+                };
+                // SAFETY: s, the mask and each output hold rows·Tk elements; bias (B, bh, Tq, Tk);
+                // the warp kernels' 16-byte loads start at aligned rows (warp_vectors).
+                unsafe { launch.launch(cfg) }.w()?;
                 let shape: Vec<usize> = [if two { 2 } else { 1 }, b, nh, tq, tk].to_vec();
                 Ok((T::wrap_cuda_slice(out, dev), Shape::from(shape)))
             })
@@ -226,7 +260,16 @@ mod imp {
             let tk = *dims.last().unwrap();
             let n = p.1.shape().elem_count();
             let rows = n / tk;
-            let func = kernel!(dev, PTX, "tb_attn_softmax_bwd", p.0.dtype())?;
+            let dt = p.0.dtype();
+            let offsets = [p.1.start_offset(), dpd.1.start_offset()].map(|o| o * dt.size_in_bytes());
+            let nv = warp_vectors(tk, &offsets);
+            let func = match nv {
+                Some(1) => kernel!(dev, PTX, "tb_attn_softmax_bwd_w1", dt)?,
+                Some(2) => kernel!(dev, PTX, "tb_attn_softmax_bwd_w2", dt)?,
+                Some(_) => kernel!(dev, PTX, "tb_attn_softmax_bwd_w4", dt)?,
+                None => kernel!(dev, PTX, "tb_attn_softmax_bwd", dt)?,
+            };
+            let rows_i = rows as i64;
             with_dtype!(p.0.dtype(), T => {
                 let (pv, gv) = (view::<T>(p.0, p.1)?, view::<T>(dpd.0, dpd.1)?);
                 let mv = mask.map(|(k, l)| view::<u8>(k, l)).transpose()?;
@@ -241,8 +284,16 @@ mod imp {
                 };
                 launch.arg(&self.keep.key).arg(&self.keep.thresh);
                 launch.arg(&out).arg(&self.scale).arg(&self.keep.scale).arg(&tk_i);
-                // SAFETY: p, dpd, the mask and out hold rows·Tk elements.
-                unsafe { launch.launch(row_config(rows, tk)) }.w()?;
+                let cfg = match nv {
+                    Some(_) => {
+                        launch.arg(&rows_i);
+                        warp_config(rows)
+                    }
+                    None => row_config(rows, tk),
+                };
+                // SAFETY: p, dpd, the mask and out hold rows·Tk elements; the warp kernels'
+                // 16-byte loads start at aligned rows (warp_vectors).
+                unsafe { launch.launch(cfg) }.w()?;
                 Ok((T::wrap_cuda_slice(out, dev), p.1.shape().clone()))
             })
         }

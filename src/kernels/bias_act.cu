@@ -1,5 +1,5 @@
 // Bias + activation (#10), forward and backward; launched by bias_act.rs.
-// Shapes: x, y, dy, dx (rows, n) contiguous, bias (n,), all storage type T.
+// Shapes: x, y, dy, dx (rows, n) contiguous, bias (n,), all storage type T; db (n,) f32.
 #include "common.cuh"
 
 // Bias + activation over (rows, n), contiguous: y = act(x + bias). act: 0 none, 1 GELU (tanh
@@ -44,6 +44,35 @@ __device__ void bias_act_bwd(const T* x, const T* bias, const T* dy, T* dx, long
   }
 }
 
+// The bias gradient db = Σ_rows dy (f32), in two passes so that the sum's order is fixed:
+// pass 1, grid (column blocks of 32, row chunks): each block sums its chunk of rows for 32
+// columns (threads along y take every blockDim.y-th row) into part (chunks, n);
+// pass 2 sums the chunks of each column in order. candle's sum(0) ran one slow pass.
+template <typename T>
+__device__ void col_sum_part(const T* x, float* part, long rows, int n) {
+  __shared__ float sh[16][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  const long per = (rows + gridDim.y - 1) / gridDim.y, r0 = blockIdx.y * per;
+  const long r1 = r0 + per < rows ? r0 + per : rows;
+  float s = 0.f;
+  if (c < n)
+    for (long r = r0 + threadIdx.y; r < r1; r += blockDim.y) s += to_f(x[r * n + c]);
+  sh[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < n) {
+    float t = 0.f;
+    for (int y = 0; y < blockDim.y; ++y) t += sh[y][threadIdx.x];
+    part[blockIdx.y * (long)n + c] = t;
+  }
+}
+extern "C" __global__ void tb_col_sum_finish(const float* part, float* out, int chunks, int n) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= n) return;
+  float t = 0.f;
+  for (int k = 0; k < chunks; ++k) t += part[(long)k * n + c];
+  out[c] = t;
+}
+
 #define INSTANTIATE(T, S)                                                                                     \
   extern "C" __global__ void tb_bias_act_fwd_##S(const T* x, const T* bias, T* y, long rows, int n, int act) { \
     bias_act_fwd<T>(x, bias, y, rows, n, act);                                                                \
@@ -51,5 +80,8 @@ __device__ void bias_act_bwd(const T* x, const T* bias, const T* dy, T* dx, long
   extern "C" __global__ void tb_bias_act_bwd_##S(const T* x, const T* bias, const T* dy, T* dx, long rows,    \
                                                  int n, int act) {                                            \
     bias_act_bwd<T>(x, bias, dy, dx, rows, n, act);                                                           \
+  }                                                                                                           \
+  extern "C" __global__ void tb_col_sum_part_##S(const T* x, float* part, long rows, int n) {                 \
+    col_sum_part<T>(x, part, rows, n);                                                                        \
   }
 FOR_TYPES(INSTANTIATE)

@@ -1,5 +1,6 @@
 //! Bias + activation in one pass, differentiable (`--fused bias-act`; kernels in bias_act.cu):
-//! forward y = act(x + b), backward dx = dy ⊙ act'(x + b) and db = Σ_rows dx.
+//! forward y = act(x + b), backward dx = dy ⊙ act'(x + b) and db = Σ_rows dx (f32, two
+//! passes in a fixed order: [`bias_grad`]).
 //!
 //! Shapes: x, y, dy, dx (N, C) with C the features; b (C,). f32, bf16 or f16, one dtype.
 
@@ -29,11 +30,24 @@ pub fn bias_act_bwd(
     imp::bias_act_bwd(x, b, dy, act)
 }
 
+/// The bias gradient Σ_rows dy of dy (N, C) as (C,) f32, summed in f32 in a fixed order (two
+/// passes: row chunks, then the chunks of each column); the manual training step's db.
+pub fn bias_grad(dy: &Tensor) -> Result<Option<Tensor>> {
+    if !enabled(Fused::BiasAct) {
+        return Ok(None);
+    }
+    imp::bias_grad(dy)
+}
+
 /// The CPU runs candle's broadcast add and activation.
 #[cfg(not(feature = "cuda"))]
 mod imp {
     use super::Act;
     use candle_core::{Result, Tensor};
+
+    pub fn bias_grad(_: &Tensor) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
 
     pub fn bias_act(_: &Tensor, _: &Tensor, _: Act) -> Result<Option<Tensor>> {
         Ok(None)
@@ -57,9 +71,59 @@ mod imp {
     };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::CudaDType;
-    use candle_core::{CudaStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    use candle_core::{CudaStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
     const PTX: Ptx = ptx!("bias_act");
+
+    /// Row chunks of the bias gradient's first pass: with 32 columns a block, 768 columns
+    /// give 24 · 32 = 768 blocks, enough to fill 132 SMs.
+    const CHUNKS: usize = 32;
+
+    /// db (n,) f32 = Σ_rows dy, dy (rows, n).
+    struct BiasGrad;
+
+    impl CustomOp1 for BiasGrad {
+        fn name(&self) -> &'static str {
+            "tb-bias-grad"
+        }
+        no_cpu_fwd!(CustomOp1);
+        fn cuda_fwd(&self, dy: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+            let dev = dy.device().clone();
+            let (rows, n) = l.shape().dims2()?;
+            let chunks = CHUNKS.min(rows.max(1));
+            let part = alloc::<f32>(&dev, chunks * n)?;
+            let out = alloc::<f32>(&dev, n)?;
+            let (rows_i, n_i, chunks_i) = (rows as i64, n as i32, chunks as i32);
+            let func = kernel!(dev, PTX, "tb_col_sum_part", dy.dtype())?;
+            let cfg = LaunchConfig {
+                grid_dim: (n.div_ceil(32) as u32, chunks as u32, 1),
+                block_dim: (32, 16, 1),
+                shared_mem_bytes: 0,
+            };
+            with_dtype!(dy.dtype(), T => {
+                let dyv = view::<T>(dy, l)?;
+                // SAFETY: dy holds rows·n elements, part chunks·n (one row per grid row).
+                launch!(unsafe func, cfg; &dyv, &part, &rows_i, &n_i)?;
+            });
+            let finish = kernel!(dev, PTX, "tb_col_sum_finish")?;
+            let cfg = LaunchConfig {
+                grid_dim: (n.div_ceil(256) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: part holds chunks·n elements, out n.
+            launch!(unsafe finish, cfg; &part, &out, &chunks_i, &n_i)?;
+            Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(n)))
+        }
+    }
+
+    pub fn bias_grad(dy: &Tensor) -> Result<Option<Tensor>> {
+        if !dy.device().is_cuda() || !float_dtype(dy) || dy.rank() != 2 {
+            return Ok(None);
+        }
+        Ok(Some(dy.contiguous()?.apply_op1_no_bwd(&BiasGrad)?))
+    }
 
     /// y = act(x + b).
     struct BiasAct(Act);
@@ -96,7 +160,7 @@ mod imp {
             dy: &Tensor,
         ) -> Result<(Option<Tensor>, Option<Tensor>)> {
             let (dx, db) = grads(x, b, dy, self.0)?;
-            Ok((Some(dx), Some(db)))
+            Ok((Some(dx), Some(db.to_dtype(b.dtype())?)))
         }
     }
 
@@ -106,7 +170,8 @@ mod imp {
             Act::None => dy.clone(),
             act => x.apply_op3_no_bwd(b, &dy.contiguous()?, &BiasActGrad(act))?,
         };
-        let db = dx.sum(0)?;
+        // f32; the autograd path's bias (storage dtype) takes it in that dtype.
+        let db = dx.contiguous()?.apply_op1_no_bwd(&BiasGrad)?;
         Ok((dx, db))
     }
 

@@ -101,11 +101,23 @@ fn bias_act_forward_and_backward_match_composed_ops() {
     }
 }
 
+/// Tk = 11: the one-block kernels; 24, 512 and 1024: the warp-a-row ones with 1, 2 and 4
+/// vectors a lane.
 #[test]
 fn attn_softmax_matches_scale_bias_softmax_dropout() {
     let (dev, _one_at_a_time) = gpu();
-    let (b, nh, t) = (2, 3, 11);
-    let mask = Tensor::new(&[[1u32; 11], [1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0]], &dev).unwrap();
+    for t in [11, 24, 512, 1024] {
+        attn_softmax_case(&dev, t);
+    }
+}
+
+fn attn_softmax_case(dev: &Device, t: usize) {
+    let dev = dev.clone();
+    let b = 2;
+    let nh = 3;
+    // The second row's last 4 positions are padding.
+    let rows: Vec<u32> = (0..2 * t).map(|i| u32::from(i < 2 * t - 4)).collect();
+    let mask = Tensor::from_vec(rows, (2, t), &dev).unwrap();
     let causal = causal_padding_bias(&mask).unwrap(); // (B, 1, T, T)
     let per_head = causal.broadcast_add(&randn(&[b, nh, t, t], &dev)).unwrap(); // ALiBi-like
     let s = randn(&[b, nh, t, t], &dev);
@@ -133,8 +145,8 @@ fn attn_softmax_matches_scale_bias_softmax_dropout() {
                     .unwrap(),
                 _ => p.clone(),
             };
-            assert!(rel(&out, &want) < 1e-6, "forward {}", rel(&out, &want));
-            assert!(rel(&probs.unwrap(), &p) < 1e-6);
+            assert!(rel(&out, &want) < 1e-6, "T {t} forward {}", rel(&out, &want));
+            assert!(rel(&probs.unwrap(), &p) < 1e-6, "T {t}");
             // Backward against autograd of the same composed ops.
             let sv = Var::from_tensor(&s).unwrap();
             let g = randn(&[b, nh, t, t], &dev);
@@ -163,7 +175,7 @@ fn attn_softmax_matches_scale_bias_softmax_dropout() {
                 .unwrap()
                 .expect("applies");
             let r = rel(&ds, grads.get(sv.as_tensor()).unwrap());
-            assert!(r < 1e-5, "backward {r}");
+            assert!(r < 1e-5, "T {t} backward {r}");
         }
     }
 }
@@ -517,6 +529,43 @@ fn sum_squares_matches_square_then_sum() {
         );
         assert!((g - w).abs() < 1e-4 * w, "{dtype:?}: {g} vs {w}");
     }
+}
+
+/// The bias gradient against an f32 column sum on the CPU: gpt2's shapes (8192 rows), row
+/// counts below the chunk count and not a multiple of it, columns not a multiple of 32.
+#[test]
+fn bias_grad_matches_a_column_sum() {
+    let (dev, _one_at_a_time) = gpu();
+    for dtype in [DType::F32, DType::BF16] {
+        for (rows, n) in [(8192, 768), (8192, 2304), (37, 3072), (5, 3), (1000, 50)] {
+            let dy = randn(&[rows, n], &dev).to_dtype(dtype).unwrap();
+            let got = bias_grad(&dy).unwrap().expect("applies");
+            assert_eq!((got.dtype(), got.dims()), (DType::F32, &[n][..]));
+            let want = dy.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap();
+            let want = want.sum(0).unwrap();
+            let r = rel(&got, &want);
+            assert!(r < 1e-5, "{dtype:?} ({rows}, {n}): {r}");
+            let again = bias_grad(&dy).unwrap().unwrap();
+            assert_eq!(rel(&again, &got), 0., "a fixed order: the same sum twice");
+        }
+    }
+}
+
+/// The embedding gradient's scatter-add against candle's index_add on the CPU: gpt2's shapes
+/// with repeated ids (a 1000-token vocabulary for 8192 rows), into a non-zero gradient.
+#[test]
+fn embedding_bwd_matches_index_add() {
+    let (dev, _one_at_a_time) = gpu();
+    let (vocab, rows, c) = (1000, 8192, 768);
+    let ids: Vec<u32> = (0..rows as u32).map(|i| (i * 7919) % vocab as u32).collect();
+    let ids = Tensor::new(ids.as_slice(), &dev).unwrap();
+    let (dst, demb) = (randn(&[vocab, c], &dev), randn(&[rows, c], &dev));
+    let got = embedding_bwd(&dst, &ids, &demb).unwrap().expect("applies");
+    let cpu = |t: &Tensor| t.to_device(&Device::Cpu).unwrap();
+    let want = cpu(&dst).index_add(&cpu(&ids), &cpu(&demb), 0).unwrap();
+    let r = rel(&got, &want);
+    assert!(r < 1e-5, "{r}");
+    assert_eq!(rel(&cpu(&dst), &cpu(&dst)), 0.);
 }
 
 /// The decode kernels end to end: a cached prefill and decode steps of gpt2-tiny and

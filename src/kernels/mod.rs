@@ -20,6 +20,7 @@ mod bias_act;
 mod cross_entropy;
 mod decode;
 mod dropout;
+mod embedding;
 mod graph;
 #[cfg(feature = "cuda")]
 mod launch;
@@ -28,10 +29,11 @@ mod linear_lt;
 
 pub use adamw::{adamw, sum_squares, AdamStep};
 pub use attn_softmax::{attn_softmax, attn_softmax_bwd};
-pub use bias_act::{bias_act, bias_act_bwd};
+pub use bias_act::{bias_act, bias_act_bwd, bias_grad};
 pub use cross_entropy::{cross_entropy, cross_entropy_bwd};
 pub use decode::{add_layer_norm, argmax, decode_attention, decode_begin, CacheSlot, QkvLayout};
 pub use dropout::{apply_keep, draw_keep, dropout, keep_mask, set_dropout_seed, Keep};
+pub use embedding::embedding_bwd;
 pub use graph::{capture, param_cache, replays, Graph, ParamCache};
 pub use layer_norm::{layer_norm, layer_norm_bwd};
 pub use linear_lt::linear;
@@ -64,6 +66,9 @@ pub enum Fused {
     /// Generation: each decode step after the first recorded once as a CUDA graph and
     /// replayed (needs `decode`).
     Graph,
+    /// Training: the token embedding's gradient as one scatter-add kernel (instead of
+    /// candle's row-by-row index_add).
+    Embedding,
 }
 
 const LT: u16 = 1;
@@ -75,7 +80,9 @@ const DROPOUT: u16 = 32;
 const XENT: u16 = 64;
 const DECODE: u16 = 128;
 const GRAPH: u16 = 256;
-const ALL: u16 = LT | SOFTMAX | BIAS_ACT | ADAMW | LAYER_NORM | DROPOUT | XENT | DECODE | GRAPH;
+const EMBEDDING: u16 = 512;
+const ALL: u16 =
+    LT | SOFTMAX | BIAS_ACT | ADAMW | LAYER_NORM | DROPOUT | XENT | DECODE | GRAPH | EMBEDDING;
 
 static ENABLED: AtomicU16 = AtomicU16::new(ALL);
 
@@ -92,6 +99,7 @@ fn bit(f: Fused) -> u16 {
         Fused::CrossEntropy => XENT,
         Fused::Decode => DECODE,
         Fused::Graph => GRAPH,
+        Fused::Embedding => EMBEDDING,
     }
 }
 
@@ -124,6 +132,7 @@ pub fn describe() -> String {
         (XENT, "cross-entropy"),
         (DECODE, "decode"),
         (GRAPH, "graph"),
+        (EMBEDDING, "embedding"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

@@ -20,7 +20,7 @@ mod block;
 mod ops;
 pub mod params;
 
-use crate::kernels::Keep;
+use crate::kernels::{self, Keep};
 use crate::models::attention::causal_padding_bias;
 use crate::models::gpt2::Config;
 use crate::models::layers::{Activation, Dropout};
@@ -175,16 +175,16 @@ impl Gpt2Step {
             }
         };
         let ids = ids.flatten_all()?; // (N,)
+        let scatter = |dst: Tensor| match kernels::embedding_bwd(&dst, &ids, &demb)? {
+            Some(g) => Ok(g),
+            None => dst.index_add(&ids, &demb, 0),
+        };
         Ok(match self.w.lm_head {
             // Tied: the head's gradient and the token embeddings' in one tensor.
-            None => (
-                dhead.to_dtype(DType::F32)?.index_add(&ids, &demb, 0)?,
-                wpe,
-                None,
-            ),
+            None => (scatter(dhead.to_dtype(DType::F32)?)?, wpe, None),
             Some(_) => {
                 let wte = Tensor::zeros(dhead.shape(), DType::F32, dx.device())?;
-                (wte.index_add(&ids, &demb, 0)?, wpe, Some(dhead))
+                (scatter(wte)?, wpe, Some(dhead))
             }
         })
     }

@@ -53,10 +53,15 @@ pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// (dx (N, in), dw (in, out), db (out,)) of [`linear`] from its input x and dy (N, out).
+/// (dx (N, in), dw (in, out), db (out,)) of [`linear`] from its input x and dy (N, out); db
+/// in f32 from the bias-gradient kernel where it applies (CUDA), else in dy's dtype.
 pub fn linear_bwd(x: &Tensor, w: &Tensor, dy: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
     let (dx, dw) = matmul_bwd(x, w, dy)?;
-    Ok((dx, dw, dy.sum(0)?))
+    let db = match kernels::bias_grad(dy)? {
+        Some(db) => db,
+        None => dy.sum(0)?,
+    };
+    Ok((dx, dw, db))
 }
 
 /// (dx (N, in), dw (in, out)) of x W from x (N, in) and dy (N, out).
