@@ -75,7 +75,7 @@
 #                  report build), else make it from the logs: -> train-compare-logs.tgz, train-compare.csv
 #   hf-best        candle vs HF at HF's best configuration (#22 item 5), bf16, `--engine both` with
 #                  the default `--hf-attn best` (eager and sdpa timed on the first batch of each
-#                  of the first 3 padded lengths, the faster kept; BLOOM: eager only), for each of
+#                  of the first 4 padded lengths, cold, the faster kept; BLOOM: eager only), for each of
 #                  $BEST_MODELS (gpt2 bloom-560m): full LAMBADA batch 16, and `--mode generate`
 #                  batch 16 on the first $GEN_LIMIT (1600) passages; then gpt2 scoring with HF
 #                  `--hf-compile` (padded to multiples of 64, every bucket compiled in the

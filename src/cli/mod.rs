@@ -301,7 +301,8 @@ pub struct RunArgs {
     pub python: Option<PathBuf>,
 
     /// HF engine attention. best: before the warm-up, time eager and sdpa on the run's first
-    /// batches (the first of each of its first 3 padded lengths, once warm, then timed) and keep
+    /// batches (the first of each of its first 4 padded lengths, each met cold, as the run
+    /// meets a new length; the candidate that runs first alternates) and keep
     /// the faster, named with both timings in the log header and the candle/HF table (eager
     /// where the model has no sdpa: BLOOM in transformers 5.x; training takes auto's choice).
     /// auto: sdpa where the model supports it, else eager.

@@ -162,8 +162,9 @@ pub fn first_of_each_shape<K: PartialEq>(shapes: &[K], cap: usize) -> Vec<usize>
     firsts
 }
 
-/// Padded lengths `--hf-attn best` times eager and sdpa on (the first batch of each).
-pub const PROBE_SHAPES: usize = 3;
+/// Padded lengths `--hf-attn best` times eager and sdpa on (the first batch of each); even,
+/// so that each candidate runs first on half of them.
+pub const PROBE_SHAPES: usize = 4;
 
 /// The checkpoint directory of the HF engine (which never runs on random weights directly).
 pub fn hf_dir(weights: &WeightSource) -> Result<&std::path::Path> {
