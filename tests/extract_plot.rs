@@ -280,6 +280,48 @@ fn training_logs_of_every_engine_give_the_train_csv_columns() {
     }
 }
 
+/// candle's configuration (its `--backward` and `--fused`, from the header's engine_info)
+/// becomes two columns, so that a manual and an autograd run stay two rows of their own; other
+/// engines leave them empty.
+#[test]
+fn candle_backward_and_fused_become_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    train_log_as(dir.path(), "a_manual", "candle", None, 124.0);
+    train_log_as(dir.path(), "b_autograd", "candle", None, 58.5);
+    train_log_as(dir.path(), "c_hf", "hf", Some("false"), 106.0);
+    for (name, backward) in [
+        ("a_manual", Some("manual")),
+        ("b_autograd", Some("autograd")),
+        ("c_hf", None),
+    ] {
+        let path = dir.path().join(format!("{name}.jsonl"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let info = &mut lines[0]["engine_info"];
+        if let Some(b) = backward {
+            info["backward"] = b.into();
+            info["fused"] = "lt,softmax,bias-act".into();
+        }
+        let body: Vec<String> = lines.iter().map(|v| v.to_string()).collect();
+        std::fs::write(&path, body.join("\n") + "\n").unwrap();
+    }
+    let o = extract(&[
+        "-i",
+        dir.path().to_str().unwrap(),
+        "--columns",
+        "engine,backward,fused",
+    ]);
+    let csv = String::from_utf8_lossy(ok_stdout(&o)).into_owned();
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows[0], "engine,backward,fused");
+    assert_eq!(rows[1], "candle,manual,\"lt,softmax,bias-act\"", "{csv}");
+    assert_eq!(rows[2], "candle,autograd,\"lt,softmax,bias-act\"", "{csv}");
+    assert_eq!(rows[3], "hf,,", "{csv}");
+}
+
 #[test]
 fn gzipped_logs_give_the_same_rows() {
     use std::io::Write;

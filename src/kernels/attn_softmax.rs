@@ -117,7 +117,10 @@ mod imp {
             let n = rows * tk;
             let two = self.with_probs && self.keep.active;
             let dt = s.0.dtype();
-            let offsets = [s.1.start_offset() * dt.size_in_bytes(), bias.1.start_offset() * 4];
+            let offsets = [
+                s.1.start_offset() * dt.size_in_bytes(),
+                bias.1.start_offset() * 4,
+            ];
             let nv = warp_vectors(tk, &offsets);
             let func = match nv {
                 Some(1) => kernel!(dev, PTX, "tb_attn_softmax_fwd_w1", dt)?,
@@ -261,7 +264,8 @@ mod imp {
             let n = p.1.shape().elem_count();
             let rows = n / tk;
             let dt = p.0.dtype();
-            let offsets = [p.1.start_offset(), dpd.1.start_offset()].map(|o| o * dt.size_in_bytes());
+            let offsets =
+                [p.1.start_offset(), dpd.1.start_offset()].map(|o| o * dt.size_in_bytes());
             let nv = warp_vectors(tk, &offsets);
             let func = match nv {
                 Some(1) => kernel!(dev, PTX, "tb_attn_softmax_bwd_w1", dt)?,

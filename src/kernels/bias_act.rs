@@ -70,9 +70,11 @@ mod imp {
         alloc, column_config, float_dtype, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx,
     };
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::CudaDType;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
-    use candle_core::{CudaStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+    use candle_core::cuda_backend::CudaDType;
+    use candle_core::{
+        CudaStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
+    };
 
     const PTX: Ptx = ptx!("bias_act");
 

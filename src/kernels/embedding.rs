@@ -56,9 +56,18 @@ mod imp {
             let (vocab, c) = dl.shape().dims2()?;
             let (rows, ec) = el.shape().dims2()?;
             if ec != c || il.shape().elem_count() != rows {
-                bail!("embedding backward: ids {:?}, rows {:?}, gradient {:?}", il.shape(), el.shape(), dl.shape());
+                bail!(
+                    "embedding backward: ids {:?}, rows {:?}, gradient {:?}",
+                    il.shape(),
+                    el.shape(),
+                    dl.shape()
+                );
             }
-            let (dv, iv, ev) = (view::<f32>(dst, dl)?, view::<u32>(ids, il)?, view::<f32>(demb, el)?);
+            let (dv, iv, ev) = (
+                view::<f32>(dst, dl)?,
+                view::<u32>(ids, il)?,
+                view::<f32>(demb, el)?,
+            );
             let mut out = alloc::<f32>(&dev, vocab * c)?;
             dev.memcpy_dtod(&dv.slice(..vocab * c), &mut out)?;
             let func = kernel!(dev, PTX, "tb_embedding_bwd")?;

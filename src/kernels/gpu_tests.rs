@@ -145,7 +145,11 @@ fn attn_softmax_case(dev: &Device, t: usize) {
                     .unwrap(),
                 _ => p.clone(),
             };
-            assert!(rel(&out, &want) < 1e-6, "T {t} forward {}", rel(&out, &want));
+            assert!(
+                rel(&out, &want) < 1e-6,
+                "T {t} forward {}",
+                rel(&out, &want)
+            );
             assert!(rel(&probs.unwrap(), &p) < 1e-6, "T {t}");
             // Backward against autograd of the same composed ops.
             let sv = Var::from_tensor(&s).unwrap();
@@ -541,7 +545,11 @@ fn bias_grad_matches_a_column_sum() {
             let dy = randn(&[rows, n], &dev).to_dtype(dtype).unwrap();
             let got = bias_grad(&dy).unwrap().expect("applies");
             assert_eq!((got.dtype(), got.dims()), (DType::F32, &[n][..]));
-            let want = dy.to_device(&Device::Cpu).unwrap().to_dtype(DType::F32).unwrap();
+            let want = dy
+                .to_device(&Device::Cpu)
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap();
             let want = want.sum(0).unwrap();
             let r = rel(&got, &want);
             assert!(r < 1e-5, "{dtype:?} ({rows}, {n}): {r}");
@@ -557,7 +565,9 @@ fn bias_grad_matches_a_column_sum() {
 fn embedding_bwd_matches_index_add() {
     let (dev, _one_at_a_time) = gpu();
     let (vocab, rows, c) = (1000, 8192, 768);
-    let ids: Vec<u32> = (0..rows as u32).map(|i| (i * 7919) % vocab as u32).collect();
+    let ids: Vec<u32> = (0..rows as u32)
+        .map(|i| (i * 7919) % vocab as u32)
+        .collect();
     let ids = Tensor::new(ids.as_slice(), &dev).unwrap();
     let (dst, demb) = (randn(&[vocab, c], &dev), randn(&[rows, c], &dev));
     let got = embedding_bwd(&dst, &ids, &demb).unwrap().expect("applies");

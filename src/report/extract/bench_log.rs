@@ -104,7 +104,7 @@ fn header_columns(row: &mut RunRow, h: &Header) {
     }
     m.insert("git_commit".into(), h.git_commit.clone());
     m.insert("time_utc".into(), h.time_utc.clone());
-    hf_columns(row, h);
+    engine_columns(row, h);
     row.set("batch_size", h.batch_size);
     row.set("n_parameters", h.model.n_parameters);
     row.set("load_seconds", h.load_seconds);
@@ -132,9 +132,10 @@ fn header_columns(row: &mut RunRow, h: &Header) {
     }
 }
 
-/// The HF configuration: attention (and what asked for it: `best` with the probe's time of
-/// each candidate), torch.compile, the padding multiple (both engines).
-fn hf_columns(row: &mut RunRow, h: &Header) {
+/// The engine's configuration: HF's attention (and what asked for it: `best` with the probe's
+/// time of each candidate) and torch.compile; candle's fused paths and backward; the padding
+/// multiple (both engines).
+fn engine_columns(row: &mut RunRow, h: &Header) {
     let info = &h.engine_info;
     for (key, column) in [
         ("attn", "attn"),
@@ -145,6 +146,12 @@ fn hf_columns(row: &mut RunRow, h: &Header) {
     ] {
         if let Some(v) = info.get(key) {
             m_insert(row, column, v);
+        }
+    }
+    // candle's configuration: its fused paths and how a training step gets its gradients.
+    for key in ["fused", "backward"] {
+        if let Some(v) = info.get(key) {
+            m_insert(row, key, v);
         }
     }
     for (k, v) in info.iter().filter(|(k, _)| k.starts_with("attn_probe_ms_")) {

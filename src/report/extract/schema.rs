@@ -29,6 +29,8 @@ pub const META: &[&str] = &[
     "attn",
     "attn_requested",
     "hf_compile",
+    "backward",
+    "fused",
     "mode",
     "gen_source",
     "status",

@@ -31,11 +31,16 @@ const DIMS: &[(&str, &str)] = &[
     ("prompt_len", "prompt "),
     ("new_tokens", "new "),
     ("hf_compile", "compile="),
+    ("backward", "backward "),
+    ("fused", "fused "),
     ("tp", "tp"),
     ("dp", "dp"),
     ("zero", "ZeRO-"),
     ("gpu", ""),
 ];
+
+/// DIMS columns only one engine logs (candle's): left out of the other engines' names.
+const ONE_ENGINE: &[&str] = &["backward", "fused"];
 
 fn text_column(df: &DataFrame, name: &str) -> Result<Vec<Option<String>>> {
     let Ok(c) = df.column(name) else {
@@ -120,7 +125,7 @@ fn series_names(df: &DataFrame, rows: &[usize], x: &str) -> Result<Vec<String>> 
         let v = text_column(df, col)?;
         let first = &v[rows[0]];
         if rows.iter().any(|i| v[*i] != *first) {
-            dims.push((v, *prefix));
+            dims.push((v, *prefix, ONE_ENGINE.contains(col)));
         }
     }
     let names = rows
@@ -138,8 +143,11 @@ fn series_names(df: &DataFrame, rows: &[usize], x: &str) -> Result<Vec<String>> 
             if x != "dtype" {
                 parts.extend(dtype[i].clone());
             }
-            for (v, prefix) in &dims {
-                parts.push(format!("{prefix}{}", v[i].as_deref().unwrap_or("-")));
+            for (v, prefix, one_engine) in &dims {
+                match (v[i].as_deref(), one_engine) {
+                    (None, true) => {} // another engine's setting: nothing to say here
+                    (v, _) => parts.push(format!("{prefix}{}", v.unwrap_or("-"))),
+                }
             }
             parts.join(" ")
         })
