@@ -82,8 +82,9 @@ mod imp {
     /// apply: Tk ≤ 1024 and a multiple of 8, every input starting 16-byte aligned (`offsets`:
     /// their start offsets in bytes; fresh outputs are aligned).
     fn warp_vectors(tk: usize, offsets: &[usize]) -> Option<u32> {
-        let aligned = offsets.iter().all(|o| o % 16 == 0);
-        (tk <= 1024 && tk % 8 == 0 && aligned).then(|| tk.div_ceil(256).next_power_of_two() as u32)
+        let aligned = offsets.iter().all(|o| o.is_multiple_of(16));
+        (tk <= 1024 && tk.is_multiple_of(8) && aligned)
+            .then(|| tk.div_ceil(256).next_power_of_two() as u32)
     }
 
     /// Four warps a block, one row a warp.
