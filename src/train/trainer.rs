@@ -234,7 +234,7 @@ pub enum Backward {
 }
 
 impl Backward {
-    /// The default for `spec`: manual for GPT-2 (the same gradients, 1.67x autograd's
+    /// The default for `spec`: manual for GPT-2 (the same gradients, 1.7x autograd's
     /// samples/s on an H100: docs/perf-notes.md), autograd for every other model.
     pub fn default_for(spec: &ModelSpec) -> Self {
         match spec.arch {
