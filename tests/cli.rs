@@ -657,6 +657,77 @@ fn wikitext2_trains_on_the_builtin_sample_and_logs_hf_metric_names() {
     assert!(s.train_samples_per_second > 0. && s.warmup_steps == 1);
 }
 
+/// `--recompute` trains GPT-2's manual step with checkpointed blocks: the same losses as
+/// without it (dropout off), and the log says so; BLOOM (autograd) and the HF engine refuse it
+/// in one line before anything loads.
+#[test]
+fn recompute_trains_with_the_same_losses_and_is_refused_where_it_does_not_apply() {
+    let losses = |extra: &[&str]| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = vec![
+            "--suite",
+            "wikitext2",
+            "--batch-size",
+            "2",
+            "--block-size",
+            "32",
+            "--max-steps",
+            "3",
+            "--warmup",
+            "1",
+            "--lr",
+            "1e-3",
+            "--no-dropout",
+            "--no-progress",
+            "--log-dir",
+        ];
+        args.push(dir.path().to_str().unwrap());
+        args.extend(extra);
+        let out = bench(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let log = std::fs::read_dir(dir.path())
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let records = read_log(&log).unwrap();
+        let Record::Header(h) = &records[0] else {
+            panic!("header first")
+        };
+        let recompute = h.engine_info["recompute"].clone();
+        let steps: Vec<f64> = records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Step(s) => Some(s.loss),
+                _ => None,
+            })
+            .collect();
+        (recompute, steps)
+    };
+    let (off, plain) = losses(&[]);
+    let (on, checkpointed) = losses(&["--recompute"]);
+    assert_eq!((off.as_str(), on.as_str()), ("off", "blocks"));
+    assert_eq!(plain, checkpointed);
+    let e = error_of(&[
+        "--suite",
+        "wikitext2",
+        "--model",
+        "bloom-tiny",
+        "--recompute",
+    ]);
+    assert!(
+        e.contains("--recompute") && e.contains("--backward autograd"),
+        "{e}"
+    );
+    let e = error_of(&["--suite", "wikitext2", "--engine", "hf", "--recompute"]);
+    assert!(e.contains("use it with --engine candle"), "{e}");
+}
+
 /// `--suite wikitext2` on the built-in sample, tiny blocks, with the stand-in HF worker.
 fn wikitext2_hf(engine: &str, log_dir: &str, extra: &[&str], env: &[(&str, &str)]) -> Output {
     let worker = fake_worker();

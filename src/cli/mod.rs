@@ -431,6 +431,12 @@ pub struct TrainArgs {
     /// between them, which costs a little throughput); logged per step, medians in the summary.
     #[arg(long)]
     pub phase_times: bool,
+    /// candle engine, GPT-2's manual step: activation checkpointing. The forward keeps each
+    /// block's input (and its dropout masks) only; the backward runs the block's forward again
+    /// before its backward. Less memory (peak memory is logged) for about one more forward a
+    /// step; the same gradients.
+    #[arg(long)]
+    pub recompute: bool,
     /// Drop each epoch's last partial batch (HF's dataloader_drop_last), for every engine of
     /// the run: every step then has one shape, so a compiled engine does not recompile in a
     /// timed step [default: on with --hf-compile, else off].
@@ -456,6 +462,7 @@ impl TrainArgs {
             (self.backward.is_some(), "--backward"),
             (self.phase_times, "--phase-times"),
             (self.drop_last, "--drop-last"),
+            (self.recompute, "--recompute"),
             (self.save.is_some(), "--save"),
         ]
         .into_iter()

@@ -507,11 +507,19 @@ pub fn resolve_config(
             "--hf-compile compiles in the first training step: keep --warmup at 1 or more, so compilation is reported, not timed".into(),
         ));
     }
-    if let Workload::Train(TrainOptions {
-        backward: Some(b), ..
-    }) = &workload
-    {
-        b.check(&model)?; // before any weights load
+    if let Workload::Train(opts) = &workload {
+        // Before any weights load.
+        let backward = opts
+            .backward
+            .unwrap_or(crate::train::Backward::default_for(&model));
+        backward.check(&model)?;
+        if opts.recompute && backward != crate::train::Backward::Manual {
+            return Err(Error::Config(format!(
+                "--recompute checkpoints the blocks of the manual step (GPT-2, --backward manual); {} trains with --backward {}",
+                model.name,
+                backward.as_str()
+            )));
+        }
     }
     let data = match &workload {
         // Training and text generation read their own data; this is a placeholder they ignore.
@@ -609,6 +617,11 @@ fn resolve_train(
             "--backward picks how the candle engine computes gradients: use it with --engine candle or both".into(),
         ));
     }
+    if engine != EngineKind::Candle && a.recompute {
+        return Err(Error::Config(
+            "--recompute checkpoints candle's manual step (HF's and llm.c's recompute are not wired in): use it with --engine candle".into(),
+        ));
+    }
     if engine != EngineKind::Candle && a.save.is_some() {
         return Err(Error::Config(
             "--save writes the candle engine's trained weights: use it with --engine candle".into(),
@@ -642,6 +655,7 @@ fn resolve_train(
         backward: a.backward,
         phase_times: a.phase_times,
         drop_last: a.drop_last || args.hf_compile,
+        recompute: a.recompute,
         save: a.save.clone(),
     })
 }

@@ -108,6 +108,8 @@ pub struct TrainOptions {
     pub phase_times: bool,
     /// Drop each epoch's last partial batch (HF's dataloader_drop_last).
     pub drop_last: bool,
+    /// Checkpoint each block of candle's manual step (`--recompute`).
+    pub recompute: bool,
     /// Write the trained weights (fp32 masters) as an HF checkpoint here.
     pub save: Option<PathBuf>,
 }

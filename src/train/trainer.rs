@@ -281,6 +281,8 @@ pub struct Trainer {
     device: Device,
     dropout: bool,
     backward: Backward,
+    /// `--recompute`: the manual step checkpoints each block.
+    recompute: bool,
     scaler: Option<GradScaler>,
     /// Optimizer steps taken (skipped fp16 steps not counted), the schedule's position.
     pub step: usize,
@@ -325,6 +327,7 @@ impl Trainer {
             device: device.clone(),
             dropout,
             backward: Backward::default_for(spec),
+            recompute: false,
             scaler: (compute == DType::F16).then(GradScaler::default),
             step: 0,
             phase_times: false,
@@ -343,6 +346,26 @@ impl Trainer {
     /// How this trainer computes gradients.
     pub fn backward(&self) -> Backward {
         self.backward
+    }
+
+    /// `--recompute`: keep each block's input only and run the block's forward again in the
+    /// backward (activation checkpointing). The manual step's (GPT-2); call after
+    /// [`Trainer::set_backward`].
+    pub fn set_recompute(&mut self, recompute: bool) -> crate::error::Result<()> {
+        if recompute && self.backward != Backward::Manual {
+            return Err(crate::error::Error::Unsupported(format!(
+                "--recompute checkpoints the blocks of the manual step (GPT-2, --backward manual); {} trains with --backward {}",
+                self.spec.name,
+                self.backward.as_str()
+            )));
+        }
+        self.recompute = recompute;
+        Ok(())
+    }
+
+    /// Whether blocks are checkpointed (`--recompute`).
+    pub fn recompute(&self) -> bool {
+        self.recompute
     }
 
     /// Makes this trainer one rank of a data-parallel group. Every rank must start from the
@@ -495,7 +518,8 @@ impl Trainer {
                     Some(&i) => params.vars[i].as_detached_tensor().to_dtype(self.compute),
                     None => candle_core::bail!("no parameter '{name}'"),
                 })?;
-                Ok(Graph::Manual(Gpt2Step::new(cfg, weights, self.dropout)?))
+                let step = Gpt2Step::new(cfg, weights, self.dropout, self.recompute)?;
+                Ok(Graph::Manual(step))
             }
             _ => Ok(Graph::Autograd(self.model(true)?)),
         }

@@ -33,6 +33,8 @@ pub struct TrainSetup<'a> {
     pub dropout: bool,
     /// `--backward`; None: the model's default ([`Backward::default_for`]).
     pub backward: Option<Backward>,
+    /// `--recompute`: checkpoint each block of the manual step.
+    pub recompute: bool,
     pub seed: u64,
     /// This rank's data-parallel group (`--dp`).
     pub dp: Option<DataParallel>,
@@ -56,6 +58,7 @@ impl CandleTrainer {
         if let Some(backward) = setup.backward {
             trainer.set_backward(backward)?;
         }
+        trainer.set_recompute(setup.recompute)?;
         if let Some(dp) = setup.dp {
             trainer.set_data_parallel(dp)?;
         }
@@ -85,6 +88,12 @@ impl Engine for CandleTrainer {
     fn info(&self) -> BTreeMap<String, String> {
         let mut info = engine_info(&self.device);
         info.insert("backward".into(), self.trainer.backward().as_str().into());
+        let recompute = if self.trainer.recompute() {
+            "blocks"
+        } else {
+            "off"
+        };
+        info.insert("recompute".into(), recompute.into());
         info
     }
 

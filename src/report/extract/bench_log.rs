@@ -149,7 +149,7 @@ fn engine_columns(row: &mut RunRow, h: &Header) {
         }
     }
     // candle's configuration: its fused paths and how a training step gets its gradients.
-    for key in ["fused", "backward"] {
+    for key in ["fused", "backward", "recompute"] {
         if let Some(v) = info.get(key) {
             m_insert(row, key, v);
         }

@@ -30,6 +30,7 @@ pub const META: &[&str] = &[
     "attn_requested",
     "hf_compile",
     "backward",
+    "recompute",
     "fused",
     "mode",
     "gen_source",

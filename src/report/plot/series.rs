@@ -32,6 +32,7 @@ const DIMS: &[(&str, &str)] = &[
     ("new_tokens", "new "),
     ("hf_compile", "compile="),
     ("backward", "backward "),
+    ("recompute", "recompute "),
     ("fused", "fused "),
     ("tp", "tp"),
     ("dp", "dp"),
@@ -40,7 +41,7 @@ const DIMS: &[(&str, &str)] = &[
 ];
 
 /// DIMS columns only one engine logs (candle's): left out of the other engines' names.
-const ONE_ENGINE: &[&str] = &["backward", "fused"];
+const ONE_ENGINE: &[&str] = &["backward", "recompute", "fused"];
 
 fn text_column(df: &DataFrame, name: &str) -> Result<Vec<Option<String>>> {
     let Ok(c) = df.column(name) else {

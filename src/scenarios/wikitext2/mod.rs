@@ -196,6 +196,7 @@ fn start(
         hyper: &prep.hyper,
         dropout: opts.dropout,
         backward: opts.backward,
+        recompute: opts.recompute,
         seed: spec.seed,
         dp,
     };

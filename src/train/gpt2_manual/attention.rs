@@ -9,6 +9,13 @@
 use crate::kernels::{self, Keep};
 use candle_core::{DType, Result, Tensor, D};
 
+impl Kept {
+    /// The dropout mask this forward drew (None without dropout).
+    pub fn keep(&self) -> Option<Keep> {
+        self.keep.as_ref().map(|(k, _)| k.clone())
+    }
+}
+
 /// What the backward reads of the forward.
 pub struct Kept {
     q: Tensor, // (B, nh, T, hs)
@@ -23,13 +30,15 @@ pub struct Kept {
 
 /// The attention of the projection's output qkv (B, T, 3C) = [q | k | v] with `nh` heads:
 /// (y (B·T, C) with the heads merged, what the backward needs). `p_drop` > 0: dropout on the
-/// probabilities with a mask drawn here (the draw the autograd path makes at this point).
+/// probabilities with a mask drawn here (the draw the autograd path makes at this point), or
+/// `redraw`, the one an earlier forward of this block drew (`--recompute`).
 pub fn attention(
     qkv: &Tensor,
     nh: usize,
     bias: &Tensor,
     scale: f64,
     p_drop: f32,
+    redraw: Option<Option<Keep>>,
 ) -> Result<(Tensor, Kept)> {
     let (b, t, c3) = qkv.dims3()?;
     let hs = c3 / 3 / nh;
@@ -38,12 +47,13 @@ pub fn attention(
         .permute((2, 0, 3, 1, 4))? // (3, B, nh, T, hs)
         .contiguous()?;
     let (q, k, v) = (qkv.get(0)?, qkv.get(1)?, qkv.get(2)?);
-    let keep = match p_drop > 0. {
-        true => Some((
+    let keep = match (redraw, p_drop > 0.) {
+        (Some(keep), _) => keep.map(|k| (k, p_drop)),
+        (None, true) => Some((
             kernels::draw_keep(&(b, nh, t, t).into(), p_drop, q.device())?,
             p_drop,
         )),
-        false => None,
+        (None, false) => None,
     };
     let s = q.matmul(&k.t()?)?; // (B, nh, T, T)
     let (probs, dropped) = softmax(&s, bias, scale, &keep, v.dtype())?;

@@ -8,8 +8,8 @@
 
 use super::attention::{attention, attention_bwd, Kept};
 use super::ops::{
-    bias_act, bias_act_bwd, dropout, dropout_bwd, layer_norm, layer_norm_bwd, linear, linear_bwd,
-    matmul_bwd,
+    bias_act, bias_act_bwd, dropout, dropout_again, dropout_bwd, layer_norm, layer_norm_bwd,
+    linear, linear_bwd, matmul_bwd,
 };
 use super::params::{Block, Linear, Norm};
 use crate::kernels::Keep;
@@ -42,21 +42,85 @@ pub struct Acts {
     drop_mlp: Option<Keep>,
 }
 
+/// What `--recompute` keeps of a block's forward: its input and the dropout masks it drew,
+/// from which [`recompute`] rebuilds [`Acts`] for the backward.
+pub struct Checkpoint {
+    x: Tensor, // (N, C)
+    masks: Masks,
+}
+
+/// A block's three dropout masks (probabilities, attention residual, MLP residual).
+struct Masks {
+    attn: Option<Keep>,
+    resid_attn: Option<Keep>,
+    resid_mlp: Option<Keep>,
+}
+
+impl Acts {
+    /// Everything but the input and the masks dropped: the block's memory until its backward
+    /// is one (N, C) tensor (and the CPU's stored masks).
+    pub fn checkpoint(self) -> Checkpoint {
+        Checkpoint {
+            masks: Masks {
+                attn: self.attn.keep(),
+                resid_attn: self.drop_attn,
+                resid_mlp: self.drop_mlp,
+            },
+            x: self.x,
+        }
+    }
+}
+
 /// The block's output (N, C) and its activations; `scale`: the layer's attention scale.
 pub fn forward(p: &Block, x: Tensor, ctx: &Ctx, scale: f64) -> Result<(Tensor, Acts)> {
+    forward_with(p, x, ctx, scale, None)
+}
+
+/// The activations of a checkpointed block's forward, run again with the same masks: equal
+/// to what [`forward`] kept.
+pub fn recompute(p: &Block, cp: Checkpoint, ctx: &Ctx, scale: f64) -> Result<Acts> {
+    Ok(forward_with(p, cp.x, ctx, scale, Some(cp.masks))?.1)
+}
+
+/// [`forward`], drawing the dropout masks, or with `masks` an earlier forward drew.
+fn forward_with(
+    p: &Block,
+    x: Tensor,
+    ctx: &Ctx,
+    scale: f64,
+    masks: Option<Masks>,
+) -> Result<(Tensor, Acts)> {
     let c = x.dim(1)?;
+    let p_resid = ctx.dropout.resid;
+    let (redraw_attn, masks) = match masks {
+        Some(m) => (Some(m.attn), Some((m.resid_attn, m.resid_mlp))),
+        None => (None, None),
+    };
     let h1 = layer_norm(&x, &p.ln_1.weight, &p.ln_1.bias, ctx.eps)?;
     let qkv = linear(&h1, &p.c_attn.weight, &p.c_attn.bias)?; // (N, 3C)
     let qkv = qkv.reshape((ctx.batch, ctx.time, 3 * c))?;
-    let (y, attn) = attention(&qkv, ctx.n_head, &ctx.bias, scale, ctx.dropout.attn)?;
+    let (y, attn) = attention(
+        &qkv,
+        ctx.n_head,
+        &ctx.bias,
+        scale,
+        ctx.dropout.attn,
+        redraw_attn,
+    )?;
     let proj = linear(&y, &p.attn_proj.weight, &p.attn_proj.bias)?;
-    let (proj, drop_attn) = dropout(&proj, ctx.dropout.resid)?;
+    let (proj, drop_attn) = match &masks {
+        Some((k, _)) => (dropout_again(&proj, k, p_resid)?, k.clone()),
+        None => dropout(&proj, p_resid)?,
+    };
     let x_mid = (&x + proj)?;
     let h2 = layer_norm(&x_mid, &p.ln_2.weight, &p.ln_2.bias, ctx.eps)?;
     let fc = h2.matmul(&p.c_fc.weight)?; // (N, F)
     let a = bias_act(&fc, &p.c_fc.bias, Some(ctx.act))?;
     let mlp = linear(&a, &p.mlp_proj.weight, &p.mlp_proj.bias)?;
-    let (mlp, drop_mlp) = dropout(&mlp, ctx.dropout.resid)?;
+    let (mlp, drop_mlp) = match &masks {
+        Some((_, k)) => (dropout_again(&mlp, k, p_resid)?, k.clone()),
+        None => dropout(&mlp, p_resid)?,
+    };
     let out = (&x_mid + mlp)?;
     let acts = Acts {
         x,
@@ -131,4 +195,80 @@ pub fn backward(
         mlp_proj,
     };
     Ok((dx, grads))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::attention::causal_padding_bias;
+    use candle_core::{DType, Device};
+
+    fn randn(shape: &[usize], seed: f64) -> Tensor {
+        // A fixed pattern, not the RNG: the test compares two forwards of the same inputs.
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|i| ((i as f64 * 0.37 + seed).sin() * 0.2) as f32)
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    /// With dropout on (the CPU's stored masks), a checkpointed block's recomputed activations
+    /// are the first forward's exactly: the masks are reused, not drawn again.
+    #[test]
+    fn recompute_reuses_the_dropout_masks() {
+        let (b, t, c, f) = (2, 5, 8, 16);
+        let norm = |s| Norm {
+            weight: (randn(&[c], s) + 1.).unwrap(),
+            bias: randn(&[c], s + 1.),
+        };
+        let lin = |i, o, s| Linear {
+            weight: randn(&[i, o], s),
+            bias: randn(&[o], s + 2.),
+        };
+        let p = Block {
+            ln_1: norm(1.),
+            c_attn: lin(c, 3 * c, 2.),
+            attn_proj: lin(c, c, 3.),
+            ln_2: norm(4.),
+            c_fc: lin(c, f, 5.),
+            mlp_proj: lin(f, c, 6.),
+        };
+        let mask = Tensor::ones((b, t), DType::U32, &Device::Cpu).unwrap();
+        let ctx = Ctx {
+            batch: b,
+            time: t,
+            n_head: 2,
+            eps: 1e-5,
+            act: Activation::GeluTanh,
+            dropout: Dropout {
+                embd: 0.,
+                attn: 0.3,
+                resid: 0.3,
+            },
+            bias: causal_padding_bias(&mask).unwrap(),
+        };
+        let x = randn(&[b * t, c], 7.);
+        let (out, acts) = forward(&p, x, &ctx, 0.5).unwrap();
+        let kept = [&acts.y, &acts.x_mid, &acts.a].map(|t| t.clone());
+        let again = recompute(&p, acts.checkpoint(), &ctx, 0.5).unwrap();
+        let out_again = (&again.x_mid
+            + dropout_again(
+                &linear(&again.a, &p.mlp_proj.weight, &p.mlp_proj.bias).unwrap(),
+                &again.drop_mlp,
+                0.3,
+            )
+            .unwrap())
+        .unwrap();
+        for (k, a) in kept.iter().zip([&again.y, &again.x_mid, &again.a]) {
+            let d = (k - a).unwrap().abs().unwrap().max_all().unwrap();
+            assert_eq!(d.to_scalar::<f32>().unwrap(), 0.);
+        }
+        let d = (&out - &out_again)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap();
+        assert_eq!(d.to_scalar::<f32>().unwrap(), 0.);
+    }
 }

@@ -36,6 +36,15 @@ pub struct Gpt2Step {
     head: Tensor,
     act: Activation,
     dropout: Dropout,
+    /// `--recompute`: keep each block's input only and run its forward again in the backward.
+    recompute: bool,
+}
+
+/// What a block's forward leaves for its backward.
+enum Kept {
+    Acts(block::Acts),
+    /// `--recompute`: the input and the dropout masks.
+    Checkpoint(block::Checkpoint),
 }
 
 /// A forward's activations, which its backward consumes.
@@ -43,7 +52,7 @@ pub struct Forward {
     ids: Tensor, // (B, T) u32
     drop_embd: Option<Keep>,
     ctx: block::Ctx,
-    blocks: Vec<block::Acts>,
+    blocks: Vec<Kept>,
     x_last: Tensor,  // (N, C) ln_f's input
     hidden: Tensor,  // (M, C) ln_f's output at the predicting positions: the head's input
     logits: Tensor,  // (M, V')
@@ -51,8 +60,9 @@ pub struct Forward {
 }
 
 impl Gpt2Step {
-    /// `weights`: every parameter in the compute dtype; `dropout`: the config's, else none.
-    pub fn new(cfg: &Config, weights: Gpt2Params, dropout: bool) -> Result<Self> {
+    /// `weights`: every parameter in the compute dtype; `dropout`: the config's, else none;
+    /// `recompute`: checkpoint each block (its forward runs again in the backward).
+    pub fn new(cfg: &Config, weights: Gpt2Params, dropout: bool, recompute: bool) -> Result<Self> {
         let act = Activation::parse(&cfg.activation_function).map_err(candle_core::Error::wrap)?;
         let dropout = match dropout {
             true => Dropout {
@@ -69,6 +79,7 @@ impl Gpt2Step {
             head,
             act,
             dropout,
+            recompute,
         })
     }
 
@@ -90,7 +101,10 @@ impl Gpt2Step {
         let mut blocks = Vec::with_capacity(self.w.h.len());
         for (i, p) in self.w.h.iter().enumerate() {
             let (out, acts) = block::forward(p, x, &ctx, self.cfg.attn_scale(i))?;
-            blocks.push(acts);
+            blocks.push(match self.recompute {
+                true => Kept::Checkpoint(acts.checkpoint()),
+                false => Kept::Acts(acts),
+            });
             x = out;
         }
         let hf = ops::layer_norm(&x, &self.w.ln_f.weight, &self.w.ln_f.bias, eps)?; // (N, C)
@@ -138,8 +152,13 @@ impl Gpt2Step {
         };
         let mut h = Vec::with_capacity(f.blocks.len());
         let layers = self.w.h.iter().zip(f.blocks).enumerate().rev();
-        for (i, (p, acts)) in layers {
-            let (d, grads) = block::backward(p, acts, dx, &f.ctx, self.cfg.attn_scale(i))?;
+        for (i, (p, kept)) in layers {
+            let scale = self.cfg.attn_scale(i);
+            let acts = match kept {
+                Kept::Acts(acts) => acts,
+                Kept::Checkpoint(cp) => block::recompute(p, cp, &f.ctx, scale)?,
+            };
+            let (d, grads) = block::backward(p, acts, dx, &f.ctx, scale)?;
             h.push(grads);
             dx = d;
         }

@@ -131,6 +131,14 @@ pub fn dropout(x: &Tensor, p: f32) -> Result<(Tensor, Option<Keep>)> {
     Ok((kernels::apply_keep(x, &keep, p)?, Some(keep)))
 }
 
+/// [`dropout`] with the mask an earlier forward drew (`--recompute`): the same output.
+pub fn dropout_again(x: &Tensor, keep: &Option<Keep>, p: f32) -> Result<Tensor> {
+    match keep {
+        Some(k) => kernels::apply_keep(x, k, p),
+        None => Ok(x.clone()),
+    }
+}
+
 /// The backward of [`dropout`]: the same mask on the gradient.
 pub fn dropout_bwd(dy: &Tensor, keep: &Option<Keep>, p: f32) -> Result<Tensor> {
     match keep {

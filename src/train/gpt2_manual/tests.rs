@@ -172,7 +172,7 @@ fn attention_backward_applies_the_forward_mask() {
     let (b, t, nh, hs) = (2, 7, 3, 4);
     let qkv = Tensor::randn(0f32, 1., (b, t, 3 * nh * hs), &dev).unwrap();
     let bias = causal_padding_bias(&Tensor::ones((b, t), DType::U32, &dev).unwrap()).unwrap();
-    let (out, kept) = attention(&qkv, nh, &bias, 0.5, 0.5).unwrap(); // (B·T, C)
+    let (out, kept) = attention(&qkv, nh, &bias, 0.5, 0.5, None).unwrap(); // (B·T, C)
     let g = Tensor::randn(0f32, 1., out.shape(), &dev).unwrap();
     let dqkv = attention_bwd(&kept, &g, 0.5).unwrap(); // (B·T, 3C)
     let c = nh * hs;
@@ -188,4 +188,43 @@ fn attention_backward_applies_the_forward_mask() {
         (lhs - rhs).abs() < 1e-4 * rhs.abs().max(1.),
         "{lhs} vs {rhs}"
     );
+}
+
+/// `--recompute` checkpoints every block and runs its forward again in the backward: the same
+/// loss and the same gradients, bit for bit on the CPU (the same ops in the same order), for
+/// gpt2-tiny and the odd config, over two micro-batches.
+#[test]
+fn recompute_gives_the_same_gradients() {
+    for spec in [
+        ModelSpec::preset("gpt2-tiny").unwrap(),
+        odd_gpt2("gelu_new"),
+    ] {
+        let Architecture::Gpt2(cfg) = &spec.arch else {
+            unreachable!("GPT-2 specs")
+        };
+        let vocab = cfg.vocab_size;
+        let batch = [ids(2, 13, vocab, 1), ids(2, 13, vocab, 2)];
+        let t = trainer(&spec, 1e-3, false);
+        let (loss, grads) = t.gradients(&batch).unwrap();
+        let mut r = trainer(&spec, 1e-3, false);
+        r.set_recompute(true).unwrap();
+        let (loss_r, grads_r) = r.gradients(&batch).unwrap();
+        assert_eq!(loss, loss_r, "{}", spec.name);
+        for ((name, g), (_, g_r)) in grads.iter().zip(&grads_r) {
+            assert_eq!(rel(g_r, g), 0., "{} {name}", spec.name);
+        }
+    }
+}
+
+/// The autograd path has no blocks to checkpoint: --recompute is refused, in one line.
+#[test]
+fn recompute_is_refused_for_autograd() {
+    let spec = ModelSpec::preset("bloom-tiny").unwrap();
+    let mut t = trainer(&spec, 1e-3, false);
+    let err = t.set_recompute(true).unwrap_err().to_string();
+    assert!(
+        err.contains("--recompute") && err.contains("--backward autograd"),
+        "{err}"
+    );
+    assert!(!err.contains('\n'));
 }
