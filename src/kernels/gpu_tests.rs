@@ -303,18 +303,24 @@ fn training_steps_fused_vs_unfused(backward: Backward) {
     }
 }
 
-/// gpt2-tiny's loss and every parameter's gradient through the manual backward and through
-/// autograd, on the GPU with the fused kernels, `dropout` on or off (the same seed draws the
-/// same hashed masks in both). Returns the worst relative difference of a gradient.
-fn manual_vs_autograd(dtype: DType, dropout: bool) -> f32 {
-    let (dev, _one_at_a_time) = gpu();
+/// A gpt2-tiny trainer on `dev` (random weights, seed 0) and a (2, 64) batch of ids.
+fn tiny_gpt2_trainer(dev: &Device, dtype: DType, dropout: bool) -> (Trainer, Tensor) {
     let spec = ModelSpec::preset("gpt2-tiny").unwrap();
     let src = WeightSource::Random { seed: 0 };
     let ids: Vec<u32> = (0..2 * 64)
         .map(|i| ((i * 7919 + 13) % 50257) as u32)
         .collect();
-    let ids = Tensor::from_vec(ids, (2, 64), &dev).unwrap();
-    let mut trainer = Trainer::new(&spec, &src, dtype, &dev, Hyper::default(), dropout).unwrap();
+    let ids = Tensor::from_vec(ids, (2, 64), dev).unwrap();
+    let trainer = Trainer::new(&spec, &src, dtype, dev, Hyper::default(), dropout).unwrap();
+    (trainer, ids)
+}
+
+/// gpt2-tiny's loss and every parameter's gradient through the manual backward and through
+/// autograd, on the GPU with the fused kernels, `dropout` on or off (the same seed draws the
+/// same hashed masks in both). Returns the worst relative difference of a gradient.
+fn manual_vs_autograd(dtype: DType, dropout: bool) -> f32 {
+    let (dev, _one_at_a_time) = gpu();
+    let (mut trainer, ids) = tiny_gpt2_trainer(&dev, dtype, dropout);
     let mut run = |backward| {
         trainer.set_backward(backward).unwrap();
         set_dropout_seed(7);
@@ -341,13 +347,7 @@ fn manual_vs_autograd(dtype: DType, dropout: bool) -> f32 {
 #[test]
 fn recompute_matches_the_kept_activations_on_cuda() {
     let (dev, _one_at_a_time) = gpu();
-    let spec = ModelSpec::preset("gpt2-tiny").unwrap();
-    let src = WeightSource::Random { seed: 0 };
-    let ids: Vec<u32> = (0..2 * 64)
-        .map(|i| ((i * 7919 + 13) % 50257) as u32)
-        .collect();
-    let ids = Tensor::from_vec(ids, (2, 64), &dev).unwrap();
-    let mut trainer = Trainer::new(&spec, &src, DType::BF16, &dev, Hyper::default(), true).unwrap();
+    let (mut trainer, ids) = tiny_gpt2_trainer(&dev, DType::BF16, true);
     let mut run = |recompute| {
         trainer.set_recompute(recompute).unwrap();
         set_dropout_seed(7);
