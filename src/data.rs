@@ -1,5 +1,10 @@
 //! Data files: reading LAMBADA passages, checksums, finding the full data set and downloading
-//! it (checksum-verified, through a temporary file) when it is not found.
+//! it (checksum-verified, through a temporary file) when it is not found; data sets shipped
+//! as a zip in [`archive`].
+
+mod archive;
+
+pub use archive::{find_or_download_dir, Archive};
 
 use crate::error::{Error, Result};
 use indicatif::{ProgressBar, ProgressStyle};

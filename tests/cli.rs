@@ -728,6 +728,70 @@ fn recompute_trains_with_the_same_losses_and_is_refused_where_it_does_not_apply(
     assert!(e.contains("use it with --engine candle"), "{e}");
 }
 
+/// `--data full` for WikiText-2: the folder `wikitext-2-raw/` in `$BENCH_DATA_DIR` is used (here
+/// without the train split: trains on valid, evaluates on test); offline with nothing found,
+/// one line naming the folder, the zip and why nothing was downloaded.
+#[test]
+fn wikitext2_data_full_finds_the_folder_or_fails_in_one_line_offline() {
+    let dir = tempfile::tempdir().unwrap();
+    let wt = dir.path().join("wikitext-2-raw");
+    std::fs::create_dir_all(&wt).unwrap();
+    for f in ["wiki.valid.raw", "wiki.test.raw"] {
+        std::fs::copy(Path::new("data/wikitext2_sample").join(f), wt.join(f)).unwrap();
+    }
+    let logs = dir.path().join("logs");
+    let args = [
+        "--suite",
+        "wikitext2",
+        "--data",
+        "full",
+        "--batch-size",
+        "2",
+        "--block-size",
+        "32",
+        "--max-steps",
+        "2",
+        "--warmup",
+        "1",
+        "--no-progress",
+        "--log-dir",
+        logs.to_str().unwrap(),
+    ];
+    let out = bench_env(
+        &args,
+        &[
+            ("BENCH_DATA_DIR", dir.path().to_str().unwrap()),
+            ("HF_HUB_OFFLINE", "1"),
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("trained on wiki.valid.raw, evaluated on wiki.test.raw"),
+        "{stdout}"
+    );
+
+    let empty = tempfile::tempdir().unwrap();
+    let out = bench_env(
+        &args,
+        &[
+            ("BENCH_DATA_DIR", empty.path().to_str().unwrap()),
+            ("HF_HUB_OFFLINE", "1"),
+            ("HOME", empty.path().to_str().unwrap()),
+        ],
+    );
+    assert!(!out.status.success());
+    let e = error_line(&stderr(&out));
+    assert!(
+        e.contains("wikitext-2-raw") && e.contains("HF_HUB_OFFLINE=1"),
+        "{e}"
+    );
+}
+
 /// `--suite wikitext2` on the built-in sample, tiny blocks, with the stand-in HF worker.
 fn wikitext2_hf(engine: &str, log_dir: &str, extra: &[&str], env: &[(&str, &str)]) -> Output {
     let worker = fake_worker();

@@ -4,7 +4,7 @@
 //! combination fails before anything is loaded.
 
 use super::{DeviceArg, DtypeArg, RunArgs};
-use crate::data::{find_or_download, DataFile, Lookup, Reference};
+use crate::data::{find_or_download, find_or_download_dir, DataFile, Lookup, Reference};
 use crate::device::{choose_auto, visible_gpus, AutoChoice, DeviceSpec, Precision};
 use crate::engines::hf::{HfAttn, HfOptions};
 use crate::engines::llmc::{setup as llmc_setup, LlmcOptions};
@@ -14,7 +14,7 @@ use crate::models::{ModelSpec, WeightSource};
 use crate::record::SweepConfig;
 use crate::scenarios::skeleton::max_positions;
 use crate::scenarios::suite_file::{SuiteFile, SuiteTrain};
-use crate::scenarios::wikitext2::data::Splits;
+use crate::scenarios::wikitext2::data::{Splits, WIKITEXT2_RAW};
 use crate::scenarios::{GenerateOptions, GenerateSource, RunSpec, TrainOptions, Workload};
 use clap::ValueEnum;
 use std::path::PathBuf;
@@ -316,6 +316,12 @@ fn one_engine_each(engines: &[EngineKind]) -> Vec<EngineKind> {
 fn resolve_data(arg: Option<&str>, suite: &SuiteFile) -> Result<DataFile> {
     match arg {
         None => Ok(DataFile::embedded_lambada_sample()),
+        // A member of the WikiText-2 zip (the generation suite's text): its folder found or
+        // downloaded and extracted.
+        Some("full") if suite.data.url == WIKITEXT2_RAW.url => {
+            let dir = find_or_download_dir(&WIKITEXT2_RAW, &Lookup::from_env())?;
+            DataFile::read(&dir.join(&suite.data.file), &suite.data_hint())
+        }
         // Found locally, else downloaded (checksum-verified) into the cache when online.
         Some("full") => {
             let hint = suite.data_hint();
@@ -634,6 +640,11 @@ fn resolve_train(
     }
     let splits = match args.data.as_deref() {
         None => Splits::sample(),
+        // Found locally, else downloaded and extracted (each file checksum-verified) when online.
+        Some("full") => {
+            let dir = find_or_download_dir(&WIKITEXT2_RAW, &Lookup::from_env())?;
+            Splits::from_path(&dir, a.eval_data.as_deref())?
+        }
         Some(p) => Splits::from_path(std::path::Path::new(p), a.eval_data.as_deref())?,
     };
     let grad_accum = a.grad_accum.unwrap_or(t.grad_accum);

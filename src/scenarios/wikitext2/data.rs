@@ -10,9 +10,37 @@
 //! The train split (`wiki.train.raw`) is not shipped: our own runs train on `wiki.valid.raw`
 //! and evaluate on `wiki.test.raw`, and the log header says so.
 
+use crate::data::Archive;
 use crate::error::{Error, Result};
 use crate::tokenizer::TextTokenizer;
 use std::path::{Path, PathBuf};
+
+/// `--data full`: wikitext-2-raw-v1.zip (CC BY-SA 3.0) from Stephen Merity's mirror (the
+/// original S3 bucket answers 403), the archive and each member checked against the
+/// checksums of the original archive (/work/shared/data/wikitext-2-raw/SOURCE.md).
+pub const WIKITEXT2_RAW: Archive<'static> = Archive {
+    name: "wikitext-2-raw-v1.zip",
+    dir: "wikitext-2-raw",
+    url: "https://wikitext.smerity.com/wikitext-2-raw-v1.zip",
+    sha256: "ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11",
+    members: &[
+        (
+            "wikitext-2-raw/wiki.train.raw",
+            "6707892fa3788b5ab9ed78ab5ff37d9fe825f6011a2ad4fcd6a6d467f0e7da57",
+        ),
+        (
+            "wikitext-2-raw/wiki.valid.raw",
+            "4cd0f6876d07a413aa911261ff6d363c72d757d47f0fdd6015702014c89cb9c7",
+        ),
+        (
+            "wikitext-2-raw/wiki.test.raw",
+            "173c87a53759e0201f33e0ccf978e510c2042d7f2cb78229d9a50d79b9e7dd08",
+        ),
+    ],
+    // A folder without the train split is used as --data DIR is (train on valid, eval on test).
+    required: &["wiki.valid.raw", "wiki.test.raw"],
+    hint: "put wiki.train.raw, wiki.valid.raw and wiki.test.raw (wikitext-2-raw-v1) in a folder wikitext-2-raw/ there, or pass --data DIR",
+};
 
 /// `datasets.Dataset.map(batched=True)`'s default batch size, which `group_texts` inherits.
 pub const MAP_BATCH_LINES: usize = 1000;
