@@ -728,6 +728,27 @@ fn recompute_trains_with_the_same_losses_and_is_refused_where_it_does_not_apply(
     assert!(e.contains("use it with --engine candle"), "{e}");
 }
 
+/// `--drop-last` with fewer blocks than one batch would train on nothing: one line that says
+/// how many blocks there are and what to lower.
+#[test]
+fn drop_last_with_a_batch_larger_than_the_data_fails_in_one_line() {
+    let e = error_of(&[
+        "--suite",
+        "wikitext2",
+        "--drop-last",
+        "--batch-size",
+        "100000",
+        "--block-size",
+        "32",
+        "--max-steps",
+        "2",
+    ]);
+    assert!(
+        e.contains("fewer than one batch of 100000") && e.contains("lower --batch-size"),
+        "{e}"
+    );
+}
+
 /// `--data full` for WikiText-2: the folder `wikitext-2-raw/` in `$BENCH_DATA_DIR` is used (here
 /// without the train split: trains on valid, evaluates on test); offline with nothing found,
 /// one line naming the folder, the zip and why nothing was downloaded.
