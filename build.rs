@@ -26,7 +26,7 @@ fn main() {
 
 /// The kernel families of src/kernels: each `<name>.cu` -> `$OUT_DIR/<name>.ptx`, embedded by
 /// src/kernels/<name>.rs (`ptx!`) and loaded as its own module.
-const KERNELS: [&str; 8] = [
+const KERNELS: [&str; 10] = [
     "adamw",
     "attn_softmax",
     "bias_act",
@@ -34,7 +34,9 @@ const KERNELS: [&str; 8] = [
     "decode",
     "dropout",
     "embedding",
+    "heads",
     "layer_norm",
+    "multi_tensor",
 ];
 /// The headers those `.cu` files include.
 const HEADERS: [&str; 2] = ["common.cuh", "dropout.cuh"];

@@ -70,7 +70,10 @@
 #                  compiled as Trainer's torch_compile=True, compilation in the warm-up; llm.c's
 #                  train_gpt2cu from .gpu/train_gpt2cu, a copy of /work/shared/gpu/llmc/), then
 #                  eager HF alone for the compile gain, then candle alone with each
-#                  --backward of $CMP_BACKWARDS (e.g. "manual autograd"). The CSV (engine candle / hf / hf-compile /
+#                  --backward of $CMP_BACKWARDS (e.g. "manual autograd"), then candle with each
+#                  ';'-separated flag set of $CMP_CANDLE_FLAGS (e.g. "--recompute"), then candle
+#                  from .gpu/bench-before.{xz,gz} when there (a previous binary: the before of a
+#                  change, in the same call; its log header names its commit). The CSV (engine candle / hf / hf-compile /
 #                  llmc, samples/s, tokens/s, peak memory, MFU) needs .gpu/extract-metrics.{xz,gz} (a
 #                  report build), else make it from the logs: -> train-compare-logs.tgz, train-compare.csv
 #   hf-best        candle vs HF at HF's best configuration (#22 item 5), bf16, `--engine both` with
@@ -454,6 +457,9 @@ PY
     LLMC_BIN=$PWD/.gpu/train_gpt2cu cmp_run --engine candle,hf,llmc --hf-compile
     cmp_run --engine hf
     for b in ${CMP_BACKWARDS:-}; do cmp_run --engine candle --backward "$b"; done
+    IFS=';' read -ra flag_sets <<< "${CMP_CANDLE_FLAGS:-}"
+    for f in "${flag_sets[@]}"; do cmp_run --engine candle $f; done  # unquoted: one set, several flags
+    if unpack bench-before /tmp/bench-before; then B=/tmp/bench-before cmp_run --engine candle; fi
     if unpack extract-metrics /tmp/extract-metrics; then
       /tmp/extract-metrics -i /tmp/cmp-logs -o "$OUT/train-compare.csv" --where suite=wikitext2 \
         --columns engine,model,dtype,batch_size,train_samples_per_second,tokens_per_second,peak_memory_bytes,mfu,step_latency_ms_p50,warmup_runtime,train_loss,eval_loss,status

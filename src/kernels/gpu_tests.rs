@@ -742,3 +742,141 @@ fn graph_replayed_decoding_matches_eager_decoding() {
         assert_eq!(ids[0][0].len(), 12);
     }
 }
+
+/// The multi-tensor update (40 tensors: two launches, chunk tails, one tensor of one element)
+/// against AdamW's composed ops on the CPU with the host's norm and clip factor, loss scale 1
+/// and 1024, three steps.
+#[test]
+fn multi_tensor_adamw_matches_the_composed_step() {
+    let (gpu, _one_at_a_time) = gpu();
+    let hyper = Hyper {
+        weight_decay: 0.01,
+        ..Hyper::default()
+    };
+    let sizes: Vec<usize> = (0..40)
+        .map(|i| [1, 7, 300, 16384, 16385, 50_003][i % 6] + i)
+        .collect();
+    for loss_scale in [1., 1024.] {
+        let init: Vec<Tensor> = sizes.iter().map(|&n| randn(&[n], &Device::Cpu)).collect();
+        let cpu_params: Vec<Var> = init.iter().map(|t| Var::from_tensor(t).unwrap()).collect();
+        let mut cpu_opt = crate::train::AdamW::new(cpu_params.clone(), &hyper).unwrap();
+        let gpu_params: Vec<Tensor> = init.iter().map(|t| t.to_device(&gpu).unwrap()).collect();
+        let moments: Vec<Tensor> = sizes
+            .iter()
+            .map(|&n| Tensor::zeros((2, n), DType::F32, &gpu).unwrap())
+            .collect();
+        for step in 1..=3 {
+            let grads: Vec<Tensor> = sizes
+                .iter()
+                .map(|&n| (randn(&[n], &Device::Cpu) * (0.01 * loss_scale)).unwrap())
+                .collect();
+            let norm = crate::train::global_grad_norm(&grads).unwrap() / loss_scale;
+            let factor = crate::train::clip_coefficient(norm, 1.0) / loss_scale;
+            assert!(factor * loss_scale < 1., "the test must clip (norm {norm})");
+            let on_gpu: Vec<Tensor> = grads.iter().map(|g| g.to_device(&gpu).unwrap()).collect();
+            let clip = grad_norm_clip(&on_gpu, loss_scale, 1.0)
+                .unwrap()
+                .expect("applies");
+            let got = clip.to_vec1::<f32>().unwrap();
+            assert!(
+                (got[0] as f64 - norm).abs() < 1e-5 * norm,
+                "norm {got:?} vs {norm}"
+            );
+            assert!(
+                (got[1] as f64 - factor).abs() < 1e-5 * factor,
+                "{got:?} vs {factor}"
+            );
+            cpu_opt.step(&grads, 1e-3, factor).unwrap();
+            let h = AdamStep {
+                lr: 1e-3,
+                beta1: hyper.beta1,
+                beta2: hyper.beta2,
+                eps: hyper.eps,
+                weight_decay: hyper.weight_decay,
+                bc1: 1. - hyper.beta1.powi(step),
+                bc2_sqrt: (1. - hyper.beta2.powi(step)).sqrt(),
+                grad_scale: 1.,
+            };
+            let applied = adamw_multi(&gpu_params, &on_gpu, &moments, &h, &clip).unwrap();
+            assert!(applied, "the multi-tensor kernel must apply");
+            for (i, (g, c)) in gpu_params.iter().zip(&cpu_params).enumerate() {
+                let r = rel(g, c.as_tensor());
+                assert!(
+                    r < 1e-5,
+                    "scale {loss_scale} step {step} tensor {i}: rel {r}"
+                );
+            }
+        }
+    }
+}
+
+/// gpt2-tiny fp32 trainer steps with the clip factor on the device (multi-tensor AdamW)
+/// against the host's norm and the per-tensor kernel: the same losses, norms and weights.
+#[test]
+fn trainer_steps_with_the_device_clip_match_the_host_clip() {
+    let (dev, _one_at_a_time) = gpu();
+    let (mut device_clip, ids) = tiny_gpt2_trainer(&dev, DType::F32, false);
+    let (mut host_clip, _) = tiny_gpt2_trainer(&dev, DType::F32, false);
+    let without_adamw = [
+        Fused::Lt,
+        Fused::Softmax,
+        Fused::BiasAct,
+        Fused::LayerNorm,
+        Fused::Dropout,
+        Fused::CrossEntropy,
+        Fused::Embedding,
+        Fused::Heads,
+    ];
+    for step in 0..3 {
+        set_enabled(&[Fused::All]);
+        let a = device_clip.step(std::slice::from_ref(&ids)).unwrap();
+        set_enabled(&without_adamw);
+        let b = host_clip.step(std::slice::from_ref(&ids)).unwrap();
+        assert!(
+            (a.loss - b.loss).abs() < 1e-5 * b.loss,
+            "step {step}: {a:?} vs {b:?}"
+        );
+        let dn = (a.grad_norm - b.grad_norm).abs();
+        assert!(dn < 1e-4 * b.grad_norm, "step {step}: {a:?} vs {b:?}");
+    }
+    set_enabled(&[Fused::All]);
+    for ((name, a), (_, b)) in device_clip
+        .named_params()
+        .iter()
+        .zip(host_clip.named_params())
+    {
+        let r = rel(a, &b);
+        assert!(r < 1e-4, "{name}: rel {r}");
+    }
+}
+
+/// The head split (3 parts and 1) and merge against candle's permute + copy, f32 and bf16,
+/// T not a multiple of anything; and a head row of 12 bytes, which they leave to candle.
+#[test]
+fn head_split_and_merge_match_candles_copies() {
+    let (dev, _one_at_a_time) = gpu();
+    let (b, t, nh, hs) = (3, 37, 4, 16);
+    for dtype in [DType::F32, DType::BF16] {
+        for g in [3, 1] {
+            let x = randn(&[b, t, g * nh * hs], &dev).to_dtype(dtype).unwrap();
+            let got = split_heads(&x, g, nh).unwrap().expect("applies");
+            let want = x
+                .reshape((b, t, g, nh, hs))
+                .unwrap()
+                .permute((2, 0, 3, 1, 4))
+                .unwrap();
+            assert_eq!(got.dims(), want.dims());
+            assert_eq!(rel(&got, &want), 0., "{dtype:?} split of {g}");
+            let parts: Vec<Tensor> = (0..g).map(|i| got.get(i).unwrap()).collect();
+            let refs: Vec<&Tensor> = parts.iter().collect();
+            let merged = merge_heads(&refs).unwrap().expect("applies");
+            let flat = x.reshape((b * t, g * nh * hs)).unwrap();
+            assert_eq!(rel(&merged, &flat), 0., "{dtype:?} merge of {g}");
+        }
+    }
+    let odd = randn(&[b, t, 3 * nh * 3], &dev);
+    assert!(
+        split_heads(&odd, 3, nh).unwrap().is_none(),
+        "hs 3 (12 bytes) is candle's"
+    );
+}

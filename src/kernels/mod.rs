@@ -22,10 +22,12 @@ mod decode;
 mod dropout;
 mod embedding;
 mod graph;
+mod heads;
 #[cfg(feature = "cuda")]
 mod launch;
 mod layer_norm;
 mod linear_lt;
+mod multi_tensor;
 
 pub use adamw::{adamw, sum_squares, AdamStep};
 pub use attn_softmax::{attn_softmax, attn_softmax_bwd};
@@ -35,8 +37,10 @@ pub use decode::{add_layer_norm, argmax, decode_attention, decode_begin, CacheSl
 pub use dropout::{apply_keep, draw_keep, dropout, keep_mask, set_dropout_seed, Keep};
 pub use embedding::embedding_bwd;
 pub use graph::{capture, param_cache, replays, Graph, ParamCache};
+pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{layer_norm, layer_norm_bwd};
 pub use linear_lt::linear;
+pub use multi_tensor::{adamw_multi, grad_norm_clip};
 
 /// The fused paths `--fused` switches (each on by default on CUDA).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -51,7 +55,8 @@ pub enum Fused {
     Softmax,
     /// Bias + activation in one pass, with its backward (training; inference in fp32).
     BiasAct,
-    /// AdamW in two passes per parameter instead of ~12 ops.
+    /// AdamW and the gradient norm over every parameter in a few launches, the clip factor
+    /// computed on the device (per tensor where a step's tensors differ in dtype).
     Adamw,
     /// Training LayerNorm: one kernel forward, two backward (instead of ~10 ops with casts).
     LayerNorm,
@@ -69,6 +74,9 @@ pub enum Fused {
     /// Training: the token embedding's gradient as one scatter-add kernel (instead of
     /// candle's row-by-row index_add).
     Embedding,
+    /// Training: the attention's head split and merge as one vectorised copy each (instead of
+    /// candle's strided copy).
+    Heads,
 }
 
 const LT: u16 = 1;
@@ -81,8 +89,18 @@ const XENT: u16 = 64;
 const DECODE: u16 = 128;
 const GRAPH: u16 = 256;
 const EMBEDDING: u16 = 512;
-const ALL: u16 =
-    LT | SOFTMAX | BIAS_ACT | ADAMW | LAYER_NORM | DROPOUT | XENT | DECODE | GRAPH | EMBEDDING;
+const HEADS: u16 = 1024;
+const ALL: u16 = LT
+    | SOFTMAX
+    | BIAS_ACT
+    | ADAMW
+    | LAYER_NORM
+    | DROPOUT
+    | XENT
+    | DECODE
+    | GRAPH
+    | EMBEDDING
+    | HEADS;
 
 static ENABLED: AtomicU16 = AtomicU16::new(ALL);
 
@@ -100,6 +118,7 @@ fn bit(f: Fused) -> u16 {
         Fused::Decode => DECODE,
         Fused::Graph => GRAPH,
         Fused::Embedding => EMBEDDING,
+        Fused::Heads => HEADS,
     }
 }
 
@@ -133,6 +152,7 @@ pub fn describe() -> String {
         (DECODE, "decode"),
         (GRAPH, "graph"),
         (EMBEDDING, "embedding"),
+        (HEADS, "heads"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

@@ -22,5 +22,5 @@ pub mod optim;
 pub mod trainer;
 
 pub use crate::record::Hyper;
-pub use optim::{clip_coefficient, global_grad_norm, AdamW, GradScaler, LinearSchedule};
+pub use optim::{clip_coefficient, global_grad_norm, AdamW, Clip, GradScaler, LinearSchedule};
 pub use trainer::{lm_loss, Backward, DataParallel, StepOutcome, Trainer};

@@ -66,12 +66,10 @@ impl AdamW {
         })
     }
 
-    /// One update with learning rate `lr` and gradients `grads[i] · grad_scale` (`grads[i]`
-    /// belongs to `params[i]`, fp32; `grad_scale`: the clip coefficient over the loss scale).
-    pub fn step(&mut self, grads: &[Tensor], lr: f64, grad_scale: f64) -> Result<()> {
-        self.step += 1;
-        let t = self.step as i32;
-        let h = crate::kernels::AdamStep {
+    /// The hyper-parameters of update number `t` (1-based).
+    fn hyper(&self, t: usize, lr: f64, grad_scale: f64) -> crate::kernels::AdamStep {
+        let t = t as i32;
+        crate::kernels::AdamStep {
             lr,
             beta1: self.beta1,
             beta2: self.beta2,
@@ -80,7 +78,55 @@ impl AdamW {
             bc1: 1. - self.beta1.powi(t),
             bc2_sqrt: (1. - self.beta2.powi(t)).sqrt(),
             grad_scale,
-        };
+        }
+    }
+
+    /// One update with learning rate `lr` and gradients `grads[i]` times `clip`'s factor. On
+    /// CUDA every parameter in a few launches, the factor read on the device (no sync);
+    /// elsewhere [`AdamW::step`] with the factor read back.
+    pub fn step_clipped(&mut self, grads: &[Tensor], lr: f64, clip: &Clip) -> Result<()> {
+        if let Clip::Device(factor) = clip {
+            if self.step_multi(grads, lr, factor)? {
+                return Ok(());
+            }
+        }
+        self.step(grads, lr, clip.factor()?)
+    }
+
+    /// The multi-tensor kernel's update; false where it does not apply.
+    fn step_multi(&mut self, grads: &[Tensor], lr: f64, clip: &Tensor) -> Result<bool> {
+        if !clip.device().is_cuda() || self.params.is_empty() {
+            return Ok(false);
+        }
+        // The moments packed once, (2, n) f32 each, then updated in place step after step.
+        for (i, p) in self.params.iter().enumerate() {
+            if let Moments::Split { m, v } = &self.moments[i] {
+                let mv = Tensor::stack(&[m.flatten_all()?, v.flatten_all()?], 0)?;
+                self.moments[i] = Moments::Packed(mv.reshape((2, p.elem_count()))?);
+            }
+        }
+        let moments: Vec<Tensor> = self
+            .moments
+            .iter()
+            .map(|m| match m {
+                Moments::Packed(mv) => mv.clone(),
+                Moments::Split { .. } => unreachable!("packed above"),
+            })
+            .collect();
+        let params: Vec<Tensor> = self.params.iter().map(|p| p.as_detached_tensor()).collect();
+        let h = self.hyper(self.step + 1, lr, 1.);
+        let applied = crate::kernels::adamw_multi(&params, grads, &moments, &h, clip)?;
+        if applied {
+            self.step += 1;
+        }
+        Ok(applied)
+    }
+
+    /// One update with learning rate `lr` and gradients `grads[i] · grad_scale` (`grads[i]`
+    /// belongs to `params[i]`, fp32; `grad_scale`: the clip coefficient over the loss scale).
+    pub fn step(&mut self, grads: &[Tensor], lr: f64, grad_scale: f64) -> Result<()> {
+        self.step += 1;
+        let h = self.hyper(self.step, lr, grad_scale);
         for (i, g) in grads.iter().enumerate() {
             let param = self.params[i].as_tensor();
             if param.device().is_cuda() {
@@ -138,9 +184,50 @@ pub fn global_grad_norm(grads: &[Tensor]) -> Result<f64> {
         .sqrt())
 }
 
-/// torch `clip_grad_norm_`'s factor for every gradient: min(1, max_norm / (norm + 1e-6)).
+/// torch `clip_grad_norm_`'s factor for every gradient: min(1, max_norm / (norm + 1e-6)); 1
+/// when max_norm ≤ 0 (HF Trainer then does not clip).
 pub fn clip_coefficient(norm: f64, max_norm: f64) -> f64 {
+    if max_norm <= 0. {
+        return 1.;
+    }
     (max_norm / (norm + 1e-6)).min(1.)
+}
+
+/// A step's gradient norm (unscaled) and the factor every gradient is multiplied by (the clip
+/// coefficient over the loss scale).
+pub enum Clip {
+    /// Computed on the host (CPU, or `--fused` without adamw).
+    Host { norm: f64, factor: f64 },
+    /// (2,) f32 = (norm, factor) left on the device: the update reads it there, the host only
+    /// at the end of the step.
+    Device(Tensor),
+}
+
+impl Clip {
+    /// torch `clip_grad_norm_(max_norm)` over `grads` divided by `loss_scale` (unscaling).
+    pub fn of(grads: &[Tensor], loss_scale: f64, max_norm: f64) -> Result<Self> {
+        if let Some(t) = crate::kernels::grad_norm_clip(grads, loss_scale, max_norm)? {
+            return Ok(Clip::Device(t));
+        }
+        let norm = global_grad_norm(grads)? / loss_scale;
+        let factor = clip_coefficient(norm, max_norm) / loss_scale;
+        Ok(Clip::Host { norm, factor })
+    }
+
+    /// The norm and the factor (a device sync for `Device`).
+    pub fn read(&self) -> Result<(f64, f64)> {
+        match self {
+            Clip::Host { norm, factor } => Ok((*norm, *factor)),
+            Clip::Device(t) => {
+                let v = t.to_vec1::<f32>()?;
+                Ok((v[0] as f64, v[1] as f64))
+            }
+        }
+    }
+
+    pub fn factor(&self) -> Result<f64> {
+        Ok(self.read()?.1)
+    }
 }
 
 /// torch.amp.GradScaler with its defaults: scale 2¹⁶, ×2 after 2000 finite steps, ×0.5 and
@@ -212,6 +299,14 @@ mod tests {
         assert!((norm - 5.).abs() < 1e-9);
         assert!((clip_coefficient(norm, 1.0) - 0.2).abs() < 1e-6);
         assert_eq!(clip_coefficient(0.5, 1.0), 1.);
+        assert_eq!(clip_coefficient(100., 0.), 1., "max_norm 0: no clipping");
+        let clip = Clip::of(&g, 4., 0.25).unwrap();
+        let (norm, factor) = clip.read().unwrap();
+        assert!((norm - 1.25).abs() < 1e-9, "unscaled norm {norm}");
+        assert!(
+            (factor - 0.2 / 4.).abs() < 1e-6,
+            "clip over the loss scale {factor}"
+        );
     }
 
     /// The clip factor given to the optimizer acts as scaling the gradients first.

@@ -2,7 +2,7 @@
 //! the backward, gradient all-reduce over data-parallel ranks, and the optimizer update.
 
 use super::gpt2_manual::{params::Gpt2Params, Gpt2Step};
-use super::optim::{clip_coefficient, global_grad_norm, AdamW, GradScaler, LinearSchedule};
+use super::optim::{AdamW, Clip, GradScaler, LinearSchedule};
 use crate::dist::AllReduce;
 use crate::models::{Architecture, CausalLm, ModelSpec, WeightSource};
 use crate::record::{Hyper, PhaseMs};
@@ -64,6 +64,17 @@ impl CommClock {
     fn stop(self, device: &Device) -> Result<f64> {
         device.synchronize()?;
         Ok(self.0.elapsed().as_secs_f64() * 1e3)
+    }
+}
+
+/// The step's summed loss ((1,) f32) and its unscaled gradient norm, in one device read.
+fn read_loss_and_norm(loss_sum: &Tensor, clip: &Clip) -> Result<(f64, f64)> {
+    match clip {
+        Clip::Device(t) => {
+            let both = Tensor::cat(&[loss_sum, t], 0)?.to_vec1::<f32>()?; // (3,)
+            Ok((both[0] as f64, both[1] as f64))
+        }
+        Clip::Host { norm, .. } => Ok((loss_sum.to_vec1::<f32>()?[0] as f64, *norm)),
     }
 }
 
@@ -416,10 +427,10 @@ impl Trainer {
 
     /// The optimizer update with `grads`; with ZeRO-1 only this rank's parameters, then every
     /// parameter from its owner. Returns the milliseconds that sharing took (ZeRO-1 only).
-    fn update(&mut self, grads: &[Tensor], lr: f64, grad_scale: f64) -> Result<Option<f64>> {
+    fn update(&mut self, grads: &[Tensor], lr: f64, clip: &Clip) -> Result<Option<f64>> {
         let dp = match &self.data_parallel {
             Some(dp) if dp.zero1 => dp,
-            _ => return self.opt.step(grads, lr, grad_scale).map(|()| None),
+            _ => return self.opt.step_clipped(grads, lr, clip).map(|()| None),
         };
         let mine: Vec<Tensor> = grads
             .iter()
@@ -427,7 +438,7 @@ impl Trainer {
             .filter(|(_, &o)| o == dp.rank)
             .map(|(g, _)| g.clone())
             .collect();
-        self.opt.step(&mine, lr, grad_scale)?;
+        self.opt.step_clipped(&mine, lr, clip)?;
         // Every parameter from its owner: the others contribute zeros to the sum (an all-gather
         // through the one collective we have).
         let comm = CommClock::start(&self.device)?;
@@ -463,27 +474,28 @@ impl Trainer {
         if let Some(dp) = &self.data_parallel {
             // Mean over ranks of each rank's mean over its micro-batches; the loss rides along.
             let comm = CommClock::start(&self.device)?;
-            grads.push(Tensor::new(&[loss_sum as f32], &self.device)?);
+            grads.push(loss_sum);
             dp.all_reduce(&mut grads, 1. / dp.size as f64)?;
-            let loss = grads.pop().expect("the loss");
-            loss_sum = loss.to_vec1::<f32>()?[0] as f64;
+            loss_sum = grads.pop().expect("the loss");
             comm_ms = Some(comm.stop(&self.device)?);
         }
-        // Unscaling (fp16) and clipping ride in the optimizer's kernel as one factor.
-        let grad_norm = global_grad_norm(&grads)? / scale;
-        let grad_scale = clip_coefficient(grad_norm, self.hyper.max_grad_norm) / scale;
+        // Unscaling (fp16) and clipping ride in the optimizer's kernel as one factor, which
+        // stays on the device on CUDA: the host reads the norm only for fp16's skip decision.
+        let clip = Clip::of(&grads, scale, self.hyper.max_grad_norm)?;
         let lr = self.schedule.lr(self.step);
         let apply = match self.scaler.as_mut() {
-            Some(s) => s.update(grad_norm.is_finite()),
+            Some(s) => s.update(clip.read()?.0.is_finite()),
             None => true,
         };
         if apply {
-            if let Some(ms) = self.update(&grads, lr, grad_scale)? {
+            if let Some(ms) = self.update(&grads, lr, &clip)? {
                 *comm_ms.get_or_insert(0.) += ms;
             }
             self.step += 1;
         }
         clock.lap(|p| &mut p.update)?;
+        // The step's one sync: the loss and the norm read together, after the update is queued.
+        let (loss_sum, grad_norm) = read_loss_and_norm(&loss_sum, &clip)?;
         Ok(StepOutcome {
             comm_ms,
             loss: loss_sum / n,
@@ -506,6 +518,7 @@ impl Trainer {
         let (grads, loss_sum) =
             self.accumulate(&graph, micro_batches, 1. / n, &mut PhaseClock::new(None)?)?;
         let names = self.params.lock().expect("params lock").names.clone();
+        let loss_sum = loss_sum.to_vec1::<f32>()?[0] as f64;
         Ok((loss_sum / n, names.into_iter().zip(grads).collect()))
     }
 
@@ -526,16 +539,17 @@ impl Trainer {
     }
 
     /// Σ over `micro_batches` of the gradients of loss · `loss_scale`, fp32, one per parameter
-    /// in `self.vars` order (zeros where a parameter got none), and the sum of the losses.
+    /// in `self.vars` order (zeros where a parameter got none), and the sum of the losses ((1,)
+    /// f32 on the device: nothing is read back here).
     fn accumulate(
         &self,
         graph: &Graph,
         micro_batches: &[Tensor],
         loss_scale: f64,
         clock: &mut PhaseClock<'_>,
-    ) -> Result<(Vec<Tensor>, f64)> {
+    ) -> Result<(Vec<Tensor>, Tensor)> {
         let mut acc: Vec<Option<Tensor>> = vec![None; self.vars.len()];
-        let mut loss_sum = 0.;
+        let mut loss_sum = Tensor::zeros(1, DType::F32, &self.device)?;
         for ids in micro_batches {
             let (loss, grads) = match graph {
                 Graph::Autograd(model) => self.autograd(model.as_ref(), ids, loss_scale, clock)?,
@@ -548,7 +562,7 @@ impl Trainer {
                     None => g,
                 });
             }
-            loss_sum += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            loss_sum = (loss_sum + loss.to_dtype(DType::F32)?.reshape(1)?)?;
         }
         let grads = acc
             .into_iter()

@@ -42,10 +42,13 @@ pub fn attention(
 ) -> Result<(Tensor, Kept)> {
     let (b, t, c3) = qkv.dims3()?;
     let hs = c3 / 3 / nh;
-    let qkv = qkv
-        .reshape((b, t, 3, nh, hs))?
-        .permute((2, 0, 3, 1, 4))? // (3, B, nh, T, hs)
-        .contiguous()?;
+    let qkv = match kernels::split_heads(qkv, 3, nh)? {
+        Some(split) => split,
+        None => qkv
+            .reshape((b, t, 3, nh, hs))?
+            .permute((2, 0, 3, 1, 4))?
+            .contiguous()?,
+    }; // (3, B, nh, T, hs)
     let (q, k, v) = (qkv.get(0)?, qkv.get(1)?, qkv.get(2)?);
     let keep = match (redraw, p_drop > 0.) {
         (Some(keep), _) => keep.map(|k| (k, p_drop)),
@@ -58,7 +61,10 @@ pub fn attention(
     let s = q.matmul(&k.t()?)?; // (B, nh, T, T)
     let (probs, dropped) = softmax(&s, bias, scale, &keep, v.dtype())?;
     let y = dropped.matmul(&v)?; // (B, nh, T, hs)
-    let y = y.transpose(1, 2)?.reshape((b * t, nh * hs))?; // (B·T, C)
+    let y = match kernels::merge_heads(&[&y])? {
+        Some(merged) => merged,
+        None => y.transpose(1, 2)?.reshape((b * t, nh * hs))?,
+    }; // (B·T, C)
     let kept = Kept {
         q,
         k,
@@ -96,12 +102,19 @@ fn softmax(
 /// merged output.
 pub fn attention_bwd(kept: &Kept, dy: &Tensor, scale: f64) -> Result<Tensor> {
     let (b, nh, t, hs) = kept.q.dims4()?;
-    let dout = dy.reshape((b, t, nh, hs))?.transpose(1, 2)?.contiguous()?; // (B, nh, T, hs)
+    let dy = dy.reshape((b, t, nh * hs))?;
+    let dout = match kernels::split_heads(&dy, 1, nh)? {
+        Some(split) => split.squeeze(0)?,
+        None => dy.reshape((b, t, nh, hs))?.transpose(1, 2)?.contiguous()?,
+    }; // (B, nh, T, hs)
     let dv = kept.dropped.t()?.matmul(&dout)?;
     let d_dropped = dout.matmul(&kept.v.t()?)?; // (B, nh, T, T)
     let ds = softmax_bwd(kept, &d_dropped, scale)?; // d/ds of the raw scores
     let dq = ds.matmul(&kept.k)?;
     let dk = ds.t()?.matmul(&kept.q)?;
+    if let Some(dqkv) = kernels::merge_heads(&[&dq, &dk, &dv])? {
+        return Ok(dqkv);
+    }
     Tensor::stack(&[dq, dk, dv], 0)? // (3, B, nh, T, hs)
         .permute((1, 3, 0, 2, 4))? // (B, T, 3, nh, hs)
         .reshape((b * t, 3 * nh * hs))

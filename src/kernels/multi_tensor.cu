@@ -1,0 +1,97 @@
+// The optimizer over many tensors per launch (#21 item 3), launched by multi_tensor.rs: the
+// gradient norm's Σ g², torch clip_grad_norm_'s factor computed on the device, and AdamW.
+// A launch takes up to MT_MAX tensors by value (device pointers and sizes); each block works on
+// CHUNK elements of one tensor, which it finds from block0 (the first block of each tensor).
+// Shapes: param, grad (n_i,) storage type T; mv (2, n_i) f32 (first, second moment);
+// partials (blocks,) f32; clip (2,) f32 = (norm, factor).
+#include "common.cuh"
+
+#define MT_MAX 36
+#define CHUNK 16384
+
+// Layout shared with multi_tensor.rs (`MtTensors`, #[repr(C)]).
+struct MtTensors {
+  unsigned long long param[MT_MAX];
+  unsigned long long grad[MT_MAX];
+  unsigned long long mv[MT_MAX];
+  long long n[MT_MAX];
+  int block0[MT_MAX + 1];
+  int count;
+};
+
+// This block's tensor, and the first element of its chunk.
+__device__ __forceinline__ int mt_locate(const MtTensors& t, long long* start) {
+  int i = 0;
+  while (i + 1 < t.count && (int)blockIdx.x >= t.block0[i + 1]) i++;
+  *start = (long long)(blockIdx.x - t.block0[i]) * CHUNK;
+  return i;
+}
+
+// partials[block] = Σ g² over the block's chunk: no atomics, so the sum's order is fixed.
+template <typename T>
+__device__ void mt_sum_squares(const MtTensors& t, float* partials) {
+  __shared__ float sh[32];
+  long long start;
+  const int i = mt_locate(t, &start);
+  const T* g = (const T*)t.grad[i];
+  const long long end = min(start + CHUNK, t.n[i]);
+  float s = 0.f;
+  for (long long j = start + threadIdx.x; j < end; j += blockDim.x) {
+    const float v = to_f(g[j]);
+    s += v * v;
+  }
+  s = block_sum(s, sh);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+// AdamW in place, torch's single-tensor order (train::AdamW), every gradient times
+// gscale · clip[1]: m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²;
+// p ← p·decay − step_size · m / (√v / bc2_sqrt + ε).
+template <typename T>
+__device__ void mt_adamw(const MtTensors& t, const float* clip, float gscale, float beta1, float beta2,
+                         float decay, float step_size, float bc2_sqrt, float eps) {
+  long long start;
+  const int i = mt_locate(t, &start);
+  T* p = (T*)t.param[i];
+  const T* g = (const T*)t.grad[i];
+  const long long n = t.n[i], end = min(start + CHUNK, n);
+  float* m = (float*)t.mv[i];
+  float* v = m + n;
+  const float k = gscale * clip[1];
+  for (long long j = start + threadIdx.x; j < end; j += blockDim.x) {
+    const float gj = to_f(g[j]) * k;
+    const float mj = m[j] + (1.f - beta1) * (gj - m[j]);  // torch's lerp form
+    const float vj = beta2 * v[j] + (1.f - beta2) * gj * gj;
+    m[j] = mj;
+    v[j] = vj;
+    p[j] = from_f<T>(to_f(p[j]) * decay - step_size * mj / (sqrtf(vj) / bc2_sqrt + eps));
+  }
+}
+
+// One block: the partials summed in a fixed order; clip = (norm, factor) with norm = √Σ / loss
+// scale (the unscaled gradients' norm) and factor = min(1, max_norm / (norm + 1e-6)) / loss
+// scale (no clipping when max_norm ≤ 0, as HF Trainer).
+extern "C" __global__ void tb_mt_clip(const float* partials, int n, float* clip, float loss_scale,
+                                      float max_norm) {
+  __shared__ float sh[32];
+  float s = 0.f;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) s += partials[j];
+  s = block_sum(s, sh);
+  if (threadIdx.x == 0) {
+    const float norm = sqrtf(s) / loss_scale;
+    const float factor = max_norm > 0.f ? fminf(1.f, max_norm / (norm + 1e-6f)) : 1.f;
+    clip[0] = norm;
+    clip[1] = factor / loss_scale;
+  }
+}
+
+#define INSTANTIATE(T, S)                                                                                \
+  extern "C" __global__ void tb_mt_sum_squares_##S(const __grid_constant__ MtTensors t, float* partials) { \
+    mt_sum_squares<T>(t, partials);                                                                      \
+  }                                                                                                      \
+  extern "C" __global__ void tb_mt_adamw_##S(const __grid_constant__ MtTensors t, const float* clip,      \
+                                             float gscale, float beta1, float beta2, float decay,        \
+                                             float step_size, float bc2_sqrt, float eps) {               \
+    mt_adamw<T>(t, clip, gscale, beta1, beta2, decay, step_size, bc2_sqrt, eps);                         \
+  }
+FOR_TYPES(INSTANTIATE)

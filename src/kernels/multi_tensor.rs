@@ -1,0 +1,250 @@
+//! The optimizer's update over every parameter in a handful of launches (`--fused adamw`;
+//! kernels in multi_tensor.cu): the gradient norm, torch `clip_grad_norm_`'s factor and AdamW.
+//! The factor stays on the device, so the step needs no host sync before its update; the
+//! per-tensor path (adamw.rs) took three launches a parameter and a sync for the norm.
+//!
+//! Shapes: tensors i = 0..k, each contiguous with n_i elements: param, grad (n_i,) of one float
+//! dtype; mv (2, n_i) f32, the moments (updated in place); clip (2,) f32 = (norm, factor).
+
+use super::{enabled, AdamStep, Fused};
+use candle_core::{Result, Tensor};
+
+/// The global L2 norm of `grads` over `loss_scale` (torch `clip_grad_norm_` after unscaling)
+/// and the factor every gradient is multiplied by: min(1, max_norm / (norm + 1e-6)) /
+/// loss_scale (1 / loss_scale when max_norm ≤ 0). A (2,) f32 tensor on the device.
+pub fn grad_norm_clip(grads: &[Tensor], loss_scale: f64, max_norm: f64) -> Result<Option<Tensor>> {
+    if !enabled(Fused::Adamw) {
+        return Ok(None);
+    }
+    imp::grad_norm_clip(grads, loss_scale, max_norm)
+}
+
+/// One AdamW step of every `params[i]` (in place) with `grads[i] · h.grad_scale · clip[1]`;
+/// `moments[i]` (2, n_i) f32, updated in place. Returns whether it applied (CUDA, one float
+/// dtype, contiguous).
+pub fn adamw_multi(
+    params: &[Tensor],
+    grads: &[Tensor],
+    moments: &[Tensor],
+    h: &AdamStep,
+    clip: &Tensor,
+) -> Result<bool> {
+    if !enabled(Fused::Adamw) {
+        return Ok(false);
+    }
+    imp::adamw_multi(params, grads, moments, h, clip)
+}
+
+/// The CPU computes the norm on the host (`train::Clip`).
+#[cfg(not(feature = "cuda"))]
+mod imp {
+    use super::AdamStep;
+    use candle_core::{Result, Tensor};
+
+    pub fn grad_norm_clip(_: &[Tensor], _: f64, _: f64) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+    pub fn adamw_multi(
+        _: &[Tensor],
+        _: &[Tensor],
+        _: &[Tensor],
+        _: &AdamStep,
+        _: &Tensor,
+    ) -> Result<bool> {
+        Ok(false)
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod imp {
+    use super::AdamStep;
+    use crate::kernels::launch::{kernel, launch, ptx, with_dtype, Ptx};
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig};
+    use candle_core::cuda_backend::CudaDType;
+    use candle_core::{bail, CudaDevice, DType, Device, Result, Storage, Tensor};
+
+    const PTX: Ptx = ptx!("multi_tensor");
+    /// Tensors per launch and elements per block: MT_MAX and CHUNK of multi_tensor.cu.
+    const MT_MAX: usize = 36;
+    const CHUNK: usize = 16384;
+
+    /// multi_tensor.cu's `MtTensors`, passed by value (1304 bytes of kernel parameters).
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct MtTensors {
+        param: [u64; MT_MAX],
+        grad: [u64; MT_MAX],
+        mv: [u64; MT_MAX],
+        n: [i64; MT_MAX],
+        block0: [i32; MT_MAX + 1],
+        count: i32,
+    }
+
+    // SAFETY: plain old data with the C layout the kernels declare.
+    unsafe impl DeviceRepr for MtTensors {}
+
+    /// One launch's tensors and its grid (one block a chunk).
+    struct Group {
+        table: MtTensors,
+        blocks: usize,
+    }
+
+    /// The device address of a contiguous tensor's first element.
+    fn address(t: &Tensor) -> Result<u64> {
+        let (storage, layout) = t.storage_and_layout();
+        let Storage::Cuda(s) = &*storage else {
+            bail!("multi-tensor kernels take CUDA tensors")
+        };
+        if !layout.is_contiguous() {
+            bail!("multi-tensor kernels take contiguous tensors");
+        }
+        let stream = s.device().cuda_stream();
+        let base = with_dtype!(s.dtype(), T => {
+            let (ptr, _record) = T::as_cuda_slice(s)?.device_ptr(&stream);
+            ptr
+        });
+        Ok(base + (layout.start_offset() * t.dtype().size_in_bytes()) as u64)
+    }
+
+    /// The launches over tensors 0..k: `params`/`moments` may be empty (the norm reads grads
+    /// only).
+    fn groups(params: &[Tensor], grads: &[Tensor], moments: &[Tensor]) -> Result<Vec<Group>> {
+        let mut out = Vec::new();
+        for (c, chunk) in grads.chunks(MT_MAX).enumerate() {
+            let mut table = MtTensors {
+                param: [0; MT_MAX],
+                grad: [0; MT_MAX],
+                mv: [0; MT_MAX],
+                n: [0; MT_MAX],
+                block0: [0; MT_MAX + 1],
+                count: chunk.len() as i32,
+            };
+            let mut blocks = 0;
+            for (j, g) in chunk.iter().enumerate() {
+                let i = c * MT_MAX + j;
+                table.grad[j] = address(g)?;
+                if let (Some(p), Some(mv)) = (params.get(i), moments.get(i)) {
+                    table.param[j] = address(p)?;
+                    table.mv[j] = address(mv)?;
+                }
+                table.n[j] = g.elem_count() as i64;
+                table.block0[j] = blocks as i32;
+                blocks += g.elem_count().div_ceil(CHUNK).max(1);
+            }
+            table.block0[chunk.len()] = blocks as i32;
+            out.push(Group { table, blocks });
+        }
+        Ok(out)
+    }
+
+    fn config(blocks: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    fn cuda(t: &Tensor) -> Option<CudaDevice> {
+        match t.device() {
+            Device::Cuda(d) => Some(d.clone()),
+            _ => None,
+        }
+    }
+
+    /// One float dtype over all of `ts`, CUDA and contiguous.
+    fn uniform(ts: &[Tensor], dtype: DType) -> bool {
+        ts.iter()
+            .all(|t| t.dtype() == dtype && t.device().is_cuda() && t.is_contiguous())
+    }
+
+    pub fn grad_norm_clip(
+        grads: &[Tensor],
+        loss_scale: f64,
+        max_norm: f64,
+    ) -> Result<Option<Tensor>> {
+        let Some(dev) = grads.first().and_then(cuda) else {
+            return Ok(None);
+        };
+        let dtype = grads[0].dtype();
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) || !uniform(grads, dtype) {
+            return Ok(None);
+        }
+        let groups = groups(&[], grads, &[])?;
+        let total: usize = groups.iter().map(|g| g.blocks).sum();
+        let partials = Tensor::zeros(total, DType::F32, grads[0].device())?;
+        let clip = Tensor::zeros(2, DType::F32, grads[0].device())?;
+        let (partials_at, clip_at) = (address(&partials)?, address(&clip)?);
+        let func = kernel!(dev, PTX, "tb_mt_sum_squares", dtype)?;
+        let mut offset = 0u64;
+        for g in &groups {
+            let out = partials_at + offset * 4;
+            // SAFETY: every pointer of the table addresses n_i elements; partials holds one
+            // float a block of every launch, this launch's from `offset`.
+            launch!(unsafe func, config(g.blocks); &g.table, &out)?;
+            offset += g.blocks as u64;
+        }
+        let finish = kernel!(dev, PTX, "tb_mt_clip")?;
+        let (n, scale, max) = (total as i32, loss_scale as f32, max_norm as f32);
+        let one_block = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: partials holds `total` floats, clip two.
+        launch!(unsafe finish, one_block; &partials_at, &n, &clip_at, &scale, &max)?;
+        Ok(Some(clip))
+    }
+
+    pub fn adamw_multi(
+        params: &[Tensor],
+        grads: &[Tensor],
+        moments: &[Tensor],
+        h: &AdamStep,
+        clip: &Tensor,
+    ) -> Result<bool> {
+        let Some(dev) = params.first().and_then(cuda) else {
+            return Ok(false);
+        };
+        let dtype = params[0].dtype();
+        let shapes_agree = params.len() == grads.len()
+            && params.len() == moments.len()
+            && params.iter().zip(grads).zip(moments).all(|((p, g), mv)| {
+                g.elem_count() == p.elem_count() && mv.elem_count() == 2 * p.elem_count()
+            });
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+            || !shapes_agree
+            || !uniform(params, dtype)
+            || !uniform(grads, dtype)
+            || !uniform(moments, DType::F32)
+            || !uniform(std::slice::from_ref(clip), DType::F32)
+            || clip.elem_count() != 2
+        {
+            return Ok(false);
+        }
+        let func = kernel!(dev, PTX, "tb_mt_adamw", dtype)?;
+        let clip_at = address(clip)?;
+        let f = |x: f64| x as f32;
+        let (gscale, beta1, beta2) = (f(h.grad_scale), f(h.beta1), f(h.beta2));
+        let (decay, step_size) = (f(1. - h.lr * h.weight_decay), f(h.lr / h.bc1));
+        let (bc2_sqrt, eps) = (f(h.bc2_sqrt), f(h.eps));
+        for g in groups(params, grads, moments)? {
+            // SAFETY: the table's param and grad address n_i elements, mv 2·n_i floats; clip
+            // holds two floats.
+            launch!(unsafe func, config(g.blocks); &g.table, &clip_at, &gscale, &beta1, &beta2,
+                &decay, &step_size, &bc2_sqrt, &eps)?;
+        }
+        Ok(true)
+    }
+
+    #[cfg(test)]
+    #[test]
+    fn the_table_has_the_kernels_layout() {
+        // 4 pointer/size arrays of 36, 37 block starts, the count: multi_tensor.cu's struct.
+        assert_eq!(
+            std::mem::size_of::<MtTensors>(),
+            4 * 8 * MT_MAX + 4 * (MT_MAX + 1) + 4
+        );
+    }
+}
