@@ -95,11 +95,51 @@ impl DeviceSpec {
 
 #[cfg(feature = "cuda")]
 fn open_cuda(ordinal: usize) -> Result<Device> {
-    Device::new_cuda(ordinal).map_err(|e| {
+    let device = Device::new_cuda(ordinal).map_err(|e| {
         Error::Unsupported(format!(
             "cannot open CUDA device {ordinal} ({e}): check that a GPU is visible (nvidia-smi) and that the driver supports CUDA 13"
         ))
-    })
+    })?;
+    if let Device::Cuda(cuda) = &device {
+        keep_freed_memory(cuda)?;
+    }
+    Ok(device)
+}
+
+/// The memory pool every candle allocation comes from (cuMemAllocAsync): the device's current
+/// pool.
+#[cfg(feature = "cuda")]
+pub fn mem_pool(
+    d: &candle_core::cuda_backend::CudaDevice,
+) -> Result<candle_core::cuda::cudarc::driver::sys::CUmemoryPool> {
+    use candle_core::cuda::cudarc::driver::result;
+    let stream = d.cuda_stream();
+    let ctx = stream.context();
+    ctx.bind_to_thread().map_err(cuda_err)?;
+    // SAFETY: cu_device comes from a live context; the pool is owned by the driver.
+    unsafe { result::device::get_mem_pool(ctx.cu_device()) }.map_err(cuda_err)
+}
+
+#[cfg(feature = "cuda")]
+pub fn cuda_err(e: candle_core::cuda::cudarc::driver::result::DriverError) -> Error {
+    Error::Unsupported(format!("CUDA memory pool call failed: {e:?}"))
+}
+
+/// Memory freed into the pool stays there (release threshold: no limit) instead of going back
+/// to the driver at every synchronisation, the pool's default. With the default, a training
+/// step's activations were unmapped at the step's end and mapped again by the next step's
+/// allocations, on the host, while the GPU waited (torch's caching allocator keeps them too).
+/// Peak memory is read from the pool's used-bytes mark, which this does not change.
+#[cfg(feature = "cuda")]
+pub fn keep_freed_memory(d: &candle_core::cuda_backend::CudaDevice) -> Result<()> {
+    use candle_core::cuda::cudarc::driver::{result, sys};
+    let pool = mem_pool(d)?;
+    let mut no_limit = u64::MAX;
+    let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+    // SAFETY: the release threshold is a cuuint64_t, read from `no_limit`, which outlives the
+    // call.
+    unsafe { result::mem_pool::set_attribute(pool, attr, &mut no_limit as *mut u64 as *mut _) }
+        .map_err(cuda_err)
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -131,6 +131,7 @@ fn open_cuda_with_stream(n: usize) -> Result<Device> {
         // NCCL) runs on this one stream, so that ordering is already given.
         // SAFETY: no tensor of this device is used on another stream.
         unsafe { cuda.disable_event_tracking() };
+        crate::device::keep_freed_memory(cuda)?;
     }
     Ok(device)
 }

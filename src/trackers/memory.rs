@@ -63,21 +63,10 @@ pub fn peak_rss_bytes() -> Option<u64> {
 #[cfg(feature = "cuda")]
 mod cuda_pool {
     use super::MemoryReading;
-    use crate::error::{Error, Result};
+    use crate::device::{cuda_err, mem_pool as pool};
+    use crate::error::Result;
     use candle_core::cuda::cudarc::driver::{result, sys};
     use candle_core::cuda_backend::CudaDevice;
-
-    fn pool(d: &CudaDevice) -> Result<sys::CUmemoryPool> {
-        let stream = d.cuda_stream();
-        let ctx = stream.context();
-        ctx.bind_to_thread().map_err(cuda_err)?;
-        // SAFETY: cu_device comes from a live context; the pool is owned by the driver.
-        unsafe { result::device::get_mem_pool(ctx.cu_device()) }.map_err(cuda_err)
-    }
-
-    fn cuda_err(e: result::DriverError) -> Error {
-        Error::Unsupported(format!("CUDA memory query failed: {e:?}"))
-    }
 
     use sys::CUmemPool_attribute::{
         CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH as RESERVED_HIGH,
