@@ -2,7 +2,7 @@
 // gradient norm's Σ g², torch clip_grad_norm_'s factor computed on the device, and AdamW.
 // A launch takes up to MT_MAX tensors by value (device pointers and sizes); each block works on
 // CHUNK elements of one tensor, which it finds from block0 (the first block of each tensor).
-// Shapes: param, grad (n_i,) storage type T; mv (2, n_i) f32 (first, second moment);
+// Shapes: param (n_i,) storage type T, grad (n_i,) T or narrower; mv (2, n_i) f32 (first, second moment);
 // partials (blocks,) f32; clip (2,) f32 = (norm, factor).
 #include "common.cuh"
 
@@ -47,13 +47,15 @@ __device__ void mt_sum_squares(const MtTensors& t, float* partials) {
 // AdamW in place, torch's single-tensor order (train::AdamW), every gradient times
 // gscale · clip[1]: m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²;
 // p ← p·decay − step_size · m / (√v / bc2_sqrt + ε).
-template <typename T>
+// The gradient may be stored narrower than the parameter (bf16 gradients of f32 masters: the
+// cast to f32 was a pass of its own).
+template <typename T, typename G>
 __device__ void mt_adamw(const MtTensors& t, const float* clip, float gscale, float beta1, float beta2,
                          float decay, float step_size, float bc2_sqrt, float eps) {
   long long start;
   const int i = mt_locate(t, &start);
   T* p = (T*)t.param[i];
-  const T* g = (const T*)t.grad[i];
+  const G* g = (const G*)t.grad[i];
   const long long n = t.n[i], end = min(start + CHUNK, n);
   float* m = (float*)t.mv[i];
   float* v = m + n;
@@ -88,10 +90,18 @@ extern "C" __global__ void tb_mt_clip(const float* partials, int n, float* clip,
 #define INSTANTIATE(T, S)                                                                                \
   extern "C" __global__ void tb_mt_sum_squares_##S(const __grid_constant__ MtTensors t, float* partials) { \
     mt_sum_squares<T>(t, partials);                                                                      \
-  }                                                                                                      \
-  extern "C" __global__ void tb_mt_adamw_##S(const __grid_constant__ MtTensors t, const float* clip,      \
-                                             float gscale, float beta1, float beta2, float decay,        \
-                                             float step_size, float bc2_sqrt, float eps) {               \
-    mt_adamw<T>(t, clip, gscale, beta1, beta2, decay, step_size, bc2_sqrt, eps);                         \
   }
 FOR_TYPES(INSTANTIATE)
+
+// tb_mt_adamw_<param type>_<gradient type>, every pair.
+#define INSTANTIATE_ADAMW(T, S, G, SG)                                                                   \
+  extern "C" __global__ void tb_mt_adamw_##S##_##SG(const __grid_constant__ MtTensors t, const float* clip, \
+                                                    float gscale, float beta1, float beta2, float decay,  \
+                                                    float step_size, float bc2_sqrt, float eps) {         \
+    mt_adamw<T, G>(t, clip, gscale, beta1, beta2, decay, step_size, bc2_sqrt, eps);                      \
+  }
+#define FOR_GRADS(T, S)                        \
+  INSTANTIATE_ADAMW(T, S, float, f32)          \
+  INSTANTIATE_ADAMW(T, S, __nv_bfloat16, bf16) \
+  INSTANTIATE_ADAMW(T, S, __half, f16)
+FOR_TYPES(FOR_GRADS)

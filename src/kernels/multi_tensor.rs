@@ -3,8 +3,10 @@
 //! The factor stays on the device, so the step needs no host sync before its update; the
 //! per-tensor path (adamw.rs) took three launches a parameter and a sync for the norm.
 //!
-//! Shapes: tensors i = 0..k, each contiguous with n_i elements: param, grad (n_i,) of one float
-//! dtype; mv (2, n_i) f32, the moments (updated in place); clip (2,) f32 = (norm, factor).
+//! Shapes: tensors i = 0..k, each contiguous with n_i elements: param (n_i,) of one float dtype;
+//! grad (n_i,) of any float dtype (bf16 gradients of f32 masters need no cast first; one launch
+//! group per dtype); mv (2, n_i) f32, the moments (updated in place); clip (2,) f32 = (norm,
+//! factor).
 
 use super::{enabled, AdamStep, Fused};
 use candle_core::{Result, Tensor};
@@ -20,8 +22,8 @@ pub fn grad_norm_clip(grads: &[Tensor], loss_scale: f64, max_norm: f64) -> Resul
 }
 
 /// One AdamW step of every `params[i]` (in place) with `grads[i] · h.grad_scale · clip[1]`;
-/// `moments[i]` (2, n_i) f32, updated in place. Returns whether it applied (CUDA, one float
-/// dtype, contiguous).
+/// `moments[i]` (2, n_i) f32, updated in place. Returns whether it applied (CUDA, parameters
+/// of one float dtype, every tensor contiguous).
 pub fn adamw_multi(
     params: &[Tensor],
     grads: &[Tensor],
@@ -58,7 +60,7 @@ mod imp {
 #[cfg(feature = "cuda")]
 mod imp {
     use super::AdamStep;
-    use crate::kernels::launch::{kernel, launch, ptx, with_dtype, Ptx};
+    use crate::kernels::launch::{kernel, launch, ptx, suffix, with_dtype, Ptx};
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig};
     use candle_core::cuda_backend::CudaDType;
@@ -153,10 +155,24 @@ mod imp {
         }
     }
 
+    const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+
     /// One float dtype over all of `ts`, CUDA and contiguous.
     fn uniform(ts: &[Tensor], dtype: DType) -> bool {
         ts.iter()
             .all(|t| t.dtype() == dtype && t.device().is_cuda() && t.is_contiguous())
+    }
+
+    /// Every tensor a float on CUDA, contiguous.
+    fn usable(ts: &[Tensor]) -> bool {
+        ts.iter()
+            .all(|t| FLOATS.contains(&t.dtype()) && t.device().is_cuda() && t.is_contiguous())
+    }
+
+    /// The tensors of `ts` at the indices where `grads` is stored in `dtype`.
+    fn of_dtype(ts: &[Tensor], grads: &[Tensor], dtype: DType) -> Vec<Tensor> {
+        let picked = ts.iter().zip(grads).filter(|(_, g)| g.dtype() == dtype);
+        picked.map(|(t, _)| t.clone()).collect()
     }
 
     pub fn grad_norm_clip(
@@ -167,18 +183,23 @@ mod imp {
         let Some(dev) = grads.first().and_then(cuda) else {
             return Ok(None);
         };
-        let dtype = grads[0].dtype();
-        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) || !uniform(grads, dtype) {
+        if !usable(grads) {
             return Ok(None);
         }
-        let groups = groups(&[], grads, &[])?;
-        let total: usize = groups.iter().map(|g| g.blocks).sum();
+        // Launch groups per dtype, their partial sums side by side.
+        let mut launches = Vec::new();
+        for dtype in FLOATS {
+            for g in groups(&[], &of_dtype(grads, grads, dtype), &[])? {
+                launches.push((dtype, g));
+            }
+        }
+        let total: usize = launches.iter().map(|(_, g)| g.blocks).sum();
         let partials = Tensor::zeros(total, DType::F32, grads[0].device())?;
         let clip = Tensor::zeros(2, DType::F32, grads[0].device())?;
         let (partials_at, clip_at) = (address(&partials)?, address(&clip)?);
-        let func = kernel!(dev, PTX, "tb_mt_sum_squares", dtype)?;
         let mut offset = 0u64;
-        for g in &groups {
+        for (dtype, g) in &launches {
+            let func = kernel!(dev, PTX, "tb_mt_sum_squares", *dtype)?;
             let out = partials_at + offset * 4;
             // SAFETY: every pointer of the table addresses n_i elements; partials holds one
             // float a block of every launch, this launch's from `offset`.
@@ -213,27 +234,36 @@ mod imp {
             && params.iter().zip(grads).zip(moments).all(|((p, g), mv)| {
                 g.elem_count() == p.elem_count() && mv.elem_count() == 2 * p.elem_count()
             });
-        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+        if !FLOATS.contains(&dtype)
             || !shapes_agree
             || !uniform(params, dtype)
-            || !uniform(grads, dtype)
+            || !usable(grads)
             || !uniform(moments, DType::F32)
             || !uniform(std::slice::from_ref(clip), DType::F32)
             || clip.elem_count() != 2
         {
             return Ok(false);
         }
-        let func = kernel!(dev, PTX, "tb_mt_adamw", dtype)?;
         let clip_at = address(clip)?;
         let f = |x: f64| x as f32;
         let (gscale, beta1, beta2) = (f(h.grad_scale), f(h.beta1), f(h.beta2));
         let (decay, step_size) = (f(1. - h.lr * h.weight_decay), f(h.lr / h.bc1));
         let (bc2_sqrt, eps) = (f(h.bc2_sqrt), f(h.eps));
-        for g in groups(params, grads, moments)? {
-            // SAFETY: the table's param and grad address n_i elements, mv 2·n_i floats; clip
-            // holds two floats.
-            launch!(unsafe func, config(g.blocks); &g.table, &clip_at, &gscale, &beta1, &beta2,
-                &decay, &step_size, &bc2_sqrt, &eps)?;
+        for gd in FLOATS {
+            let (p, g, mv) = (
+                of_dtype(params, grads, gd),
+                of_dtype(grads, grads, gd),
+                of_dtype(moments, grads, gd),
+            );
+            // tb_mt_adamw_<parameter dtype>_<gradient dtype>
+            let name = format!("tb_mt_adamw_{}_{}", suffix(dtype)?, suffix(gd)?);
+            let func = dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?;
+            for group in groups(&p, &g, &mv)? {
+                // SAFETY: the table's param and grad address n_i elements, mv 2·n_i floats;
+                // clip holds two floats.
+                launch!(unsafe func, config(group.blocks); &group.table, &clip_at, &gscale,
+                    &beta1, &beta2, &decay, &step_size, &bc2_sqrt, &eps)?;
+            }
         }
         Ok(true)
     }

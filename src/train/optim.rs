@@ -148,6 +148,7 @@ impl AdamW {
                     mv.get(1)?.reshape(g.shape())?,
                 ),
             };
+            let g = &g.to_dtype(DType::F32)?; // a no-op for the f32 gradients it usually gets
             let g = &match grad_scale {
                 1. => g.clone(),
                 k => (g * k)?,
@@ -173,8 +174,8 @@ pub fn global_grad_norm(grads: &[Tensor]) -> Result<f64> {
     let mut sq = Vec::with_capacity(grads.len());
     for g in grads {
         sq.push(match crate::kernels::sum_squares(g)? {
-            Some(s) => s,                            // (1,) f32
-            None => g.sqr()?.sum_all()?.reshape(1)?, // (1,)
+            Some(s) => s,                                                  // (1,) f32
+            None => g.to_dtype(DType::F32)?.sqr()?.sum_all()?.reshape(1)?, // (1,)
         });
     }
     Ok(Tensor::cat(&sq, 0)?

@@ -467,8 +467,14 @@ impl Trainer {
         // A handle of its own: the clock spans the update, which borrows the trainer mutably.
         let device = self.device.clone();
         let mut clock = PhaseClock::new(self.phase_times.then_some(&device))?;
+        // One micro-batch on one GPU: the gradients stay in the compute dtype, and the
+        // multi-tensor update reads them as they are (no cast pass to f32 first).
+        let native = micro_batches.len() == 1
+            && self.data_parallel.is_none()
+            && self.device.is_cuda()
+            && crate::kernels::enabled(crate::kernels::Fused::Adamw);
         let (mut grads, mut loss_sum) =
-            self.accumulate(&graph, micro_batches, scale / n, &mut clock)?;
+            self.accumulate(&graph, micro_batches, scale / n, native, &mut clock)?;
         drop(graph);
         let mut comm_ms = None;
         if let Some(dp) = &self.data_parallel {
@@ -515,8 +521,13 @@ impl Trainer {
     ) -> crate::error::Result<(f64, Vec<(String, Tensor)>)> {
         let graph = self.graph()?;
         let n = micro_batches.len() as f64;
-        let (grads, loss_sum) =
-            self.accumulate(&graph, micro_batches, 1. / n, &mut PhaseClock::new(None)?)?;
+        let (grads, loss_sum) = self.accumulate(
+            &graph,
+            micro_batches,
+            1. / n,
+            false,
+            &mut PhaseClock::new(None)?,
+        )?;
         let names = self.params.lock().expect("params lock").names.clone();
         let loss_sum = loss_sum.to_vec1::<f32>()?[0] as f64;
         Ok((loss_sum / n, names.into_iter().zip(grads).collect()))
@@ -538,14 +549,16 @@ impl Trainer {
         }
     }
 
-    /// Σ over `micro_batches` of the gradients of loss · `loss_scale`, fp32, one per parameter
-    /// in `self.vars` order (zeros where a parameter got none), and the sum of the losses ((1,)
-    /// f32 on the device: nothing is read back here).
+    /// Σ over `micro_batches` of the gradients of loss · `loss_scale`, fp32 (`native`: in the
+    /// dtype the backward made them), one per parameter in `self.vars` order (zeros where a
+    /// parameter got none), and the sum of the losses ((1,) f32 on the device: nothing is read
+    /// back here).
     fn accumulate(
         &self,
         graph: &Graph,
         micro_batches: &[Tensor],
         loss_scale: f64,
+        native: bool,
         clock: &mut PhaseClock<'_>,
     ) -> Result<(Vec<Tensor>, Tensor)> {
         let mut acc: Vec<Option<Tensor>> = vec![None; self.vars.len()];
@@ -556,7 +569,7 @@ impl Trainer {
                 Graph::Manual(step) => self.manual(step, ids, loss_scale, clock)?,
             };
             for (i, g) in grads {
-                let g = g.to_dtype(DType::F32)?;
+                let g = if native { g } else { g.to_dtype(DType::F32)? };
                 acc[i] = Some(match acc[i].take() {
                     Some(a) => (a + g)?,
                     None => g,
