@@ -76,6 +76,8 @@
 #                  change, in the same call; its log header names its commit). The CSV (engine candle / hf / hf-compile /
 #                  llmc, samples/s, tokens/s, peak memory, MFU) needs .gpu/extract-metrics.{xz,gz} (a
 #                  report build), else make it from the logs: -> train-compare-logs.tgz, train-compare.csv
+#   ab             the previous binary (.gpu/bench-before) against this one, candle alone, alternating:
+#                  $AB_MODELS (bloom-560m) LAMBADA batch 16, scoring and generation -> hf-best-logs.tgz
 #   hf-best        candle vs HF at HF's best configuration (#22 item 5), bf16, `--engine both` with
 #                  the default `--hf-attn best` (eager and sdpa timed on the first batch of each
 #                  of the first 4 padded lengths, cold, the faster kept; BLOOM: eager only), for each of
@@ -220,6 +222,18 @@ for stage in "$@"; do
     for m in ${GEN_PROF_MODELS:-gpt2}; do profile gen-$m 2 $G --model $m; done
     python3 scripts/kernel_breakdown.py /tmp/prof/gen-*.csv --top 12 | tee "$OUT/gen-profile.txt"
     (cd /tmp && tar czf "$OUT/gen-profile.tgz" prof)
+    ;;
+  ab)
+    # The previous binary (.gpu/bench-before) and this one, alternating, in one call: candle on
+    # $AB_MODELS (bloom-560m), LAMBADA batch 16, scoring and --mode generate (first $GEN_LIMIT
+    # passages), twice each. Logs -> hf-best-logs.tgz (each header names its commit).
+    unpack bench-before /tmp/bench-before || { echo "no .gpu/bench-before.{xz,gz}" >&2; exit 1; }
+    for m in ${AB_MODELS:-bloom-560m}; do
+      for bin in /tmp/bench-before $B /tmp/bench-before $B; do
+        B=$bin best_run --engine candle --model "$m" --limit "$GEN_LIMIT"
+        B=$bin best_run --engine candle --model "$m" --mode generate --limit "$GEN_LIMIT"
+      done
+    done
     ;;
   hf-best)
     for m in ${BEST_MODELS:-gpt2 bloom-560m}; do
