@@ -121,13 +121,20 @@ pub fn peak_tflops(gpu_name: &str, precision: Precision) -> Option<f64> {
     Some(peaks[col]).filter(|p| p.is_finite())
 }
 
-/// Achieved TFLOP/s and MFU (a fraction, 0..1) of `flops` done in `seconds`.
-pub fn mfu(flops: f64, seconds: f64, peak_tflops: Option<f64>) -> (Option<f64>, Option<f64>) {
+/// Achieved TFLOP/s and MFU (a fraction, 0..1) of `flops` done in `seconds` on `devices` GPUs
+/// of `peak_tflops` each (the run's FLOPs are all ranks' together).
+pub fn mfu(
+    flops: f64,
+    seconds: f64,
+    peak_tflops: Option<f64>,
+    devices: usize,
+) -> (Option<f64>, Option<f64>) {
     if seconds <= 0. || flops <= 0. {
         return (None, None);
     }
     let achieved = flops / seconds / 1e12;
-    (Some(achieved), peak_tflops.map(|p| achieved / p))
+    let peak = peak_tflops.map(|p| p * devices.max(1) as f64);
+    (Some(achieved), peak.map(|p| achieved / p))
 }
 
 #[cfg(test)]
@@ -152,6 +159,17 @@ mod tests {
         assert_eq!(attn(100), 12. * 4. * 100. * 100. * 768.);
         let bloom = ModelShape::of(&ModelSpec::preset("bloom-560m").unwrap());
         assert_eq!((bloom.n_embd, bloom.n_inner), (1024, 4096));
+    }
+
+    /// Two data-parallel GPUs doing twice one GPU's FLOPs in the same time: the same MFU (it
+    /// was once reported against one GPU's peak: 34.5 % for 2 × 17 %).
+    #[test]
+    fn mfu_is_against_every_gpu_of_the_run() {
+        let (one, mfu_one) = mfu(1e15, 1., Some(1000.), 1);
+        let (two, mfu_two) = mfu(2e15, 1., Some(1000.), 2);
+        assert_eq!((one, two), (Some(1000.), Some(2000.)));
+        assert_eq!((mfu_one, mfu_two), (Some(1.), Some(1.)));
+        assert_eq!(mfu(1e15, 0., Some(1000.), 1), (None, None));
     }
 
     #[test]
@@ -190,7 +208,7 @@ mod tests {
         );
         assert_eq!(peak_tflops("NVIDIA L40S", Precision::Bf16), Some(362.0));
         assert_eq!(peak_tflops("Intel Xeon", Precision::Fp32), None);
-        let (tflops, mfu) = mfu(989.4e12, 2.0, Some(989.4));
+        let (tflops, mfu) = mfu(989.4e12, 2.0, Some(989.4), 1);
         assert_eq!((tflops, mfu), (Some(494.7), Some(0.5)));
     }
 }

@@ -140,4 +140,13 @@ impl RunSpec {
     pub fn dp_size(&self) -> usize {
         self.dp.as_ref().map_or(1, |d| d.ctx.group.size)
     }
+
+    /// GPUs (or processes) the run's work is spread over: the tensor- or data-parallel group.
+    pub fn devices(&self) -> usize {
+        match (&self.tp, &self.dp) {
+            (Some(t), _) => t.group.size,
+            (_, Some(d)) => d.ctx.group.size,
+            _ => 1,
+        }
+    }
 }

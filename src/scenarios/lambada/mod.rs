@@ -336,7 +336,12 @@ fn finish(
         .and_then(|i| header.host.gpu(i))
         .and_then(|g| peak_tflops(&g.name, spec.precision));
     let model_flops = (scored.model_flops > 0.).then_some(scored.model_flops);
-    let (achieved, mfu) = mfu(model_flops.unwrap_or(0.), summary.timed_seconds, peak);
+    let (achieved, mfu) = mfu(
+        model_flops.unwrap_or(0.),
+        summary.timed_seconds,
+        peak,
+        spec.devices(),
+    );
     scored.gpu.apply(Summary {
         model_flops,
         achieved_tflop_per_second: achieved,

@@ -379,7 +379,7 @@ fn train_with(
 
 /// `summary` with the model FLOPs of the timed steps ([`train_block_flops`] per block, every
 /// engine counted alike), the FLOP/s achieved over `train_runtime`, and MFU against the run's
-/// GPU (none on CPU or an unknown GPU).
+/// GPUs, every rank's (none on CPU or an unknown GPU).
 fn with_flop_rates(
     spec: &RunSpec,
     header: &Header,
@@ -393,7 +393,7 @@ fn with_flop_rates(
         .gpu_index
         .and_then(|i| header.host.gpu(i))
         .and_then(|g| peak_tflops(&g.name, spec.precision));
-    let (achieved, mfu) = mfu(flops, summary.train_runtime, peak);
+    let (achieved, mfu) = mfu(flops, summary.train_runtime, peak, spec.devices());
     TrainSummary {
         model_flops: (flops > 0.).then_some(flops),
         achieved_tflop_per_second: achieved,
