@@ -93,5 +93,10 @@ __device__ void xent_bwd(const T* x, const unsigned int* targets, const float* g
   extern "C" __global__ void tb_xent_bwd_##S(const T* x, const unsigned int* targets, const float* grad, T* dx, \
                                              int v, int ld) {                                                 \
     xent_bwd<T>(x, targets, grad, dx, v, ld);                                                                 \
+  }                                                                                                           \
+  /* In place: each thread writes only the elements it has just read, after the row's lse. */                \
+  extern "C" __global__ void tb_xent_bwd_inplace_##S(T* x, const unsigned int* targets, const float* grad,     \
+                                                     int v, int ld) {                                         \
+    xent_bwd<T>(x, targets, grad, x, v, ld);                                                                  \
   }
 FOR_TYPES(INSTANTIATE)

@@ -32,10 +32,35 @@ pub fn cross_entropy_bwd(
     imp::cross_entropy_bwd(logits, targets, g, vocab)
 }
 
+/// [`cross_entropy_bwd`] written over `logits` itself: the training step's (N, ld) logits are
+/// not read again, and their gradient no longer needs a second buffer at the step's peak
+/// (0.8 GB for gpt2 at 8 × 1024). Returns whether it applied; the caller must own `logits`'
+/// storage alone (no other tensor sees it change).
+pub fn cross_entropy_bwd_in_place(
+    logits: &Tensor,
+    targets: &Tensor,
+    g: &Tensor,
+    vocab: usize,
+) -> Result<bool> {
+    if !enabled(Fused::CrossEntropy) {
+        return Ok(false);
+    }
+    imp::cross_entropy_bwd_in_place(logits, targets, g, vocab)
+}
+
 /// The CPU runs candle's log-softmax and gather.
 #[cfg(not(feature = "cuda"))]
 mod imp {
     use candle_core::{Result, Tensor};
+
+    pub fn cross_entropy_bwd_in_place(
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: usize,
+    ) -> Result<bool> {
+        Ok(false)
+    }
 
     pub fn cross_entropy(_: &Tensor, _: &Tensor, _: usize) -> Result<Option<Tensor>> {
         Ok(None)
@@ -59,7 +84,8 @@ mod imp {
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::CudaDType;
     use candle_core::{
-        bail, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
+        bail, CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, InplaceOp3, Layout, Result,
+        Shape, Tensor,
     };
 
     const PTX: Ptx = ptx!("cross_entropy");
@@ -138,6 +164,76 @@ mod imp {
                 Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
             })
         }
+    }
+
+    /// x ← g · (softmax(x) − onehot(target)), in place.
+    struct CrossEntropyGradInPlace {
+        vocab: usize,
+    }
+
+    impl InplaceOp3 for CrossEntropyGradInPlace {
+        fn name(&self) -> &'static str {
+            "tb-cross-entropy-grad-in-place"
+        }
+        fn cpu_fwd(
+            &self,
+            _: &mut CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> Result<()> {
+            crate::kernels::launch::cpu_only(self.name())
+        }
+        fn cuda_fwd(
+            &self,
+            x: &mut CudaStorage,
+            xl: &Layout,
+            t: &CudaStorage,
+            tl: &Layout,
+            g: &CudaStorage,
+            gl: &Layout,
+        ) -> Result<()> {
+            let dev = x.device().clone();
+            let (rows, ld) = xl.shape().dims2()?;
+            if !xl.is_contiguous() {
+                bail!("cross-entropy in place: logits are not contiguous");
+            }
+            let func = kernel!(dev, PTX, "tb_xent_bwd_inplace", x.dtype())?;
+            with_dtype!(x.dtype(), T => {
+                let (tv, gv) = (view::<u32>(t, tl)?, view::<f32>(g, gl)?);
+                let off = xl.start_offset();
+                let mut xv = T::as_cuda_slice_mut(x)?.slice_mut(off..off + rows * ld);
+                let (v_i, ld_i) = (self.vocab as i32, ld as i32);
+                // SAFETY: x holds rows·ld elements from its offset, targets and g rows.
+                launch!(unsafe func, row_config(rows, ld); &mut xv, &tv, &gv, &v_i, &ld_i)?;
+                Ok(())
+            })
+        }
+    }
+
+    pub fn cross_entropy_bwd_in_place(
+        logits: &Tensor,
+        targets: &Tensor,
+        g: &Tensor,
+        vocab: usize,
+    ) -> Result<bool> {
+        let ok_targets = targets.dtype() == DType::U32 && targets.rank() == 1;
+        let usable = logits.device().is_cuda() && float_dtype(logits) && logits.rank() == 2;
+        if !usable || !ok_targets || !logits.is_contiguous() {
+            return Ok(false);
+        }
+        if vocab == 0 || vocab > logits.dim(1)? {
+            bail!(
+                "cross-entropy: vocabulary {vocab} for logits {:?}",
+                logits.shape()
+            );
+        }
+        let t = targets.contiguous()?;
+        let g = g.to_dtype(DType::F32)?.contiguous()?;
+        logits.inplace_op3(&t, &g, &CrossEntropyGradInPlace { vocab })?;
+        Ok(true)
     }
 
     pub fn cross_entropy(

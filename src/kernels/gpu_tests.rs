@@ -519,6 +519,12 @@ fn cross_entropy_forward_and_backward_match_the_composed_loss() {
                 let grads = (&loss * &g).unwrap().sum_all().unwrap().backward().unwrap();
                 runs.push((loss, grads.get(x.as_tensor()).unwrap().clone()));
             }
+            // In place over a copy of the logits: the same gradient as the fused kernel's.
+            set_enabled(&[Fused::All]);
+            let over = x.as_tensor().copy().unwrap();
+            assert!(cross_entropy_bwd_in_place(&over, &targets, &g, 1001).unwrap());
+            let fused_grad = &runs[0].1;
+            assert_eq!(rel(&over, fused_grad), 0., "{dtype:?} {cols}: in place");
             let (l, d) = (rel(&runs[0].0, &runs[1].0), rel(&runs[0].1, &runs[1].1));
             assert!(
                 l < 1e-5 && d < tol,

@@ -32,7 +32,7 @@ mod multi_tensor;
 pub use adamw::{adamw, sum_squares, AdamStep};
 pub use attn_softmax::{attn_softmax, attn_softmax_bwd};
 pub use bias_act::{bias_act, bias_act_bwd, bias_grad};
-pub use cross_entropy::{cross_entropy, cross_entropy_bwd};
+pub use cross_entropy::{cross_entropy, cross_entropy_bwd, cross_entropy_bwd_in_place};
 pub use decode::{add_layer_norm, argmax, decode_attention, decode_begin, CacheSlot, QkvLayout};
 pub use dropout::{apply_keep, draw_keep, dropout, keep_mask, set_dropout_seed, Keep};
 pub use embedding::embedding_bwd;

@@ -134,8 +134,13 @@ impl Gpt2Step {
         let dev = f.ids.device();
         // The mean over M rows: each row's loss has gradient loss_scale / M.
         let g = Tensor::full((loss_scale / m as f64) as f32, m, dev)?;
-        let dlogits = cross_entropy_rows_grad(&f.logits, &f.targets, &g, v)?; // (M, V')
-        drop(f.logits);
+        // The logits are not read again: their gradient is written over them where the
+        // kernel applies (the forward's `loss` holds no view of them).
+        let dlogits =
+            match crate::kernels::cross_entropy_bwd_in_place(&f.logits, &f.targets, &g, v)? {
+                true => f.logits,
+                false => cross_entropy_rows_grad(&f.logits, &f.targets, &g, v)?,
+            }; // (M, V')
         let dhidden = dlogits.matmul(&self.head)?; // (M, C)
         let dhead = dlogits.t()?.matmul(&f.hidden)?.narrow(0, 0, v)?; // (V, C)
         drop(dlogits);
