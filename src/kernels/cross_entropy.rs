@@ -213,15 +213,12 @@ mod imp {
         }
     }
 
-    pub fn cross_entropy_bwd_in_place(
-        logits: &Tensor,
-        targets: &Tensor,
-        g: &Tensor,
-        vocab: usize,
-    ) -> Result<bool> {
+    /// Whether the kernels take these logits (N, ld) on CUDA and targets (N,) u32; an error for
+    /// a vocabulary the logits cannot hold.
+    fn applies(logits: &Tensor, targets: &Tensor, vocab: usize) -> Result<bool> {
         let ok_targets = targets.dtype() == DType::U32 && targets.rank() == 1;
         let usable = logits.device().is_cuda() && float_dtype(logits) && logits.rank() == 2;
-        if !usable || !ok_targets || !logits.is_contiguous() {
+        if !(usable && ok_targets) {
             return Ok(false);
         }
         if vocab == 0 || vocab > logits.dim(1)? {
@@ -229,6 +226,18 @@ mod imp {
                 "cross-entropy: vocabulary {vocab} for logits {:?}",
                 logits.shape()
             );
+        }
+        Ok(true)
+    }
+
+    pub fn cross_entropy_bwd_in_place(
+        logits: &Tensor,
+        targets: &Tensor,
+        g: &Tensor,
+        vocab: usize,
+    ) -> Result<bool> {
+        if !logits.is_contiguous() || !applies(logits, targets, vocab)? {
+            return Ok(false);
         }
         let t = targets.contiguous()?;
         let g = g.to_dtype(DType::F32)?.contiguous()?;
@@ -241,15 +250,8 @@ mod imp {
         targets: &Tensor,
         vocab: usize,
     ) -> Result<Option<Tensor>> {
-        let ok_targets = targets.dtype() == DType::U32 && targets.rank() == 1;
-        if !logits.device().is_cuda() || !float_dtype(logits) || logits.rank() != 2 || !ok_targets {
+        if !applies(logits, targets, vocab)? {
             return Ok(None);
-        }
-        if vocab == 0 || vocab > logits.dim(1)? {
-            bail!(
-                "cross-entropy: vocabulary {vocab} for logits {:?}",
-                logits.shape()
-            );
         }
         let (x, t) = (logits.contiguous()?, targets.contiguous()?);
         Ok(Some(x.apply_op2(&t, CrossEntropy { vocab })?))
@@ -261,15 +263,8 @@ mod imp {
         g: &Tensor,
         vocab: usize,
     ) -> Result<Option<Tensor>> {
-        let ok_targets = targets.dtype() == DType::U32 && targets.rank() == 1;
-        if !logits.device().is_cuda() || !float_dtype(logits) || logits.rank() != 2 || !ok_targets {
+        if !applies(logits, targets, vocab)? {
             return Ok(None);
-        }
-        if vocab == 0 || vocab > logits.dim(1)? {
-            bail!(
-                "cross-entropy: vocabulary {vocab} for logits {:?}",
-                logits.shape()
-            );
         }
         let (x, t) = (logits.contiguous()?, targets.contiguous()?);
         let g = g.to_dtype(DType::F32)?.contiguous()?;
