@@ -125,6 +125,43 @@ pub fn cuda_err(e: candle_core::cuda::cudarc::driver::result::DriverError) -> Er
     Error::Unsupported(format!("CUDA memory pool call failed: {e:?}"))
 }
 
+/// Hands the memory this process's CUDA pool keeps (see [`keep_freed_memory`]) back to the
+/// driver, so that another process on the GPU (HF's worker, after candle's run with `--engine
+/// both`) finds it free. Does nothing when this process never opened the GPU (opening it here
+/// would take a context's memory instead) and on CPU builds.
+pub fn release_pool_memory(spec: DeviceSpec) -> Result<()> {
+    match spec {
+        DeviceSpec::Cpu => Ok(()),
+        DeviceSpec::Cuda(n) => release_cuda_pool(n),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn release_cuda_pool(ordinal: usize) -> Result<()> {
+    use candle_core::cuda::cudarc::driver::{result, sys};
+    result::init().map_err(cuda_err)?;
+    let dev = result::device::get(ordinal as i32).map_err(cuda_err)?;
+    let (mut flags, mut active) = (0u32, 0i32);
+    // SAFETY: `dev` is a valid device; both outputs outlive the call.
+    unsafe { sys::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active) }
+        .result()
+        .map_err(cuda_err)?;
+    if active == 0 {
+        return Ok(());
+    }
+    // SAFETY: the device's pool lives as long as its context, which is active; trimming only
+    // releases memory no allocation holds.
+    unsafe {
+        let pool = result::device::get_mem_pool(dev).map_err(cuda_err)?;
+        result::mem_pool::trim_to(pool, 0).map_err(cuda_err)
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn release_cuda_pool(_: usize) -> Result<()> {
+    Ok(())
+}
+
 /// Memory freed into the pool stays there (release threshold: no limit) instead of going back
 /// to the driver at every synchronisation, the pool's default. With the default, a training
 /// step's activations were unmapped at the step's end and mapped again by the next step's

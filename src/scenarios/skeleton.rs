@@ -68,6 +68,8 @@ pub fn shows_progress(spec: &RunSpec) -> bool {
 /// Starts the HF worker on `weights`, saying so: importing torch and transformers takes
 /// seconds, loading the model (and compiling it) more.
 pub fn start_hf(spec: &RunSpec, weights: &WeightSource) -> Result<HfEngine> {
+    // candle's run before it in this process left its memory in the CUDA pool.
+    crate::device::release_pool_memory(spec.device)?;
     let dir = hf_dir(weights)?;
     let msg = format!(
         "starting the HF worker ({}: importing torch, transformers; loading {})",
