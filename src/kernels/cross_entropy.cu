@@ -55,7 +55,6 @@ __device__ void xent_fwd(const T* x, const unsigned int* targets, float* loss, i
   const float lse = row_logsumexp(xr, v, vector_row<T>(xr, xr, ld), sh);
   if (threadIdx.x == 0) loss[row] = lse - to_f(xr[targets[row]]);
 }
-template <typename T>
 __device__ __forceinline__ float xent_grad(float x, int j, float lse, float g, int v, unsigned int t) {
   return j < v ? g * (expf(x - lse) - (j == (int)t ? 1.f : 0.f)) : 0.f;
 }
@@ -77,12 +76,12 @@ __device__ void xent_bwd(const T* x, const unsigned int* targets, const float* g
       uint4 out;
       T* o = (T*)&out;
 #pragma unroll
-      for (int q = 0; q < N; q++) o[q] = from_f<T>(xent_grad<T>(to_f(e[q]), k * N + q, lse, g, v, t));
+      for (int q = 0; q < N; q++) o[q] = from_f<T>(xent_grad(to_f(e[q]), k * N + q, lse, g, v, t));
       ((uint4*)dr)[k] = out;
     }
     return;
   }
-  for (int j = threadIdx.x; j < ld; j += blockDim.x) dr[j] = from_f<T>(xent_grad<T>(to_f(xr[j]), j, lse, g, v, t));
+  for (int j = threadIdx.x; j < ld; j += blockDim.x) dr[j] = from_f<T>(xent_grad(to_f(xr[j]), j, lse, g, v, t));
 }
 
 #define INSTANTIATE(T, S)                                                                                     \

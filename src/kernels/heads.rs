@@ -69,8 +69,7 @@ mod imp {
     /// Whether a tensor's data starts on a 16-byte boundary and holds whole vectors.
     fn aligned(t: &Tensor) -> bool {
         let size = t.dtype().size_in_bytes();
-        let (_, layout) = t.storage_and_layout();
-        t.is_contiguous() && (layout.start_offset() * size).is_multiple_of(16)
+        t.is_contiguous() && (t.layout().start_offset() * size).is_multiple_of(16)
     }
 
     struct SplitHeads(Dims);
