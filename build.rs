@@ -26,7 +26,7 @@ fn main() {
 
 /// The kernel families of src/kernels: each `<name>.cu` -> `$OUT_DIR/<name>.ptx`, embedded by
 /// src/kernels/<name>.rs (`ptx!`) and loaded as its own module.
-const KERNELS: [&str; 10] = [
+const KERNELS: [&str; 11] = [
     "adamw",
     "attn_softmax",
     "bias_act",
@@ -34,6 +34,7 @@ const KERNELS: [&str; 10] = [
     "decode",
     "dropout",
     "embedding",
+    "flash_attn",
     "heads",
     "layer_norm",
     "multi_tensor",

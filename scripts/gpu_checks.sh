@@ -44,6 +44,7 @@
 #                  ($PROF_ENGINES: candle hf; $PROF_CASES: those five; $PROF_FLAGS go to the
 #                  training run, e.g. PROF_ENGINES=candle PROF_FLAGS="--backward autograd")
 #   kernels        the fused kernels against candle's composed ops (src/kernels/gpu_tests.rs),
+#                  (those whose names match $KERNEL_FILTER, default kernels::)
 #                  from the CUDA unit-test binary .gpu/tests.{xz,gz}           -> kernels.txt
 #   perf-compare   the #10 targets in one run: candle vs HF (`--engine both`), bf16, LAMBADA:
 #                  gpt2 / bloom-560m / bloom-7b1 batch 16 (full set), gpt2 batch 1 (--limit
@@ -327,7 +328,7 @@ for stage in "$@"; do
   kernels)
     unpack tests /tmp/unit-tests
     # One test at a time: with parallel threads the binary hung once (results/h100/generate-run5).
-    /tmp/unit-tests kernels:: --test-threads 1 2>&1 | tee "$OUT/kernels.txt"
+    /tmp/unit-tests "${KERNEL_FILTER:-kernels::}" --test-threads 1 2>&1 | tee "$OUT/kernels.txt"
     ;;
   perf-compare)
     E=${PERF_ENGINE:-both}

@@ -305,7 +305,21 @@ fn training_steps_fused_vs_unfused(backward: Backward) {
 
 /// A gpt2-tiny trainer on `dev` (random weights, seed 0) and a (2, 64) batch of ids.
 fn tiny_gpt2_trainer(dev: &Device, dtype: DType, dropout: bool) -> (Trainer, Tensor) {
-    let spec = ModelSpec::preset("gpt2-tiny").unwrap();
+    trainer_of(ModelSpec::preset("gpt2-tiny").unwrap(), dev, dtype, dropout)
+}
+
+/// gpt2-tiny with one head of 64 (the fused attention's head size).
+fn gpt2_tiny_hs64() -> ModelSpec {
+    let mut cfg = crate::models::gpt2::Config::gpt2_tiny();
+    cfg.n_head = cfg.n_embd / FLASH_HEAD_SIZE;
+    ModelSpec {
+        name: "gpt2-tiny-hs64".into(),
+        arch: crate::models::Architecture::Gpt2(cfg),
+    }
+}
+
+/// A trainer of `spec` on `dev` (random weights, seed 0) and a (2, 64) batch of ids.
+fn trainer_of(spec: ModelSpec, dev: &Device, dtype: DType, dropout: bool) -> (Trainer, Tensor) {
     let src = WeightSource::Random { seed: 0 };
     let ids: Vec<u32> = (0..2 * 64)
         .map(|i| ((i * 7919 + 13) % 50257) as u32)
@@ -319,8 +333,13 @@ fn tiny_gpt2_trainer(dev: &Device, dtype: DType, dropout: bool) -> (Trainer, Ten
 /// autograd, on the GPU with the fused kernels, `dropout` on or off (the same seed draws the
 /// same hashed masks in both). Returns the worst relative difference of a gradient.
 fn manual_vs_autograd(dtype: DType, dropout: bool) -> f32 {
+    manual_vs_autograd_of(ModelSpec::preset("gpt2-tiny").unwrap(), dtype, dropout)
+}
+
+/// [`manual_vs_autograd`] of `spec`.
+fn manual_vs_autograd_of(spec: ModelSpec, dtype: DType, dropout: bool) -> f32 {
     let (dev, _one_at_a_time) = gpu();
-    let (mut trainer, ids) = tiny_gpt2_trainer(&dev, dtype, dropout);
+    let (mut trainer, ids) = trainer_of(spec, &dev, dtype, dropout);
     let mut run = |backward| {
         trainer.set_backward(backward).unwrap();
         set_dropout_seed(7);
@@ -375,6 +394,14 @@ fn manual_backward_matches_autograd_in_fp32() {
 #[test]
 fn manual_backward_matches_autograd_in_bf16() {
     let worst = manual_vs_autograd(DType::BF16, false);
+    assert!(worst < 5e-2, "worst gradient rel {worst}");
+}
+
+/// Head size 64, no dropout: the manual step's attention is the fused kernels
+/// (`flash_attention`), the autograd path's the composed ops; the same loose bound as above.
+#[test]
+fn manual_backward_on_flash_attention_matches_autograd_in_bf16() {
+    let worst = manual_vs_autograd_of(gpt2_tiny_hs64(), DType::BF16, false);
     assert!(worst < 5e-2, "worst gradient rel {worst}");
 }
 
@@ -898,5 +925,83 @@ fn head_split_and_merge_match_candles_copies() {
     assert!(
         split_heads(&odd, 3, nh).unwrap().is_none(),
         "hs 3 (12 bytes) is candle's"
+    );
+}
+
+/// softmax(q kᵀ·scale + causal) v in f32 from qkv (B, T, 3C), (B, T, C) with heads merged.
+fn attention_f32(qkv: &Tensor, nh: usize, scale: f64) -> Tensor {
+    let (b, t, c3) = qkv.dims3().unwrap();
+    let hs = c3 / 3 / nh;
+    let split = qkv.reshape((b, t, 3, nh, hs)).unwrap();
+    let part = |i: usize| {
+        split
+            .narrow(2, i, 1)
+            .unwrap()
+            .squeeze(2)
+            .unwrap()
+            .transpose(1, 2)
+    };
+    let (q, k, v) = (part(0).unwrap(), part(1).unwrap(), part(2).unwrap()); // (B, nh, T, hs)
+    let mask = Tensor::ones((b, t), DType::U32, qkv.device()).unwrap();
+    let bias = causal_padding_bias(&mask).unwrap(); // (B, 1, T, T)
+    let s = (q
+        .contiguous()
+        .unwrap()
+        .matmul(&k.t().unwrap().contiguous().unwrap())
+        .unwrap()
+        * scale)
+        .unwrap()
+        .broadcast_add(&bias)
+        .unwrap();
+    let p = candle_nn::ops::softmax_last_dim(&s).unwrap();
+    let y = p.matmul(&v.contiguous().unwrap()).unwrap(); // (B, nh, T, hs)
+    y.transpose(1, 2).unwrap().reshape((b, t, nh * hs)).unwrap()
+}
+
+/// The fused attention against f32 attention by autograd from the same half-precision
+/// inputs: its output and dqkv within a few ulps of the storage type, T a multiple of the
+/// 64-row tile and not.
+#[test]
+fn flash_attention_matches_f32_attention_and_its_autograd() {
+    let (dev, _one_at_a_time) = gpu();
+    let (b, nh) = (2, 3);
+    let c = nh * FLASH_HEAD_SIZE;
+    let scale = 1. / (FLASH_HEAD_SIZE as f64).sqrt();
+    for dtype in [DType::BF16, DType::F16] {
+        for t in [64, 200] {
+            let qkv = randn(&[b, t, 3 * c], &dev).to_dtype(dtype).unwrap();
+            let dy = randn(&[b, t, c], &dev).to_dtype(dtype).unwrap();
+            let (y, lse) = flash_attention(&qkv, nh, scale).unwrap().expect("applies");
+            assert_eq!(lse.dims(), [b, nh, t]);
+            let dqkv = flash_attention_bwd(&qkv, &y, &lse, &dy, scale)
+                .unwrap()
+                .expect("applies");
+            let x = Var::from_tensor(&qkv.to_dtype(DType::F32).unwrap()).unwrap();
+            let want = attention_f32(x.as_tensor(), nh, scale);
+            let dy32 = dy.to_dtype(DType::F32).unwrap();
+            let grads = (&want * &dy32)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let want_dqkv = grads.get(x.as_tensor()).unwrap();
+            let (ry, rg) = (rel(&y, &want), rel(&dqkv, want_dqkv));
+            eprintln!("{dtype:?} T={t}: y rel {ry:.2e}, dqkv rel {rg:.2e}");
+            assert!(ry < 2e-2, "{dtype:?} T={t}: y rel {ry}");
+            assert!(rg < 3e-2, "{dtype:?} T={t}: dqkv rel {rg}");
+        }
+    }
+    let hs32 = randn(&[b, 64, 3 * nh * 32], &dev)
+        .to_dtype(DType::BF16)
+        .unwrap();
+    assert!(
+        flash_attention(&hs32, nh, scale).unwrap().is_none(),
+        "hs 32 is the matmuls'"
+    );
+    let f32_qkv = randn(&[b, 64, 3 * c], &dev);
+    assert!(
+        flash_attention(&f32_qkv, nh, scale).unwrap().is_none(),
+        "f32 is the matmuls'"
     );
 }

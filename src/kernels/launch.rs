@@ -3,9 +3,12 @@
 //! dispatch (`with_dtype!`), the argument push and launch (`launch!`), the `cpu_fwd` every
 //! custom op must have (`no_cpu_fwd!`), launch shapes, views and allocation.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig};
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig,
+};
 use candle_core::cuda_backend::CudaDType;
-use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, Tensor};
+use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, Storage, Tensor};
 
 /// One kernel family's PTX, loaded once per device as its own module.
 pub struct Ptx {
@@ -180,3 +183,21 @@ pub fn alloc<T: DeviceRepr>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> 
 
 /// A null device pointer for an absent optional argument.
 pub const NULL: u64 = 0;
+
+/// The device address of a contiguous CUDA tensor's first element, for kernels that take a
+/// tensor beside a custom op's inputs (or a table of them).
+pub fn device_address(t: &Tensor) -> Result<u64> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cuda(s) = &*storage else {
+        bail!("fused kernels take CUDA tensors")
+    };
+    if !layout.is_contiguous() {
+        bail!("fused kernels take contiguous tensors");
+    }
+    let stream = s.device().cuda_stream();
+    let base = with_dtype!(s.dtype(), T => {
+        let (ptr, _record) = T::as_cuda_slice(s)?.device_ptr(&stream);
+        ptr
+    });
+    Ok(base + (layout.start_offset() * t.dtype().size_in_bytes()) as u64)
+}

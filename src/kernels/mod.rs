@@ -21,6 +21,7 @@ mod cross_entropy;
 mod decode;
 mod dropout;
 mod embedding;
+mod flash_attn;
 mod graph;
 mod heads;
 #[cfg(feature = "cuda")]
@@ -36,6 +37,7 @@ pub use cross_entropy::{cross_entropy, cross_entropy_bwd, cross_entropy_bwd_in_p
 pub use decode::{add_layer_norm, argmax, decode_attention, decode_begin, CacheSlot, QkvLayout};
 pub use dropout::{apply_keep, draw_keep, dropout, keep_mask, set_dropout_seed, Keep};
 pub use embedding::embedding_bwd;
+pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
 pub use graph::{capture, param_cache, replays, Graph, ParamCache};
 pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{layer_norm, layer_norm_bwd};
@@ -77,6 +79,10 @@ pub enum Fused {
     /// Training: the attention's head split and merge as one vectorised copy each (instead of
     /// candle's strided copy).
     Heads,
+    /// Training: causal attention without dropout as one tensor-core kernel forward and three
+    /// backward (FlashAttention-2's tiling; the T × T scores never stored) instead of the
+    /// matmuls, the softmax and the head split / merge. bf16 / f16, head size 64.
+    Flash,
 }
 
 const LT: u16 = 1;
@@ -90,6 +96,7 @@ const DECODE: u16 = 128;
 const GRAPH: u16 = 256;
 const EMBEDDING: u16 = 512;
 const HEADS: u16 = 1024;
+const FLASH: u16 = 2048;
 const ALL: u16 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -100,7 +107,8 @@ const ALL: u16 = LT
     | DECODE
     | GRAPH
     | EMBEDDING
-    | HEADS;
+    | HEADS
+    | FLASH;
 
 static ENABLED: AtomicU16 = AtomicU16::new(ALL);
 
@@ -119,6 +127,7 @@ fn bit(f: Fused) -> u16 {
         Fused::Graph => GRAPH,
         Fused::Embedding => EMBEDDING,
         Fused::Heads => HEADS,
+        Fused::Flash => FLASH,
     }
 }
 
@@ -153,6 +162,7 @@ pub fn describe() -> String {
         (GRAPH, "graph"),
         (EMBEDDING, "embedding"),
         (HEADS, "heads"),
+        (FLASH, "flash"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

@@ -60,11 +60,9 @@ mod imp {
 #[cfg(feature = "cuda")]
 mod imp {
     use super::AdamStep;
-    use crate::kernels::launch::{kernel, launch, ptx, suffix, with_dtype, Ptx};
-    use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig};
-    use candle_core::cuda_backend::CudaDType;
-    use candle_core::{bail, CudaDevice, DType, Device, Result, Storage, Tensor};
+    use crate::kernels::launch::{device_address as address, kernel, launch, ptx, suffix, Ptx};
+    use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
+    use candle_core::{CudaDevice, DType, Device, Result, Tensor};
 
     const PTX: Ptx = ptx!("multi_tensor");
     /// Tensors per launch and elements per block: MT_MAX and CHUNK of multi_tensor.cu.
@@ -90,23 +88,6 @@ mod imp {
     struct Group {
         table: MtTensors,
         blocks: usize,
-    }
-
-    /// The device address of a contiguous tensor's first element.
-    fn address(t: &Tensor) -> Result<u64> {
-        let (storage, layout) = t.storage_and_layout();
-        let Storage::Cuda(s) = &*storage else {
-            bail!("multi-tensor kernels take CUDA tensors")
-        };
-        if !layout.is_contiguous() {
-            bail!("multi-tensor kernels take contiguous tensors");
-        }
-        let stream = s.device().cuda_stream();
-        let base = with_dtype!(s.dtype(), T => {
-            let (ptr, _record) = T::as_cuda_slice(s)?.device_ptr(&stream);
-            ptr
-        });
-        Ok(base + (layout.start_offset() * t.dtype().size_in_bytes()) as u64)
     }
 
     /// The launches over tensors 0..k: `params`/`moments` may be empty (the norm reads grads

@@ -3,21 +3,39 @@
 //! `models::attention::recomputed_attention`), and its backward as FlashAttention's: five
 //! matmuls and one row-wise pass (`kernels::attn_softmax_bwd` on CUDA).
 //!
+//! Without dropout on CUDA (bf16 / f16, head size 64) both directions are instead one fused
+//! kernel family (`kernels::flash_attention`, `--fused flash`) that keeps no probabilities.
+//!
 //! Shapes: `B` batch, `T` time, `nh` heads, `hs` head size, `C` = nh·hs; the scores and
-//! probabilities (B, nh, T, T); the bias (B, 1, T, T) f32 (causal mask).
+//! probabilities (B, nh, T, T); the bias (B, 1, T, T) f32 (the causal mask: the manual step
+//! trains unpadded rows only, which is what lets the fused kernels apply it themselves).
 
 use crate::kernels::{self, Keep};
-use candle_core::{DType, Result, Tensor, D};
+use candle_core::{bail, DType, Result, Tensor, D};
 
 impl Kept {
     /// The dropout mask this forward drew (None without dropout).
     pub fn keep(&self) -> Option<Keep> {
-        self.keep.as_ref().map(|(k, _)| k.clone())
+        match self {
+            Kept::Composed(c) => c.keep.as_ref().map(|(k, _)| k.clone()),
+            Kept::Flash { .. } => None,
+        }
     }
 }
 
 /// What the backward reads of the forward.
-pub struct Kept {
+pub enum Kept {
+    Composed(Composed),
+    /// The fused kernels': the input, the output and a log-sum-exp a row.
+    Flash {
+        qkv: Tensor, // (B, T, 3C)
+        y: Tensor,   // (B·T, C)
+        lse: Tensor, // (B, nh, T) f32
+    },
+}
+
+/// The matmul path's: the heads split, the probabilities and the mask.
+pub struct Composed {
     q: Tensor, // (B, nh, T, hs)
     k: Tensor,
     v: Tensor,
@@ -41,6 +59,18 @@ pub fn attention(
     redraw: Option<Option<Keep>>,
 ) -> Result<(Tensor, Kept)> {
     let (b, t, c3) = qkv.dims3()?;
+    let no_dropout = p_drop <= 0. || matches!(redraw, Some(None));
+    if no_dropout {
+        if let Some((y, lse)) = kernels::flash_attention(qkv, nh, scale)? {
+            let y = y.reshape((b * t, c3 / 3))?;
+            let kept = Kept::Flash {
+                qkv: qkv.clone(),
+                y: y.clone(),
+                lse,
+            };
+            return Ok((y, kept));
+        }
+    }
     let hs = c3 / 3 / nh;
     let qkv = match kernels::split_heads(qkv, 3, nh)? {
         Some(split) => split,
@@ -65,14 +95,14 @@ pub fn attention(
         Some(merged) => merged,
         None => y.transpose(1, 2)?.reshape((b * t, nh * hs))?,
     }; // (B·T, C)
-    let kept = Kept {
+    let kept = Kept::Composed(Composed {
         q,
         k,
         v,
         probs,
         dropped,
         keep,
-    };
+    });
     Ok((y, kept))
 }
 
@@ -101,6 +131,16 @@ fn softmax(
 /// dqkv (B·T, 3C) = [dq | dk | dv] of [`attention`] from dy (B·T, C), the gradient of its
 /// merged output.
 pub fn attention_bwd(kept: &Kept, dy: &Tensor, scale: f64) -> Result<Tensor> {
+    let kept = match kept {
+        Kept::Composed(c) => c,
+        Kept::Flash { qkv, y, lse } => {
+            let (b, t, c3) = qkv.dims3()?;
+            return match kernels::flash_attention_bwd(qkv, y, lse, dy, scale)? {
+                Some(dqkv) => dqkv.reshape((b * t, c3)),
+                None => bail!("the fused attention's backward no longer applies"),
+            };
+        }
+    };
     let (b, nh, t, hs) = kept.q.dims4()?;
     let dy = dy.reshape((b, t, nh * hs))?;
     let dout = match kernels::split_heads(&dy, 1, nh)? {
@@ -121,7 +161,7 @@ pub fn attention_bwd(kept: &Kept, dy: &Tensor, scale: f64) -> Result<Tensor> {
 }
 
 /// ds = scale · P ⊙ (dP − Σ_row P ⊙ dP), dP = d_dropped ⊙ keep / (1 − p), in d_dropped's dtype.
-fn softmax_bwd(kept: &Kept, d_dropped: &Tensor, scale: f64) -> Result<Tensor> {
+fn softmax_bwd(kept: &Composed, d_dropped: &Tensor, scale: f64) -> Result<Tensor> {
     let keep_ref = kept.keep.as_ref().map(|(k, p)| (k, *p));
     if let Some(ds) = kernels::attn_softmax_bwd(&kept.probs, d_dropped, scale, keep_ref)? {
         return Ok(ds);

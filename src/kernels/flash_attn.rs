@@ -1,0 +1,244 @@
+//! Fused causal attention for training (`--fused flash`; kernels in flash_attn.cu):
+//! FlashAttention-2's tiling on tensor cores, one kernel forward and three backward, reading
+//! the projection's rows [q | k | v] in place and writing the output with the heads merged.
+//! The (B, nh, T, T) scores and probabilities are never stored: the forward keeps a
+//! log-sum-exp a row, from which the backward recomputes them.
+//!
+//! Applies to causal attention without dropout or padding, bf16 / f16, head size 64 (gpt2's):
+//! the training step of [`crate::train`]. Elsewhere the callers run the matmuls and the fused
+//! softmax.
+//!
+//! Shapes: `B` batch, `T` time, `nh` heads, `hs` = 64, `C` = nh·hs.
+//! qkv, dqkv (B, T, 3C); y, dy (B, T, C); lse (B, nh, T) f32, in base 2 of the scores scaled
+//! by `scale`·log2 e (only the backward reads it).
+
+use super::{enabled, Fused};
+use candle_core::{Result, Tensor};
+
+/// The head size the kernels are built for.
+pub const FLASH_HEAD_SIZE: usize = 64;
+
+/// (y (B, T, C), lse (B, nh, T) f32) of softmax(q kᵀ·scale + causal) v, qkv (B, T, 3C) with
+/// `nh` heads. None where it does not apply (CPU, switched off, f32, another head size).
+pub fn flash_attention(qkv: &Tensor, nh: usize, scale: f64) -> Result<Option<(Tensor, Tensor)>> {
+    if !enabled(Fused::Flash) {
+        return Ok(None);
+    }
+    imp::flash_attention(qkv, nh, scale)
+}
+
+/// dqkv (B, T, 3C) of [`flash_attention`] from its input qkv, its output y and lse, and dy
+/// (B, T, C). None where the forward would not apply.
+pub fn flash_attention_bwd(
+    qkv: &Tensor,
+    y: &Tensor,
+    lse: &Tensor,
+    dy: &Tensor,
+    scale: f64,
+) -> Result<Option<Tensor>> {
+    if !enabled(Fused::Flash) {
+        return Ok(None);
+    }
+    imp::flash_attention_bwd(qkv, y, lse, dy, scale)
+}
+
+/// The CPU runs the matmuls and candle's softmax.
+#[cfg(not(feature = "cuda"))]
+mod imp {
+    use candle_core::{Result, Tensor};
+
+    pub fn flash_attention(_: &Tensor, _: usize, _: f64) -> Result<Option<(Tensor, Tensor)>> {
+        Ok(None)
+    }
+    pub fn flash_attention_bwd(
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: f64,
+    ) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod imp {
+    use super::FLASH_HEAD_SIZE;
+    use crate::kernels::launch::{
+        alloc, device_address, flat_config, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx,
+    };
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    use candle_core::{
+        bail, CudaStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor,
+    };
+
+    const PTX: Ptx = ptx!("flash_attn");
+    const TILE: usize = 64;
+    const LOG2_E: f64 = std::f64::consts::LOG2_E;
+
+    /// B, T, nh of a launch.
+    #[derive(Clone, Copy)]
+    struct Dims {
+        b: i32,
+        t: i32,
+        nh: i32,
+    }
+
+    impl Dims {
+        /// One block of 4 warps per 64 rows of each (b, h).
+        fn tiles(&self) -> LaunchConfig {
+            LaunchConfig {
+                grid_dim: (
+                    (self.t as usize).div_ceil(TILE) as u32,
+                    (self.b * self.nh) as u32,
+                    1,
+                ),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            }
+        }
+        fn rows(&self) -> usize {
+            (self.b * self.t * self.nh) as usize
+        }
+    }
+
+    /// Whether a tensor is contiguous from a 16-byte boundary (the kernels' vector loads).
+    fn aligned(t: &Tensor) -> bool {
+        t.is_contiguous() && (t.layout().start_offset() * t.dtype().size_in_bytes()) % 16 == 0
+    }
+
+    /// The forward: y from qkv, lse written at `lse` (a (B, nh, T) f32 tensor's address).
+    struct FlashFwd {
+        d: Dims,
+        scale2: f32,
+        lse: u64,
+    }
+
+    impl CustomOp1 for FlashFwd {
+        fn name(&self) -> &'static str {
+            "tb-flash-fwd"
+        }
+        no_cpu_fwd!(CustomOp1);
+        fn cuda_fwd(&self, qkv: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+            let dev = qkv.device().clone();
+            let (b, t, c3) = l.shape().dims3()?;
+            let func = kernel!(dev, PTX, "tb_flash_fwd", qkv.dtype())?;
+            with_dtype!(qkv.dtype(), T => {
+                let x = view::<T>(qkv, l)?;
+                let y = alloc::<T>(&dev, b * t * c3 / 3)?;
+                let d = self.d;
+                // SAFETY: qkv holds B·T·3C elements, y B·T·C, lse B·nh·T floats; every
+                // block reads and writes rows < T of its (b, h) only.
+                launch!(unsafe func, d.tiles(); &x, &y, &self.lse, &d.t, &d.nh, &self.scale2)?;
+                Ok((CudaStorage::wrap_cuda_slice(y, dev), Shape::from((b, t, c3 / 3))))
+            })
+        }
+    }
+
+    /// The backward: dqkv from (qkv, y, dy) and the forward's lse (at `lse`).
+    struct FlashBwd {
+        d: Dims,
+        scale: f32,
+        lse: u64,
+    }
+
+    impl CustomOp3 for FlashBwd {
+        fn name(&self) -> &'static str {
+            "tb-flash-bwd"
+        }
+        no_cpu_fwd!(CustomOp3);
+        fn cuda_fwd(
+            &self,
+            qkv: &CudaStorage,
+            ql: &Layout,
+            y: &CudaStorage,
+            yl: &Layout,
+            dy: &CudaStorage,
+            dyl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
+            let dev = qkv.device().clone();
+            let dt = qkv.dtype();
+            let (d, lse) = (self.d, self.lse);
+            let scale2 = (self.scale as f64 * LOG2_E) as f32;
+            let dsum_func = kernel!(dev, PTX, "tb_flash_bwd_dsum", dt)?;
+            let dkv_func = kernel!(dev, PTX, "tb_flash_bwd_dkv", dt)?;
+            let dq_func = kernel!(dev, PTX, "tb_flash_bwd_dq", dt)?;
+            with_dtype!(dt, T => {
+                let (x, yv, dyv) = (view::<T>(qkv, ql)?, view::<T>(y, yl)?, view::<T>(dy, dyl)?);
+                let dsum = alloc::<f32>(&dev, d.rows())?;
+                let dqkv = alloc::<T>(&dev, ql.shape().elem_count())?;
+                // SAFETY: y and dy hold B·T·C elements (one warp a head's row), dsum B·nh·T.
+                launch!(unsafe dsum_func, flat_config(d.rows() * 32); &yv, &dyv, &dsum, &d.b,
+                    &d.t, &d.nh)?;
+                // SAFETY: qkv and dqkv hold B·T·3C elements, dy B·T·C, lse and dsum B·nh·T;
+                // the dkv blocks write the k and v columns of their rows, the dq blocks the q
+                // columns: together every element of dqkv once.
+                launch!(unsafe dkv_func, d.tiles(); &x, &dyv, &lse, &dsum, &dqkv, &d.t, &d.nh,
+                    &self.scale, &scale2)?;
+                launch!(unsafe dq_func, d.tiles(); &x, &dyv, &lse, &dsum, &dqkv, &d.t, &d.nh,
+                    &self.scale, &scale2)?;
+                Ok((CudaStorage::wrap_cuda_slice(dqkv, dev), ql.shape().clone()))
+            })
+        }
+    }
+
+    /// The dims of qkv (B, T, 3C) with `nh` heads when the kernels take it.
+    fn dims_of(qkv: &Tensor, nh: usize) -> Result<Option<Dims>> {
+        let (b, t, c3) = qkv.dims3()?;
+        let half = matches!(qkv.dtype(), DType::BF16 | DType::F16);
+        let usable = qkv.device().is_cuda() && half && aligned(qkv) && t > 0;
+        if !usable || c3 != 3 * nh * FLASH_HEAD_SIZE {
+            return Ok(None);
+        }
+        let (b, t, nh) = (b as i32, t as i32, nh as i32);
+        Ok(Some(Dims { b, t, nh }))
+    }
+
+    pub fn flash_attention(
+        qkv: &Tensor,
+        nh: usize,
+        scale: f64,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        let Some(d) = dims_of(qkv, nh)? else {
+            return Ok(None);
+        };
+        let (b, t, _) = qkv.dims3()?;
+        let lse = Tensor::zeros((b, nh, t), DType::F32, qkv.device())?;
+        let op = FlashFwd {
+            d,
+            scale2: (scale * LOG2_E) as f32,
+            lse: device_address(&lse)?,
+        };
+        let y = qkv.apply_op1_no_bwd(&op)?;
+        Ok(Some((y, lse)))
+    }
+
+    pub fn flash_attention_bwd(
+        qkv: &Tensor,
+        y: &Tensor,
+        lse: &Tensor,
+        dy: &Tensor,
+        scale: f64,
+    ) -> Result<Option<Tensor>> {
+        let (b, t, c3) = qkv.dims3()?;
+        let nh = c3 / 3 / FLASH_HEAD_SIZE;
+        let Some(d) = dims_of(qkv, nh)? else {
+            return Ok(None);
+        };
+        let (dy, y) = (dy.reshape((b, t, c3 / 3))?, y.reshape((b, t, c3 / 3))?);
+        let same = |x: &Tensor| x.dtype() == qkv.dtype() && x.is_contiguous();
+        if !same(&y) || !same(&dy) || lse.dims() != [b, nh, t] || lse.dtype() != DType::F32 {
+            bail!(
+                "flash attention backward: y, dy or lse does not match qkv {:?}",
+                qkv.shape()
+            );
+        }
+        let op = FlashBwd {
+            d,
+            scale: scale as f32,
+            lse: device_address(lse)?,
+        };
+        Ok(Some(qkv.apply_op3_no_bwd(&y, &dy, &op)?))
+    }
+}
