@@ -953,7 +953,8 @@ fn attention_f32(qkv: &Tensor, nh: usize, scale: f64) -> Tensor {
         .unwrap()
         .broadcast_add(&bias)
         .unwrap();
-    let p = candle_nn::ops::softmax_last_dim(&s).unwrap();
+    // softmax, not softmax_last_dim: the latter's backward is not the softmax's gradient.
+    let p = candle_nn::ops::softmax(&s, D::Minus1).unwrap();
     let y = p.matmul(&v.contiguous().unwrap()).unwrap(); // (B, nh, T, hs)
     y.transpose(1, 2).unwrap().reshape((b, t, nh * hs)).unwrap()
 }
