@@ -43,6 +43,7 @@
 #                  gpt2 training step; scripts/kernel_breakdown.py sums them by op -> perf-profile.tgz
 #                  ($PROF_ENGINES: candle hf; $PROF_CASES: those five; $PROF_FLAGS go to the
 #                  training run, e.g. PROF_ENGINES=candle PROF_FLAGS="--backward autograd")
+#   flash-profile  ncu sections of the fused attention's kernels in a gpt2 training step -> flash-ncu.txt
 #   kernels        the fused kernels against candle's composed ops (src/kernels/gpu_tests.rs),
 #                  (those whose names match $KERNEL_FILTER, default kernels::)
 #                  from the CUDA unit-test binary .gpu/tests.{xz,gz}           -> kernels.txt
@@ -324,6 +325,17 @@ for stage in "$@"; do
     done
     python3 scripts/kernel_breakdown.py /tmp/prof/*.csv | tee "$OUT/perf-profile.txt"
     (cd /tmp && tar czf "$OUT/perf-profile.tgz" prof)
+    ;;
+  flash-profile)
+    # ncu's sections (throughput, occupancy, warp stalls) for the fused attention's kernels in
+    # one gpt2 training step: the last layer's forward, then its backward's three -> flash-ncu.txt
+    TB_CUDA_PROFILE=2 ncu --profile-from-start off --clock-control none --target-processes all \
+      -k regex:tb_flash --launch-skip 11 --launch-count 4 --section SpeedOfLight --section Occupancy \
+      --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis \
+      $B --suite wikitext2 --data .gpu/wikitext-2-raw --batch-size 8 --block-size 1024 --warmup 1 \
+      --max-steps 3 --engine candle --model gpt2 --weights random --seed 0 --device cuda --dtype bf16 \
+      --no-dropout --log-dir /tmp/prof-logs --no-progress > "$OUT/flash-ncu.txt" 2>&1
+    echo "flash-profile: exit $?"
     ;;
   kernels)
     unpack tests /tmp/unit-tests

@@ -8,10 +8,13 @@
 //   qkv, dqkv (B, T, 3C) = [q | k | v], the attention projection's rows, read and written in
 //   place (no head split or merge); y, dy (B, T, C); lse, dsum (B, nh, T) f32.
 // A block of 4 warps takes 64 rows of one (b, h): each warp 16 rows; a loop walks the 64-row
-// tiles of the other side up to the diagonal (causal). Every product is warp-local; the shared
-// tiles are the operands all four warps read.
+// tiles of the other side up to the diagonal (causal), the next tile copied in (cp.async)
+// while this one is used. Every product is warp-local; the shared tiles are the operands all
+// four warps read.
 // The fragments' element → (row, col) map is unspecified, so each warp reads it once from a
-// fragment loaded with row (col) numbers: the element-wise steps then run in registers.
+// fragment loaded with r·16 + c: the element-wise steps run in registers. The row reductions
+// rely on one more fact, checked at start (a trap if not): a lane's rows are lane/4 and
+// lane/4 + 8, so a row's elements sit in one quad of lanes.
 // lse is kept in base 2 (m·log2 e + log2 l): the scores are scaled by scale·log2 e once.
 #include "common.cuh"
 #include <mma.h>
@@ -22,40 +25,50 @@ using namespace nvcuda;
 #define WARPS 4
 #define LD (HS + 8)     // shared row stride of a 16-bit tile (skews banks; 16-byte multiple)
 #define LDF (TILE + 4)  // shared row stride of an f32 warp tile
+#define TILE_ELEMS (TILE * LD)
 
 template <typename T> using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
 template <typename T> using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
 template <typename T> using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;
 using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-// dst[r][:] (64 × HS, stride LD) = rows t0 + r of src (stride `stride` elements); zeros past T.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool in) {
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(in ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits for this thread's copies; a __syncthreads after it publishes everyone's.
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+// Starts copying rows t0.. of src (stride `stride` elements) into dst[r][:] (64 × HS, stride
+// LD); zeros past T.
 template <typename T>
 __device__ void load_tile(T* dst, const T* src, long stride, int t0, int T_) {
-  constexpr int V = HS * sizeof(T) / 16;  // 16-byte vectors a row
+  constexpr int V = HS * sizeof(T) / 16, E = 16 / sizeof(T);  // vectors a row, elements a vector
   for (int i = threadIdx.x; i < TILE * V; i += blockDim.x) {
     const int r = i / V, v = i % V, t = t0 + r;
-    uint4 x = make_uint4(0, 0, 0, 0);
-    if (t < T_) x = *reinterpret_cast<const uint4*>(src + t * stride + v * (16 / sizeof(T)));
-    *reinterpret_cast<uint4*>(dst + r * LD + v * (16 / sizeof(T))) = x;
+    const bool in = t < T_;
+    cp_async16(dst + r * LD + v * E, src + (long)(in ? t : 0) * stride + v * E, in);
   }
 }
 
-// Each element's row and column within a 16×16 accumulator fragment, read through the fragment
-// map; scratch: the warp's 16 × LDF floats.
-__device__ void fragment_map(Acc& rows, Acc& cols, float* scratch) {
+// rc[e] = r·16 + c of a 16×16 accumulator fragment's element e, read through the fragment map
+// (scratch: the warp's 16 × LDF floats); traps unless a lane's rows are lane/4 and lane/4 + 8.
+__device__ void fragment_map(int (&rc)[8], float* scratch) {
   const int lane = threadIdx.x & 31;
-  for (int i = lane; i < 256; i += 32) scratch[(i / 16) * LDF + i % 16] = (float)(i / 16);
+  for (int i = lane; i < 256; i += 32) scratch[(i / 16) * LDF + i % 16] = (float)i;
   __syncwarp();
-  wmma::load_matrix_sync(rows, scratch, LDF, wmma::mem_row_major);
-  __syncwarp();
-  for (int i = lane; i < 256; i += 32) scratch[(i / 16) * LDF + i % 16] = (float)(i % 16);
-  __syncwarp();
-  wmma::load_matrix_sync(cols, scratch, LDF, wmma::mem_row_major);
+  Acc f;
+  wmma::load_matrix_sync(f, scratch, LDF, wmma::mem_row_major);
+  for (int e = 0; e < 8; e++) {
+    rc[e] = (int)f.x[e];
+    if ((rc[e] >> 4) % 8 != lane / 4) __trap();
+  }
   __syncwarp();
 }
 
 // Writes a warp's 16 × HS result acc·factor to rows t0.. of out (stride `stride`), rows < T,
-// through the warp's f32 staging tile; two lanes a row, 32 columns each.
+// through the warp's f32 staging tile; two lanes a row, 32 columns each, 16-byte stores.
 template <typename T>
 __device__ void store_rows(Acc (&acc)[4], float factor, float* stage, T* out, long stride, int t0, int T_) {
   const int lane = threadIdx.x & 31, r = lane / 2, c0 = (lane % 2) * 32;
@@ -65,8 +78,12 @@ __device__ void store_rows(Acc (&acc)[4], float factor, float* stage, T* out, lo
   }
   __syncwarp();
   if (t0 + r < T_) {
-    T* dst = out + (long)(t0 + r) * stride + c0;
-    for (int c = 0; c < 32; c++) dst[c] = from_f<T>(stage[r * LDF + c0 + c]);
+    uint4* dst = reinterpret_cast<uint4*>(out + (long)(t0 + r) * stride + c0);
+    for (int v = 0; v < 4; v++) {
+      T x[8];
+      for (int j = 0; j < 8; j++) x[j] = from_f<T>(stage[r * LDF + c0 + v * 8 + j]);
+      dst[v] = *reinterpret_cast<uint4*>(x);
+    }
   }
   __syncwarp();
 }
@@ -104,84 +121,95 @@ __device__ void mul_acc(Acc (&acc)[4], const T* p, const T* tile) {
     }
 }
 
-// Shared memory of the forward: the K and V tiles (Q staged in k first), each warp's f32
-// scores and its probabilities, and the running max, sum and rescale of its rows.
-template <typename T> struct FwdShared {
-  T k[TILE * LD], v[TILE * LD];
-  float s[WARPS][16 * LDF];
-  T p[WARPS][16 * LD];
-  float m[WARPS][16], l[WARPS][16], alpha[WARPS][16];
-};
-
-// One online-softmax step of a warp's 16 rows over the key tile at k0 (scores in s, raw q·k):
-// probabilities into p, the running max / sum updated, the rescale of the earlier output into
-// alpha. Two lanes a row, 32 keys each.
-template <typename T>
-__device__ void online_softmax(FwdShared<T>& sh, int w, int q_row0, int k0, int T_, float scale2) {
-  const int lane = threadIdx.x & 31, r = lane / 2, c0 = (lane % 2) * 32, q = q_row0 + r;
-  float* s = sh.s[w] + r * LDF + c0;
-  float mx = -INFINITY;
-  for (int c = 0; c < 32; c++) {
-    const int key = k0 + c0 + c;
-    const float x = (key > q || key >= T_) ? -INFINITY : s[c] * scale2;
-    s[c] = x;
-    mx = fmaxf(mx, x);
-  }
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-  const float m_old = sh.m[w][r], m_new = fmaxf(m_old, mx);
-  float sum = 0.f;
-  for (int c = 0; c < 32; c++) {
-    const float p = exp2f(s[c] - m_new);
-    sum += p;
-    sh.p[w][r * LD + c0 + c] = from_f<T>(p);
-  }
-  sum += __shfl_xor_sync(0xffffffff, sum, 1);
-  __syncwarp();
-  if (c0 == 0) {
-    const float alpha = exp2f(m_old - m_new);  // 0 on the first tile (m_old = −∞)
-    sh.l[w][r] = sh.l[w][r] * alpha + sum;
-    sh.m[w][r] = m_new;
-    sh.alpha[w][r] = alpha;
-  }
-  __syncwarp();
+// Max / sum over a row's quad of lanes.
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffff, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffff, v, 1);
+  return v + __shfl_xor_sync(0xffffffff, v, 2);
 }
 
+// The operand tiles: two buffers of two tiles (the one in use, the next one arriving), each
+// warp's 16-bit probabilities (or score gradients), and 64 rows' lse and dsum in two buffers.
+// After the loops the tiles hold the warps' f32 staging (4 × 16 × LDF floats ≤ 2 tiles).
+template <typename T> struct Shared {
+  T x[2][TILE_ELEMS], y[2][TILE_ELEMS];
+  T p[WARPS][16 * LD];
+  float lse[2][TILE], dsum[2][TILE];
+  __device__ float* stage(int w) { return reinterpret_cast<float*>(&x[0][0]) + w * 16 * LDF; }
+};
+
 // y = softmax(q kᵀ·scale, causal) v, and lse. Grid (⌈T/64⌉, B·nh), 128 threads; the query
-// tiles run longest first.
+// tiles run longest first. Each lane keeps the max and sum of its two rows (g, g + 8).
 template <typename T>
 __device__ void flash_fwd(const T* qkv, T* y, float* lse, int T_, int nh, float scale2) {
-  __shared__ __align__(32) FwdShared<T> sh;
-  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
+  __shared__ __align__(128) Shared<T> sh;
+  const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane / 4;
   const int qt = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / nh, h = bh % nh;
   const int C = nh * HS, q0 = qt * TILE, qw = q0 + w * 16;
   const long stride = 3L * C;
   const T* q_src = qkv + (long)b * T_ * stride + h * HS;
-  load_tile(sh.k, q_src, stride, q0, T_);
-  if (lane < 16) sh.m[w][lane] = -INFINITY, sh.l[w][lane] = 0.f;
+  int rc[8];
+  fragment_map(rc, sh.stage(w));
+  __syncthreads();
+  load_tile(sh.x[1], q_src, stride, q0, T_);  // q, staged where tile 1 goes later
+  load_tile(sh.x[0], q_src + C, stride, 0, T_);
+  load_tile(sh.y[0], q_src + 2 * C, stride, 0, T_);
+  cp_async_commit();
+  cp_async_wait();
   __syncthreads();
   FragA<T> qa[4];
-  load_rows_a(qa, sh.k + w * 16 * LD);
-  Acc rows, cols, s[4], o[4];
-  fragment_map(rows, cols, sh.s[w]);
+  load_rows_a(qa, sh.x[1] + w * 16 * LD);
+  Acc s[4], o[4];
   for (int n = 0; n < 4; n++) wmma::fill_fragment(o[n], 0.f);
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  T* p = sh.p[w];
   for (int kt = 0; kt <= qt; kt++) {
-    const int k0 = kt * TILE;
-    __syncthreads();  // every warp is done with the previous tiles
-    load_tile(sh.k, q_src + C, stride, k0, T_);
-    load_tile(sh.v, q_src + 2 * C, stride, k0, T_);
-    __syncthreads();
-    mul_transposed(s, qa, sh.k);
-    for (int n = 0; n < 4; n++) wmma::store_matrix_sync(sh.s[w] + n * 16, s[n], LDF, wmma::mem_row_major);
-    __syncwarp();
-    online_softmax(sh, w, qw, k0, T_, scale2);
+    const int k0 = kt * TILE, buf = kt & 1;
+    cp_async_wait();
+    __syncthreads();  // tile kt is in; every warp is done with tile kt − 1 (and q)
+    if (kt < qt) {
+      load_tile(sh.x[buf ^ 1], q_src + C, stride, k0 + TILE, T_);
+      load_tile(sh.y[buf ^ 1], q_src + 2 * C, stride, k0 + TILE, T_);
+      cp_async_commit();
+    }
+    mul_transposed(s, qa, sh.x[buf]);
+    float x0 = -INFINITY, x1 = -INFINITY;
     for (int n = 0; n < 4; n++)
-      for (int e = 0; e < o[n].num_elements; e++) o[n].x[e] *= sh.alpha[w][(int)rows.x[e]];
-    mul_acc(o, sh.p[w], sh.v);
+      for (int e = 0; e < 8; e++) {
+        const int r = rc[e] >> 4, key = k0 + n * 16 + (rc[e] & 15);
+        const float v = (key > qw + r || key >= T_) ? -INFINITY : s[n].x[e] * scale2;
+        s[n].x[e] = v;
+        if (r < 8) x0 = fmaxf(x0, v); else x1 = fmaxf(x1, v);
+      }
+    // Tile kt ≤ qt holds key k0 ≤ every row's position: each max is finite.
+    const float n0 = fmaxf(m0, quad_max(x0)), n1 = fmaxf(m1, quad_max(x1));
+    const float a0 = exp2f(m0 - n0), a1 = exp2f(m1 - n1);  // 0 on the first tile
+    m0 = n0, m1 = n1;
+    float s0 = 0.f, s1 = 0.f;
+    for (int n = 0; n < 4; n++)
+      for (int e = 0; e < 8; e++) {
+        const int r = rc[e] >> 4, c = n * 16 + (rc[e] & 15);
+        const float v = exp2f(s[n].x[e] - (r < 8 ? n0 : n1));
+        if (r < 8) s0 += v; else s1 += v;
+        p[r * LD + c] = from_f<T>(v);
+        o[n].x[e] *= r < 8 ? a0 : a1;
+      }
+    l0 = l0 * a0 + quad_sum(s0), l1 = l1 * a1 + quad_sum(s1);
+    __syncwarp();
+    mul_acc(o, p, sh.y[buf]);
   }
   for (int n = 0; n < 4; n++)
-    for (int e = 0; e < o[n].num_elements; e++) o[n].x[e] /= sh.l[w][(int)rows.x[e]];
-  store_rows(o, 1.f, sh.s[w], y + (long)b * T_ * C + h * HS, C, qw, T_);
-  if (lane < 16 && qw + lane < T_) lse[(long)bh * T_ + qw + lane] = sh.m[w][lane] + log2f(sh.l[w][lane]);
+    for (int e = 0; e < 8; e++) o[n].x[e] /= (rc[e] >> 4) < 8 ? l0 : l1;
+  __syncthreads();  // the tiles become the staging
+  store_rows(o, 1.f, sh.stage(w), y + (long)b * T_ * C + h * HS, C, qw, T_);
+  if (lane % 4 == 0) {
+    float* out = lse + (long)bh * T_ + qw;
+    if (qw + g < T_) out[g] = m0 + log2f(l0);
+    if (qw + g + 8 < T_) out[g + 8] = m1 + log2f(l1);
+  }
 }
 
 // dsum[b, h, t] = Σ_d dy · y over a head's row: one warp a row, grid-strided.
@@ -199,120 +227,139 @@ __device__ void flash_bwd_dsum(const T* y, const T* dy, float* dsum, int B, int 
   }
 }
 
-// Shared memory of the backward kernels: two 64-row operand tiles, each warp's 16-bit
-// probabilities / score gradients and its f32 staging tile, and 64 rows' lse and dsum.
-template <typename T> struct BwdShared {
-  T a[TILE * LD], b[TILE * LD];
-  T p[WARPS][16 * LD];
-  float stage[WARPS][16 * LDF];
-  float lse[TILE], dsum[TILE];
-};
-
+// Rows t0.. of lse and dsum (zeros past T) into buffer `buf` (plain loads: 64 floats each).
 template <typename T>
-__device__ void load_row_stats(BwdShared<T>& sh, const float* lse, const float* dsum, long at, int t0, int T_) {
+__device__ void load_row_stats(Shared<T>& sh, int buf, const float* lse, const float* dsum, int t0, int T_) {
   for (int i = threadIdx.x; i < TILE; i += blockDim.x) {
     const bool in = t0 + i < T_;
-    sh.lse[i] = in ? lse[at + t0 + i] : 0.f;
-    sh.dsum[i] = in ? dsum[at + t0 + i] : 0.f;
+    sh.lse[buf][i] = in ? lse[t0 + i] : 0.f;
+    sh.dsum[buf][i] = in ? dsum[t0 + i] : 0.f;
   }
 }
 
-// dk and dv of one 64-key tile: for every query tile at or past it (Q and dO in the shared
-// tiles a, b), sᵀ = k qᵀ, pᵀ from lse, dv += pᵀ dO, dpᵀ = v dOᵀ, dsᵀ = pᵀ ⊙ (dpᵀ − dsum),
-// dk += dsᵀ q · scale. Grid (⌈T/64⌉, B·nh), 128 threads.
+// dk and dv of one 64-key tile: for every query tile at or past it (q in x, dO in y), sᵀ = k qᵀ,
+// pᵀ from lse, dv += pᵀ dO, dpᵀ = v dOᵀ, dsᵀ = pᵀ ⊙ (dpᵀ − dsum), dk += dsᵀ q · scale.
+// Grid (⌈T/64⌉, B·nh), 128 threads; block 0 has the most query tiles.
 template <typename T>
 __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv, int T_,
                               int nh, float scale, float scale2) {
-  __shared__ __align__(32) BwdShared<T> sh;
+  __shared__ __align__(128) Shared<T> sh;
   const int w = threadIdx.x / 32, kt = blockIdx.x, bh = blockIdx.y, b = bh / nh, h = bh % nh;
-  const int C = nh * HS, k0 = kt * TILE, kw = k0 + w * 16;
+  const int C = nh * HS, k0 = kt * TILE, kw = k0 + w * 16, nq = (T_ + TILE - 1) / TILE;
   const long stride = 3L * C, row0 = (long)b * T_;
   const T* q_src = qkv + row0 * stride + h * HS;
   const T* dy_src = dy + row0 * C + h * HS;
-  load_tile(sh.a, q_src + C, stride, k0, T_);
-  load_tile(sh.b, q_src + 2 * C, stride, k0, T_);
+  lse += (long)bh * T_, dsum += (long)bh * T_;
+  int rc[8];
+  fragment_map(rc, sh.stage(w));
+  __syncthreads();
+  load_tile(sh.x[1], q_src + C, stride, k0, T_);  // k and v, staged where the second buffer goes
+  load_tile(sh.y[1], q_src + 2 * C, stride, k0, T_);
+  load_tile(sh.x[0], q_src, stride, k0, T_);
+  load_tile(sh.y[0], dy_src, C, k0, T_);
+  cp_async_commit();
+  load_row_stats(sh, 0, lse, dsum, k0, T_);
+  cp_async_wait();
   __syncthreads();
   FragA<T> ka[4], va[4];
-  load_rows_a(ka, sh.a + w * 16 * LD);
-  load_rows_a(va, sh.b + w * 16 * LD);
-  Acc rows, cols, s[4], dp[4], dk[4], dv[4];
-  fragment_map(rows, cols, sh.stage[w]);
+  load_rows_a(ka, sh.x[1] + w * 16 * LD);
+  load_rows_a(va, sh.y[1] + w * 16 * LD);
+  Acc s[4], dp[4], dk[4], dv[4];
   for (int n = 0; n < 4; n++) wmma::fill_fragment(dk[n], 0.f), wmma::fill_fragment(dv[n], 0.f);
-  for (int qt = kt; qt * TILE < T_; qt++) {
-    const int q0 = qt * TILE;
+  T* p = sh.p[w];
+  for (int qt = kt; qt < nq; qt++) {
+    const int q0 = qt * TILE, buf = (qt - kt) & 1;
+    cp_async_wait();
     __syncthreads();
-    load_tile(sh.a, q_src, stride, q0, T_);
-    load_tile(sh.b, dy_src, C, q0, T_);
-    load_row_stats(sh, lse, dsum, (long)bh * T_, q0, T_);
-    __syncthreads();
-    mul_transposed(s, ka, sh.a);  // sᵀ (16 keys × 64 queries)
-    T* p = sh.p[w];
+    if (qt + 1 < nq) {
+      load_tile(sh.x[buf ^ 1], q_src, stride, q0 + TILE, T_);
+      load_tile(sh.y[buf ^ 1], dy_src, C, q0 + TILE, T_);
+      cp_async_commit();
+      load_row_stats(sh, buf ^ 1, lse, dsum, q0 + TILE, T_);
+    }
+    const float* lse_s = sh.lse[buf];
+    const float* dsum_s = sh.dsum[buf];
+    mul_transposed(s, ka, sh.x[buf]);  // sᵀ (16 keys × 64 queries)
     for (int n = 0; n < 4; n++)
-      for (int e = 0; e < s[n].num_elements; e++) {
-        const int r = (int)rows.x[e], c = n * 16 + (int)cols.x[e];
+      for (int e = 0; e < 8; e++) {
+        const int r = rc[e] >> 4, c = n * 16 + (rc[e] & 15);
         const bool seen = kw + r <= q0 + c && q0 + c < T_;
-        s[n].x[e] = seen ? exp2f(s[n].x[e] * scale2 - sh.lse[c]) : 0.f;
+        s[n].x[e] = seen ? exp2f(s[n].x[e] * scale2 - lse_s[c]) : 0.f;
         p[r * LD + c] = from_f<T>(s[n].x[e]);
       }
     __syncwarp();
-    mul_acc(dv, p, sh.b);
-    mul_transposed(dp, va, sh.b);  // dpᵀ (16 keys × 64 queries)
-    __syncwarp();                  // every lane has read p
+    mul_acc(dv, p, sh.y[buf]);
+    mul_transposed(dp, va, sh.y[buf]);  // dpᵀ (16 keys × 64 queries)
+    __syncwarp();                       // every lane has read p
     for (int n = 0; n < 4; n++)
-      for (int e = 0; e < s[n].num_elements; e++) {
-        const int r = (int)rows.x[e], c = n * 16 + (int)cols.x[e];
-        p[r * LD + c] = from_f<T>(s[n].x[e] * (dp[n].x[e] - sh.dsum[c]));
+      for (int e = 0; e < 8; e++) {
+        const int r = rc[e] >> 4, c = n * 16 + (rc[e] & 15);
+        p[r * LD + c] = from_f<T>(s[n].x[e] * (dp[n].x[e] - dsum_s[c]));
       }
     __syncwarp();
-    mul_acc(dk, p, sh.a);
+    mul_acc(dk, p, sh.x[buf]);
   }
+  __syncthreads();  // the tiles become the staging
   T* out = dqkv + row0 * stride + h * HS;
-  store_rows(dk, scale, sh.stage[w], out + C, stride, kw, T_);
-  store_rows(dv, 1.f, sh.stage[w], out + 2 * C, stride, kw, T_);
+  store_rows(dk, scale, sh.stage(w), out + C, stride, kw, T_);
+  store_rows(dv, 1.f, sh.stage(w), out + 2 * C, stride, kw, T_);
 }
 
-// dq of one 64-query tile (its q and dO held as fragments): for every key tile up to the
-// diagonal (K and V in the shared tiles a, b), s = q kᵀ, p from lse, dp = dO vᵀ,
-// ds = p ⊙ (dp − dsum), dq += ds k · scale. Grid (⌈T/64⌉, B·nh), longest first.
+// dq of one 64-query tile (its q and dO held as fragments, its rows' lse and dsum in
+// registers): for every key tile up to the diagonal (k in x, v in y), s = q kᵀ, p from lse,
+// dp = dO vᵀ, ds = p ⊙ (dp − dsum), dq += ds k · scale. Grid (⌈T/64⌉, B·nh), longest first.
 template <typename T>
 __device__ void flash_bwd_dq(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv, int T_,
                              int nh, float scale, float scale2) {
-  __shared__ __align__(32) BwdShared<T> sh;
-  const int w = threadIdx.x / 32, qt = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / nh, h = bh % nh;
+  __shared__ __align__(128) Shared<T> sh;
+  const int w = threadIdx.x / 32, g = (threadIdx.x & 31) / 4;
+  const int qt = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / nh, h = bh % nh;
   const int C = nh * HS, q0 = qt * TILE, qw = q0 + w * 16;
   const long stride = 3L * C, row0 = (long)b * T_;
   const T* q_src = qkv + row0 * stride + h * HS;
-  load_tile(sh.a, q_src, stride, q0, T_);
-  load_tile(sh.b, dy + row0 * C + h * HS, C, q0, T_);
-  load_row_stats(sh, lse, dsum, (long)bh * T_, q0, T_);
+  int rc[8];
+  fragment_map(rc, sh.stage(w));
+  __syncthreads();
+  load_tile(sh.x[1], q_src, stride, q0, T_);  // q and dO, staged where the second buffer goes
+  load_tile(sh.y[1], dy + row0 * C + h * HS, C, q0, T_);
+  load_tile(sh.x[0], q_src + C, stride, 0, T_);
+  load_tile(sh.y[0], q_src + 2 * C, stride, 0, T_);
+  cp_async_commit();
+  const long at = (long)bh * T_ + qw + g;
+  const bool in0 = qw + g < T_, in1 = qw + g + 8 < T_;
+  const float lse0 = in0 ? lse[at] : 0.f, lse1 = in1 ? lse[at + 8] : 0.f;
+  const float ds0 = in0 ? dsum[at] : 0.f, ds1 = in1 ? dsum[at + 8] : 0.f;
+  cp_async_wait();
   __syncthreads();
   FragA<T> qa[4], doa[4];
-  load_rows_a(qa, sh.a + w * 16 * LD);
-  load_rows_a(doa, sh.b + w * 16 * LD);
-  Acc rows, cols, s[4], dp[4], dq[4];
-  fragment_map(rows, cols, sh.stage[w]);
+  load_rows_a(qa, sh.x[1] + w * 16 * LD);
+  load_rows_a(doa, sh.y[1] + w * 16 * LD);
+  Acc s[4], dp[4], dq[4];
   for (int n = 0; n < 4; n++) wmma::fill_fragment(dq[n], 0.f);
+  T* p = sh.p[w];
   for (int kt = 0; kt <= qt; kt++) {
-    const int k0 = kt * TILE;
+    const int k0 = kt * TILE, buf = kt & 1;
+    cp_async_wait();
     __syncthreads();
-    load_tile(sh.a, q_src + C, stride, k0, T_);
-    load_tile(sh.b, q_src + 2 * C, stride, k0, T_);
-    __syncthreads();
-    mul_transposed(s, qa, sh.a);
-    mul_transposed(dp, doa, sh.b);
-    T* p = sh.p[w];
+    if (kt < qt) {
+      load_tile(sh.x[buf ^ 1], q_src + C, stride, k0 + TILE, T_);
+      load_tile(sh.y[buf ^ 1], q_src + 2 * C, stride, k0 + TILE, T_);
+      cp_async_commit();
+    }
+    mul_transposed(s, qa, sh.x[buf]);
+    mul_transposed(dp, doa, sh.y[buf]);
     for (int n = 0; n < 4; n++)
-      for (int e = 0; e < s[n].num_elements; e++) {
-        const int r = (int)rows.x[e], c = n * 16 + (int)cols.x[e], row = w * 16 + r;
-        const bool seen = k0 + c <= q0 + row && k0 + c < T_;
-        const float pr = seen ? exp2f(s[n].x[e] * scale2 - sh.lse[row]) : 0.f;
-        p[r * LD + c] = from_f<T>(pr * (dp[n].x[e] - sh.dsum[row]));
+      for (int e = 0; e < 8; e++) {
+        const int r = rc[e] >> 4, key = k0 + n * 16 + (rc[e] & 15);
+        const bool seen = key <= qw + r && key < T_;
+        const float pr = seen ? exp2f(s[n].x[e] * scale2 - (r < 8 ? lse0 : lse1)) : 0.f;
+        p[r * LD + n * 16 + (rc[e] & 15)] = from_f<T>(pr * (dp[n].x[e] - (r < 8 ? ds0 : ds1)));
       }
     __syncwarp();
-    mul_acc(dq, p, sh.a);
-    __syncwarp();  // every lane has read p before the next tile writes it
+    mul_acc(dq, p, sh.x[buf]);
   }
-  store_rows(dq, scale, sh.stage[w], dqkv + row0 * stride + h * HS, stride, qw, T_);
+  __syncthreads();  // the tiles become the staging
+  store_rows(dq, scale, sh.stage(w), dqkv + row0 * stride + h * HS, stride, qw, T_);
 }
 
 #define FLASH(T, S)                                                                                          \

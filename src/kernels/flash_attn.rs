@@ -227,6 +227,8 @@ mod imp {
             return Ok(None);
         };
         let (dy, y) = (dy.reshape((b, t, c3 / 3))?, y.reshape((b, t, c3 / 3))?);
+        // The tiles of dy are copied in 16-byte vectors.
+        let dy = if aligned(&dy) { dy } else { dy.copy()? };
         let same = |x: &Tensor| x.dtype() == qkv.dtype() && x.is_contiguous();
         if !same(&y) || !same(&dy) || lse.dims() != [b, nh, t] || lse.dtype() != DType::F32 {
             bail!(
