@@ -252,6 +252,8 @@ pub struct TrainTotals {
     pub comm_ms: f64,
     /// Phase times of the timed steps (`--phase-times`).
     pub phases: Vec<PhaseMs>,
+    /// The host's queueing time of the timed steps, where the engine measures it.
+    pub host_ms: Vec<f64>,
     /// Latency of every warm-up step.
     pub warmup_ms: Vec<f64>,
 }
@@ -275,6 +277,7 @@ impl TrainTotals {
             self.timed_tokens += step.n_tokens;
             self.comm_ms += step.comm_ms.unwrap_or(0.);
             self.phases.extend(step.phases_ms);
+            self.host_ms.extend(step.host_ms);
         }
     }
 
@@ -319,6 +322,7 @@ impl TrainTotals {
                 .then(|| self.comm_ms / (runtime * 1e3).max(f64::MIN_POSITIVE)),
             per_rank_peak_memory_bytes: None,
             phases_ms_p50: self.phases_p50(),
+            host_ms_p50: (!self.host_ms.is_empty()).then(|| Distribution::of(&self.host_ms).p50),
             warmup_runtime: (!self.warmup_ms.is_empty())
                 .then(|| self.warmup_ms.iter().sum::<f64>() / 1e3),
             model_flops: None,

@@ -118,6 +118,10 @@ pub struct StepRecord {
     /// Data parallelism: milliseconds this step spent in all-reduces (rank 0's clock).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comm_ms: Option<f64>,
+    /// candle: milliseconds the host took to queue the step before its one sync (near
+    /// latency_ms: the step is host-bound).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_ms: Option<f64>,
 }
 
 /// A training step split into phases, each ended by a device synchronize (`--phase-times`),
@@ -180,6 +184,9 @@ pub struct TrainSummary {
     /// Data parallelism: share of the timed steps' time spent in all-reduces (rank 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comm_share: Option<f64>,
+    /// Median over the timed steps of the host's time to queue a step (candle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_ms_p50: Option<f64>,
     /// Data parallelism: each rank's peak memory (as `peak_memory_bytes`, MiB resolution),
     /// in rank order, over the training steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]

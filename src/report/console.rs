@@ -440,6 +440,11 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
             .collect();
         out += &format!("  peak memory by rank       {} GiB\n", gib.join(" / "));
     }
+    if let Some(h) = s.host_ms_p50 {
+        out += &format!(
+            "  host queueing ms p50      {h:.3} (of a step: near its latency, host-bound)\n"
+        );
+    }
     if let Some(p) = &s.phases_ms_p50 {
         out += &format!(
             "  phases p50 ms             forward {:.3}  backward {:.3}  update {:.3}\n",

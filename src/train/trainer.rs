@@ -171,6 +171,10 @@ pub struct StepOutcome {
     pub phases_ms: Option<PhaseMs>,
     /// Data parallelism: milliseconds in all-reduces (device synchronized around them).
     pub comm_ms: Option<f64>,
+    /// Milliseconds the host took to queue the step, from its start to its one sync (None
+    /// where phases or all-reduces sync inside it): near the step's latency, the GPU waited
+    /// on the host.
+    pub host_ms: Option<f64>,
 }
 
 /// Gradients summed in buckets of at most this many values: one collective per bucket, not per
@@ -461,6 +465,7 @@ impl Trainer {
     /// One optimizer step over `micro_batches` (each (B, T) u32 on the device; gradient
     /// accumulation when more than one).
     pub fn step(&mut self, micro_batches: &[Tensor]) -> crate::error::Result<StepOutcome> {
+        let queued = std::time::Instant::now();
         let graph = self.graph()?;
         let n = micro_batches.len() as f64;
         let scale = self.scaler.as_ref().map_or(1., |s| s.scale);
@@ -500,10 +505,13 @@ impl Trainer {
             self.step += 1;
         }
         clock.lap(|p| &mut p.update)?;
+        let syncs_inside = self.phase_times || comm_ms.is_some() || self.scaler.is_some();
+        let host_ms = (!syncs_inside).then(|| queued.elapsed().as_secs_f64() * 1e3);
         // The step's one sync: the loss and the norm read together, after the update is queued.
         let (loss_sum, grad_norm) = read_loss_and_norm(&loss_sum, &clip)?;
         Ok(StepOutcome {
             comm_ms,
+            host_ms,
             loss: loss_sum / n,
             grad_norm,
             lr,

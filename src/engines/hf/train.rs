@@ -18,6 +18,7 @@ impl Train for HfEngine {
         Ok(StepOut {
             outcome: StepOutcome {
                 comm_ms: None,
+                host_ms: None,
                 loss: num("loss")?,
                 // null: a non-finite norm (fp16 overflow) that JSON cannot carry.
                 grad_norm: v["grad_norm"].as_f64().unwrap_or(f64::INFINITY),

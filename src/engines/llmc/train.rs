@@ -45,6 +45,7 @@ impl Train for LlmcEngine {
                 loss_scale: None,
                 phases_ms: None,
                 comm_ms: None,
+                host_ms: None,
             },
             latency_ms: s.ms,
         })

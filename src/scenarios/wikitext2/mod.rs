@@ -458,6 +458,7 @@ fn train_steps(
             loss_scale: out.loss_scale,
             phases_ms: out.phases_ms,
             comm_ms: out.comm_ms,
+            host_ms: out.host_ms,
         };
         totals.add(&record);
         log.write(&Record::Step(record))?;
