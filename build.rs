@@ -26,7 +26,7 @@ fn main() {
 
 /// The kernel families of src/kernels: each `<name>.cu` -> `$OUT_DIR/<name>.ptx`, embedded by
 /// src/kernels/<name>.rs (`ptx!`) and loaded as its own module.
-const KERNELS: [&str; 11] = [
+const KERNELS: [&str; 12] = [
     "adamw",
     "attn_softmax",
     "bias_act",
@@ -38,6 +38,7 @@ const KERNELS: [&str; 11] = [
     "heads",
     "layer_norm",
     "multi_tensor",
+    "residual",
 ];
 /// The headers those `.cu` files include.
 const HEADERS: [&str; 2] = ["common.cuh", "dropout.cuh"];

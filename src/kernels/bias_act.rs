@@ -67,20 +67,42 @@ mod imp {
 mod imp {
     use super::Act;
     use crate::kernels::launch::{
-        alloc, column_config, float_dtype, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx,
+        alloc, column_config, flat_config, float_dtype, kernel, launch, no_cpu_fwd, ptx, view,
+        with_dtype, Ptx,
     };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::cuda_backend::CudaDType;
     use candle_core::{
-        CudaStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor,
+        CudaStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
     };
 
     const PTX: Ptx = ptx!("bias_act");
 
+    /// Whether the 16-byte vector kernels apply: rows of `n` whole vectors, every operand's
+    /// start (`layouts`; fresh outputs are aligned) on a 16-byte boundary.
+    fn vectors(n: usize, dtype: DType, layouts: &[&Layout]) -> bool {
+        let size = dtype.size_in_bytes();
+        let aligned = layouts
+            .iter()
+            .all(|l| (l.start_offset() * size).is_multiple_of(16));
+        (n * size).is_multiple_of(16) && aligned
+    }
+
+    /// The elementwise launch: flat over the vectors, or the scalar kernels' column grid.
+    fn elementwise_config(vec: bool, rows: usize, n: usize, dtype: DType) -> LaunchConfig {
+        if vec {
+            flat_config(rows * n * dtype.size_in_bytes() / 16)
+        } else {
+            column_config(rows, n)
+        }
+    }
+
     /// Row chunks of the bias gradient's first pass: with 32 columns a block, 768 columns
     /// give 24 · 32 = 768 blocks, enough to fill 132 SMs.
     const CHUNKS: usize = 32;
+    /// The first pass's blocks to aim for: four an SM of an H100.
+    const BLOCKS: usize = 4 * 132;
 
     /// db (n,) f32 = Σ_rows dy, dy (rows, n).
     struct BiasGrad;
@@ -93,13 +115,22 @@ mod imp {
         fn cuda_fwd(&self, dy: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
             let dev = dy.device().clone();
             let (rows, n) = l.shape().dims2()?;
-            let chunks = CHUNKS.min(rows.max(1));
+            let dt = dy.dtype();
+            let vec = vectors(n, dt, &[l]);
+            let (func, cols) = if vec {
+                let cols = 32 * 16 / dt.size_in_bytes();
+                (kernel!(dev, PTX, "tb_col_sum_part_vec", dt)?, cols)
+            } else {
+                (kernel!(dev, PTX, "tb_col_sum_part", dt)?, 32)
+            };
+            // At least BLOCKS blocks: the vector kernel's blocks each cover 8× the columns.
+            let col_blocks = n.div_ceil(cols);
+            let chunks = CHUNKS.max(BLOCKS / col_blocks).min(rows.max(1));
             let part = alloc::<f32>(&dev, chunks * n)?;
             let out = alloc::<f32>(&dev, n)?;
             let (rows_i, n_i, chunks_i) = (rows as i64, n as i32, chunks as i32);
-            let func = kernel!(dev, PTX, "tb_col_sum_part", dy.dtype())?;
             let cfg = LaunchConfig {
-                grid_dim: (n.div_ceil(32) as u32, chunks as u32, 1),
+                grid_dim: (col_blocks as u32, chunks as u32, 1),
                 block_dim: (32, 16, 1),
                 shared_mem_bytes: 0,
             };
@@ -144,13 +175,21 @@ mod imp {
         ) -> Result<(CudaStorage, Shape)> {
             let dev = x.device().clone();
             let (rows, n) = xl.shape().dims2()?;
-            let func = kernel!(dev, PTX, "tb_bias_act_fwd", x.dtype())?;
+            let dt = x.dtype();
+            let vec = vectors(n, dt, &[xl, bl]);
+            let func = if vec {
+                kernel!(dev, PTX, "tb_bias_act_fwd_vec", dt)?
+            } else {
+                kernel!(dev, PTX, "tb_bias_act_fwd", dt)?
+            };
+            let cfg = elementwise_config(vec, rows, n, dt);
             with_dtype!(x.dtype(), T => {
                 let (xv, bv) = (view::<T>(x, xl)?, view::<T>(b, bl)?);
                 let out = alloc::<T>(&dev, rows * n)?;
                 let (rows_i, n_i, act) = (rows as i64, n as i32, self.0.code());
-                // SAFETY: x and out hold rows·n elements, b holds n.
-                launch!(unsafe func, column_config(rows, n); &xv, &bv, &out, &rows_i, &n_i, &act)?;
+                // SAFETY: x and out hold rows·n elements, b holds n (the vector kernels: whole
+                // aligned vectors, `vectors`).
+                launch!(unsafe func, cfg; &xv, &bv, &out, &rows_i, &n_i, &act)?;
                 Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
             })
         }
@@ -196,13 +235,21 @@ mod imp {
         ) -> Result<(CudaStorage, Shape)> {
             let dev = x.device().clone();
             let (rows, n) = xl.shape().dims2()?;
-            let func = kernel!(dev, PTX, "tb_bias_act_bwd", x.dtype())?;
+            let dt = x.dtype();
+            let vec = vectors(n, dt, &[xl, bl, dyl]);
+            let func = if vec {
+                kernel!(dev, PTX, "tb_bias_act_bwd_vec", dt)?
+            } else {
+                kernel!(dev, PTX, "tb_bias_act_bwd", dt)?
+            };
+            let cfg = elementwise_config(vec, rows, n, dt);
             with_dtype!(x.dtype(), T => {
                 let (xv, bv, dyv) = (view::<T>(x, xl)?, view::<T>(b, bl)?, view::<T>(dy, dyl)?);
                 let out = alloc::<T>(&dev, rows * n)?;
                 let (rows_i, n_i, act) = (rows as i64, n as i32, self.0.code());
-                // SAFETY: x, dy and out hold rows·n elements, b holds n.
-                launch!(unsafe func, column_config(rows, n);
+                // SAFETY: x, dy and out hold rows·n elements, b holds n (the vector kernels:
+                // whole aligned vectors, `vectors`).
+                launch!(unsafe func, cfg;
                     &xv, &bv, &dyv, &out, &rows_i, &n_i, &act)?;
                 Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
             })

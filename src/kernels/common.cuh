@@ -53,5 +53,8 @@ __device__ float block_max(float v, float* sh) {
   return sh[0];
 }
 
+// A 16-byte vector of storage type T (8 bf16 / f16, 4 f32): one load or store a thread.
+template <typename T> struct alignas(16) Vec16 { T e[16 / sizeof(T)]; };
+
 // M(T, S) for each storage type T with its kernel-name suffix S.
 #define FOR_TYPES(M) M(float, f32) M(__nv_bfloat16, bf16) M(__half, f16)

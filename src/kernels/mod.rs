@@ -29,6 +29,7 @@ mod launch;
 mod layer_norm;
 mod linear_lt;
 mod multi_tensor;
+mod residual;
 
 pub use adamw::{adamw, sum_squares, AdamStep};
 pub use attn_softmax::{attn_softmax, attn_softmax_bwd};
@@ -43,6 +44,7 @@ pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{layer_norm, layer_norm_bwd};
 pub use linear_lt::linear;
 pub use multi_tensor::{adamw_multi, grad_norm_clip};
+pub use residual::residual_add;
 
 /// The fused paths `--fused` switches (each on by default on CUDA).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -83,6 +85,9 @@ pub enum Fused {
     /// backward (FlashAttention-2's tiling; the T × T scores never stored) instead of the
     /// matmuls, the softmax and the head split / merge. bf16 / f16, head size 64.
     Flash,
+    /// Training: the residual adds (forward and backward) in 16-byte vectors (instead of
+    /// candle's add).
+    Residual,
 }
 
 const LT: u16 = 1;
@@ -97,6 +102,7 @@ const GRAPH: u16 = 256;
 const EMBEDDING: u16 = 512;
 const HEADS: u16 = 1024;
 const FLASH: u16 = 2048;
+const RESIDUAL: u16 = 4096;
 const ALL: u16 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -108,7 +114,8 @@ const ALL: u16 = LT
     | GRAPH
     | EMBEDDING
     | HEADS
-    | FLASH;
+    | FLASH
+    | RESIDUAL;
 
 static ENABLED: AtomicU16 = AtomicU16::new(ALL);
 
@@ -128,6 +135,7 @@ fn bit(f: Fused) -> u16 {
         Fused::Embedding => EMBEDDING,
         Fused::Heads => HEADS,
         Fused::Flash => FLASH,
+        Fused::Residual => RESIDUAL,
     }
 }
 
@@ -163,6 +171,7 @@ pub fn describe() -> String {
         (EMBEDDING, "embedding"),
         (HEADS, "heads"),
         (FLASH, "flash"),
+        (RESIDUAL, "residual"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

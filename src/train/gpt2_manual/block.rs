@@ -8,7 +8,7 @@
 
 use super::attention::{attention, attention_bwd, Kept};
 use super::ops::{
-    bias_act, bias_act_bwd, dropout, dropout_again, dropout_bwd, layer_norm, layer_norm_bwd,
+    add, bias_act, bias_act_bwd, dropout, dropout_again, dropout_bwd, layer_norm, layer_norm_bwd,
     linear, linear_bwd, matmul_bwd,
 };
 use super::params::{Block, Linear, Norm};
@@ -112,7 +112,7 @@ fn forward_with(
         Some((k, _)) => (dropout_again(&proj, k, p_resid)?, k.clone()),
         None => dropout(&proj, p_resid)?,
     };
-    let x_mid = (&x + proj)?;
+    let x_mid = add(&x, &proj)?;
     let h2 = layer_norm(&x_mid, &p.ln_2.weight, &p.ln_2.bias, ctx.eps)?;
     let fc = h2.matmul(&p.c_fc.weight)?; // (N, F)
     let a = bias_act(&fc, &p.c_fc.bias, Some(ctx.act))?;
@@ -121,7 +121,7 @@ fn forward_with(
         Some((_, k)) => (dropout_again(&mlp, k, p_resid)?, k.clone()),
         None => dropout(&mlp, p_resid)?,
     };
-    let out = (&x_mid + mlp)?;
+    let out = add(&x_mid, &mlp)?;
     let acts = Acts {
         x,
         h1,
@@ -166,7 +166,7 @@ pub fn backward(
         weight: dw,
         bias: db,
     };
-    let dx_mid = (dout + dx_ln2)?;
+    let dx_mid = add(&dout, &dx_ln2)?;
     // Attention branch; the residual passes dx_mid straight to x.
     let dproj = dropout_bwd(&dx_mid, &acts.drop_attn, p_resid)?;
     let (dy, dw, db) = linear_bwd(&acts.y, &p.attn_proj.weight, &dproj)?;
@@ -185,7 +185,7 @@ pub fn backward(
         weight: dw,
         bias: db,
     };
-    let dx = (dx_mid + dx_ln1)?;
+    let dx = add(&dx_mid, &dx_ln1)?;
     let grads = Block {
         ln_1,
         c_attn,

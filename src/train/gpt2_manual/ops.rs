@@ -10,6 +10,14 @@ use crate::kernels::{self, Act, Keep};
 use crate::models::layers::Activation;
 use candle_core::{DType, Result, Tensor, D};
 
+/// a + b of one shape: the residual stream, and its gradient.
+pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    match kernels::residual_add(a, b)? {
+        Some(sum) => Ok(sum),
+        None => a + b,
+    }
+}
+
 /// LayerNorm over the last dim, statistics in f32: x (N, C), w and b (C,) -> (N, C).
 pub fn layer_norm(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Result<Tensor> {
     match kernels::layer_norm(x, w, b, eps)? {
