@@ -65,7 +65,8 @@ mod imp {
 mod imp {
     use super::FLASH_HEAD_SIZE;
     use crate::kernels::launch::{
-        alloc, device_address, flat_config, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx,
+        aligned16, alloc, device_address, flat_config, kernel, launch, no_cpu_fwd, ptx, view,
+        with_dtype, Ptx,
     };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
@@ -101,11 +102,6 @@ mod imp {
         fn rows(&self) -> usize {
             (self.b * self.t * self.nh) as usize
         }
-    }
-
-    /// Whether a tensor is contiguous from a 16-byte boundary (the kernels' vector loads).
-    fn aligned(t: &Tensor) -> bool {
-        t.is_contiguous() && (t.layout().start_offset() * t.dtype().size_in_bytes()) % 16 == 0
     }
 
     /// The forward: y from qkv, lse written at `lse` (a (B, nh, T) f32 tensor's address).
@@ -187,7 +183,7 @@ mod imp {
     fn dims_of(qkv: &Tensor, nh: usize) -> Result<Option<Dims>> {
         let (b, t, c3) = qkv.dims3()?;
         let half = matches!(qkv.dtype(), DType::BF16 | DType::F16);
-        let usable = qkv.device().is_cuda() && half && aligned(qkv) && t > 0;
+        let usable = qkv.device().is_cuda() && half && aligned16(qkv) && t > 0;
         if !usable || c3 != 3 * nh * FLASH_HEAD_SIZE {
             return Ok(None);
         }
@@ -228,7 +224,7 @@ mod imp {
         };
         let (dy, y) = (dy.reshape((b, t, c3 / 3))?, y.reshape((b, t, c3 / 3))?);
         // The tiles of dy are copied in 16-byte vectors.
-        let dy = if aligned(&dy) { dy } else { dy.copy()? };
+        let dy = if aligned16(&dy) { dy } else { dy.copy()? };
         let same = |x: &Tensor| x.dtype() == qkv.dtype() && x.is_contiguous();
         if !same(&y) || !same(&dy) || lse.dims() != [b, nh, t] || lse.dtype() != DType::F32 {
             bail!(

@@ -1039,3 +1039,31 @@ fn residual_add_matches_candles_add() {
         "15 floats are candle's"
     );
 }
+
+/// The multi-tensor cast against candle's to_dtype, element for element (both round to
+/// nearest even), over more tensors than one launch takes and sizes that leave the flat
+/// buffer's starts to be padded; every copy starts on a 16-byte boundary.
+#[test]
+fn cast_multi_matches_to_dtype() {
+    let (dev, _one_at_a_time) = gpu();
+    let sizes = (0..40).map(|i| [1, 7, 768, 20_001][i % 4] + i);
+    let srcs: Vec<Tensor> = sizes.map(|n| randn(&[n], &dev)).collect();
+    for dtype in [DType::BF16, DType::F16] {
+        let got = cast_multi(&srcs, dtype).unwrap().expect("applies");
+        for (g, s) in got.iter().zip(&srcs) {
+            assert_eq!((g.dtype(), g.dims()), (dtype, s.dims()));
+            assert_eq!(
+                rel(g, &s.to_dtype(dtype).unwrap()),
+                0.,
+                "{dtype:?} {:?}",
+                s.dims()
+            );
+            assert_eq!(g.layout().start_offset() % 8, 0);
+        }
+    }
+    let half = srcs[0].to_dtype(DType::BF16).unwrap();
+    assert!(
+        cast_multi(&[half], DType::F16).unwrap().is_none(),
+        "the sources are f32"
+    );
+}

@@ -43,7 +43,9 @@ mod imp {
 
 #[cfg(feature = "cuda")]
 mod imp {
-    use crate::kernels::launch::{alloc, flat_config, kernel, launch, no_cpu_fwd, ptx, view, Ptx};
+    use crate::kernels::launch::{
+        aligned16, alloc, flat_config, kernel, launch, no_cpu_fwd, ptx, view, Ptx,
+    };
     use crate::kernels::launch::{float_dtype, with_dtype};
     use candle_core::backend::BackendStorage;
     use candle_core::{CudaStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor};
@@ -64,12 +66,6 @@ mod imp {
         fn vectors(&self) -> usize {
             (self.b * self.t * self.g * self.nh * self.v) as usize
         }
-    }
-
-    /// Whether a tensor's data starts on a 16-byte boundary and holds whole vectors.
-    fn aligned(t: &Tensor) -> bool {
-        let size = t.dtype().size_in_bytes();
-        t.is_contiguous() && (t.layout().start_offset() * size).is_multiple_of(16)
     }
 
     struct SplitHeads(Dims);
@@ -154,7 +150,7 @@ mod imp {
 
     pub fn split_heads(x: &Tensor, g: usize, nh: usize) -> Result<Option<Tensor>> {
         let (b, t, c) = x.dims3()?;
-        if !x.device().is_cuda() || !float_dtype(x) || !aligned(x) || c % (g * nh) != 0 {
+        if !x.device().is_cuda() || !float_dtype(x) || !aligned16(x) || c % (g * nh) != 0 {
             return Ok(None);
         }
         let hs = c / (g * nh);
@@ -180,7 +176,7 @@ mod imp {
         let (b, nh, t, hs) = first.dims4()?;
         let same = parts
             .iter()
-            .all(|p| p.dims() == first.dims() && p.dtype() == first.dtype() && aligned(p));
+            .all(|p| p.dims() == first.dims() && p.dtype() == first.dtype() && aligned16(p));
         let usable = first.device().is_cuda() && float_dtype(first) && same;
         let (Some(v), true) = (vectors_per_head(first, hs), usable) else {
             return Ok(None);

@@ -181,6 +181,12 @@ pub fn alloc<T: DeviceRepr>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> 
     unsafe { dev.alloc::<T>(n) }
 }
 
+/// Whether a tensor is contiguous from a 16-byte boundary (the vector kernels' loads).
+pub fn aligned16(t: &Tensor) -> bool {
+    let size = t.dtype().size_in_bytes();
+    t.is_contiguous() && (t.layout().start_offset() * size).is_multiple_of(16)
+}
+
 /// A null device pointer for an absent optional argument.
 pub const NULL: u64 = 0;
 

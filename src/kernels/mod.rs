@@ -43,7 +43,7 @@ pub use graph::{capture, param_cache, replays, Graph, ParamCache};
 pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{layer_norm, layer_norm_bwd};
 pub use linear_lt::linear;
-pub use multi_tensor::{adamw_multi, grad_norm_clip};
+pub use multi_tensor::{adamw_multi, cast_multi, grad_norm_clip};
 pub use residual::residual_add;
 
 /// The fused paths `--fused` switches (each on by default on CUDA).
@@ -60,7 +60,8 @@ pub enum Fused {
     /// Bias + activation in one pass, with its backward (training; inference in fp32).
     BiasAct,
     /// AdamW and the gradient norm over every parameter in a few launches, the clip factor
-    /// computed on the device (per tensor where a step's tensors differ in dtype).
+    /// computed on the device (per tensor where a step's tensors differ in dtype); the manual
+    /// step's compute-dtype copies of the masters likewise.
     Adamw,
     /// Training LayerNorm: one kernel forward, two backward (instead of ~10 ops with casts).
     LayerNorm,

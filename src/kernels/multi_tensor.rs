@@ -9,7 +9,7 @@
 //! factor).
 
 use super::{enabled, AdamStep, Fused};
-use candle_core::{Result, Tensor};
+use candle_core::{DType, Result, Tensor};
 
 /// The global L2 norm of `grads` over `loss_scale` (torch `clip_grad_norm_` after unscaling)
 /// and the factor every gradient is multiplied by: min(1, max_norm / (norm + 1e-6)) /
@@ -37,11 +37,25 @@ pub fn adamw_multi(
     imp::adamw_multi(params, grads, moments, h, clip)
 }
 
+/// Every f32 tensor of `srcs` cast to `dtype` (bf16 / f16) in a few launches, as views of one
+/// flat buffer: the training step's compute copies of the masters. None where it does not
+/// apply (CPU, switched off with `adamw`, a source that is not f32 contiguous on CUDA).
+pub fn cast_multi(srcs: &[Tensor], dtype: DType) -> Result<Option<Vec<Tensor>>> {
+    if !enabled(Fused::Adamw) {
+        return Ok(None);
+    }
+    imp::cast_multi(srcs, dtype)
+}
+
 /// The CPU computes the norm on the host (`train::Clip`).
 #[cfg(not(feature = "cuda"))]
 mod imp {
     use super::AdamStep;
-    use candle_core::{Result, Tensor};
+    use candle_core::{DType, Result, Tensor};
+
+    pub fn cast_multi(_: &[Tensor], _: DType) -> Result<Option<Vec<Tensor>>> {
+        Ok(None)
+    }
 
     pub fn grad_norm_clip(_: &[Tensor], _: f64, _: f64) -> Result<Option<Tensor>> {
         Ok(None)
@@ -154,6 +168,48 @@ mod imp {
     fn of_dtype(ts: &[Tensor], grads: &[Tensor], dtype: DType) -> Vec<Tensor> {
         let picked = ts.iter().zip(grads).filter(|(_, g)| g.dtype() == dtype);
         picked.map(|(t, _)| t.clone()).collect()
+    }
+
+    pub fn cast_multi(srcs: &[Tensor], dtype: DType) -> Result<Option<Vec<Tensor>>> {
+        let name = match dtype {
+            DType::BF16 => "tb_mt_cast_f32_bf16",
+            DType::F16 => "tb_mt_cast_f32_f16",
+            _ => return Ok(None),
+        };
+        let Some(dev) = srcs.first().and_then(cuda) else {
+            return Ok(None);
+        };
+        if !uniform(srcs, DType::F32) {
+            return Ok(None);
+        }
+        // Each copy starts on a 16-byte boundary (the vector kernels and cuBLAS want it).
+        let align = 16 / dtype.size_in_bytes();
+        let starts: Vec<usize> = srcs
+            .iter()
+            .scan(0, |at, t| {
+                let start = *at;
+                *at = (start + t.elem_count()).next_multiple_of(align);
+                Some(start)
+            })
+            .collect();
+        let last = srcs.last().map_or(0, Tensor::elem_count);
+        let flat = Tensor::zeros(starts.last().unwrap_or(&0) + last, dtype, srcs[0].device())?;
+        let base = address(&flat)?;
+        let mut views = Vec::with_capacity(srcs.len());
+        let mut offsets = Vec::with_capacity(srcs.len());
+        for (t, &start) in srcs.iter().zip(&starts) {
+            views.push(flat.narrow(0, start, t.elem_count())?.reshape(t.shape())?);
+            offsets.push(base + (start * dtype.size_in_bytes()) as u64);
+        }
+        let func = dev.get_or_load_custom_func(name, PTX.module, PTX.text)?;
+        for (c, mut g) in groups(&[], srcs, &[])?.into_iter().enumerate() {
+            for j in 0..g.table.count as usize {
+                g.table.param[j] = offsets[c * MT_MAX + j];
+            }
+            // SAFETY: each src holds n_j f32, its slice of `flat` n_j elements of `dtype`.
+            launch!(unsafe func, config(g.blocks); &g.table)?;
+        }
+        Ok(Some(views))
     }
 
     pub fn grad_norm_clip(

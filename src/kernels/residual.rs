@@ -27,7 +27,8 @@ mod imp {
 #[cfg(feature = "cuda")]
 mod imp {
     use crate::kernels::launch::{
-        alloc, flat_config, float_dtype, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx,
+        aligned16, alloc, flat_config, float_dtype, kernel, launch, no_cpu_fwd, ptx, view,
+        with_dtype, Ptx,
     };
     use candle_core::backend::BackendStorage;
     use candle_core::{CudaStorage, CustomOp2, Layout, Result, Shape, Tensor};
@@ -63,16 +64,15 @@ mod imp {
         }
     }
 
-    /// Contiguous from a 16-byte boundary.
-    fn aligned(t: &Tensor) -> bool {
-        let size = t.dtype().size_in_bytes();
-        t.is_contiguous() && (t.layout().start_offset() * size).is_multiple_of(16)
-    }
-
     pub fn residual_add(a: &Tensor, b: &Tensor) -> Result<Option<Tensor>> {
         let whole = (a.elem_count() * a.dtype().size_in_bytes()).is_multiple_of(16);
         let same = a.dims() == b.dims() && a.dtype() == b.dtype();
-        if !a.device().is_cuda() || !float_dtype(a) || !same || !whole || !aligned(a) || !aligned(b)
+        if !a.device().is_cuda()
+            || !float_dtype(a)
+            || !same
+            || !whole
+            || !aligned16(a)
+            || !aligned16(b)
         {
             return Ok(None);
         }

@@ -478,15 +478,23 @@ impl Trainer {
             && self.data_parallel.is_none()
             && self.device.is_cuda()
             && crate::kernels::enabled(crate::kernels::Fused::Adamw);
-        let (mut grads, mut loss_sum) =
-            self.accumulate(&graph, micro_batches, scale / n, native, &mut clock)?;
+        // Data parallel: the ranks' mean's 1/ranks rides in the backward's seed (exact for a
+        // power of two), so the all-reduce's sum is the mean without a pass of its own.
+        let ranks = self.data_parallel.as_ref().map_or(1., |dp| dp.size as f64);
+        let (mut grads, mut loss_sum) = self.accumulate(
+            &graph,
+            micro_batches,
+            scale / (n * ranks),
+            native,
+            &mut clock,
+        )?;
         drop(graph);
         let mut comm_ms = None;
         if let Some(dp) = &self.data_parallel {
-            // Mean over ranks of each rank's mean over its micro-batches; the loss rides along.
+            // The sum over ranks of each rank's mean / ranks: the mean; the loss rides along.
             let comm = CommClock::start(&self.device)?;
             grads.push(loss_sum);
-            dp.all_reduce(&mut grads, 1. / dp.size as f64)?;
+            dp.all_reduce(&mut grads, 1.)?;
             loss_sum = grads.pop().expect("the loss");
             comm_ms = Some(comm.stop(&self.device)?);
         }
@@ -512,7 +520,7 @@ impl Trainer {
         Ok(StepOutcome {
             comm_ms,
             host_ms,
-            loss: loss_sum / n,
+            loss: loss_sum / (n * ranks),
             grad_norm,
             lr,
             skipped: !apply,
@@ -546,8 +554,18 @@ impl Trainer {
         match (&self.spec.arch, self.backward) {
             (Architecture::Gpt2(cfg), Backward::Manual) => {
                 let params = self.params.lock().expect("params lock");
+                let masters: Vec<Tensor> =
+                    params.vars.iter().map(|v| v.as_detached_tensor()).collect();
+                // In a few launches where the masters are f32 on CUDA (148 casts for gpt2).
+                let copies = match self.compute {
+                    DType::F32 => None,
+                    dtype => crate::kernels::cast_multi(&masters, dtype)?,
+                };
                 let weights = Gpt2Params::load(cfg, |name| match params.index.get(name) {
-                    Some(&i) => params.vars[i].as_detached_tensor().to_dtype(self.compute),
+                    Some(&i) => match &copies {
+                        Some(c) => Ok(c[i].clone()),
+                        None => masters[i].to_dtype(self.compute),
+                    },
                     None => candle_core::bail!("no parameter '{name}'"),
                 })?;
                 let step = Gpt2Step::new(cfg, weights, self.dropout, self.recompute)?;
