@@ -54,7 +54,7 @@ __device__ void layer_norm_bwd_x(const T* x, const T* w, const T* dy, T* dx, lon
 }
 // Partial column sums for dw = Σ dy ⊙ x̂ and db = Σ dy over LN_ROWS rows per block:
 // part (gridDim.x, 2, C) f32, summed over blocks afterwards. Shared: 2·LN_ROWS floats.
-#define LN_ROWS 64
+#define LN_ROWS 16
 template <typename T>
 __device__ void layer_norm_bwd_wb(const T* x, const T* dy, float* part, long rows, int c, float eps) {
   __shared__ float stats[2 * LN_ROWS];
