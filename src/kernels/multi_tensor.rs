@@ -74,9 +74,14 @@ mod imp {
 #[cfg(feature = "cuda")]
 mod imp {
     use super::AdamStep;
-    use crate::kernels::launch::{device_address as address, kernel, launch, ptx, suffix, Ptx};
-    use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
-    use candle_core::{CudaDevice, DType, Device, Result, Tensor};
+    use crate::kernels::launch::{
+        alloc, device_address as address, kernel, launch, no_cpu_fwd, ptx, suffix, with_dtype, Ptx,
+    };
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig};
+    use candle_core::{
+        CudaDevice, CudaStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor,
+    };
 
     const PTX: Ptx = ptx!("multi_tensor");
     /// Tensors per launch and elements per block: MT_MAX and CHUNK of multi_tensor.cu.
@@ -170,46 +175,75 @@ mod imp {
         picked.map(|(t, _)| t.clone()).collect()
     }
 
+    /// The compute copies of the sources of `groups` (their grad slots) written into one fresh
+    /// buffer of `len` elements, copy j of launch c at element `starts[c·MT_MAX + j]`.
+    struct CastAll {
+        groups: Vec<Group>,
+        starts: Vec<usize>,
+        len: usize,
+        dtype: DType,
+        name: &'static str,
+    }
+
+    impl CustomOp1 for CastAll {
+        fn name(&self) -> &'static str {
+            "tb-mt-cast"
+        }
+        no_cpu_fwd!(CustomOp1);
+        fn cuda_fwd(&self, src: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
+            let dev = src.device().clone();
+            let func = dev.get_or_load_custom_func(self.name, PTX.module, PTX.text)?;
+            let size = self.dtype.size_in_bytes() as u64;
+            with_dtype!(self.dtype, T => {
+                let out = alloc::<T>(&dev, self.len)?;
+                let stream = dev.cuda_stream();
+                let base = out.device_ptr(&stream).0;
+                for (c, g) in self.groups.iter().enumerate() {
+                    let mut table = g.table;
+                    for j in 0..table.count as usize {
+                        table.param[j] = base + size * self.starts[c * MT_MAX + j] as u64;
+                    }
+                    // SAFETY: each source holds n_j f32, out n_j elements from its start.
+                    launch!(unsafe func, config(g.blocks); &table)?;
+                }
+                Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(self.len)))
+            })
+        }
+    }
+
     pub fn cast_multi(srcs: &[Tensor], dtype: DType) -> Result<Option<Vec<Tensor>>> {
         let name = match dtype {
             DType::BF16 => "tb_mt_cast_f32_bf16",
             DType::F16 => "tb_mt_cast_f32_f16",
             _ => return Ok(None),
         };
-        let Some(dev) = srcs.first().and_then(cuda) else {
-            return Ok(None);
-        };
-        if !uniform(srcs, DType::F32) {
+        if srcs.first().and_then(cuda).is_none() || !uniform(srcs, DType::F32) {
             return Ok(None);
         }
-        // Each copy starts on a 16-byte boundary (the vector kernels and cuBLAS want it).
-        let align = 16 / dtype.size_in_bytes();
+        // Each copy starts on a 16-byte boundary (8 elements: the vector kernels and cuBLAS
+        // want it).
         let starts: Vec<usize> = srcs
             .iter()
             .scan(0, |at, t| {
                 let start = *at;
-                *at = (start + t.elem_count()).next_multiple_of(align);
+                *at = (start + t.elem_count()).next_multiple_of(8);
                 Some(start)
             })
             .collect();
-        let last = srcs.last().map_or(0, Tensor::elem_count);
-        let flat = Tensor::zeros(starts.last().unwrap_or(&0) + last, dtype, srcs[0].device())?;
-        let base = address(&flat)?;
-        let mut views = Vec::with_capacity(srcs.len());
-        let mut offsets = Vec::with_capacity(srcs.len());
-        for (t, &start) in srcs.iter().zip(&starts) {
-            views.push(flat.narrow(0, start, t.elem_count())?.reshape(t.shape())?);
-            offsets.push(base + (start * dtype.size_in_bytes()) as u64);
-        }
-        let func = dev.get_or_load_custom_func(name, PTX.module, PTX.text)?;
-        for (c, mut g) in groups(&[], srcs, &[])?.into_iter().enumerate() {
-            for j in 0..g.table.count as usize {
-                g.table.param[j] = offsets[c * MT_MAX + j];
-            }
-            // SAFETY: each src holds n_j f32, its slice of `flat` n_j elements of `dtype`.
-            launch!(unsafe func, config(g.blocks); &g.table)?;
-        }
-        Ok(Some(views))
+        let len = starts.last().unwrap_or(&0) + srcs.last().map_or(0, Tensor::elem_count);
+        let op = CastAll {
+            groups: groups(&[], srcs, &[])?,
+            starts,
+            len,
+            dtype,
+            name,
+        };
+        let flat = srcs[0].apply_op1_no_bwd(&op)?; // (len,): every copy, gaps unwritten
+        let views = srcs
+            .iter()
+            .zip(&op.starts)
+            .map(|(t, &start)| flat.narrow(0, start, t.elem_count())?.reshape(t.shape()));
+        views.collect::<Result<Vec<_>>>().map(Some)
     }
 
     pub fn grad_norm_clip(
