@@ -3,7 +3,8 @@
 //!
 //! - [`TcpAllReduce`]: tensors through rank 0 over TCP, for CPU ranks (tests, CI, laptops).
 //!   Rank 0 sums in rank order, so every rank gets the same bits.
-//! - `NcclAllReduce` (feature `nccl`): NCCL on the device's stream, as a candle custom op.
+//! - `NcclAllReduce` (feature `nccl`): NCCL on the device's stream, as a candle custom op, or
+//!   started on a second stream for sums that overlap the backward (data parallelism).
 
 use candle_core::{DType, Tensor};
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -17,8 +18,23 @@ pub trait AllReduce: Send + Sync {
     /// Every rank calls this with a tensor of the same shape and dtype, in the same order; each
     /// gets the element-wise sum.
     fn all_reduce_sum(&self, x: &Tensor) -> candle_core::Result<Tensor>;
+    /// Starts the same sum for `x`, which the caller owns and keeps: the result holds it
+    /// once [`AllReduce::wait_sums`] has been called, and is read only after that. NCCL sums
+    /// in place on a stream of its own, under the work queued after it; the default sums now.
+    fn start_sum(&self, x: Tensor) -> candle_core::Result<Tensor> {
+        self.all_reduce_sum(&x)
+    }
+    /// Orders what is queued next after every started sum.
+    fn wait_sums(&self) -> candle_core::Result<()> {
+        Ok(())
+    }
     /// `tcp` or `nccl X.Y.Z`, for the log header.
     fn describe(&self) -> String;
+    /// Whether the sum runs on the device's stream without the host (a CUDA graph can then
+    /// record it).
+    fn on_device(&self) -> bool {
+        false
+    }
 }
 
 /// Units `rank` holds when `n` units (heads, hidden units) are split over `size` ranks:
@@ -186,32 +202,59 @@ pub use nccl::NcclAllReduce;
 mod nccl {
     use super::AllReduce;
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda::cudarc::nccl::safe::{Comm, Id, ReduceOp};
-    use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Shape, Tensor};
+    use candle_core::cuda::cudarc::driver::CudaStream;
+    use candle_core::cuda::cudarc::nccl::{result, sys};
+    use candle_core::cuda::cudarc::nccl::safe::NcclType;
+    use candle_core::{
+        CpuStorage, CudaStorage, CustomOp1, DType, InplaceOp1, Layout, Shape, Tensor,
+    };
     use half::{bf16, f16};
+    use std::sync::Arc;
 
-    /// An NCCL communicator over one GPU per rank, used on that GPU's candle stream so the
-    /// all-reduce is ordered with the kernels around it.
+    /// An NCCL communicator over one GPU per rank. A sum ([`AllReduce::all_reduce_sum`]) runs on
+    /// the GPU's candle stream, ordered with the kernels around it (tensor parallelism); a
+    /// started sum ([`AllReduce::start_sum`]) runs on a stream of its own, so that the backward
+    /// goes on while the gradients it has finished cross to the other ranks (data parallelism).
     pub struct NcclAllReduce {
-        comm: Comm,
+        comm: sys::ncclComm_t,
+        /// candle's stream (the compute stream).
+        compute: Arc<CudaStream>,
+        /// The started sums' stream.
+        side: Arc<CudaStream>,
         version: String,
     }
 
-    // SAFETY: `Comm` holds a raw NCCL handle. A rank uses it from one thread at a time (the
-    // model runs on the main thread); NCCL allows a communicator to be used from any thread
-    // as long as calls are not concurrent.
+    // SAFETY: the raw communicator is used from one thread at a time (the model runs on the
+    // main thread); NCCL allows a communicator to be used from any thread as long as calls
+    // are not concurrent, and on several streams when every rank issues its calls in the
+    // same order (each rank runs the same program).
     unsafe impl Send for NcclAllReduce {}
     unsafe impl Sync for NcclAllReduce {}
+
+    impl Drop for NcclAllReduce {
+        fn drop(&mut self) {
+            // SAFETY: the communicator is ours, and nothing uses it after this.
+            let _ = unsafe { result::comm_abort(self.comm) };
+        }
+    }
+
+    fn nccl_err(e: result::NcclError) -> candle_core::Error {
+        candle_core::Error::Msg(format!("NCCL all-reduce: {e:?}"))
+    }
+
+    fn driver_err(e: candle_core::cuda::cudarc::driver::DriverError) -> candle_core::Error {
+        candle_core::Error::Msg(format!("NCCL all-reduce's stream: {e:?}"))
+    }
 
     impl NcclAllReduce {
         /// A new unique id (rank 0), as the bytes the rendezvous hands out.
         pub fn new_id() -> crate::error::Result<Vec<u8>> {
-            let id = Id::new().map_err(|e| {
+            let id = result::get_uniqueid().map_err(|e| {
                 crate::error::Error::Unsupported(format!(
                     "NCCL could not make a unique id ({e:?}): is libnccl.so.2 installed (bench env)?"
                 ))
             })?;
-            Ok(id.internal().iter().map(|&c| c as u8).collect())
+            Ok(id.internal.iter().map(|&c| c as u8).collect())
         }
 
         /// Joins the communicator of `size` ranks named by `id` (blocks until all have joined).
@@ -226,35 +269,92 @@ mod nccl {
                     "NCCL needs a CUDA device".into(),
                 ));
             };
-            let mut internal = [0 as core::ffi::c_char; 128];
-            for (d, s) in internal.iter_mut().zip(id) {
+            let mut nccl_id = sys::ncclUniqueId {
+                internal: [0; 128],
+            };
+            for (d, s) in nccl_id.internal.iter_mut().zip(id) {
                 *d = *s as core::ffi::c_char;
             }
-            let comm = Comm::from_rank(dev.cuda_stream(), rank, size, Id::uninit(internal))
-                .map_err(|e| {
-                    crate::error::Error::Unsupported(format!(
-                        "NCCL init failed on rank {rank} of {size} ({e:?}): run `bench env` on each host; NCCL_DEBUG=INFO shows why"
-                    ))
+            let compute = dev.cuda_stream();
+            let side = compute.context().new_stream().map_err(|e| {
+                crate::error::Error::Unsupported(format!("a second CUDA stream: {e:?}"))
+            })?;
+            let mut comm = std::mem::MaybeUninit::uninit();
+            // SAFETY: NCCL writes the communicator; the id is the one rank 0 made.
+            unsafe {
+                compute.context().bind_to_thread().map_err(|e| {
+                    crate::error::Error::Unsupported(format!("CUDA context: {e:?}"))
                 })?;
+                result::comm_init_rank(comm.as_mut_ptr(), size as i32, nccl_id, rank as i32)
+            }
+            .map_err(|e| {
+                crate::error::Error::Unsupported(format!(
+                    "NCCL init failed on rank {rank} of {size} ({e:?}): run `bench env` on each host; NCCL_DEBUG=INFO shows why"
+                ))
+            })?;
             Ok(Self {
-                comm,
+                // SAFETY: initialised by the successful call above.
+                comm: unsafe { comm.assume_init() },
+                compute,
+                side,
                 version: version(),
             })
         }
+
+        /// `count` values at `src` summed over the ranks into `dst` (may be `src`), on `stream`.
+        fn sum<T: NcclType>(&self, src: u64, dst: u64, count: usize, stream: &CudaStream) -> candle_core::Result<()> {
+            // SAFETY: `src` and `dst` hold `count` values of T on this rank's device, alive
+            // until `stream` has run the collective (the callers keep them).
+            unsafe {
+                result::all_reduce(
+                    src as *const _,
+                    dst as *mut _,
+                    count,
+                    T::as_nccl_type(),
+                    sys::ncclRedOp_t::ncclSum,
+                    self.comm,
+                    stream.cu_stream() as _,
+                )
+            }
+            .map(|_| ())
+            .map_err(nccl_err)
+        }
+
+        /// `count` values of `dtype` at `src` summed into `dst` on `stream`.
+        fn sum_dtype(&self, dtype: DType, src: u64, dst: u64, count: usize, stream: &CudaStream) -> candle_core::Result<()> {
+            match dtype {
+                DType::F32 => self.sum::<f32>(src, dst, count, stream),
+                DType::BF16 => self.sum::<bf16>(src, dst, count, stream),
+                DType::F16 => self.sum::<f16>(src, dst, count, stream),
+                other => candle_core::bail!("NCCL all-reduce of {other:?}"),
+            }
+        }
+    }
+
+    /// The device address of `s`'s buffer (event tracking is off on these devices: taking it
+    /// records nothing on `stream`).
+    fn address(s: &CudaStorage, stream: &CudaStream) -> candle_core::Result<u64> {
+        use candle_core::cuda::cudarc::driver::DevicePtr;
+        Ok(match s.dtype() {
+            DType::F32 => s.as_cuda_slice::<f32>()?.device_ptr(stream).0,
+            DType::BF16 => s.as_cuda_slice::<bf16>()?.device_ptr(stream).0,
+            DType::F16 => s.as_cuda_slice::<f16>()?.device_ptr(stream).0,
+            other => candle_core::bail!("NCCL all-reduce of {other:?}"),
+        })
     }
 
     /// NCCL's version (`ncclGetVersion`: major·10000 + minor·100 + patch since 2.9).
     fn version() -> String {
-        let mut v: core::ffi::c_int = 0;
-        // SAFETY: ncclGetVersion writes one int.
-        let ok = unsafe { candle_core::cuda::cudarc::nccl::sys::ncclGetVersion(&mut v) };
-        if ok != candle_core::cuda::cudarc::nccl::sys::ncclResult_t::ncclSuccess {
-            return "unknown".into();
+        match result::get_nccl_version() {
+            Ok(v) => crate::env::nccl_version(v),
+            Err(_) => "unknown".into(),
         }
-        crate::env::nccl_version(v)
     }
 
-    impl CustomOp1 for &NcclAllReduce {
+    /// The sum into a new tensor, on the compute stream.
+    struct SumInto<'a>(&'a NcclAllReduce);
+
+    impl CustomOp1 for SumInto<'_> {
         fn name(&self) -> &'static str {
             "nccl-all-reduce"
         }
@@ -272,35 +372,71 @@ mod nccl {
                 candle_core::bail!("NCCL all-reduce needs a contiguous tensor")
             };
             let dev = s.device().clone();
-            let nccl = |e| candle_core::Error::Msg(format!("NCCL all-reduce: {e:?}"));
-            macro_rules! reduce {
+            let (n, size) = (end - start, s.dtype().size_in_bytes());
+            let src = address(s, &self.0.compute)? + (start * size) as u64;
+            macro_rules! alloc {
                 ($t:ty) => {{
-                    let src = s.as_cuda_slice::<$t>()?.slice(start..end);
                     // SAFETY: every element is written by the all-reduce before it is read.
-                    let mut dst = unsafe { dev.alloc::<$t>(end - start)? };
-                    self.comm
-                        .all_reduce(&src, &mut dst, &ReduceOp::Sum)
-                        .map_err(nccl)?;
-                    CudaStorage::wrap_cuda_slice(dst, dev)
+                    CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<$t>(n)? }, dev.clone())
                 }};
             }
             let out = match s.dtype() {
-                DType::F32 => reduce!(f32),
-                DType::BF16 => reduce!(bf16),
-                DType::F16 => reduce!(f16),
+                DType::F32 => alloc!(f32),
+                DType::BF16 => alloc!(bf16),
+                DType::F16 => alloc!(f16),
                 other => candle_core::bail!("NCCL all-reduce of {other:?}"),
             };
+            let dst = address(&out, &self.0.compute)?;
+            self.0.sum_dtype(s.dtype(), src, dst, n, &self.0.compute)?;
             Ok((out, l.shape().clone()))
+        }
+    }
+
+    /// The sum written over the tensor, on the side stream after the compute stream's work so
+    /// far.
+    struct SumInPlace<'a>(&'a NcclAllReduce);
+
+    impl InplaceOp1 for SumInPlace<'_> {
+        fn name(&self) -> &'static str {
+            "nccl-all-reduce-in-place"
+        }
+
+        fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout) -> candle_core::Result<()> {
+            candle_core::bail!("NCCL all-reduce of a CPU tensor")
+        }
+
+        fn cuda_fwd(&self, s: &mut CudaStorage, l: &Layout) -> candle_core::Result<()> {
+            let Some((start, end)) = l.contiguous_offsets() else {
+                candle_core::bail!("NCCL all-reduce needs a contiguous tensor")
+            };
+            let nccl = self.0;
+            let at = address(s, &nccl.side)? + (start * s.dtype().size_in_bytes()) as u64;
+            nccl.side.join(&nccl.compute).map_err(driver_err)?;
+            nccl.sum_dtype(s.dtype(), at, at, end - start, &nccl.side)
         }
     }
 
     impl AllReduce for NcclAllReduce {
         fn all_reduce_sum(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-            x.contiguous()?.apply_op1_no_bwd(&self)
+            x.contiguous()?.apply_op1_no_bwd(&SumInto(self))
+        }
+
+        fn start_sum(&self, x: Tensor) -> candle_core::Result<Tensor> {
+            let x = x.contiguous()?;
+            x.inplace_op1(&SumInPlace(self))?;
+            Ok(x)
+        }
+
+        fn wait_sums(&self) -> candle_core::Result<()> {
+            self.compute.join(&self.side).map_err(driver_err)
         }
 
         fn describe(&self) -> String {
             format!("nccl {}", self.version)
+        }
+
+        fn on_device(&self) -> bool {
+            true
         }
     }
 }

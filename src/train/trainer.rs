@@ -191,8 +191,30 @@ pub struct DataParallel {
 }
 
 impl DataParallel {
-    /// Sums `tensors` (fp32) over the ranks and multiplies by `scale`, in buckets.
-    fn all_reduce(&self, tensors: &mut [Tensor], scale: f64) -> Result<()> {
+    /// Starts summing `tensors` over the ranks as one bucket, in f32 (one buffer, one
+    /// collective): what it returns holds the sums once [`DataParallel::wait`] is called.
+    fn start(&self, tensors: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        let flat = tensors
+            .iter()
+            .map(|t| t.to_dtype(DType::F32)?.flatten_all())
+            .collect::<Result<Vec<_>>>()?;
+        let sum = self.reduce.start_sum(Tensor::cat(&flat, 0)?)?;
+        let mut offset = 0;
+        let views = tensors.iter().map(|t| {
+            let k = t.elem_count();
+            offset += k;
+            sum.narrow(0, offset - k, k)?.reshape(t.shape())
+        });
+        views.collect()
+    }
+
+    /// Orders the device's work queued next after every started sum.
+    fn wait(&self) -> Result<()> {
+        self.reduce.wait_sums()
+    }
+
+    /// Sums `tensors` (f32) over the ranks, in buckets.
+    fn all_reduce(&self, tensors: &mut [Tensor]) -> Result<()> {
         let mut start = 0;
         while start < tensors.len() {
             let mut end = start;
@@ -201,25 +223,11 @@ impl DataParallel {
                 n += tensors[end].elem_count();
                 end += 1;
             }
-            let flat = tensors[start..end]
-                .iter()
-                .map(|t| t.flatten_all())
-                .collect::<Result<Vec<_>>>()?;
-            let sum = self.reduce.all_reduce_sum(&Tensor::cat(&flat, 0)?)?;
-            let sum = if scale != 1. {
-                sum.affine(scale, 0.)?
-            } else {
-                sum
-            };
-            let mut offset = 0;
-            for t in tensors[start..end].iter_mut() {
-                let k = t.elem_count();
-                *t = sum.narrow(0, offset, k)?.reshape(t.shape())?;
-                offset += k;
-            }
+            let sums = self.start(tensors[start..end].to_vec())?;
+            tensors[start..end].clone_from_slice(&sums);
             start = end;
         }
-        Ok(())
+        self.wait()
     }
 
     /// ZeRO-1 owner of each of `sizes` (parameter element counts): contiguous runs of
@@ -455,7 +463,7 @@ impl Trainer {
                 false => v.zeros_like(),
             })
             .collect::<Result<Vec<_>>>()?;
-        dp.all_reduce(&mut shared, 1.)?;
+        dp.all_reduce(&mut shared)?;
         for (v, p) in self.vars.iter().zip(shared) {
             v.set(&p)?;
         }
@@ -481,21 +489,34 @@ impl Trainer {
         // Data parallel: the ranks' mean's 1/ranks rides in the backward's seed (exact for a
         // power of two), so the all-reduce's sum is the mean without a pass of its own.
         let ranks = self.data_parallel.as_ref().map_or(1., |dp| dp.size as f64);
+        // One micro-batch through the manual backward: each block's gradients start their
+        // all-reduce as soon as they are final, under the rest of the backward (#21 item 5).
+        let overlap = micro_batches.len() == 1 && matches!(graph, Graph::Manual(_));
+        let overlap = overlap.then_some(self.data_parallel.as_ref()).flatten();
         let (mut grads, mut loss_sum) = self.accumulate(
             &graph,
             micro_batches,
             scale / (n * ranks),
             native,
+            overlap,
             &mut clock,
         )?;
+        let overlap = overlap.is_some();
         drop(graph);
         let mut comm_ms = None;
         if let Some(dp) = &self.data_parallel {
             // The sum over ranks of each rank's mean / ranks: the mean; the loss rides along.
+            // With the sums started in the backward, what is timed is the wait left after it.
             let comm = CommClock::start(&self.device)?;
-            grads.push(loss_sum);
-            dp.all_reduce(&mut grads, 1.)?;
-            loss_sum = grads.pop().expect("the loss");
+            match overlap {
+                true => loss_sum = dp.start(vec![loss_sum])?.remove(0),
+                false => {
+                    grads.push(loss_sum);
+                    dp.all_reduce(&mut grads)?;
+                    loss_sum = grads.pop().expect("the loss");
+                }
+            }
+            dp.wait()?;
             comm_ms = Some(comm.stop(&self.device)?);
         }
         // Unscaling (fp16) and clipping ride in the optimizer's kernel as one factor, which
@@ -542,6 +563,7 @@ impl Trainer {
             micro_batches,
             1. / n,
             false,
+            None,
             &mut PhaseClock::new(None)?,
         )?;
         let names = self.params.lock().expect("params lock").names.clone();
@@ -585,6 +607,7 @@ impl Trainer {
         micro_batches: &[Tensor],
         loss_scale: f64,
         native: bool,
+        overlap: Option<&DataParallel>,
         clock: &mut PhaseClock<'_>,
     ) -> Result<(Vec<Tensor>, Tensor)> {
         let mut acc: Vec<Option<Tensor>> = vec![None; self.vars.len()];
@@ -592,7 +615,7 @@ impl Trainer {
         for ids in micro_batches {
             let (loss, grads) = match graph {
                 Graph::Autograd(model) => self.autograd(model.as_ref(), ids, loss_scale, clock)?,
-                Graph::Manual(step) => self.manual(step, ids, loss_scale, clock)?,
+                Graph::Manual(step) => self.manual(step, ids, loss_scale, overlap, clock)?,
             };
             for (i, g) in grads {
                 let g = if native { g } else { g.to_dtype(DType::F32)? };
@@ -635,17 +658,21 @@ impl Trainer {
     }
 
     /// One micro-batch through GPT-2's manual step: its loss and (parameter index, gradient)
-    /// pairs.
+    /// pairs; with `overlap`, the gradients' all-reduce started (see [`DataParallel::start`]).
     fn manual(
         &self,
         step: &Gpt2Step,
         ids: &Tensor,
         loss_scale: f64,
+        overlap: Option<&DataParallel>,
         clock: &mut PhaseClock<'_>,
     ) -> Result<(Tensor, Vec<(usize, Tensor)>)> {
         let (loss, forward) = step.forward(ids)?;
         clock.lap(|p| &mut p.forward)?;
-        let grads = step.backward(forward, loss_scale)?;
+        let grads = match overlap {
+            Some(dp) => step.backward_with(forward, loss_scale, &mut |g| dp.start(g))?,
+            None => step.backward(forward, loss_scale)?,
+        };
         clock.lap(|p| &mut p.backward)?;
         let params = self.params.lock().expect("params lock");
         let index = |(name, g): (String, Tensor)| match params.index.get(&name) {

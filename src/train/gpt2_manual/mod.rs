@@ -129,6 +129,19 @@ impl Gpt2Step {
     /// Every parameter's gradient of `loss_scale` · the forward's loss: the projections' in
     /// the compute dtype, the LayerNorms' and embeddings' in f32.
     pub fn backward(&self, f: Forward, loss_scale: f64) -> Result<Gpt2Params> {
+        self.backward_with(f, loss_scale, &mut |grads| Ok(grads))
+    }
+
+    /// [`Gpt2Step::backward`], handing each group of gradients to `ready` as soon as it is
+    /// final (ln_f's, each block's from the last, then the embeddings'), which returns what
+    /// stands for them: data parallelism starts their all-reduce there, under the rest of the
+    /// backward.
+    pub fn backward_with(
+        &self,
+        f: Forward,
+        loss_scale: f64,
+        ready: &mut dyn FnMut(Vec<Tensor>) -> Result<Vec<Tensor>>,
+    ) -> Result<Gpt2Params> {
         let (b, t) = f.ids.dims2()?;
         let (c, m, v) = (self.cfg.n_embd, b * (t - 1), self.cfg.vocab_size);
         let dev = f.ids.device();
@@ -151,10 +164,10 @@ impl Gpt2Step {
         let eps = self.cfg.layer_norm_epsilon;
         let (mut dx, dw, db) =
             ops::layer_norm_bwd(&f.x_last, ln_f, &dhf.reshape((b * t, c))?, eps)?;
-        let ln_f = Norm {
-            weight: dw,
-            bias: db,
+        let Ok([weight, bias]) = <[Tensor; 2]>::try_from(ready(vec![dw, db])?) else {
+            candle_core::bail!("ln_f has 2 gradients")
         };
+        let ln_f = Norm { weight, bias };
         let mut h = Vec::with_capacity(f.blocks.len());
         let layers = self.w.h.iter().zip(f.blocks).enumerate().rev();
         for (i, (p, kept)) in layers {
@@ -164,11 +177,16 @@ impl Gpt2Step {
                 Kept::Checkpoint(cp) => block::recompute(p, cp, &f.ctx, scale)?,
             };
             let (d, grads) = block::backward(p, acts, dx, &f.ctx, scale)?;
-            h.push(grads);
+            h.push(params::Block::from_vec(ready(grads.into_vec())?)?);
             dx = d;
         }
         h.reverse();
         let (wte, wpe, lm_head) = self.embedding_grads(&f.ids, &dx, &f.drop_embd, dhead)?;
+        let mut embeddings = ready([wte, wpe].into_iter().chain(lm_head).collect())?.into_iter();
+        let (wte, wpe) = (embeddings.next(), embeddings.next());
+        let (Some(wte), Some(wpe), lm_head) = (wte, wpe, embeddings.next()) else {
+            candle_core::bail!("the embeddings' gradients")
+        };
         Ok(Gpt2Params {
             wte,
             wpe,

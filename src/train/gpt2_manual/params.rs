@@ -29,6 +29,36 @@ pub struct Block {
     pub mlp_proj: Linear, // mlp.c_proj (F, C)
 }
 
+impl Block {
+    /// The block's tensors in [`Gpt2Params::into_named`]'s order.
+    pub fn into_vec(self) -> Vec<Tensor> {
+        let pairs = [
+            (self.ln_1.weight, self.ln_1.bias),
+            (self.c_attn.weight, self.c_attn.bias),
+            (self.attn_proj.weight, self.attn_proj.bias),
+            (self.ln_2.weight, self.ln_2.bias),
+            (self.c_fc.weight, self.c_fc.bias),
+            (self.mlp_proj.weight, self.mlp_proj.bias),
+        ];
+        pairs.into_iter().flat_map(|(w, b)| [w, b]).collect()
+    }
+
+    /// The inverse of [`Block::into_vec`].
+    pub fn from_vec(v: Vec<Tensor>) -> Result<Self> {
+        let Ok([a, b, c, d, e, f, g, h, i, j, k, l]) = <[Tensor; 12]>::try_from(v) else {
+            candle_core::bail!("a block has 12 tensors")
+        };
+        Ok(Self {
+            ln_1: norm((a, b)),
+            c_attn: linear((c, d)),
+            attn_proj: linear((e, f)),
+            ln_2: norm((g, h)),
+            c_fc: linear((i, j)),
+            mlp_proj: linear((k, l)),
+        })
+    }
+}
+
 /// Every parameter of `GPT2LMHeadModel`.
 pub struct Gpt2Params {
     pub wte: Tensor, // (V, C)
@@ -85,20 +115,12 @@ impl Gpt2Params {
             out.push((format!("{name}.bias"), b));
         };
         for (i, b) in self.h.into_iter().enumerate() {
-            push(format!("h.{i}.ln_1"), b.ln_1.weight, b.ln_1.bias);
-            push(format!("h.{i}.attn.c_attn"), b.c_attn.weight, b.c_attn.bias);
-            push(
-                format!("h.{i}.attn.c_proj"),
-                b.attn_proj.weight,
-                b.attn_proj.bias,
-            );
-            push(format!("h.{i}.ln_2"), b.ln_2.weight, b.ln_2.bias);
-            push(format!("h.{i}.mlp.c_fc"), b.c_fc.weight, b.c_fc.bias);
-            push(
-                format!("h.{i}.mlp.c_proj"),
-                b.mlp_proj.weight,
-                b.mlp_proj.bias,
-            );
+            let names = ["ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"];
+            let mut tensors = b.into_vec().into_iter();
+            for name in names {
+                let (w, b) = (tensors.next(), tensors.next());
+                push(format!("h.{i}.{name}"), w.expect("12"), b.expect("12"));
+            }
         }
         push("ln_f".into(), self.ln_f.weight, self.ln_f.bias);
         if let Some(head) = self.lm_head {

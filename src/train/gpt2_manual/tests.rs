@@ -228,3 +228,60 @@ fn recompute_is_refused_for_autograd() {
     );
     assert!(!err.contains('\n'));
 }
+
+/// Small random weights of `cfg`'s shapes, by checkpoint name.
+fn random_weights(cfg: &Config) -> super::Gpt2Params {
+    let (c, f) = (cfg.n_embd, cfg.n_inner());
+    let mut salt = 0;
+    super::Gpt2Params::load(cfg, |name| {
+        let shape: Vec<usize> = match name.rsplit_once('.').unwrap_or(("", name)) {
+            ("wte" | "lm_head", _) => vec![cfg.vocab_size, c],
+            ("wpe", _) => vec![cfg.n_positions, c],
+            (p, "weight") if p.ends_with("c_attn") => vec![c, 3 * c],
+            (p, "bias") if p.ends_with("c_attn") => vec![3 * c],
+            (p, "weight") if p.ends_with("c_fc") => vec![c, f],
+            (p, "bias") if p.ends_with("c_fc") => vec![f],
+            (p, "weight") if p.ends_with("mlp.c_proj") => vec![f, c],
+            (p, "weight") if p.ends_with("attn.c_proj") => vec![c, c],
+            _ => vec![c],
+        };
+        salt += 1;
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|i| (((i * 7919 + salt * 104_729) % 1000) as f32 / 1000. - 0.5) * 0.1)
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu)
+    })
+    .unwrap()
+}
+
+/// Data parallelism's hook: ln_f's gradients first, then each block's from the last, then the
+/// embeddings' (untied head: wte, wpe, lm_head), each group as the plain backward makes it,
+/// and what the hook returns is what the backward returns.
+#[test]
+fn backward_hands_each_gradient_group_to_ready_in_order() {
+    let spec = odd_gpt2("gelu_new");
+    let Architecture::Gpt2(cfg) = &spec.arch else {
+        unreachable!()
+    };
+    let step = super::Gpt2Step::new(cfg, random_weights(cfg), false, false).unwrap();
+    let batch = ids(2, 9, cfg.vocab_size, 0);
+    let (_, f) = step.forward(&batch).unwrap();
+    let plain = step.backward(f, 1.).unwrap().into_named();
+    let (_, f) = step.forward(&batch).unwrap();
+    let mut sizes = Vec::new();
+    let doubled = step
+        .backward_with(f, 1., &mut |g| {
+            sizes.push(g.len());
+            g.iter().map(|t| t * 2.).collect()
+        })
+        .unwrap()
+        .into_named();
+    assert_eq!(sizes, [2, 12, 12, 12, 3]);
+    assert_eq!(doubled.len(), plain.len());
+    for ((name, d), (plain_name, p)) in doubled.iter().zip(&plain) {
+        assert_eq!(name, plain_name);
+        assert!(rel(d, &(p * 2.).unwrap()) == 0., "{name}");
+        assert!(p.abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() > 0., "{name}");
+    }
+}
