@@ -788,6 +788,64 @@ fn graph_replayed_decoding_matches_eager_decoding() {
     }
 }
 
+/// Tensor parallelism over two GPUs (NCCL, a thread a rank): the decode steps replayed as a
+/// CUDA graph, each rank's all-reduces recorded in it, choose the one-GPU eager ids (fp32,
+/// greedy, 12 new tokens: ten replays a rank). Needs two GPUs, so it runs only when asked
+/// (`--ignored`, `scripts/gpu_checks.sh tp-graph`).
+#[cfg(feature = "nccl")]
+#[test]
+#[ignore = "needs two GPUs: scripts/gpu_checks.sh tp-graph runs it"]
+fn tp2_graph_replayed_decoding_matches_one_gpu_eager_decoding() {
+    use crate::dist::collective::NcclAllReduce;
+    use crate::dist::{AllReduce, Tp};
+    use crate::models::generate::{generate, left_pad, Greedy};
+    use std::sync::Arc;
+    let (gpu0, _one_at_a_time) = gpu();
+    let prompts = [vec![5, 9, 2, 7, 1, 3], vec![4, 8, 6]];
+    let g = Greedy {
+        new_tokens: 12,
+        banned: vec![],
+    };
+    let src = WeightSource::Random { seed: 0 };
+    for name in ["gpt2-tiny", "bloom-tiny"] {
+        let spec = ModelSpec::preset(name).unwrap();
+        set_enabled(&[Fused::Lt, Fused::Softmax, Fused::BiasAct, Fused::LayerNorm]);
+        let model = spec.load(&src, DType::F32, &gpu0).unwrap();
+        let one = generate(model.as_ref(), &left_pad(&prompts, 0, &gpu0).unwrap(), &g, &mut |_| {
+            Ok(())
+        })
+        .unwrap();
+        set_enabled(&[Fused::All]);
+        let id = NcclAllReduce::new_id().unwrap();
+        let before = replays();
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                let (id, spec, prompts, g) = (id.clone(), spec.clone(), prompts.clone(), g.clone());
+                std::thread::spawn(move || {
+                    let dev = Device::new_cuda_with_stream(rank).expect("a second GPU");
+                    if let Device::Cuda(cuda) = &dev {
+                        // As a rank of `bench --tp` opens its device (dist::group).
+                        // SAFETY: every tensor of this device is used on its one stream.
+                        unsafe { cuda.disable_event_tracking() };
+                    }
+                    let nccl = NcclAllReduce::join(&dev, rank, 2, &id).unwrap();
+                    let reduce: Option<Arc<dyn AllReduce>> = Some(Arc::new(nccl));
+                    let tp = Tp { rank, size: 2, reduce };
+                    let src = WeightSource::Random { seed: 0 };
+                    let model = spec.load_shard(&src, DType::F32, &dev, &tp).unwrap();
+                    assert!(model.graph_capturable(), "NCCL's all-reduce can be recorded");
+                    let prompts = left_pad(&prompts, 0, &dev).unwrap();
+                    generate(model.as_ref(), &prompts, &g, &mut |_| Ok(())).unwrap()
+                })
+            })
+            .collect();
+        for (rank, r) in ranks.into_iter().enumerate() {
+            assert_eq!(r.join().unwrap(), one, "{name} rank {rank}");
+        }
+        assert_eq!(replays() - before, 20, "{name}: ten replays a rank");
+    }
+}
+
 /// The multi-tensor update (40 tensors: two launches, chunk tails, one tensor of one element;
 /// every third gradient in bf16, as the manual step makes them) against AdamW's composed ops on
 /// the CPU with the host's norm and clip factor, loss scale 1 and 1024, three steps.

@@ -487,8 +487,8 @@ impl CausalLm for Bloom {
     }
 
     fn graph_capturable(&self) -> bool {
-        let local = self.slopes.dims().first().copied().unwrap_or(0) * self.head_size;
-        self.word_embeddings.dims().get(1) == Some(&local) // all heads on this rank
+        let projections = self.h.iter().flat_map(|b| [&b.self_attention.dense, &b.mlp.down]);
+        projections.into_iter().all(Projection::graph_capturable)
     }
 
     fn set_training(&mut self, with_dropout: bool) {

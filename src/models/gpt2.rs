@@ -475,7 +475,8 @@ impl CausalLm for Gpt2 {
     }
 
     fn graph_capturable(&self) -> bool {
-        self.local_heads == self.cfg.n_head
+        let projections = self.h.iter().flat_map(|b| [&b.attn.c_proj, &b.mlp.down]);
+        projections.into_iter().all(Projection::graph_capturable)
     }
 
     fn set_training(&mut self, with_dropout: bool) {

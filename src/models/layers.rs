@@ -70,6 +70,12 @@ impl Projection {
         self.forward_act(x, None)
     }
 
+    /// Whether a CUDA graph can record this projection: its all-reduce, if any, runs on the
+    /// device (NCCL), not through the host.
+    pub fn graph_capturable(&self) -> bool {
+        self.reduce.as_ref().is_none_or(|r| r.on_device())
+    }
+
     /// act(x W + b). On CUDA the bias and activation are fused ([`kernels`]): into the
     /// cuBLASLt matmul's epilogue for inference, one differentiable kernel after it for
     /// training and under tensor parallelism (the bias follows the all-reduce).

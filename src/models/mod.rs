@@ -76,7 +76,7 @@ pub trait CausalLm {
     ) -> candle_core::Result<Tensor>;
 
     /// Whether a decode step's launches can be recorded as a CUDA graph: not under tensor
-    /// parallelism, whose all-reduce goes through the host.
+    /// parallelism whose all-reduce goes through the host (TCP); NCCL's can be recorded.
     fn graph_capturable(&self) -> bool {
         false
     }
