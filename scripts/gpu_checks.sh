@@ -38,6 +38,11 @@
 #                  dropout, 3 warm-up + $DP_STEPS (50) timed steps at dp 1, dp N, dp N --zero 1
 #                  (the ZeRO-1 runs only for the sizes in $DP_ZERO_SIZES, default all);
 #                  `extract-metrics --table dp-report` makes both tables from  -> dp-logs.tgz
+#   dp-ab          .gpu/bench-before and this binary alternating: gpt2 bf16 dp 1 and dp 2, $DP_STEPS
+#                  (50) timed steps, without dropout, then with it           -> dp-logs.tgz
+#   tp-graph       two GPUs: the ignored unit test of graph-replayed --tp 2 decoding against one
+#                  GPU's ids, then $TPGEN_MODEL (bloom-7b1) generation suite, batch 1, prompt
+#                  128 + 128, --tp 1 and 2                                    -> tp-gen-logs.tgz
 #   perf-profile   ncu kernel times of one forward / one training step, candle and HF, same call
 #                  index (TB_CUDA_PROFILE): gpt2 bs16 and bs1, bloom-560m and bloom-7b1 bs16,
 #                  gpt2 training step; scripts/kernel_breakdown.py sums them by op -> perf-profile.tgz
@@ -220,7 +225,7 @@ for stage in "$@"; do
   gen-profile)
     # One candle generate call (batch 1, prompt 128, 16 new tokens: a prefill and 15 decode
     # steps) under ncu, kernels summed by op; and the same call's wall time without ncu.
-    G="--suite generation --prompt-lens 128 --new-tokens 16 --batch-size 1 --limit 1"
+    G="--suite generation --prompt-lens 128 --new-tokens ${GEN_PROF_NEW:-16} --batch-size 1 --limit 1"
     for m in ${GEN_PROF_MODELS:-gpt2}; do profile gen-$m 2 $G --model $m; done
     python3 scripts/kernel_breakdown.py /tmp/prof/gen-*.csv --top 12 | tee "$OUT/gen-profile.txt"
     (cd /tmp && tar czf "$OUT/gen-profile.tgz" prof)
@@ -308,6 +313,32 @@ for stage in "$@"; do
     done
     # The tables come from the logs on a report build: extract-metrics --table dp-report -i DIR.
     echo "tables: unpack dp-logs.tgz, then extract-metrics --table dp-report -i dp-logs" | tee -a "$OUT/dp.txt"
+    ;;
+  dp-ab)
+    # The previous binary (.gpu/bench-before) and this one, alternating, in one call: gpt2 bf16
+    # dp 1 and dp 2 ($DP_STEPS timed steps), without dropout (the fused attention) and with it.
+    unpack bench-before /tmp/bench-before || { echo "no .gpu/bench-before.{xz,gz}" >&2; exit 1; }
+    steps=$(( ${DP_STEPS:-50} + 3 ))
+    for drop in off on; do
+      f=(); [ "$drop" = off ] && f=(--no-dropout)
+      for bin in /tmp/bench-before $B; do
+        B=$bin dp_run gpt2 bf16 --warmup 3 --max-steps "$steps" "${f[@]}"
+        B=$bin dp_run gpt2 bf16 --warmup 3 --max-steps "$steps" "${f[@]}" --dp 2
+      done
+    done
+    ;;
+  tp-graph)
+    # Two GPUs: the graph-replayed --tp 2 decode against one GPU's eager ids (the ignored unit
+    # test), then bloom-7b1's batch-1 decode step with --tp 1 and 2 (prompt 128 + 128).
+    unpack tests /tmp/unit-tests
+    /tmp/unit-tests tp2_graph --ignored --test-threads 1 2>&1 | tee "$OUT/tp-graph-test.txt"
+    for tp in ${TPGEN_SIZES:-1 2}; do
+      $B --suite generation --model "${TPGEN_MODEL:-bloom-7b1}" --weights random --seed 0 --device cuda \
+        --dtype bf16 --prompt-lens 128 --new-tokens 128 --batch-size 1 --limit 5 --tp "$tp" \
+        --log-dir /tmp/tp-gen-logs --no-progress 2>&1 | tee -a "$OUT/tp-gen.txt"
+      echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/tp-gen.txt"
+      (cd /tmp && tar czf "$OUT/tp-gen-logs.tgz" tp-gen-logs)
+    done
     ;;
   perf-profile)
     L="--suite lambada --data .gpu/lambada_test.jsonl"

@@ -441,9 +441,12 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
         out += &format!("  peak memory by rank       {} GiB\n", gib.join(" / "));
     }
     if let Some(h) = s.host_ms_p50 {
-        out += &format!(
-            "  host queueing ms p50      {h:.3} (of a step: near its latency, host-bound)\n"
-        );
+        // Queueing near the step's latency: the GPU waits for the host.
+        let bound = match h >= 0.9 * s.step_latency_ms_p50 {
+            true => "host-bound: the GPU waits for the host",
+            false => "under the step's latency: the GPU is the bound",
+        };
+        out += &format!("  host queueing ms p50      {h:.3} ({bound})\n");
     }
     if let Some(p) = &s.phases_ms_p50 {
         out += &format!(
