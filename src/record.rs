@@ -379,6 +379,9 @@ pub struct DpInfo {
     pub size: usize,
     /// 0: every rank holds the whole optimizer state; 1: each holds its parameters' share.
     pub zero_stage: u8,
+    /// `--dp-overlap`: each block's gradients all-reduced under the rest of the backward.
+    #[serde(default)]
+    pub overlap: bool,
     /// The all-reduce: `nccl X.Y.Z` or `tcp`.
     pub backend: String,
     pub launcher: String,

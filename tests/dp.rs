@@ -74,8 +74,9 @@ fn dp2_follows_one_process_with_twice_the_accumulation() {
     let (one, one_sum, _, one_samples) = run(&["--grad-accum", "2"]);
     assert!(one_samples.iter().all(|&n| n == 4), "{one_samples:?}");
     assert_eq!(one.len(), 6);
-    for zero in ["0", "1"] {
-        let (two, sum, header, samples) = run(&["--dp", "2", "--zero", zero]);
+    for (zero, overlap) in [("0", false), ("1", false), ("0", true)] {
+        let flags = ["--dp", "2", "--zero", zero, "--dp-overlap"];
+        let (two, sum, header, samples) = run(&flags[..4 + overlap as usize]);
         assert_eq!(two.len(), one.len());
         for (i, ((l2, g2), (l1, g1))) in two.iter().zip(&one).enumerate() {
             // fp32 rounding only (the loss crosses ranks as f32).
@@ -98,6 +99,7 @@ fn dp2_follows_one_process_with_twice_the_accumulation() {
         let dp = &header["dp"];
         assert_eq!(dp["size"], 2);
         assert_eq!(dp["zero_stage"], zero.parse::<u64>().unwrap());
+        assert_eq!(dp["overlap"], overlap);
         assert_eq!(dp["global_batch_size"], 4);
         assert_eq!(dp["ranks"].as_array().unwrap().len(), 2);
         assert_eq!(
@@ -113,11 +115,15 @@ fn dp2_follows_one_process_with_twice_the_accumulation() {
 #[test]
 fn what_dp_does_not_do_is_a_one_line_error() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["--dp", "2"], "for training suites"),
         (
             &["--suite", "wikitext2", "--zero", "1"],
             "--zero is for --dp runs",
+        ),
+        (
+            &["--suite", "wikitext2", "--dp-overlap"],
+            "--dp-overlap is for --dp runs",
         ),
         (
             &["--suite", "wikitext2", "--dp", "2", "--tp", "2"],

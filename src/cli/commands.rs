@@ -96,8 +96,12 @@ fn run_parallel(
                 tp: Some(ctx),
                 ..spec
             },
-            Parallel::Data { zero1, .. } => RunSpec {
-                dp: Some(DpRun { ctx, zero1 }),
+            Parallel::Data { zero1, overlap, .. } => RunSpec {
+                dp: Some(DpRun {
+                    ctx,
+                    zero1,
+                    overlap,
+                }),
                 ..spec
             },
         })

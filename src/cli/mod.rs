@@ -373,8 +373,8 @@ pub struct RunArgs {
     /// Data-parallel fine-tuning over N ranks, one process per GPU (--suite wikitext2, candle
     /// engine): each rank trains on its share of every optimizer step's micro-batches (global
     /// batch = N x --batch-size x --grad-accum blocks, --lr unchanged) and the gradients are
-    /// averaged over NCCL (TCP on CPUs) in 128 MiB buckets after the backward (candle's
-    /// backward has no per-gradient hook to overlap them with). Launched like --tp; cannot be
+    /// averaged over NCCL (TCP on CPUs) in 128 MiB buckets after the backward (or under it:
+    /// --dp-overlap). Launched like --tp; cannot be
     /// combined with --tp. Rank 0 logs, with every rank's peak memory and the share of time
     /// in all-reduces.
     #[arg(long, default_value_t = 1, value_name = "N")]
@@ -384,6 +384,13 @@ pub struct RunArgs {
     /// parameters it owns, then shares them; 0 keeps a whole copy on every rank.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub zero: u8,
+
+    /// With --dp and GPT-2's manual backward, one micro-batch a step: start each block's
+    /// gradient all-reduce as soon as the backward has made it, on a second CUDA stream under
+    /// the rest of the backward, instead of all of them after it. Off by default: on 2x H200
+    /// it measured slower (NCCL's blocks take SMs the backward's kernels need; results/README.md).
+    #[arg(long)]
+    pub dp_overlap: bool,
 
     /// With --tp or --dp: seconds to wait for every rank to join (model loading comes after).
     #[arg(long, default_value_t = 120, value_name = "SECS")]

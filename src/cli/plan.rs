@@ -675,7 +675,12 @@ fn resolve_train(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Parallel {
     Tensor(usize),
-    Data { size: usize, zero1: bool },
+    Data {
+        size: usize,
+        zero1: bool,
+        /// `--dp-overlap`.
+        overlap: bool,
+    },
 }
 
 impl Parallel {
@@ -698,11 +703,15 @@ impl Parallel {
 pub fn parallel(args: &RunArgs, plan: &Plan) -> Result<Option<Parallel>> {
     let par = match (args.tp, args.dp) {
         (1, 1) if args.zero != 0 => return Err(Error::Config("--zero is for --dp runs".into())),
+        (1, 1) if args.dp_overlap => {
+            return Err(Error::Config("--dp-overlap is for --dp runs".into()))
+        }
         (1, 1) => return Ok(None),
         (tp, 1) => Parallel::Tensor(tp),
         (1, dp) => Parallel::Data {
             size: dp,
             zero1: args.zero == 1,
+            overlap: args.dp_overlap,
         },
         _ => {
             return Err(Error::Config(

@@ -391,8 +391,12 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
     }
     if let Some(d) = &h.dp {
         out += &format!(
-            "  data parallel             {} ranks over {}, ZeRO-{}, global batch {} blocks; figures from rank 0\n",
-            d.size, d.backend, d.zero_stage, d.global_batch_size
+            "  data parallel             {} ranks over {}, ZeRO-{}{}, global batch {} blocks; figures from rank 0\n",
+            d.size,
+            d.backend,
+            d.zero_stage,
+            if d.overlap { ", all-reduce under the backward" } else { "" },
+            d.global_batch_size
         );
     }
     let warmup_secs = s

@@ -119,6 +119,8 @@ pub struct TrainOptions {
 pub struct DpRun {
     pub ctx: RankContext,
     pub zero1: bool,
+    /// `--dp-overlap`: the gradients' all-reduce started block by block under the backward.
+    pub overlap: bool,
 }
 
 impl RunSpec {

@@ -188,6 +188,8 @@ pub struct DataParallel {
     pub reduce: Arc<dyn AllReduce>,
     /// ZeRO stage 1: the optimizer state of each parameter lives on one rank only.
     pub zero1: bool,
+    /// Start each block's all-reduce in the manual backward (`--dp-overlap`).
+    pub overlap: bool,
 }
 
 impl DataParallel {
@@ -198,7 +200,12 @@ impl DataParallel {
             .iter()
             .map(|t| t.to_dtype(DType::F32)?.flatten_all())
             .collect::<Result<Vec<_>>>()?;
-        let sum = self.reduce.start_sum(Tensor::cat(&flat, 0)?)?;
+        // A buffer of its own (cat returns a lone tensor as it is): NCCL sums over it in place.
+        let buffer = match flat.len() {
+            1 => flat[0].copy()?,
+            _ => Tensor::cat(&flat, 0)?,
+        };
+        let sum = self.reduce.start_sum(buffer)?;
         let mut offset = 0;
         let views = tensors.iter().map(|t| {
             let k = t.elem_count();
@@ -492,7 +499,10 @@ impl Trainer {
         // One micro-batch through the manual backward: each block's gradients start their
         // all-reduce as soon as they are final, under the rest of the backward (#21 item 5).
         let overlap = micro_batches.len() == 1 && matches!(graph, Graph::Manual(_));
-        let overlap = overlap.then_some(self.data_parallel.as_ref()).flatten();
+        let overlap = match &self.data_parallel {
+            Some(dp) if overlap && dp.overlap => Some(dp),
+            _ => None,
+        };
         let (mut grads, mut loss_sum) = self.accumulate(
             &graph,
             micro_batches,
@@ -727,6 +737,70 @@ mod tests {
             Moments::Packed(mv) => vec![mv],
         });
         assert_eq!(tracked.filter(|t| t.track_op()).count(), 0);
+        Ok(())
+    }
+
+    /// Sums in place as NCCL's started sums do: a group of two identical ranks, so the sum is
+    /// the tensor doubled, written over the buffer it is given.
+    struct DoubleInPlace;
+
+    impl candle_core::InplaceOp1 for DoubleInPlace {
+        fn name(&self) -> &'static str {
+            "double-in-place"
+        }
+
+        fn cpu_fwd(&self, s: &mut candle_core::CpuStorage, _: &candle_core::Layout) -> Result<()> {
+            match s {
+                candle_core::CpuStorage::F32(v) => v.iter_mut().for_each(|x| *x *= 2.),
+                _ => candle_core::bail!("f32 only"),
+            }
+            Ok(())
+        }
+    }
+
+    impl AllReduce for DoubleInPlace {
+        fn all_reduce_sum(&self, x: &Tensor) -> Result<Tensor> {
+            x * 2.
+        }
+
+        fn start_sum(&self, x: Tensor) -> Result<Tensor> {
+            x.inplace_op1(&DoubleInPlace)?;
+            Ok(x)
+        }
+
+        fn describe(&self) -> String {
+            "double".into()
+        }
+    }
+
+    /// An in-place sum never writes over the tensors it was given (a bucket of one tensor
+    /// included, which `Tensor::cat` would hand back as it is), so ZeRO-1 can set each
+    /// parameter from the sum of its own value.
+    #[test]
+    fn started_sums_leave_their_inputs_alone() -> Result<()> {
+        let dp = DataParallel {
+            rank: 0,
+            size: 2,
+            reduce: Arc::new(DoubleInPlace),
+            zero1: true,
+            overlap: false,
+        };
+        let big = Var::from_tensor(&Tensor::ones(BUCKET + 1, DType::F32, &Device::Cpu)?)?;
+        let small = Tensor::arange(0f32, 6., &Device::Cpu)?.reshape((2, 3))?;
+        let mut shared = vec![big.as_detached_tensor(), small.clone()];
+        dp.all_reduce(&mut shared)?;
+        big.set(&shared[0])?;
+        assert_eq!(big.max_all()?.to_scalar::<f32>()?, 2.);
+        assert_eq!(shared[1].to_vec2::<f32>()?, [[0., 2., 4.], [6., 8., 10.]]);
+        assert_eq!(small.to_vec2::<f32>()?, [[0., 1., 2.], [3., 4., 5.]]);
+        let bf16 = vec![
+            small.to_dtype(DType::BF16)?,
+            Tensor::ones(3, DType::F32, &Device::Cpu)?,
+        ];
+        let sums = dp.start(bf16)?;
+        dp.wait()?;
+        assert_eq!(sums[0].dtype(), DType::F32);
+        assert_eq!(sums[1].to_vec1::<f32>()?, [2., 2., 2.]);
         Ok(())
     }
 }

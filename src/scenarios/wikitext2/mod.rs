@@ -188,6 +188,7 @@ fn start(
             .clone()
             .expect("a group has an all-reduce"),
         zero1: d.zero1,
+        overlap: d.overlap,
     });
     let setup = TrainSetup {
         model: &spec.model,
@@ -273,6 +274,7 @@ fn dp_info(spec: &RunSpec, opts: &TrainOptions, d: &DpRun) -> DpInfo {
     DpInfo {
         size: n,
         zero_stage: d.zero1 as u8,
+        overlap: d.overlap,
         backend: d.ctx.backend.clone(),
         launcher: format!("{:?}", d.ctx.world.launcher),
         ranks: d.ctx.peers.clone(),

@@ -115,7 +115,14 @@ impl Gpt2Params {
             out.push((format!("{name}.bias"), b));
         };
         for (i, b) in self.h.into_iter().enumerate() {
-            let names = ["ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"];
+            let names = [
+                "ln_1",
+                "attn.c_attn",
+                "attn.c_proj",
+                "ln_2",
+                "mlp.c_fc",
+                "mlp.c_proj",
+            ];
             let mut tensors = b.into_vec().into_iter();
             for name in names {
                 let (w, b) = (tensors.next(), tensors.next());

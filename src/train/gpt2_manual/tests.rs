@@ -282,6 +282,15 @@ fn backward_hands_each_gradient_group_to_ready_in_order() {
     for ((name, d), (plain_name, p)) in doubled.iter().zip(&plain) {
         assert_eq!(name, plain_name);
         assert!(rel(d, &(p * 2.).unwrap()) == 0., "{name}");
-        assert!(p.abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap() > 0., "{name}");
+        assert!(
+            p.abs()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+                > 0.,
+            "{name}"
+        );
     }
 }
