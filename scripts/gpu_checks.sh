@@ -38,6 +38,10 @@
 #                  dropout, 3 warm-up + $DP_STEPS (50) timed steps at dp 1, dp N, dp N --zero 1
 #                  (the ZeRO-1 runs only for the sizes in $DP_ZERO_SIZES, default all);
 #                  `extract-metrics --table dp-report` makes both tables from  -> dp-logs.tgz
+#   gen-ab         .gpu/bench-before and this binary alternating: candle's generation suite on
+#                  $GEN_MODELS, batch 1 and 16, prompt 128 + 128            -> gen-logs.tgz
+#   gen-7b1-lambada  LAMBADA --mode generate, bloom-7b1, --engine both, batch 16, first
+#                  $GEN_LIMIT passages                                      -> hf-best-logs.tgz
 #   dp-ab          .gpu/bench-before and this binary alternating: gpt2 bf16 dp 1 and dp 2, $DP_STEPS
 #                  (50) timed steps, without dropout, then with it           -> dp-logs.tgz
 #   tp-graph       two GPUs: the ignored unit test of graph-replayed --tp 2 decoding against one
@@ -271,6 +275,22 @@ for stage in "$@"; do
         --batch-size 16 --data .gpu/lambada_test.jsonl --limit 256 --hf-attn eager --log-dir /tmp/gen-logs \
         --no-progress 2>&1 | grep -v "^  |" | tee -a "$OUT/gen-agree.txt"
     done
+    ;;
+  gen-ab)
+    # The previous binary (.gpu/bench-before) and this one, alternating: candle's generation
+    # suite on $GEN_MODELS, batch 1 and 16, prompt 128 + 128, $GEN_CALLS calls.
+    unpack bench-before /tmp/bench-before || { echo "no .gpu/bench-before.{xz,gz}" >&2; exit 1; }
+    for m in ${GEN_MODELS:-gpt2 bloom-560m}; do
+      for bs in 1 16; do
+        for bin in /tmp/bench-before $B; do
+          B=$bin gen_run candle $m $bs --suite generation --prompt-lens 128 --new-tokens 128 --limit "${GEN_CALLS:-10}"
+        done
+      done
+    done
+    ;;
+  gen-7b1-lambada)
+    # LAMBADA --mode generate, bloom-7b1, batch 16, first $GEN_LIMIT passages, candle and HF.
+    best_run --engine both --model bloom-7b1 --mode generate --limit "$GEN_LIMIT"
     ;;
   gen-suite)
     # The generation suite only (the part the CUDA graph changes): $GEN_SUITE_ENGINES x batch 1, 16.

@@ -203,8 +203,8 @@ mod nccl {
     use super::AllReduce;
     use candle_core::backend::BackendStorage;
     use candle_core::cuda::cudarc::driver::CudaStream;
-    use candle_core::cuda::cudarc::nccl::{result, sys};
     use candle_core::cuda::cudarc::nccl::safe::NcclType;
+    use candle_core::cuda::cudarc::nccl::{result, sys};
     use candle_core::{
         CpuStorage, CudaStorage, CustomOp1, DType, InplaceOp1, Layout, Shape, Tensor,
     };
@@ -269,9 +269,7 @@ mod nccl {
                     "NCCL needs a CUDA device".into(),
                 ));
             };
-            let mut nccl_id = sys::ncclUniqueId {
-                internal: [0; 128],
-            };
+            let mut nccl_id = sys::ncclUniqueId { internal: [0; 128] };
             for (d, s) in nccl_id.internal.iter_mut().zip(id) {
                 *d = *s as core::ffi::c_char;
             }
@@ -302,7 +300,13 @@ mod nccl {
         }
 
         /// `count` values at `src` summed over the ranks into `dst` (may be `src`), on `stream`.
-        fn sum<T: NcclType>(&self, src: u64, dst: u64, count: usize, stream: &CudaStream) -> candle_core::Result<()> {
+        fn sum<T: NcclType>(
+            &self,
+            src: u64,
+            dst: u64,
+            count: usize,
+            stream: &CudaStream,
+        ) -> candle_core::Result<()> {
             // SAFETY: `src` and `dst` hold `count` values of T on this rank's device, alive
             // until `stream` has run the collective (the callers keep them).
             unsafe {
@@ -321,7 +325,14 @@ mod nccl {
         }
 
         /// `count` values of `dtype` at `src` summed into `dst` on `stream`.
-        fn sum_dtype(&self, dtype: DType, src: u64, dst: u64, count: usize, stream: &CudaStream) -> candle_core::Result<()> {
+        fn sum_dtype(
+            &self,
+            dtype: DType,
+            src: u64,
+            dst: u64,
+            count: usize,
+            stream: &CudaStream,
+        ) -> candle_core::Result<()> {
             match dtype {
                 DType::F32 => self.sum::<f32>(src, dst, count, stream),
                 DType::BF16 => self.sum::<bf16>(src, dst, count, stream),

@@ -12,6 +12,52 @@
 // not written. One block per row of C: at decode's few rows (B) every SM that works has a
 // whole block, where candle's layer norm took 15.6 µs for one row of 768.
 //   x, r, s, y: (rows, C); w, b: (C,)
+// The same with a 16-byte vector of the row a thread (`vec`: C a multiple of the vector, at most
+// one vector a thread, 16-byte aligned rows), the row kept in registers between the passes:
+// one read of x and r instead of three (candle's layernorm_bf16 took 4.6 µs, the loop above
+// with 256 threads 15.8 µs, for one row of 4096 in bloom-7b1's decode step).
+template <typename T>
+__device__ void add_layer_norm_vec(const T* x, const T* r, const T* w, const T* b, T* s, T* y, int c, float eps) {
+  constexpr int N = 16 / sizeof(T);
+  __shared__ float sh[32];
+  const long off = (long)blockIdx.x * c + (long)threadIdx.x * N;
+  const bool mine = threadIdx.x * N < c;
+  float v[N];
+  float sum = 0.f;
+  if (mine) {
+    const Vec16<T> xv = *reinterpret_cast<const Vec16<T>*>(x + off);
+    if (r) {
+      const Vec16<T> rv = *reinterpret_cast<const Vec16<T>*>(r + off);
+      Vec16<T> sv;
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        sv.e[i] = from_f<T>(to_f(xv.e[i]) + to_f(rv.e[i]));
+        v[i] = to_f(sv.e[i]);
+      }
+      *reinterpret_cast<Vec16<T>*>(s + off) = sv;
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) v[i] = to_f(xv.e[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) sum += v[i];
+  }
+  const float mean = block_sum(sum, sh) / c;
+  float var = 0.f;
+  if (mine)
+#pragma unroll
+    for (int i = 0; i < N; ++i) var += (v[i] - mean) * (v[i] - mean);
+  const float rstd = rsqrtf(block_sum(var, sh) / c + eps);
+  if (!mine) return;
+  const int j = threadIdx.x * N;
+  const Vec16<T> wv = *reinterpret_cast<const Vec16<T>*>(w + j);
+  const Vec16<T> bv = *reinterpret_cast<const Vec16<T>*>(b + j);
+  Vec16<T> yv;
+#pragma unroll
+  for (int i = 0; i < N; ++i) yv.e[i] = from_f<T>((v[i] - mean) * rstd * to_f(wv.e[i]) + to_f(bv.e[i]));
+  *reinterpret_cast<Vec16<T>*>(y + off) = yv;
+}
+
 template <typename T>
 __device__ void add_layer_norm(const T* x, const T* r, const T* w, const T* b, T* s, T* y, int c, float eps) {
   __shared__ float sh[32];
@@ -109,6 +155,97 @@ __device__ void decode_attention(const T* qkv, long qkv_stride, int head_stride,
   }
 }
 
+// decode_attention for head size HS (64, 128) with a warp a key: the lanes split the head's
+// dims (HS / 32 each, coalesced reads of a cached row), the warps the keys, four keys a warp in
+// flight; p·v the same way, the warps' partial sums added through shared memory. The loop
+// above (a thread a key, a thread a dim for p·v) took 27 µs a layer at bloom-7b1's batch 1,
+// latency-bound; same arguments, same rounding.
+// Dynamic shared memory: (HS + pos + 1 + warps·HS) floats (with a cursor: T_max for pos + 1).
+template <typename T, int HS>
+__device__ void decode_attention_warps(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
+                                       const float* key_mask, const float* slopes, const float* key_pos, T* out,
+                                       float scale, int nh, int t_max, int pos_arg, const uint32_t* cursor) {
+  constexpr int DPL = HS / 32;  // dims a lane
+  constexpr int KEYS = 4;       // keys a warp reads at once
+  extern __shared__ float smem[];
+  const int pos = cursor ? (int)*cursor - 1 : pos_arg;
+  const int tk = pos + 1;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  float* q = smem;         // (HS,)
+  float* p = smem + HS;    // (tk,) scores, then probabilities
+  float* part_sums = p + tk;  // (warps, HS)
+  __shared__ float sh[32];
+  const int b = blockIdx.x / nh, h = blockIdx.x % nh;
+  const T* qr = qkv + b * qkv_stride + (long)h * head_stride;
+  const long head_off = ((long)b * nh + h) * t_max * HS;
+  T* kr = kc + head_off;
+  T* vr = vc + head_off;
+  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
+    q[d] = to_f(qr[d]);
+    kr[(long)pos * HS + d] = qr[part + d];
+    vr[(long)pos * HS + d] = qr[2 * part + d];
+  }
+  __syncthreads();  // q and the new key and value are visible to the whole block
+  float qd[DPL];
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) qd[i] = q[lane * DPL + i];
+  const float* mrow = key_mask + (long)b * t_max;
+  const float slope = slopes ? slopes[h] : 0.f;
+  for (int k0 = warp; k0 < tk; k0 += warps * KEYS) {
+    float dot[KEYS];
+#pragma unroll
+    for (int u = 0; u < KEYS; ++u) {
+      const int k = k0 + u * warps;
+      dot[u] = 0.f;
+      if (k < tk) {
+        const T* ks = kr + (long)k * HS + lane * DPL;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) dot[u] += qd[i] * to_f(ks[i]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < KEYS; ++u) dot[u] = warp_sum(dot[u]);
+    if (lane == 0)
+#pragma unroll
+      for (int u = 0; u < KEYS; ++u) {
+        const int k = k0 + u * warps;
+        if (k >= tk) break;
+        float sc = to_f(from_f<T>(dot[u])) * scale + (1.f - mrow[k]) * MASKED;
+        if (slopes) sc += slope * key_pos[(long)b * t_max + k];
+        p[k] = sc;
+      }
+  }
+  __syncthreads();  // every score is in p
+  float mx = -INFINITY;
+  for (int k = threadIdx.x; k < tk; k += blockDim.x) mx = fmaxf(mx, p[k]);
+  mx = block_max(mx, sh);
+  float sum = 0.f;
+  for (int k = threadIdx.x; k < tk; k += blockDim.x) {
+    const float e = expf(p[k] - mx);
+    p[k] = e;
+    sum += e;
+  }
+  const float inv = 1.f / block_sum(sum, sh);  // its __syncthreads publish p
+  float a[DPL];
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) a[i] = 0.f;
+#pragma unroll 4
+  for (int k = warp; k < tk; k += warps) {
+    const float pk = to_f(from_f<T>(p[k] * inv));
+    const T* vs = vr + (long)k * HS + lane * DPL;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) a[i] += pk * to_f(vs[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) part_sums[warp * HS + lane * DPL + i] = a[i];
+  __syncthreads();
+  for (int j = threadIdx.x; j < HS; j += blockDim.x) {
+    float o = 0.f;
+    for (int wi = 0; wi < warps; ++wi) o += part_sums[wi * HS + j];
+    out[(long)b * nh * HS + (long)h * HS + j] = from_f<T>(o);
+  }
+}
+
 // Greedy pick: the first index of the largest x[row, j] + ban[j] (ban: (V,) 0 or −inf, or
 // null), one block per row. Two-level (warp, then block) reduction of (value, index) pairs,
 // where candle's argmax over V = 50257 took 41 µs at batch 1.
@@ -119,18 +256,10 @@ __device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
     i = i2;
   }
 }
-template <typename T>
-__device__ void argmax_rows(const T* x, const T* ban, uint32_t* out, int v) {
+// The block's best (value, index) pair, in thread 0: warps, then the first warp.
+__device__ __forceinline__ void block_best(float& best, int& idx) {
   __shared__ float sv[32];
   __shared__ int si[32];
-  const T* xr = x + (long)blockIdx.x * v;
-  float best = -INFINITY;
-  int idx = 0x7fffffff;
-  for (int j = threadIdx.x; j < v; j += blockDim.x) {
-    float val = to_f(xr[j]);
-    if (ban) val = to_f(from_f<T>(val + to_f(ban[j])));
-    better(best, idx, val, j);
-  }
   for (int o = 16; o > 0; o >>= 1)
     better(best, idx, __shfl_xor_sync(0xffffffff, best, o), __shfl_xor_sync(0xffffffff, idx, o));
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
@@ -144,9 +273,55 @@ __device__ void argmax_rows(const T* x, const T* ban, uint32_t* out, int v) {
     idx = lane < nw ? si[lane] : 0x7fffffff;
     for (int o = 16; o > 0; o >>= 1)
       better(best, idx, __shfl_xor_sync(0xffffffff, best, o), __shfl_xor_sync(0xffffffff, idx, o));
-    // A row of NaN or −inf only: index 0, as no index won.
-    if (lane == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0u : (uint32_t)idx;
   }
+}
+
+// The best of x[lo..hi) + ban, in thread 0 (index 0x7fffffff where none won: NaN or −inf only).
+template <typename T>
+__device__ void argmax_range(const T* xr, const T* ban, int lo, int hi, float& best, int& idx) {
+  best = -INFINITY;
+  idx = 0x7fffffff;
+  for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+    float val = to_f(xr[j]);
+    if (ban) val = to_f(from_f<T>(val + to_f(ban[j])));
+    better(best, idx, val, j);
+  }
+  block_best(best, idx);
+}
+
+template <typename T>
+__device__ void argmax_rows(const T* x, const T* ban, uint32_t* out, int v) {
+  float best;
+  int idx;
+  argmax_range(x + (long)blockIdx.x * v, ban, 0, v, best, idx);
+  // A row of NaN or −inf only: index 0, as no index won.
+  if (threadIdx.x == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0u : (uint32_t)idx;
+}
+
+// Long rows (BLOOM's V = 250880: one block a row took 108 µs) in two launches: block (c, row)
+// takes the best of chunk c into (part_v, part_i)[row, c]; then tb_argmax_final picks each
+// row's best of its chunks, the first index among equals as above.
+//   part_v, part_i: (B, chunks); chunk: columns a block
+template <typename T>
+__device__ void argmax_part(const T* x, const T* ban, float* part_v, int* part_i, int v, int chunk) {
+  const int c = blockIdx.x, row = blockIdx.y;
+  const int lo = c * chunk, hi = min(v, lo + chunk);
+  float best;
+  int idx;
+  argmax_range(x + (long)row * v, ban, lo, hi, best, idx);
+  if (threadIdx.x == 0) {
+    part_v[(long)row * gridDim.x + c] = best;
+    part_i[(long)row * gridDim.x + c] = idx;
+  }
+}
+
+extern "C" __global__ void tb_argmax_final(const float* part_v, const int* part_i, uint32_t* out, int chunks) {
+  float best = -INFINITY;
+  int idx = 0x7fffffff;
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x)
+    better(best, idx, part_v[(long)blockIdx.x * chunks + c], part_i[(long)blockIdx.x * chunks + c]);
+  block_best(best, idx);
+  if (threadIdx.x == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0u : (uint32_t)idx;
 }
 
 // The cache bookkeeping of one decode step at the position in `cursor` (device memory, so that
@@ -170,17 +345,31 @@ extern "C" __global__ void tb_decode_begin(float* mask, float* key_pos, float* s
 
 #define INSTANTIATE(T, S)                                                                                     \
   extern "C" __global__ void tb_add_layer_norm_##S(const T* x, const T* r, const T* w, const T* b, T* s, T* y, \
-                                                   int c, float eps) {                                        \
-    add_layer_norm<T>(x, r, w, b, s, y, c, eps);                                                              \
+                                                   int c, float eps, int vec) {                               \
+    if (vec)                                                                                                  \
+      add_layer_norm_vec<T>(x, r, w, b, s, y, c, eps);                                                        \
+    else                                                                                                      \
+      add_layer_norm<T>(x, r, w, b, s, y, c, eps);                                                            \
   }                                                                                                           \
   extern "C" __global__ void tb_decode_attention_##S(const T* qkv, long qkv_stride, int head_stride, int part, \
                                                      T* kc, T* vc, const float* key_mask, const float* slopes, \
                                                      const float* key_pos, T* out, float scale, int nh, int hs, \
                                                      int t_max, int pos, const uint32_t* cursor) {            \
-    decode_attention<T>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, out, scale, nh, \
-                        hs, t_max, pos, cursor);                                                              \
+    if (hs == 64 && (blockDim.x & 31) == 0)                                                                   \
+      decode_attention_warps<T, 64>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, out,  \
+                                    scale, nh, t_max, pos, cursor);                                           \
+    else if (hs == 128 && (blockDim.x & 31) == 0)                                                             \
+      decode_attention_warps<T, 128>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, out, \
+                                     scale, nh, t_max, pos, cursor);                                          \
+    else                                                                                                      \
+      decode_attention<T>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, out, scale, nh, \
+                          hs, t_max, pos, cursor);                                                            \
   }                                                                                                           \
   extern "C" __global__ void tb_argmax_##S(const T* x, const T* ban, uint32_t* out, int v) {                  \
     argmax_rows<T>(x, ban, out, v);                                                                           \
+  }                                                                                                           \
+  extern "C" __global__ void tb_argmax_part_##S(const T* x, const T* ban, float* part_v, int* part_i, int v,    \
+                                                int chunk) {                                                  \
+    argmax_part<T>(x, ban, part_v, part_i, v, chunk);                                                         \
   }
 FOR_TYPES(INSTANTIATE)

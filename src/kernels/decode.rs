@@ -132,7 +132,7 @@ mod imp {
 mod imp {
     use super::{CacheSlot, QkvLayout};
     use crate::kernels::launch::{
-        alloc, float_dtype, kernel, launch, ptx, view, with_dtype, Ptx, NULL,
+        aligned16, alloc, float_dtype, kernel, launch, ptx, view, with_dtype, Ptx, NULL,
     };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg as _};
@@ -195,28 +195,42 @@ mod imp {
         };
         let dev = storage(&xs.0).device().clone();
         let func = kernel!(dev, PTX, "tb_add_layer_norm", x.dtype())?;
+        // A 16-byte vector a thread where the rows allow it (add_layer_norm_vec).
+        let n = 16 / x.dtype().size_in_bytes();
+        let vec = c % n == 0 && c / n <= 1024 && [&x2, &r2, &w, &b].into_iter().all(aligned16);
+        let threads = match vec {
+            true => (c / n).next_multiple_of(32),
+            false => c.next_power_of_two().clamp(32, 256),
+        };
         let (sum, normed) = with_dtype!(x.dtype(), T => {
             let xv = view::<T>(storage(&xs.0), xs.1)?;
             let rv = view::<T>(storage(&rs.0), rs.1)?;
             let wv = view::<T>(storage(&ws.0), ws.1)?;
             let bv = view::<T>(storage(&bs.0), bs.1)?;
             let (s, y) = (alloc::<T>(&dev, rows * c)?, alloc::<T>(&dev, rows * c)?);
-            let (c_i, eps) = (c as i32, eps as f32);
+            let (c_i, eps, vec_i) = (c as i32, eps as f32, vec as i32);
             let cfg = LaunchConfig {
                 grid_dim: (rows as u32, 1, 1),
-                block_dim: (c.next_power_of_two().clamp(32, 256) as u32, 1, 1),
+                block_dim: (threads as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: x, r, s and y hold rows·C elements, w and b C.
-            launch!(unsafe func, cfg; &xv, &rv, &wv, &bv, &s, &y, &c_i, &eps)?;
+            // SAFETY: x, r, s and y hold rows·C elements, w and b C; with `vec`, C / 8 (bf16)
+            // or C / 4 (f32) vectors a row, at most one a thread, from 16-byte boundaries.
+            launch!(unsafe func, cfg; &xv, &rv, &wv, &bv, &s, &y, &c_i, &eps, &vec_i)?;
             (wrap(s, &dev, x.shape()), wrap(y, &dev, x.shape()))
         });
         Ok(Some((sum, normed)))
     }
 
-    /// Dynamic shared memory of a decode-attention block over `tk` keys, or None past the limit.
+    /// Dynamic shared memory of a decode-attention block over `tk` keys, or None past the limit:
+    /// q, the scores, and the p·v partial sums (a warp's row of hs for head sizes 64 and 128,
+    /// decode_attention_warps; a thread's one otherwise).
     fn attention_shared(hs: usize, tk: usize) -> Option<u32> {
-        let bytes = (hs + tk + ATTN_THREADS) * 4;
+        let partial = match hs {
+            64 | 128 => ATTN_THREADS / 32 * hs,
+            _ => ATTN_THREADS,
+        };
+        let bytes = (hs + tk + partial) * 4;
         (bytes <= SHARED_LIMIT).then_some(bytes as u32)
     }
 
@@ -339,6 +353,9 @@ mod imp {
             None => None,
         };
         let dev = storage(&xs.0).device().clone();
+        if v > ARGMAX_ONE_BLOCK {
+            return argmax_split(&x, xs, bs.as_ref(), (b, v)).map(Some);
+        }
         let func = kernel!(dev, PTX, "tb_argmax", x.dtype())?;
         let out = with_dtype!(x.dtype(), T => {
             let xv = view::<T>(storage(&xs.0), xs.1)?;
@@ -362,6 +379,55 @@ mod imp {
             wrap(out, &dev, (b, 1))
         });
         Ok(Some(out))
+    }
+
+    /// Rows longer than this are split over blocks (`tb_argmax_part`, then `tb_argmax_final`).
+    const ARGMAX_ONE_BLOCK: usize = 65536;
+    /// Columns a block of `tb_argmax_part`.
+    const ARGMAX_CHUNK: usize = 4096;
+
+    /// The greedy pick of long rows in two launches: each block the best of a chunk, then each
+    /// row the best of its chunks.
+    fn argmax_split(
+        x: &Tensor,
+        xs: (StorageRef<'_>, &Layout),
+        ban: Option<&(StorageRef<'_>, &Layout)>,
+        (b, v): (usize, usize),
+    ) -> Result<Tensor> {
+        let dev = storage(&xs.0).device().clone();
+        let part = kernel!(dev, PTX, "tb_argmax_part", x.dtype())?;
+        let fin = dev.get_or_load_custom_func("tb_argmax_final", PTX.module, PTX.text)?;
+        let chunks = v.div_ceil(ARGMAX_CHUNK);
+        let (part_v, part_i) = (alloc::<f32>(&dev, b * chunks)?, alloc::<i32>(&dev, b * chunks)?);
+        let out = alloc::<u32>(&dev, b)?;
+        with_dtype!(x.dtype(), T => {
+            let xv = view::<T>(storage(&xs.0), xs.1)?;
+            let bv = ban.map(|(s, l)| view::<T>(storage(s), l)).transpose()?;
+            let (v_i, chunk_i) = (v as i32, ARGMAX_CHUNK as i32);
+            let mut args = part.builder();
+            args.arg(&xv);
+            match &bv {
+                Some(bv) => args.arg(bv),
+                None => args.arg(&NULL),
+            };
+            args.arg(&part_v).arg(&part_i).arg(&v_i).arg(&chunk_i);
+            let cfg = LaunchConfig {
+                grid_dim: (chunks as u32, b as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: x holds B·V elements, ban V, the partials B·chunks.
+            unsafe { args.launch(cfg) }.w()?;
+        });
+        let chunks_i = chunks as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (b as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the partials hold B·chunks values, out B.
+        launch!(unsafe fin, cfg; &part_v, &part_i, &out, &chunks_i)?;
+        Ok(wrap(out, &dev, (b, 1)))
     }
 
     pub fn decode_begin(

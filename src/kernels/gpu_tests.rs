@@ -649,17 +649,45 @@ fn embedding_bwd_matches_index_add() {
     assert_eq!(rel(&cpu(&dst), &cpu(&dst)), 0.);
 }
 
+/// The tiny presets with wider heads: gpt2-tiny at head size 64 and bloom-tiny at 128, the
+/// sizes the warp-a-key decode attention takes (the presets' 16 take the thread-a-key one).
+fn wide_head_specs() -> Vec<ModelSpec> {
+    use crate::models::Architecture;
+    let (mut gpt2, mut bloom) = (
+        crate::models::gpt2::Config::gpt2_tiny(),
+        crate::models::bloom::Config::bloom_tiny(),
+    );
+    gpt2.n_embd = 64 * gpt2.n_head;
+    (bloom.hidden_size, bloom.n_head) = (256, 2);
+    vec![
+        ModelSpec {
+            name: "gpt2-tiny-hs64".into(),
+            arch: Architecture::Gpt2(gpt2),
+        },
+        ModelSpec {
+            name: "bloom-tiny-hs128".into(),
+            arch: Architecture::Bloom(bloom),
+        },
+    ]
+}
+
 /// The decode kernels end to end: a cached prefill and decode steps of gpt2-tiny and
-/// bloom-tiny (GPT-2's [q | k | v] and BLOOM's per-head qkv with ALiBi), a left-padded batch,
-/// fp32 and bf16, logits of every step with `--fused all` against `--fused none`.
+/// bloom-tiny (GPT-2's [q | k | v] and BLOOM's per-head qkv with ALiBi), at their head size
+/// and at 64 / 128, a left-padded batch, fp32 and bf16, logits of every step with `--fused
+/// all` against `--fused none`.
 #[test]
 fn cached_decoding_on_the_decode_kernels_matches_candles_ops() {
     use crate::models::generate::left_pad;
     let (gpu, _one_at_a_time) = gpu();
     let prompts = left_pad(&[vec![5, 9, 2, 7, 1, 3], vec![4, 8, 6]], 0, &gpu).unwrap();
+    let mut specs = vec![
+        ModelSpec::preset("gpt2-tiny").unwrap(),
+        ModelSpec::preset("bloom-tiny").unwrap(),
+    ];
+    specs.extend(wide_head_specs());
     for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 3e-2)] {
-        for name in ["gpt2-tiny", "bloom-tiny"] {
-            let spec = ModelSpec::preset(name).unwrap();
+        for spec in &specs {
+            let name = &spec.name;
             let src = WeightSource::Random { seed: 0 };
             let mut steps = Vec::new();
             for fused in [Fused::None, Fused::All] {
@@ -688,11 +716,15 @@ fn cached_decoding_on_the_decode_kernels_matches_candles_ops() {
 #[test]
 fn add_layer_norm_matches_the_add_then_the_norm() {
     let (gpu, _one_at_a_time) = gpu();
-    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
-        let x = randn(&[3, 5, 768], &gpu).to_dtype(dtype).unwrap();
-        let r = randn(&[3, 5, 768], &gpu).to_dtype(dtype).unwrap();
-        let w = randn(&[768], &gpu).to_dtype(dtype).unwrap();
-        let b = randn(&[768], &gpu).to_dtype(dtype).unwrap();
+    // 768 and 4096: a vector a thread; 770: the loop.
+    let cases = [(DType::F32, 1e-5), (DType::BF16, 2e-2)]
+        .into_iter()
+        .flat_map(|d| [768, 4096, 770].map(|c| (d, c)));
+    for ((dtype, tol), c) in cases {
+        let x = randn(&[3, 5, c], &gpu).to_dtype(dtype).unwrap();
+        let r = randn(&[3, 5, c], &gpu).to_dtype(dtype).unwrap();
+        let w = randn(&[c], &gpu).to_dtype(dtype).unwrap();
+        let b = randn(&[c], &gpu).to_dtype(dtype).unwrap();
         let (sum, normed) = add_layer_norm(&x, &r, &w, &b, 1e-5)
             .unwrap()
             .expect("applies");
@@ -700,11 +732,11 @@ fn add_layer_norm_matches_the_add_then_the_norm() {
         assert_eq!(
             rel(&sum, &want_sum),
             0.,
-            "{dtype:?}: the sum rounds as the add"
+            "{dtype:?} C {c}: the sum rounds as the add"
         );
         let want = candle_nn::ops::layer_norm_slow(&want_sum, &w, &b, 1e-5).unwrap();
         let r = rel(&normed, &want);
-        assert!(r < tol, "{dtype:?}: rel {r}");
+        assert!(r < tol, "{dtype:?} C {c}: rel {r}");
     }
 }
 
@@ -713,7 +745,6 @@ fn add_layer_norm_matches_the_add_then_the_norm() {
 #[test]
 fn argmax_picks_the_first_maximum_and_skips_banned_ids() {
     let (gpu, _one_at_a_time) = gpu();
-    let v = 50257;
     // The first index of each row's maximum, on the CPU.
     let first_max = |x: &Tensor| -> Vec<Vec<u32>> {
         let rows = x.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap();
@@ -724,11 +755,15 @@ fn argmax_picks_the_first_maximum_and_skips_banned_ids() {
             })
             .collect()
     };
-    for dtype in [DType::F32, DType::BF16] {
+    // GPT-2's vocabulary in one block a row; BLOOM's in chunks, then the best of the chunks.
+    let cases = [DType::F32, DType::BF16]
+        .into_iter()
+        .flat_map(|d| [50257, 250880].map(|v| (d, v)));
+    for (dtype, v) in cases {
         let x = randn(&[4, v], &gpu).to_dtype(dtype).unwrap();
         let got = argmax(&x, None).unwrap().expect("applies");
         let want = first_max(&x);
-        assert_eq!(got.to_vec2::<u32>().unwrap(), want, "{dtype:?}");
+        assert_eq!(got.to_vec2::<u32>().unwrap(), want, "{dtype:?} V {v}");
         let top = want[0][0] as usize;
         let mut ban = vec![0f32; v];
         ban[top] = f32::NEG_INFINITY;
@@ -744,10 +779,17 @@ fn argmax_picks_the_first_maximum_and_skips_banned_ids() {
     let ties = Tensor::new(&[[1f32, 3., 0., 3., 3.]], &gpu).unwrap();
     let got = argmax(&ties, None).unwrap().expect("applies");
     assert_eq!(got.to_vec2::<u32>().unwrap(), [[1]]);
+    // Equal maxima in two chunks of a long row: the first.
+    let mut long = vec![0f32; 250880];
+    (long[200_001], long[9_000], long[9_001]) = (5., 5., 5.);
+    let long = Tensor::from_vec(long, (1, 250880), &gpu).unwrap();
+    let got = argmax(&long, None).unwrap().expect("applies");
+    assert_eq!(got.to_vec2::<u32>().unwrap(), [[9_000]]);
 }
 
 /// Decode steps replayed as a CUDA graph choose the same ids as the eager steps (fp32, greedy,
-/// 12 new tokens: one eager step, the capture, ten replays), for both models.
+/// 12 new tokens: one eager step, the capture, ten replays), for both models at their head
+/// size and at 64 / 128.
 #[test]
 fn graph_replayed_decoding_matches_eager_decoding() {
     use crate::models::generate::{generate, left_pad, Greedy};
@@ -764,8 +806,13 @@ fn graph_replayed_decoding_matches_eager_decoding() {
         Fused::LayerNorm,
         Fused::Decode,
     ];
-    for name in ["gpt2-tiny", "bloom-tiny"] {
-        let spec = ModelSpec::preset(name).unwrap();
+    let mut specs = vec![
+        ModelSpec::preset("gpt2-tiny").unwrap(),
+        ModelSpec::preset("bloom-tiny").unwrap(),
+    ];
+    specs.extend(wide_head_specs());
+    for spec in &specs {
+        let name = &spec.name;
         let src = WeightSource::Random { seed: 0 };
         let mut ids = Vec::new();
         for graph in [false, true] {
@@ -811,9 +858,12 @@ fn tp2_graph_replayed_decoding_matches_one_gpu_eager_decoding() {
         let spec = ModelSpec::preset(name).unwrap();
         set_enabled(&[Fused::Lt, Fused::Softmax, Fused::BiasAct, Fused::LayerNorm]);
         let model = spec.load(&src, DType::F32, &gpu0).unwrap();
-        let one = generate(model.as_ref(), &left_pad(&prompts, 0, &gpu0).unwrap(), &g, &mut |_| {
-            Ok(())
-        })
+        let one = generate(
+            model.as_ref(),
+            &left_pad(&prompts, 0, &gpu0).unwrap(),
+            &g,
+            &mut |_| Ok(()),
+        )
         .unwrap();
         set_enabled(&[Fused::All]);
         let id = NcclAllReduce::new_id().unwrap();
@@ -830,10 +880,17 @@ fn tp2_graph_replayed_decoding_matches_one_gpu_eager_decoding() {
                     }
                     let nccl = NcclAllReduce::join(&dev, rank, 2, &id).unwrap();
                     let reduce: Option<Arc<dyn AllReduce>> = Some(Arc::new(nccl));
-                    let tp = Tp { rank, size: 2, reduce };
+                    let tp = Tp {
+                        rank,
+                        size: 2,
+                        reduce,
+                    };
                     let src = WeightSource::Random { seed: 0 };
                     let model = spec.load_shard(&src, DType::F32, &dev, &tp).unwrap();
-                    assert!(model.graph_capturable(), "NCCL's all-reduce can be recorded");
+                    assert!(
+                        model.graph_capturable(),
+                        "NCCL's all-reduce can be recorded"
+                    );
                     let prompts = left_pad(&prompts, 0, &dev).unwrap();
                     generate(model.as_ref(), &prompts, &g, &mut |_| Ok(())).unwrap()
                 })

@@ -487,7 +487,10 @@ impl CausalLm for Bloom {
     }
 
     fn graph_capturable(&self) -> bool {
-        let projections = self.h.iter().flat_map(|b| [&b.self_attention.dense, &b.mlp.down]);
+        let projections = self
+            .h
+            .iter()
+            .flat_map(|b| [&b.self_attention.dense, &b.mlp.down]);
         projections.into_iter().all(Projection::graph_capturable)
     }
 
