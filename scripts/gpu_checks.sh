@@ -44,6 +44,8 @@
 #                  $GEN_LIMIT passages                                      -> hf-best-logs.tgz
 #   dp-ab          .gpu/bench-before and this binary alternating: gpt2 bf16 dp 1 and dp 2, $DP_STEPS
 #                  (50) timed steps, without dropout, then with it           -> dp-logs.tgz
+#   dp-ctas        gpt2 bf16 --no-dropout: dp 1, dp 2, dp 2 --dp-overlap at each NCCL_MAX_CTAS
+#                  of $DP_CTAS (auto 16 8 4 2)                               -> dp-logs.tgz
 #   tp-graph       two GPUs: the ignored unit test of graph-replayed --tp 2 decoding against one
 #                  GPU's ids, then $TPGEN_MODEL (bloom-7b1) generation suite, batch 1, prompt
 #                  128 + 128, --tp 1 and 2                                    -> tp-gen-logs.tgz
@@ -345,6 +347,21 @@ for stage in "$@"; do
         B=$bin dp_run gpt2 bf16 --warmup 3 --max-steps "$steps" "${f[@]}"
         B=$bin dp_run gpt2 bf16 --warmup 3 --max-steps "$steps" "${f[@]}" --dp 2
       done
+    done
+    ;;
+  dp-ctas)
+    # gpt2 bf16 without dropout, $DP_STEPS timed steps: dp 1 and dp 2, then dp 2 --dp-overlap
+    # with NCCL's blocks capped at each of $DP_CTAS (NCCL_MAX_CTAS; auto: NCCL's own choice).
+    steps=$(( ${DP_STEPS:-50} + 3 ))
+    dp_run gpt2 bf16 --warmup 3 --max-steps "$steps" --no-dropout
+    dp_run gpt2 bf16 --warmup 3 --max-steps "$steps" --no-dropout --dp 2
+    for c in ${DP_CTAS:-auto 16 8 4 2}; do
+      echo "NCCL_MAX_CTAS=$c" | tee -a "$OUT/dp.txt"
+      if [ "$c" = auto ]; then
+        dp_run gpt2 bf16 --warmup 3 --max-steps "$steps" --no-dropout --dp 2 --dp-overlap
+      else
+        NCCL_MAX_CTAS=$c dp_run gpt2 bf16 --warmup 3 --max-steps "$steps" --no-dropout --dp 2 --dp-overlap
+      fi
     done
     ;;
   tp-graph)
