@@ -115,7 +115,8 @@ pub struct StepRecord {
     /// `--phase-times`: where the step's time went.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phases_ms: Option<PhaseMs>,
-    /// Data parallelism: milliseconds this step spent in all-reduces (rank 0's clock).
+    /// Data parallelism: milliseconds this step spent in all-reduces on rank 0's device timeline
+    /// (CUDA events around them: the part of them the backward did not hide).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comm_ms: Option<f64>,
     /// candle: milliseconds the host took to queue the step before its one sync (near

@@ -398,7 +398,10 @@ mod imp {
         let part = kernel!(dev, PTX, "tb_argmax_part", x.dtype())?;
         let fin = dev.get_or_load_custom_func("tb_argmax_final", PTX.module, PTX.text)?;
         let chunks = v.div_ceil(ARGMAX_CHUNK);
-        let (part_v, part_i) = (alloc::<f32>(&dev, b * chunks)?, alloc::<i32>(&dev, b * chunks)?);
+        let (part_v, part_i) = (
+            alloc::<f32>(&dev, b * chunks)?,
+            alloc::<i32>(&dev, b * chunks)?,
+        );
         let out = alloc::<u32>(&dev, b)?;
         with_dtype!(x.dtype(), T => {
             let xv = view::<T>(storage(&xs.0), xs.1)?;

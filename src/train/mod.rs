@@ -17,6 +17,7 @@
 //!   micro-batches. ZeRO-1 splits the optimizer state: each rank updates the parameters it
 //!   owns, then every parameter is shared from its owner.
 
+mod comm_clock;
 pub mod gpt2_manual;
 pub mod optim;
 pub mod trainer;

@@ -1,6 +1,7 @@
 //! The training step: the model rebuilt from fp32 masters in the compute dtype, the loss,
 //! the backward, gradient all-reduce over data-parallel ranks, and the optimizer update.
 
+use super::comm_clock::{CommClock, CommSpan};
 use super::gpt2_manual::{params::Gpt2Params, Gpt2Step};
 use super::optim::{AdamW, Clip, GradScaler, LinearSchedule};
 use crate::dist::AllReduce;
@@ -49,21 +50,6 @@ impl<'a> PhaseClock<'a> {
 
     fn phases(&self) -> Option<PhaseMs> {
         self.device.map(|_| self.phases)
-    }
-}
-
-/// Device-synchronized wall time of a collective (NCCL runs asynchronously on the stream).
-struct CommClock(std::time::Instant);
-
-impl CommClock {
-    fn start(device: &Device) -> Result<Self> {
-        device.synchronize()?;
-        Ok(Self(std::time::Instant::now()))
-    }
-
-    fn stop(self, device: &Device) -> Result<f64> {
-        device.synchronize()?;
-        Ok(self.0.elapsed().as_secs_f64() * 1e3)
     }
 }
 
@@ -446,7 +432,7 @@ impl Trainer {
 
     /// The optimizer update with `grads`; with ZeRO-1 only this rank's parameters, then every
     /// parameter from its owner. Returns the milliseconds that sharing took (ZeRO-1 only).
-    fn update(&mut self, grads: &[Tensor], lr: f64, clip: &Clip) -> Result<Option<f64>> {
+    fn update(&mut self, grads: &[Tensor], lr: f64, clip: &Clip) -> Result<Option<CommSpan>> {
         let dp = match &self.data_parallel {
             Some(dp) if dp.zero1 => dp,
             _ => return self.opt.step_clipped(grads, lr, clip).map(|()| None),
@@ -474,7 +460,7 @@ impl Trainer {
         for (v, p) in self.vars.iter().zip(shared) {
             v.set(&p)?;
         }
-        Ok(Some(comm.stop(&self.device)?))
+        comm.stop(&self.device).map(Some)
     }
 
     /// One optimizer step over `micro_batches` (each (B, T) u32 on the device; gradient
@@ -513,11 +499,11 @@ impl Trainer {
         )?;
         let overlap = overlap.is_some();
         drop(graph);
-        let mut comm_ms = None;
+        let mut comm = Vec::new();
         if let Some(dp) = &self.data_parallel {
             // The sum over ranks of each rank's mean / ranks: the mean; the loss rides along.
             // With the sums started in the backward, what is timed is the wait left after it.
-            let comm = CommClock::start(&self.device)?;
+            let clock = CommClock::start(&self.device)?;
             match overlap {
                 true => loss_sum = dp.start(vec![loss_sum])?.remove(0),
                 false => {
@@ -527,7 +513,7 @@ impl Trainer {
                 }
             }
             dp.wait()?;
-            comm_ms = Some(comm.stop(&self.device)?);
+            comm.push(clock.stop(&self.device)?);
         }
         // Unscaling (fp16) and clipping ride in the optimizer's kernel as one factor, which
         // stays on the device on CUDA: the host reads the norm only for fp16's skip decision.
@@ -538,16 +524,18 @@ impl Trainer {
             None => true,
         };
         if apply {
-            if let Some(ms) = self.update(&grads, lr, &clip)? {
-                *comm_ms.get_or_insert(0.) += ms;
-            }
+            comm.extend(self.update(&grads, lr, &clip)?);
             self.step += 1;
         }
         clock.lap(|p| &mut p.update)?;
-        let syncs_inside = self.phase_times || comm_ms.is_some() || self.scaler.is_some();
+        let syncs_inside = self.phase_times || self.scaler.is_some();
         let host_ms = (!syncs_inside).then(|| queued.elapsed().as_secs_f64() * 1e3);
         // The step's one sync: the loss and the norm read together, after the update is queued.
         let (loss_sum, grad_norm) = read_loss_and_norm(&loss_sum, &clip)?;
+        let comm_ms = match comm.is_empty() {
+            true => None,
+            false => Some(comm.iter().map(CommSpan::ms).sum::<Result<f64>>()?),
+        };
         Ok(StepOutcome {
             comm_ms,
             host_ms,
