@@ -44,6 +44,8 @@
 #                  $GEN_LIMIT passages                                      -> hf-best-logs.tgz
 #   dp-ab          .gpu/bench-before and this binary alternating: gpt2 bf16 dp 1 and dp 2, $DP_STEPS
 #                  (50) timed steps, without dropout, then with it           -> dp-logs.tgz
+#   decode-ncu     ncu sections of the decode attention and add + layer norm kernels in graphed
+#                  decode steps of $DECODE_NCU_MODEL (bloom-560m)            -> decode-ncu.txt
 #   dp-ctas        gpt2 bf16 --no-dropout: dp 1, dp 2, dp 2 --dp-overlap at each NCCL_MAX_CTAS
 #                  of $DP_CTAS (auto 16 8 4 2)                               -> dp-logs.tgz
 #   tp-graph       two GPUs: the ignored unit test of graph-replayed --tp 2 decoding against one
@@ -393,6 +395,20 @@ for stage in "$@"; do
     done
     python3 scripts/kernel_breakdown.py /tmp/prof/*.csv | tee "$OUT/perf-profile.txt"
     (cd /tmp && tar czf "$OUT/perf-profile.tgz" prof)
+    ;;
+  decode-ncu)
+    # ncu's sections (throughput, occupancy, warp stalls) for two decode steps' attention and
+    # add + layer norm kernels, graphed, $DECODE_NCU_MODEL (bloom-560m) batch 1, prompt 128
+    # -> decode-ncu.txt
+    for k in tb_decode_attention tb_add_layer_norm; do
+      TB_CUDA_PROFILE=2 ncu --profile-from-start off --clock-control none --target-processes all \
+        -k regex:$k --launch-skip 120 --launch-count 2 --section SpeedOfLight --section Occupancy \
+        --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis \
+        $B --suite generation --prompt-lens 128 --new-tokens 16 --batch-size 1 --limit 1 \
+        --model "${DECODE_NCU_MODEL:-bloom-560m}" --weights random --seed 0 --device cuda --dtype bf16 \
+        --log-dir /tmp/prof-logs --no-progress >> "$OUT/decode-ncu.txt" 2>&1
+      echo "decode-ncu $k: exit $?"
+    done
     ;;
   flash-profile)
     # ncu's sections (throughput, occupancy, warp stalls) for the fused attention's kernels in
