@@ -42,6 +42,13 @@ __device__ void add_layer_norm_vec(const T* x, const T* r, const T* w, const T* 
 #pragma unroll
     for (int i = 0; i < N; ++i) sum += v[i];
   }
+  // w and b loaded before the reductions, so that their latency hides under them.
+  const int j = threadIdx.x * N;
+  Vec16<T> wv, bv;
+  if (mine) {
+    wv = *reinterpret_cast<const Vec16<T>*>(w + j);
+    bv = *reinterpret_cast<const Vec16<T>*>(b + j);
+  }
   const float mean = block_sum(sum, sh) / c;
   float var = 0.f;
   if (mine)
@@ -49,9 +56,6 @@ __device__ void add_layer_norm_vec(const T* x, const T* r, const T* w, const T* 
     for (int i = 0; i < N; ++i) var += (v[i] - mean) * (v[i] - mean);
   const float rstd = rsqrtf(block_sum(var, sh) / c + eps);
   if (!mine) return;
-  const int j = threadIdx.x * N;
-  const Vec16<T> wv = *reinterpret_cast<const Vec16<T>*>(w + j);
-  const Vec16<T> bv = *reinterpret_cast<const Vec16<T>*>(b + j);
   Vec16<T> yv;
 #pragma unroll
   for (int i = 0; i < N; ++i) yv.e[i] = from_f<T>((v[i] - mean) * rstd * to_f(wv.e[i]) + to_f(bv.e[i]));
@@ -155,95 +159,136 @@ __device__ void decode_attention(const T* qkv, long qkv_stride, int head_stride,
   }
 }
 
-// decode_attention for head size HS (64, 128) with a warp a key: the lanes split the head's
-// dims (HS / 32 each, coalesced reads of a cached row), the warps the keys, four keys a warp in
-// flight; p·v the same way, the warps' partial sums added through shared memory. The loop
-// above (a thread a key, a thread a dim for p·v) took 27 µs a layer at bloom-7b1's batch 1,
-// latency-bound; same arguments, same rounding.
-// Dynamic shared memory: (HS + pos + 1 + warps·HS) floats (with a cursor: T_max for pos + 1).
+// decode_attention split over the keys (flash-decoding), for head sizes 64 and 128: block
+// (row·head, s) takes keys [s·SPLIT_KEYS, (s + 1)·SPLIT_KEYS) with a warp a key, and writes its
+// max score, its sum of exp(score − max) and its unnormalised p·v; tb_decode_combine merges a
+// head's blocks. One block per head (a thread a key; then a warp a key) kept a dozen SMs busy
+// and waited on a chain of loads (ncu, bloom-560m: 16 blocks, 11–13 µs, 55–60 % of the cycles
+// stalled on L1TEX). The
+// probabilities are not rounded to T before p·v here (the merge needs the sums first).
+//   part_m, part_l: (B·nh, S); part_acc: (B·nh, S, HS); other arguments as decode_attention
+#define SPLIT_KEYS 64
 template <typename T, int HS>
-__device__ void decode_attention_warps(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
-                                       const float* key_mask, const float* slopes, const float* key_pos, T* out,
-                                       float scale, int nh, int t_max, int pos_arg, const uint32_t* cursor) {
-  constexpr int DPL = HS / 32;  // dims a lane
-  constexpr int KEYS = 4;       // keys a warp reads at once
-  extern __shared__ float smem[];
+__device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
+                                      const float* key_mask, const float* slopes, const float* key_pos,
+                                      float* part_m, float* part_l, float* part_acc, float scale, int nh, int t_max,
+                                      int pos_arg, const uint32_t* cursor) {
+  constexpr int DPL = HS / 32;
+  constexpr int WARPS = 8;  // blockDim.x == 256
+  __shared__ float q[HS];
+  __shared__ float p[SPLIT_KEYS];
+  __shared__ float sums[WARPS][HS];
+  __shared__ float sh[32];
   const int pos = cursor ? (int)*cursor - 1 : pos_arg;
   const int tk = pos + 1;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  float* q = smem;         // (HS,)
-  float* p = smem + HS;    // (tk,) scores, then probabilities
-  float* part_sums = p + tk;  // (warps, HS)
-  __shared__ float sh[32];
-  const int b = blockIdx.x / nh, h = blockIdx.x % nh;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int bh = blockIdx.x, b = bh / nh, h = bh % nh, s = blockIdx.y;
+  const int lo = s * SPLIT_KEYS, n = min(tk - lo, SPLIT_KEYS);
+  const long o = (long)bh * gridDim.y + s;
+  if (n <= 0) {  // past the cache's end: nothing to merge
+    if (threadIdx.x == 0) {
+      part_m[o] = -INFINITY;
+      part_l[o] = 0.f;
+    }
+    for (int d = threadIdx.x; d < HS; d += blockDim.x) part_acc[o * HS + d] = 0.f;
+    return;
+  }
   const T* qr = qkv + b * qkv_stride + (long)h * head_stride;
   const long head_off = ((long)b * nh + h) * t_max * HS;
   T* kr = kc + head_off;
   T* vr = vc + head_off;
+  const bool writes = pos >= lo && pos < lo + n;  // this block holds the new position
   for (int d = threadIdx.x; d < HS; d += blockDim.x) {
     q[d] = to_f(qr[d]);
-    kr[(long)pos * HS + d] = qr[part + d];
-    vr[(long)pos * HS + d] = qr[2 * part + d];
+    if (writes) {
+      kr[(long)pos * HS + d] = qr[part + d];
+      vr[(long)pos * HS + d] = qr[2 * part + d];
+    }
   }
-  __syncthreads();  // q and the new key and value are visible to the whole block
+  __syncthreads();
   float qd[DPL];
 #pragma unroll
   for (int i = 0; i < DPL; ++i) qd[i] = q[lane * DPL + i];
   const float* mrow = key_mask + (long)b * t_max;
   const float slope = slopes ? slopes[h] : 0.f;
-  for (int k0 = warp; k0 < tk; k0 += warps * KEYS) {
-    float dot[KEYS];
+  constexpr int PER_WARP = SPLIT_KEYS / WARPS;  // 8 keys a warp, all in flight
+  float dot[PER_WARP];
 #pragma unroll
-    for (int u = 0; u < KEYS; ++u) {
-      const int k = k0 + u * warps;
-      dot[u] = 0.f;
-      if (k < tk) {
-        const T* ks = kr + (long)k * HS + lane * DPL;
+  for (int u = 0; u < PER_WARP; ++u) {
+    const int j = warp + u * WARPS;
+    dot[u] = 0.f;
+    if (j < n) {
+      const T* ks = kr + (long)(lo + j) * HS + lane * DPL;
 #pragma unroll
-        for (int i = 0; i < DPL; ++i) dot[u] += qd[i] * to_f(ks[i]);
-      }
+      for (int i = 0; i < DPL; ++i) dot[u] += qd[i] * to_f(ks[i]);
     }
+  }
 #pragma unroll
-    for (int u = 0; u < KEYS; ++u) dot[u] = warp_sum(dot[u]);
-    if (lane == 0)
+  for (int u = 0; u < PER_WARP; ++u) dot[u] = warp_sum(dot[u]);
+  if (lane == 0)
 #pragma unroll
-      for (int u = 0; u < KEYS; ++u) {
-        const int k = k0 + u * warps;
-        if (k >= tk) break;
+    for (int u = 0; u < PER_WARP; ++u) {
+      const int j = warp + u * WARPS;
+      if (j < n) {
+        const int k = lo + j;
         float sc = to_f(from_f<T>(dot[u])) * scale + (1.f - mrow[k]) * MASKED;
         if (slopes) sc += slope * key_pos[(long)b * t_max + k];
-        p[k] = sc;
+        p[j] = sc;
       }
+    }
+  __syncthreads();
+  const float mx = block_max(threadIdx.x < n ? p[threadIdx.x] : -INFINITY, sh);
+  float e = 0.f;
+  if (threadIdx.x < n) {
+    e = expf(p[threadIdx.x] - mx);
+    p[threadIdx.x] = e;
   }
-  __syncthreads();  // every score is in p
-  float mx = -INFINITY;
-  for (int k = threadIdx.x; k < tk; k += blockDim.x) mx = fmaxf(mx, p[k]);
-  mx = block_max(mx, sh);
-  float sum = 0.f;
-  for (int k = threadIdx.x; k < tk; k += blockDim.x) {
-    const float e = expf(p[k] - mx);
-    p[k] = e;
-    sum += e;
-  }
-  const float inv = 1.f / block_sum(sum, sh);  // its __syncthreads publish p
+  const float l = block_sum(e, sh);  // its __syncthreads publish p
   float a[DPL];
 #pragma unroll
   for (int i = 0; i < DPL; ++i) a[i] = 0.f;
-#pragma unroll 4
-  for (int k = warp; k < tk; k += warps) {
-    const float pk = to_f(from_f<T>(p[k] * inv));
-    const T* vs = vr + (long)k * HS + lane * DPL;
 #pragma unroll
-    for (int i = 0; i < DPL; ++i) a[i] += pk * to_f(vs[i]);
+  for (int u = 0; u < PER_WARP; ++u) {
+    const int j = warp + u * WARPS;
+    if (j < n) {
+      const T* vs = vr + (long)(lo + j) * HS + lane * DPL;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) a[i] += p[j] * to_f(vs[i]);
+    }
   }
 #pragma unroll
-  for (int i = 0; i < DPL; ++i) part_sums[warp * HS + lane * DPL + i] = a[i];
+  for (int i = 0; i < DPL; ++i) sums[warp][lane * DPL + i] = a[i];
   __syncthreads();
-  for (int j = threadIdx.x; j < HS; j += blockDim.x) {
-    float o = 0.f;
-    for (int wi = 0; wi < warps; ++wi) o += part_sums[wi * HS + j];
-    out[(long)b * nh * HS + (long)h * HS + j] = from_f<T>(o);
+  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
+    float acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) acc += sums[w][d];
+    part_acc[o * HS + d] = acc;
   }
+  if (threadIdx.x == 0) {
+    part_m[o] = mx;
+    part_l[o] = l;
+  }
+}
+
+// Merges a head's split blocks: out = Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s, M the
+// largest m_s; one block (hs threads) per (row, head), heads merged on the way out.
+//   out: (B, nh·hs)
+template <typename T>
+__device__ void decode_combine(const float* part_m, const float* part_l, const float* part_acc, T* out, int splits,
+                               int hs) {
+  const int bh = blockIdx.x;
+  const float* m = part_m + (long)bh * splits;
+  const float* l = part_l + (long)bh * splits;
+  float mx = -INFINITY;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, m[s]);
+  float den = 0.f, num = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    const float w = m[s] == -INFINITY ? 0.f : expf(m[s] - mx);
+    den += w * l[s];
+    if (threadIdx.x < hs) num += w * part_acc[((long)bh * splits + s) * hs + threadIdx.x];
+  }
+  if (threadIdx.x < hs) out[(long)bh * hs + threadIdx.x] = from_f<T>(num / den);
 }
 
 // Greedy pick: the first index of the largest x[row, j] + ban[j] (ban: (V,) 0 or −inf, or
@@ -355,15 +400,23 @@ extern "C" __global__ void tb_decode_begin(float* mask, float* key_pos, float* s
                                                      T* kc, T* vc, const float* key_mask, const float* slopes, \
                                                      const float* key_pos, T* out, float scale, int nh, int hs, \
                                                      int t_max, int pos, const uint32_t* cursor) {            \
-    if (hs == 64 && (blockDim.x & 31) == 0)                                                                   \
-      decode_attention_warps<T, 64>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, out,  \
-                                    scale, nh, t_max, pos, cursor);                                           \
-    else if (hs == 128 && (blockDim.x & 31) == 0)                                                             \
-      decode_attention_warps<T, 128>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, out, \
-                                     scale, nh, t_max, pos, cursor);                                          \
+    decode_attention<T>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, out, scale, nh,   \
+                        hs, t_max, pos, cursor);                                                              \
+  }                                                                                                           \
+  extern "C" __global__ void tb_decode_attention_part_##S(                                                     \
+      const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc, const float* key_mask,          \
+      const float* slopes, const float* key_pos, float* part_m, float* part_l, float* part_acc, float scale,   \
+      int nh, int hs, int t_max, int pos, const uint32_t* cursor) {                                           \
+    if (hs == 64)                                                                                             \
+      decode_attention_part<T, 64>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos,      \
+                                   part_m, part_l, part_acc, scale, nh, t_max, pos, cursor);                  \
     else                                                                                                      \
-      decode_attention<T>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, out, scale, nh, \
-                          hs, t_max, pos, cursor);                                                            \
+      decode_attention_part<T, 128>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos,     \
+                                    part_m, part_l, part_acc, scale, nh, t_max, pos, cursor);                 \
+  }                                                                                                           \
+  extern "C" __global__ void tb_decode_combine_##S(const float* part_m, const float* part_l,                    \
+                                                   const float* part_acc, T* out, int splits, int hs) {        \
+    decode_combine<T>(part_m, part_l, part_acc, out, splits, hs);                                             \
   }                                                                                                           \
   extern "C" __global__ void tb_argmax_##S(const T* x, const T* ban, uint32_t* out, int v) {                  \
     argmax_rows<T>(x, ban, out, v);                                                                           \

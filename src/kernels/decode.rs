@@ -145,6 +145,9 @@ mod imp {
     /// Threads of a decode-attention block: a key each for the scores (≤ 512 keys in one
     /// sweep), 512 / hs groups of keys for p·v.
     const ATTN_THREADS: usize = 512;
+    /// Keys a block of `tb_decode_attention_part` takes (SPLIT_KEYS of decode.cu), its threads.
+    const SPLIT_KEYS: usize = 64;
+    const SPLIT_THREADS: u32 = 256;
     /// The dynamic shared memory a block may take without opting in (48 KiB).
     const SHARED_LIMIT: usize = 48 * 1024;
 
@@ -222,15 +225,9 @@ mod imp {
         Ok(Some((sum, normed)))
     }
 
-    /// Dynamic shared memory of a decode-attention block over `tk` keys, or None past the limit:
-    /// q, the scores, and the p·v partial sums (a warp's row of hs for head sizes 64 and 128,
-    /// decode_attention_warps; a thread's one otherwise).
+    /// Dynamic shared memory of a decode-attention block over `tk` keys, or None past the limit.
     fn attention_shared(hs: usize, tk: usize) -> Option<u32> {
-        let partial = match hs {
-            64 | 128 => ATTN_THREADS / 32 * hs,
-            _ => ATTN_THREADS,
-        };
-        let bytes = (hs + tk + partial) * 4;
+        let bytes = (hs + tk + ATTN_THREADS) * 4;
         (bytes <= SHARED_LIMIT).then_some(bytes as u32)
     }
 
@@ -250,8 +247,13 @@ mod imp {
         } else {
             cache.pos + 1
         };
-        let Some(shared) = attention_shared(hs, longest) else {
-            return Ok(None); // a cache longer than one block's shared memory holds
+        // Head sizes 64 and 128 split the keys over blocks, at any length; the others need one
+        // block's shared memory for every key.
+        let split = matches!(hs, 64 | 128);
+        let shared = match (split, attention_shared(hs, longest)) {
+            (true, _) => 0,
+            (false, Some(bytes)) => bytes,
+            (false, None) => return Ok(None), // longer than one block's shared memory holds
         };
         let fits = t == 1 && hs <= ATTN_THREADS && cache.pos < t_max;
         let cursor_ok = cache
@@ -285,7 +287,21 @@ mod imp {
             return Ok(None);
         };
         let dev = storage(&g[0].0).device().clone();
-        let func = kernel!(dev, PTX, "tb_decode_attention", qkv.dtype())?;
+        let func = match split {
+            true => kernel!(dev, PTX, "tb_decode_attention_part", qkv.dtype())?,
+            false => kernel!(dev, PTX, "tb_decode_attention", qkv.dtype())?,
+        };
+        let combine = kernel!(dev, PTX, "tb_decode_combine", qkv.dtype())?;
+        // The split blocks' partial results: max and exp-sum (rows·splits), p·v (· hs).
+        let (rows, splits) = (b * nh, longest.div_ceil(SPLIT_KEYS));
+        let parts = match split {
+            true => Some((
+                alloc::<f32>(&dev, rows * splits)?,
+                alloc::<f32>(&dev, rows * splits)?,
+                alloc::<f32>(&dev, rows * splits * hs)?,
+            )),
+            false => None,
+        };
         let out = with_dtype!(qkv.dtype(), T => {
             let qv = view::<T>(storage(&g[0].0), g[0].1)?;
             let kv = view::<T>(storage(&g[1].0), g[1].1)?;
@@ -307,7 +323,12 @@ mod imp {
                 Some(s) => args.arg(s),
                 None => args.arg(&NULL),
             };
-            args.arg(&pv).arg(&out).arg(&scale);
+            args.arg(&pv);
+            match &parts {
+                Some((m, l, acc)) => args.arg(m).arg(l).arg(acc),
+                None => args.arg(&out),
+            };
+            args.arg(&scale);
             for d in &dims {
                 args.arg(d);
             }
@@ -319,16 +340,34 @@ mod imp {
                 Some(c) => args.arg(c),
                 None => args.arg(&NULL),
             };
-            let cfg = LaunchConfig {
-                grid_dim: ((b * nh) as u32, 1, 1),
-                block_dim: (ATTN_THREADS as u32, 1, 1),
-                shared_mem_bytes: shared,
+            let cfg = match split {
+                true => LaunchConfig {
+                    grid_dim: (rows as u32, splits as u32, 1),
+                    block_dim: (SPLIT_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                },
+                false => LaunchConfig {
+                    grid_dim: (rows as u32, 1, 1),
+                    block_dim: (ATTN_THREADS as u32, 1, 1),
+                    shared_mem_bytes: shared,
+                },
             };
             // SAFETY: qkv holds B rows of `width` ≥ every head's q, k and v (the layout); the
             // caches (B, nh, T_max, hs) with pos < T_max (a cursor's too: generate_in made
-            // the cache with room for every step); mask and positions (B, T_max); out B·nh·hs; slopes nh; shared memory
-            // for every key. The kernel writes the caches only at `pos`.
+            // the cache with room for every step); mask and positions (B, T_max); out B·nh·hs;
+            // slopes nh; shared memory for every key, or the partials for every split of
+            // SPLIT_KEYS keys of the longest cache. The kernel writes the caches only at `pos`.
             unsafe { args.launch(cfg) }.w()?;
+            if let Some((m, l, acc)) = &parts {
+                let (splits_i, hs_i) = (splits as i32, hs as i32);
+                let cfg = LaunchConfig {
+                    grid_dim: (rows as u32, 1, 1),
+                    block_dim: (hs as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: the partials hold rows·splits (·hs) values, out rows·hs.
+                launch!(unsafe combine, cfg; m, l, acc, &out, &splits_i, &hs_i)?;
+            }
             wrap(out, &dev, (b, 1, nh * hs))
         });
         Ok(Some(out))
