@@ -291,14 +291,15 @@ mod imp {
             true => kernel!(dev, PTX, "tb_decode_attention_part", qkv.dtype())?,
             false => kernel!(dev, PTX, "tb_decode_attention", qkv.dtype())?,
         };
-        let combine = kernel!(dev, PTX, "tb_decode_combine", qkv.dtype())?;
-        // The split blocks' partial results: max and exp-sum (rows·splits), p·v (· hs).
+        // The split blocks' partial results: max and exp-sum (rows·splits), p·v (· hs), and
+        // the kernel that merges them.
         let (rows, splits) = (b * nh, longest.div_ceil(SPLIT_KEYS));
         let parts = match split {
             true => Some((
                 alloc::<f32>(&dev, rows * splits)?,
                 alloc::<f32>(&dev, rows * splits)?,
                 alloc::<f32>(&dev, rows * splits * hs)?,
+                kernel!(dev, PTX, "tb_decode_combine", qkv.dtype())?,
             )),
             false => None,
         };
@@ -325,7 +326,7 @@ mod imp {
             };
             args.arg(&pv);
             match &parts {
-                Some((m, l, acc)) => args.arg(m).arg(l).arg(acc),
+                Some((m, l, acc, _)) => args.arg(m).arg(l).arg(acc),
                 None => args.arg(&out),
             };
             args.arg(&scale);
@@ -358,7 +359,7 @@ mod imp {
             // slopes nh; shared memory for every key, or the partials for every split of
             // SPLIT_KEYS keys of the longest cache. The kernel writes the caches only at `pos`.
             unsafe { args.launch(cfg) }.w()?;
-            if let Some((m, l, acc)) = &parts {
+            if let Some((m, l, acc, combine)) = &parts {
                 let (splits_i, hs_i) = (splits as i32, hs as i32);
                 let cfg = LaunchConfig {
                     grid_dim: (rows as u32, 1, 1),
