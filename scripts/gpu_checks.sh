@@ -2,6 +2,10 @@
 # One batch of GPU-host checks per device call; stages run in the order given.
 # Run from the repo root on the GPU host; writes everything under $OUT (<= 8 files come back).
 #   fixtures       HF reference fixtures (CPU fp32) for tests/fixtures           -> fixtures.tgz
+#   shakespeare    --suite shakespeare, gpt2 bf16 8 x 1024, one epoch: candle and compiled HF
+#                  (needs .gpu/input.txt, Tiny Shakespeare)                    -> shakespeare.txt
+#   strategies-1gpu gpt2-xl bf16 on Tiny Shakespeare, batch x --recompute off,on, OOM recorded:
+#                  the single-GPU column of the strategy table                 -> strategies.txt
 #   train-grads    HF first-step gradients for the shipped train fixtures (CPU fp32)  -> train-grads.tgz
 #   train-fixtures HF training fixtures (CPU fp32): tests/fixtures/train-{gpt2,bloom} -> train-fixtures.tgz
 #   numerics       real-shape HF references made here (gpt2, bloom-560m; fp32, bf16) vs ours
@@ -420,6 +424,27 @@ for stage in "$@"; do
       --max-steps 3 --engine candle --model gpt2 --weights random --seed 0 --device cuda --dtype bf16 \
       --no-dropout --log-dir /tmp/prof-logs --no-progress > "$OUT/flash-ncu.txt" 2>&1
     echo "flash-profile: exit $?"
+    ;;
+  shakespeare)
+    # The Tiny Shakespeare suite (.gpu/input.txt, llm.c's split) on gpt2 bf16, batch 8 x 1024,
+    # one epoch, dropout off: candle, then compiled HF (a sweep: one process an engine) -> shakespeare.txt
+    $B --suite shakespeare --model gpt2 --weights random --seed 0 --device cuda --dtype bf16 \
+      --data .gpu/input.txt --block-size 1024 --batch-size 8 --no-dropout --warmup 5 \
+      --engine candle,hf --hf-compile --log-dir /tmp/shakespeare-logs --no-progress 2>&1 \
+      | grep -v '^  |' | tee -a "$OUT/shakespeare.txt"
+    echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/shakespeare.txt"
+    (cd /tmp && tar czf "$OUT/shakespeare-logs.tgz" shakespeare-logs)
+    ;;
+  strategies-1gpu)
+    # One GPU's column of the strategy table: gpt2-xl bf16 on Tiny Shakespeare (dropout on: the
+    # manual step keeps the attention probabilities), batch x recompute, each configuration a
+    # sweep child, OOM recorded; $STRAT_BATCHES (4,8,16) -> strategies.txt
+    $B --suite shakespeare --model gpt2-xl --weights random --seed 0 --device cuda --dtype bf16 \
+      --data .gpu/input.txt --block-size 1024 --batch-sizes "${STRAT_BATCHES:-4,8,16}" \
+      --recompute off,on --max-steps 5 --warmup 2 --run-timeout 150 \
+      --log-dir /tmp/strategy-logs --no-progress 2>&1 | grep -v '^  |' | tee -a "$OUT/strategies.txt"
+    echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/strategies.txt"
+    (cd /tmp && tar czf "$OUT/strategy-logs.tgz" strategy-logs)
     ;;
   kernels)
     unpack tests /tmp/unit-tests

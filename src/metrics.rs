@@ -248,8 +248,10 @@ pub struct TrainTotals {
     pub timed_ms: Vec<f64>,
     pub timed_samples: usize,
     pub timed_tokens: usize,
-    /// Milliseconds of the timed steps spent in all-reduces (data parallelism).
+    /// Milliseconds of the timed steps spent in all-reduces (data parallelism), and whether
+    /// any step timed them (ZeRO-2/3's collectives run inside the backward: not timed).
     pub comm_ms: f64,
+    pub comm_timed: bool,
     /// Phase times of the timed steps (`--phase-times`).
     pub phases: Vec<PhaseMs>,
     /// The host's queueing time of the timed steps, where the engine measures it.
@@ -276,6 +278,7 @@ impl TrainTotals {
             self.timed_samples += step.n_samples;
             self.timed_tokens += step.n_tokens;
             self.comm_ms += step.comm_ms.unwrap_or(0.);
+            self.comm_timed |= step.comm_ms.is_some();
             self.phases.extend(step.phases_ms);
             self.host_ms.extend(step.host_ms);
         }
@@ -318,7 +321,7 @@ impl TrainTotals {
             wall_seconds: f64::NAN,
             peak_memory_bytes: 0,
             peak_host_memory_bytes: peak_rss_bytes(),
-            comm_share: data_parallel
+            comm_share: (data_parallel && self.comm_timed)
                 .then(|| self.comm_ms / (runtime * 1e3).max(f64::MIN_POSITIVE)),
             per_rank_peak_memory_bytes: None,
             phases_ms_p50: self.phases_p50(),
@@ -329,6 +332,8 @@ impl TrainTotals {
             achieved_tflop_per_second: None,
             peak_tflop_per_second: None,
             mfu: None,
+            epoch_seconds: None,
+            peak_memory_share: None,
         }
     }
 

@@ -214,6 +214,13 @@ pub struct TrainSummary {
     /// achieved / peak, a fraction (0..1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mfu: Option<f64>,
+    /// Seconds an epoch takes at the timed steps' rate: optimizer steps per epoch × their mean
+    /// latency (the seed benchmarks' "time per epoch").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch_seconds: Option<f64>,
+    /// peak_memory_bytes / the GPU's memory, a fraction (0..1); None on CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_share: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -566,6 +573,12 @@ pub struct SweepConfig {
     /// The generation suite: new tokens per prompt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub new_tokens: Option<usize>,
+    /// `--strategies`: the ZeRO level of the configuration's `--dp` ranks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero: Option<u8>,
+    /// Training: `--recompute` on (absent: off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute: Option<bool>,
 }
 
 impl SweepConfig {
@@ -576,8 +589,13 @@ impl SweepConfig {
             .new_tokens
             .map(|n| format!(" new={n}"))
             .unwrap_or_default();
+        let zero = self.zero.map(|z| format!(" zero={z}")).unwrap_or_default();
+        let recompute = match self.recompute {
+            Some(true) => " recompute=on",
+            _ => "",
+        };
         format!(
-            "model={} dtype={} batch={} seq={seq}{new} engine={}",
+            "model={} dtype={} batch={} seq={seq}{new}{zero}{recompute} engine={}",
             self.model, self.dtype, self.batch_size, self.engine
         )
     }

@@ -52,6 +52,22 @@ impl TextTokenizer {
         }
     }
 
+    /// The id of the token that ends a document (`<|endoftext|>`, BLOOM's `</s>`).
+    pub fn end_of_text(&self) -> Result<u32> {
+        match self {
+            Self::Gpt2Bpe { .. } => Ok(50256),
+            Self::HuggingFace(t) => ["<|endoftext|>", "</s>", "<eos>"]
+                .iter()
+                .find_map(|s| t.token_to_id(s))
+                .ok_or_else(|| {
+                    Error::Config(
+                        "the tokenizer has no end-of-text token (<|endoftext|>, </s> or <eos>)"
+                            .into(),
+                    )
+                }),
+        }
+    }
+
     /// Token ids of `text`, no special tokens added and none parsed from the text (as lm-eval's
     /// `tok_encode` for causal models).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {

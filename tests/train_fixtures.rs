@@ -71,7 +71,7 @@ fn check(name: &str, backward: Backward) {
         assert!((got.lr - f("lr")).abs() < 1e-12, "{name} step {s}: lr");
     }
     let final_ref = candle_core::safetensors::load(dir.join("final.safetensors"), &dev).unwrap();
-    let ours = trainer.named_params();
+    let ours = trainer.named_params().unwrap();
     assert_eq!(ours.len(), final_ref.len(), "{name}: parameter count");
     let initial = candle_core::safetensors::load(dir.join("model.safetensors"), &dev).unwrap();
     let mut moved = 0f32;

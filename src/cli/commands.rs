@@ -30,21 +30,35 @@ pub fn exit(ok: bool) -> ExitCode {
 pub fn run_command(args: RunArgs, command_line: Vec<String>) -> Result<ExitCode> {
     crate::kernels::set_enabled(&args.fused);
     let plan = plan(&args)?;
+    // A sweep's child runs the configuration it was given (with --strategies, as the launcher
+    // of its ranks, or as one of them: the ranks inherit the task).
+    let task = ChildTask::from_env()?;
+    let plan = match &task {
+        Some(t) => plan.only(RunConfig::from_record(&t.config)?),
+        None if plan.sweep => return sweep(args, plan, command_line),
+        None => plan,
+    };
     if let Some(par) = parallel(&args, &plan)? {
-        return run_parallel(args, plan, par, command_line);
+        return run_parallel(args, plan, par, task, command_line);
     }
-    if let Some(task) = ChildTask::from_env()? {
-        let config = RunConfig::from_record(&task.config)?;
-        let mut spec = resolve_config(&args, &plan, &config, Some(task.repeat), command_line)?;
-        spec.log_dir = task.log_dir;
+    single(child_spec(&args, &plan, task, command_line)?)
+}
+
+/// The spec of the plan's one configuration; a sweep child's logs into the sweep's folder,
+/// with its repeat number, and shows no progress bar.
+fn child_spec(
+    args: &RunArgs,
+    plan: &Plan,
+    task: Option<ChildTask>,
+    command_line: Vec<String>,
+) -> Result<RunSpec> {
+    let repeat = task.as_ref().map(|t| t.repeat);
+    let mut spec = resolve_config(args, plan, &plan.configs[0], repeat, command_line)?;
+    if let Some(t) = task {
+        spec.log_dir = t.log_dir;
         spec.progress = false;
-        return single(spec);
     }
-    if plan.sweep {
-        return sweep(args, plan, command_line);
-    }
-    let spec = resolve_config(&args, &plan, &plan.configs[0], None, command_line)?;
-    single(spec)
+    Ok(spec)
 }
 
 /// Runs a sweep: checks every configuration resolves (a typo fails before any child starts),
@@ -54,6 +68,13 @@ fn sweep(args: RunArgs, plan: Plan, command_line: Vec<String>) -> Result<ExitCod
         return Err(Error::Config(
             "--save-weights writes one model: run it without a sweep".into(),
         ));
+    }
+    // --tp / --dp runs one configuration, unless --strategies makes each a group of ranks.
+    if (args.tp > 1 || args.dp > 1) && args.strategies.is_empty() {
+        let flag = if args.tp > 1 { "--tp" } else { "--dp" };
+        return Err(Error::Config(format!(
+            "{flag} is not supported in a sweep (one configuration at a time; --repeat and --isolate included); --strategies sweeps --dp runs"
+        )));
     }
     // Every configuration, so that a missing llm.c binary fails before candle trains.
     for config in &plan.configs {
@@ -84,9 +105,10 @@ fn run_parallel(
     args: RunArgs,
     plan: Plan,
     par: Parallel,
+    task: Option<ChildTask>,
     command_line: Vec<String>,
 ) -> Result<ExitCode> {
-    let spec = resolve_config(&args, &plan, &plan.configs[0], None, command_line)?;
+    let spec = child_spec(&args, &plan, task, command_line)?;
     check_parallel(par, &spec)?;
     let spec_device = spec.device;
     let timeout = std::time::Duration::from_secs(args.rdzv_timeout);
@@ -96,12 +118,8 @@ fn run_parallel(
                 tp: Some(ctx),
                 ..spec
             },
-            Parallel::Data { zero1, overlap, .. } => RunSpec {
-                dp: Some(DpRun {
-                    ctx,
-                    zero1,
-                    overlap,
-                }),
+            Parallel::Data { zero, overlap, .. } => RunSpec {
+                dp: Some(DpRun { ctx, zero, overlap }),
                 ..spec
             },
         })

@@ -150,8 +150,9 @@ pub enum WeightsKind {
 pub struct RunArgs {
     /// Workload to run: lambada (scoring, or generation with --mode generate), wikitext2
     /// (fine-tuning), generation (prompts from a text, time to first token and inter-token
-    /// latency).
-    #[arg(long, default_value = "lambada", value_parser = ["lambada", "wikitext2", "generation"])]
+    /// latency), shakespeare (Tiny Shakespeare as llm.c splits it, training from random
+    /// weights or a checkpoint: time per epoch, train/val loss, peak memory, MFU).
+    #[arg(long, default_value = "lambada", value_parser = ["lambada", "wikitext2", "generation", "shakespeare"])]
     pub suite: String,
 
     /// LAMBADA: score (lm-eval: the last word's log-likelihood from one forward pass) or
@@ -380,9 +381,13 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub dp: usize,
 
-    /// With --dp: 1 splits the AdamW state over the ranks (ZeRO stage 1): each rank updates the
-    /// parameters it owns, then shares them; 0 keeps a whole copy on every rank.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    /// With --dp, what the ranks split (ZeRO stages): 0 nothing, every rank keeps a whole copy;
+    /// 1 the AdamW state (each rank updates the parameters it owns, then shares them); 2 also
+    /// the gradients, reduce-scattered block by block as the backward makes them, and the
+    /// fp32 masters' update (FSDP's SHARD_GRAD_OP); 3 also the weights, all-gathered block by
+    /// block in the forward and the backward and freed after use (FSDP's FULL_SHARD; GPT-2's
+    /// manual backward). Composes with --recompute and --grad-accum.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: u8,
 
     /// With --dp and GPT-2's manual backward, one micro-batch a step: start each block's
@@ -392,6 +397,15 @@ pub struct RunArgs {
     #[arg(long)]
     pub dp_overlap: bool,
 
+    /// With --dp N (N >= 2), a training suite: lay data-parallel strategies side by side, each
+    /// a configuration of a sweep (a child process launching its N ranks; OOM recorded), with
+    /// --recompute off,on and --batch-sizes as further axes: e.g. `--strategies
+    /// dp,zero1,zero2,zero3 --recompute off,on --batch-sizes 8,16,32`. The sweep ends with a
+    /// table a configuration a column (time per epoch, tokens/s, peak memory and its share of
+    /// the GPU); extract-metrics reads the same logs (columns strategy, recompute, batch_size).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "LIST")]
+    pub strategies: Vec<Strategy>,
+
     /// With --tp or --dp: seconds to wait for every rank to join (model loading comes after).
     #[arg(long, default_value_t = 120, value_name = "SECS")]
     pub rdzv_timeout: u64,
@@ -400,9 +414,37 @@ pub struct RunArgs {
     pub train: TrainArgs,
 }
 
-/// Training suites (`--suite wikitext2`): HF Trainer / run_clm defaults unless given.
+/// `--recompute off,on`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Toggle {
+    Off,
+    On,
+}
+
+/// `--strategies`: how the `--dp` ranks share the model, each a configuration of the sweep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Strategy {
+    /// Plain data parallelism: a whole copy on every rank (--zero 0).
+    Dp,
+    /// ZeRO-1: the AdamW state split.
+    Zero1,
+    /// ZeRO-2: the gradients and the masters' update split too.
+    Zero2,
+    /// ZeRO-3: the weights split too, gathered block by block (FSDP's full shard).
+    Zero3,
+}
+
+impl Strategy {
+    /// The `--zero` level it runs at.
+    pub fn zero(self) -> u8 {
+        self as u8
+    }
+}
+
+/// Training suites (`--suite wikitext2`, `--suite shakespeare`): HF Trainer / run_clm
+/// defaults unless given.
 #[derive(Args, Debug, Default)]
-#[command(next_help_heading = "Training (--suite wikitext2)")]
+#[command(next_help_heading = "Training (--suite wikitext2, shakespeare)")]
 pub struct TrainArgs {
     /// Evaluation text file when --data is a training file (not a directory).
     #[arg(long, value_name = "PATH")]
@@ -441,9 +483,9 @@ pub struct TrainArgs {
     /// candle engine, GPT-2's manual step: activation checkpointing. The forward keeps each
     /// block's input (and its dropout masks) only; the backward runs the block's forward again
     /// before its backward. Less memory (peak memory is logged) for about one more forward a
-    /// step; the same gradients.
-    #[arg(long)]
-    pub recompute: bool,
+    /// step; the same gradients. `--recompute` alone is `on`; a list (`off,on`) is a sweep axis.
+    #[arg(long, value_enum, value_name = "on|off", num_args = 0..=1, default_missing_value = "on", value_delimiter = ',')]
+    pub recompute: Vec<Toggle>,
     /// Drop each epoch's last partial batch (HF's dataloader_drop_last), for every engine of
     /// the run: every step then has one shape, so a compiled engine does not recompile in a
     /// timed step [default: on with --hf-compile, else off].
@@ -469,7 +511,7 @@ impl TrainArgs {
             (self.backward.is_some(), "--backward"),
             (self.phase_times, "--phase-times"),
             (self.drop_last, "--drop-last"),
-            (self.recompute, "--recompute"),
+            (!self.recompute.is_empty(), "--recompute"),
             (self.save.is_some(), "--save"),
         ]
         .into_iter()

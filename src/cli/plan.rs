@@ -12,6 +12,7 @@ use crate::engines::EngineKind;
 use crate::error::{Error, Result};
 use crate::models::{ModelSpec, WeightSource};
 use crate::record::SweepConfig;
+use crate::scenarios::shakespeare;
 use crate::scenarios::skeleton::max_positions;
 use crate::scenarios::suite_file::{SuiteFile, SuiteTrain};
 use crate::scenarios::wikitext2::data::{Splits, WIKITEXT2_RAW};
@@ -31,6 +32,10 @@ pub struct RunConfig {
     pub engine: EngineKind,
     /// The generation suite: new tokens per prompt.
     pub new_tokens: Option<usize>,
+    /// `--strategies`: the `--zero` level of this configuration's `--dp` ranks.
+    pub zero: Option<u8>,
+    /// Training: `--recompute` (a sweep axis when given a list).
+    pub recompute: bool,
 }
 
 impl RunConfig {
@@ -43,6 +48,8 @@ impl RunConfig {
             seq_len: self.seq_len,
             engine: self.engine.as_str().into(),
             new_tokens: self.new_tokens,
+            zero: self.zero,
+            recompute: self.recompute.then_some(true),
         }
     }
 
@@ -55,6 +62,8 @@ impl RunConfig {
             seq_len: c.seq_len,
             engine: parse_engine(&c.engine)?,
             new_tokens: c.new_tokens,
+            zero: c.zero,
+            recompute: c.recompute == Some(true),
         })
     }
 }
@@ -129,12 +138,15 @@ pub struct Axes {
     pub seq_lens: Vec<Option<usize>>,
     pub new_tokens: Vec<Option<usize>>,
     pub batch_sizes: Vec<usize>,
+    /// `--strategies` as ZeRO levels ([None] without it), then `--recompute`'s values.
+    pub zeros: Vec<Option<u8>>,
+    pub recomputes: Vec<bool>,
     pub engines: Vec<EngineKind>,
 }
 
 /// The configurations in run order: models, then dtypes, sequence (prompt) lengths, new
-/// tokens, batch sizes and engines (innermost, so engines of one configuration run back to
-/// back).
+/// tokens, batch sizes, strategies, recompute and engines (innermost, so engines of one
+/// configuration run back to back).
 pub fn expand(a: &Axes) -> Vec<RunConfig> {
     let mut out = vec![];
     for model in &a.models {
@@ -142,18 +154,37 @@ pub fn expand(a: &Axes) -> Vec<RunConfig> {
             for &seq_len in &a.seq_lens {
                 for &new_tokens in &a.new_tokens {
                     for &batch_size in &a.batch_sizes {
-                        for &engine in &a.engines {
-                            out.push(RunConfig {
-                                model: model.clone(),
-                                precision,
-                                batch_size,
-                                seq_len,
-                                engine,
-                                new_tokens,
-                            });
-                        }
+                        let base = RunConfig {
+                            model: model.clone(),
+                            precision,
+                            batch_size,
+                            seq_len,
+                            engine: EngineKind::Candle,
+                            new_tokens,
+                            zero: None,
+                            recompute: false,
+                        };
+                        out.extend(training_configs(a, base));
                     }
                 }
+            }
+        }
+    }
+    out
+}
+
+/// `base` at each strategy, recompute setting and engine of `a`.
+fn training_configs(a: &Axes, base: RunConfig) -> Vec<RunConfig> {
+    let mut out = vec![];
+    for &zero in &a.zeros {
+        for &recompute in &a.recomputes {
+            for &engine in &a.engines {
+                out.push(RunConfig {
+                    zero,
+                    recompute,
+                    engine,
+                    ..base.clone()
+                });
             }
         }
     }
@@ -220,11 +251,14 @@ pub fn plan(args: &RunArgs) -> Result<Plan> {
     if repeat == 0 {
         return Err(Error::Config("--repeat must be at least 1".into()));
     }
+    let (zeros, recomputes) = training_axes(args, &suite)?;
     let n = models.len()
         * precisions.len()
         * batch_sizes.len()
         * seq_lens.len()
         * new_tokens.len()
+        * zeros.len()
+        * recomputes.len()
         * engines.len();
     let sweep = n > 1
         || repeat > 1
@@ -243,6 +277,8 @@ pub fn plan(args: &RunArgs) -> Result<Plan> {
         seq_lens,
         new_tokens,
         batch_sizes,
+        zeros,
+        recomputes,
         engines,
     });
     Ok(Plan {
@@ -253,6 +289,50 @@ pub fn plan(args: &RunArgs) -> Result<Plan> {
         repeat,
         sweep,
     })
+}
+
+/// The strategy axis (`--strategies` as ZeRO levels, else [None]: `--zero` decides) and the
+/// recompute axis (`--recompute`'s values, else off).
+fn training_axes(args: &RunArgs, suite: &SuiteFile) -> Result<(Vec<Option<u8>>, Vec<bool>)> {
+    let mut recomputes: Vec<bool> = args
+        .train
+        .recompute
+        .iter()
+        .map(|&t| t == super::Toggle::On)
+        .collect();
+    recomputes.dedup();
+    if recomputes.is_empty() {
+        recomputes.push(false);
+    }
+    if args.strategies.is_empty() {
+        return Ok((vec![None], recomputes));
+    }
+    if suite.train.is_none() {
+        return Err(Error::Config(format!(
+            "--strategies lays training strategies side by side: use it with --suite shakespeare or wikitext2, not {}",
+            suite.name
+        )));
+    }
+    if args.dp < 2 || args.zero != 0 {
+        return Err(Error::Config(
+            "--strategies runs each strategy over --dp N ranks: give --dp N (N >= 2) and no --zero"
+                .into(),
+        ));
+    }
+    let zeros = args.strategies.iter().map(|s| Some(s.zero())).collect();
+    Ok((zeros, recomputes))
+}
+
+impl Plan {
+    /// The plan of a sweep's child: its one configuration, run as a single run (or its ranks).
+    pub fn only(self, config: RunConfig) -> Self {
+        Self {
+            configs: vec![config],
+            repeat: 1,
+            sweep: false,
+            ..self
+        }
+    }
 }
 
 /// An optional length of each configuration (None: not set, the suite's default).
@@ -420,12 +500,12 @@ fn workload(args: &RunArgs, suite: &SuiteFile, config: &RunConfig) -> Result<Wor
     }
     if let (Some(flag), None) = (args.train.given(), &suite.train) {
         return Err(Error::Config(format!(
-            "{flag} is a training option: it applies to --suite wikitext2, not {}",
+            "{flag} is a training option: it applies to --suite wikitext2 or shakespeare, not {}",
             suite.name
         )));
     }
     if let Some(t) = &suite.train {
-        let opts = resolve_train(args, t, config.batch_size, config.engine)?;
+        let opts = resolve_train(args, suite, t, config)?;
         return Ok(Workload::Train(opts));
     }
     let source = match (&suite.generation, generate) {
@@ -613,17 +693,18 @@ pub fn resolve(args: RunArgs, command_line: Vec<String>) -> Result<RunSpec> {
 
 fn resolve_train(
     args: &RunArgs,
+    suite: &SuiteFile,
     t: &SuiteTrain,
-    batch_size: usize,
-    engine: EngineKind,
+    config: &RunConfig,
 ) -> Result<TrainOptions> {
+    let (batch_size, engine) = (config.batch_size, config.engine);
     let a = &args.train;
     if engine == EngineKind::Hf && a.backward.is_some() {
         return Err(Error::Config(
             "--backward picks how the candle engine computes gradients: use it with --engine candle or both".into(),
         ));
     }
-    if engine != EngineKind::Candle && a.recompute {
+    if engine != EngineKind::Candle && config.recompute {
         return Err(Error::Config(
             "--recompute checkpoints candle's manual step (HF's and llm.c's recompute are not wired in): use it with --engine candle".into(),
         ));
@@ -638,14 +719,24 @@ fn resolve_train(
             "--limit is for LAMBADA; use --max-steps".into(),
         ));
     }
-    let splits = match args.data.as_deref() {
-        None => Splits::sample(),
+    let splits = match (suite.name.as_str(), args.data.as_deref()) {
+        ("shakespeare", Some("full")) => {
+            let full = resolve_data(Some("full"), suite)?;
+            shakespeare::splits_of(full.origin, full.text)
+        }
+        ("shakespeare", _) if a.eval_data.is_some() => {
+            return Err(Error::Config(
+                "--eval-data is for --suite wikitext2: Tiny Shakespeare evaluates on its first tokens (llm.c's split)".into(),
+            ))
+        }
+        ("shakespeare", data) => shakespeare::splits(data.map(std::path::Path::new))?,
+        (_, None) => Splits::sample(),
         // Found locally, else downloaded and extracted (each file checksum-verified) when online.
-        Some("full") => {
+        (_, Some("full")) => {
             let dir = find_or_download_dir(&WIKITEXT2_RAW, &Lookup::from_env())?;
             Splits::from_path(&dir, a.eval_data.as_deref())?
         }
-        Some(p) => Splits::from_path(std::path::Path::new(p), a.eval_data.as_deref())?,
+        (_, Some(p)) => Splits::from_path(std::path::Path::new(p), a.eval_data.as_deref())?,
     };
     let grad_accum = a.grad_accum.unwrap_or(t.grad_accum);
     if grad_accum == 0 || a.max_steps == Some(0) || a.epochs.is_some_and(|e| e <= 0.) {
@@ -666,7 +757,7 @@ fn resolve_train(
         backward: a.backward,
         phase_times: a.phase_times,
         drop_last: a.drop_last || args.hf_compile,
-        recompute: a.recompute,
+        recompute: config.recompute,
         save: a.save.clone(),
     })
 }
@@ -677,7 +768,7 @@ pub enum Parallel {
     Tensor(usize),
     Data {
         size: usize,
-        zero1: bool,
+        zero: crate::train::ZeroStage,
         /// `--dp-overlap`.
         overlap: bool,
     },
@@ -701,8 +792,10 @@ impl Parallel {
 /// The parallel mode of `args`, checked against the plan: one configuration, the candle
 /// engine, the right kind of suite, a CUDA build with NCCL for GPUs. None without `--tp`/`--dp`.
 pub fn parallel(args: &RunArgs, plan: &Plan) -> Result<Option<Parallel>> {
+    // A `--strategies` configuration brings its own level.
+    let zero = plan.configs[0].zero.unwrap_or(args.zero);
     let par = match (args.tp, args.dp) {
-        (1, 1) if args.zero != 0 => return Err(Error::Config("--zero is for --dp runs".into())),
+        (1, 1) if zero != 0 => return Err(Error::Config("--zero is for --dp runs".into())),
         (1, 1) if args.dp_overlap => {
             return Err(Error::Config("--dp-overlap is for --dp runs".into()))
         }
@@ -710,7 +803,7 @@ pub fn parallel(args: &RunArgs, plan: &Plan) -> Result<Option<Parallel>> {
         (tp, 1) => Parallel::Tensor(tp),
         (1, dp) => Parallel::Data {
             size: dp,
-            zero1: args.zero == 1,
+            zero: crate::train::ZeroStage::from_level(zero).expect("clap keeps --zero in 0..=3"),
             overlap: args.dp_overlap,
         },
         _ => {
@@ -741,8 +834,13 @@ pub fn parallel(args: &RunArgs, plan: &Plan) -> Result<Option<Parallel>> {
             "for LAMBADA (it is for training suites: --suite wikitext2; for inference use --tp)",
         );
     }
-    if args.zero != 0 && !matches!(par, Parallel::Data { .. }) {
+    if zero != 0 && !matches!(par, Parallel::Data { .. }) {
         return Err(Error::Config("--zero is for --dp runs".into()));
+    }
+    if zero >= 2 && args.dp_overlap {
+        return Err(Error::Config(
+            "--zero 2 and 3 reduce-scatter each block's gradients as the backward makes them: drop --dp-overlap".into(),
+        ));
     }
     Ok(Some(par))
 }
@@ -781,6 +879,8 @@ mod tests {
             seq_lens: vec![None],
             new_tokens: vec![None],
             batch_sizes: vec![1, 2],
+            zeros: vec![None],
+            recomputes: vec![false],
             engines: vec![EngineKind::Candle, EngineKind::Hf],
         });
         assert_eq!(c.len(), 8);

@@ -1,5 +1,6 @@
-//! The one collective tensor parallelism needs: a sum over ranks of a tensor every rank holds
-//! with the same shape (Megatron's all-reduce after a row-parallel projection).
+//! The collectives of parallel runs: a sum over ranks of a tensor every rank holds with the
+//! same shape (Megatron's all-reduce after a row-parallel projection, data parallelism's
+//! gradient sum), and ZeRO-2/3's reduce-scatter and all-gather of flat shards.
 //!
 //! - [`TcpAllReduce`]: tensors through rank 0 over TCP, for CPU ranks (tests, CI, laptops).
 //!   Rank 0 sums in rank order, so every rank gets the same bits.
@@ -28,6 +29,25 @@ pub trait AllReduce: Send + Sync {
     fn wait_sums(&self) -> candle_core::Result<()> {
         Ok(())
     }
+    /// The sum over the ranks of `x` (size·S,), of which rank `rank` gets its run (S,):
+    /// values rank·S .. (rank+1)·S. The default sums everything and keeps the run.
+    fn reduce_scatter_sum(
+        &self,
+        x: &Tensor,
+        rank: usize,
+        size: usize,
+    ) -> candle_core::Result<Tensor> {
+        let s = shard_len(x, size)?;
+        self.all_reduce_sum(x)?.narrow(0, rank * s, s)
+    }
+    /// Every rank's `x` (S,), in rank order: (size·S,). The default sums zeros around each
+    /// rank's run (exact: every other value added is zero).
+    fn all_gather(&self, x: &Tensor, rank: usize, size: usize) -> candle_core::Result<Tensor> {
+        let s = x.elem_count();
+        let before = Tensor::zeros(rank * s, x.dtype(), x.device())?;
+        let after = Tensor::zeros((size - rank - 1) * s, x.dtype(), x.device())?;
+        self.all_reduce_sum(&Tensor::cat(&[&before, &x.flatten_all()?, &after], 0)?)
+    }
     /// `tcp` or `nccl X.Y.Z`, for the log header.
     fn describe(&self) -> String;
     /// Whether the sum runs on the device's stream without the host (a CUDA graph can then
@@ -35,6 +55,18 @@ pub trait AllReduce: Send + Sync {
     fn on_device(&self) -> bool {
         false
     }
+}
+
+/// S of a reduce-scatter of `x` (size·S,) over `size` ranks.
+fn shard_len(x: &Tensor, size: usize) -> candle_core::Result<usize> {
+    let n = x.elem_count();
+    if x.rank() != 1 || n % size != 0 {
+        candle_core::bail!(
+            "reduce-scatter of {:?} over {size} ranks: a flat multiple of the ranks",
+            x.shape()
+        )
+    }
+    Ok(n / size)
 }
 
 /// Units `rank` holds when `n` units (heads, hidden units) are split over `size` ranks:
@@ -340,6 +372,51 @@ mod nccl {
                 other => candle_core::bail!("NCCL all-reduce of {other:?}"),
             }
         }
+
+        /// ZeRO's collectives on the compute stream: `scatter`, the sum of `src` (ranks·count)
+        /// with this rank's run of `count` into `dst`; else `src`'s `count` values of every
+        /// rank into `dst` (ranks·count), in rank order.
+        fn scatter_or_gather(
+            &self,
+            dtype: DType,
+            src: u64,
+            dst: u64,
+            count: usize,
+            scatter: bool,
+        ) -> candle_core::Result<()> {
+            let nccl_type = match dtype {
+                DType::F32 => f32::as_nccl_type(),
+                DType::BF16 => bf16::as_nccl_type(),
+                DType::F16 => f16::as_nccl_type(),
+                other => candle_core::bail!("NCCL collective of {other:?}"),
+            };
+            let stream = self.compute.cu_stream() as _;
+            // SAFETY: `src` and `dst` hold the counts above on this rank's device, alive until
+            // the compute stream has run the collective (the caller's tensors).
+            unsafe {
+                match scatter {
+                    true => result::reduce_scatter(
+                        src as *const _,
+                        dst as *mut _,
+                        count,
+                        nccl_type,
+                        sys::ncclRedOp_t::ncclSum,
+                        self.comm,
+                        stream,
+                    ),
+                    false => result::all_gather(
+                        src as *const _,
+                        dst as *mut _,
+                        count,
+                        nccl_type,
+                        self.comm,
+                        stream,
+                    ),
+                }
+            }
+            .map(|_| ())
+            .map_err(nccl_err)
+        }
     }
 
     /// The device address of `s`'s buffer (event tracking is off on these devices: taking it
@@ -362,16 +439,29 @@ mod nccl {
         }
     }
 
-    /// The sum into a new tensor, on the compute stream.
-    struct SumInto<'a>(&'a NcclAllReduce);
+    /// Which collective [`IntoNew`] runs: the sum, or ZeRO's reduce-scatter / all-gather over
+    /// this many ranks.
+    #[derive(Clone, Copy)]
+    enum Collective {
+        Sum,
+        ReduceScatter(usize),
+        AllGather(usize),
+    }
 
-    impl CustomOp1 for SumInto<'_> {
+    /// A collective into a new tensor, on the compute stream.
+    struct IntoNew<'a>(&'a NcclAllReduce, Collective);
+
+    impl CustomOp1 for IntoNew<'_> {
         fn name(&self) -> &'static str {
-            "nccl-all-reduce"
+            match self.1 {
+                Collective::Sum => "nccl-all-reduce",
+                Collective::ReduceScatter(_) => "nccl-reduce-scatter",
+                Collective::AllGather(_) => "nccl-all-gather",
+            }
         }
 
         fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-            candle_core::bail!("NCCL all-reduce of a CPU tensor")
+            candle_core::bail!("NCCL collective of a CPU tensor")
         }
 
         fn cuda_fwd(
@@ -380,26 +470,40 @@ mod nccl {
             l: &Layout,
         ) -> candle_core::Result<(CudaStorage, Shape)> {
             let Some((start, end)) = l.contiguous_offsets() else {
-                candle_core::bail!("NCCL all-reduce needs a contiguous tensor")
+                candle_core::bail!("NCCL collectives need a contiguous tensor")
             };
             let dev = s.device().clone();
             let (n, size) = (end - start, s.dtype().size_in_bytes());
+            let out_len = match self.1 {
+                Collective::Sum => n,
+                Collective::ReduceScatter(ranks) => n / ranks,
+                Collective::AllGather(ranks) => n * ranks,
+            };
             let src = address(s, &self.0.compute)? + (start * size) as u64;
             macro_rules! alloc {
                 ($t:ty) => {{
-                    // SAFETY: every element is written by the all-reduce before it is read.
-                    CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<$t>(n)? }, dev.clone())
+                    // SAFETY: every element is written by the collective before it is read.
+                    CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<$t>(out_len)? }, dev.clone())
                 }};
             }
             let out = match s.dtype() {
                 DType::F32 => alloc!(f32),
                 DType::BF16 => alloc!(bf16),
                 DType::F16 => alloc!(f16),
-                other => candle_core::bail!("NCCL all-reduce of {other:?}"),
+                other => candle_core::bail!("NCCL collective of {other:?}"),
             };
             let dst = address(&out, &self.0.compute)?;
-            self.0.sum_dtype(s.dtype(), src, dst, n, &self.0.compute)?;
-            Ok((out, l.shape().clone()))
+            let nccl = self.0;
+            match self.1 {
+                Collective::Sum => nccl.sum_dtype(s.dtype(), src, dst, n, &nccl.compute)?,
+                Collective::ReduceScatter(_) => {
+                    nccl.scatter_or_gather(s.dtype(), src, dst, out_len, true)?
+                }
+                Collective::AllGather(_) => {
+                    nccl.scatter_or_gather(s.dtype(), src, dst, n, false)?
+                }
+            }
+            Ok((out, Shape::from(out_len)))
         }
     }
 
@@ -429,7 +533,25 @@ mod nccl {
 
     impl AllReduce for NcclAllReduce {
         fn all_reduce_sum(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-            x.contiguous()?.apply_op1_no_bwd(&SumInto(self))
+            x.contiguous()?
+                .apply_op1_no_bwd(&IntoNew(self, Collective::Sum))
+        }
+
+        fn reduce_scatter_sum(
+            &self,
+            x: &Tensor,
+            _: usize,
+            size: usize,
+        ) -> candle_core::Result<Tensor> {
+            super::shard_len(x, size)?;
+            x.contiguous()?
+                .apply_op1_no_bwd(&IntoNew(self, Collective::ReduceScatter(size)))
+        }
+
+        fn all_gather(&self, x: &Tensor, _: usize, size: usize) -> candle_core::Result<Tensor> {
+            x.flatten_all()?
+                .contiguous()?
+                .apply_op1_no_bwd(&IntoNew(self, Collective::AllGather(size)))
         }
 
         fn start_sum(&self, x: Tensor) -> candle_core::Result<Tensor> {

@@ -462,8 +462,14 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
         "  train_runtime / eval_runtime  {:.3} s / {:.3} s\n",
         s.train_runtime, s.eval_runtime
     );
+    if let Some(e) = s.epoch_seconds {
+        out += &format!("  time per epoch            {e:.3} s (at the timed steps' rate)\n");
+    }
+    let share = s
+        .peak_memory_share
+        .map_or(String::new(), |f| format!(" ({:.1}% of the GPU)", f * 100.));
     out += &format!(
-        "  peak memory               {:.1} MiB\n",
+        "  peak memory               {:.1} MiB{share}\n",
         s.peak_memory_bytes as f64 / 1048576.
     );
     out += &format!("log: {}\n", log_path.display());
@@ -500,7 +506,7 @@ fn train_runs(out: &SweepOutcome) -> Vec<(Header, TrainSummary)> {
 type TrainRow = (&'static str, fn(&TrainSummary) -> String);
 
 /// The rows of [`train_sweep_table`].
-const TRAIN_ROWS: [TrainRow; 9] = [
+const TRAIN_ROWS: [TrainRow; 11] = [
     ("train_samples_per_second", |s| {
         format!("{:.2}", s.train_samples_per_second)
     }),
@@ -509,9 +515,11 @@ const TRAIN_ROWS: [TrainRow; 9] = [
         format!("{:.3}", s.step_latency_ms_p50)
     }),
     ("MFU %", |s| opt(s.mfu, 100., 1)),
+    ("time per epoch s", |s| opt(s.epoch_seconds, 1., 2)),
     ("peak memory MiB", |s| {
         format!("{:.0}", mib(s.peak_memory_bytes))
     }),
+    ("peak memory % GPU", |s| opt(s.peak_memory_share, 100., 1)),
     ("warm-up s (not timed)", |s| opt(s.warmup_runtime, 1., 2)),
     ("train_loss", |s| format!("{:.4}", s.train_loss)),
     ("eval_loss", |s| format!("{:.4}", s.eval_loss)),
@@ -523,18 +531,38 @@ const TRAIN_ROWS: [TrainRow; 9] = [
 fn run_labels(runs: &[(Header, TrainSummary)]) -> Vec<String> {
     let key = |h: &Header| (h.model.name.clone(), h.dtype.clone(), h.batch_size);
     let one_config = runs.iter().all(|(h, _)| key(h) == key(&runs[0].0));
+    // `--strategies`: each run's strategy and recompute setting name it too.
+    let strategy = |h: &Header| {
+        let recompute = match h.engine_info.get("recompute").map(String::as_str) {
+            Some("blocks") => "+rc",
+            _ => "",
+        };
+        match &h.dp {
+            Some(d) => format!(" {}{recompute}", strategy_name(d.zero_stage)),
+            None => recompute.replace('+', " "),
+        }
+    };
     runs.iter()
         .map(|(h, _)| match one_config {
-            true => h.engine_label(),
+            true => format!("{}{}", h.engine_label(), strategy(h)),
             false => format!(
-                "{} {} bs{} {}",
+                "{} {} bs{} {}{}",
                 h.model.name,
                 h.dtype,
                 h.batch_size,
-                h.engine_label()
+                h.engine_label(),
+                strategy(h)
             ),
         })
         .collect()
+}
+
+/// `dp`, `zero1`, `zero2` or `zero3`: a data-parallel run's strategy by its ZeRO level.
+pub fn strategy_name(zero_stage: u8) -> String {
+    match zero_stage {
+        0 => "dp".into(),
+        z => format!("zero{z}"),
+    }
 }
 
 /// A training sweep's runs side by side, one column a run: `--engine candle,hf,llmc` as one

@@ -118,7 +118,8 @@ pub struct TrainOptions {
 #[derive(Clone)]
 pub struct DpRun {
     pub ctx: RankContext,
-    pub zero1: bool,
+    /// `--zero`: what the ranks split.
+    pub zero: crate::train::ZeroStage,
     /// `--dp-overlap`: the gradients' all-reduce started block by block under the backward.
     pub overlap: bool,
 }

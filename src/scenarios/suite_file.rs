@@ -8,6 +8,7 @@ use std::path::Path;
 pub const LAMBADA_TOML: &str = include_str!("../../suites/lambada.toml");
 pub const WIKITEXT2_TOML: &str = include_str!("../../suites/wikitext2.toml");
 pub const GENERATION_TOML: &str = include_str!("../../suites/generation.toml");
+pub const SHAKESPEARE_TOML: &str = include_str!("../../suites/shakespeare.toml");
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -87,8 +88,9 @@ impl SuiteFile {
             "lambada" => Self::parse(LAMBADA_TOML, "suites/lambada.toml"),
             "wikitext2" => Self::parse(WIKITEXT2_TOML, "suites/wikitext2.toml"),
             "generation" => Self::parse(GENERATION_TOML, "suites/generation.toml"),
+            "shakespeare" => Self::parse(SHAKESPEARE_TOML, "suites/shakespeare.toml"),
             _ => Err(Error::Config(format!(
-                "unknown suite '{name}': available suites are lambada, wikitext2, generation"
+                "unknown suite '{name}': available suites are lambada, wikitext2, generation, shakespeare"
             ))),
         }
     }

@@ -15,13 +15,16 @@
 //!   step's micro-batches; the gradients are summed over ranks in buckets and divided by the
 //!   number of ranks, so every rank takes the same step as one process accumulating all the
 //!   micro-batches. ZeRO-1 splits the optimizer state: each rank updates the parameters it
-//!   owns, then every parameter is shared from its owner.
+//!   owns, then every parameter is shared from its owner. ZeRO-2/3 ([`zero`]) shard the
+//!   gradients and masters (and, at 3, the weights) unit by unit, as FSDP does.
 
 mod comm_clock;
 pub mod gpt2_manual;
 pub mod optim;
 pub mod trainer;
+pub mod zero;
 
 pub use crate::record::Hyper;
 pub use optim::{clip_coefficient, global_grad_norm, AdamW, Clip, GradScaler, LinearSchedule};
 pub use trainer::{lm_loss, Backward, DataParallel, StepOutcome, Trainer};
+pub use zero::ZeroStage;

@@ -171,6 +171,15 @@ impl AdamW {
 /// The global L2 norm of `grads`, torch `clip_grad_norm_`'s total = ‖(‖g_i‖₂)_i‖₂. On CUDA one
 /// sum-of-squares kernel per tensor; one sync for all of them.
 pub fn global_grad_norm(grads: &[Tensor]) -> Result<f64> {
+    Ok(sum_squares(grads)?
+        .sum_all()?
+        .to_dtype(DType::F64)?
+        .to_scalar::<f64>()?
+        .sqrt())
+}
+
+/// Σ over `grads` of their squared values, (1,) f32 on their device (nothing read back).
+pub fn sum_squares(grads: &[Tensor]) -> Result<Tensor> {
     let mut sq = Vec::with_capacity(grads.len());
     for g in grads {
         sq.push(match crate::kernels::sum_squares(g)? {
@@ -178,11 +187,7 @@ pub fn global_grad_norm(grads: &[Tensor]) -> Result<f64> {
             None => g.to_dtype(DType::F32)?.sqr()?.sum_all()?.reshape(1)?, // (1,)
         });
     }
-    Ok(Tensor::cat(&sq, 0)?
-        .sum_all()?
-        .to_dtype(DType::F64)?
-        .to_scalar::<f64>()?
-        .sqrt())
+    Tensor::cat(&sq, 0)?.sum_all()?.reshape(1)
 }
 
 /// torch `clip_grad_norm_`'s factor for every gradient: min(1, max_norm / (norm + 1e-6)); 1

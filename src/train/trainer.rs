@@ -2,8 +2,10 @@
 //! the backward, gradient all-reduce over data-parallel ranks, and the optimizer update.
 
 use super::comm_clock::{CommClock, CommSpan};
-use super::gpt2_manual::{params::Gpt2Params, Gpt2Step};
+use super::gpt2_manual::params::{Block, Gpt2Params, Group};
+use super::gpt2_manual::Gpt2Step;
 use super::optim::{AdamW, Clip, GradScaler, LinearSchedule};
+use super::zero::{Sharded, ZeroStage};
 use crate::dist::AllReduce;
 use crate::models::{Architecture, CausalLm, ModelSpec, WeightSource};
 use crate::record::{Hyper, PhaseMs};
@@ -77,6 +79,18 @@ pub fn lm_loss(model: &dyn CausalLm, ids: &Tensor) -> Result<Tensor> {
     let (logits, vocab) = model.logits_padded(&hidden, multiple)?; // (B·(T-1), V' ≥ V)
     let targets = ids.narrow(1, 1, t - 1)?.flatten_all()?; // (B·(T-1),)
     crate::models::loss::cross_entropy_rows(&logits, &targets, vocab)?.mean_all()
+}
+
+/// Parameter `name`'s tensor, taken out of `tensors` (by parameter index).
+fn take(
+    tensors: &mut HashMap<usize, Tensor>,
+    index: &HashMap<String, usize>,
+    name: &str,
+) -> Result<Tensor> {
+    match index.get(name).and_then(|i| tensors.remove(i)) {
+        Some(t) => Ok(t),
+        None => candle_core::bail!("parameter '{name}' not among the gathered ones"),
+    }
 }
 
 /// Hands the model its parameters: on the first load it takes each tensor from the real source
@@ -167,13 +181,32 @@ pub struct StepOutcome {
 /// tensor (torch DDP's default bucket is 25 MiB; ours holds 32 Mi fp32 values, 128 MiB).
 const BUCKET: usize = 1 << 25;
 
+/// `tensors` as flat f32 tensors, ready to be concatenated into one bucket.
+fn flat_f32(tensors: &[Tensor]) -> Result<Vec<Tensor>> {
+    let flat = tensors
+        .iter()
+        .map(|t| t.to_dtype(DType::F32)?.flatten_all());
+    flat.collect()
+}
+
+/// Each of `tensors`' shape over its run of `sum`, the bucket they were concatenated into.
+fn views(sum: &Tensor, tensors: &[Tensor]) -> Result<Vec<Tensor>> {
+    let mut offset = 0;
+    let views = tensors.iter().map(|t| {
+        let k = t.elem_count();
+        offset += k;
+        sum.narrow(0, offset - k, k)?.reshape(t.shape())
+    });
+    views.collect()
+}
+
 /// This rank of a data-parallel group.
 pub struct DataParallel {
     pub rank: usize,
     pub size: usize,
     pub reduce: Arc<dyn AllReduce>,
-    /// ZeRO stage 1: the optimizer state of each parameter lives on one rank only.
-    pub zero1: bool,
+    /// What the ranks split (`--zero`).
+    pub zero: ZeroStage,
     /// Start each block's all-reduce in the manual backward (`--dp-overlap`).
     pub overlap: bool,
 }
@@ -182,23 +215,13 @@ impl DataParallel {
     /// Starts summing `tensors` over the ranks as one bucket, in f32 (one buffer, one
     /// collective): what it returns holds the sums once [`DataParallel::wait`] is called.
     fn start(&self, tensors: Vec<Tensor>) -> Result<Vec<Tensor>> {
-        let flat = tensors
-            .iter()
-            .map(|t| t.to_dtype(DType::F32)?.flatten_all())
-            .collect::<Result<Vec<_>>>()?;
+        let flat = flat_f32(&tensors)?;
         // A buffer of its own (cat returns a lone tensor as it is): NCCL sums over it in place.
         let buffer = match flat.len() {
             1 => flat[0].copy()?,
             _ => Tensor::cat(&flat, 0)?,
         };
-        let sum = self.reduce.start_sum(buffer)?;
-        let mut offset = 0;
-        let views = tensors.iter().map(|t| {
-            let k = t.elem_count();
-            offset += k;
-            sum.narrow(0, offset - k, k)?.reshape(t.shape())
-        });
-        views.collect()
+        views(&self.reduce.start_sum(buffer)?, &tensors)
     }
 
     /// Orders the device's work queued next after every started sum.
@@ -218,17 +241,12 @@ impl DataParallel {
                 n += tensors[end].elem_count();
                 end += 1;
             }
-            let flat = tensors[start..end]
-                .iter()
-                .map(|t| t.to_dtype(DType::F32)?.flatten_all())
-                .collect::<Result<Vec<_>>>()?;
-            let sum = self.reduce.all_reduce_sum(&Tensor::cat(&flat, 0)?)?;
-            let mut offset = 0;
-            for t in tensors[start..end].iter_mut() {
-                let k = t.elem_count();
-                *t = sum.narrow(0, offset, k)?.reshape(t.shape())?;
-                offset += k;
-            }
+            let bucket = &mut tensors[start..end];
+            let sum = self
+                .reduce
+                .all_reduce_sum(&Tensor::cat(&flat_f32(bucket)?, 0)?)?;
+            let sums = views(&sum, bucket)?;
+            bucket.clone_from_slice(&sums);
             start = end;
         }
         Ok(())
@@ -318,6 +336,8 @@ pub struct Trainer {
     data_parallel: Option<DataParallel>,
     /// ZeRO-1: the owner rank of each parameter (the optimizer holds only this rank's).
     owners: Vec<usize>,
+    /// ZeRO-2/3: this rank's shards (the optimizer holds their masters).
+    sharded: Option<Arc<Sharded>>,
 }
 
 impl Trainer {
@@ -360,6 +380,7 @@ impl Trainer {
             phase_times: false,
             data_parallel: None,
             owners: vec![],
+            sharded: None,
         })
     }
 
@@ -397,8 +418,11 @@ impl Trainer {
 
     /// Makes this trainer one rank of a data-parallel group. Every rank must start from the
     /// same weights (the same source and seed) and call [`Trainer::step`] as often.
-    pub fn set_data_parallel(&mut self, dp: DataParallel) -> Result<()> {
-        if dp.zero1 {
+    pub fn set_data_parallel(&mut self, dp: DataParallel) -> crate::error::Result<()> {
+        if dp.zero.sharded() {
+            self.shard(&dp)?;
+        }
+        if dp.zero == ZeroStage::Optimizer {
             let sizes: Vec<usize> = self.vars.iter().map(|v| v.elem_count()).collect();
             self.owners = DataParallel::owners(&sizes, dp.size);
             let mine: Vec<Var> = self
@@ -411,6 +435,28 @@ impl Trainer {
             self.opt = AdamW::new(mine, &self.hyper)?;
         }
         self.data_parallel = Some(dp);
+        Ok(())
+    }
+
+    /// ZeRO-2/3: this rank's shards of the masters, the optimizer over them; stage 3 then
+    /// drops the whole masters (its steps gather each block's weights when they need them).
+    fn shard(&mut self, dp: &DataParallel) -> crate::error::Result<()> {
+        if dp.zero == ZeroStage::Parameters && self.backward != Backward::Manual {
+            return Err(crate::error::Error::Unsupported(format!(
+                "--zero 3 gathers each block's weights inside GPT-2's manual step; {} trains with --backward {}: use --zero 2 (or 1)",
+                self.spec.name,
+                self.backward.as_str()
+            )));
+        }
+        let mut params = self.params.lock().expect("params lock");
+        let masters: Vec<Tensor> = params.vars.iter().map(|v| v.as_detached_tensor()).collect();
+        let z = Sharded::new(&params.names, &masters, dp.rank, dp.size, dp.reduce.clone())?;
+        self.opt = AdamW::new(z.masters.clone(), &self.hyper)?;
+        if dp.zero == ZeroStage::Parameters {
+            params.vars.clear();
+            self.vars.clear();
+        }
+        self.sharded = Some(Arc::new(z));
         Ok(())
     }
 
@@ -431,21 +477,21 @@ impl Trainer {
         Ok(model)
     }
 
-    /// (name, fp32 master) of every parameter, in load order.
-    pub fn named_params(&self) -> Vec<(String, Tensor)> {
+    /// (name, fp32 master) of every parameter, in load order (ZeRO-3: gathered).
+    pub fn named_params(&self) -> Result<Vec<(String, Tensor)>> {
         let p = self.params.lock().expect("params lock");
-        p.names
-            .iter()
-            .cloned()
-            .zip(p.vars.iter().map(|v| v.as_detached_tensor()))
-            .collect()
+        let masters = match (&self.sharded, p.vars.is_empty()) {
+            (Some(z), true) => z.gather_all(DType::F32)?,
+            _ => p.vars.iter().map(|v| v.as_detached_tensor()).collect(),
+        };
+        Ok(p.names.iter().cloned().zip(masters).collect())
     }
 
     /// The optimizer update with `grads`; with ZeRO-1 only this rank's parameters, then every
     /// parameter from its owner. Returns the milliseconds that sharing took (ZeRO-1 only).
     fn update(&mut self, grads: &[Tensor], lr: f64, clip: &Clip) -> Result<Option<CommSpan>> {
         let dp = match &self.data_parallel {
-            Some(dp) if dp.zero1 => dp,
+            Some(dp) if dp.zero == ZeroStage::Optimizer => dp,
             _ => return self.opt.step_clipped(grads, lr, clip).map(|()| None),
         };
         let mine: Vec<Tensor> = grads
@@ -477,6 +523,9 @@ impl Trainer {
     /// One optimizer step over `micro_batches` (each (B, T) u32 on the device; gradient
     /// accumulation when more than one).
     pub fn step(&mut self, micro_batches: &[Tensor]) -> crate::error::Result<StepOutcome> {
+        if self.sharded.is_some() {
+            return self.step_sharded(micro_batches);
+        }
         let queued = std::time::Instant::now();
         let graph = self.graph()?;
         let n = micro_batches.len() as f64;
@@ -559,6 +608,111 @@ impl Trainer {
         })
     }
 
+    /// [`Trainer::step`] under ZeRO-2/3: each micro-batch's gradients reduce-scattered unit by
+    /// unit as the backward makes them (the manual step) or after it (autograd), the norm
+    /// from the shards, the update on this rank's shards; stage 2 then all-gathers them into
+    /// the whole masters. Collectives run inside the backward, so no comm share is timed.
+    fn step_sharded(&mut self, micro_batches: &[Tensor]) -> crate::error::Result<StepOutcome> {
+        let queued = std::time::Instant::now();
+        let (Some(dp), Some(z)) = (&self.data_parallel, &self.sharded) else {
+            unreachable!("step_sharded runs with ZeRO-2/3 only")
+        };
+        let graph = self.graph()?;
+        let (n, ranks) = (micro_batches.len() as f64, dp.size as f64);
+        let scale = self.scaler.as_ref().map_or(1., |s| s.scale);
+        let device = self.device.clone();
+        let mut clock = PhaseClock::new(self.phase_times.then_some(&device))?;
+        let mut shards = z.grads();
+        let mut loss_sum = Tensor::zeros(1, DType::F32, &self.device)?;
+        for ids in micro_batches {
+            let loss = match &graph {
+                Graph::Manual(step) => {
+                    self.manual_into(step, ids, scale / (n * ranks), &mut shards, &mut clock)?
+                }
+                Graph::Autograd(model) => {
+                    let (loss, grads) =
+                        self.autograd(model.as_ref(), ids, scale / (n * ranks), &mut clock)?;
+                    for (i, g) in grads {
+                        shards.add(i, g)?;
+                    }
+                    loss
+                }
+            };
+            loss_sum = (loss_sum + loss.to_dtype(DType::F32)?.reshape(1)?)?;
+        }
+        drop(graph);
+        let grads = shards.finish()?;
+        let loss_sum = dp.reduce.all_reduce_sum(&loss_sum)?;
+        let clip = z.clip(&grads, scale, self.hyper.max_grad_norm)?;
+        let lr = self.schedule.lr(self.step);
+        let apply = match self.scaler.as_mut() {
+            Some(s) => s.update(clip.read()?.0.is_finite()),
+            None => true,
+        };
+        if apply {
+            self.opt.step_clipped(&grads, lr, &clip)?;
+            if dp.zero == ZeroStage::Gradients {
+                for (v, t) in self.vars.iter().zip(z.gather_all(DType::F32)?) {
+                    v.set(&t)?;
+                }
+            }
+            self.step += 1;
+        }
+        clock.lap(|p| &mut p.update)?;
+        let syncs_inside = self.phase_times || self.scaler.is_some();
+        let host_ms = (!syncs_inside).then(|| queued.elapsed().as_secs_f64() * 1e3);
+        let (loss_sum, grad_norm) = read_loss_and_norm(&loss_sum, &clip)?;
+        Ok(StepOutcome {
+            comm_ms: None,
+            host_ms,
+            loss: loss_sum / (n * ranks),
+            grad_norm,
+            lr,
+            skipped: !apply,
+            loss_scale: self.scaler.as_ref().map(|s| s.scale),
+            phases_ms: clock.phases(),
+        })
+    }
+
+    /// One micro-batch through GPT-2's manual step, its gradients handed to `shards` group by
+    /// group as the backward makes them (nothing of them kept here); its loss.
+    fn manual_into(
+        &self,
+        step: &Gpt2Step,
+        ids: &Tensor,
+        loss_scale: f64,
+        shards: &mut super::zero::GradShards<'_>,
+        clock: &mut PhaseClock<'_>,
+    ) -> Result<Tensor> {
+        let (loss, forward) = step.forward(ids)?;
+        clock.lap(|p| &mut p.forward)?;
+        let tied = self.tied();
+        let index = self.params.lock().expect("params lock").index.clone();
+        step.backward_with(forward, loss_scale, &mut |group: Group, grads| {
+            let n = grads.len();
+            for (name, g) in group.names(tied).iter().zip(grads) {
+                match index.get(name) {
+                    Some(&i) => shards.add(i, g)?,
+                    None => candle_core::bail!("no parameter '{name}'"),
+                }
+            }
+            // Empty stand-ins: the gradients live on only as this rank's shards.
+            (0..n)
+                .map(|_| Tensor::zeros(0, DType::F32, ids.device()))
+                .collect()
+        })?;
+        clock.lap(|p| &mut p.backward)?;
+        Ok(loss)
+    }
+
+    /// Whether GPT-2's head is `wte` (one gradient for both).
+    fn tied(&self) -> bool {
+        match &self.spec.arch {
+            Architecture::Gpt2(cfg) => cfg.tie_word_embeddings,
+            _ => true,
+        }
+    }
+
     /// The mean loss over `micro_batches` and every parameter's gradient of it (fp32, with its
     /// name, in load order): what a step would clip and apply, without taking the step.
     pub fn gradients(
@@ -582,28 +736,70 @@ impl Trainer {
 
     /// The step's weights in the compute dtype: the model for autograd, or GPT-2's manual step.
     fn graph(&self) -> crate::error::Result<Graph> {
-        match (&self.spec.arch, self.backward) {
-            (Architecture::Gpt2(cfg), Backward::Manual) => {
-                let params = self.params.lock().expect("params lock");
-                let masters: Vec<Tensor> =
-                    params.vars.iter().map(|v| v.as_detached_tensor()).collect();
-                // In a few launches where the masters are f32 on CUDA (148 casts for gpt2).
-                let copies = match self.compute {
-                    DType::F32 => None,
-                    dtype => crate::kernels::cast_multi(&masters, dtype)?,
-                };
-                let weights = Gpt2Params::load(cfg, |name| match params.index.get(name) {
-                    Some(&i) => match &copies {
-                        Some(c) => Ok(c[i].clone()),
-                        None => masters[i].to_dtype(self.compute),
-                    },
-                    None => candle_core::bail!("no parameter '{name}'"),
-                })?;
-                let step = Gpt2Step::new(cfg, weights, self.dropout, self.recompute)?;
-                Ok(Graph::Manual(step))
-            }
-            _ => Ok(Graph::Autograd(self.model(true)?)),
+        match self.backward {
+            Backward::Manual => Ok(Graph::Manual(self.manual_step(self.dropout)?)),
+            Backward::Autograd => Ok(Graph::Autograd(self.model(true)?)),
         }
+    }
+
+    /// GPT-2's manual step over the masters' compute copies (ZeRO-3: the weights outside the
+    /// blocks gathered now, each block's when the step reaches it).
+    fn manual_step(&self, dropout: bool) -> crate::error::Result<Gpt2Step> {
+        let Architecture::Gpt2(cfg) = &self.spec.arch else {
+            return Err(crate::error::Error::Unsupported(
+                "the manual step is GPT-2's".into(),
+            ));
+        };
+        let params = self.params.lock().expect("params lock");
+        if let (Some(z), true) = (&self.sharded, params.vars.is_empty()) {
+            return Ok(self.gathered_step(cfg, z.clone(), &params.index, dropout)?);
+        }
+        let masters: Vec<Tensor> = params.vars.iter().map(|v| v.as_detached_tensor()).collect();
+        // In a few launches where the masters are f32 on CUDA (148 casts for gpt2).
+        let copies = match self.compute {
+            DType::F32 => None,
+            dtype => crate::kernels::cast_multi(&masters, dtype)?,
+        };
+        let weights = Gpt2Params::load(cfg, |name| match params.index.get(name) {
+            Some(&i) => match &copies {
+                Some(c) => Ok(c[i].clone()),
+                None => masters[i].to_dtype(self.compute),
+            },
+            None => candle_core::bail!("no parameter '{name}'"),
+        })?;
+        Ok(Gpt2Step::new(cfg, weights, dropout, self.recompute)?)
+    }
+
+    /// ZeRO-3's step: the weights outside the blocks gathered for the whole step, each block's
+    /// gathered when the forward or the backward reaches it and dropped after.
+    fn gathered_step(
+        &self,
+        cfg: &crate::models::gpt2::Config,
+        z: Arc<Sharded>,
+        index: &HashMap<String, usize>,
+        dropout: bool,
+    ) -> Result<Gpt2Step> {
+        let dtype = self.compute;
+        let mut root: HashMap<usize, Tensor> = HashMap::new();
+        for u in z.root_units() {
+            root.extend(z.gather(u, dtype)?);
+        }
+        let root_cfg = crate::models::gpt2::Config {
+            n_layer: 0,
+            ..cfg.clone()
+        };
+        let root = Gpt2Params::load(&root_cfg, |name| take(&mut root, index, name))?;
+        let (index, tied) = (index.clone(), cfg.tie_word_embeddings);
+        let gather = move |i: usize| -> Result<Block> {
+            let Some(u) = z.block_unit(i) else {
+                candle_core::bail!("block {i} has no parameters")
+            };
+            let mut tensors: HashMap<usize, Tensor> = z.gather(u, dtype)?.into_iter().collect();
+            let names = Group::Block(i).names(tied);
+            let weights = names.iter().map(|n| take(&mut tensors, &index, n));
+            Block::from_vec(weights.collect::<Result<Vec<_>>>()?)
+        };
+        Gpt2Step::gathered(cfg, root, Box::new(gather), dropout, self.recompute)
     }
 
     /// Σ over `micro_batches` of the gradients of loss · `loss_scale`, fp32 (`native`: in the
@@ -679,7 +875,7 @@ impl Trainer {
         let (loss, forward) = step.forward(ids)?;
         clock.lap(|p| &mut p.forward)?;
         let grads = match overlap {
-            Some(dp) => step.backward_with(forward, loss_scale, &mut |g| dp.start(g))?,
+            Some(dp) => step.backward_with(forward, loss_scale, &mut |_, g| dp.start(g))?,
             None => step.backward(forward, loss_scale)?,
         };
         clock.lap(|p| &mut p.backward)?;
@@ -695,13 +891,25 @@ impl Trainer {
     /// Mean loss per block over `batches` (inference mode, no dropout): HF's `eval_loss` for
     /// equal-length blocks.
     pub fn eval_loss(&self, batches: &[Tensor]) -> crate::error::Result<f64> {
-        let model = self.model(false)?;
+        // ZeRO-3 has no whole weights: its manual step gathers them block by block.
+        let gathered = self.sharded.is_some() && self.vars.is_empty();
+        let step = match gathered {
+            true => Some(self.manual_step(false)?),
+            false => None,
+        };
+        let model = match gathered {
+            true => None,
+            false => Some(self.model(false)?),
+        };
         let (mut sum, mut count) = (0., 0usize);
         for ids in batches {
             let b = ids.dim(0)?;
-            let loss = lm_loss(model.as_ref(), ids)?
-                .to_dtype(DType::F64)?
-                .to_scalar::<f64>()?;
+            let loss = match (&step, &model) {
+                (Some(step), _) => step.forward(ids)?.0,
+                (_, Some(model)) => lm_loss(model.as_ref(), ids)?,
+                _ => unreachable!("one of the two"),
+            };
+            let loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             sum += loss * b as f64;
             count += b;
         }
@@ -781,7 +989,7 @@ mod tests {
             rank: 0,
             size: 2,
             reduce: Arc::new(DoubleInPlace),
-            zero1: true,
+            zero: ZeroStage::Optimizer,
             overlap: false,
         };
         let big = Var::from_tensor(&Tensor::ones(BUCKET + 1, DType::F32, &Device::Cpu)?)?;

@@ -140,7 +140,7 @@ impl Train for CandleTrainer {
         save_checkpoint(
             dir,
             &self.spec.hf_config(DType::F32),
-            self.trainer.named_params(),
+            self.trainer.named_params()?,
         )
     }
 }

@@ -31,6 +31,7 @@ pub const META: &[&str] = &[
     "hf_compile",
     "backward",
     "recompute",
+    "strategy",
     "fused",
     "mode",
     "gen_source",

@@ -113,6 +113,18 @@ pub struct Splits {
     pub eval: TextSplit,
     /// Said in the log header, e.g. "trained on wiki.valid.raw (the train split is not shipped)".
     pub note: String,
+    /// How the texts become blocks.
+    pub corpus: Corpus,
+}
+
+/// How a training suite's texts become blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Corpus {
+    /// run_clm: each text's lines tokenized, grouped by 1000, cut into blocks ([`blocks`]).
+    RunClm,
+    /// llm.c's Tiny Shakespeare: one text, statements opened by <|endoftext|>, its tokens split
+    /// into eval (first) and train ([`crate::scenarios::shakespeare`]).
+    Dialogue,
 }
 
 impl Splits {
@@ -128,6 +140,7 @@ impl Splits {
             },
             note: "built-in sample: first lines of wiki.valid.raw (train) and wiki.test.raw (eval)"
                 .into(),
+            corpus: Corpus::RunClm,
         }
     }
 
@@ -157,6 +170,7 @@ impl Splits {
                 path.display(),
                 eval.display()
             ),
+            corpus: Corpus::RunClm,
         })
     }
 }
@@ -172,6 +186,7 @@ pub fn resolve_dir(dir: &Path) -> Result<Splits> {
             eval: read_split(&f("wiki.valid.raw"))?,
             note: "trained on wiki.train.raw, evaluated on wiki.valid.raw (run_clm's splits)"
                 .into(),
+            corpus: Corpus::RunClm,
         })
     } else {
         Ok(Splits {
@@ -179,6 +194,7 @@ pub fn resolve_dir(dir: &Path) -> Result<Splits> {
             eval: read_split(&f("wiki.test.raw"))?,
             note: "trained on wiki.valid.raw, evaluated on wiki.test.raw (no wiki.train.raw here)"
                 .into(),
+            corpus: Corpus::RunClm,
         })
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod data;
 
+use super::shakespeare;
 use super::skeleton::{
     base_header, candle_device, engine_runs, final_memory, finish_log, gpu_index, hf_dir,
     max_positions, open_log,
@@ -28,7 +29,7 @@ use crate::record::{DataInfo, DpInfo, Header, Hyper, Record, StepRecord, TrainIn
 use crate::tokenizer::TextTokenizer;
 use crate::train::DataParallel;
 use candle_core::Tensor;
-use data::{blocks, TextSplit};
+use data::{blocks, Corpus, TextSplit};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::{json, Value};
@@ -79,8 +80,13 @@ fn prepare(spec: &RunSpec, opts: &TrainOptions) -> Result<Prepared> {
             "--block-size {block_size} must be in 2..={max_pos} (the model's positions)"
         )));
     }
-    let train_blocks = blocks(&opts.splits.train.text, &tokenizer, block_size)?;
-    let eval_blocks = blocks(&opts.splits.eval.text, &tokenizer, block_size)?;
+    let (train_blocks, eval_blocks) = match opts.splits.corpus {
+        Corpus::RunClm => (
+            blocks(&opts.splits.train.text, &tokenizer, block_size)?,
+            blocks(&opts.splits.eval.text, &tokenizer, block_size)?,
+        ),
+        Corpus::Dialogue => shakespeare::blocks(&opts.splits.train.text, &tokenizer, block_size)?,
+    };
     if train_blocks.is_empty() || eval_blocks.is_empty() {
         return Err(Error::Config(format!(
             "{} or {} has fewer tokens than one block of {block_size}: lower --block-size",
@@ -187,7 +193,7 @@ fn start(
             .reduce
             .clone()
             .expect("a group has an all-reduce"),
-        zero1: d.zero1,
+        zero: d.zero,
         overlap: d.overlap,
     });
     let setup = TrainSetup {
@@ -273,7 +279,7 @@ fn dp_info(spec: &RunSpec, opts: &TrainOptions, d: &DpRun) -> DpInfo {
     let (n, bs, ga) = (d.ctx.group.size, spec.batch_size, opts.grad_accum);
     DpInfo {
         size: n,
-        zero_stage: d.zero1 as u8,
+        zero_stage: d.zero.level(),
         overlap: d.overlap,
         backend: d.ctx.backend.clone(),
         launcher: format!("{:?}", d.ctx.world.launcher),
@@ -376,7 +382,26 @@ fn train_with(
         ..totals.summary(failure.as_ref(), warmup, eval, spec.dp.is_some())
     };
     let summary = with_flop_rates(spec, &header, prep, &totals, summary);
+    let summary = with_epoch_and_share(&header, prep, summary);
     finish_log(log, header, summary, Record::TrainSummary, failure)
+}
+
+/// `summary` with the time an epoch takes at the timed rate and the peak memory's share of
+/// the GPU (rank 0's).
+fn with_epoch_and_share(header: &Header, prep: &Prepared, summary: TrainSummary) -> TrainSummary {
+    let timed = summary.n_steps.saturating_sub(summary.warmup_steps);
+    let epoch = (timed > 0 && summary.train_runtime.is_finite())
+        .then(|| prep.steps_per_epoch as f64 * summary.train_runtime / timed as f64);
+    let gpu_bytes = header
+        .gpu_index
+        .and_then(|i| header.host.gpu(i))
+        .map(|g| g.memory_bytes)
+        .filter(|&b| b > 0);
+    TrainSummary {
+        epoch_seconds: epoch,
+        peak_memory_share: gpu_bytes.map(|b| summary.peak_memory_bytes as f64 / b as f64),
+        ..summary
+    }
 }
 
 /// `summary` with the model FLOPs of the timed steps ([`train_block_flops`] per block, every

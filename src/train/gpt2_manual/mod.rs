@@ -26,12 +26,19 @@ use crate::models::gpt2::Config;
 use crate::models::layers::{Activation, Dropout};
 use crate::models::loss::{cross_entropy_rows, cross_entropy_rows_grad, head_padding};
 use candle_core::{DType, Device, Result, Tensor};
-use params::{Gpt2Params, Norm};
+use params::{Block, Gpt2Params, Group, Norm};
+use std::borrow::Cow;
+
+/// A block's weights made when the step reaches it (ZeRO-3: all-gathered from the shards),
+/// dropped after use.
+pub type GatherBlock = Box<dyn Fn(usize) -> Result<Block>>;
 
 /// The weights of one optimizer step (compute-dtype copies of the masters) and its dropout.
 pub struct Gpt2Step {
     cfg: Config,
+    /// Every weight, or (with `gather`) every weight outside the blocks (`h` empty).
     w: Gpt2Params,
+    gather: Option<GatherBlock>,
     /// The lm head (`wte` when tied) with zero rows to the loss's padding, (V', C).
     head: Tensor,
     act: Activation,
@@ -76,11 +83,35 @@ impl Gpt2Step {
         Ok(Self {
             cfg: cfg.clone(),
             w: weights,
+            gather: None,
             head,
             act,
             dropout,
             recompute,
         })
+    }
+
+    /// A step whose blocks' weights come from `gather` when the forward and the backward reach
+    /// them (ZeRO-3); `root`: the weights outside the blocks (its `h` is not read).
+    pub fn gathered(
+        cfg: &Config,
+        root: Gpt2Params,
+        gather: GatherBlock,
+        dropout: bool,
+        recompute: bool,
+    ) -> Result<Self> {
+        let mut step = Self::new(cfg, root, dropout, recompute)?;
+        step.w.h.clear();
+        step.gather = Some(gather);
+        Ok(step)
+    }
+
+    /// Block `i`'s weights: held, or gathered now.
+    fn block(&self, i: usize) -> Result<Cow<'_, Block>> {
+        match &self.gather {
+            Some(gather) => Ok(Cow::Owned(gather(i)?)),
+            None => Ok(Cow::Borrowed(&self.w.h[i])),
+        }
     }
 
     /// The mean loss (scalar f32) of `ids` (B, T) u32, and what the backward needs.
@@ -98,9 +129,10 @@ impl Gpt2Step {
             .broadcast_add(&pos)?
             .reshape((b * t, c))?;
         let (mut x, drop_embd) = ops::dropout(&x, self.dropout.embd)?;
-        let mut blocks = Vec::with_capacity(self.w.h.len());
-        for (i, p) in self.w.h.iter().enumerate() {
-            let (out, acts) = block::forward(p, x, &ctx, self.cfg.attn_scale(i))?;
+        let mut blocks = Vec::with_capacity(self.cfg.n_layer);
+        for i in 0..self.cfg.n_layer {
+            let p = self.block(i)?;
+            let (out, acts) = block::forward(&p, x, &ctx, self.cfg.attn_scale(i))?;
             blocks.push(match self.recompute {
                 true => Kept::Checkpoint(acts.checkpoint()),
                 false => Kept::Acts(acts),
@@ -129,18 +161,17 @@ impl Gpt2Step {
     /// Every parameter's gradient of `loss_scale` · the forward's loss: the projections' in
     /// the compute dtype, the LayerNorms' and embeddings' in f32.
     pub fn backward(&self, f: Forward, loss_scale: f64) -> Result<Gpt2Params> {
-        self.backward_with(f, loss_scale, &mut |grads| Ok(grads))
+        self.backward_with(f, loss_scale, &mut |_, grads| Ok(grads))
     }
 
-    /// [`Gpt2Step::backward`], handing each group of gradients to `ready` as soon as it is
-    /// final (ln_f's, each block's from the last, then the embeddings'), which returns what
-    /// stands for them: data parallelism starts their all-reduce there, under the rest of the
-    /// backward.
+    /// [`Gpt2Step::backward`], handing each [`Group`] of gradients to `ready` as soon as it
+    /// is final, which returns what stands for them: data parallelism starts their all-reduce
+    /// there, under the rest of the backward; ZeRO-2/3 reduce-scatter them and keep nothing.
     pub fn backward_with(
         &self,
         f: Forward,
         loss_scale: f64,
-        ready: &mut dyn FnMut(Vec<Tensor>) -> Result<Vec<Tensor>>,
+        ready: &mut dyn FnMut(Group, Vec<Tensor>) -> Result<Vec<Tensor>>,
     ) -> Result<Gpt2Params> {
         let (b, t) = f.ids.dims2()?;
         let (c, m, v) = (self.cfg.n_embd, b * (t - 1), self.cfg.vocab_size);
@@ -164,25 +195,25 @@ impl Gpt2Step {
         let eps = self.cfg.layer_norm_epsilon;
         let (mut dx, dw, db) =
             ops::layer_norm_bwd(&f.x_last, ln_f, &dhf.reshape((b * t, c))?, eps)?;
-        let Ok([weight, bias]) = <[Tensor; 2]>::try_from(ready(vec![dw, db])?) else {
+        let Ok([weight, bias]) = <[Tensor; 2]>::try_from(ready(Group::LnF, vec![dw, db])?) else {
             candle_core::bail!("ln_f has 2 gradients")
         };
         let ln_f = Norm { weight, bias };
         let mut h = Vec::with_capacity(f.blocks.len());
-        let layers = self.w.h.iter().zip(f.blocks).enumerate().rev();
-        for (i, (p, kept)) in layers {
-            let scale = self.cfg.attn_scale(i);
+        for (i, kept) in f.blocks.into_iter().enumerate().rev() {
+            let (scale, p) = (self.cfg.attn_scale(i), self.block(i)?);
             let acts = match kept {
                 Kept::Acts(acts) => acts,
-                Kept::Checkpoint(cp) => block::recompute(p, cp, &f.ctx, scale)?,
+                Kept::Checkpoint(cp) => block::recompute(&p, cp, &f.ctx, scale)?,
             };
-            let (d, grads) = block::backward(p, acts, dx, &f.ctx, scale)?;
-            h.push(params::Block::from_vec(ready(grads.into_vec())?)?);
+            let (d, grads) = block::backward(&p, acts, dx, &f.ctx, scale)?;
+            h.push(Block::from_vec(ready(Group::Block(i), grads.into_vec())?)?);
             dx = d;
         }
         h.reverse();
         let (wte, wpe, lm_head) = self.embedding_grads(&f.ids, &dx, &f.drop_embd, dhead)?;
-        let mut embeddings = ready([wte, wpe].into_iter().chain(lm_head).collect())?.into_iter();
+        let embeddings = [wte, wpe].into_iter().chain(lm_head).collect();
+        let mut embeddings = ready(Group::Embeddings, embeddings)?.into_iter();
         let (wte, wpe) = (embeddings.next(), embeddings.next());
         let (Some(wte), Some(wpe), lm_head) = (wte, wpe, embeddings.next()) else {
             candle_core::bail!("the embeddings' gradients")

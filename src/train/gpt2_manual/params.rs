@@ -8,18 +8,21 @@ use crate::models::gpt2::Config;
 use candle_core::{Result, Tensor};
 
 /// A LayerNorm's weight and bias, (C,) each.
+#[derive(Clone)]
 pub struct Norm {
     pub weight: Tensor,
     pub bias: Tensor,
 }
 
 /// A projection x W + b: weight (in, out) (Conv1D), bias (out,).
+#[derive(Clone)]
 pub struct Linear {
     pub weight: Tensor,
     pub bias: Tensor,
 }
 
 /// One block, fields named after the checkpoint's `h.{i}.…` tensors.
+#[derive(Clone)]
 pub struct Block {
     pub ln_1: Norm,
     pub c_attn: Linear,    // (C, 3C): [q | k | v]
@@ -56,6 +59,45 @@ impl Block {
             c_fc: linear((i, j)),
             mlp_proj: linear((k, l)),
         })
+    }
+}
+
+/// The checkpoint names of [`Block::into_vec`]'s (weight, bias) pairs, after `h.{i}.`.
+const BLOCK_PAIRS: [&str; 6] = [
+    "ln_1",
+    "attn.c_attn",
+    "attn.c_proj",
+    "ln_2",
+    "mlp.c_fc",
+    "mlp.c_proj",
+];
+
+/// A group of gradients the manual backward hands over as soon as it is final, in this order:
+/// ln_f's, each block's from the last, then the embeddings' (and an untied head's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    LnF,
+    Block(usize),
+    Embeddings,
+}
+
+impl Group {
+    /// The checkpoint names of the group's tensors, in the order they are handed over.
+    pub fn names(self, tied: bool) -> Vec<String> {
+        match self {
+            Group::LnF => vec!["ln_f.weight".into(), "ln_f.bias".into()],
+            Group::Block(i) => BLOCK_PAIRS
+                .iter()
+                .flat_map(|p| [format!("h.{i}.{p}.weight"), format!("h.{i}.{p}.bias")])
+                .collect(),
+            Group::Embeddings => {
+                let mut names = vec!["wte.weight".to_string(), "wpe.weight".to_string()];
+                if !tied {
+                    names.push("lm_head.weight".into());
+                }
+                names
+            }
+        }
     }
 }
 
@@ -115,18 +157,8 @@ impl Gpt2Params {
             out.push((format!("{name}.bias"), b));
         };
         for (i, b) in self.h.into_iter().enumerate() {
-            let names = [
-                "ln_1",
-                "attn.c_attn",
-                "attn.c_proj",
-                "ln_2",
-                "mlp.c_fc",
-                "mlp.c_proj",
-            ];
-            let mut tensors = b.into_vec().into_iter();
-            for name in names {
-                let (w, b) = (tensors.next(), tensors.next());
-                push(format!("h.{i}.{name}"), w.expect("12"), b.expect("12"));
+            for (name, pair) in BLOCK_PAIRS.iter().zip(b.into_vec().chunks(2)) {
+                push(format!("h.{i}.{name}"), pair[0].clone(), pair[1].clone());
             }
         }
         push("ln_f".into(), self.ln_f.weight, self.ln_f.bias);

@@ -132,7 +132,12 @@ fn optimizer_steps_give_the_same_losses_both_ways() {
     // Absolute, as tests/train_fixtures.rs: the key bias's true gradient is 0 (the softmax
     // ignores a per-query constant), so AdamW turns each path's rounding noise into steps of
     // its own there.
-    for ((name, m), (_, a)) in manual.named_params().iter().zip(auto.named_params()) {
+    for ((name, m), (_, a)) in manual
+        .named_params()
+        .unwrap()
+        .iter()
+        .zip(auto.named_params().unwrap())
+    {
         let diff = (m - &a).unwrap().abs().unwrap().max_all().unwrap();
         let diff = diff.to_scalar::<f32>().unwrap();
         assert!(diff < 1e-5, "{name}: {diff}");
@@ -269,15 +274,27 @@ fn backward_hands_each_gradient_group_to_ready_in_order() {
     let (_, f) = step.forward(&batch).unwrap();
     let plain = step.backward(f, 1.).unwrap().into_named();
     let (_, f) = step.forward(&batch).unwrap();
-    let mut sizes = Vec::new();
+    let (mut sizes, mut groups) = (Vec::new(), Vec::new());
     let doubled = step
-        .backward_with(f, 1., &mut |g| {
+        .backward_with(f, 1., &mut |group, g| {
             sizes.push(g.len());
+            groups.push(group);
             g.iter().map(|t| t * 2.).collect()
         })
         .unwrap()
         .into_named();
     assert_eq!(sizes, [2, 12, 12, 12, 3]);
+    use super::params::Group;
+    let order = [
+        Group::LnF,
+        Group::Block(2),
+        Group::Block(1),
+        Group::Block(0),
+        Group::Embeddings,
+    ];
+    assert_eq!(groups, order);
+    let named: Vec<usize> = order.iter().map(|g| g.names(false).len()).collect();
+    assert_eq!(named, sizes, "each group's names match its gradients");
     assert_eq!(doubled.len(), plain.len());
     for ((name, d), (plain_name, p)) in doubled.iter().zip(&plain) {
         assert_eq!(name, plain_name);
