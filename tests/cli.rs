@@ -987,7 +987,7 @@ fn bad_sweep_and_training_inputs_are_one_line_errors() {
     let e = error_of(&["--suite", "lambada", "--phase-times"]);
     assert!(
         e.contains(
-            "--phase-times is a training option: it applies to --suite wikitext2, not lambada"
+            "--phase-times is a training option: it applies to --suite wikitext2 or shakespeare, not lambada"
         ),
         "{e}"
     );

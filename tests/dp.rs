@@ -85,6 +85,9 @@ fn dp2_follows_one_process_with_twice_the_accumulation() {
         let flags = ["--dp", "2", "--zero", zero, "--dp-overlap"];
         let (two, sum, header, samples) = run(&flags[..4 + overlap as usize]);
         assert_eq!(two.len(), one.len());
+        // ZeRO-2/3 sum the norm's squares shard by shard: another f32 summation order over
+        // gpt2-tiny's 3.2 M embedding values than a tensor at a time (≈ 1e-4 apart).
+        let norm_tol = if zero >= "2" { 1e-3 } else { 1e-4 };
         for (i, ((l2, g2), (l1, g1))) in two.iter().zip(&one).enumerate() {
             // fp32 rounding only (the loss crosses ranks as f32).
             assert!(
@@ -92,7 +95,7 @@ fn dp2_follows_one_process_with_twice_the_accumulation() {
                 "zero {zero} step {i}: loss {l2} vs {l1}"
             );
             assert!(
-                (g2 - g1).abs() <= 1e-4 * g1.abs(),
+                (g2 - g1).abs() <= norm_tol * g1.abs(),
                 "zero {zero} step {i}: grad norm {g2} vs {g1}"
             );
         }
@@ -146,11 +149,31 @@ fn zero3_with_recompute_and_accumulation_follows_one_process() {
             "step {i}: loss {l2} vs {l1}"
         );
         assert!(
-            (g2 - g1).abs() <= 1e-4 * g1.abs(),
-            "step {i}: norm {g2} vs {g1}"
+            (g2 - g1).abs() <= 1e-3 * g1.abs(),
+            "step {i}: norm {g2} vs {g1} (the shards' f32 summation order)"
         );
     }
     assert!(sum["eval_loss"].as_f64().unwrap().is_finite());
+}
+
+/// BLOOM trains through autograd: ZeRO-2 reduce-scatters its gradients after each
+/// micro-batch's backward, and still follows one process with twice the accumulation.
+#[test]
+fn zero2_on_bloom_follows_one_process() {
+    let (one, ..) = run(&["--model", "bloom-tiny", "--grad-accum", "2"]);
+    let (two, _, header, _) = run(&["--model", "bloom-tiny", "--dp", "2", "--zero", "2"]);
+    assert_eq!(header["dp"]["zero_stage"], 2);
+    assert_eq!(header["engine_info"]["backward"], "autograd");
+    for (i, ((l2, g2), (l1, g1))) in two.iter().zip(&one).enumerate() {
+        assert!(
+            (l2 - l1).abs() <= 1e-6 * l1.abs(),
+            "step {i}: loss {l2} vs {l1}"
+        );
+        assert!(
+            (g2 - g1).abs() <= 1e-3 * g1.abs(),
+            "step {i}: norm {g2} vs {g1}"
+        );
+    }
 }
 
 #[test]

@@ -92,21 +92,24 @@ fn shakespeare_bad_input_is_a_one_line_error() {
     let missing = dir.path().join("nope.txt");
     let cases: [(Vec<&str>, &str); 4] = [
         (
-            vec!["--data", missing.to_str().unwrap()],
+            [TRAIN, &["--data", missing.to_str().unwrap()]].concat(),
             "Tiny Shakespeare",
         ),
         (
-            vec!["--eval-data", "x.txt"],
+            [TRAIN, &["--eval-data", "x.txt"]].concat(),
             "--eval-data is for --suite wikitext2",
         ),
-        (vec!["--strategies", "dp,zero3"], "give --dp N (N >= 2)"),
         (
-            vec!["--suite", "lambada", "--strategies", "dp"],
+            [TRAIN, &["--strategies", "dp,zero3"]].concat(),
+            "give --dp N (N >= 2)",
+        ),
+        (
+            vec!["--suite", "lambada", "--dp", "2", "--strategies", "dp"],
             "use it with --suite shakespeare",
         ),
     ];
     for (extra, msg) in cases {
-        let o = bench(dir.path()).args(TRAIN).args(&extra).output().unwrap();
+        let o = bench(dir.path()).args(&extra).output().unwrap();
         assert_eq!(o.status.code(), Some(2), "{extra:?}: {}", text(&o));
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains(msg), "{extra:?}: {err}");

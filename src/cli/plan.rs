@@ -864,6 +864,36 @@ pub fn check_parallel(par: Parallel, spec: &RunSpec) -> Result<()> {
     if matches!(spec.device, DeviceSpec::Cuda(_)) && !cfg!(feature = "nccl") {
         return Err(Error::Unsupported(crate::dist::group::NO_NCCL.into()));
     }
+    check_zero3(par, spec)
+}
+
+/// `--zero 3` gathers blocks inside GPT-2's manual step, and its weights exist whole nowhere:
+/// refused before any rank starts for another backward and for `--save`.
+fn check_zero3(par: Parallel, spec: &RunSpec) -> Result<()> {
+    use crate::train::{Backward, ZeroStage};
+    let (
+        Parallel::Data {
+            zero: ZeroStage::Parameters,
+            ..
+        },
+        Workload::Train(opts),
+    ) = (par, &spec.workload)
+    else {
+        return Ok(());
+    };
+    let backward = opts.backward.unwrap_or(Backward::default_for(&spec.model));
+    if backward != Backward::Manual {
+        return Err(Error::Unsupported(format!(
+            "--zero 3 gathers each block's weights inside GPT-2's manual step; {} trains with --backward {}: use --zero 2 (or 1)",
+            spec.model.name,
+            backward.as_str()
+        )));
+    }
+    if opts.save.is_some() {
+        return Err(Error::Config(
+            "--save with --zero 3: no rank holds the whole weights; save from a --zero 0, 1 or 2 run".into(),
+        ));
+    }
     Ok(())
 }
 

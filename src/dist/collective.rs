@@ -60,7 +60,7 @@ pub trait AllReduce: Send + Sync {
 /// S of a reduce-scatter of `x` (size·S,) over `size` ranks.
 fn shard_len(x: &Tensor, size: usize) -> candle_core::Result<usize> {
     let n = x.elem_count();
-    if x.rank() != 1 || n % size != 0 {
+    if x.rank() != 1 || !n.is_multiple_of(size) {
         candle_core::bail!(
             "reduce-scatter of {:?} over {size} ranks: a flat multiple of the ranks",
             x.shape()

@@ -73,13 +73,12 @@ pub fn tokens(text: &str, tok: &TextTokenizer) -> Result<Vec<u32>> {
     Ok(ids)
 }
 
+/// Blocks of token ids, each `--block-size` long.
+pub type Blocks = Vec<Vec<u32>>;
+
 /// (train, eval) blocks of `block_size` from the dialogue's tokens: the first
 /// min(32768, n/10) tokens evaluate, the rest train.
-pub fn blocks(
-    text: &str,
-    tok: &TextTokenizer,
-    block_size: usize,
-) -> Result<(Vec<Vec<u32>>, Vec<Vec<u32>>)> {
+pub fn blocks(text: &str, tok: &TextTokenizer, block_size: usize) -> Result<(Blocks, Blocks)> {
     let ids = tokens(text, tok)?;
     let (eval, train) = ids.split_at(VAL_TOKENS.min(ids.len() / 10));
     let cut = |s: &[u32]| s.chunks_exact(block_size).map(<[u32]>::to_vec).collect();

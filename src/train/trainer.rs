@@ -652,8 +652,11 @@ impl Trainer {
         if apply {
             self.opt.step_clipped(&grads, lr, &clip)?;
             if dp.zero == ZeroStage::Gradients {
-                for (v, t) in self.vars.iter().zip(z.gather_all(DType::F32)?) {
-                    v.set(&t)?;
+                // A unit at a time: one unit's whole f32 values beside the masters, not all.
+                for u in 0..z.n_units() {
+                    for (i, t) in z.gather(u, DType::F32)? {
+                        self.vars[i].set(&t)?;
+                    }
                 }
             }
             self.step += 1;

@@ -160,6 +160,10 @@ impl Sharded {
         Tensor::cat(&parts, 0)
     }
 
+    pub fn n_units(&self) -> usize {
+        self.units.len()
+    }
+
     /// The units outside the blocks (embeddings, final norm, head).
     pub fn root_units(&self) -> Vec<usize> {
         let blocks: Vec<usize> = self.blocks.values().copied().collect();

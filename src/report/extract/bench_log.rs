@@ -119,9 +119,15 @@ fn header_columns(row: &mut RunRow, h: &Header) {
     // Data-parallel degree and ZeRO stage (1 and 0 without --dp).
     row.set("dp", h.dp.as_ref().map_or(1, |d| d.size));
     row.set("zero", h.dp.as_ref().map_or(0, |d| d.zero_stage as usize));
-    if let Some(d) = &h.dp {
-        let strategy = crate::report::console::strategy_name(d.zero_stage);
-        m_insert(row, "strategy", &strategy);
+    // Training runs' strategy (`--strategies`): one process is `single`.
+    match (&h.dp, &h.train) {
+        (Some(d), _) => m_insert(
+            row,
+            "strategy",
+            &crate::report::console::strategy_name(d.zero_stage),
+        ),
+        (None, Some(_)) => m_insert(row, "strategy", "single"),
+        _ => {}
     }
     // Generation runs: what was generated from (lambada / text); the summary holds the rates.
     if let Some(g) = &h.generation {

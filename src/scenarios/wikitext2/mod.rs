@@ -27,7 +27,7 @@ use crate::metrics::{EvalResult, TrainTotals};
 use crate::models::WeightSource;
 use crate::record::{DataInfo, DpInfo, Header, Hyper, Record, StepRecord, TrainInfo, TrainSummary};
 use crate::tokenizer::TextTokenizer;
-use crate::train::DataParallel;
+use crate::train::{DataParallel, ZeroStage};
 use candle_core::Tensor;
 use data::{blocks, Corpus, TextSplit};
 use rand::seq::SliceRandom;
@@ -359,7 +359,12 @@ fn train_with(
         runtime_seconds: 0.,
         n_blocks: prep.eval_blocks.len(),
     };
-    if failure.is_none() && spec.rank() == 0 {
+    // ZeRO-3's evaluation gathers the weights block by block: every rank takes part.
+    let zero3 = spec
+        .dp
+        .as_ref()
+        .is_some_and(|d| d.zero == ZeroStage::Parameters);
+    if failure.is_none() && (spec.rank() == 0 || zero3) {
         match engine.eval(&prep.eval_blocks, opts.eval_batch_size) {
             Ok((l, s)) => (eval.loss, eval.runtime_seconds) = (l, s),
             Err(e) => failure = Some(e),
