@@ -70,6 +70,22 @@ fn run(extra: &[&str]) -> (Vec<(f64, f64)>, Value, Value, Vec<u64>) {
     (steps, summary, recs[0].clone(), samples)
 }
 
+/// Every step of `two` has `one`'s loss within fp32 rounding (1e-6: the loss crosses ranks as
+/// f32) and its gradient norm within `norm_tol`.
+fn same_curve(two: &[(f64, f64)], one: &[(f64, f64)], norm_tol: f64, what: &str) {
+    assert_eq!(two.len(), one.len(), "{what}");
+    for (i, ((l2, g2), (l1, g1))) in two.iter().zip(one).enumerate() {
+        assert!(
+            (l2 - l1).abs() <= 1e-6 * l1.abs(),
+            "{what} step {i}: loss {l2} vs {l1}"
+        );
+        assert!(
+            (g2 - g1).abs() <= norm_tol * g1.abs(),
+            "{what} step {i}: norm {g2} vs {g1}"
+        );
+    }
+}
+
 #[test]
 fn dp2_follows_one_process_with_twice_the_accumulation() {
     let (one, one_sum, _, one_samples) = run(&["--grad-accum", "2"]);
@@ -84,21 +100,10 @@ fn dp2_follows_one_process_with_twice_the_accumulation() {
     ] {
         let flags = ["--dp", "2", "--zero", zero, "--dp-overlap"];
         let (two, sum, header, samples) = run(&flags[..4 + overlap as usize]);
-        assert_eq!(two.len(), one.len());
         // ZeRO-2/3 sum the norm's squares shard by shard: another f32 summation order over
         // gpt2-tiny's 3.2 M embedding values than a tensor at a time (≈ 1e-4 apart).
         let norm_tol = if zero >= "2" { 1e-3 } else { 1e-4 };
-        for (i, ((l2, g2), (l1, g1))) in two.iter().zip(&one).enumerate() {
-            // fp32 rounding only (the loss crosses ranks as f32).
-            assert!(
-                (l2 - l1).abs() <= 1e-6 * l1.abs(),
-                "zero {zero} step {i}: loss {l2} vs {l1}"
-            );
-            assert!(
-                (g2 - g1).abs() <= norm_tol * g1.abs(),
-                "zero {zero} step {i}: grad norm {g2} vs {g1}"
-            );
-        }
+        same_curve(&two, &one, norm_tol, &format!("zero {zero}"));
         // The losses move: the curve is a curve, not a constant both runs share.
         assert!((one[5].0 - one[0].0).abs() > 1e-3, "{one:?}");
         let (e2, e1) = (
@@ -143,16 +148,7 @@ fn zero3_with_recompute_and_accumulation_follows_one_process() {
     ]);
     assert_eq!(header["dp"]["zero_stage"], 3);
     assert_eq!(header["engine_info"]["recompute"], "blocks");
-    for (i, ((l2, g2), (l1, g1))) in two.iter().zip(&one).enumerate() {
-        assert!(
-            (l2 - l1).abs() <= 1e-6 * l1.abs(),
-            "step {i}: loss {l2} vs {l1}"
-        );
-        assert!(
-            (g2 - g1).abs() <= 1e-3 * g1.abs(),
-            "step {i}: norm {g2} vs {g1} (the shards' f32 summation order)"
-        );
-    }
+    same_curve(&two, &one, 1e-3, "zero 3 + recompute");
     assert!(sum["eval_loss"].as_f64().unwrap().is_finite());
 }
 
@@ -164,16 +160,7 @@ fn zero2_on_bloom_follows_one_process() {
     let (two, _, header, _) = run(&["--model", "bloom-tiny", "--dp", "2", "--zero", "2"]);
     assert_eq!(header["dp"]["zero_stage"], 2);
     assert_eq!(header["engine_info"]["backward"], "autograd");
-    for (i, ((l2, g2), (l1, g1))) in two.iter().zip(&one).enumerate() {
-        assert!(
-            (l2 - l1).abs() <= 1e-6 * l1.abs(),
-            "step {i}: loss {l2} vs {l1}"
-        );
-        assert!(
-            (g2 - g1).abs() <= 1e-3 * g1.abs(),
-            "step {i}: norm {g2} vs {g1}"
-        );
-    }
+    same_curve(&two, &one, 1e-3, "bloom zero 2");
 }
 
 #[test]

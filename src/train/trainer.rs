@@ -588,21 +588,35 @@ impl Trainer {
             self.step += 1;
         }
         clock.lap(|p| &mut p.update)?;
-        let syncs_inside = self.phase_times || self.scaler.is_some();
-        let host_ms = (!syncs_inside).then(|| queued.elapsed().as_secs_f64() * 1e3);
-        // The step's one sync: the loss and the norm read together, after the update is queued.
-        let (loss_sum, grad_norm) = read_loss_and_norm(&loss_sum, &clip)?;
-        let comm_ms = match comm.is_empty() {
+        let mut out = self.outcome(queued, &loss_sum, &clip, n * ranks, &clock)?;
+        out.comm_ms = match comm.is_empty() {
             true => None,
             false => Some(comm.iter().map(CommSpan::ms).sum::<Result<f64>>()?),
         };
+        (out.lr, out.skipped) = (lr, !apply);
+        Ok(out)
+    }
+
+    /// A step's outcome once its update is queued: the loss (the sum over `parts` micro-batch
+    /// means) and the norm read in the step's one sync; the caller sets lr, skipped, comm.
+    fn outcome(
+        &self,
+        queued: std::time::Instant,
+        loss_sum: &Tensor,
+        clip: &Clip,
+        parts: f64,
+        clock: &PhaseClock<'_>,
+    ) -> Result<StepOutcome> {
+        let syncs_inside = self.phase_times || self.scaler.is_some();
+        let host_ms = (!syncs_inside).then(|| queued.elapsed().as_secs_f64() * 1e3);
+        let (loss_sum, grad_norm) = read_loss_and_norm(loss_sum, clip)?;
         Ok(StepOutcome {
-            comm_ms,
+            comm_ms: None,
             host_ms,
-            loss: loss_sum / (n * ranks),
+            loss: loss_sum / parts,
             grad_norm,
-            lr,
-            skipped: !apply,
+            lr: f64::NAN,
+            skipped: false,
             loss_scale: self.scaler.as_ref().map(|s| s.scale),
             phases_ms: clock.phases(),
         })
@@ -662,19 +676,9 @@ impl Trainer {
             self.step += 1;
         }
         clock.lap(|p| &mut p.update)?;
-        let syncs_inside = self.phase_times || self.scaler.is_some();
-        let host_ms = (!syncs_inside).then(|| queued.elapsed().as_secs_f64() * 1e3);
-        let (loss_sum, grad_norm) = read_loss_and_norm(&loss_sum, &clip)?;
-        Ok(StepOutcome {
-            comm_ms: None,
-            host_ms,
-            loss: loss_sum / (n * ranks),
-            grad_norm,
-            lr,
-            skipped: !apply,
-            loss_scale: self.scaler.as_ref().map(|s| s.scale),
-            phases_ms: clock.phases(),
-        })
+        let mut out = self.outcome(queued, &loss_sum, &clip, n * ranks, &clock)?;
+        (out.lr, out.skipped) = (lr, !apply);
+        Ok(out)
     }
 
     /// One micro-batch through GPT-2's manual step, its gradients handed to `shards` group by
