@@ -4,6 +4,8 @@
 #   fixtures       HF reference fixtures (CPU fp32) for tests/fixtures           -> fixtures.tgz
 #   shakespeare    --suite shakespeare, gpt2 bf16 8 x 1024, one epoch: candle and compiled HF
 #                  (needs .gpu/input.txt, Tiny Shakespeare)                    -> shakespeare.txt
+#   hf-parallel    the HF worker's DDP / FSDP strategies under torchrun (one process) against the
+#                  plain worker                                                 -> hf-parallel.txt
 #   strategies-1gpu gpt2-xl bf16 on Tiny Shakespeare, batch x --recompute off,on, OOM recorded:
 #                  the single-GPU column of the strategy table                 -> strategies.txt
 #   train-grads    HF first-step gradients for the shipped train fixtures (CPU fp32)  -> train-grads.tgz
@@ -445,6 +447,12 @@ for stage in "$@"; do
       --log-dir /tmp/strategy-logs --no-progress 2>&1 | grep -v '^  |' | tee -a "$OUT/strategies.txt"
     echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/strategies.txt"
     (cd /tmp && tar czf "$OUT/strategy-logs.tgz" strategy-logs)
+    ;;
+  hf-parallel)
+    # The HF worker's strategies (DDP, FSDP SHARD_GRAD_OP / FULL_SHARD, +- gradient checkpointing)
+    # under torchrun with one process, against the plain worker -> hf-parallel.txt
+    timeout 400 python3 scripts/hf_parallel_check.py 2>&1 | grep -v Warning | tee "$OUT/hf-parallel.txt"
+    echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/hf-parallel.txt"
     ;;
   kernels)
     unpack tests /tmp/unit-tests

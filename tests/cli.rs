@@ -724,8 +724,8 @@ fn recompute_trains_with_the_same_losses_and_is_refused_where_it_does_not_apply(
         e.contains("--recompute") && e.contains("--backward autograd"),
         "{e}"
     );
-    let e = error_of(&["--suite", "wikitext2", "--engine", "hf", "--recompute"]);
-    assert!(e.contains("use it with --engine candle"), "{e}");
+    let e = error_of(&["--suite", "wikitext2", "--engine", "llmc", "--recompute"]);
+    assert!(e.contains("use it with --engine candle or hf"), "{e}");
 }
 
 /// `--drop-last` with fewer blocks than one batch would train on nothing: one line that says

@@ -166,7 +166,7 @@ fn zero2_on_bloom_follows_one_process() {
 #[test]
 fn what_dp_does_not_do_is_a_one_line_error() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 8] = [
         (
             &[
                 "--suite",
@@ -206,8 +206,21 @@ fn what_dp_does_not_do_is_a_one_line_error() {
             "cannot be combined",
         ),
         (
-            &["--suite", "wikitext2", "--dp", "2", "--engine", "hf"],
+            &["--suite", "wikitext2", "--dp", "2", "--engine", "both"],
             "the candle engine only",
+        ),
+        (
+            &[
+                "--suite",
+                "wikitext2",
+                "--dp",
+                "2",
+                "--engine",
+                "hf",
+                "--zero",
+                "1",
+            ],
+            "ZeRO-1 has no FSDP strategy",
         ),
     ];
     for (args, msg) in cases {

@@ -16,7 +16,9 @@ use crate::scenarios::shakespeare;
 use crate::scenarios::skeleton::max_positions;
 use crate::scenarios::suite_file::{SuiteFile, SuiteTrain};
 use crate::scenarios::wikitext2::data::{Splits, WIKITEXT2_RAW};
-use crate::scenarios::{GenerateOptions, GenerateSource, RunSpec, TrainOptions, Workload};
+use crate::scenarios::{
+    GenerateOptions, GenerateSource, HfParallel, RunSpec, TrainOptions, Workload,
+};
 use clap::ValueEnum;
 use std::path::PathBuf;
 
@@ -178,7 +180,12 @@ fn training_configs(a: &Axes, base: RunConfig) -> Vec<RunConfig> {
     let mut out = vec![];
     for &zero in &a.zeros {
         for &recompute in &a.recomputes {
-            for &engine in &a.engines {
+            // HF has no ZeRO-1 (FSDP shards gradients with the state): candle runs it alone.
+            let engines = a
+                .engines
+                .iter()
+                .filter(|&&e| !(e == EngineKind::Hf && zero == Some(1)));
+            for &engine in engines {
                 out.push(RunConfig {
                     zero,
                     recompute,
@@ -599,7 +606,8 @@ pub fn resolve_config(
             .backward
             .unwrap_or(crate::train::Backward::default_for(&model));
         backward.check(&model)?;
-        if opts.recompute && backward != crate::train::Backward::Manual {
+        let candle = config.engine == EngineKind::Candle;
+        if candle && opts.recompute && backward != crate::train::Backward::Manual {
             return Err(Error::Config(format!(
                 "--recompute checkpoints the blocks of the manual step (GPT-2, --backward manual); {} trains with --backward {}",
                 model.name,
@@ -704,11 +712,15 @@ fn resolve_train(
             "--backward picks how the candle engine computes gradients: use it with --engine candle or both".into(),
         ));
     }
-    if engine != EngineKind::Candle && config.recompute {
+    if engine == EngineKind::Llmc && config.recompute {
         return Err(Error::Config(
-            "--recompute checkpoints candle's manual step (HF's and llm.c's recompute are not wired in): use it with --engine candle".into(),
+            "--recompute checkpoints candle's manual step or HF's blocks (llm.c's recompute is not wired in): use it with --engine candle or hf".into(),
         ));
     }
+    let hf_parallel = match (engine, args.dp) {
+        (EngineKind::Hf, n) if n > 1 => Some(hf_parallel(args, config, n)?),
+        _ => None,
+    };
     if engine != EngineKind::Candle && a.save.is_some() {
         return Err(Error::Config(
             "--save writes the candle engine's trained weights: use it with --engine candle".into(),
@@ -759,6 +771,28 @@ fn resolve_train(
         drop_last: a.drop_last || args.hf_compile,
         recompute: config.recompute,
         save: a.save.clone(),
+        hf_parallel,
+    })
+}
+
+/// `--engine hf --dp N`: the HF engine's strategy for the configuration's ZeRO level (DDP,
+/// FSDP's SHARD_GRAD_OP or FULL_SHARD under torchrun).
+fn hf_parallel(args: &RunArgs, config: &RunConfig, size: usize) -> Result<HfParallel> {
+    use crate::train::ZeroStage;
+    let zero = config.zero.unwrap_or(args.zero);
+    if zero == 1 {
+        return Err(Error::Config(
+            "--engine hf runs --zero 0 (DDP), 2 (FSDP SHARD_GRAD_OP) and 3 (FSDP FULL_SHARD); ZeRO-1 has no FSDP strategy".into(),
+        ));
+    }
+    if args.hf_compile || args.dp_overlap {
+        return Err(Error::Config(
+            "--engine hf --dp runs DDP / FSDP eager: drop --hf-compile and --dp-overlap".into(),
+        ));
+    }
+    Ok(HfParallel {
+        size,
+        zero: ZeroStage::from_level(zero).expect("clap keeps --zero in 0..=3"),
     })
 }
 
@@ -819,13 +853,18 @@ pub fn parallel(args: &RunArgs, plan: &Plan) -> Result<Option<Parallel>> {
             "in a sweep (one configuration at a time; --repeat and --isolate included)",
         );
     }
+    let training = plan.suite.train.is_some();
+    // The HF engine's strategies run under torchrun, which its engine starts: one process here.
+    let hf = plan.configs[0].engine == EngineKind::Hf;
+    if hf && training && matches!(par, Parallel::Data { .. }) {
+        return Ok(None);
+    }
     if plan.configs[0].engine != EngineKind::Candle {
-        return not_with("with --engine hf or both (the candle engine only)");
+        return not_with("with --engine hf or both (the candle engine only; --engine hf --dp N trains under torchrun)");
     }
     if args.save_weights.is_some() {
         return not_with("with --save-weights (write the weights with a single-process run)");
     }
-    let training = plan.suite.train.is_some();
     if matches!(par, Parallel::Tensor(_)) && training {
         return not_with("for training suites (LAMBADA only; data parallelism is --dp)");
     }
@@ -900,6 +939,34 @@ fn check_zero3(par: Parallel, spec: &RunSpec) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--strategies dp,zero1 --engine candle,hf`: HF has no ZeRO-1, so candle runs it alone.
+    #[test]
+    fn strategies_leave_out_zero1_for_hf() {
+        let c = expand(&Axes {
+            models: vec!["gpt2".into()],
+            precisions: vec![Precision::Bf16],
+            seq_lens: vec![None],
+            new_tokens: vec![None],
+            batch_sizes: vec![8],
+            zeros: vec![Some(0), Some(1)],
+            recomputes: vec![false, true],
+            engines: vec![EngineKind::Candle, EngineKind::Hf],
+        });
+        let got: Vec<(Option<u8>, bool, &str)> = c
+            .iter()
+            .map(|c| (c.zero, c.recompute, c.engine.as_str()))
+            .collect();
+        let want = [
+            (Some(0), false, "candle"),
+            (Some(0), false, "hf"),
+            (Some(0), true, "candle"),
+            (Some(0), true, "hf"),
+            (Some(1), false, "candle"),
+            (Some(1), true, "candle"),
+        ];
+        assert_eq!(got, want);
+    }
 
     #[test]
     fn product_runs_engines_innermost() {

@@ -22,4 +22,6 @@ pub mod suite_file;
 pub mod verify;
 pub mod wikitext2;
 
-pub use spec::{DpRun, GenerateOptions, GenerateSource, RunSpec, TrainOptions, Workload};
+pub use spec::{
+    DpRun, GenerateOptions, GenerateSource, HfParallel, RunSpec, TrainOptions, Workload,
+};

@@ -112,6 +112,28 @@ pub struct TrainOptions {
     pub recompute: bool,
     /// Write the trained weights (fp32 masters) as an HF checkpoint here.
     pub save: Option<PathBuf>,
+    /// The HF engine over `--dp N` GPUs (torchrun, DDP or FSDP), else None.
+    pub hf_parallel: Option<HfParallel>,
+}
+
+/// The HF engine's training strategy over several GPUs: one torchrun worker a GPU.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HfParallel {
+    pub size: usize,
+    /// The ZeRO stage it stands for: 0 DDP, 2 FSDP's SHARD_GRAD_OP, 3 FSDP's FULL_SHARD.
+    pub zero: crate::train::ZeroStage,
+}
+
+impl HfParallel {
+    /// What the worker is told (`worker.py`'s `parallel.strategy`).
+    pub fn strategy(self) -> &'static str {
+        use crate::train::ZeroStage;
+        match self.zero {
+            ZeroStage::Off => "ddp",
+            ZeroStage::Parameters => "fsdp_full",
+            _ => "fsdp_grad_op",
+        }
+    }
 }
 
 /// A data-parallel rank: its group, and whether the optimizer state is split (ZeRO-1).

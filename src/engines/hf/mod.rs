@@ -113,13 +113,28 @@ pub struct HfEngine {
     /// `--hf-attn best` on a scoring or generation run: the attention is chosen on the run's
     /// first batches ([`HfEngine::choose_attn`]).
     choose: bool,
+    /// The worker runs under torchrun in a process group of its own (training strategies).
+    group: bool,
+    /// The worker script written for torchrun (removed with the engine).
+    script: Option<PathBuf>,
+}
+
+/// The embedded worker written to a file of its own, for torchrun (which runs a script).
+fn worker_file() -> Result<PathBuf> {
+    let path = std::env::temp_dir().join(format!(
+        "transformer-bench-worker-{}.py",
+        std::process::id()
+    ));
+    std::fs::write(&path, WORKER)
+        .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+    Ok(path)
 }
 
 impl HfEngine {
     /// Checks that the worker starts and imports torch + transformers, before any weights are
     /// written for it; returns their versions.
     pub fn preflight(opts: &HfOptions) -> Result<BTreeMap<String, String>> {
-        let reply = Self::spawn(opts)?.request(&json!({ "op": "hello" }))?;
+        let reply = Self::spawn(opts, None)?.request(&json!({ "op": "hello" }))?;
         Ok(versions(&reply))
     }
 
@@ -152,7 +167,12 @@ impl HfEngine {
         device: DeviceSpec,
         train: Option<Value>,
     ) -> Result<Self> {
-        let mut engine = Self::spawn(opts)?;
+        // A training strategy over N GPUs (`train.parallel`): the worker under torchrun.
+        let ranks = train
+            .as_ref()
+            .and_then(|t| t["parallel"]["size"].as_u64())
+            .map(|n| n as usize);
+        let mut engine = Self::spawn(opts, ranks)?;
         let device = match device {
             DeviceSpec::Cpu => "cpu".to_string(),
             DeviceSpec::Cuda(n) => format!("cuda:{n}"),
@@ -191,17 +211,42 @@ impl HfEngine {
         engine
             .info
             .insert("compile".into(), opts.compile.to_string());
+        if let Some(t) = load.get("train") {
+            let recompute = match t["recompute"].as_bool() {
+                Some(true) => "blocks",
+                _ => "off",
+            };
+            engine.info.insert("recompute".into(), recompute.into());
+            if let Some(s) = t["parallel"]["strategy"].as_str() {
+                engine.info.insert("parallel".into(), s.into());
+            }
+        }
         engine.max_positions = reply["max_positions"].as_u64().unwrap_or(0) as usize;
         engine.load_seconds = reply["load_seconds"].as_f64().unwrap_or(0.);
         Ok(engine)
     }
 
-    fn spawn(opts: &HfOptions) -> Result<Self> {
+    fn spawn(opts: &HfOptions, ranks: Option<usize>) -> Result<Self> {
         let python = opts.python();
         let mut cmd = Command::new(&python);
-        match &opts.worker {
-            Some(script) => cmd.arg(script),
-            None => cmd.arg("-c").arg(WORKER),
+        let mut script = None;
+        match (&opts.worker, ranks) {
+            (Some(path), None) => cmd.arg(path),
+            (None, None) => cmd.arg("-c").arg(WORKER),
+            (given, Some(n)) => {
+                let path = match given {
+                    Some(p) => p.clone(),
+                    None => script.insert(worker_file()?).clone(),
+                };
+                // One process a GPU; its own process group, so that ending the run ends every
+                // rank (torchrun's workers are its children, not ours).
+                use std::os::unix::process::CommandExt;
+                cmd.args(["-m", "torch.distributed.run", "--standalone"])
+                    .arg(format!("--nproc_per_node={n}"))
+                    .arg(path)
+                    .env("NCCL_NVLS_ENABLE", "0")
+                    .process_group(0)
+            }
         };
         let mut child = cmd
             .stdin(Stdio::piped())
@@ -238,6 +283,8 @@ impl HfEngine {
             max_positions: 0,
             load_seconds: 0.,
             choose: false,
+            group: ranks.is_some(),
+            script,
         })
     }
 
@@ -366,8 +413,19 @@ impl Drop for HfEngine {
     fn drop(&mut self) {
         // A run that ends early must not leave the worker (and its GPU memory) behind.
         if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
+            match self.group {
+                // SAFETY: kill(2) on the worker's own process group (torchrun and its ranks).
+                true => unsafe {
+                    libc::kill(-(self.child.id() as i32), libc::SIGKILL);
+                },
+                false => {
+                    let _ = self.child.kill();
+                }
+            }
             let _ = self.child.wait();
+        }
+        if let Some(p) = &self.script {
+            let _ = std::fs::remove_file(p);
         }
     }
 }

@@ -66,6 +66,21 @@ forward to the last loss on the host (ids already on the device).
 
 Timing matches the candle engine: synchronize, clock, ids to the device, forward, LM head only
 on the target rows, log-softmax in fp32, results back on the host, synchronize, clock.
+
+Training strategies (`--engine hf --dp N`, `--strategies`): the Rust side starts this script
+under torchrun (`python -m torch.distributed.run --standalone --nproc_per_node N`), one process
+a GPU (cuda:LOCAL_RANK). Rank 0 alone reads stdin and writes replies; it broadcasts each
+request to the other ranks, and every rank runs it. `train` then holds
+`"parallel": {"size": N, "strategy": "ddp|fsdp_grad_op|fsdp_full"}`: DDP (torch's
+DistributedDataParallel), FSDP's SHARD_GRAD_OP (ZeRO-2: FSDP2 `fully_shard` a block at a time,
+`reshard_after_forward=False`) or FULL_SHARD (ZeRO-3: resharded after the forward). A
+train_step's `micro_batches` are the whole step's, N·grad_accum of them: rank r trains on the
+r-th grad_accum of them (what the candle engine's rank r takes), the gradients are averaged
+over the ranks (DDP's all-reduce, FSDP's reduce-scatter), the reported loss is the mean over
+every rank. `eval` runs on every rank (FSDP gathers the weights in its forward); `finish`
+reports the largest peak of any rank and every rank's. `"recompute": true` turns on HF's
+gradient checkpointing (`gradient_checkpointing_enable`, non-reentrant), as HF Trainer's
+`gradient_checkpointing=True`.
 """
 import contextlib
 import json
@@ -74,12 +89,20 @@ import sys
 import time
 
 
+# Under torchrun: this process's rank (only rank 0 talks to the Rust side).
+RANK = int(os.environ.get("RANK", "0"))
+DISTRIBUTED = "LOCAL_RANK" in os.environ
+
+
 def reply(**kw):
-    sys.stdout.write(json.dumps(kw) + "\n")
-    sys.stdout.flush()
+    if RANK == 0:
+        sys.stdout.write(json.dumps(kw) + "\n")
+        sys.stdout.flush()
 
 
 def fail(msg):
+    if RANK != 0:
+        print(f"rank {RANK}: {msg}", file=sys.stderr, flush=True)
     reply(ok=False, error=msg)
     sys.exit(1)
 
@@ -118,6 +141,8 @@ class Worker:
     def load(self, req):
         train = req.get("train")
         self.device = torch.device(req["device"])
+        if DISTRIBUTED and self.device.type == "cuda":
+            self.device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         if self.device.type == "cuda":
             if not torch.cuda.is_available():
                 fail("torch sees no CUDA device (torch.cuda.is_available() is False)")
@@ -292,8 +317,13 @@ class Worker:
         from transformers import get_linear_schedule_with_warmup
 
         torch.manual_seed(h["seed"])  # dropout masks
+        if h.get("recompute"):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
-        self.train_model = torch.compile(model) if compile_ else model
+        self.parallel = h.get("parallel")
+        self.train_model = self.wrap(model) if self.parallel else model
+        if compile_:
+            self.train_model = torch.compile(self.train_model)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=h["learning_rate"], betas=(h["beta1"], h["beta2"]),
                                      eps=h["eps"], weight_decay=h["weight_decay"])  # foreach on CUDA, as Trainer
@@ -302,6 +332,20 @@ class Worker:
         self.max_grad_norm = h["max_grad_norm"]
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype)
         self.scaler = torch.amp.GradScaler(self.device.type) if dtype == "fp16" else None
+
+    def wrap(self, model):
+        """The model under the strategy `self.parallel` names (see the module's docstring)."""
+        strategy = self.parallel["strategy"]
+        if strategy == "ddp":
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        from torch.distributed.fsdp import fully_shard
+
+        reshard = strategy == "fsdp_full"
+        for block in model.base_model.h:  # GPT-2 and BLOOM: transformer.h
+            fully_shard(block, reshard_after_forward=reshard)
+        fully_shard(model, reshard_after_forward=reshard)
+        return model
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -324,15 +368,21 @@ class Worker:
                 phases[phase] += (now - last[0]) * 1e3
                 last[0] = now
 
-        for block_ids in micro:
+        if self.parallel:  # this rank's share of the step's micro-batches
+            n = n // self.parallel["size"]
+            micro = micro[RANK * n:(RANK + 1) * n]
+        for k, block_ids in enumerate(micro):
             ids = torch.tensor(block_ids, dtype=torch.long).to(self.device)
-            with self.autocast():
-                loss = self.train_model(input_ids=ids, labels=ids).loss
-            lap("forward")
-            scaled = loss / n
-            if self.scaler is not None:
-                scaled = self.scaler.scale(scaled)
-            scaled.backward()
+            # DDP: the gradients cross ranks once, after the step's last micro-batch.
+            quiet = k + 1 < n and isinstance(self.train_model, torch.nn.parallel.DistributedDataParallel)
+            with self.train_model.no_sync() if quiet else contextlib.nullcontext():
+                with self.autocast():
+                    loss = self.train_model(input_ids=ids, labels=ids).loss
+                lap("forward")
+                scaled = loss / n
+                if self.scaler is not None:
+                    scaled = self.scaler.scale(scaled)
+                scaled.backward()
             lap("backward")
             losses.append(loss.detach())
         if self.scaler is not None:
@@ -350,7 +400,13 @@ class Worker:
         if not skipped:
             self.sched.step()
         self.opt.zero_grad(set_to_none=True)
-        loss = torch.stack(losses).float().mean().item()
+        loss = torch.stack(losses).float().mean()
+        if self.parallel:
+            torch.distributed.all_reduce(loss)  # gloo has no AVG: the sum, then the mean
+            loss = loss / self.parallel["size"]
+            if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
+                grad_norm = grad_norm.full_tensor()
+        loss = loss.item()
         grad_norm = grad_norm.item()
         lap("update")
         sync(self.device)
@@ -381,9 +437,17 @@ class Worker:
     def finish(self, _req):
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
-            reply(ok=True, peak_memory_bytes=torch.cuda.max_memory_allocated(self.device),
+            peak = torch.cuda.max_memory_allocated(self.device)
+            per_rank = None
+            if DISTRIBUTED:
+                per_rank = [None] * torch.distributed.get_world_size()
+                torch.distributed.all_gather_object(per_rank, peak)
+                peak = max(per_rank)
+            reply(ok=True, peak_memory_bytes=peak, per_rank_peak_memory_bytes=per_rank,
                   device_memory_used_bytes=total - free,
                   reserved_memory_bytes=torch.cuda.max_memory_reserved(self.device))
+            if DISTRIBUTED:
+                torch.distributed.destroy_process_group()
         else:
             import resource
             reply(ok=True, peak_memory_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -395,13 +459,35 @@ class Worker:
 PROFILE_AT = int(os.environ["TB_CUDA_PROFILE"]) if os.environ.get("TB_CUDA_PROFILE", "").strip() else None
 
 
+def requests():
+    """The Rust side's requests: read by rank 0, broadcast to the other ranks under torchrun."""
+    if not DISTRIBUTED:
+        for line in sys.stdin:
+            if line.strip():
+                yield json.loads(line)
+        return
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.distributed.init_process_group("nccl" if cuda else "gloo")
+    lines = sys.stdin if RANK == 0 else None
+    while True:
+        box = [None]
+        if RANK == 0:
+            line = next(lines, "")
+            while line and not line.strip():
+                line = next(lines, "")
+            box[0] = json.loads(line) if line else {"op": "finish"}
+        torch.distributed.broadcast_object_list(box, src=0)
+        yield box[0]
+        if box[0].get("op") == "finish":
+            return
+
+
 def main():
     worker = Worker()
     calls = 0
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        req = json.loads(line)
+    for req in requests():
         op = req.get("op")
         if op == "finish":
             worker.finish(req)

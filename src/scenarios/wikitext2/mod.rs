@@ -11,7 +11,7 @@ use super::skeleton::{
     base_header, candle_device, engine_runs, final_memory, finish_log, gpu_index, hf_dir,
     max_positions, open_log,
 };
-use super::spec::{DpRun, RunSpec, TrainOptions};
+use super::spec::{DpRun, HfParallel, RunSpec, TrainOptions};
 use crate::data::sha256_hex;
 use crate::device::DeviceSpec;
 use crate::engines::candle::train::TrainSetup;
@@ -107,7 +107,7 @@ fn prepare(spec: &RunSpec, opts: &TrainOptions) -> Result<Prepared> {
         )));
     }
     // Micro-batches per optimizer step over all data-parallel ranks.
-    let global_accum = opts.grad_accum * spec.dp_size();
+    let global_accum = opts.grad_accum * ranks(spec, opts);
     let steps_per_epoch = (micro_per_epoch / global_accum).max(1);
     let total_steps = opts
         .max_steps
@@ -130,6 +130,11 @@ fn prepare(spec: &RunSpec, opts: &TrainOptions) -> Result<Prepared> {
         total_steps,
         hyper,
     })
+}
+
+/// Data-parallel ranks of the run: candle's group, or the HF engine's torchrun workers.
+fn ranks(spec: &RunSpec, opts: &TrainOptions) -> usize {
+    spec.dp_size().max(opts.hf_parallel.map_or(1, |p| p.size))
 }
 
 /// `bytes` of every rank, in rank order (MiB resolution: the all-reduce carries f32).
@@ -180,6 +185,10 @@ fn start(
         train["dropout"] = Value::Bool(opts.dropout);
         train["seed"] = json!(spec.seed);
         train["phase_times"] = Value::Bool(opts.phase_times);
+        train["recompute"] = Value::Bool(opts.recompute);
+        if let Some(p) = opts.hf_parallel {
+            train["parallel"] = json!({ "size": p.size, "strategy": p.strategy() });
+        }
         let dir = hf_dir(weights)?;
         let hf = HfEngine::start_training(&spec.hf, dir, spec.precision, spec.device, train)?;
         return Ok(Box::new(hf));
@@ -254,7 +263,11 @@ fn header(
                 warmup_work(engine)
             ),
         })),
-        dp: spec.dp.as_ref().map(|d| dp_info(spec, opts, d)),
+        dp: match (&spec.dp, opts.hf_parallel) {
+            (Some(d), _) => Some(dp_info(spec, opts, d)),
+            (None, Some(p)) => Some(hf_dp_info(spec, opts, p)),
+            (None, None) => None,
+        },
         ..base_header(
             spec,
             weights,
@@ -289,6 +302,25 @@ fn dp_info(spec: &RunSpec, opts: &TrainOptions, d: &DpRun) -> DpInfo {
             "each optimizer step takes {n} x {ga} micro-batches of {bs} blocks, consecutive in the shuffled order, rank r the r-th {ga} of them (the blocks one process with --grad-accum {} would take); gradients are averaged over ranks, so --lr applies to the global batch of {} blocks unchanged (no scaling rule)",
             n * ga,
             n * bs * ga
+        ),
+    }
+}
+
+/// The HF engine's strategy as the log header's `dp`: torchrun's workers, the same batches as
+/// candle's ranks.
+fn hf_dp_info(spec: &RunSpec, opts: &TrainOptions, p: HfParallel) -> DpInfo {
+    let (n, bs, ga) = (p.size, spec.batch_size, opts.grad_accum);
+    DpInfo {
+        size: n,
+        zero_stage: p.zero.level(),
+        overlap: false,
+        backend: format!("torch.distributed ({})", p.strategy()),
+        launcher: "torchrun".into(),
+        ranks: vec![],
+        global_batch_size: n * bs * ga,
+        rules: format!(
+            "the worker's rank r trains on the r-th {ga} of each step's {} micro-batches of {bs} blocks (candle's ranks' blocks); gradients averaged over ranks, --lr unchanged",
+            n * ga
         ),
     }
 }
@@ -444,7 +476,12 @@ fn train_steps(
     engine: &mut dyn Train,
     log: &mut RankLog,
 ) -> Result<(TrainTotals, Option<Error>)> {
-    let (dp_rank, dp_n, ga) = (spec.rank(), spec.dp_size(), opts.grad_accum);
+    let (dp_rank, dp_n, ga) = (spec.rank(), ranks(spec, opts), opts.grad_accum);
+    // The HF engine's torchrun workers take the whole step's micro-batches and share them out.
+    let (mine_from, mine_to) = match opts.hf_parallel {
+        Some(_) => (0, ga * dp_n),
+        None => (dp_rank * ga, (dp_rank + 1) * ga),
+    };
     let warmup = warmup_steps(spec, prep);
     let mut micro = MicroBatches::new(
         spec.seed,
@@ -460,7 +497,7 @@ fn train_steps(
         // its share: rank r takes micro-batches r·ga .. (r+1)·ga.
         let ids: Vec<Vec<usize>> = (0..ga * dp_n).map(|_| micro.next()).collect();
         let n_samples: usize = ids.iter().map(Vec::len).sum();
-        let mine: Vec<Vec<&[u32]>> = ids[dp_rank * ga..(dp_rank + 1) * ga]
+        let mine: Vec<Vec<&[u32]>> = ids[mine_from..mine_to]
             .iter()
             .map(|b| b.iter().map(|&i| prep.train_blocks[i].as_slice()).collect())
             .collect();
