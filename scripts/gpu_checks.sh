@@ -6,6 +6,8 @@
 #                  (needs .gpu/input.txt, Tiny Shakespeare)                    -> shakespeare.txt
 #   hf-parallel    the HF worker's DDP / FSDP strategies under torchrun (one process) against the
 #                  plain worker                                                 -> hf-parallel.txt
+#   hf-dp-cpu      bench's torchrun launch of the HF strategies on CPU ranks (gloo) against one
+#                  HF process and candle's --dp 2                                -> hf-dp-cpu.txt
 #   strategies-1gpu gpt2-xl bf16 on Tiny Shakespeare, batch x --recompute off,on, OOM recorded:
 #                  the single-GPU column of the strategy table                 -> strategies.txt
 #   train-grads    HF first-step gradients for the shipped train fixtures (CPU fp32)  -> train-grads.tgz
@@ -453,6 +455,29 @@ for stage in "$@"; do
     # under torchrun with one process, against the plain worker -> hf-parallel.txt
     timeout 400 python3 scripts/hf_parallel_check.py 2>&1 | grep -v Warning | tee "$OUT/hf-parallel.txt"
     echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/hf-parallel.txt"
+    ;;
+  hf-dp-cpu)
+    # bench's own launch of the HF strategies (torchrun, gloo) on CPU ranks, gpt2-tiny fp32 on the
+    # Shakespeare sample: --engine hf --dp 2 at --zero 0/2/3 against one HF process with
+    # --grad-accum 2 and candle's --dp 2 (TCP ranks), the same blocks -> hf-dp-cpu.txt
+    T=(--suite shakespeare --model gpt2-tiny --weights random --seed 0 --device cpu --dtype fp32
+       --max-steps 4 --block-size 32 --batch-size 2 --no-dropout --warmup 1 --no-progress)
+    rm -rf /tmp/hfdp-logs
+    for z in 0 2 3; do
+      $B "${T[@]}" --engine hf --dp 2 --zero $z --log-dir /tmp/hfdp-logs/hf-dp2-zero$z 2>&1 | grep -v "Loading weights\|loss_type\|^\[transformers\]" | tail -30 | tee -a "$OUT/hf-dp-cpu.txt"
+    done
+    $B "${T[@]}" --engine hf --grad-accum 2 --log-dir /tmp/hfdp-logs/hf-accum2 2>&1 | tail -3 | tee -a "$OUT/hf-dp-cpu.txt"
+    $B "${T[@]}" --engine candle --dp 2 --log-dir /tmp/hfdp-logs/candle-dp2 2>&1 | tail -3 | tee -a "$OUT/hf-dp-cpu.txt"
+    python3 - <<'PY' 2>&1 | tee -a "$OUT/hf-dp-cpu.txt"
+import glob, json
+for d in sorted(glob.glob("/tmp/hfdp-logs/*")):
+    for f in glob.glob(d + "/*.jsonl"):
+        recs = [json.loads(l) for l in open(f)]
+        steps = [r["loss"] for r in recs if r.get("record") == "step"]
+        dp = recs[0].get("dp") or {}
+        print(d.split("/")[-1], dp.get("backend"), [round(x, 6) for x in steps])
+PY
+    (cd /tmp && tar czf "$OUT/hfdp-logs.tgz" hfdp-logs)
     ;;
   kernels)
     unpack tests /tmp/unit-tests

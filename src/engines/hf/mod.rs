@@ -20,8 +20,9 @@ use std::sync::{Arc, Mutex};
 /// The worker script, run with `python -c`.
 pub const WORKER: &str = include_str!("worker.py");
 
-/// Lines of the worker's stderr kept for error messages.
-const STDERR_TAIL: usize = 20;
+/// Lines of the worker's stderr kept for error messages (torchrun's summary of a failed rank
+/// alone is about 15).
+const STDERR_TAIL: usize = 60;
 
 /// `--hf-attn`: transformers' attention implementation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -172,11 +173,11 @@ impl HfEngine {
             .as_ref()
             .and_then(|t| t["parallel"]["size"].as_u64())
             .map(|n| n as usize);
-        let mut engine = Self::spawn(opts, ranks)?;
         let device = match device {
             DeviceSpec::Cpu => "cpu".to_string(),
             DeviceSpec::Cuda(n) => format!("cuda:{n}"),
         };
+        let mut engine = Self::spawn(opts, ranks.map(|n| (n, device.as_str())))?;
         // A training step changes the weights, so `best` has nothing to time there: auto's
         // choice (sdpa where the model has it).
         let training = train.is_some();
@@ -226,14 +227,15 @@ impl HfEngine {
         Ok(engine)
     }
 
-    fn spawn(opts: &HfOptions, ranks: Option<usize>) -> Result<Self> {
+    /// The worker; with `ranks` (N, device type) N of them under torchrun.
+    fn spawn(opts: &HfOptions, ranks: Option<(usize, &str)>) -> Result<Self> {
         let python = opts.python();
         let mut cmd = Command::new(&python);
         let mut script = None;
         match (&opts.worker, ranks) {
             (Some(path), None) => cmd.arg(path),
             (None, None) => cmd.arg("-c").arg(WORKER),
-            (given, Some(n)) => {
+            (given, Some((n, device))) => {
                 let path = match given {
                     Some(p) => p.clone(),
                     None => script.insert(worker_file()?).clone(),
@@ -245,6 +247,10 @@ impl HfEngine {
                     .arg(format!("--nproc_per_node={n}"))
                     .arg(path)
                     .env("NCCL_NVLS_ENABLE", "0")
+                    .env(
+                        "TB_WORKER_DEVICE",
+                        if device == "cpu" { "cpu" } else { "cuda" },
+                    )
                     .process_group(0)
             }
         };
@@ -355,13 +361,21 @@ impl HfEngine {
         // The stderr thread may still be draining the pipe.
         std::thread::sleep(std::time::Duration::from_millis(100));
         let tail = self.stderr_tail.lock().expect("stderr tail lock");
-        let last: Vec<&str> = tail
+        // Under torchrun a failing rank says `rank N: why` (worker.py) before torchrun's summary.
+        let rank_said = tail
             .iter()
             .rev()
-            .take(5)
-            .rev()
-            .map(|s| s.as_str())
-            .collect();
+            .find(|l| l.starts_with("rank ") && l.contains(": "));
+        let last: Vec<&str> = match rank_said {
+            Some(line) => vec![line.as_str()],
+            None => tail
+                .iter()
+                .rev()
+                .take(5)
+                .rev()
+                .map(|s| s.as_str())
+                .collect(),
+        };
         Error::Engine(format!(
             "HF worker died ({status}) during '{op}': {}",
             last.join(" | ")

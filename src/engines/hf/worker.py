@@ -339,12 +339,15 @@ class Worker:
         if strategy == "ddp":
             ids = [self.device.index] if self.device.type == "cuda" else None
             return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        # The run's device type (a CPU run on a GPU host would default to CUDA's mesh).
+        mesh = init_device_mesh(self.device.type, (self.parallel["size"],))
         reshard = strategy == "fsdp_full"
         for block in model.base_model.h:  # GPT-2 and BLOOM: transformer.h
-            fully_shard(block, reshard_after_forward=reshard)
-        fully_shard(model, reshard_after_forward=reshard)
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
         return model
 
     def autocast(self):
@@ -466,7 +469,8 @@ def requests():
             if line.strip():
                 yield json.loads(line)
         return
-    cuda = torch.cuda.is_available()
+    # The run's device (set by bench): a CPU run on a GPU host trains over gloo.
+    cuda = os.environ.get("TB_WORKER_DEVICE", "cuda") == "cuda" and torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     torch.distributed.init_process_group("nccl" if cuda else "gloo")
