@@ -26,7 +26,7 @@ fn main() {
 
 /// The kernel families of src/kernels: each `<name>.cu` -> `$OUT_DIR/<name>.ptx`, embedded by
 /// src/kernels/<name>.rs (`ptx!`) and loaded as its own module.
-const KERNELS: [&str; 12] = [
+const KERNELS: [&str; 13] = [
     "adamw",
     "attn_softmax",
     "bias_act",
@@ -35,6 +35,7 @@ const KERNELS: [&str; 12] = [
     "dropout",
     "embedding",
     "flash_attn",
+    "gemv",
     "heads",
     "layer_norm",
     "multi_tensor",

@@ -1250,3 +1250,37 @@ fn zero2_and_zero3_steps_match_the_plain_trainer_on_one_gpu() {
         }
     }
 }
+
+/// The decode GEMV (nn.Linear weights, 1–4 rows) against the f32 product with bias and
+/// tanh-GELU, in bf16 and f16, for BLOOM's decode shapes (1024 -> 3072, 4096 -> 1024).
+#[test]
+fn gemv_matches_the_f32_projection() {
+    let (dev, _one_at_a_time) = gpu();
+    for (k, n) in [(1024, 3072), (4096, 1024), (64, 40)] {
+        for rows in 1..=4 {
+            for dtype in [DType::BF16, DType::F16] {
+                for act in [Act::None, Act::GeluTanh] {
+                    let x = randn(&[rows, k], &dev).to_dtype(dtype).unwrap();
+                    let w = (randn(&[n, k], &dev) * 0.05).unwrap().to_dtype(dtype).unwrap();
+                    let b = randn(&[n], &dev).to_dtype(dtype).unwrap();
+                    let y = gemv(&x, &w, &b, act).unwrap().expect("the GEMV applies");
+                    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+                    let r = f(&x).matmul(&f(&w).t().unwrap()).unwrap();
+                    let r = r.broadcast_add(&f(&b)).unwrap();
+                    let r = match act {
+                        Act::GeluTanh => r.gelu().unwrap(),
+                        _ => r,
+                    };
+                    let why = format!("{rows}x{k} -> {n} {dtype:?} {act:?}");
+                    assert_eq!(y.dims(), [rows, n], "{why}");
+                    assert!(rel(&y, &r) < 1e-2, "{why}: {}", rel(&y, &r));
+                }
+            }
+        }
+    }
+    // Five rows are cuBLASLt's.
+    let x = randn(&[5, 64], &dev).to_dtype(DType::BF16).unwrap();
+    let w = randn(&[40, 64], &dev).to_dtype(DType::BF16).unwrap();
+    let b = randn(&[40], &dev).to_dtype(DType::BF16).unwrap();
+    assert!(gemv(&x, &w, &b, Act::None).unwrap().is_none());
+}

@@ -163,6 +163,12 @@ mod imp {
         if !(x.is_contiguous() && w.is_contiguous() && b.is_contiguous()) {
             return Ok(None);
         }
+        // Decode steps (1–4 rows) of nn.Linear weights: one GEMV launch (`--fused gemv`).
+        if w_out_in {
+            if let Some(y) = crate::kernels::gemv(x, w, b, act)? {
+                return Ok(Some(y));
+            }
+        }
         Ok(Some(x.apply_op3_no_bwd(
             w,
             b,

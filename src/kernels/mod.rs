@@ -22,6 +22,7 @@ mod decode;
 mod dropout;
 mod embedding;
 mod flash_attn;
+mod gemv;
 mod graph;
 mod heads;
 #[cfg(feature = "cuda")]
@@ -39,6 +40,7 @@ pub use decode::{add_layer_norm, argmax, decode_attention, decode_begin, CacheSl
 pub use dropout::{apply_keep, draw_keep, dropout, keep_mask, set_dropout_seed, Keep};
 pub use embedding::embedding_bwd;
 pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
+pub use gemv::gemv;
 pub use graph::{capture, param_cache, replays, Graph, ParamCache};
 pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{layer_norm, layer_norm_bwd};
@@ -89,6 +91,10 @@ pub enum Fused {
     /// Training: the residual adds (forward and backward) in 16-byte vectors (instead of
     /// candle's add).
     Residual,
+    /// Inference at 1–4 rows (decode steps): nn.Linear projections (BLOOM) as one GEMV
+    /// kernel, a warp an output column, bias and GELU in it (instead of cuBLASLt's small-M
+    /// kernels and split-K reduces).
+    Gemv,
 }
 
 const LT: u16 = 1;
@@ -104,6 +110,7 @@ const EMBEDDING: u16 = 512;
 const HEADS: u16 = 1024;
 const FLASH: u16 = 2048;
 const RESIDUAL: u16 = 4096;
+const GEMV: u16 = 8192;
 const ALL: u16 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -116,7 +123,8 @@ const ALL: u16 = LT
     | EMBEDDING
     | HEADS
     | FLASH
-    | RESIDUAL;
+    | RESIDUAL
+    | GEMV;
 
 static ENABLED: AtomicU16 = AtomicU16::new(ALL);
 
@@ -137,6 +145,7 @@ fn bit(f: Fused) -> u16 {
         Fused::Heads => HEADS,
         Fused::Flash => FLASH,
         Fused::Residual => RESIDUAL,
+        Fused::Gemv => GEMV,
     }
 }
 
