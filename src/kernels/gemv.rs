@@ -1,5 +1,5 @@
 //! Decode projections at 1–4 rows for nn.Linear weights (`--fused gemv`; kernel in gemv.cu):
-//! act(x Wᵀ + b) in one launch, a warp an output column reading W's row once. cuBLAS's small-M
+//! act(x Wᵀ + b) in one launch, four warps an output column reading W's row once. cuBLAS's small-M
 //! kernels read BLOOM's decode weights well under the copy bandwidth (docs/perf-notes.md).
 //! Shapes: x (M, K), W (N, K), b (N,) -> (M, N); bf16 or f16.
 
@@ -42,8 +42,9 @@ mod imp {
 
     const PTX: Ptx = ptx!("gemv");
 
-    /// Output columns a block computes (a warp each).
-    const COLS_PER_BLOCK: usize = 8;
+    /// Output columns a block computes, and warps a column (gemv.cu's COLS and SPLIT).
+    const COLS_PER_BLOCK: usize = 2;
+    const WARPS_PER_COL: u32 = 4;
 
     struct Gemv {
         act: Act,
@@ -76,7 +77,7 @@ mod imp {
             let (n_i, act) = (n as i32, self.act.code());
             let cfg = LaunchConfig {
                 grid_dim: (n.div_ceil(COLS_PER_BLOCK) as u32, 1, 1),
-                block_dim: (32 * COLS_PER_BLOCK as u32, 1, 1),
+                block_dim: (32 * WARPS_PER_COL * COLS_PER_BLOCK as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             with_dtype!(x.dtype(), T => {

@@ -1261,7 +1261,10 @@ fn gemv_matches_the_f32_projection() {
             for dtype in [DType::BF16, DType::F16] {
                 for act in [Act::None, Act::GeluTanh] {
                     let x = randn(&[rows, k], &dev).to_dtype(dtype).unwrap();
-                    let w = (randn(&[n, k], &dev) * 0.05).unwrap().to_dtype(dtype).unwrap();
+                    let w = (randn(&[n, k], &dev) * 0.05)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap();
                     let b = randn(&[n], &dev).to_dtype(dtype).unwrap();
                     let y = gemv(&x, &w, &b, act).unwrap().expect("the GEMV applies");
                     let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();

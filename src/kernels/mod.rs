@@ -92,7 +92,7 @@ pub enum Fused {
     /// candle's add).
     Residual,
     /// Inference at 1–4 rows (decode steps): nn.Linear projections (BLOOM) as one GEMV
-    /// kernel, a warp an output column, bias and GELU in it (instead of cuBLASLt's small-M
+    /// kernel, four warps an output column, bias and GELU in it (instead of cuBLASLt's small-M
     /// kernels and split-K reduces).
     Gemv,
 }
