@@ -26,7 +26,7 @@ fn main() {
 
 /// The kernel families of src/kernels: each `<name>.cu` -> `$OUT_DIR/<name>.ptx`, embedded by
 /// src/kernels/<name>.rs (`ptx!`) and loaded as its own module.
-const KERNELS: [&str; 13] = [
+const KERNELS: [&str; 14] = [
     "adamw",
     "attn_softmax",
     "bias_act",
@@ -40,6 +40,7 @@ const KERNELS: [&str; 13] = [
     "layer_norm",
     "multi_tensor",
     "residual",
+    "skinny",
 ];
 /// The headers those `.cu` files include.
 const HEADERS: [&str; 2] = ["common.cuh", "dropout.cuh"];

@@ -46,7 +46,7 @@
 #                  dropout, 3 warm-up + $DP_STEPS (50) timed steps at dp 1, dp N, dp N --zero 1
 #                  (the ZeRO-1 runs only for the sizes in $DP_ZERO_SIZES, default all);
 #                  `extract-metrics --table dp-report` makes both tables from  -> dp-logs.tgz
-#   gen-ab         .gpu/bench-before and this binary alternating: candle's generation suite on
+#   gen-ab         .gpu/bench-before and this binary alternating (and $GEN_AB_ENGINES): candle's generation suite on
 #                  $GEN_MODELS, batch 1 and 16, prompt 128 + 128            -> gen-logs.tgz
 #   gen-7b1-lambada  LAMBADA --mode generate, bloom-7b1, --engine both, batch 16, first
 #                  $GEN_LIMIT passages                                      -> hf-best-logs.tgz
@@ -228,6 +228,8 @@ gen_run() { # engine model batch [extra flags]: one generation run into /tmp/gen
   hf-sdpa) e=hf; hf=(--hf-attn sdpa) ;;
   candle-nodecode) e=candle; hf=(--fused lt,softmax,bias-act,layer-norm,cross-entropy) ;;  # the "before" of the decode kernels
   candle-nograph) e=candle; hf=(--fused lt,softmax,bias-act,layer-norm,cross-entropy,decode) ;;  # the decode kernels, eager
+  candle-noskinny) e=candle; hf=(--fused lt,softmax,bias-act,layer-norm,cross-entropy,decode,graph,gemv) ;;  # cuBLAS for 5-16 rows
+  before) e=candle; local B=/tmp/bench-before ;;  # the previous binary (.gpu/bench-before)
   esac
   $B --engine "$e" "${hf[@]}" --model "$m" --weights random --seed 0 --device cuda --dtype bf16 \
     --batch-size "$bs" --log-dir /tmp/gen-logs --no-progress "$@" 2>&1 | grep -v "^  |" | tee -a "$OUT/gen.txt"
@@ -239,10 +241,11 @@ for stage in "$@"; do
   echo "=== $stage"
   case $stage in
   gen-profile)
-    # One candle generate call (batch 1, prompt 128, 16 new tokens: a prefill and 15 decode
-    # steps) under ncu, kernels summed by op; and the same call's wall time without ncu.
-    G="--suite generation --prompt-lens 128 --new-tokens ${GEN_PROF_NEW:-16} --batch-size 1 --limit 1"
-    for m in ${GEN_PROF_MODELS:-gpt2}; do profile gen-$m 2 $G --model $m; done
+    # One candle generate call (batch $GEN_PROF_BATCH (1), prompt 128, 16 new tokens: a prefill
+    # and 15 decode steps) under ncu, kernels summed by op; and the same call's wall time without ncu.
+    bs=${GEN_PROF_BATCH:-1}
+    G="--suite generation --prompt-lens 128 --new-tokens ${GEN_PROF_NEW:-16} --batch-size $bs --limit 1"
+    for m in ${GEN_PROF_MODELS:-gpt2}; do profile gen-$m-bs$bs 2 $G --model $m; done
     python3 scripts/kernel_breakdown.py /tmp/prof/gen-*.csv --top 12 | tee "$OUT/gen-profile.txt"
     (cd /tmp && tar czf "$OUT/gen-profile.tgz" prof)
     ;;
@@ -290,12 +293,13 @@ for stage in "$@"; do
     ;;
   gen-ab)
     # The previous binary (.gpu/bench-before) and this one, alternating: candle's generation
-    # suite on $GEN_MODELS, batch 1 and 16, prompt 128 + 128, $GEN_CALLS calls.
+    # suite on $GEN_MODELS, batch 1 and 16, prompt 128 + 128, $GEN_CALLS calls; each engine of
+    # $GEN_AB_ENGINES (before candle; gen_run's names, "before" the previous binary) in turn.
     unpack bench-before /tmp/bench-before || { echo "no .gpu/bench-before.{xz,gz}" >&2; exit 1; }
     for m in ${GEN_MODELS:-gpt2 bloom-560m}; do
       for bs in 1 16; do
-        for bin in /tmp/bench-before $B; do
-          B=$bin gen_run candle $m $bs --suite generation --prompt-lens 128 --new-tokens 128 --limit "${GEN_CALLS:-10}"
+        for e in ${GEN_AB_ENGINES:-before candle}; do
+          gen_run $e $m $bs --suite generation --prompt-lens 128 --new-tokens 128 --limit "${GEN_CALLS:-10}"
         done
       done
     done

@@ -212,15 +212,22 @@ __device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_st
   const float* mrow = key_mask + (long)b * t_max;
   const float slope = slopes ? slopes[h] : 0.f;
   constexpr int PER_WARP = SPLIT_KEYS / WARPS;  // 8 keys a warp, all in flight
+  // Each key's value is loaded with its key, before the softmax needs the block: one round of
+  // loads instead of two (decode-prof2: 11.3 µs a layer at bloom-560m batch 16).
   float dot[PER_WARP];
+  T val[PER_WARP][DPL];
 #pragma unroll
   for (int u = 0; u < PER_WARP; ++u) {
     const int j = warp + u * WARPS;
     dot[u] = 0.f;
     if (j < n) {
       const T* ks = kr + (long)(lo + j) * HS + lane * DPL;
+      const T* vs = vr + (long)(lo + j) * HS + lane * DPL;
 #pragma unroll
-      for (int i = 0; i < DPL; ++i) dot[u] += qd[i] * to_f(ks[i]);
+      for (int i = 0; i < DPL; ++i) {
+        dot[u] += qd[i] * to_f(ks[i]);
+        val[u][i] = vs[i];
+      }
     }
   }
 #pragma unroll
@@ -250,11 +257,9 @@ __device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_st
 #pragma unroll
   for (int u = 0; u < PER_WARP; ++u) {
     const int j = warp + u * WARPS;
-    if (j < n) {
-      const T* vs = vr + (long)(lo + j) * HS + lane * DPL;
+    if (j < n)
 #pragma unroll
-      for (int i = 0; i < DPL; ++i) a[i] += p[j] * to_f(vs[i]);
-    }
+      for (int i = 0; i < DPL; ++i) a[i] += p[j] * to_f(val[u][i]);
   }
 #pragma unroll
   for (int i = 0; i < DPL; ++i) sums[warp][lane * DPL + i] = a[i];

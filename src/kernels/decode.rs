@@ -422,9 +422,9 @@ mod imp {
     }
 
     /// Rows longer than this are split over blocks (`tb_argmax_part`, then `tb_argmax_final`).
-    const ARGMAX_ONE_BLOCK: usize = 65536;
+    const ARGMAX_ONE_BLOCK: usize = 16384;
     /// Columns a block of `tb_argmax_part`.
-    const ARGMAX_CHUNK: usize = 4096;
+    const ARGMAX_CHUNK: usize = 2048;
 
     /// The greedy pick of long rows in two launches: each block the best of a chunk, then each
     /// row the best of its chunks.

@@ -1287,3 +1287,57 @@ fn gemv_matches_the_f32_projection() {
     let b = randn(&[40], &dev).to_dtype(DType::BF16).unwrap();
     assert!(gemv(&x, &w, &b, Act::None).unwrap().is_none());
 }
+
+/// The tensor-core decode projection against the f32 product: both weight layouts, 1–16 rows,
+/// bf16 and f16, with and without bias and tanh-GELU, on GPT-2's and BLOOM's decode shapes, a
+/// vocabulary-sized head whose N is no multiple of 8, and a K of one slice.
+#[test]
+fn skinny_matches_the_f32_projection() {
+    let (dev, _one_at_a_time) = gpu();
+    let shapes = [
+        (768, 2304, false),
+        (3072, 768, false),
+        (1024, 3072, true),
+        (4096, 1024, true),
+        (768, 50257, true),
+        (32, 40, true),
+    ];
+    for (k, n, w_out_in) in shapes {
+        for rows in [1, 3, 5, 8, 16] {
+            for dtype in [DType::BF16, DType::F16] {
+                for (act, bias) in [(Act::None, false), (Act::None, true), (Act::GeluTanh, true)] {
+                    let x = randn(&[rows, k], &dev).to_dtype(dtype).unwrap();
+                    let dims = if w_out_in { [n, k] } else { [k, n] };
+                    let w = (randn(&dims, &dev) * 0.05)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap();
+                    let b = randn(&[n], &dev).to_dtype(dtype).unwrap();
+                    let b = bias.then_some(&b);
+                    let why = format!(
+                        "{rows}x{k} -> {n} out_in {w_out_in} {dtype:?} {act:?} bias {bias}"
+                    );
+                    let y = skinny(&x, &w, w_out_in, b, act).unwrap().expect(&why);
+                    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+                    let wf = if w_out_in { f(&w).t().unwrap() } else { f(&w) };
+                    let mut r = f(&x).matmul(&wf).unwrap();
+                    if let Some(b) = b {
+                        r = r.broadcast_add(&f(b)).unwrap();
+                    }
+                    if act == Act::GeluTanh {
+                        r = r.gelu().unwrap();
+                    }
+                    assert_eq!(y.dims(), [rows, n], "{why}");
+                    assert!(rel(&y, &r) < 1e-2, "{why}: {}", rel(&y, &r));
+                }
+            }
+        }
+    }
+    // Seventeen rows, a K off the 32-wide slices and a Conv1D N off 16 columns are cuBLAS's.
+    let bf = |dims: &[usize]| randn(dims, &dev).to_dtype(DType::BF16).unwrap();
+    let none =
+        |x: &Tensor, w: &Tensor, out_in| skinny(x, w, out_in, None, Act::None).unwrap().is_none();
+    assert!(none(&bf(&[17, 64]), &bf(&[40, 64]), true));
+    assert!(none(&bf(&[4, 48]), &bf(&[40, 48]), true));
+    assert!(none(&bf(&[4, 64]), &bf(&[64, 40]), false));
+}

@@ -11,6 +11,9 @@ use candle_core::{Result, Tensor};
 /// Conv1D) as one cuBLASLt call, bias and activation in the epilogue. x: (N, in) -> (N, out).
 /// Inference only (no backward): `None` when x or W is tracked by autograd, and for fp32
 /// (cudarc's cuBLASLt computes fp32 as TF32), for ReLU and erf-GELU (no exact epilogue).
+/// Decode steps' few rows go to their own kernels first, each under its own switch: 1–4 rows
+/// of nn.Linear weights to the GEMV (`--fused gemv`), up to 16 rows of either layout to
+/// tensor cores (`--fused skinny`).
 pub fn linear(
     x: &Tensor,
     w: &Tensor,
@@ -18,7 +21,18 @@ pub fn linear(
     b: &Tensor,
     act: Act,
 ) -> Result<Option<Tensor>> {
-    if !enabled(Fused::Lt) || x.track_op() || w.track_op() || b.track_op() {
+    if x.track_op() || w.track_op() || b.track_op() {
+        return Ok(None);
+    }
+    if w_out_in {
+        if let Some(y) = super::gemv(x, w, b, act)? {
+            return Ok(Some(y));
+        }
+    }
+    if let Some(y) = super::skinny(x, w, w_out_in, Some(b), act)? {
+        return Ok(Some(y));
+    }
+    if !enabled(Fused::Lt) {
         return Ok(None);
     }
     imp::linear(x, w, w_out_in, b, act)
@@ -162,12 +176,6 @@ mod imp {
         }
         if !(x.is_contiguous() && w.is_contiguous() && b.is_contiguous()) {
             return Ok(None);
-        }
-        // Decode steps (1–4 rows) of nn.Linear weights: one GEMV launch (`--fused gemv`).
-        if w_out_in {
-            if let Some(y) = crate::kernels::gemv(x, w, b, act)? {
-                return Ok(Some(y));
-            }
         }
         Ok(Some(x.apply_op3_no_bwd(
             w,

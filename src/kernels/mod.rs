@@ -31,6 +31,7 @@ mod layer_norm;
 mod linear_lt;
 mod multi_tensor;
 mod residual;
+mod skinny;
 
 pub use adamw::{adamw, sum_squares, AdamStep};
 pub use attn_softmax::{attn_softmax, attn_softmax_bwd};
@@ -47,6 +48,7 @@ pub use layer_norm::{layer_norm, layer_norm_bwd};
 pub use linear_lt::linear;
 pub use multi_tensor::{adamw_multi, cast_multi, grad_norm_clip};
 pub use residual::residual_add;
+pub use skinny::skinny;
 
 /// The fused paths `--fused` switches (each on by default on CUDA).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -95,6 +97,11 @@ pub enum Fused {
     /// kernel, four warps an output column, bias and GELU in it (instead of cuBLASLt's small-M
     /// kernels and split-K reduces).
     Gemv,
+    /// Inference at 1–16 rows (decode steps): projections (GPT-2's Conv1D and nn.Linear) and
+    /// the LM head on tensor cores, all rows against each W tile read once, bias and GELU in
+    /// it (instead of cuBLASLt's small-M kernels and split-K reduces). Below 5 rows BLOOM's
+    /// nn.Linear projections take `gemv` when it is on.
+    Skinny,
 }
 
 const LT: u16 = 1;
@@ -111,6 +118,7 @@ const HEADS: u16 = 1024;
 const FLASH: u16 = 2048;
 const RESIDUAL: u16 = 4096;
 const GEMV: u16 = 8192;
+const SKINNY: u16 = 16384;
 const ALL: u16 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -124,7 +132,8 @@ const ALL: u16 = LT
     | HEADS
     | FLASH
     | RESIDUAL
-    | GEMV;
+    | GEMV
+    | SKINNY;
 
 static ENABLED: AtomicU16 = AtomicU16::new(ALL);
 
@@ -146,6 +155,7 @@ fn bit(f: Fused) -> u16 {
         Fused::Flash => FLASH,
         Fused::Residual => RESIDUAL,
         Fused::Gemv => GEMV,
+        Fused::Skinny => SKINNY,
     }
 }
 
@@ -182,6 +192,8 @@ pub fn describe() -> String {
         (HEADS, "heads"),
         (FLASH, "flash"),
         (RESIDUAL, "residual"),
+        (GEMV, "gemv"),
+        (SKINNY, "skinny"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

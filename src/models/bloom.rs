@@ -21,7 +21,7 @@ use super::attention::{
 };
 use super::cache::{KvCache, LayerStep, Step};
 use super::layers::{
-    dropout, load_layer_norm, Activation, Dropout, Mlp, Mode, Norm, Projection,
+    dropout, lm_head, load_layer_norm, Activation, Dropout, Mlp, Mode, Norm, Projection,
     WeightLayout::Linear,
 };
 use super::shard::Split;
@@ -453,7 +453,7 @@ impl CausalLm for Bloom {
 
     fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
         let head = self.lm_head.as_ref().unwrap_or(&self.word_embeddings); // (V, H)
-        hidden.matmul(&head.t()?) // (N, H) @ (H, V) -> (N, V)
+        lm_head(hidden, head) // (N, V)
     }
 
     fn new_cache(&self, batch: usize, max_len: usize) -> candle_core::Result<KvCache> {

@@ -18,7 +18,7 @@ use super::attention::{
 };
 use super::cache::{KvCache, LayerStep, Step};
 use super::layers::{
-    dropout, load_layer_norm, Activation, Dropout, Mlp, Mode, Norm, Projection,
+    dropout, lm_head, load_layer_norm, Activation, Dropout, Mlp, Mode, Norm, Projection,
     WeightLayout::Conv1D,
 };
 use super::shard::Split;
@@ -353,12 +353,13 @@ impl Gpt2 {
         })
     }
 
-    /// The blocks and ln_f over the new positions x (B, T, C) of a cached forward. Each
-    /// residual add goes with the norm after it ([`Norm::add_forward`]: one kernel on CUDA),
-    /// and one new position a row attends the cache in one kernel.
+    /// The blocks and ln_f over the new positions of a cached forward, from their token and
+    /// position embeddings (B, T, C) each. Each add goes with the norm after it
+    /// ([`Norm::add_forward`]: one kernel on CUDA, the embeddings' sum too), and one new
+    /// position a row attends the cache in one kernel.
     fn blocks_cached(
         &self,
-        x: Tensor,
+        (tok, pos): (Tensor, Tensor),
         cache: &KvCache,
         step: &Step,
     ) -> candle_core::Result<Tensor> {
@@ -369,7 +370,7 @@ impl Gpt2 {
             false => Some(causal_padding_bias_last(&step.key_mask, step.t)?),
         };
         let first = self.h.first().map_or(&self.ln_f, |b| &b.ln_1);
-        let (mut x, mut h) = (x.clone(), first.forward(&x, inference)?);
+        let (mut x, mut h) = first.add_forward(&tok, &pos)?;
         for (i, block) in self.h.iter().enumerate() {
             let kv = Some(cache.layer_step(i, step)?);
             let a = block.attn.forward(&h, bias.as_ref(), kv, inference)?;
@@ -381,13 +382,18 @@ impl Gpt2 {
         Ok(h)
     }
 
-    /// Token + position embeddings of the new positions, (B, T, C); positions: (B, T) f32.
-    fn embed_at(&self, input_ids: &Tensor, positions: &Tensor) -> candle_core::Result<Tensor> {
+    /// Token and position embeddings of the new positions, (B, T, C) each; positions: (B, T)
+    /// f32.
+    fn embed_at(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+    ) -> candle_core::Result<(Tensor, Tensor)> {
         let (b, t) = input_ids.dims2()?;
         let pos = positions.to_dtype(DType::U32)?.flatten_all()?; // (B·T,)
         let pos = self.wpe.index_select(&pos, 0)?; // (B·T, C)
         let tok = self.wte.index_select(&input_ids.flatten_all()?, 0)?; // (B·T, C)
-        (tok + pos)?.reshape((b, t, ()))
+        Ok((tok.reshape((b, t, ()))?, pos.reshape((b, t, ()))?))
     }
 }
 
@@ -420,7 +426,7 @@ impl CausalLm for Gpt2 {
 
     fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
         let head = self.lm_head.as_ref().unwrap_or(&self.wte); // (V, C)
-        hidden.matmul(&head.t()?) // (N, C) @ (C, V) -> (N, V)
+        lm_head(hidden, head) // (N, V)
     }
 
     fn logits_padded(
@@ -463,8 +469,8 @@ impl CausalLm for Gpt2 {
             )));
         }
         let step = cache.begin(attention_mask, self.h.len())?;
-        let x = self.embed_at(input_ids, &step.positions)?; // (B, T, C)
-        let h = self.blocks_cached(x, cache, &step)?; // (B, T, C), after ln_f
+        let embeddings = self.embed_at(input_ids, &step.positions)?; // (B, T, C) twice
+        let h = self.blocks_cached(embeddings, cache, &step)?; // (B, T, C), after ln_f
         cache.commit(step);
         let last = h.narrow(1, t - 1, 1)?.squeeze(1)?.contiguous()?; // (B, C)
         self.logits(&last) // (B, V)
