@@ -11,9 +11,8 @@ use candle_core::{Result, Tensor};
 /// Conv1D) as one cuBLASLt call, bias and activation in the epilogue. x: (N, in) -> (N, out).
 /// Inference only (no backward): `None` when x or W is tracked by autograd, and for fp32
 /// (cudarc's cuBLASLt computes fp32 as TF32), for ReLU and erf-GELU (no exact epilogue).
-/// Decode steps' few rows go to their own kernels first, each under its own switch: 1–4 rows
-/// of nn.Linear weights to the GEMV (`--fused gemv`), up to 16 rows of either layout to
-/// tensor cores (`--fused skinny`).
+/// A decode step's 1–4 rows of nn.Linear weights go to the GEMV first (`--fused gemv`, its own
+/// switch).
 pub fn linear(
     x: &Tensor,
     w: &Tensor,
@@ -28,9 +27,6 @@ pub fn linear(
         if let Some(y) = super::gemv(x, w, b, act)? {
             return Ok(Some(y));
         }
-    }
-    if let Some(y) = super::skinny(x, w, w_out_in, Some(b), act)? {
-        return Ok(Some(y));
     }
     if !enabled(Fused::Lt) {
         return Ok(None);

@@ -97,10 +97,9 @@ pub enum Fused {
     /// kernel, four warps an output column, bias and GELU in it (instead of cuBLASLt's small-M
     /// kernels and split-K reduces).
     Gemv,
-    /// Inference at 1–16 rows (decode steps): projections (GPT-2's Conv1D and nn.Linear) and
-    /// the LM head on tensor cores, all rows against each W tile read once, bias and GELU in
-    /// it (instead of cuBLASLt's small-M kernels and split-K reduces). Below 5 rows BLOOM's
-    /// nn.Linear projections take `gemv` when it is on.
+    /// Inference at 1–16 rows (decode steps): the LM head on tensor cores, all rows against
+    /// each tile of the head read once, where the vocabulary is no multiple of 8 (GPT-2's;
+    /// cuBLAS falls back to a slow kernel there).
     Skinny,
 }
 

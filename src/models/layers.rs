@@ -89,10 +89,10 @@ impl Projection {
                 return y.reshape((b, t, ()));
             }
         }
-        let mut y = match kernels::skinny(&x, &self.weight, linear, None, Act::None)? {
-            Some(y) => y, // a decode step under tensor parallelism
-            None if linear => x.matmul(&self.weight.t()?)?,
-            None => x.matmul(&self.weight)?,
+        let mut y = if linear {
+            x.matmul(&self.weight.t()?)?
+        } else {
+            x.matmul(&self.weight)?
         }; // (B·T, out)
         if let Some(reduce) = &self.reduce {
             y = reduce.all_reduce_sum(&y)?;
@@ -244,10 +244,14 @@ pub fn load_layer_norm(vb: VarBuilder, size: usize, eps: f64) -> candle_core::Re
 }
 
 /// Logits of the rows of `hidden` (N, C) against the LM head (V, C): (N, V). A decode step's
-/// few rows take the tensor-core kernel (`--fused skinny`), which reads the head once.
+/// few rows against a vocabulary that is no multiple of 8 take the tensor-core kernel
+/// (`--fused skinny`): cuBLAS's kernel for that shape reads the head at 0.8 TB/s, and is faster
+/// than ours for the others (docs/perf-notes.md).
 pub fn lm_head(hidden: &Tensor, head: &Tensor) -> candle_core::Result<Tensor> {
-    match kernels::skinny(hidden, head, true, None, Act::None)? {
-        Some(logits) => Ok(logits),
-        None => hidden.matmul(&head.t()?), // (N, C) @ (C, V)
+    if !head.dim(0)?.is_multiple_of(8) {
+        if let Some(logits) = kernels::skinny(hidden, head)? {
+            return Ok(logits);
+        }
     }
+    hidden.matmul(&head.t()?) // (N, C) @ (C, V)
 }
