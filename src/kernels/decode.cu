@@ -159,118 +159,31 @@ __device__ void decode_attention(const T* qkv, long qkv_stride, int head_stride,
   }
 }
 
-// decode_attention split over the keys (flash-decoding), for head sizes 64 and 128: warp
-// (row·head, s) takes keys [s·SPLIT_KEYS, (s + 1)·SPLIT_KEYS), a lane a key, and writes its max
-// score, its sum of exp(score − max) and its unnormalised p·v; tb_decode_combine merges a
-// head's warps. Every key and value is loaded in one round, before any reduction, and the
-// reductions are the warp's own (shuffles, no block barrier): a block a split, a warp a key,
-// waited on two rounds of loads and five barriers (10–11 µs a layer at bloom-560m batch 16,
-// results/h100/skinny-run1). The probabilities are not rounded to T before p·v here (the
-// merge needs the sums first).
-//   part_m, part_l: (B·nh, splits); part_acc: (B·nh, splits, HS); other arguments as
-//   decode_attention. Block: SPLIT_WARPS warps, consecutive splits of one row·head.
-#define SPLIT_KEYS 32
-#define SPLIT_WARPS 4
+// decode_attention split over the keys (flash-decoding), for head sizes 64 and 128: block
+// (row·head, s) takes keys [s·SPLIT_KEYS, (s + 1)·SPLIT_KEYS) with a warp a key, and writes its
+// max score, its sum of exp(score − max) and its unnormalised p·v; tb_decode_combine merges a
+// head's blocks. One block per head (a thread a key; then a warp a key) kept a dozen SMs busy
+// and waited on a chain of loads (ncu, bloom-560m: 16 blocks, 11–13 µs, 55–60 % of the cycles
+// stalled on L1TEX). The
+// probabilities are not rounded to T before p·v here (the merge needs the sums first).
+//   part_m, part_l: (B·nh, S); part_acc: (B·nh, S, HS); other arguments as decode_attention
+#define SPLIT_KEYS 64
 template <typename T, int HS>
 __device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
-                                      const float* key_mask, const float* slopes, const float* key_pos,
-                                      float* part_m, float* part_l, float* part_acc, float scale, int nh, int t_max,
-                                      int pos_arg, const uint32_t* cursor, int splits) {
-  constexpr int E = 16 / sizeof(T), VECS = HS / E, DPL = HS / 32;  // DPL: dims of p·v a lane
-  const int pos = cursor ? (int)*cursor - 1 : pos_arg;
-  const int lane = threadIdx.x & 31, bh = blockIdx.x, b = bh / nh, h = bh % nh;
-  const int s = blockIdx.y * SPLIT_WARPS + (threadIdx.x >> 5);
-  if (s >= splits) return;
-  const int lo = s * SPLIT_KEYS, n = min(pos + 1 - lo, SPLIT_KEYS);
-  const long o = (long)bh * splits + s;
-  if (n <= 0) {  // past the cache's end: nothing to merge
-    if (lane == 0) {
-      part_m[o] = -INFINITY;
-      part_l[o] = 0.f;
-    }
-    for (int d = lane; d < HS; d += 32) part_acc[o * HS + d] = 0.f;
-    return;
-  }
-  const T* qr = qkv + b * qkv_stride + (long)h * head_stride;
-  const long head_off = ((long)b * nh + h) * t_max * HS;
-  T* kr = kc + head_off;
-  T* vr = vc + head_off;
-  if (pos >= lo && pos < lo + n) {  // this warp holds the new position: into the cache first
-    for (int d = lane; d < HS; d += 32) {
-      kr[(long)pos * HS + d] = qr[part + d];
-      vr[(long)pos * HS + d] = qr[2 * part + d];
-    }
-    __syncwarp();  // orders the writes before the lanes' reads
-  }
-  // Lane j: key lo + j, its whole row; and dims lane·DPL.. of every key's value.
-  const bool live = lane < n;
-  Vec16<T> key[VECS];
-  const Vec16<T>* ks = (const Vec16<T>*)(kr + (long)(lo + lane) * HS);
-#pragma unroll
-  for (int i = 0; i < VECS; ++i)
-    if (live) key[i] = ks[i];
-  struct alignas(DPL * sizeof(T)) Dims { T e[DPL]; };  // one load a key
-  Dims val[SPLIT_KEYS];
-#pragma unroll
-  for (int j = 0; j < SPLIT_KEYS; ++j)
-    if (j < n) val[j] = *(const Dims*)(vr + (long)(lo + j) * HS + lane * DPL);
-  float dot = 0.f;
-  const Vec16<T>* qv = (const Vec16<T>*)qr;  // the same address on every lane: one load
-#pragma unroll
-  for (int i = 0; i < VECS; ++i) {
-    const Vec16<T> q = qv[i];
-#pragma unroll
-    for (int e = 0; e < E; ++e) dot += to_f(q.e[e]) * (live ? to_f(key[i].e[e]) : 0.f);
-  }
-  float sc = -INFINITY;
-  if (live) {
-    const int k = lo + lane;
-    sc = to_f(from_f<T>(dot)) * scale + (1.f - key_mask[(long)b * t_max + k]) * MASKED;
-    if (slopes) sc += slopes[h] * key_pos[(long)b * t_max + k];
-  }
-  const float mx = warp_max(sc);
-  const float p = live ? expf(sc - mx) : 0.f;
-  const float l = warp_sum(p);
-  float a[DPL];
-#pragma unroll
-  for (int i = 0; i < DPL; ++i) a[i] = 0.f;
-#pragma unroll
-  for (int j = 0; j < SPLIT_KEYS; ++j) {
-    const float pj = __shfl_sync(0xffffffff, p, j);
-    if (j < n)
-#pragma unroll
-      for (int i = 0; i < DPL; ++i) a[i] += pj * to_f(val[j].e[i]);
-  }
-#pragma unroll
-  for (int i = 0; i < DPL; ++i) part_acc[o * HS + lane * DPL + i] = a[i];
-  if (lane == 0) {
-    part_m[o] = mx;
-    part_l[o] = l;
-  }
-}
-
-#define BLOCK_KEYS 64
-// The same split for head size 128, a block a split: block (row·head, s) takes keys
-// [s·BLOCK_KEYS, (s + 1)·BLOCK_KEYS), a warp a key, its partials as above. (A lane holding a
-// 128-wide key row and its share of 32 values, as above, needs 255 registers and spills in
-// bf16.) Each key's value is loaded with the key, before the block's softmax.
-//   part_m, part_l: (B·nh, S); part_acc: (B·nh, S, HS); blockDim.x == 256
-template <typename T, int HS>
-__device__ void decode_attention_part_block(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
                                       const float* key_mask, const float* slopes, const float* key_pos,
                                       float* part_m, float* part_l, float* part_acc, float scale, int nh, int t_max,
                                       int pos_arg, const uint32_t* cursor) {
   constexpr int DPL = HS / 32;
   constexpr int WARPS = 8;  // blockDim.x == 256
   __shared__ float q[HS];
-  __shared__ float p[BLOCK_KEYS];
+  __shared__ float p[SPLIT_KEYS];
   __shared__ float sums[WARPS][HS];
   __shared__ float sh[32];
   const int pos = cursor ? (int)*cursor - 1 : pos_arg;
   const int tk = pos + 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int bh = blockIdx.x, b = bh / nh, h = bh % nh, s = blockIdx.y;
-  const int lo = s * BLOCK_KEYS, n = min(tk - lo, BLOCK_KEYS);
+  const int lo = s * SPLIT_KEYS, n = min(tk - lo, SPLIT_KEYS);
   const long o = (long)bh * gridDim.y + s;
   if (n <= 0) {  // past the cache's end: nothing to merge
     if (threadIdx.x == 0) {
@@ -298,7 +211,9 @@ __device__ void decode_attention_part_block(const T* qkv, long qkv_stride, int h
   for (int i = 0; i < DPL; ++i) qd[i] = q[lane * DPL + i];
   const float* mrow = key_mask + (long)b * t_max;
   const float slope = slopes ? slopes[h] : 0.f;
-  constexpr int PER_WARP = BLOCK_KEYS / WARPS;  // 8 keys a warp, all in flight
+  constexpr int PER_WARP = SPLIT_KEYS / WARPS;  // 8 keys a warp, all in flight
+  // Each key's value is loaded with its key, before the softmax needs the block: one round of
+  // loads instead of two (decode-prof2: 11.3 µs a layer at bloom-560m batch 16).
   float dot[PER_WARP];
   T val[PER_WARP][DPL];
 #pragma unroll
@@ -493,19 +408,16 @@ extern "C" __global__ void tb_decode_begin(float* mask, float* key_pos, float* s
     decode_attention<T>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, out, scale, nh,   \
                         hs, t_max, pos, cursor);                                                              \
   }                                                                                                           \
-  extern "C" __global__ void tb_decode_attention_part64_##S(                                                   \
+  extern "C" __global__ void tb_decode_attention_part_##S(                                                     \
       const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc, const float* key_mask,          \
       const float* slopes, const float* key_pos, float* part_m, float* part_l, float* part_acc, float scale,   \
-      int nh, int hs, int t_max, int pos, const uint32_t* cursor, int splits) {                               \
-    decode_attention_part<T, 64>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, part_m, \
-                                 part_l, part_acc, scale, nh, t_max, pos, cursor, splits);                    \
-  }                                                                                                           \
-  extern "C" __global__ void tb_decode_attention_part128_##S(                                                  \
-      const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc, const float* key_mask,          \
-      const float* slopes, const float* key_pos, float* part_m, float* part_l, float* part_acc, float scale,   \
-      int nh, int hs, int t_max, int pos, const uint32_t* cursor, int splits) {                               \
-    decode_attention_part_block<T, 128>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, \
-                                        part_m, part_l, part_acc, scale, nh, t_max, pos, cursor);             \
+      int nh, int hs, int t_max, int pos, const uint32_t* cursor) {                                           \
+    if (hs == 64)                                                                                             \
+      decode_attention_part<T, 64>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos,      \
+                                   part_m, part_l, part_acc, scale, nh, t_max, pos, cursor);                  \
+    else                                                                                                      \
+      decode_attention_part<T, 128>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos,     \
+                                    part_m, part_l, part_acc, scale, nh, t_max, pos, cursor);                 \
   }                                                                                                           \
   extern "C" __global__ void tb_decode_combine_##S(const float* part_m, const float* part_l,                    \
                                                    const float* part_acc, T* out, int splits, int hs) {        \

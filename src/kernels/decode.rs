@@ -145,11 +145,9 @@ mod imp {
     /// Threads of a decode-attention block: a key each for the scores (≤ 512 keys in one
     /// sweep), 512 / hs groups of keys for p·v.
     const ATTN_THREADS: usize = 512;
-    /// Keys a split of the decode attention takes: a warp's at head size 64 (SPLIT_KEYS of
-    /// decode.cu; SPLIT_WARPS of them a block), a block's of 256 threads at 128 (BLOCK_KEYS).
-    const SPLIT_KEYS: usize = 32;
-    const SPLIT_WARPS: usize = 4;
-    const BLOCK_KEYS: usize = 64;
+    /// Keys a block of `tb_decode_attention_part` takes (SPLIT_KEYS of decode.cu), its threads.
+    const SPLIT_KEYS: usize = 64;
+    const SPLIT_THREADS: u32 = 256;
     /// The dynamic shared memory a block may take without opting in (48 KiB).
     const SHARED_LIMIT: usize = 48 * 1024;
 
@@ -289,15 +287,13 @@ mod imp {
             return Ok(None);
         };
         let dev = storage(&g[0].0).device().clone();
-        let func = match (split, hs) {
-            (true, 64) => kernel!(dev, PTX, "tb_decode_attention_part64", qkv.dtype())?,
-            (true, _) => kernel!(dev, PTX, "tb_decode_attention_part128", qkv.dtype())?,
-            (false, _) => kernel!(dev, PTX, "tb_decode_attention", qkv.dtype())?,
+        let func = match split {
+            true => kernel!(dev, PTX, "tb_decode_attention_part", qkv.dtype())?,
+            false => kernel!(dev, PTX, "tb_decode_attention", qkv.dtype())?,
         };
         // The split blocks' partial results: max and exp-sum (rows·splits), p·v (· hs), and
         // the kernel that merges them.
-        let keys = if hs == 64 { SPLIT_KEYS } else { BLOCK_KEYS };
-        let (rows, splits) = (b * nh, longest.div_ceil(keys));
+        let (rows, splits) = (b * nh, longest.div_ceil(SPLIT_KEYS));
         let parts = match split {
             true => Some((
                 alloc::<f32>(&dev, rows * splits)?,
@@ -345,19 +341,10 @@ mod imp {
                 Some(c) => args.arg(c),
                 None => args.arg(&NULL),
             };
-            let splits_arg = splits as i32;
-            if split {
-                args.arg(&splits_arg);
-            }
             let cfg = match split {
-                true if hs == 64 => LaunchConfig {
-                    grid_dim: (rows as u32, splits.div_ceil(SPLIT_WARPS) as u32, 1),
-                    block_dim: (32 * SPLIT_WARPS as u32, 1, 1),
-                    shared_mem_bytes: 0,
-                },
                 true => LaunchConfig {
                     grid_dim: (rows as u32, splits as u32, 1),
-                    block_dim: (256, 1, 1),
+                    block_dim: (SPLIT_THREADS, 1, 1),
                     shared_mem_bytes: 0,
                 },
                 false => LaunchConfig {
@@ -370,7 +357,7 @@ mod imp {
             // caches (B, nh, T_max, hs) with pos < T_max (a cursor's too: generate_in made
             // the cache with room for every step); mask and positions (B, T_max); out B·nh·hs;
             // slopes nh; shared memory for every key, or the partials for every split of
-            // `keys` keys of the longest cache. The kernel writes the caches only at `pos`.
+            // SPLIT_KEYS keys of the longest cache. The kernel writes the caches only at `pos`.
             unsafe { args.launch(cfg) }.w()?;
             if let Some((m, l, acc, combine)) = &parts {
                 let (splits_i, hs_i) = (splits as i32, hs as i32);

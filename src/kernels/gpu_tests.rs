@@ -673,9 +673,8 @@ fn wide_head_specs() -> Vec<ModelSpec> {
 
 /// The decode kernels end to end: a cached prefill and decode steps of gpt2-tiny and
 /// bloom-tiny (GPT-2's [q | k | v] and BLOOM's per-head qkv with ALiBi), at their head size
-/// and at 64 / 128, a left-padded batch whose keys span three of the attention's 32-key
-/// splits (two of its 64-key ones), fp32 and bf16, logits of every step with `--fused all`
-/// against `--fused none`.
+/// and at 64 / 128, a left-padded batch whose keys span two of the attention's 64-key splits,
+/// fp32 and bf16, logits of every step with `--fused all` against `--fused none`.
 #[test]
 fn cached_decoding_on_the_decode_kernels_matches_candles_ops() {
     use crate::models::generate::left_pad;
