@@ -40,6 +40,7 @@ impl LayerKv {
 pub struct LayerStep<'a> {
     kv: &'a LayerKv,
     step: &'a Step,
+    arrivals: &'a Tensor,
 }
 
 impl<'a> LayerStep<'a> {
@@ -74,6 +75,7 @@ impl<'a> LayerStep<'a> {
             key_pos: &self.step.key_pos_all,
             pos: self.step.start,
             cursor: self.step.cursor.as_ref(),
+            arrivals: Some(self.arrivals),
         }
     }
 }
@@ -97,6 +99,9 @@ pub struct KvCache {
     /// (1,) u32 on the device: positions written, when a decode step finds its position
     /// there ([`KvCache::start_device_cursor`]); `len` then lags until synced.
     cursor: Option<Tensor>,
+    /// (B·nh,) u32 zeros: the decode attention's per-head counter of finished split blocks,
+    /// which the last block sets back to zero ([`CacheSlot::arrivals`]).
+    arrivals: Tensor,
 }
 
 /// What a forward of new positions needs from the cache before its layers run; the cache
@@ -162,6 +167,7 @@ impl KvCache {
             len: 0,
             max_len,
             cursor: None,
+            arrivals: Tensor::zeros(batch * n_head, DType::U32, device)?,
         })
     }
 
@@ -239,6 +245,7 @@ impl KvCache {
         Ok(LayerStep {
             kv: self.layer(i)?,
             step,
+            arrivals: &self.arrivals,
         })
     }
 
