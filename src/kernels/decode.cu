@@ -159,67 +159,20 @@ __device__ void decode_attention(const T* qkv, long qkv_stride, int head_stride,
   }
 }
 
-// Merges head bh's split blocks: out = Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s, M the
-// largest m_s; thread d < hs writes dim d, heads merged on the way out. The partials come
-// from other blocks: read through L2 (ld.cg), never a stale L1 line.
-//   out: (B, nh·hs)
-template <typename T>
-__device__ void combine_head(const float* part_m, const float* part_l, const float* part_acc, T* out, int bh,
-                             int splits, int hs) {
-  const float* m = part_m + (long)bh * splits;
-  const float* l = part_l + (long)bh * splits;
-  float mx = -INFINITY;
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(m + s));
-  float den = 0.f, num = 0.f;
-  for (int s = 0; s < splits; ++s) {
-    const float ms = __ldcg(m + s);
-    const float w = ms == -INFINITY ? 0.f : expf(ms - mx);
-    den += w * __ldcg(l + s);
-    if (threadIdx.x < hs) num += w * __ldcg(part_acc + ((long)bh * splits + s) * hs + threadIdx.x);
-  }
-  if (threadIdx.x < hs) out[(long)bh * hs + threadIdx.x] = from_f<T>(num / den);
-}
-
-// tb_decode_combine: one block (hs threads) per (row, head), after the split blocks.
-template <typename T>
-__device__ void decode_combine(const float* part_m, const float* part_l, const float* part_acc, T* out, int splits,
-                               int hs) {
-  combine_head(part_m, part_l, part_acc, out, blockIdx.x, splits, hs);
-}
-
-// With an arrivals counter a head (zero between launches), the split blocks merge themselves:
-// each block, its partials written, counts itself in; the last of a head merges them and
-// sets the counter back to zero for the next layer (or graph replay). One launch a layer
-// instead of two (tb_decode_combine took 3.4 µs a layer, results/h100/decode-prof2).
-template <typename T>
-__device__ void arrive_and_merge(uint32_t* arrivals, const float* part_m, const float* part_l,
-                                 const float* part_acc, T* out, int bh, int hs) {
-  __shared__ bool last;
-  __threadfence();  // this block's partials, device-wide, before its arrival
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(arrivals + bh, 1u) == gridDim.y - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  combine_head(part_m, part_l, part_acc, out, bh, gridDim.y, hs);
-  if (threadIdx.x == 0) arrivals[bh] = 0;
-}
-
 // decode_attention split over the keys (flash-decoding), for head sizes 64 and 128: block
 // (row·head, s) takes keys [s·SPLIT_KEYS, (s + 1)·SPLIT_KEYS) with a warp a key, and writes its
-// max score, its sum of exp(score − max) and its unnormalised p·v; the last block of a head
-// merges them (arrivals given) or tb_decode_combine does. One block per head (a thread a key; then a warp a key) kept a dozen SMs busy
+// max score, its sum of exp(score − max) and its unnormalised p·v; tb_decode_combine merges a
+// head's blocks. One block per head (a thread a key; then a warp a key) kept a dozen SMs busy
 // and waited on a chain of loads (ncu, bloom-560m: 16 blocks, 11–13 µs, 55–60 % of the cycles
 // stalled on L1TEX). The
 // probabilities are not rounded to T before p·v here (the merge needs the sums first).
-//   part_m, part_l: (B·nh, S); part_acc: (B·nh, S, HS); arrivals: (B·nh,) u32 zeros, or null;
-//   out: (B, nh·HS), written when arrivals is given; other arguments as decode_attention
+//   part_m, part_l: (B·nh, S); part_acc: (B·nh, S, HS); other arguments as decode_attention
 #define SPLIT_KEYS 64
 template <typename T, int HS>
 __device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
                                       const float* key_mask, const float* slopes, const float* key_pos,
                                       float* part_m, float* part_l, float* part_acc, float scale, int nh, int t_max,
-                                      int pos_arg, const uint32_t* cursor, uint32_t* arrivals, T* out) {
+                                      int pos_arg, const uint32_t* cursor) {
   constexpr int DPL = HS / 32;
   constexpr int WARPS = 8;  // blockDim.x == 256
   __shared__ float q[HS];
@@ -238,7 +191,6 @@ __device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_st
       part_l[o] = 0.f;
     }
     for (int d = threadIdx.x; d < HS; d += blockDim.x) part_acc[o * HS + d] = 0.f;
-    if (arrivals) arrive_and_merge(arrivals, part_m, part_l, part_acc, out, bh, HS);
     return;
   }
   const T* qr = qkv + b * qkv_stride + (long)h * head_stride;
@@ -322,7 +274,26 @@ __device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_st
     part_m[o] = mx;
     part_l[o] = l;
   }
-  if (arrivals) arrive_and_merge(arrivals, part_m, part_l, part_acc, out, bh, HS);
+}
+
+// Merges a head's split blocks: out = Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s, M the
+// largest m_s; one block (hs threads) per (row, head), heads merged on the way out.
+//   out: (B, nh·hs)
+template <typename T>
+__device__ void decode_combine(const float* part_m, const float* part_l, const float* part_acc, T* out, int splits,
+                               int hs) {
+  const int bh = blockIdx.x;
+  const float* m = part_m + (long)bh * splits;
+  const float* l = part_l + (long)bh * splits;
+  float mx = -INFINITY;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, m[s]);
+  float den = 0.f, num = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    const float w = m[s] == -INFINITY ? 0.f : expf(m[s] - mx);
+    den += w * l[s];
+    if (threadIdx.x < hs) num += w * part_acc[((long)bh * splits + s) * hs + threadIdx.x];
+  }
+  if (threadIdx.x < hs) out[(long)bh * hs + threadIdx.x] = from_f<T>(num / den);
 }
 
 // Greedy pick: the first index of the largest x[row, j] + ban[j] (ban: (V,) 0 or −inf, or
@@ -440,13 +411,13 @@ extern "C" __global__ void tb_decode_begin(float* mask, float* key_pos, float* s
   extern "C" __global__ void tb_decode_attention_part_##S(                                                     \
       const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc, const float* key_mask,          \
       const float* slopes, const float* key_pos, float* part_m, float* part_l, float* part_acc, float scale,   \
-      int nh, int hs, int t_max, int pos, const uint32_t* cursor, uint32_t* arrivals, T* out) {               \
+      int nh, int hs, int t_max, int pos, const uint32_t* cursor) {                                           \
     if (hs == 64)                                                                                             \
       decode_attention_part<T, 64>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos,      \
-                                   part_m, part_l, part_acc, scale, nh, t_max, pos, cursor, arrivals, out);   \
+                                   part_m, part_l, part_acc, scale, nh, t_max, pos, cursor);                  \
     else                                                                                                      \
       decode_attention_part<T, 128>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos,     \
-                                    part_m, part_l, part_acc, scale, nh, t_max, pos, cursor, arrivals, out);  \
+                                    part_m, part_l, part_acc, scale, nh, t_max, pos, cursor);                 \
   }                                                                                                           \
   extern "C" __global__ void tb_decode_combine_##S(const float* part_m, const float* part_l,                    \
                                                    const float* part_acc, T* out, int splits, int hs) {        \

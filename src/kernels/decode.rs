@@ -34,9 +34,6 @@ pub struct CacheSlot<'a> {
     /// (1,) u32 on the device, positions written after this step: when given, the kernel
     /// reads its position there (`pos` is ignored), so that a CUDA graph replays the step.
     pub cursor: Option<&'a Tensor>,
-    /// (B·nh,) u32, zero between launches: with it the split attention's blocks merge their
-    /// partials themselves (the last of each head), without a second launch.
-    pub arrivals: Option<&'a Tensor>,
 }
 
 /// (x + r, LayerNorm(x + r)) over the last dim, x and r (…, C), w and b (C,); the sum rounded
@@ -285,16 +282,7 @@ mod imp {
             .collect::<Option<Vec<_>>>();
         let slope_guard = slopes.map(cuda);
         let cursor_guard = cache.cursor.map(cuda);
-        let arrivals_ok = cache
-            .arrivals
-            .is_none_or(|a| a.dtype() == DType::U32 && a.dims() == [b * nh] && a.is_contiguous());
-        if !arrivals_ok {
-            return Ok(None);
-        }
-        let arrivals_guard = cache.arrivals.map(cuda);
-        let missing = matches!(slope_guard, Some(None))
-            || matches!(cursor_guard, Some(None))
-            || matches!(arrivals_guard, Some(None));
+        let missing = matches!(slope_guard, Some(None)) || matches!(cursor_guard, Some(None));
         let (Some(g), false) = (guards, missing) else {
             return Ok(None);
         };
@@ -353,17 +341,6 @@ mod imp {
                 Some(c) => args.arg(c),
                 None => args.arg(&NULL),
             };
-            let av = match &arrivals_guard {
-                Some(Some((a, l))) => Some(view::<u32>(storage(a), l)?),
-                _ => None,
-            };
-            if split {
-                match &av {
-                    Some(a) => args.arg(a),
-                    None => args.arg(&NULL),
-                };
-                args.arg(&out);
-            }
             let cfg = match split {
                 true => LaunchConfig {
                     grid_dim: (rows as u32, splits as u32, 1),
@@ -382,7 +359,7 @@ mod imp {
             // slopes nh; shared memory for every key, or the partials for every split of
             // SPLIT_KEYS keys of the longest cache. The kernel writes the caches only at `pos`.
             unsafe { args.launch(cfg) }.w()?;
-            if let (Some((m, l, acc, combine)), None) = (&parts, &av) {
+            if let Some((m, l, acc, combine)) = &parts {
                 let (splits_i, hs_i) = (splits as i32, hs as i32);
                 let cfg = LaunchConfig {
                     grid_dim: (rows as u32, 1, 1),

@@ -40,7 +40,6 @@ impl LayerKv {
 pub struct LayerStep<'a> {
     kv: &'a LayerKv,
     step: &'a Step,
-    arrivals: &'a Tensor,
 }
 
 impl<'a> LayerStep<'a> {
@@ -75,7 +74,6 @@ impl<'a> LayerStep<'a> {
             key_pos: &self.step.key_pos_all,
             pos: self.step.start,
             cursor: self.step.cursor.as_ref(),
-            arrivals: Some(self.arrivals),
         }
     }
 }
@@ -99,9 +97,6 @@ pub struct KvCache {
     /// (1,) u32 on the device: positions written, when a decode step finds its position
     /// there ([`KvCache::start_device_cursor`]); `len` then lags until synced.
     cursor: Option<Tensor>,
-    /// (B·nh,) u32 zeros: the decode attention's per-head counter of finished split blocks,
-    /// which the last block sets back to zero ([`CacheSlot::arrivals`]).
-    arrivals: Tensor,
 }
 
 /// What a forward of new positions needs from the cache before its layers run; the cache
@@ -167,7 +162,6 @@ impl KvCache {
             len: 0,
             max_len,
             cursor: None,
-            arrivals: Tensor::zeros(batch * n_head, DType::U32, device)?,
         })
     }
 
@@ -245,7 +239,6 @@ impl KvCache {
         Ok(LayerStep {
             kv: self.layer(i)?,
             step,
-            arrivals: &self.arrivals,
         })
     }
 
