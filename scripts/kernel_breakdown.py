@@ -2,6 +2,11 @@
 """Where one forward's (or training step's) GPU time goes, by op, from ncu CSV exports.
 
     python3 scripts/kernel_breakdown.py prof/*.csv [--top 8]
+    python3 scripts/kernel_breakdown.py prof/gen-*.csv --last-step tb_decode_begin
+
+With --last-step MARKER, only the kernels from the second-to-last kernel whose name contains
+MARKER up to the last one: the last whole decode step of a generate call (tb_decode_begin
+opens each graphed step), by kernel and grid (a projection's shape shows in its grid).
 
 Each CSV is `ncu -i X.ncu-rep --csv --page raw --print-units base --metrics
 gpu__time_duration.sum` of a run with TB_CUDA_PROFILE set (one call's kernels, see
@@ -42,8 +47,8 @@ def op_of(name):
     return "other"
 
 
-def read(path):
-    """[(kernel name, ns)] of one ncu CSV export."""
+def read(path, with_grid=False):
+    """[(kernel name, ns)] of one ncu CSV export; with_grid: [(name, grid, ns)]."""
     with open(path, newline="") as f:
         rows = list(csv.reader(line for line in f if not line.startswith("==")))
     if not rows:
@@ -51,12 +56,14 @@ def read(path):
     head = rows[0]
     try:
         name_i, time_i = head.index("Kernel Name"), head.index("gpu__time_duration.sum")
+        grid_i = head.index("Grid Size")
     except ValueError:
         sys.exit(f"{path}: not an ncu raw CSV (columns {head[:6]}...)")
     out = []
     for r in rows[1:]:
         try:
-            out.append((r[name_i], float(r[time_i].replace(",", ""))))
+            t = float(r[time_i].replace(",", ""))
+            out.append((r[name_i], r[grid_i], t) if with_grid else (r[name_i], t))
         except (ValueError, IndexError):
             continue  # the units row
     return out
@@ -67,12 +74,36 @@ def short(name, n=70):
     return name if len(name) <= n else name[: n - 1] + "…"
 
 
+def last_step(path, marker, top):
+    """The kernels of the last whole step (between the last two MARKER kernels), by name and grid."""
+    kernels = read(path, with_grid=True)
+    label = os.path.basename(path).removesuffix(".csv")
+    opens = [i for i, (name, _, _) in enumerate(kernels) if marker in name]
+    if len(opens) < 2:
+        print(f"\n## {label}: fewer than two '{marker}' kernels: no whole step")
+        return
+    step = kernels[opens[-2] : opens[-1]]
+    total = sum(t for _, _, t in step)
+    by = defaultdict(lambda: [0, 0.0])
+    for name, grid, t in step:
+        by[(name, grid)][0] += 1
+        by[(name, grid)][1] += t
+    print(f"\n## {label}: the last whole step, {len(step)} kernels, {total / 1e3:.1f} µs GPU time\n")
+    print("| kernel | grid | calls | µs | µs a call |\n|---|---|---|---|---|")
+    for (name, grid), (n, t) in sorted(by.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"| `{short(name)}` | {grid} | {n} | {t / 1e3:.1f} | {t / 1e3 / n:.2f} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv", nargs="+")
     ap.add_argument("--top", type=int, default=8, help="slowest kernels listed per file")
+    ap.add_argument("--last-step", metavar="MARKER", help="the last whole step between MARKER kernels")
     args = ap.parse_args()
     for path in args.csv:
+        if args.last_step:
+            last_step(path, args.last_step, args.top)
+            continue
         kernels = read(path)
         label = os.path.basename(path).removesuffix(".csv")
         if not kernels:
