@@ -228,7 +228,7 @@ gen_run() { # engine model batch [extra flags]: one generation run into /tmp/gen
   hf-sdpa) e=hf; hf=(--hf-attn sdpa) ;;
   candle-nodecode) e=candle; hf=(--fused lt,softmax,bias-act,layer-norm,cross-entropy) ;;  # the "before" of the decode kernels
   candle-nograph) e=candle; hf=(--fused lt,softmax,bias-act,layer-norm,cross-entropy,decode) ;;  # the decode kernels, eager
-  candle-noskinny) e=candle; hf=(--fused lt,softmax,bias-act,layer-norm,cross-entropy,decode,graph,gemv) ;;  # cuBLAS for 5-16 rows
+  candle-noskinny) e=candle; hf=(--fused lt,softmax,bias-act,layer-norm,cross-entropy,decode,graph,gemv) ;;  # cuBLAS's LM head
   before) e=candle; local B=/tmp/bench-before ;;  # the previous binary (.gpu/bench-before)
   esac
   $B --engine "$e" "${hf[@]}" --model "$m" --weights random --seed 0 --device cuda --dtype bf16 \

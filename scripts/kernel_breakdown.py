@@ -47,8 +47,8 @@ def op_of(name):
     return "other"
 
 
-def read(path, with_grid=False):
-    """[(kernel name, ns)] of one ncu CSV export; with_grid: [(name, grid, ns)]."""
+def read(path):
+    """[(kernel name, grid, ns)] of one ncu CSV export."""
     with open(path, newline="") as f:
         rows = list(csv.reader(line for line in f if not line.startswith("==")))
     if not rows:
@@ -62,8 +62,7 @@ def read(path, with_grid=False):
     out = []
     for r in rows[1:]:
         try:
-            t = float(r[time_i].replace(",", ""))
-            out.append((r[name_i], r[grid_i], t) if with_grid else (r[name_i], t))
+            out.append((r[name_i], r[grid_i], float(r[time_i].replace(",", ""))))
         except (ValueError, IndexError):
             continue  # the units row
     return out
@@ -76,7 +75,7 @@ def short(name, n=70):
 
 def last_step(path, marker, top):
     """The kernels of the last whole step (between the last two MARKER kernels), by name and grid."""
-    kernels = read(path, with_grid=True)
+    kernels = read(path)
     label = os.path.basename(path).removesuffix(".csv")
     opens = [i for i, (name, _, _) in enumerate(kernels) if marker in name]
     if len(opens) < 2:
@@ -109,10 +108,10 @@ def main():
         if not kernels:
             print(f"\n## {label}: no kernels (the profiler window did not open?)")
             continue
-        total = sum(t for _, t in kernels)
+        total = sum(t for _, _, t in kernels)
         by_op = defaultdict(lambda: [0, 0.0])
         by_name = defaultdict(lambda: [0, 0.0])
-        for name, t in kernels:
+        for name, _, t in kernels:
             by_op[op_of(name)][0] += 1
             by_op[op_of(name)][1] += t
             by_name[name][0] += 1
