@@ -36,10 +36,14 @@
 #                  dropout as HF's default; side-by-side table). Trains on wiki.valid.raw,
 #                  evaluates on wiki.test.raw from .gpu/wikitext-2-raw/; $TRAIN_FLAGS are added
 #                  to every run (e.g. --phase-times).                       -> train-logs.tgz
-#   tp-smoke       gpt2-tiny and bloom-tiny, --tp 2 over NCCL vs one GPU, fp32, the sample data:
-#                  stops the batch if NCCL fails
-#   tp             tensor parallelism: $TP_MODELS (bloom-7b1 gpt2-xl) bf16, full LAMBADA, each batch
-#                  size of $TP_BATCHES (16 1) at each of $TP_SIZES (1 2)       -> tp-logs.tgz
+#   multi-smoke    two GPUs, about a minute (scripts/multi_smoke.sh): the collectives and graphed
+#                  --tp 2 decoding (the two-GPU unit tests), --tp 2 against one GPU (scores within
+#                  the batch-size spread, generated ids identical), dp 2 = dp 1 with twice the
+#                  accumulation, ZeRO 1/2/3 = dp, torchrun (one node, two simulated nodes), Open
+#                  MPI's and Slurm's variables. Stops the batch on the first failure; run it first
+#                  on a multi-GPU host, before a change to src/dist, sharding or kernels is done
+#   multi-tp, multi-dp, multi-strategies
+#                  two-GPU measurements (scripts/multi_measure.sh tp|dp|strategies) -> multi-logs.tgz
 #   dp             data-parallel fine-tuning of $DP_MODEL (gpt2), batch $DP_BATCH (8) per rank, block 1024, on $DP_SIZES
 #                  (2) GPUs: first fp32 --no-dropout, $DP_EQ_STEPS (10; 0 skips) steps, dp N against dp 1
 #                  with --grad-accum N (the same global batch: equal loss curves), then bf16 with
@@ -56,17 +60,15 @@
 #                  decode steps of $DECODE_NCU_MODEL (bloom-560m)            -> decode-ncu.txt
 #   dp-ctas        gpt2 bf16 --no-dropout: dp 1, dp 2, dp 2 --dp-overlap at each NCCL_MAX_CTAS
 #                  of $DP_CTAS (auto 16 8 4 2)                               -> dp-logs.tgz
-#   tp-graph       two GPUs: the ignored unit test of graph-replayed --tp 2 decoding against one
-#                  GPU's ids, then $TPGEN_MODEL (bloom-7b1) generation suite, batch 1, prompt
-#                  128 + 128, --tp 1 and 2                                    -> tp-gen-logs.tgz
 #   perf-profile   ncu kernel times of one forward / one training step, candle and HF, same call
 #                  index (TB_CUDA_PROFILE): gpt2 bs16 and bs1, bloom-560m and bloom-7b1 bs16,
 #                  gpt2 training step; scripts/kernel_breakdown.py sums them by op -> perf-profile.tgz
 #                  ($PROF_ENGINES: candle hf; $PROF_CASES: those five; $PROF_FLAGS go to the
 #                  training run, e.g. PROF_ENGINES=candle PROF_FLAGS="--backward autograd")
 #   flash-profile  ncu sections of the fused attention's kernels in a gpt2 training step -> flash-ncu.txt
-#   kernels        the fused kernels against candle's composed ops (src/kernels/gpu_tests.rs),
-#                  (those whose names match $KERNEL_FILTER, default kernels::)
+#   kernels        the fused kernels against candle's composed ops (src/kernels/gpu_tests.rs) and
+#                  the NCCL collectives on one rank (src/dist/gpu_tests.rs): the tests whose names
+#                  match a filter of $KERNEL_FILTER (default "kernels:: dist::")
 #                  from the CUDA unit-test binary .gpu/tests.{xz,gz}           -> kernels.txt
 #   perf-compare   the #10 targets in one run: candle vs HF (`--engine both`), bf16, LAMBADA:
 #                  gpt2 / bloom-560m / bloom-7b1 batch 16 (full set), gpt2 batch 1 (--limit
@@ -114,7 +116,7 @@
 # Expects .gpu/ (git-ignored, carried): vocab/{encoder.json,vocab.bpe}, bench.{xz,gz}, lambada_test.jsonl;
 # for hf-best's CSV also extract-metrics.{xz,gz} (a CPU build: cargo build --release --bin extract-metrics).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
+export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/logs
 export PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on shared hosts (KINDS.md)
@@ -167,14 +169,6 @@ train_run() { # model dtype [extra flags]: run_clm-style fine-tuning, candle and
 }
 train() { # model dtype [extra flags]: 3 untimed warm-up steps + $TRAIN_STEPS timed
   train_run "$@" --warmup 3 --max-steps $((TRAIN_STEPS + 3))
-}
-
-tp_run() { # model dtype batch tp [extra flags]: rank 0's log goes to /tmp/tp-logs
-  local m=$1 dt=$2 bs=$3 tp=$4; shift 4
-  $B --suite lambada --model "$m" --weights random --seed 0 --device cuda --dtype "$dt" \
-    --batch-size "$bs" --tp "$tp" --log-dir /tmp/tp-logs --no-progress "$@" 2>&1 | tee -a "$OUT/tp.txt"
-  echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/tp.txt"
-  (cd /tmp && tar czf "$OUT/tp-logs.tgz" tp-logs)  # after every run: a time-out keeps what finished
 }
 
 dp_run() { # model dtype [extra flags]: rank 0's log goes to /tmp/dp-logs
@@ -378,19 +372,6 @@ for stage in "$@"; do
       fi
     done
     ;;
-  tp-graph)
-    # Two GPUs: the graph-replayed --tp 2 decode against one GPU's eager ids (the ignored unit
-    # test), then bloom-7b1's batch-1 decode step with --tp 1 and 2 (prompt 128 + 128).
-    unpack tests /tmp/unit-tests
-    /tmp/unit-tests tp2_graph --ignored --test-threads 1 2>&1 | tee "$OUT/tp-graph-test.txt"
-    for tp in ${TPGEN_SIZES:-1 2}; do
-      $B --suite generation --model "${TPGEN_MODEL:-bloom-7b1}" --weights random --seed 0 --device cuda \
-        --dtype bf16 --prompt-lens 128 --new-tokens 128 --batch-size 1 --limit 5 --tp "$tp" \
-        --log-dir /tmp/tp-gen-logs --no-progress 2>&1 | tee -a "$OUT/tp-gen.txt"
-      echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/tp-gen.txt"
-      (cd /tmp && tar czf "$OUT/tp-gen-logs.tgz" tp-gen-logs)
-    done
-    ;;
   perf-profile)
     L="--suite lambada --data .gpu/lambada_test.jsonl"
     W="--suite wikitext2 --data .gpu/wikitext-2-raw --batch-size 8 --block-size 1024 --warmup 1 --max-steps 3"
@@ -486,7 +467,8 @@ PY
   kernels)
     unpack tests /tmp/unit-tests
     # One test at a time: with parallel threads the binary hung once (results/h100/generate-run5).
-    /tmp/unit-tests "${KERNEL_FILTER:-kernels::}" --test-threads 1 2>&1 | tee "$OUT/kernels.txt"
+    # shellcheck disable=SC2086  # several filters
+    /tmp/unit-tests ${KERNEL_FILTER:-kernels:: dist::} --test-threads 1 2>&1 | tee "$OUT/kernels.txt"
     ;;
   perf-compare)
     E=${PERF_ENGINE:-both}
@@ -502,18 +484,12 @@ PY
       esac
     done
     ;;
-  tp-smoke)
-    for m in gpt2-tiny bloom-tiny; do
-      for tp in 1 2; do tp_run $m fp32 16 $tp --data data/lambada_sample.jsonl || exit 1; done
-    done
-    grep -q "^exit [^0]" "$OUT/tp.txt" && { echo "tp-smoke failed: stopping"; exit 1; }
+  multi-smoke)
+    unpack tests /tmp/unit-tests || { echo "no .gpu/tests.{xz,gz}: the CUDA unit-test binary" >&2; exit 1; }
+    B=$B bash scripts/multi_smoke.sh || exit 1
     ;;
-  tp)
-    for m in ${TP_MODELS:-bloom-7b1 gpt2-xl}; do
-      for bs in ${TP_BATCHES:-16 1}; do
-        for tp in ${TP_SIZES:-1 2}; do tp_run "$m" bf16 "$bs" "$tp" --data .gpu/lambada_test.jsonl; done
-      done
-    done
+  multi-tp|multi-dp|multi-strategies)
+    B=$B bash scripts/multi_measure.sh "${stage#multi-}"
     ;;
   fixtures)
     $FIX --out "$OUT/fixtures" --device cpu --dtype fp32 \

@@ -81,15 +81,24 @@ fn tp_ranks_score_like_one_process_and_rank_0_logs_them_all() {
     }
 }
 
+/// A port P held open (as torchrun's agent holds MASTER_PORT with its store) whose next port
+/// is free.
+fn held_port_with_a_free_next() -> (std::net::TcpListener, u16) {
+    loop {
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = held.local_addr().unwrap().port();
+        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return (held, port);
+        }
+    }
+}
+
+/// Under torchrun its agent's store listens on MASTER_PORT: the ranks meet on the next port.
 #[test]
 fn ranks_started_by_torchrun_variables_form_one_group() {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-        .to_string();
+    let (_torchrun_store, port) = held_port_with_a_free_next();
+    let port = port.to_string();
     let ranks: Vec<_> = (0..2)
         .map(|r| {
             bench(dir.path())
@@ -99,6 +108,7 @@ fn ranks_started_by_torchrun_variables_form_one_group() {
                 .env("LOCAL_RANK", r.to_string())
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", &port)
+                .env("TORCHELASTIC_RUN_ID", "none")
                 .spawn()
                 .unwrap()
         })

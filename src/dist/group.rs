@@ -111,7 +111,7 @@ impl GroupRank {
 }
 
 /// A CUDA device with its own stream (NCCL runs on it, ordered with candle's kernels).
-fn open(spec: DeviceSpec) -> Result<Device> {
+pub(crate) fn open(spec: DeviceSpec) -> Result<Device> {
     match spec {
         DeviceSpec::Cpu => Ok(Device::Cpu),
         DeviceSpec::Cuda(n) => open_cuda_with_stream(n),

@@ -5,6 +5,10 @@
 //! unique id for tensor / data parallelism), so the launcher is tested on CPU.
 
 pub mod collective;
+#[cfg(test)]
+mod contract;
+#[cfg(all(test, feature = "nccl"))]
+mod gpu_tests;
 pub mod group;
 pub mod rendezvous;
 pub mod world;

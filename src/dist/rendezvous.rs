@@ -105,8 +105,9 @@ impl Rendezvous {
         let deadline = Instant::now() + timeout;
         let listener = TcpListener::bind(world.master).map_err(|e| {
             Error::Config(format!(
-                "rank 0 cannot listen on {}: {e} (is another job using MASTER_PORT? pick a free port)",
-                world.master
+                "rank 0 cannot listen on {}: {e} (another job holds that port: pick a free MASTER_PORT, or set {} to a free port on every rank)",
+                world.master,
+                super::world::ENV_RDZV_PORT
             ))
         })?;
         let status = Status::spinner(progress, waiting(1, world.size, timeout));

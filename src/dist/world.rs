@@ -33,6 +33,12 @@ pub const ENV_RANK: &str = "BENCH_RANK";
 pub const ENV_WORLD_SIZE: &str = "BENCH_WORLD_SIZE";
 pub const ENV_LOCAL_RANK: &str = "BENCH_LOCAL_RANK";
 pub const ENV_MASTER: &str = "BENCH_MASTER";
+/// The port rank 0's rendezvous listens on, for any launcher: where `MASTER_PORT` (or, under
+/// torchrun, `MASTER_PORT + 1`) is taken.
+pub const ENV_RDZV_PORT: &str = "BENCH_RDZV_PORT";
+/// Set by torchrun (torch.distributed.run) for its workers; its agent's store holds
+/// `MASTER_PORT` on the master node, so our rendezvous takes the next port.
+const TORCHRUN_MARK: &str = "TORCHELASTIC_RUN_ID";
 
 impl World {
     /// From the environment: our own variables first, then torchrun's, Open MPI's, Slurm's.
@@ -92,7 +98,7 @@ impl World {
                 Error::Config(format!("{ENV_RANK} is set but {ENV_MASTER} is not"))
             })?,
             _ => match (get("MASTER_ADDR"), get("MASTER_PORT")) {
-                (Some(a), Some(p)) => format!("{a}:{p}"),
+                (Some(a), Some(p)) => format!("{a}:{}", rendezvous_port(&get, &p)?),
                 (None, _) if size == 1 => "127.0.0.1:29500".into(),
                 _ => {
                     return Err(Error::Config(format!(
@@ -115,6 +121,28 @@ impl World {
             master,
             launcher,
         }))
+    }
+}
+
+/// The rendezvous port beside `MASTER_PORT`: `BENCH_RDZV_PORT` if set; under torchrun
+/// `MASTER_PORT + 1` (its agent's store listens on `MASTER_PORT`); else `MASTER_PORT`.
+fn rendezvous_port(get: &impl Fn(&str) -> Option<String>, master_port: &str) -> Result<u16> {
+    let parse = |name: &str, v: &str| -> Result<u16> {
+        v.trim()
+            .parse()
+            .map_err(|_| Error::Config(format!("{name}={v:?} is not a port number")))
+    };
+    if let Some(p) = get(ENV_RDZV_PORT) {
+        return parse(ENV_RDZV_PORT, &p);
+    }
+    let port = parse("MASTER_PORT", master_port)?;
+    match get(TORCHRUN_MARK) {
+        Some(_) => port.checked_add(1).ok_or_else(|| {
+            Error::Config(format!(
+                "MASTER_PORT={port}: under torchrun bench listens on MASTER_PORT + 1; pick a lower port or set {ENV_RDZV_PORT}"
+            ))
+        }),
+        None => Ok(port),
     }
 }
 
@@ -164,6 +192,29 @@ mod tests {
             assert_eq!(w.launcher, launcher);
             assert_eq!(w.master, "127.0.0.1:29400".parse().unwrap());
         }
+    }
+
+    #[test]
+    fn under_torchrun_the_rendezvous_takes_the_port_after_its_store() {
+        let torchrun = [
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_RANK", "0"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+            ("TORCHELASTIC_RUN_ID", "none"),
+        ];
+        let port = |extra: &[(&str, &str)]| {
+            let all: Vec<_> = torchrun.iter().chain(extra).copied().collect();
+            world(&all).map(|w| w.unwrap().master.port())
+        };
+        assert_eq!(port(&[]).unwrap(), 29501);
+        assert_eq!(port(&[(ENV_RDZV_PORT, "31000")]).unwrap(), 31000);
+        // RANK and friends set by hand (no torchrun agent): MASTER_PORT itself.
+        let by_hand: Vec<_> = torchrun[..5].to_vec();
+        assert_eq!(world(&by_hand).unwrap().unwrap().master.port(), 29500);
+        let bad = port(&[(ENV_RDZV_PORT, "70000")]).unwrap_err().to_string();
+        assert!(bad.contains(ENV_RDZV_PORT), "{bad}");
     }
 
     #[test]

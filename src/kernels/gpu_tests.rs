@@ -1188,27 +1188,6 @@ fn cast_multi_matches_to_dtype() {
     );
 }
 
-/// ZeRO's collectives through NCCL on one GPU (a one-rank communicator): the reduce-scatter
-/// and the all-gather hand the tensor back, in f32 and bf16. What ranks exchange needs two
-/// GPUs; this checks the calls, counts and dtypes on the device.
-#[cfg(feature = "nccl")]
-#[test]
-fn nccl_reduce_scatter_and_all_gather_on_one_rank() {
-    use crate::dist::collective::NcclAllReduce;
-    use crate::dist::AllReduce;
-    let (dev, _one_at_a_time) = gpu();
-    let id = NcclAllReduce::new_id().unwrap();
-    let nccl = NcclAllReduce::join(&dev, 0, 1, &id).unwrap();
-    for dtype in [DType::F32, DType::BF16] {
-        let x = randn(&[1000], &dev).to_dtype(dtype).unwrap();
-        let rs = nccl.reduce_scatter_sum(&x, 0, 1).unwrap();
-        let ag = nccl.all_gather(&x, 0, 1).unwrap();
-        assert_eq!((rs.dims(), ag.dims()), (&[1000][..], &[1000][..]));
-        assert_eq!(rel(&rs, &x), 0., "{dtype:?}");
-        assert_eq!(rel(&ag, &x), 0., "{dtype:?}");
-    }
-}
-
 /// ZeRO-2 and ZeRO-3 steps on one GPU (one NCCL rank: every shard is the whole unit) against
 /// the plain trainer, bf16 with the fused kernels: the gathered blocks, the shards' device
 /// clip and the multi-tensor update on shards take the same steps, up to the norm's f32

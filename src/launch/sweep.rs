@@ -540,7 +540,10 @@ pub fn run_sweep(opts: SweepOptions) -> Result<SweepOutcome> {
             }
             ran_any = true;
             bar.set_message(format!("{} r{repeat}", config.key()));
-            let run = run_one(&opts, &dir, config, repeat, &bar)?;
+            let run = match oom_at_a_smaller_batch(config, &done) {
+                Some(b) => not_run_after_oom(config, repeat, b),
+                None => run_one(&opts, &dir, config, repeat, &bar)?,
+            };
             log.write(&Record::SweepRun(Box::new(run.clone())))?;
             bar.suspend(|| eprintln!("[{n}/{total}] {}", run_line(&run)));
             if run.status == "ok" || run.status == "oom" {
@@ -564,6 +567,39 @@ pub fn run_sweep(opts: SweepOptions) -> Result<SweepOutcome> {
     })
 }
 
+/// The batch size at which this configuration, the batch aside, already ran out of memory, if
+/// one below `config`'s did: a larger batch needs more memory, so it is not run (a sweep's
+/// `--batch-sizes` doubling until out of memory costs one failed run, not one a size).
+fn oom_at_a_smaller_batch(config: &SweepConfig, done: &[SweepRun]) -> Option<usize> {
+    done.iter()
+        .filter(|r| r.status == "oom" && r.config.batch_size < config.batch_size)
+        .filter(|r| {
+            SweepConfig {
+                batch_size: config.batch_size,
+                ..r.config.clone()
+            } == *config
+        })
+        .map(|r| r.config.batch_size)
+        .min()
+}
+
+/// The record of a configuration left out because batch `smaller` ran out of memory.
+fn not_run_after_oom(config: &SweepConfig, repeat: usize, smaller: usize) -> SweepRun {
+    SweepRun {
+        config: config.clone(),
+        repeat,
+        status: "oom".into(),
+        error: Some(format!(
+            "not run: batch {smaller} of this configuration ran out of memory"
+        )),
+        exit_code: None,
+        wall_seconds: 0.,
+        logs: vec![],
+        samples_per_second: None,
+        latency_ms_p50: None,
+    }
+}
+
 /// One line about a finished run: its configuration and how it ended.
 pub fn run_line(r: &SweepRun) -> String {
     let what = format!("{} r{}", r.config.key(), r.repeat);
@@ -576,5 +612,45 @@ pub fn run_line(r: &SweepRun) -> String {
                 .map(|e| format!(": {e}"))
                 .unwrap_or_default()
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(model: &str, batch_size: usize, zero: Option<u8>) -> SweepConfig {
+        SweepConfig {
+            model: model.into(),
+            dtype: "bf16".into(),
+            batch_size,
+            seq_len: None,
+            engine: "candle".into(),
+            new_tokens: None,
+            zero,
+            recompute: None,
+        }
+    }
+
+    #[test]
+    fn a_larger_batch_of_a_configuration_that_ran_out_of_memory_is_not_run() {
+        let oom = SweepRun {
+            status: "oom".into(),
+            ..not_run_after_oom(&config("gpt2-xl", 8, Some(0)), 0, 4)
+        };
+        let done = [oom];
+        let at = |c: &SweepConfig| oom_at_a_smaller_batch(c, &done);
+        assert_eq!(at(&config("gpt2-xl", 16, Some(0))), Some(8));
+        assert_eq!(at(&config("gpt2-xl", 8, Some(0))), None, "the run itself");
+        assert_eq!(at(&config("gpt2-xl", 4, Some(0))), None, "smaller");
+        assert_eq!(
+            at(&config("gpt2-xl", 16, Some(3))),
+            None,
+            "another strategy"
+        );
+        assert_eq!(at(&config("gpt2", 16, Some(0))), None, "another model");
+        let skipped = not_run_after_oom(&config("gpt2-xl", 16, Some(0)), 0, 8);
+        assert_eq!(skipped.status, "oom");
+        assert!(skipped.error.unwrap().contains("batch 8"));
     }
 }

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Two-GPU measurements (#34), one stage per argument; run after `gpu_checks.sh multi-smoke`
+# passed in the same call. Needs $B (the CUDA + NCCL bench), $OUT, .gpu/lambada_test.jsonl,
+# .gpu/wikitext-2-raw, .gpu/input.txt (Tiny Shakespeare). Each run's log lands alone in
+# /tmp/multi/NAME/ (all of them -> $OUT/multi-logs.tgz after every run, so a time-out keeps
+# what finished); the console goes to $OUT/multi.txt.
+#   tp          bloom-7b1 bf16: the design card's command as typed; full LAMBADA batch 16 and
+#               the first $B1_LIMIT (500) passages at batch 1, --tp 1 and 2 (tp 2's scores
+#               against tp 1's within the batch-size spread); --mode generate batch 16 (first
+#               $GEN_LIMIT (320) passages); the generation suite, prompt 128 + 128, batch 1 and 16
+#   dp          gpt2 bf16 8 x 1024 a rank on WikiText-2, $DP_STEPS (50) timed steps: dp 1 and
+#               dp 2, dropout off and on, each variant of $DP_VARIANTS (";"-separated flag sets,
+#               default: none)
+#   strategies  gpt2-xl bf16 on Tiny Shakespeare, --dp 2: dp / zero1 / zero2 / zero3 x recompute,
+#               batch doubled until out of memory ($STRAT_BATCHES), $STRAT_STEPS (6) timed
+#               steps, candle and HF (DDP / FSDP) side by side
+set -uo pipefail
+M=/tmp/multi
+mkdir -p "$M"
+CON=$OUT/multi.txt
+tarlogs() { (cd /tmp && tar czf "$OUT/multi-logs.tgz" multi); }
+# NAME bench-args…: one run, its log alone in $M/NAME/.
+run() {
+  local name=$1; shift
+  mkdir -p "$M/$name"
+  echo "--- $name: bench $*" | tee -a "$CON"
+  "$B" --log-dir "$M/$name" --no-progress "$@" 2>&1 | grep -v '^  |' | tee -a "$CON"
+  echo "exit ${PIPESTATUS[0]}" | tee -a "$CON"
+  tarlogs
+}
+logof() { ls "$M/$1"/*.jsonl 2>/dev/null | head -1; }
+R=(--weights random --seed 0 --device cuda --dtype bf16)
+LAMBADA=.gpu/lambada_test.jsonl
+
+for stage in "$@"; do
+  echo "=== $stage" | tee -a "$CON"
+  case $stage in
+  tp)
+    run card-as-typed --suite lambada --model bloom-7b1 --tp 2
+    for tp in 1 2; do
+      run "score-bs16-tp$tp" "${R[@]}" --suite lambada --model bloom-7b1 --data $LAMBADA --batch-size 16 --tp $tp
+      run "score-bs1-tp$tp" "${R[@]}" --suite lambada --model bloom-7b1 --data $LAMBADA --batch-size 1 \
+        --limit "${B1_LIMIT:-500}" --tp $tp
+    done
+    python3 scripts/compare_runs.py scores "$(logof score-bs16-tp1)" "$(logof score-bs16-tp2)" \
+      --spread "$(logof score-bs1-tp1)" 2>&1 | tee -a "$CON"
+    for tp in 1 2; do
+      run "generate-bs16-tp$tp" "${R[@]}" --suite lambada --mode generate --model bloom-7b1 --data $LAMBADA \
+        --batch-size 16 --limit "${GEN_LIMIT:-320}" --tp $tp
+      for bs in 1 16; do
+        run "suite-bs$bs-tp$tp" "${R[@]}" --suite generation --model bloom-7b1 --prompt-lens 128 \
+          --new-tokens 128 --batch-size $bs --limit 5 --tp $tp
+      done
+    done
+    python3 scripts/compare_runs.py ids "$(logof generate-bs16-tp1)" "$(logof generate-bs16-tp2)" 2>&1 \
+      | tee -a "$CON"
+    ;;
+  dp)
+    W=(--suite wikitext2 --model gpt2 --data .gpu/wikitext-2-raw --batch-size 8 --block-size 1024
+       --warmup 3 --max-steps $(( ${DP_STEPS:-50} + 3 )))
+    IFS=';' read -ra variants <<< "${DP_VARIANTS:-}"
+    [ ${#variants[@]} -eq 0 ] && variants=("")
+    for drop in off on; do
+      d=(); [ $drop = off ] && d=(--no-dropout)
+      for v in "${variants[@]}"; do
+        tag=$(echo "$v" | tr -c 'a-zA-Z0-9=\n' '-' | sed 's/^-*//')
+        for n in 1 2; do
+          # shellcheck disable=SC2086  # a variant is several flags
+          run "dp$n-dropout-$drop${tag:+-$tag}" "${R[@]}" "${W[@]}" "${d[@]}" --dp $n $v
+        done
+      done
+    done
+    ;;
+  strategies)
+    run strategies-gpt2-xl "${R[@]}" --suite shakespeare --model gpt2-xl --data .gpu/input.txt --dp 2 \
+      --engines candle,hf --strategies dp,zero1,zero2,zero3 --recompute off,on \
+      --batch-sizes "${STRAT_BATCHES:-4,8,16,32,64}" --warmup 2 --max-steps $(( ${STRAT_STEPS:-6} + 2 ))
+    ;;
+  *) echo "unknown stage $stage" >&2; exit 2 ;;
+  esac
+done
+tarlogs
