@@ -3,11 +3,13 @@
 compares what a parallel layout must not change; exits 1 with the first difference.
 
   compare_runs.py scores A B [--spread C] [--floor 1e-6]
-      LAMBADA scoring: per-passage log-likelihoods of B within the spread of A against C (the
-      same engine at another batch size: how far numbers move when only the kernels' shapes
-      change), at least --floor relative; greedy flags equal.
-  compare_runs.py ids A B
-      LAMBADA --mode generate: every passage's generated ids identical.
+      LAMBADA scoring: |ll(B) - ll(A)| per passage within the spread of A against C (the same
+      engine at another batch size: how far numbers move when only the kernels' shapes change):
+      its p50, p90 and p99 at most --slack times the spread's, its largest at most twice the
+      spread's (never below --floor); greedy flags equal (all passages of A and B).
+  compare_runs.py ids A B [--min-share 1]
+      LAMBADA --mode generate: the share of passages whose generated ids are identical, at
+      least --min-share (all of them by default).
   compare_runs.py losses A B [--rtol 1e-4]
       Training: every step's loss within rtol (data parallel against accumulation, ZeRO
       stages against plain data parallelism).
@@ -22,8 +24,11 @@ import sys
 
 def records(path):
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    try:
+        with opener(path, "rt") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError) as e:
+        sys.exit(f"{path or '(no path)'}: not a readable run log ({e})")
 
 
 def scored(path):
@@ -63,35 +68,49 @@ def common(a, b, what):
     return keys
 
 
+def quantiles(xs):
+    """p50, p90, p99 and the largest of xs."""
+    xs = sorted(xs)
+    n = len(xs)
+    return [xs[min(n - 1, int(n * q))] for q in (0.5, 0.9, 0.99)] + [xs[-1]]
+
+
 def compare_scores(args):
     a, b = scored(args.a), scored(args.b)
     keys = common(a, b, "scores")
-    spread = 0.0
-    if args.spread:
-        c = scored(args.spread)
-        spread = max(abs(a[k][0] - c[k][0]) for k in common(a, c, "spread"))
-    worst, at = 0.0, None
     for k in keys:
-        (ll_a, g_a), (ll_b, g_b) = a[k], b[k]
-        tol = max(spread, args.floor * abs(ll_a))
-        d = abs(ll_a - ll_b)
-        if d > tol:
-            sys.exit(f"FAIL scores: passage {k}: ll {ll_b} vs {ll_a} (|d| {d:.3g} > {tol:.3g})")
-        if g_a != g_b:
-            sys.exit(f"FAIL scores: passage {k}: greedy {g_b} vs {g_a}")
-        if d >= worst:
-            worst, at = d, k
-    print(f"ok scores: {len(keys)} passages, max |dll| {worst:.3g} (passage {at}), "
-          f"batch-size spread {spread:.3g}, greedy flags equal")
+        if a[k][1] != b[k][1]:
+            sys.exit(f"FAIL scores: passage {k}: greedy {b[k][1]} vs {a[k][1]}")
+    spread = [0.0] * 4
+    if args.spread is not None:  # over the passages all three runs scored
+        c = scored(args.spread)
+        keys = [k for k in keys if k in c]
+        if not keys:
+            sys.exit("scores: the spread run shares no passage with the other two")
+        spread = quantiles([abs(a[k][0] - c[k][0]) for k in keys])
+    diff = quantiles([abs(a[k][0] - b[k][0]) for k in keys])
+    floor = args.floor * max(abs(a[k][0]) for k in keys)
+    # Within the spread: each of p50, p90, p99 at most `slack` times the spread's, the largest
+    # at most twice the spread's largest (one passage decides a maximum).
+    limits = [max(s * f, floor) for s, f in zip(spread, [args.slack] * 3 + [2.0])]
+    names = ["p50", "p90", "p99", "max"]
+    said = ", ".join(f"{n} {d:.3g} (spread {s:.3g})" for n, d, s in zip(names, diff, spread))
+    for n, d, lim in zip(names, diff, limits):
+        if d > lim:
+            sys.exit(f"FAIL scores: |dll| {n} {d:.3g} > {lim:.3g}: {said}")
+    print(f"ok scores: {len(keys)} passages, |dll| {said}; greedy flags equal")
 
 
 def compare_ids(args):
     a, b = generated(args.a), generated(args.b)
     keys = common(a, b, "ids")
-    for k in keys:
-        if a[k] != b[k]:
-            sys.exit(f"FAIL ids: passage {k}: {b[k]} vs {a[k]}")
-    print(f"ok ids: {len(keys)} passages, generated ids identical")
+    same = [k for k in keys if a[k] == b[k]]
+    share = len(same) / len(keys)
+    if share < args.min_share:
+        first = next(k for k in keys if a[k] != b[k])
+        sys.exit(f"FAIL ids: identical for {len(same)} of {len(keys)} passages "
+                 f"(first difference: passage {first}: {b[first]} vs {a[first]})")
+    print(f"ok ids: identical for {len(same)} of {len(keys)} passages ({100 * share:.1f} %)")
 
 
 def compare_losses(args):
@@ -114,11 +133,17 @@ def main():
     s.add_argument("a")
     s.add_argument("b")
     s.add_argument("--spread", help="A's engine at another batch size")
-    s.add_argument("--floor", type=float, default=1e-6, help="least relative tolerance")
+    s.add_argument("--floor", type=float, default=1e-6,
+                   help="least tolerance, relative to the largest |ll|")
+    s.add_argument("--slack", type=float, default=1.25,
+                   help="how far each quantile of |dll| may exceed the spread's")
     s.set_defaults(run=compare_scores)
     i = sub.add_parser("ids")
     i.add_argument("a")
     i.add_argument("b")
+    i.add_argument("--min-share", type=float, default=1.0,
+                   help="least share of passages with identical ids (1: all; half precision "
+                        "moves near-ties, so its runs report the share with 0)")
     i.set_defaults(run=compare_ids)
     l = sub.add_parser("losses")
     l.add_argument("a")

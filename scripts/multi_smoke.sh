@@ -27,7 +27,11 @@ run() {
     > "$S/$name.out" 2>&1 || { tail -20 "$S/$name.out" | tee -a "$LOG"; fail "$name exited $?"; }
   say "ran $name"
 }
-logof() { ls "$S/$1"/*.jsonl; }
+logof() { # the one log of run NAME (a second --batch-size would have made a sweep of two)
+  local logs=("$S/$1"/*.jsonl)
+  [ ${#logs[@]} -eq 1 ] && [ -f "${logs[0]}" ] || fail "$1 has no single log: ${logs[*]}"
+  echo "${logs[0]}"
+}
 check() { # compare_runs.py WHAT A B [flags]
   local what=$1 a=$2 b=$3; shift 3
   python3 scripts/compare_runs.py "$what" "$(logof "$a")" "$(logof "$b")" "$@" 2>&1 | sed "s|^|$b vs $a: |" | tee -a "$LOG"
@@ -46,14 +50,14 @@ timeout 300 /tmp/unit-tests over_two_gpus tp2_graph --ignored --test-threads 1 2
 grep -q "test result: ok. 2 passed" "$LOG" || fail "the two-GPU unit tests"
 
 say "== 2. --tp 2 against one GPU"
-L=(--suite lambada --data data/lambada_sample.jsonl --dtype fp32 --batch-size 16)
+L=(--suite lambada --data data/lambada_sample.jsonl --dtype fp32)
 for m in gpt2-tiny bloom-tiny; do
-  run "$m-tp1" "${L[@]}" --model $m
+  run "$m-tp1" "${L[@]}" --model $m --batch-size 16
   run "$m-tp1-bs5" "${L[@]}" --model $m --batch-size 5
-  run "$m-tp2" "${L[@]}" --model $m --tp 2
+  run "$m-tp2" "${L[@]}" --model $m --batch-size 16 --tp 2
   check scores "$m-tp1" "$m-tp2" --spread "$(logof "$m-tp1-bs5")"
-  run "$m-gen-tp1" "${L[@]}" --model $m --mode generate
-  run "$m-gen-tp2" "${L[@]}" --model $m --mode generate --tp 2
+  run "$m-gen-tp1" "${L[@]}" --model $m --batch-size 16 --mode generate
+  run "$m-gen-tp2" "${L[@]}" --model $m --batch-size 16 --mode generate --tp 2
   check ids "$m-gen-tp1" "$m-gen-tp2"
 done
 
@@ -69,7 +73,7 @@ for z in 1 2 3; do
 done
 
 say "== 4. launchers (gpt2-tiny --tp 2 scoring against one GPU)"
-T=(--weights random --seed 0 --device cuda --no-progress "${L[@]}" --model gpt2-tiny --tp 2)
+T=(--weights random --seed 0 --device cuda --no-progress "${L[@]}" --model gpt2-tiny --batch-size 16 --tp 2)
 TORCHRUN="python3 -m torch.distributed.run"
 mkdir -p "$S/torchrun-1node"
 timeout 180 $TORCHRUN --nproc-per-node 2 --no-python "$B" "${T[@]}" --log-dir "$S/torchrun-1node" \
