@@ -103,6 +103,10 @@
 #                  report build), else make it from the logs: -> train-compare-logs.tgz, train-compare.csv
 #   ab             the previous binary (.gpu/bench-before) against this one, candle alone, alternating:
 #                  $AB_MODELS (bloom-560m) LAMBADA batch 16, scoring and generation -> hf-best-logs.tgz
+#   hf-probe       #40: HF's probe (attention x torch.compile) against each configuration run
+#                  explicitly, candle beside it: generation suite, $PROBE_MODELS (gpt2), batches
+#                  $PROBE_BATCHES (1 16), explicit configurations at $PROBE_EXPLICIT (16)
+#                                                                           -> hf-probe-logs.tgz
 #   hf-best        candle vs HF at HF's best configuration (#22 item 5), bf16, `--engine both` with
 #                  the default `--hf-attn best` (eager and sdpa timed on the first batch of each
 #                  of the first 4 padded lengths, cold, the faster kept; BLOOM: eager only), for each of
@@ -212,6 +216,17 @@ best_run() { # bench args: one run at HF's best configuration into /tmp/hf-best-
   (cd /tmp && tar czf "$OUT/hf-best-logs.tgz" hf-best-logs)  # after every run: a time-out keeps what finished
 }
 
+probe_run() { # NAME bench-args: one generation-suite run (prompt 128 + 128) into /tmp/hf-probe/NAME
+  local name=$1; shift
+  mkdir -p "/tmp/hf-probe/$name"
+  echo "--- $name: $*" | tee -a "$OUT/hf-probe.txt"
+  $B --suite generation --prompt-lens 128 --new-tokens 128 --limit "${PROBE_CALLS:-5}" --weights random \
+    --seed 0 --device cuda --dtype bf16 --log-dir "/tmp/hf-probe/$name" --no-progress "$@" 2>&1 \
+    | tee -a "$OUT/hf-probe.txt"
+  echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/hf-probe.txt"
+  (cd /tmp && tar czf "$OUT/hf-probe-logs.tgz" hf-probe)
+}
+
 GEN_LIMIT=${GEN_LIMIT:-1600}
 gen_run() { # engine model batch [extra flags]: one generation run into /tmp/gen-logs
   local e=$1 m=$2 bs=$3; shift 3
@@ -234,6 +249,23 @@ gen_run() { # engine model batch [extra flags]: one generation run into /tmp/gen
 for stage in "$@"; do
   echo "=== $stage"
   case $stage in
+  hf-probe)
+    # #40: HF's probe (attention x torch.compile, cold then warm) against every configuration
+    # run explicitly, and candle beside it: the generation suite (prompt 128 + 128), bf16, for
+    # $PROBE_MODELS (gpt2) at each batch of $PROBE_BATCHES (1 16): `--engine both` (the probe
+    # chooses HF's configuration), then HF at each of $PROBE_CONFIGS (eager sdpa eager+compile
+    # sdpa+compile) for the batches of $PROBE_EXPLICIT (16). Logs -> hf-probe-logs.tgz.
+    for m in ${PROBE_MODELS:-gpt2}; do
+      for bs in ${PROBE_BATCHES:-1 16}; do
+        probe_run "$m-bs$bs-both" --engine both --model "$m" --batch-size "$bs"
+      done
+      for bs in ${PROBE_EXPLICIT:-16}; do
+        for c in ${PROBE_CONFIGS:-eager sdpa eager+compile sdpa+compile}; do
+          probe_run "$m-bs$bs-hf-$c" --engine hf --hf-config "$c" --model "$m" --batch-size "$bs"
+        done
+      done
+    done
+    ;;
   gen-profile)
     # One candle generate call (batch $GEN_PROF_BATCH (1), prompt 128, 16 new tokens: a prefill
     # and 15 decode steps) under ncu, kernels summed by op; and the same call's wall time without ncu.

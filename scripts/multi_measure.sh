@@ -9,11 +9,13 @@
 #               against tp 1's within the batch-size spread); --mode generate batch 16 (first
 #               $GEN_LIMIT (320) passages); the generation suite, prompt 128 + 128, batch 1 and 16
 #   dp          gpt2 bf16 8 x 1024 a rank on WikiText-2, $DP_STEPS (50) timed steps: dp 1 and
-#               dp 2, dropout off and on, each variant of $DP_VARIANTS (";"-separated flag sets,
-#               default: none)
-#   strategies  $STRAT_MODELS (gpt2-xl) bf16 on Tiny Shakespeare, --dp 2: dp / zero1 / zero2 / zero3
-#               x recompute, batch doubled until out of memory ($STRAT_BATCHES: 4,8,16,32,64),
-#               $STRAT_STEPS (6) timed steps, for each of $STRAT_ENGINES (candle hf: DDP / FSDP)
+#               dp 2, dropout off and on, then dp 2 with each flag set of $DP_VARIANTS
+#               (";"-separated, e.g. "--dp-reduce bf16;--dp-overlap")
+#   strategies  bf16 on Tiny Shakespeare, --dp 2, a sweep for each of $STRAT_RUNS (";"-separated
+#               "MODEL ENGINE STRATEGIES RECOMPUTE BATCHES"; default "gpt2-xl candle
+#               dp,zero1,zero2,zero3 off,on 4,8,16,32,64": batch doubled until out of memory, a
+#               larger batch of a configuration that ran out of memory is not run), $STRAT_STEPS
+#               (6) timed steps; HF's engine runs dp as DDP, zero2 / zero3 as FSDP
 set -uo pipefail
 M=/tmp/multi
 mkdir -p "$M"
@@ -60,27 +62,26 @@ for stage in "$@"; do
     W=(--suite wikitext2 --model gpt2 --data .gpu/wikitext-2-raw --batch-size 8 --block-size 1024
        --warmup 3 --max-steps $(( ${DP_STEPS:-50} + 3 )))
     IFS=';' read -ra variants <<< "${DP_VARIANTS:-}"
-    [ ${#variants[@]} -eq 0 ] && variants=("")
     for drop in off on; do
       d=(); [ $drop = off ] && d=(--no-dropout)
-      for v in "${variants[@]}"; do
+      run "dp1-dropout-$drop" "${R[@]}" "${W[@]}" "${d[@]}" --dp 1
+      run "dp2-dropout-$drop" "${R[@]}" "${W[@]}" "${d[@]}" --dp 2
+      for v in "${variants[@]}"; do  # dp 2 variants (flag sets), after the plain pair
+        [ -n "$v" ] || continue
         tag=$(echo "$v" | tr -c 'a-zA-Z0-9=\n' '-' | sed 's/^-*//')
-        for n in 1 2; do
-          # shellcheck disable=SC2086  # a variant is several flags
-          run "dp$n-dropout-$drop${tag:+-$tag}" "${R[@]}" "${W[@]}" "${d[@]}" --dp $n $v
-        done
+        # shellcheck disable=SC2086  # a variant is several flags
+        run "dp2-dropout-$drop-$tag" "${R[@]}" "${W[@]}" "${d[@]}" --dp 2 $v
       done
     done
     ;;
   strategies)
-    for m in ${STRAT_MODELS:-gpt2-xl}; do
-      for e in ${STRAT_ENGINES:-candle hf}; do
-        # HF has no ZeRO-1 (FSDP's stages are zero2 and zero3).
-        st=dp,zero1,zero2,zero3; [ "$e" = hf ] && st=dp,zero2,zero3
-        run "strategies-$m-$e" "${R[@]}" --suite shakespeare --model "$m" --data .gpu/input.txt --dp 2 \
-          --engine "$e" --strategies $st --recompute off,on --batch-sizes "${STRAT_BATCHES:-4,8,16,32,64}" \
-          --warmup 2 --max-steps $(( ${STRAT_STEPS:-6} + 2 ))
-      done
+    # STRAT_RUNS: ";"-separated sweeps, each "MODEL ENGINE STRATEGIES RECOMPUTE BATCHES".
+    IFS=';' read -ra sweeps <<< "${STRAT_RUNS:-gpt2-xl candle dp,zero1,zero2,zero3 off,on 4,8,16,32,64}"
+    for sw in "${sweeps[@]}"; do
+      read -r m e st rc bs <<< "$sw"
+      run "strategies-$m-$e-$st-$rc-$bs" "${R[@]}" --suite shakespeare --model "$m" --data .gpu/input.txt \
+        --dp 2 --engine "$e" --strategies "$st" --recompute "$rc" --batch-sizes "$bs" \
+        --warmup 2 --max-steps $(( ${STRAT_STEPS:-6} + 2 ))
     done
     ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;

@@ -157,6 +157,7 @@ impl BatchTotals {
             itl_ms_p90: None,
             itl_ms_p99: None,
             kv_cache_bytes: None,
+            compiles_timed: None,
         }
     }
 }

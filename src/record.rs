@@ -381,6 +381,10 @@ pub struct GenPassage {
     pub generated: Vec<u32>,
 }
 
+fn f32_name() -> String {
+    "f32".into()
+}
+
 /// A data-parallel run's group and batch rules, as rank 0 (the one that logs) saw it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct DpInfo {
@@ -390,6 +394,10 @@ pub struct DpInfo {
     /// `--dp-overlap`: each block's gradients all-reduced under the rest of the backward.
     #[serde(default)]
     pub overlap: bool,
+    /// `--dp-reduce`: the dtype gradients cross the ranks in, `f32` or `bf16` (older logs:
+    /// f32).
+    #[serde(default = "f32_name")]
+    pub grad_reduce: String,
     /// The all-reduce: `nccl X.Y.Z` or `tcp`.
     pub backend: String,
     pub launcher: String,
@@ -552,6 +560,11 @@ pub struct Summary {
     /// Bytes of the KV cache of the largest call (candle; None where the engine does not say).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_cache_bytes: Option<u64>,
+    /// Graph compilations inside the timed batches (compiled HF: torch.compile's, which then
+    /// count in the figures; 0 where every shape compiled in the warm-up); None for engines
+    /// that compile nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compiles_timed: Option<u64>,
 }
 
 /// JSON has no NaN: serde_json writes it as `null` (a run that failed before its first

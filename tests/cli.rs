@@ -1017,7 +1017,7 @@ fn bad_sweep_and_training_inputs_are_one_line_errors() {
 }
 
 #[test]
-fn hf_attn_best_takes_the_only_attention_and_a_given_one_is_not_timed() {
+fn hf_best_probes_attention_and_compile_and_a_named_configuration_is_not_timed() {
     let dir = tempfile::tempdir().unwrap();
     let worker = fake_worker();
     let model = fixture("gpt2-fixture");
@@ -1048,19 +1048,80 @@ fn hf_attn_best_takes_the_only_attention_and_a_given_one_is_not_timed() {
         };
         h.engine_info
     };
-    // A model with eager only (BLOOM in transformers 5.x): best says so; generation probes too.
+    // A model with eager only (BLOOM in transformers 5.x): eager compiled and not are the
+    // candidates. One generation batch: the warm-up meets its only shape (cold share 0), so the
+    // warm times decide and the stand-in's compiled eager wins.
     let only = header_of(&["--mode", "generate"], &[("FAKE_EAGER_ONLY", "1")]);
-    assert_eq!(only["attn"], "eager");
+    assert_eq!(
+        (only["attn"].as_str(), only["compile"].as_str()),
+        ("eager", "true")
+    );
     assert_eq!(
         only["attn_chosen_by"],
-        "best: FakeForCausalLM in transformers fake supports eager only (1 probe batch)"
+        "best of eager 2.00 ms, eager+compile 1.00 ms a batch (cold share 0.00) (1 probe batch)"
     );
-    let given = header_of(&["--hf-attn", "eager"], &[]);
-    assert_eq!(
-        (given["attn"].as_str(), given["attn_requested"].as_str()),
-        ("eager", "eager")
-    );
-    assert!(!given.contains_key("attn_chosen_by"), "{given:?}");
+    assert_eq!(only["probe_compiles_eager+compile"], "1");
+    assert_eq!(only["compile_requested"], "best");
+    // One configuration named whole, or both flags pinned: nothing to time.
+    for pinned in [
+        &["--hf-config", "eager"][..],
+        &["--hf-attn", "eager", "--hf-compile", "off"],
+    ] {
+        let given = header_of(pinned, &[]);
+        assert_eq!(
+            (given["attn"].as_str(), given["compile"].as_str()),
+            ("eager", "false"),
+            "{pinned:?}"
+        );
+        assert!(!given.contains_key("attn_chosen_by"), "{given:?}");
+    }
+}
+
+/// Compiled HF that meets new padded lengths inside the timed batches compiles there: the
+/// summary counts it and the console says why the figures include it; bucketed padding
+/// (--pad-multiple, 64 by default with --hf-compile) warms every shape up and counts none.
+#[test]
+fn compilations_inside_the_timed_batches_are_counted_and_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = fake_worker();
+    let model = fixture("gpt2-fixture");
+    let run = |extra: &[&str]| {
+        let args = [
+            &[
+                "--engine",
+                "hf",
+                "--hf-worker",
+                &worker,
+                "--model-dir",
+                model.to_str().unwrap(),
+                "--log-dir",
+                dir.path().to_str().unwrap(),
+                "--hf-config",
+                "sdpa+compile",
+            ][..],
+            extra,
+        ]
+        .concat();
+        let o = bench_env(&args, &[]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let stdout = String::from_utf8(o.stdout).unwrap();
+        let log = log_paths(&stdout).pop().unwrap();
+        let summary = read_log(&log)
+            .unwrap()
+            .into_iter()
+            .find_map(|r| match r {
+                Record::Summary(s) => Some(s),
+                _ => None,
+            })
+            .unwrap();
+        (summary.compiles_timed, stdout)
+    };
+    let (unbucketed, said) = run(&["--pad-multiple", "1"]);
+    assert!(unbucketed.unwrap() > 0, "{said}");
+    assert!(said.contains("timed compiles"), "{said}");
+    let (bucketed, said) = run(&[]);
+    assert_eq!(bucketed, Some(0));
+    assert!(!said.contains("timed compiles"), "{said}");
 }
 
 #[test]

@@ -5,8 +5,9 @@ pub mod commands;
 pub mod plan;
 
 use crate::device::{DeviceSpec, Precision};
-use crate::engines::hf::HfAttn;
+use crate::engines::hf::{HfAttn, HfCompile};
 use crate::engines::EngineKind;
+use crate::train::GradReduce;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -301,22 +302,34 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub python: Option<PathBuf>,
 
-    /// HF engine attention. best: before the warm-up, time eager and sdpa on the run's first
-    /// batches (the first of each of its first 4 padded lengths, each met cold, as the run
-    /// meets a new length; the candidate that runs first alternates) and keep
-    /// the faster, named with both timings in the log header and the candle/HF table (eager
-    /// where the model has no sdpa: BLOOM in transformers 5.x; training takes auto's choice).
+    /// HF engine attention. best: before the warm-up, time every attention the model has
+    /// (eager, sdpa; BLOOM in transformers 5.x has eager only), each compiled and not with
+    /// --hf-compile best, on the run's first batches (the first of each of its first 4 padded
+    /// lengths), cold then warm, and keep the candidate whose predicted cost of a timed batch
+    /// is lowest: the warm time, plus a new shape's cold cost (compilation, sdpa's set-up) for
+    /// the share of timed batches that meet a shape the warm-up did not. Every candidate's
+    /// times are in the log header and the candle/HF table. Training takes auto's choice.
     /// auto: sdpa where the model supports it, else eager.
     #[arg(long, value_enum, default_value_t = HfAttn::Best)]
     pub hf_attn: HfAttn,
 
-    /// HF engine: torch.compile the model. Scoring: dynamic shapes; training: as HF Trainer's
-    /// torch_compile=True, compiled in the first step. Compile time falls in the warm-up
-    /// (training: reported as warm-up seconds, never timed); the log records compile=true and
-    /// reports name the engine hf-compile. Makes --pad-multiple default to 64, so that scoring
-    /// compiles once per bucket of 64 positions.
-    #[arg(long)]
-    pub hf_compile: bool,
+    /// HF engine under torch.compile: best (scoring and generation: compiled and not are both
+    /// candidates of --hf-attn's probe; training: off), on (`--hf-compile` alone), off.
+    /// Scoring compiles the body with dynamic shapes; generation uses a static KV cache
+    /// (generate() compiles its decoding step, again for each new shape); training compiles
+    /// the model as HF Trainer's torch_compile=True, in the first step. Compilation falls in
+    /// the warm-up (the summary counts any inside the timed batches: compiles_timed); the log
+    /// records compile=true and reports name the engine hf-compile. `on` makes --pad-multiple
+    /// default to 64, so that scoring compiles once per bucket of 64 positions.
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "on",
+          default_value_t = HfCompile::Best, value_name = "WHEN")]
+    pub hf_compile: HfCompile,
+
+    /// HF engine: one configuration named whole, instead of --hf-attn and --hf-compile: best,
+    /// eager, sdpa, eager+compile or sdpa+compile.
+    #[arg(long, value_parser = crate::engines::hf::parse_hf_config, value_name = "CONFIG",
+          conflicts_with_all = ["hf_attn", "hf_compile"])]
+    pub hf_config: Option<(HfAttn, HfCompile)>,
 
     /// Pad every LAMBADA batch and every batch of generation prompts (both engines) to a
     /// multiple of N positions: a compiled engine then meets a few shapes instead of one per
@@ -396,6 +409,13 @@ pub struct RunArgs {
     /// it measured slower (NCCL's blocks take SMs the backward's kernels need; results/README.md).
     #[arg(long)]
     pub dp_overlap: bool,
+
+    /// With --dp (ZeRO 0 or 1): the dtype the gradients cross the ranks in. f32, or bf16: half
+    /// the bytes, as torch DDP's bf16_compress_hook and llm.c (each rank's gradient rounded to
+    /// bf16 before the sum, the sum widened back to f32 for the update; the loss is summed in
+    /// f32). The log's dp.grad_reduce says which.
+    #[arg(long, value_enum, default_value_t = GradReduce::F32, value_name = "DTYPE")]
+    pub dp_reduce: GradReduce,
 
     /// With --dp N (N >= 2), a training suite: lay data-parallel strategies side by side, each
     /// a configuration of a sweep (a child process launching its N ranks; OOM recorded), with

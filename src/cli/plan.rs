@@ -6,7 +6,7 @@
 use super::{DeviceArg, DtypeArg, RunArgs};
 use crate::data::{find_or_download, find_or_download_dir, DataFile, Lookup, Reference};
 use crate::device::{choose_auto, visible_gpus, AutoChoice, DeviceSpec, Precision};
-use crate::engines::hf::{HfAttn, HfOptions};
+use crate::engines::hf::{HfAttn, HfCompile, HfOptions};
 use crate::engines::llmc::{setup as llmc_setup, LlmcOptions};
 use crate::engines::EngineKind;
 use crate::error::{Error, Result};
@@ -19,6 +19,7 @@ use crate::scenarios::wikitext2::data::{Splits, WIKITEXT2_RAW};
 use crate::scenarios::{
     GenerateOptions, GenerateSource, HfParallel, RunSpec, TrainOptions, Workload,
 };
+use crate::train::GradReduce;
 use clap::ValueEnum;
 use std::path::PathBuf;
 
@@ -453,9 +454,12 @@ fn names_engine(args: &RunArgs, suite: &SuiteFile, kinds: &[EngineKind]) -> bool
 /// without llm.c, `--save-weights` without random weights, `--limit 0`.
 fn check_flags(args: &RunArgs, suite: &SuiteFile, weights: &WeightSource) -> Result<()> {
     let uses_hf = names_engine(args, suite, &[EngineKind::Hf, EngineKind::Both]);
-    if !uses_hf && (args.hf_compile || args.hf_attn != HfAttn::Best || args.python.is_some()) {
+    let hf_flags = args.hf_compile != HfCompile::Best
+        || args.hf_attn != HfAttn::Best
+        || args.hf_config.is_some();
+    if !uses_hf && (hf_flags || args.python.is_some()) {
         return Err(Error::Config(
-            "--python, --hf-attn and --hf-compile are for --engine hf or both".into(),
+            "--python, --hf-attn, --hf-compile and --hf-config are for --engine hf or both".into(),
         ));
     }
     if args.llmc_bin.is_some() && !names_engine(args, suite, &[EngineKind::Llmc]) {
@@ -472,6 +476,17 @@ fn check_flags(args: &RunArgs, suite: &SuiteFile, weights: &WeightSource) -> Res
     Ok(())
 }
 
+/// HF's attention and torch.compile as asked: `--hf-config`, else `--hf-attn` and `--hf-compile`.
+fn hf_config(args: &RunArgs) -> (HfAttn, HfCompile) {
+    args.hf_config.unwrap_or((args.hf_attn, args.hf_compile))
+}
+
+/// torch.compile asked for outright (`--hf-compile`, `--hf-config …+compile`), not left to
+/// the probe.
+fn compile_on(args: &RunArgs) -> bool {
+    hf_config(args).1 == HfCompile::On
+}
+
 /// `--pad-multiple`: given, else 64 with `--hf-compile` (one compilation per bucket of 64
 /// positions, in the warm-up) and 1 without. Training blocks all have one length.
 fn pad_multiple(args: &RunArgs, suite: &SuiteFile) -> Result<usize> {
@@ -484,7 +499,7 @@ fn pad_multiple(args: &RunArgs, suite: &SuiteFile) -> Result<usize> {
             suite.name
         ))),
         Some(n) => Ok(n),
-        None if args.hf_compile => Ok(64),
+        None if compile_on(args) => Ok(64),
         None => Ok(1),
     }
 }
@@ -595,7 +610,7 @@ pub fn resolve_config(
         )?;
     }
     let warmup_batches = args.warmup.unwrap_or(suite.run.warmup_batches);
-    if args.hf_compile && warmup_batches == 0 && matches!(workload, Workload::Train(_)) {
+    if compile_on(args) && warmup_batches == 0 && matches!(workload, Workload::Train(_)) {
         return Err(Error::Config(
             "--hf-compile compiles in the first training step: keep --warmup at 1 or more, so compilation is reported, not timed".into(),
         ));
@@ -645,8 +660,8 @@ pub fn resolve_config(
         engine: config.engine,
         hf: HfOptions {
             python: args.python.clone(),
-            attn: args.hf_attn,
-            compile: args.hf_compile,
+            attn: hf_config(args).0,
+            compile: hf_config(args).1,
             worker: args.hf_worker.clone(),
         },
         llmc: LlmcOptions {
@@ -768,7 +783,7 @@ fn resolve_train(
         dropout: !a.no_dropout,
         backward: a.backward,
         phase_times: a.phase_times,
-        drop_last: a.drop_last || args.hf_compile,
+        drop_last: a.drop_last || compile_on(args),
         recompute: config.recompute,
         save: a.save.clone(),
         hf_parallel,
@@ -785,9 +800,9 @@ fn hf_parallel(args: &RunArgs, config: &RunConfig, size: usize) -> Result<HfPara
             "--engine hf runs --zero 0 (DDP), 2 (FSDP SHARD_GRAD_OP) and 3 (FSDP FULL_SHARD); ZeRO-1 has no FSDP strategy".into(),
         ));
     }
-    if args.hf_compile || args.dp_overlap {
+    if compile_on(args) || args.dp_overlap || args.dp_reduce != GradReduce::F32 {
         return Err(Error::Config(
-            "--engine hf --dp runs DDP / FSDP eager: drop --hf-compile and --dp-overlap".into(),
+            "--engine hf --dp runs DDP / FSDP eager in f32: drop --hf-compile, --dp-overlap and --dp-reduce".into(),
         ));
     }
     Ok(HfParallel {
@@ -805,6 +820,8 @@ pub enum Parallel {
         zero: crate::train::ZeroStage,
         /// `--dp-overlap`.
         overlap: bool,
+        /// `--dp-reduce`.
+        grad_reduce: GradReduce,
     },
 }
 
@@ -830,8 +847,10 @@ pub fn parallel(args: &RunArgs, plan: &Plan) -> Result<Option<Parallel>> {
     let zero = plan.configs[0].zero.unwrap_or(args.zero);
     let par = match (args.tp, args.dp) {
         (1, 1) if zero != 0 => return Err(Error::Config("--zero is for --dp runs".into())),
-        (1, 1) if args.dp_overlap => {
-            return Err(Error::Config("--dp-overlap is for --dp runs".into()))
+        (1, 1) if args.dp_overlap || args.dp_reduce != GradReduce::F32 => {
+            return Err(Error::Config(
+                "--dp-overlap and --dp-reduce are for --dp runs".into(),
+            ))
         }
         (1, 1) => return Ok(None),
         (tp, 1) => Parallel::Tensor(tp),
@@ -839,6 +858,7 @@ pub fn parallel(args: &RunArgs, plan: &Plan) -> Result<Option<Parallel>> {
             size: dp,
             zero: crate::train::ZeroStage::from_level(zero).expect("clap keeps --zero in 0..=3"),
             overlap: args.dp_overlap,
+            grad_reduce: args.dp_reduce,
         },
         _ => {
             return Err(Error::Config(
@@ -879,6 +899,11 @@ pub fn parallel(args: &RunArgs, plan: &Plan) -> Result<Option<Parallel>> {
     if zero >= 2 && args.dp_overlap {
         return Err(Error::Config(
             "--zero 2 and 3 reduce-scatter each block's gradients as the backward makes them: drop --dp-overlap".into(),
+        ));
+    }
+    if zero >= 2 && args.dp_reduce != GradReduce::F32 {
+        return Err(Error::Config(
+            "--zero 2 and 3 reduce-scatter the gradients in f32: drop --dp-reduce".into(),
         ));
     }
     Ok(Some(par))

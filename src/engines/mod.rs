@@ -61,6 +61,11 @@ pub trait Engine {
     }
     /// Ends the run; returns the peak memory (see [`crate::trackers::MemoryTracker`]).
     fn finish(&mut self) -> Result<MemoryReading>;
+    /// Graph compilations so far (compiled HF: torch.compile's); None where the engine
+    /// compiles nothing. The scenarios log how many fell inside the timed batches.
+    fn compiles(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// One tokenized LAMBADA passage, ready to batch.
@@ -97,10 +102,12 @@ pub trait Score: Engine {
     /// Scores `batch`, every row right-padded to `padded_len` positions (at least its longest
     /// input; the scenario decides, so that every engine pads alike).
     fn score(&mut self, batch: &[Request], padded_len: usize) -> Result<BatchOutput>;
-    /// Before the warm-up, an engine with settings to choose between (HF's `--hf-attn best`)
-    /// times each on `probe` (batches with their padded lengths) and keeps the fastest, saying
-    /// so in [`Engine::info`]; the others have nothing to choose.
-    fn choose_config(&mut self, _probe: &[(&[Request], usize)]) -> Result<()> {
+    /// Before the warm-up, an engine with settings to choose between (HF's attention and
+    /// torch.compile, `--hf-attn best` / `--hf-compile best`) times each on `probe` (batches
+    /// with their padded lengths) and keeps the one cheapest for the run, a share `cold_share`
+    /// of whose timed batches meet a shape the warm-up did not; it says so in
+    /// [`Engine::info`]. The others have nothing to choose.
+    fn choose_config(&mut self, _probe: &[(&[Request], usize)], _cold_share: f64) -> Result<()> {
         Ok(())
     }
 }
@@ -159,7 +166,7 @@ pub trait Generate: Engine {
     /// inter-token latency); off, only the whole call is timed.
     fn generate(&mut self, req: &GenerateRequest, timed_steps: bool) -> Result<Generated>;
     /// As [`Score::choose_config`], on generation calls.
-    fn choose_config(&mut self, _probe: &[GenerateRequest]) -> Result<()> {
+    fn choose_config(&mut self, _probe: &[GenerateRequest], _cold_share: f64) -> Result<()> {
         Ok(())
     }
     /// Bytes of the KV cache the last call used (None where the engine does not say).

@@ -153,6 +153,10 @@ pub fn summary_table(h: &Header, s: &Summary, log_path: &Path) -> String {
         rows.extend(generation_rows(s));
     }
     rows.extend(gpu_rows(s));
+    if let Some(n @ 1..) = s.compiles_timed {
+        let why = "torch.compile compiled inside the timed batches, which count it: shapes the warm-up did not meet (--pad-multiple 64 buckets them)";
+        rows.push(("timed compiles", format!("{n} ({why})")));
+    }
     for (k, v) in rows {
         t += &format!("  {k:<18} {v}\n");
     }
@@ -391,11 +395,12 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
     }
     if let Some(d) = &h.dp {
         out += &format!(
-            "  data parallel             {} ranks over {}, ZeRO-{}{}, global batch {} blocks; figures from rank 0\n",
+            "  data parallel             {} ranks over {}, ZeRO-{}{}{}, global batch {} blocks; figures from rank 0\n",
             d.size,
             d.backend,
             d.zero_stage,
             if d.overlap { ", all-reduce under the backward" } else { "" },
+            if d.grad_reduce == "f32" { "" } else { ", gradients summed in bf16" },
             d.global_batch_size
         );
     }

@@ -11,7 +11,7 @@
 
 use super::lambada::tokenize;
 use super::skeleton::{
-    base_header, candle_device, choose_config, engine_runs, final_memory, finish_log,
+    base_header, candle_device, choose_config, cold_share, engine_runs, final_memory, finish_log,
     first_of_each_shape, gpu_index, open_log, shows_progress, start_hf, warmup_batches, GpuWatch,
     Padding, PROBE_SHAPES,
 };
@@ -224,8 +224,12 @@ fn run_engine(
         .into_iter()
         .map(|i| request(&batches[i], &info))
         .collect();
+    let shapes = |calls: &[&GenBatch]| -> Vec<(usize, usize)> {
+        calls.iter().map(|b| (b.padded_len, b.new_tokens)).collect()
+    };
+    let cold = cold_share(&shapes(&timed), &shapes(&warm));
     choose_config(spec, kind, probe.len(), || {
-        engine.choose_config(&probe)?;
+        engine.choose_config(&probe, cold)?;
         Ok(engine.info())
     })?;
     let host = EnvReport::collect();
@@ -255,12 +259,15 @@ fn run_engine(
     let message = failure
         .as_ref()
         .map(|e| message_without_backtrace(&e.to_string()));
-    let summary = out.gpu.apply(out.totals.summary(
-        message,
-        wall.elapsed().as_secs_f64(),
-        mem,
-        out.kv_cache_bytes,
-    ));
+    let summary = out.gpu.apply(Summary {
+        compiles_timed: out.compiles,
+        ..out.totals.summary(
+            message,
+            wall.elapsed().as_secs_f64(),
+            mem,
+            out.kv_cache_bytes,
+        )
+    });
     finish_log(log, header, summary, Record::Summary, failure)
 }
 
@@ -269,6 +276,8 @@ struct Generated {
     totals: GenTotals,
     gpu: super::skeleton::GpuFigures,
     kv_cache_bytes: Option<u64>,
+    /// The engine's compilations inside the timed calls (compiled HF).
+    compiles: Option<u64>,
     failure: Option<Error>,
 }
 
@@ -322,6 +331,7 @@ fn generate_all(
         .iter()
         .find_map(|b| engine.generate(&request(b, info), info.timed_steps).err());
     let watch = GpuWatch::start(spec.device, header.gpu_index, engine.pid());
+    let compiled_before = engine.compiles();
     let mut totals = GenTotals::default();
     let mut kv_cache_bytes = None;
     let n_prompts: usize = timed.iter().map(|b| b.prompts.len()).sum();
@@ -347,6 +357,7 @@ fn generate_all(
         totals,
         gpu: GpuWatch::stop(watch),
         kv_cache_bytes,
+        compiles: engine.compiles().zip(compiled_before).map(|(a, b)| a - b),
         failure,
     })
 }

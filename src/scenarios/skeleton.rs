@@ -4,7 +4,7 @@
 
 use super::spec::{RunSpec, Workload};
 use crate::device::DeviceSpec;
-use crate::engines::hf::{HfAttn, HfEngine};
+use crate::engines::hf::{HfAttn, HfCompile, HfEngine};
 use crate::engines::weight_cache::hf_checkpoint;
 use crate::engines::{Engine, EngineKind};
 use crate::env::{nvml_index, EnvReport};
@@ -91,16 +91,20 @@ pub fn start_hf(spec: &RunSpec, weights: &WeightSource) -> Result<HfEngine> {
 }
 
 /// Runs `choose` (the engine's `choose_config` on `n_probe` probe batches, returning its info),
-/// saying so when it is the HF worker timing its attentions (`--hf-attn best`).
+/// saying so when it is the HF worker timing its configurations (`--hf-attn best`, `--hf-compile
+/// best`).
 pub fn choose_config(
     spec: &RunSpec,
     kind: EngineKind,
     n_probe: usize,
     choose: impl FnOnce() -> Result<BTreeMap<String, String>>,
 ) -> Result<()> {
-    let timed = kind == EngineKind::Hf && spec.hf.attn == HfAttn::Best;
+    let timed = kind == EngineKind::Hf
+        && (spec.hf.attn == HfAttn::Best || spec.hf.compile == HfCompile::Best);
     let batches = if n_probe == 1 { "batch" } else { "batches" };
-    let msg = format!("HF: timing each attention on {n_probe} probe {batches} (--hf-attn best)");
+    let msg = format!(
+        "HF: timing each configuration (attention, torch.compile) on {n_probe} probe {batches}, cold then warm"
+    );
     let status = Status::spinner(timed && shows_progress(spec), msg);
     let info = choose()?;
     status.done(format!("HF ran {}", describe_hf_config(&info)));
@@ -164,9 +168,24 @@ pub fn first_of_each_shape<K: PartialEq>(shapes: &[K], cap: usize) -> Vec<usize>
     firsts
 }
 
-/// Padded lengths `--hf-attn best` times eager and sdpa on (the first batch of each); even,
-/// so that each candidate runs first on half of them.
+/// Padded lengths HF's probe times its candidates on (the first batch of each): the first two
+/// pay one-time set-up, the later ones show what a new shape costs.
 pub const PROBE_SHAPES: usize = 4;
+
+/// The share of the timed batches (`shapes` of every timed batch, in order) that are the first
+/// of a shape none of the `warm` shapes is: where a compiled engine compiles and sdpa sets
+/// itself up inside the timed loop.
+pub fn cold_share<K: PartialEq>(shapes: &[K], warm: &[K]) -> f64 {
+    let mut met: Vec<&K> = warm.iter().collect();
+    let mut cold = 0;
+    for s in shapes {
+        if !met.contains(&s) {
+            met.push(s);
+            cold += 1;
+        }
+    }
+    cold as f64 / shapes.len().max(1) as f64
+}
 
 /// The checkpoint directory of the HF engine (which never runs on random weights directly).
 pub fn hf_dir(weights: &WeightSource) -> Result<&std::path::Path> {

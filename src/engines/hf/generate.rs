@@ -25,6 +25,7 @@ impl Generate for HfEngine {
 
     fn generate(&mut self, req: &GenerateRequest, timed_steps: bool) -> Result<Generated> {
         let v = self.request(&generate_request(req, timed_steps))?;
+        self.count_compiles(&v);
         let bad = |k: &str| Error::Engine(format!("HF worker generate reply has no '{k}'"));
         let ids: Vec<Vec<u32>> =
             serde_json::from_value(v["ids"].clone()).map_err(|_| bad("ids"))?;
@@ -37,8 +38,8 @@ impl Generate for HfEngine {
         })
     }
 
-    fn choose_config(&mut self, probe: &[GenerateRequest]) -> Result<()> {
+    fn choose_config(&mut self, probe: &[GenerateRequest], cold_share: f64) -> Result<()> {
         let requests = probe.iter().map(|r| generate_request(r, false)).collect();
-        self.choose_attn(requests).map(|_| ())
+        self.choose(requests, cold_share).map(|_| ())
     }
 }

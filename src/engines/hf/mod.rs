@@ -27,8 +27,8 @@ const STDERR_TAIL: usize = 60;
 /// `--hf-attn`: transformers' attention implementation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum HfAttn {
-    /// Time eager and sdpa on the run's first batches (one per padded length, up to 3) and
-    /// keep the faster; eager where the model has no sdpa.
+    /// Time every attention the model has on the run's first batches and keep the fastest
+    /// (with `--hf-compile best`, compiled and not: every pair is a candidate).
     Best,
     /// sdpa where the model supports it, else eager.
     Auto,
@@ -47,39 +47,116 @@ impl HfAttn {
     }
 }
 
-/// The worker's answer to `choose_attn` (`--hf-attn best`): the attention it kept, the time
-/// of the probe batches under each candidate, and why there was nothing to time (the model
-/// has one implementation).
+/// `--hf-compile`: HF under torch.compile (scoring: the body with dynamic shapes; generation:
+/// a static KV cache; training: the whole model, as HF Trainer's torch_compile=True).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HfCompile {
+    /// Inference: compiled and not are both candidates of the probe; training: off.
+    Best,
+    On,
+    Off,
+}
+
+impl HfCompile {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HfCompile::Best => "best",
+            HfCompile::On => "on",
+            HfCompile::Off => "off",
+        }
+    }
+}
+
+/// `--hf-config`: one HF configuration named whole (`sdpa+compile`), or `best`.
+pub fn parse_hf_config(s: &str) -> std::result::Result<(HfAttn, HfCompile), String> {
+    use clap::ValueEnum;
+    let (attn, compile) = match s.strip_suffix("+compile") {
+        Some(attn) => (attn, HfCompile::On),
+        None if s == "best" => (s, HfCompile::Best),
+        None => (s, HfCompile::Off),
+    };
+    let attn = HfAttn::from_str(attn, true)
+        .ok()
+        .filter(|a| *a != HfAttn::Auto && (*a != HfAttn::Best || compile == HfCompile::Best))
+        .ok_or_else(|| format!("'{s}': one of best, eager, sdpa, eager+compile, sdpa+compile"))?;
+    Ok((attn, compile))
+}
+
+/// One candidate of the probe as the worker timed it: its cold and warm latencies of the probe
+/// requests, the predicted cost of a timed batch, its compilations, or why it could not run.
 #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
-pub struct AttnChoice {
+pub struct Candidate {
     pub attn: String,
+    pub compile: bool,
     #[serde(default)]
-    pub timings_ms: BTreeMap<String, f64>,
+    pub cold_ms: Vec<f64>,
+    #[serde(default)]
+    pub warm_ms: Vec<f64>,
+    #[serde(default)]
+    pub per_batch_ms: Option<f64>,
+    #[serde(default)]
+    pub compiles_cold: u64,
+    #[serde(default)]
+    pub compiles_warm: u64,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+impl Candidate {
+    /// `sdpa+compile` or `eager`.
+    pub fn label(&self) -> String {
+        format!(
+            "{}{}",
+            self.attn,
+            if self.compile { "+compile" } else { "" }
+        )
+    }
+}
+
+/// The worker's answer to `choose`: the configuration it kept and every candidate's timings,
+/// or why there was nothing to time (one candidate).
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+pub struct ConfigChoice {
+    pub attn: String,
+    pub compile: bool,
+    #[serde(default)]
+    pub candidates: Vec<Candidate>,
+    #[serde(default)]
+    pub cold_share: f64,
     #[serde(default)]
     pub note: Option<String>,
 }
 
-impl AttnChoice {
+impl ConfigChoice {
     /// Parses the worker's reply.
     pub fn from_reply(v: &Value) -> Result<Self> {
         serde_json::from_value(v.clone()).map_err(|e| {
             Error::Engine(format!(
-                "HF worker's choose_attn reply is not an attention choice ({e}): {v}"
+                "HF worker's choose reply is not a configuration choice ({e}): {v}"
             ))
         })
     }
 
-    /// `best of eager 12.50 ms, sdpa 10.25 ms` or the note (`… supports eager only`).
+    /// `best of eager 1.25 ms, eager+compile 0.80 ms, … a batch (cold share 0.00)`, or the
+    /// note (one candidate).
     pub fn describe(&self) -> String {
-        if self.timings_ms.is_empty() {
+        if self.candidates.is_empty() {
             return format!("best: {}", self.note.as_deref().unwrap_or("one candidate"));
         }
         let each: Vec<String> = self
-            .timings_ms
+            .candidates
             .iter()
-            .map(|(attn, ms)| format!("{attn} {ms:.2} ms"))
+            .map(|c| match (c.per_batch_ms, &c.error) {
+                (Some(ms), _) => format!("{} {ms:.2} ms", c.label()),
+                (None, Some(e)) => format!("{} failed ({e})", c.label()),
+                (None, None) => format!("{} not timed", c.label()),
+            })
             .collect();
-        format!("best of {}", each.join(", "))
+        format!(
+            "best of {} a batch (cold share {:.2})",
+            each.join(", "),
+            self.cold_share
+        )
     }
 }
 
@@ -88,7 +165,7 @@ pub struct HfOptions {
     /// Python interpreter: `--python`, else `$BENCH_PYTHON`, else `python3`.
     pub python: Option<PathBuf>,
     pub attn: HfAttn,
-    pub compile: bool,
+    pub compile: HfCompile,
     /// A worker script to run instead of the embedded one (development and tests).
     pub worker: Option<PathBuf>,
 }
@@ -111,9 +188,13 @@ pub struct HfEngine {
     info: BTreeMap<String, String>,
     pub(crate) max_positions: usize,
     load_seconds: f64,
-    /// `--hf-attn best` on a scoring or generation run: the attention is chosen on the run's
-    /// first batches ([`HfEngine::choose_attn`]).
+    /// Inference with more than one candidate configuration (`--hf-attn best`, `--hf-compile
+    /// best`): it is chosen on the run's first batches ([`HfEngine::choose`]).
     choose: bool,
+    /// torch.compile's compilations the worker reported over the scoring / generation calls.
+    compiles: u64,
+    /// `--hf-attn` and `--hf-compile` as given: what [`HfEngine::choose`] may choose between.
+    requested: (HfAttn, HfCompile),
     /// The worker runs under torchrun in a process group of its own (training strategies).
     group: bool,
     /// The worker script written for torchrun (removed with the engine).
@@ -179,19 +260,20 @@ impl HfEngine {
         };
         let mut engine = Self::spawn(opts, ranks.map(|n| (n, device.as_str())))?;
         // A training step changes the weights, so `best` has nothing to time there: auto's
-        // choice (sdpa where the model has it).
+        // choice (sdpa where the model has it), compiled only when asked.
         let training = train.is_some();
         let attn = match opts.attn {
             HfAttn::Best if training => HfAttn::Auto,
             a => a,
         };
+        let compiled = opts.compile == HfCompile::On;
         let mut load = json!({
             "op": "load",
             "model_dir": model_dir,
             "dtype": precision.as_str(),
             "device": device,
             "attn": attn.as_str(),
-            "compile": opts.compile,
+            "compile": compiled,
         });
         if let Some(train) = train {
             load["train"] = train;
@@ -208,10 +290,12 @@ impl HfEngine {
             let why = "auto: training is not timed (a step changes the weights)";
             engine.info.insert("attn_chosen_by".into(), why.into());
         }
-        engine.choose = attn == HfAttn::Best;
+        engine.choose = !training && (attn == HfAttn::Best || opts.compile == HfCompile::Best);
+        engine.requested = (attn, opts.compile);
+        engine.info.insert("compile".into(), compiled.to_string());
         engine
             .info
-            .insert("compile".into(), opts.compile.to_string());
+            .insert("compile_requested".into(), opts.compile.as_str().into());
         if let Some(t) = load.get("train") {
             let recompute = match t["recompute"].as_bool() {
                 Some(true) => "blocks",
@@ -289,31 +373,65 @@ impl HfEngine {
             max_positions: 0,
             load_seconds: 0.,
             choose: false,
+            compiles: 0,
+            requested: (HfAttn::Auto, HfCompile::Off),
             group: ranks.is_some(),
             script,
         })
     }
 
-    /// `--hf-attn best`: the worker runs `probe` (score or generate requests, the first batch
-    /// of each of the run's first padded lengths) under each attention the model has, once to
-    /// warm up and once timed, and keeps the fastest. The choice and both timings go into
-    /// [`Engine::info`] (the log header). Nothing happens for any other `--hf-attn`.
-    pub(crate) fn choose_attn(&mut self, probe: Vec<Value>) -> Result<Option<AttnChoice>> {
+    /// `--hf-attn best` / `--hf-compile best`: the worker times every candidate configuration
+    /// on `probe` (score or generate requests, the first batch of each of the run's first
+    /// padded lengths) and keeps the one with the lowest predicted cost of a timed batch, a
+    /// share `cold_share` of which meet a shape the warm-up did not. The choice and every
+    /// candidate's timings go into [`Engine::info`] (the log header). Nothing happens with
+    /// one candidate.
+    pub(crate) fn choose(
+        &mut self,
+        probe: Vec<Value>,
+        cold_share: f64,
+    ) -> Result<Option<ConfigChoice>> {
         if !self.choose || probe.is_empty() {
             return Ok(None);
         }
+        let (attn, compile) = self.requested;
+        let attns: Vec<&str> = match attn {
+            HfAttn::Best => vec![], // every attention the model has
+            _ => vec![self.info.get("attn").map_or("eager", |a| a.as_str())],
+        };
+        let compiles = match compile {
+            HfCompile::Best => vec![false, true],
+            c => vec![c == HfCompile::On],
+        };
         let n = probe.len();
-        let reply = self.request(&json!({ "op": "choose_attn", "probe": probe }))?;
-        let choice = AttnChoice::from_reply(&reply)?;
+        let req = json!({ "op": "choose", "probe": probe, "attns": attns, "compiles": compiles,
+                          "cold_share": cold_share });
+        let choice = ConfigChoice::from_reply(&self.request(&req)?)?;
         self.info.insert("attn".into(), choice.attn.clone());
+        self.info
+            .insert("compile".into(), choice.compile.to_string());
         let batches = if n == 1 { "batch" } else { "batches" };
         let by = format!("{} ({n} probe {batches})", choice.describe());
         self.info.insert("attn_chosen_by".into(), by);
-        for (attn, ms) in &choice.timings_ms {
+        for c in &choice.candidates {
+            let label = c.label();
+            if let Some(ms) = c.per_batch_ms {
+                self.info
+                    .insert(format!("probe_ms_{label}"), format!("{ms:.3}"));
+            }
+            let cold: f64 = c.cold_ms.iter().sum();
             self.info
-                .insert(format!("attn_probe_ms_{attn}"), format!("{ms:.3}"));
+                .insert(format!("probe_cold_ms_{label}"), format!("{cold:.1}"));
+            let compiles = c.compiles_cold + c.compiles_warm;
+            self.info
+                .insert(format!("probe_compiles_{label}"), compiles.to_string());
         }
         Ok(Some(choice))
+    }
+
+    /// Counts the compilations a scoring or generation reply reports.
+    pub(crate) fn count_compiles(&mut self, reply: &Value) {
+        self.compiles += reply["compiles"].as_u64().unwrap_or(0);
     }
 
     /// Sends one request and reads its reply. A reply `{"ok": false}` or a dead worker is an
@@ -412,6 +530,10 @@ impl Engine for HfEngine {
         self.child.id()
     }
 
+    fn compiles(&self) -> Option<u64> {
+        Some(self.compiles)
+    }
+
     fn finish(&mut self) -> Result<MemoryReading> {
         let v = self.request(&json!({ "op": "finish" }))?;
         let _ = self.child.wait();
@@ -448,21 +570,43 @@ impl Drop for HfEngine {
 mod tests {
     use super::*;
 
-    /// A `choose_attn` reply as worker.py writes it (one JSON line).
+    /// A `choose` reply as worker.py writes it (one JSON line).
     #[test]
-    fn the_worker_s_attention_choice_parses() {
-        let line = r#"{"ok": true, "attn": "eager", "timings_ms": {"eager": 31.25, "sdpa": 40.5}}"#;
-        let choice = AttnChoice::from_reply(&serde_json::from_str(line).unwrap()).unwrap();
-        assert_eq!(choice.attn, "eager");
-        assert_eq!(choice.timings_ms["sdpa"], 40.5);
-        assert_eq!(choice.describe(), "best of eager 31.25 ms, sdpa 40.50 ms");
-        let bloom = r#"{"ok": true, "attn": "eager", "timings_ms": {}, "note": "BloomForCausalLM in transformers 5.17.0 supports eager only"}"#;
-        let choice = AttnChoice::from_reply(&serde_json::from_str(bloom).unwrap()).unwrap();
+    fn the_worker_s_configuration_choice_parses() {
+        let line = r#"{"ok": true, "attn": "eager", "compile": true, "cold_share": 0.25, "candidates": [
+            {"attn": "eager", "compile": false, "cold_ms": [3, 3], "warm_ms": [2, 2], "per_batch_ms": 2.25, "compiles_cold": 0, "compiles_warm": 0},
+            {"attn": "eager", "compile": true, "cold_ms": [900, 4], "warm_ms": [1, 1], "per_batch_ms": 1.75, "compiles_cold": 2, "compiles_warm": 0},
+            {"attn": "sdpa", "compile": true, "error": "BackendCompilerFailed: no C compiler"}]}"#;
+        let choice = ConfigChoice::from_reply(&serde_json::from_str(line).unwrap()).unwrap();
+        assert_eq!((choice.attn.as_str(), choice.compile), ("eager", true));
+        assert_eq!(choice.candidates[1].label(), "eager+compile");
+        assert_eq!(choice.candidates[1].compiles_cold, 2);
         assert_eq!(
             choice.describe(),
-            "best: BloomForCausalLM in transformers 5.17.0 supports eager only"
+            "best of eager 2.25 ms, eager+compile 1.75 ms, sdpa+compile failed (BackendCompilerFailed: no C compiler) a batch (cold share 0.25)"
         );
-        let bad = AttnChoice::from_reply(&json!({"ok": true})).unwrap_err();
-        assert!(bad.to_string().contains("not an attention choice"), "{bad}");
+        let one = r#"{"ok": true, "attn": "eager", "compile": false, "candidates": [], "note": "BloomForCausalLM in transformers 5.17.0: eager is the only candidate"}"#;
+        let choice = ConfigChoice::from_reply(&serde_json::from_str(one).unwrap()).unwrap();
+        assert_eq!(
+            choice.describe(),
+            "best: BloomForCausalLM in transformers 5.17.0: eager is the only candidate"
+        );
+        let bad = ConfigChoice::from_reply(&json!({"ok": true})).unwrap_err();
+        assert!(
+            bad.to_string().contains("not a configuration choice"),
+            "{bad}"
+        );
+    }
+
+    #[test]
+    fn an_hf_configuration_is_named_whole() {
+        let ok = |s: &str| parse_hf_config(s).unwrap();
+        assert_eq!(ok("best"), (HfAttn::Best, HfCompile::Best));
+        assert_eq!(ok("eager"), (HfAttn::Eager, HfCompile::Off));
+        assert_eq!(ok("sdpa+compile"), (HfAttn::Sdpa, HfCompile::On));
+        for bad in ["auto", "best+compile", "flash", "sdpa+jit", ""] {
+            let err = parse_hf_config(bad).unwrap_err();
+            assert!(err.contains("eager+compile"), "{bad}: {err}");
+        }
     }
 }

@@ -19,6 +19,7 @@ impl Score for HfEngine {
 
     fn score(&mut self, batch: &[Request], padded_len: usize) -> Result<BatchOutput> {
         let v = self.request(&score_request(batch, padded_len))?;
+        self.count_compiles(&v);
         let field = |k: &str| -> Result<Vec<Value>> {
             v[k].as_array()
                 .cloned()
@@ -41,8 +42,8 @@ impl Score for HfEngine {
         })
     }
 
-    fn choose_config(&mut self, probe: &[(&[Request], usize)]) -> Result<()> {
+    fn choose_config(&mut self, probe: &[(&[Request], usize)], cold_share: f64) -> Result<()> {
         let requests = probe.iter().map(|(b, t)| score_request(b, *t)).collect();
-        self.choose_attn(requests).map(|_| ())
+        self.choose(requests, cold_share).map(|_| ())
     }
 }

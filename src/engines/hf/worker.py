@@ -11,15 +11,22 @@ worker only runs the model and reports what the Rust side would have measured.
       "attn": "best|auto|eager|sdpa", "compile": false}
   <- {"ok": true, "versions": {...}, "attn": "sdpa", "max_positions": N, "n_parameters": N,
       "load_seconds": s}
-     (best loads as auto does; choose_attn then picks)
-  -> {"op": "choose_attn", "probe": [score or generate request...]}
-  <- {"ok": true, "attn": "eager", "timings_ms": {"eager": t, "sdpa": t}}
-     or {"ok": true, "attn": "eager", "timings_ms": {}, "note": "... supports eager only"}
-     (--hf-attn best: every attention the model supports runs each probe request twice,
-     uncompiled: once to warm up, once timed; timings_ms sums the timed latencies; the fastest
-     is kept for the rest of the run)
+     (best loads as auto does; choose then picks)
+  -> {"op": "choose", "probe": [score or generate request...], "attns": ["eager", ...] (empty:
+      every attention the model supports), "compiles": [false, true], "cold_share": x}
+  <- {"ok": true, "attn": "eager", "compile": true, "candidates": [{"attn": .., "compile": ..,
+      "cold_ms": [..], "warm_ms": [..], "per_batch_ms": t, "compiles_cold": n,
+      "compiles_warm": n} or {"attn": .., "compile": .., "error": "one line"}, ...],
+      "note": "..." (one candidate: nothing timed)}
+     (--hf-attn best / --hf-compile best: each candidate (attention x compiled or not) runs
+     every probe request twice: cold, the first meeting of each shape (torch.compile's
+     compilation, sdpa's set-up: reported, not what decides), then warm. The run's cost of a
+     batch is predicted as cold_share x a new shape's cost (the mean cold latency of the probes
+     after the first two, which pay one-time set-up) + (1 - cold_share) x the mean warm one,
+     where cold_share is the share of the run's timed batches that meet a shape the warm-up
+     did not; the cheapest is kept, its compiled graphs still cached.)
   -> {"op": "score", "inputs": [[ids]...], "targets": [[ids]...], "padded_len": T}
-  <- {"ok": true, "token_ll": [...], "argmax": [...], "latency_ms": t}
+  <- {"ok": true, "token_ll": [...], "argmax": [...], "latency_ms": t, "compiles": n}
      (inputs right-padded to max(T, longest); token_ll / argmax: for every passage in order,
      one entry per target token)
   -> {"op": "finish"}
@@ -27,13 +34,15 @@ worker only runs the model and reports what the Rust side would have measured.
       "reserved_memory_bytes": N|null}
   -> {"op": "generate", "prompts": [[ids]...], "padded_len": T, "new_tokens": N, "pad_id": P,
       "time_steps": bool}
-  <- {"ok": true, "ids": [[N ids]...], "latency_ms": t, "token_ms": [t1, ..., tN]}
+  <- {"ok": true, "ids": [[N ids]...], "latency_ms": t, "token_ms": [t1, ..., tN], "compiles": n}
      (greedy, exactly N new tokens per prompt, batch left-padded to max(T, longest) with its
      attention mask, as
      `model.generate(do_sample=False, min_new_tokens=N, max_new_tokens=N, pad_token_id=P)`;
      token_ms[k]: device-synchronized time from the start to the (k+1)-th token, so token_ms[0]
      is the time to first token (prefill) and the differences are inter-token latencies; empty
      without time_steps, which leaves out the synchronisation after each token)
+`compiles`: torch.compile's graph compilations during the call (dynamo's count): the Rust side
+sums them over the timed batches, where a compiled candidate should compile nothing.
 Errors: {"ok": false, "error": "one line"}; the worker then exits non-zero.
 
 Training (`--suite wikitext2`): `load` with a `train` object loads fp32 weights (fp32 masters
@@ -125,6 +134,15 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+def compiles():
+    """torch.compile's graph compilations so far in this process (dynamo's own count)."""
+    try:
+        from torch._dynamo.utils import counters
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:  # an older torch without the counter: nothing to report
+        return 0
+
+
 def versions():
     return {
         "torch": torch.__version__,
@@ -159,11 +177,10 @@ class Worker:
 
         cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
         supported = ["eager"] + (["sdpa"] if getattr(cls, "_supports_sdpa", False) else [])
-        self.candidates = supported  # what choose_attn times (--hf-attn best)
+        self.candidates = supported  # the attentions choose may time (--hf-attn best)
         attn = req["attn"]
         if attn in ("auto", "best"):
             attn = supported[-1]
-        self.loaded_attn = attn  # what choose_attn falls back to
         if attn not in supported:
             fail(f"{cls.__name__} in transformers {transformers.__version__} supports attention "
                  f"{', '.join(supported)}, not {attn}: use --hf-attn {supported[-1]}")
@@ -184,14 +201,10 @@ class Worker:
         sync(self.device)
         load_seconds = time.perf_counter() - t0
         self.model = model
-        # --hf-compile for generation: a static KV cache, with which generate() compiles the
-        # decoding forward itself (transformers' fastest generation path; it compiles again
-        # for a new batch shape, so the warm-up covers every shape the run times).
-        self.generate_kwargs = {"cache_implementation": "static"} if req.get("compile") and not train else {}
-        self.body = model.base_model  # hidden states; the LM head runs only on target rows
-        self.head = model.get_output_embeddings()
-        if req.get("compile") and not train:  # training compiles the whole model (setup_training)
-            self.body = torch.compile(self.body, dynamic=True)
+        self.attn = attn
+        self.head = model.get_output_embeddings()  # the LM head runs only on target rows
+        # Training compiles the whole model (setup_training); inference as configure says.
+        self.configure(attn, bool(req.get("compile")) and not train)
         max_positions = getattr(config, "n_positions", None) or DEFAULT_MAX_LENGTH
         info = versions()
         if train:
@@ -206,54 +219,72 @@ class Worker:
         reply(ok=True, versions=info, attn=attn, max_positions=max_positions,
               n_parameters=model.num_parameters(), load_seconds=load_seconds)
 
-    def choose_attn(self, req):
-        """--hf-attn best: each supported attention on the probe requests, uncompiled, each
-        probe shape met cold as the run meets a new padded length (sdpa's per-shape set-up
-        included: warmed probes chose sdpa for gpt2, whose whole run was 5.6x slower than
-        eager's, results/h100/hf-attn-run1); keeps the fastest."""
-        name = f"{type(self.model).__name__} in transformers {transformers.__version__}"
-        if len(self.candidates) == 1:
-            only = self.candidates[0]
-            reply(ok=True, attn=only, timings_ms={}, note=f"{name} supports {only} only")
+    def configure(self, attn, compiled):
+        """Inference with attention `attn`, under torch.compile or not. Scoring: the body (the
+        hidden states) compiled with dynamic shapes; generation: a static KV cache, with which
+        generate() compiles its decoding forward itself (transformers' fastest generation path;
+        it compiles again for each new batch shape)."""
+        if attn != self.attn:
+            self.model.set_attn_implementation(attn)
+            self.attn = attn
+        self.compiled = compiled
+        body = self.model.base_model
+        self.body = torch.compile(body, dynamic=True) if compiled else body
+        self.generate_kwargs = {"cache_implementation": "static"} if compiled else {}
+
+    def choose(self, req):
+        """--hf-attn best / --hf-compile best: times every candidate on the probe requests and
+        keeps the one whose predicted cost of a timed batch is lowest (see the module's
+        docstring for the prediction)."""
+        attns = [a for a in (req.get("attns") or self.candidates) if a in self.candidates]
+        candidates = [(a, c) for a in attns for c in req["compiles"]]
+        if len(candidates) == 1:
+            attn, comp = candidates[0]
+            self.configure(attn, comp)
+            name = f"{type(self.model).__name__} in transformers {transformers.__version__}"
+            reply(ok=True, attn=attn, compile=comp, candidates=[],
+                  note=f"{name}: {attn}{' compiled' if comp else ''} is the only candidate")
             return
         run = {"score": self.run_score, "generate": self.run_generate}
-        timings = {attn: 0.0 for attn in self.candidates}
-        try:
-            tiny = torch.ones((1, 8), dtype=torch.long, device=self.device)
-            for attn in self.candidates:  # CUDA and library start-up, on a shape no probe has
-                self.model.set_attn_implementation(attn)
-                with torch.inference_mode():
-                    self.model.base_model(input_ids=tiny, attention_mask=torch.ones_like(tiny))
-            for i, probe in enumerate(req["probe"]):
-                # The candidate that runs a shape first also warms the matmuls both share: the
-                # order alternates from one probe to the next.
-                order = self.candidates if i % 2 == 0 else self.candidates[::-1]
-                for attn in order:
-                    self.model.set_attn_implementation(attn)
-                    timings[attn] += run[probe["op"]](probe, compiled=False)["latency_ms"]
-            best = min(timings, key=timings.get)
-            self.model.set_attn_implementation(best)
-        except Exception as e:  # a switch this transformers cannot make: keep what loaded, say so
+        probes, cold_share = req["probe"], float(req.get("cold_share", 0.0))
+        results = []
+        for attn, comp in candidates:
+            result = {"attn": attn, "compile": comp}
             try:
-                self.model.set_attn_implementation(self.loaded_attn)
-            except Exception:
-                pass  # the switch itself failed: the model still runs what it loaded
-            reply(ok=True, attn=self.loaded_attn, timings_ms={},
-                  note=f"could not time the attentions ({type(e).__name__}: {e}); kept {self.loaded_attn}")
-            return
+                self.configure(attn, comp)
+                c0 = compiles()
+                cold = [run[p["op"]](p)["latency_ms"] for p in probes]
+                c1 = compiles()
+                warm = [run[p["op"]](p)["latency_ms"] for p in probes]
+                new_shape = cold[2:] or cold  # the first two pay one-time set-up
+                result.update(
+                    cold_ms=cold, warm_ms=warm, compiles_cold=c1 - c0, compiles_warm=compiles() - c1,
+                    per_batch_ms=cold_share * sum(new_shape) / len(new_shape)
+                    + (1 - cold_share) * sum(warm) / len(warm))
+            except Exception as e:  # a candidate this host cannot run: say so, time the others
+                result["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+            # Compiled graphs stay cached (dynamo guards on the attention), so the winner does
+            # not compile again: two compiled candidates stay under dynamo's recompile limit.
+            results.append(result)
+        timed = [r for r in results if "per_batch_ms" in r]
+        if not timed:
+            fail("no HF configuration ran the probe: " + "; ".join(r["error"] for r in results))
+        best = min(timed, key=lambda r: r["per_batch_ms"])
+        self.configure(best["attn"], best["compile"])
         if self.device.type == "cuda":  # the run's memory figures are its own, not the probe's
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
-        reply(ok=True, attn=best, timings_ms=timings)
+        reply(ok=True, attn=best["attn"], compile=best["compile"], candidates=results,
+              cold_share=cold_share)
 
     def score(self, req):
         reply(ok=True, **self.run_score(req))
 
     @torch.inference_mode()
-    def run_score(self, req, compiled=True):
+    def run_score(self, req):
         inputs, targets = req["inputs"], req["targets"]
         b, t = len(inputs), max([req.get("padded_len", 0)] + [len(x) for x in inputs])
-        body = self.body if compiled else self.model.base_model
+        c0 = compiles()
         sync(self.device)
         t0 = time.perf_counter()
         ids = torch.zeros((b, t), dtype=torch.long)
@@ -267,7 +298,7 @@ class Worker:
             rows.extend(i * t + p for p in range(first - 1, n))
             flat_targets.extend(y)
         ids, mask = ids.to(self.device), mask.to(self.device)
-        hidden = body(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, T, C)
+        hidden = self.body(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, T, C)
         picked = hidden.reshape(b * t, -1)[torch.tensor(rows, device=self.device)]  # (N, C)
         logp = torch.log_softmax(self.head(picked).float(), dim=-1)  # (N, V)
         want = torch.tensor(flat_targets, device=self.device)
@@ -275,15 +306,16 @@ class Worker:
         argmax = logp.argmax(-1).tolist()
         sync(self.device)
         latency_ms = (time.perf_counter() - t0) * 1e3
-        return dict(token_ll=token_ll, argmax=argmax, latency_ms=latency_ms)
+        return dict(token_ll=token_ll, argmax=argmax, latency_ms=latency_ms, compiles=compiles() - c0)
 
     def generate(self, req):
         reply(ok=True, **self.run_generate(req))
 
     @torch.inference_mode()
-    def run_generate(self, req, compiled=True):
+    def run_generate(self, req):
         prompts, n_new, pad = req["prompts"], req["new_tokens"], req["pad_id"]
         b, t = len(prompts), max([req.get("padded_len", 0)] + [len(p) for p in prompts])
+        c0 = compiles()
         sync(self.device)
         t0 = time.perf_counter()
         ids = torch.full((b, t), pad, dtype=torch.long)
@@ -306,12 +338,12 @@ class Worker:
         out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=False,
                                   max_new_tokens=n_new, min_new_tokens=n_new, pad_token_id=pad,
                                   streamer=Clock() if req.get("time_steps", True) else None,
-                                  **(self.generate_kwargs if compiled else {}))
+                                  **self.generate_kwargs)
         new = out[:, t:].tolist()
         sync(self.device)
         latency_ms = (time.perf_counter() - t0) * 1e3
         token_ms = [(s - t0) * 1e3 for s in stamps[1:]]  # stamps[0]: the prompt
-        return dict(ids=new, latency_ms=latency_ms, token_ms=token_ms)
+        return dict(ids=new, latency_ms=latency_ms, token_ms=token_ms, compiles=compiles() - c0)
 
     def setup_training(self, model, h, dtype, compile_):
         from transformers import get_linear_schedule_with_warmup

@@ -129,6 +129,9 @@ fn header_columns(row: &mut RunRow, h: &Header) {
         (None, Some(_)) => m_insert(row, "strategy", "single"),
         _ => {}
     }
+    if let Some(d) = &h.dp {
+        m_insert(row, "dp_reduce", &d.grad_reduce);
+    }
     // Generation runs: what was generated from (lambada / text); the summary holds the rates.
     if let Some(g) = &h.generation {
         m_insert(row, "mode", "generate");
@@ -266,6 +269,20 @@ fn sweep_rows(base: &RunRow, header: Option<&SweepHeader>, runs: &[SweepRun]) ->
                 m.insert("device".into(), h.device.clone());
                 m.insert("git_commit".into(), h.git_commit.clone());
             }
+            // `--strategies`: the configuration's strategy and recompute, as a run log names them.
+            if let Some(z) = c.zero {
+                m.insert("strategy".into(), crate::report::console::strategy_name(z));
+                let recompute = if c.recompute == Some(true) {
+                    "blocks"
+                } else {
+                    "off"
+                };
+                m.insert("recompute".into(), recompute.into());
+                m.entry("run".into()).and_modify(|run| {
+                    run.push_str(&format!("_zero{z}_{recompute}"));
+                });
+                row.set("zero", z as usize);
+            }
             row.set("batch_size", c.batch_size);
             if let Some(n) = c.seq_len {
                 row.set("seq_len", n);
@@ -274,4 +291,53 @@ fn sweep_rows(base: &RunRow, header: Option<&SweepHeader>, runs: &[SweepRun]) ->
             row
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::SweepConfig;
+
+    /// A `--strategies` configuration that never ran (out of memory at a smaller batch) keeps
+    /// its strategy and recompute in its row, and a run name of its own.
+    #[test]
+    fn a_strategy_run_without_a_log_keeps_its_strategy() {
+        let base = RunRow {
+            meta: [("run".to_string(), "sweep".to_string())].into(),
+            metrics: Default::default(),
+        };
+        let config = |zero, recompute| SweepConfig {
+            model: "gpt2-xl".into(),
+            dtype: "bf16".into(),
+            batch_size: 16,
+            seq_len: None,
+            engine: "candle".into(),
+            new_tokens: None,
+            zero: Some(zero),
+            recompute: Some(recompute),
+        };
+        let run = |c: SweepConfig| SweepRun {
+            config: c,
+            repeat: 0,
+            status: "oom".into(),
+            error: Some("not run: batch 8 of this configuration ran out of memory".into()),
+            exit_code: None,
+            wall_seconds: 0.,
+            logs: vec![],
+            samples_per_second: None,
+            latency_ms_p50: None,
+        };
+        let rows = sweep_rows(&base, None, &[run(config(0, false)), run(config(3, true))]);
+        let meta = |i: usize, k: &str| rows[i].meta[k].clone();
+        assert_eq!(
+            (meta(0, "strategy"), meta(0, "recompute")),
+            ("dp".into(), "off".into())
+        );
+        assert_eq!(
+            (meta(1, "strategy"), meta(1, "recompute")),
+            ("zero3".into(), "blocks".into())
+        );
+        assert_ne!(meta(0, "run"), meta(1, "run"));
+        assert_eq!(meta(1, "status"), "oom");
+    }
 }

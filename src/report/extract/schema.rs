@@ -32,6 +32,7 @@ pub const META: &[&str] = &[
     "backward",
     "recompute",
     "strategy",
+    "dp_reduce",
     "fused",
     "mode",
     "gen_source",

@@ -4,7 +4,7 @@
 pub mod data;
 
 use super::skeleton::{
-    base_header, candle_device, choose_config, engine_runs, final_memory, finish_log,
+    base_header, candle_device, choose_config, cold_share, engine_runs, final_memory, finish_log,
     first_of_each_shape, gpu_index, open_log, shows_progress, start_hf, warmup_batches, GpuWatch,
     Padding, PROBE_SHAPES,
 };
@@ -177,7 +177,7 @@ fn run_engine(
     let batches = Batches::of(spec, &requests, started.engine.max_positions());
     let probe = batches.probe();
     choose_config(spec, kind, probe.len(), || {
-        started.engine.choose_config(&probe)?;
+        started.engine.choose_config(&probe, batches.cold_share())?;
         Ok(started.engine.info())
     })?;
     let mut header = header(spec, &started, weights, &tokenizer, requests.len());
@@ -209,6 +209,8 @@ struct Scored {
     totals: BatchTotals,
     model_flops: f64,
     gpu: super::skeleton::GpuFigures,
+    /// The engine's compilations inside the timed batches (compiled HF).
+    compiles: Option<u64>,
     failure: Option<Error>,
 }
 
@@ -237,7 +239,15 @@ impl<'a> Batches<'a> {
         Self { list, warmup }
     }
 
-    /// The first batch of each of the first padded lengths: what `--hf-attn best` times.
+    /// The share of the timed batches (all of them) that are the first of a padded length
+    /// the warm-up did not meet.
+    fn cold_share(&self) -> f64 {
+        let lens: Vec<usize> = self.list.iter().map(|b| b.1).collect();
+        let warm: Vec<usize> = self.warmup.iter().map(|&i| lens[i]).collect();
+        cold_share(&lens, &warm)
+    }
+
+    /// The first batch of each of the first padded lengths: what HF's probe times.
     fn probe(&self) -> Vec<(&'a [Request], usize)> {
         let lens: Vec<usize> = self.list.iter().map(|b| b.1).collect();
         first_of_each_shape(&lens, PROBE_SHAPES)
@@ -266,6 +276,7 @@ fn score_all(
         .find_map(|(batch, padded)| engine.score(batch, padded).err());
     // NVML trackers over the timed loop only (warm-up excluded, as for latency).
     let watch = GpuWatch::start(spec.device, header.gpu_index, engine.pid());
+    let compiled_before = engine.compiles();
     let shape = ModelShape::of(&spec.model);
     let (mut totals, mut model_flops) = (BatchTotals::default(), 0.);
     let n_passages = batches.list.iter().map(|b| b.0.len()).sum::<usize>();
@@ -294,6 +305,7 @@ fn score_all(
         totals,
         model_flops,
         gpu: GpuWatch::stop(watch),
+        compiles: engine.compiles().zip(compiled_before).map(|(a, b)| a - b),
         failure,
     })
 }
@@ -347,6 +359,7 @@ fn finish(
         achieved_tflop_per_second: achieved,
         peak_tflop_per_second: peak,
         mfu,
+        compiles_timed: scored.compiles,
         ..summary
     })
 }
