@@ -10,7 +10,7 @@
 #               $GEN_LIMIT (320) passages); the generation suite, prompt 128 + 128, batch 1 and 16
 #   dp          gpt2 bf16 8 x 1024 a rank on WikiText-2, $DP_STEPS (50) timed steps: dp 1 and
 #               dp 2, dropout off and on, then dp 2 with each flag set of $DP_VARIANTS
-#               (";"-separated, e.g. "--dp-reduce bf16;--dp-overlap")
+#               (";"-separated, e.g. "--dp-overlap")
 #   strategies  bf16 on Tiny Shakespeare, --dp 2, a sweep for each of $STRAT_RUNS (";"-separated
 #               "MODEL ENGINE STRATEGIES RECOMPUTE BATCHES"; default "gpt2-xl candle
 #               dp,zero1,zero2,zero3 off,on 4,8,16,32,64": batch doubled until out of memory, a

@@ -381,10 +381,6 @@ pub struct GenPassage {
     pub generated: Vec<u32>,
 }
 
-fn f32_name() -> String {
-    "f32".into()
-}
-
 /// A data-parallel run's group and batch rules, as rank 0 (the one that logs) saw it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct DpInfo {
@@ -394,10 +390,6 @@ pub struct DpInfo {
     /// `--dp-overlap`: each block's gradients all-reduced under the rest of the backward.
     #[serde(default)]
     pub overlap: bool,
-    /// `--dp-reduce`: the dtype gradients cross the ranks in, `f32` or `bf16` (older logs:
-    /// f32).
-    #[serde(default = "f32_name")]
-    pub grad_reduce: String,
     /// The all-reduce: `nccl X.Y.Z` or `tcp`.
     pub backend: String,
     pub launcher: String,

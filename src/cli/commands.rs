@@ -118,18 +118,8 @@ fn run_parallel(
                 tp: Some(ctx),
                 ..spec
             },
-            Parallel::Data {
-                zero,
-                overlap,
-                grad_reduce,
-                ..
-            } => RunSpec {
-                dp: Some(DpRun {
-                    ctx,
-                    zero,
-                    overlap,
-                    grad_reduce,
-                }),
+            Parallel::Data { zero, overlap, .. } => RunSpec {
+                dp: Some(DpRun { ctx, zero, overlap }),
                 ..spec
             },
         })

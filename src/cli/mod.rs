@@ -7,7 +7,6 @@ pub mod plan;
 use crate::device::{DeviceSpec, Precision};
 use crate::engines::hf::{HfAttn, HfCompile};
 use crate::engines::EngineKind;
-use crate::train::GradReduce;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -409,13 +408,6 @@ pub struct RunArgs {
     /// it measured slower (NCCL's blocks take SMs the backward's kernels need; results/README.md).
     #[arg(long)]
     pub dp_overlap: bool,
-
-    /// With --dp (ZeRO 0 or 1): the dtype the gradients cross the ranks in. f32, or bf16: half
-    /// the bytes, as torch DDP's bf16_compress_hook and llm.c (each rank's gradient rounded to
-    /// bf16 before the sum, the sum widened back to f32 for the update; the loss is summed in
-    /// f32). The log's dp.grad_reduce says which.
-    #[arg(long, value_enum, default_value_t = GradReduce::F32, value_name = "DTYPE")]
-    pub dp_reduce: GradReduce,
 
     /// With --dp N (N >= 2), a training suite: lay data-parallel strategies side by side, each
     /// a configuration of a sweep (a child process launching its N ranks; OOM recorded), with

@@ -19,7 +19,6 @@ use crate::scenarios::wikitext2::data::{Splits, WIKITEXT2_RAW};
 use crate::scenarios::{
     GenerateOptions, GenerateSource, HfParallel, RunSpec, TrainOptions, Workload,
 };
-use crate::train::GradReduce;
 use clap::ValueEnum;
 use std::path::PathBuf;
 
@@ -800,9 +799,9 @@ fn hf_parallel(args: &RunArgs, config: &RunConfig, size: usize) -> Result<HfPara
             "--engine hf runs --zero 0 (DDP), 2 (FSDP SHARD_GRAD_OP) and 3 (FSDP FULL_SHARD); ZeRO-1 has no FSDP strategy".into(),
         ));
     }
-    if compile_on(args) || args.dp_overlap || args.dp_reduce != GradReduce::F32 {
+    if compile_on(args) || args.dp_overlap {
         return Err(Error::Config(
-            "--engine hf --dp runs DDP / FSDP eager in f32: drop --hf-compile, --dp-overlap and --dp-reduce".into(),
+            "--engine hf --dp runs DDP / FSDP eager: drop --hf-compile and --dp-overlap".into(),
         ));
     }
     Ok(HfParallel {
@@ -820,8 +819,6 @@ pub enum Parallel {
         zero: crate::train::ZeroStage,
         /// `--dp-overlap`.
         overlap: bool,
-        /// `--dp-reduce`.
-        grad_reduce: GradReduce,
     },
 }
 
@@ -847,10 +844,8 @@ pub fn parallel(args: &RunArgs, plan: &Plan) -> Result<Option<Parallel>> {
     let zero = plan.configs[0].zero.unwrap_or(args.zero);
     let par = match (args.tp, args.dp) {
         (1, 1) if zero != 0 => return Err(Error::Config("--zero is for --dp runs".into())),
-        (1, 1) if args.dp_overlap || args.dp_reduce != GradReduce::F32 => {
-            return Err(Error::Config(
-                "--dp-overlap and --dp-reduce are for --dp runs".into(),
-            ))
+        (1, 1) if args.dp_overlap => {
+            return Err(Error::Config("--dp-overlap is for --dp runs".into()))
         }
         (1, 1) => return Ok(None),
         (tp, 1) => Parallel::Tensor(tp),
@@ -858,7 +853,6 @@ pub fn parallel(args: &RunArgs, plan: &Plan) -> Result<Option<Parallel>> {
             size: dp,
             zero: crate::train::ZeroStage::from_level(zero).expect("clap keeps --zero in 0..=3"),
             overlap: args.dp_overlap,
-            grad_reduce: args.dp_reduce,
         },
         _ => {
             return Err(Error::Config(
@@ -899,11 +893,6 @@ pub fn parallel(args: &RunArgs, plan: &Plan) -> Result<Option<Parallel>> {
     if zero >= 2 && args.dp_overlap {
         return Err(Error::Config(
             "--zero 2 and 3 reduce-scatter each block's gradients as the backward makes them: drop --dp-overlap".into(),
-        ));
-    }
-    if zero >= 2 && args.dp_reduce != GradReduce::F32 {
-        return Err(Error::Config(
-            "--zero 2 and 3 reduce-scatter the gradients in f32: drop --dp-reduce".into(),
         ));
     }
     Ok(Some(par))

@@ -1210,7 +1210,6 @@ fn zero2_and_zero3_steps_match_the_plain_trainer_on_one_gpu() {
                 reduce: nccl.clone(),
                 zero,
                 overlap: false,
-                grad_reduce: crate::train::GradReduce::F32,
             })
             .unwrap();
         for step in 0..3 {

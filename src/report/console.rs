@@ -395,12 +395,11 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
     }
     if let Some(d) = &h.dp {
         out += &format!(
-            "  data parallel             {} ranks over {}, ZeRO-{}{}{}, global batch {} blocks; figures from rank 0\n",
+            "  data parallel             {} ranks over {}, ZeRO-{}{}, global batch {} blocks; figures from rank 0\n",
             d.size,
             d.backend,
             d.zero_stage,
             if d.overlap { ", all-reduce under the backward" } else { "" },
-            if d.grad_reduce == "f32" { "" } else { ", gradients summed in bf16" },
             d.global_batch_size
         );
     }

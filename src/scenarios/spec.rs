@@ -144,8 +144,6 @@ pub struct DpRun {
     pub zero: crate::train::ZeroStage,
     /// `--dp-overlap`: the gradients' all-reduce started block by block under the backward.
     pub overlap: bool,
-    /// `--dp-reduce`: the dtype the gradients are summed in.
-    pub grad_reduce: crate::train::GradReduce,
 }
 
 impl RunSpec {

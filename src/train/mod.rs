@@ -26,5 +26,5 @@ pub mod zero;
 
 pub use crate::record::Hyper;
 pub use optim::{clip_coefficient, global_grad_norm, AdamW, Clip, GradScaler, LinearSchedule};
-pub use trainer::{lm_loss, Backward, DataParallel, GradReduce, StepOutcome, Trainer};
+pub use trainer::{lm_loss, Backward, DataParallel, StepOutcome, Trainer};
 pub use zero::ZeroStage;

@@ -181,50 +181,23 @@ pub struct StepOutcome {
 /// tensor (torch DDP's default bucket is 25 MiB; ours holds 32 Mi fp32 values, 128 MiB).
 const BUCKET: usize = 1 << 25;
 
-/// `tensors` as flat tensors of `dtype`, ready to be concatenated into one bucket.
-fn flat(tensors: &[Tensor], dtype: DType) -> Result<Vec<Tensor>> {
-    let flat = tensors.iter().map(|t| t.to_dtype(dtype)?.flatten_all());
+/// `tensors` as flat f32 tensors, ready to be concatenated into one bucket.
+fn flat_f32(tensors: &[Tensor]) -> Result<Vec<Tensor>> {
+    let flat = tensors
+        .iter()
+        .map(|t| t.to_dtype(DType::F32)?.flatten_all());
     flat.collect()
 }
 
-/// Each of `tensors`' shape over its run of `sum`, the bucket they were concatenated into, in
-/// f32 (a bf16 sum is widened back, as DDP's compression hook does).
+/// Each of `tensors`' shape over its run of `sum`, the bucket they were concatenated into.
 fn views(sum: &Tensor, tensors: &[Tensor]) -> Result<Vec<Tensor>> {
     let mut offset = 0;
     let views = tensors.iter().map(|t| {
         let k = t.elem_count();
         offset += k;
-        sum.narrow(0, offset - k, k)?
-            .reshape(t.shape())?
-            .to_dtype(DType::F32)
+        sum.narrow(0, offset - k, k)?.reshape(t.shape())
     });
     views.collect()
-}
-
-/// The dtype gradients cross the ranks in (`--dp-reduce`): f32, or bf16, half the bytes, as
-/// torch DDP's `bf16_compress_hook` and llm.c send them (each rank's gradient rounded to
-/// bf16, the sum widened back to f32 before the update).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum GradReduce {
-    #[default]
-    F32,
-    Bf16,
-}
-
-impl GradReduce {
-    pub fn dtype(self) -> DType {
-        match self {
-            Self::F32 => DType::F32,
-            Self::Bf16 => DType::BF16,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::F32 => "f32",
-            Self::Bf16 => "bf16",
-        }
-    }
 }
 
 /// This rank of a data-parallel group.
@@ -236,16 +209,13 @@ pub struct DataParallel {
     pub zero: ZeroStage,
     /// Start each block's all-reduce in the manual backward (`--dp-overlap`).
     pub overlap: bool,
-    /// The dtype the gradients are summed in (`--dp-reduce`).
-    pub grad_reduce: GradReduce,
 }
 
 impl DataParallel {
-    /// Starts summing `tensors` over the ranks as one bucket in `dtype` (one buffer, one
-    /// collective): what it returns holds the sums, in f32, once [`DataParallel::wait`] is
-    /// called.
-    fn start(&self, tensors: Vec<Tensor>, dtype: DType) -> Result<Vec<Tensor>> {
-        let flat = flat(&tensors, dtype)?;
+    /// Starts summing `tensors` over the ranks as one bucket, in f32 (one buffer, one
+    /// collective): what it returns holds the sums once [`DataParallel::wait`] is called.
+    fn start(&self, tensors: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        let flat = flat_f32(&tensors)?;
         // A buffer of its own (cat returns a lone tensor as it is): NCCL sums over it in place.
         let buffer = match flat.len() {
             1 => flat[0].copy()?,
@@ -259,29 +229,10 @@ impl DataParallel {
         self.reduce.wait_sums()
     }
 
-    /// The step's gradients and its loss summed over the ranks: one bucketed all-reduce, the
-    /// loss riding along in f32; with `--dp-reduce bf16` the gradients in bf16 and the loss in
-    /// a sum of its own (its digits are logged).
-    fn sum_gradients(&self, grads: &mut Vec<Tensor>, loss: Tensor) -> Result<Tensor> {
-        let mut loss = vec![loss];
-        match self.grad_reduce {
-            GradReduce::F32 => {
-                grads.append(&mut loss);
-                self.all_reduce(grads, DType::F32)?;
-                Ok(grads.pop().expect("the loss"))
-            }
-            GradReduce::Bf16 => {
-                self.all_reduce(grads, DType::BF16)?;
-                self.all_reduce(&mut loss, DType::F32)?;
-                Ok(loss.remove(0))
-            }
-        }
-    }
-
-    /// Sums `tensors` over the ranks in `dtype` (the sums in f32), in buckets, on the device's
-    /// stream (NCCL on a stream of its own, as [`DataParallel::start`] runs it, measured 5–7 %
-    /// slower at dp 2 on 2× H200 when it does not overlap anything: results/h200/overlap-run3).
-    fn all_reduce(&self, tensors: &mut [Tensor], dtype: DType) -> Result<()> {
+    /// Sums `tensors` (f32) over the ranks, in buckets, on the device's stream (NCCL on a
+    /// stream of its own, as [`DataParallel::start`] runs it, measured 5–7 % slower at dp 2
+    /// on 2× H200 when it does not overlap anything: results/h200/overlap-run3).
+    fn all_reduce(&self, tensors: &mut [Tensor]) -> Result<()> {
         let mut start = 0;
         while start < tensors.len() {
             let mut end = start;
@@ -293,7 +244,7 @@ impl DataParallel {
             let bucket = &mut tensors[start..end];
             let sum = self
                 .reduce
-                .all_reduce_sum(&Tensor::cat(&flat(bucket, dtype)?, 0)?)?;
+                .all_reduce_sum(&Tensor::cat(&flat_f32(bucket)?, 0)?)?;
             let sums = views(&sum, bucket)?;
             bucket.clone_from_slice(&sums);
             start = end;
@@ -562,7 +513,7 @@ impl Trainer {
                 false => v.zeros_like(),
             })
             .collect::<Result<Vec<_>>>()?;
-        dp.all_reduce(&mut shared, DType::F32)?;
+        dp.all_reduce(&mut shared)?;
         for (v, p) in self.vars.iter().zip(shared) {
             v.set(&p)?;
         }
@@ -614,8 +565,12 @@ impl Trainer {
             // With the sums started in the backward, what is timed is the wait left after it.
             let clock = CommClock::start(&self.device)?;
             match overlap {
-                true => loss_sum = dp.start(vec![loss_sum], DType::F32)?.remove(0),
-                false => loss_sum = dp.sum_gradients(&mut grads, loss_sum)?,
+                true => loss_sum = dp.start(vec![loss_sum])?.remove(0),
+                false => {
+                    grads.push(loss_sum);
+                    dp.all_reduce(&mut grads)?;
+                    loss_sum = grads.pop().expect("the loss");
+                }
             }
             dp.wait()?;
             comm.push(clock.stop(&self.device)?);
@@ -927,10 +882,7 @@ impl Trainer {
         let (loss, forward) = step.forward(ids)?;
         clock.lap(|p| &mut p.forward)?;
         let grads = match overlap {
-            Some(dp) => {
-                let dtype = dp.grad_reduce.dtype();
-                step.backward_with(forward, loss_scale, &mut |_, g| dp.start(g, dtype))?
-            }
+            Some(dp) => step.backward_with(forward, loss_scale, &mut |_, g| dp.start(g))?,
             None => step.backward(forward, loss_scale)?,
         };
         clock.lap(|p| &mut p.backward)?;
@@ -1046,12 +998,11 @@ mod tests {
             reduce: Arc::new(DoubleInPlace),
             zero: ZeroStage::Optimizer,
             overlap: false,
-            grad_reduce: GradReduce::F32,
         };
         let big = Var::from_tensor(&Tensor::ones(BUCKET + 1, DType::F32, &Device::Cpu)?)?;
         let small = Tensor::arange(0f32, 6., &Device::Cpu)?.reshape((2, 3))?;
         let mut shared = vec![big.as_detached_tensor(), small.clone()];
-        dp.all_reduce(&mut shared, DType::F32)?;
+        dp.all_reduce(&mut shared)?;
         big.set(&shared[0])?;
         assert_eq!(big.max_all()?.to_scalar::<f32>()?, 2.);
         assert_eq!(shared[1].to_vec2::<f32>()?, [[0., 2., 4.], [6., 8., 10.]]);
@@ -1060,8 +1011,8 @@ mod tests {
             small.to_dtype(DType::BF16)?,
             Tensor::ones(3, DType::F32, &Device::Cpu)?,
         ];
-        let sums = dp.start(bf16, DType::F32)?;
-        let lone = dp.start(vec![big.as_detached_tensor()], DType::F32)?;
+        let sums = dp.start(bf16)?;
+        let lone = dp.start(vec![big.as_detached_tensor()])?;
         dp.wait()?;
         assert_eq!(lone[0].max_all()?.to_scalar::<f32>()?, 4.);
         let kept = big.max_all()?.to_scalar::<f32>()?;

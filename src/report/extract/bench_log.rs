@@ -129,9 +129,6 @@ fn header_columns(row: &mut RunRow, h: &Header) {
         (None, Some(_)) => m_insert(row, "strategy", "single"),
         _ => {}
     }
-    if let Some(d) = &h.dp {
-        m_insert(row, "dp_reduce", &d.grad_reduce);
-    }
     // Generation runs: what was generated from (lambada / text); the summary holds the rates.
     if let Some(g) = &h.generation {
         m_insert(row, "mode", "generate");

@@ -32,7 +32,6 @@ pub const META: &[&str] = &[
     "backward",
     "recompute",
     "strategy",
-    "dp_reduce",
     "fused",
     "mode",
     "gen_source",

@@ -204,7 +204,6 @@ fn start(
             .expect("a group has an all-reduce"),
         zero: d.zero,
         overlap: d.overlap,
-        grad_reduce: d.grad_reduce,
     });
     let setup = TrainSetup {
         model: &spec.model,
@@ -295,7 +294,6 @@ fn dp_info(spec: &RunSpec, opts: &TrainOptions, d: &DpRun) -> DpInfo {
         size: n,
         zero_stage: d.zero.level(),
         overlap: d.overlap,
-        grad_reduce: d.grad_reduce.as_str().into(),
         backend: d.ctx.backend.clone(),
         launcher: format!("{:?}", d.ctx.world.launcher),
         ranks: d.ctx.peers.clone(),
@@ -316,7 +314,6 @@ fn hf_dp_info(spec: &RunSpec, opts: &TrainOptions, p: HfParallel) -> DpInfo {
         size: n,
         zero_stage: p.zero.level(),
         overlap: false,
-        grad_reduce: "f32".into(),
         backend: format!("torch.distributed ({})", p.strategy()),
         launcher: "torchrun".into(),
         ranks: vec![],
