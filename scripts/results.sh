@@ -92,6 +92,17 @@ table train-2026-11-22 -i "$R/h100/train-2026-11-22/wikitext2_*.jsonl.gz" --sort
 table train-2026-11-21 -i "$R/h100/train/wikitext2_*.jsonl.gz" --sort dtype,engine --columns "$TRAIN_COLS"
 table h100-lambada -i "$R/h100/*.jsonl.gz" --where suite=lambada --sort model,dtype \
   --columns "model,dtype,batch_size=batch,n_samples=passages,samples_per_second:.1=samples/s,tokens_per_second:.0=tokens/s,latency_ms_p50:.2=p50 ms,latency_ms_p99:.2=p99 ms,peak_memory_bytes:GiB.2=peak GPU GiB,peak_host_memory_bytes:GiB.2=peak host GiB,load_seconds:.2=load s,accuracy:.4=acc,perplexity:e3=ppl,gpu=GPU,driver,git_commit=commit,run=log"
+# 2x H100 (#34, #40): tensor and data parallelism, strategies, HF's probe.
+H=$R/h100x2
+table tp-h100x2 -i "$H/multi-run1/score-*.jsonl.gz" --table tp-scaling
+table tp-agreement-h100x2 -i "$H/multi-run1/score-*.jsonl.gz" --table tp-agreement
+table dp-h100x2 -i "$H/multi-run2/dp*.jsonl.gz" "$H/multi-run3/dp*.jsonl.gz" --table dp-report
+STRAT_DIRS=("$H/multi-run2/strategies-gpt2-xl-candle" "$H/multi-run3/strategies-gpt2-xl-hf-dp"
+  "$H/multi-run3/strategies-gpt2-xl-hf-zero3-rc" "$H/multi-run4/strategies-gpt2-candle")
+table strategies-h100x2 -i "${STRAT_DIRS[@]}" --where suite=shakespeare --sort model,engine,zero,recompute,batch_size \
+  --columns "model,engine,strategy,recompute,batch_size=batch,train_samples_per_second:.1=samples/s,tokens_per_second:.0=tokens/s,peak_memory_bytes:GiB.1=peak GiB,status,git_commit=commit"
+table hf-probe-h100x2 -i "$H/hf-probe-run1/*.jsonl.gz" "$H/hf-probe-run2/*.jsonl.gz" --sort git_commit,batch_size,engine,attn_requested \
+  --columns "git_commit=commit,batch_size=batch,engine,attn,attn_requested,hf_compile,decode_tokens_per_second:.1=decode tokens/s,itl_ms_p50:.3=ITL p50 ms,compiles_timed,run=log"
 echo "wrote the tables of $R/README.md (git diff $R/README.md shows what changed)"
 
 # Generation (#20): every H100 generation log into one CSV; decode tokens/s of the suite's runs.
@@ -99,3 +110,18 @@ $X -i "$R/h100/generate-run*/gen-logs/*.jsonl.gz" -o $R/h100_generate.csv
 $P -i $R/h100_generate.csv -o $R/h100_generate_decode_tokens.png --metric decode_tokens_per_second \
    --x batch_size --where gen_source=text --bf16 \
    --title "Generation suite, prompt 128 + 128 new tokens, H100 bf16: decode tokens/s"
+
+# 2x H100 (#34, #40): CSVs and charts.
+$X -i "$H/multi-run1/*.jsonl.gz" -o $R/h100x2_tp.csv --columns run,engine,model,dtype,mode,gen_source,batch_size,tp,samples_per_second,tokens_per_second,itl_ms_p50,ttft_ms_p50,peak_memory_bytes,accuracy,status,gpu,git_commit
+$X -i "$H/multi-run1/score-*.jsonl.gz" -o "$T/tp-score.csv"
+$P -i "$T/tp-score.csv" -o $R/h100x2_tp_bloom-7b1.png --metric samples_per_second --x tp \
+   --title "bloom-7b1 bf16 LAMBADA scoring on 2x H100 (bs16: all 5153; bs1: first 500): samples/s by --tp"
+$X -i "$H/multi-run2/*.jsonl.gz" "$H/multi-run3/*.jsonl.gz" -o $R/h100x2_dp.csv \
+   --columns run,model,dtype,batch_size,dp,zero,tokens_per_second,train_samples_per_second,comm_share,step_latency_ms_p50,peak_memory_bytes,status,gpu,git_commit,time_utc
+$X -i "${STRAT_DIRS[@]}" --where suite=shakespeare -o $R/h100x2_strategies.csv \
+   --columns model,engine,strategy,zero,recompute,batch_size,train_samples_per_second,tokens_per_second,peak_memory_bytes,peak_memory_share,status,gpu,git_commit
+$P -i $R/h100x2_strategies.csv -o $R/h100x2_strategies_gpt2-xl.png --metric tokens_per_second --x batch_size \
+   --model gpt2-xl --title "gpt2-xl bf16, Tiny Shakespeare, --dp 2 on 2x H100: tokens/s by batch (OOM: no point)"
+$X -i "$H/hf-probe-run1/*.jsonl.gz" "$H/hf-probe-run2/*.jsonl.gz" -o $R/h100x2_hf_probe.csv \
+   --columns run,engine,attn,attn_requested,hf_compile,batch_size,decode_tokens_per_second,itl_ms_p50,ttft_ms_p50,compiles_timed,peak_memory_bytes,gpu,git_commit,time_utc
+echo "wrote $R/h100x2_*.csv and $R/h100x2_*.png"
