@@ -1016,34 +1016,39 @@ fn bad_sweep_and_training_inputs_are_one_line_errors() {
     assert!(e.contains("--backward picks how the candle engine"), "{e}");
 }
 
+/// The stand-in HF worker on the gpt2 fixture with `extra` flags and `env`, logging into `dir`:
+/// the log's records and the console.
+fn fake_hf_run(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> (Vec<Record>, String) {
+    let worker = fake_worker();
+    let model = fixture("gpt2-fixture");
+    let args = [
+        &[
+            "--engine",
+            "hf",
+            "--hf-worker",
+            &worker,
+            "--model-dir",
+            model.to_str().unwrap(),
+            "--log-dir",
+            dir.to_str().unwrap(),
+        ][..],
+        extra,
+    ]
+    .concat();
+    let o = bench_env(&args, env);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    let log = log_paths(&stdout).pop().unwrap();
+    (read_log(&log).unwrap(), stdout)
+}
+
 #[test]
 fn hf_best_probes_attention_and_compile_and_a_named_configuration_is_not_timed() {
     let dir = tempfile::tempdir().unwrap();
-    let worker = fake_worker();
-    let model = fixture("gpt2-fixture");
     let header_of = |extra: &[&str], env: &[(&str, &str)]| {
-        let args = [
-            &[
-                "--engine",
-                "hf",
-                "--hf-worker",
-                &worker,
-                "--model-dir",
-                model.to_str().unwrap(),
-                "--log-dir",
-                dir.path().to_str().unwrap(),
-                "--limit",
-                "8",
-            ][..],
-            extra,
-        ]
-        .concat();
-        let o = bench_env(&args, env);
-        assert!(o.status.success(), "{}", stderr(&o));
-        let log = log_paths(&String::from_utf8(o.stdout).unwrap())
-            .pop()
-            .unwrap();
-        let Record::Header(h) = read_log(&log).unwrap().remove(0) else {
+        let args = [&["--limit", "8"][..], extra].concat();
+        let (mut records, _) = fake_hf_run(dir.path(), &args, env);
+        let Record::Header(h) = records.remove(0) else {
             panic!("header")
         };
         h.engine_info
@@ -1083,31 +1088,10 @@ fn hf_best_probes_attention_and_compile_and_a_named_configuration_is_not_timed()
 #[test]
 fn compilations_inside_the_timed_batches_are_counted_and_said() {
     let dir = tempfile::tempdir().unwrap();
-    let worker = fake_worker();
-    let model = fixture("gpt2-fixture");
     let run = |extra: &[&str]| {
-        let args = [
-            &[
-                "--engine",
-                "hf",
-                "--hf-worker",
-                &worker,
-                "--model-dir",
-                model.to_str().unwrap(),
-                "--log-dir",
-                dir.path().to_str().unwrap(),
-                "--hf-config",
-                "sdpa+compile",
-            ][..],
-            extra,
-        ]
-        .concat();
-        let o = bench_env(&args, &[]);
-        assert!(o.status.success(), "{}", stderr(&o));
-        let stdout = String::from_utf8(o.stdout).unwrap();
-        let log = log_paths(&stdout).pop().unwrap();
-        let summary = read_log(&log)
-            .unwrap()
+        let args = [&["--hf-config", "sdpa+compile"][..], extra].concat();
+        let (records, stdout) = fake_hf_run(dir.path(), &args, &[]);
+        let summary = records
             .into_iter()
             .find_map(|r| match r {
                 Record::Summary(s) => Some(s),
