@@ -148,6 +148,74 @@ fn unknown_files_fail_with_the_format_list_or_are_skipped() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--group-by: no column 'nope'"));
 }
 
+/// `extract-metrics -i results` on a folder as results/ keeps them: gzipped logs, notes and
+/// console output (skipped, counted), and .tgz archives of logs (read as files, named
+/// `ARCHIVE!MEMBER`), with the rows a plain log gives.
+#[test]
+fn a_results_folder_reads_its_logs_archives_included_and_skips_its_notes() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let gz = |bytes: &[u8]| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(bytes).unwrap();
+        e.finish().unwrap()
+    };
+    let bench = logs("bench");
+    let plain = std::fs::read(bench.join("killed_mid_run.jsonl")).unwrap();
+    let archived_name = "wikitext2_gpt2_candle_bf16_bs8_cuda0_20261122T010350Z.jsonl";
+    let archived = std::fs::read(bench.join(archived_name)).unwrap();
+    std::fs::write(dir.path().join("killed_mid_run.jsonl.gz"), gz(&plain)).unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "what this call measured\n").unwrap();
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut add = |name: &str, bytes: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(bytes.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        tar.append_data(&mut h, name, bytes).unwrap();
+    };
+    add(&format!("logs/{archived_name}.gz"), &gz(&archived));
+    add("logs/console.txt", b"--- a run\nexit 0\n");
+    std::fs::write(dir.path().join("logs.tgz"), gz(&tar.into_inner().unwrap())).unwrap();
+
+    let o = extract(&["-i", dir.path().to_str().unwrap()]);
+    let csv = String::from_utf8_lossy(ok_stdout(&o)).into_owned();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("skipped 2 file(s) in no known format"),
+        "{err}"
+    );
+    let files: Vec<&str> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(1).unwrap())
+        .collect();
+    assert_eq!(files.len(), 2, "{csv}");
+    assert!(
+        files
+            .iter()
+            .any(|f| f.ends_with(&format!("logs.tgz!logs/{archived_name}.gz"))),
+        "{files:?}"
+    );
+    // The archived log's row is the plain log's, but for the file it came from.
+    let direct = extract(&["-i", bench.join(archived_name).to_str().unwrap()]);
+    let direct = String::from_utf8_lossy(ok_stdout(&direct)).into_owned();
+    let cells = |table: &str, pick: &dyn Fn(&str) -> bool| {
+        let mut lines = table.lines();
+        let header: Vec<String> = lines.next().unwrap().split(',').map(String::from).collect();
+        let row = lines.find(|l| pick(l)).unwrap();
+        header
+            .into_iter()
+            .zip(row.split(',').map(String::from))
+            .filter(|(k, _)| k != "file")
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let from_archive = cells(&csv, &|l| l.contains("logs.tgz!"));
+    for (k, v) in cells(&direct, &|_| true) {
+        assert_eq!(from_archive[&k], v, "{k}");
+    }
+}
+
 #[test]
 fn png_has_the_size_and_is_not_blank() {
     let dir = tempfile::tempdir().unwrap();

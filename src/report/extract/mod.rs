@@ -27,7 +27,7 @@ use crate::report::table::{self, Col, TableKind};
 use clap::Parser;
 use formats::{detect, parse, Format, FORMAT_NAMES};
 pub use frame::{grouped_frame, long_frame, to_csv, wide_frame};
-pub use inputs::collect_inputs;
+pub use inputs::{collect_inputs, Input};
 use polars::prelude::DataFrame;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -79,51 +79,78 @@ pub struct Args {
     pub skip_unknown: bool,
 }
 
-/// Rows of every file. Unknown files are an error naming the formats, or skipped with
-/// `skip_unknown`; unrecognised lines inside known files are counted on stderr.
+/// Rows of every input; a `.tgz` archive's members are read as files (`ARCHIVE!MEMBER` in the
+/// `file` column). A file in no known format is an error naming the formats where it was named
+/// (or skipped with `skip_unknown`), and skipped where it was met walking a directory or inside
+/// an archive (counted on stderr); unrecognised lines inside known files are counted on stderr.
 pub fn extract(
-    files: &[PathBuf],
+    inputs: &[Input],
     format: Option<Format>,
     skip_unknown: bool,
 ) -> Result<Vec<RunRow>> {
     let mut rows = vec![];
-    for path in files {
-        let bytes = read_maybe_gz(path)?;
-        let text = String::from_utf8_lossy(&bytes);
-        // `run.jsonl.gz` is detected and named as `run.jsonl`.
-        let plain = path.with_extension("");
-        let named = if inputs::is_gz(path) {
-            plain.as_path()
-        } else {
-            path
-        };
-        let Some(fmt) = format.or_else(|| detect(named, &text)) else {
-            if skip_unknown {
-                eprintln!("{}: skipped (no known format)", path.display());
-                continue;
+    let mut unknown = 0;
+    for input in inputs {
+        let path = &input.path;
+        if inputs::is_archive(path) {
+            for (member, bytes) in inputs::archive_members(path)? {
+                let shown = format!("{}!{}", path.display(), member.display());
+                match read_one(&member, &shown, &bytes, format) {
+                    Some(found) => rows.extend(found),
+                    None => unknown += 1,
+                }
             }
-            return Err(Error::Config(format!(
-                "{}: not a log format extract-metrics knows ({FORMAT_NAMES}); use --format to force one or --skip-unknown",
-                path.display()
-            )));
-        };
-        let (mut found, skipped) = parse(fmt, named, &text);
-        for row in &mut found {
-            row.meta.insert("file".into(), path.display().to_string());
+            continue;
         }
-        if skipped > 0 {
-            eprintln!(
-                "{}: skipped {skipped} unrecognised line(s) ({})",
-                path.display(),
-                fmt.name()
-            );
+        let bytes = read_maybe_gz(path)?;
+        let shown = path.display().to_string();
+        match read_one(path, &shown, &bytes, format) {
+            Some(found) => rows.extend(found),
+            None if input.walked || skip_unknown => {
+                if skip_unknown {
+                    eprintln!("{shown}: skipped (no known format)");
+                }
+                unknown += 1;
+            }
+            None => {
+                return Err(Error::Config(format!(
+                    "{shown}: not a log format extract-metrics knows ({FORMAT_NAMES}); use --format to force one or --skip-unknown",
+                )))
+            }
         }
-        if found.is_empty() {
-            eprintln!("{}: no metrics found ({})", path.display(), fmt.name());
-        }
-        rows.extend(found);
+    }
+    if unknown > 0 {
+        eprintln!("skipped {unknown} file(s) in no known format (notes, profiles, console output)");
     }
     Ok(rows)
+}
+
+/// The rows of one file's `bytes` (`path` names it for detection, `shown` in the `file`
+/// column), or None when it is in no known format.
+fn read_one(path: &Path, shown: &str, bytes: &[u8], format: Option<Format>) -> Option<Vec<RunRow>> {
+    let text = String::from_utf8_lossy(bytes);
+    // `run.jsonl.gz` is detected and named as `run.jsonl`.
+    let plain = path.with_extension("");
+    let named = if inputs::is_gz(path) {
+        plain.as_path()
+    } else {
+        path
+    };
+    let fmt = format.or_else(|| detect(named, &text))?;
+    let (mut found, skipped) = parse(fmt, named, &text);
+    for row in &mut found {
+        row.meta.insert("file".into(), shown.to_string());
+    }
+    if skipped > 0 {
+        eprintln!(
+            "{shown}: skipped {skipped} unrecognised line(s) ({})",
+            fmt.name()
+        );
+    }
+    if found.is_empty() {
+        eprintln!("{shown}: no metrics found ({})", fmt.name());
+    }
+    Some(found)
 }
 
 /// The bench run logs among `files` whose row satisfies `wheres`: what `--table` reads.
@@ -233,7 +260,8 @@ pub fn run(args: Args) -> Result<()> {
     let files = collect_inputs(&args.inputs)?;
     let (csv_to, md_to) = sinks(&args)?;
     if let Some(kind) = args.table {
-        let text = table::report(kind, &bench_logs(&files, &wheres)?)?;
+        let paths: Vec<PathBuf> = files.iter().map(|f| f.path.clone()).collect();
+        let text = table::report(kind, &bench_logs(&paths, &wheres)?)?;
         return write_to(
             &md_to.or(csv_to).unwrap_or_default(),
             text.as_bytes(),
