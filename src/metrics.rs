@@ -76,11 +76,71 @@ pub fn per_second(count: f64, seconds: f64) -> f64 {
     count / seconds
 }
 
+/// Resamples of [`bootstrap_ci95`].
+const BOOTSTRAP_RESAMPLES: usize = 1000;
+
+/// A 95 % percentile-bootstrap interval of a statistic of `n` batches: `stat` of the batches at
+/// the indices it is given, over 1000 resamples of `n` indices drawn with replacement from a
+/// fixed seed (one log always gives one interval). None for fewer than 2 batches.
+pub fn bootstrap_ci95(n: usize, stat: impl Fn(&[usize]) -> f64) -> Option<(f64, f64)> {
+    use rand::{Rng, SeedableRng};
+    if n < 2 {
+        return None;
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let mut picks = vec![0; n];
+    let mut stats: Vec<f64> = (0..BOOTSTRAP_RESAMPLES)
+        .map(|_| {
+            picks.iter_mut().for_each(|p| *p = rng.random_range(0..n));
+            stat(&picks)
+        })
+        .collect();
+    stats.sort_by(f64::total_cmp);
+    Some((percentile(&stats, 2.5), percentile(&stats, 97.5)))
+}
+
+/// The 95 % intervals of a run's samples/s (Σ samples / Σ latency over the batches drawn) and
+/// of its batch latency p50, from each timed batch's (latency ms, samples).
+fn batch_intervals(latencies_ms: &[f64], samples: &[usize]) -> BatchIntervals {
+    let rate = bootstrap_ci95(latencies_ms.len(), |picks| {
+        let n: usize = picks.iter().map(|&i| samples[i]).sum();
+        let ms: f64 = picks.iter().map(|&i| latencies_ms[i]).sum();
+        per_second(n as f64, ms / 1e3)
+    });
+    let p50 = bootstrap_ci95(latencies_ms.len(), |picks| {
+        let mut lat: Vec<f64> = picks.iter().map(|&i| latencies_ms[i]).collect();
+        lat.sort_by(f64::total_cmp);
+        percentile(&lat, 50.)
+    });
+    BatchIntervals { rate, p50 }
+}
+
+/// See [`batch_intervals`].
+struct BatchIntervals {
+    rate: Option<(f64, f64)>,
+    p50: Option<(f64, f64)>,
+}
+
+impl BatchIntervals {
+    /// Sets the summary's interval fields.
+    fn apply(self, s: Summary) -> Summary {
+        Summary {
+            samples_per_second_ci95_low: self.rate.map(|r| r.0),
+            samples_per_second_ci95_high: self.rate.map(|r| r.1),
+            latency_ms_p50_ci95_low: self.p50.map(|r| r.0),
+            latency_ms_p50_ci95_high: self.p50.map(|r| r.1),
+            ..s
+        }
+    }
+}
+
 /// What the finished batches of a run add up to; the one place a [`Summary`] is computed,
 /// for a whole run and for a killed run's log completed later (see `crate::launch::sweep`).
 #[derive(Default)]
 pub struct BatchTotals {
     latencies_ms: Vec<f64>,
+    /// Passages of each batch.
+    samples: Vec<usize>,
     lls: Vec<f64>,
     greedy: Vec<bool>,
     n_tokens: usize,
@@ -89,6 +149,7 @@ pub struct BatchTotals {
 impl BatchTotals {
     pub fn add(&mut self, batch: &BatchRecord) {
         self.latencies_ms.push(batch.latency_ms);
+        self.samples.push(batch.passages.len());
         self.n_tokens += batch.n_tokens;
         self.lls.extend(batch.passages.iter().map(|p| p.ll));
         self.greedy.extend(batch.passages.iter().map(|p| p.greedy));
@@ -107,7 +168,8 @@ impl BatchTotals {
         let ms = |v: f64| if lat.count == 0 { f64::NAN } else { v };
         let n = self.lls.len();
         let status = failure.as_deref().map_or("ok", failure_status);
-        Summary {
+        let intervals = batch_intervals(&self.latencies_ms, &self.samples);
+        intervals.apply(Summary {
             status: status.into(),
             error: failure,
             n_samples: n,
@@ -158,7 +220,11 @@ impl BatchTotals {
             itl_ms_p99: None,
             kv_cache_bytes: None,
             compiles_timed: None,
-        }
+            samples_per_second_ci95_low: None,
+            samples_per_second_ci95_high: None,
+            latency_ms_p50_ci95_low: None,
+            latency_ms_p50_ci95_high: None,
+        })
     }
 }
 
@@ -170,6 +236,8 @@ impl BatchTotals {
 #[derive(Default)]
 pub struct GenTotals {
     latencies_ms: Vec<f64>,
+    /// Prompts of each call.
+    samples: Vec<usize>,
     n_samples: usize,
     n_generated: usize,
     decode_tokens: usize,
@@ -182,6 +250,7 @@ pub struct GenTotals {
 impl GenTotals {
     pub fn add(&mut self, b: &GenBatchRecord) {
         self.latencies_ms.push(b.latency_ms);
+        self.samples.push(b.n_samples);
         self.n_samples += b.n_samples;
         self.n_generated += b.n_samples * b.new_tokens;
         if let Some(ttft) = b.ttft_ms {
@@ -208,7 +277,8 @@ impl GenTotals {
         let some = |d: &Distribution, v: f64| (d.count > 0).then_some(v);
         let ms = |v: f64| if lat.count == 0 { f64::NAN } else { v };
         let generated = per_second(self.n_generated as f64, timed_seconds);
-        Summary {
+        let intervals = batch_intervals(&self.latencies_ms, &self.samples);
+        intervals.apply(Summary {
             n_samples: self.n_samples,
             n_batches: self.latencies_ms.len(),
             n_tokens: self.n_generated,
@@ -235,7 +305,7 @@ impl GenTotals {
             itl_ms_p99: some(&itl, itl.p99),
             kv_cache_bytes,
             ..BatchTotals::default().summary(failure, wall_seconds, mem)
-        }
+        })
     }
 }
 
@@ -387,6 +457,26 @@ mod tests {
         assert_eq!(d.mean, 5.);
         assert!((d.stdev - (32f64 / 7.).sqrt()).abs() < 1e-12);
         assert_eq!((d.min, d.max, d.count), (2., 9., 8));
+    }
+
+    /// The interval of a mean from one seed: the same twice, around the estimate, narrower
+    /// with more batches of the same spread, none from one batch.
+    #[test]
+    fn bootstrap_intervals_are_seeded_and_narrow_with_more_batches() {
+        fn mean(v: &[f64]) -> impl Fn(&[usize]) -> f64 + '_ {
+            move |picks| picks.iter().map(|&i| v[i]).sum::<f64>() / picks.len() as f64
+        }
+        let few: Vec<f64> = (0..10).map(|i| 10. + (i % 5) as f64).collect();
+        let many: Vec<f64> = (0..1000).map(|i| 10. + (i % 5) as f64).collect();
+        let (a, b) = bootstrap_ci95(few.len(), mean(&few)).unwrap();
+        assert_eq!(bootstrap_ci95(few.len(), mean(&few)), Some((a, b)));
+        assert!(a < 12. && 12. < b, "{a} {b}");
+        let (c, d) = bootstrap_ci95(many.len(), mean(&many)).unwrap();
+        assert!(
+            c < 12. && 12. < d && d - c < (b - a) / 5.,
+            "{c} {d} vs {a} {b}"
+        );
+        assert_eq!(bootstrap_ci95(1, mean(&few)), None);
     }
 
     #[test]

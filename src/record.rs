@@ -557,6 +557,18 @@ pub struct Summary {
     /// that compile nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compiles_timed: Option<u64>,
+    /// 95 % bootstrap interval of `samples_per_second`: the timed batches resampled with
+    /// replacement 1000 times (fixed seed), Σ samples / Σ latency of each resample
+    /// ([`crate::metrics::bootstrap_ci95`]); None for fewer than 2 batches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples_per_second_ci95_low: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples_per_second_ci95_high: Option<f64>,
+    /// The same interval of `latency_ms_p50`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms_p50_ci95_low: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms_p50_ci95_high: Option<f64>,
 }
 
 /// JSON has no NaN: serde_json writes it as `null` (a run that failed before its first

@@ -95,6 +95,30 @@ fn default_run_writes_header_batches_and_summary() {
     );
     assert!(s.samples_per_second > 0. && s.latency_ms_p50 > 0. && s.peak_memory_bytes > 0);
     assert!(s.perplexity.is_finite() && s.perplexity > 1.);
+    // The figures come with their 95 % bootstrap intervals, in the log and on the console.
+    let (lo, hi) = (
+        s.samples_per_second_ci95_low.unwrap(),
+        s.samples_per_second_ci95_high.unwrap(),
+    );
+    assert!(
+        lo <= s.samples_per_second && s.samples_per_second <= hi,
+        "{lo} {hi}"
+    );
+    let (lo, hi) = (
+        s.latency_ms_p50_ci95_low.unwrap(),
+        s.latency_ms_p50_ci95_high.unwrap(),
+    );
+    assert!(
+        lo <= s.latency_ms_p50 && s.latency_ms_p50 <= hi,
+        "{lo} {hi}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "(95% CI {:.2}–",
+            s.samples_per_second_ci95_low.unwrap()
+        )),
+        "{stdout}"
+    );
     // The header holds the `bench env` report; CPU runs have FLOPs but no GPU trackers or MFU.
     assert!(!h.host.libraries.is_empty() && h.host.build_features.contains(&"report".into()));
     let achieved = s.model_flops.unwrap() / s.timed_seconds / 1e12;

@@ -83,6 +83,14 @@ fn gpu_rows(s: &Summary) -> Vec<(&'static str, String)> {
 }
 
 /// The short table printed on stdout after a run.
+/// ` [low, high]` with `decimals`, a 95 % interval where the summary has one.
+fn ci95(low: Option<f64>, high: Option<f64>, decimals: usize) -> String {
+    match (low, high) {
+        (Some(l), Some(h)) => format!(" (95% CI {l:.decimals$}–{h:.decimals$})"),
+        _ => String::new(),
+    }
+}
+
 pub fn summary_table(h: &Header, s: &Summary, log_path: &Path) -> String {
     let mut t = String::new();
     t += &format!(
@@ -115,13 +123,25 @@ pub fn summary_table(h: &Header, s: &Summary, log_path: &Path) -> String {
         ("passages", format!("{}", s.n_samples)),
         ("accuracy", format!("{:.4}", s.accuracy)),
         ("perplexity", format!("{:.4}", s.perplexity)),
-        ("samples/s", format!("{:.2}", s.samples_per_second)),
+        (
+            "samples/s",
+            format!(
+                "{:.2}{}",
+                s.samples_per_second,
+                ci95(
+                    s.samples_per_second_ci95_low,
+                    s.samples_per_second_ci95_high,
+                    2
+                )
+            ),
+        ),
         ("tokens/s", format!("{:.1}", s.tokens_per_second)),
         (
             "batch latency ms",
             format!(
-                "p50 {:.3}  p90 {:.3}  p99 {:.3}  mean {:.3} ± {:.3}",
+                "p50 {:.3}{}  p90 {:.3}  p99 {:.3}  mean {:.3} ± {:.3}",
                 s.latency_ms_p50,
+                ci95(s.latency_ms_p50_ci95_low, s.latency_ms_p50_ci95_high, 3),
                 s.latency_ms_p90,
                 s.latency_ms_p99,
                 s.latency_ms_mean,
