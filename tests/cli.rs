@@ -96,21 +96,19 @@ fn default_run_writes_header_batches_and_summary() {
     assert!(s.samples_per_second > 0. && s.latency_ms_p50 > 0. && s.peak_memory_bytes > 0);
     assert!(s.perplexity.is_finite() && s.perplexity > 1.);
     // The figures come with their 95 % bootstrap intervals, in the log and on the console.
-    let (lo, hi) = (
-        s.samples_per_second_ci95_low.unwrap(),
-        s.samples_per_second_ci95_high.unwrap(),
+    let within = |v: f64, lo: Option<f64>, hi: Option<f64>| {
+        let (lo, hi) = (lo.unwrap(), hi.unwrap());
+        assert!(lo <= v && v <= hi, "{v} not in [{lo}, {hi}]");
+    };
+    within(
+        s.samples_per_second,
+        s.samples_per_second_ci95_low,
+        s.samples_per_second_ci95_high,
     );
-    assert!(
-        lo <= s.samples_per_second && s.samples_per_second <= hi,
-        "{lo} {hi}"
-    );
-    let (lo, hi) = (
-        s.latency_ms_p50_ci95_low.unwrap(),
-        s.latency_ms_p50_ci95_high.unwrap(),
-    );
-    assert!(
-        lo <= s.latency_ms_p50 && s.latency_ms_p50 <= hi,
-        "{lo} {hi}"
+    within(
+        s.latency_ms_p50,
+        s.latency_ms_p50_ci95_low,
+        s.latency_ms_p50_ci95_high,
     );
     assert!(
         stdout.contains(&format!(
