@@ -494,24 +494,10 @@ fn engine_both_writes_two_logs_and_compares_them() {
 #[test]
 fn worker_crash_keeps_finished_records_and_shows_its_stderr() {
     let dir = tempfile::tempdir().unwrap();
-    let worker = fake_worker();
-    let model = fixture("gpt2-fixture");
     // 2 warm-up batches + 1 timed batch succeed, then the worker dies.
-    let o = bench_env(
-        &[
-            "--engine",
-            "hf",
-            "--hf-worker",
-            &worker,
-            "--model-dir",
-            model.to_str().unwrap(),
-            "--log-dir",
-            dir.path().to_str().unwrap(),
-            "--batch-size",
-            "8",
-        ],
-        &[("FAKE_CRASH_AFTER", "3")],
-    );
+    let args = fake_hf_args(dir.path(), &["--batch-size", "8"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = bench_env(&args, &[("FAKE_CRASH_AFTER", "3")]);
     assert_eq!(o.status.code(), Some(2));
     let err = stderr(&o);
     assert!(
@@ -1038,26 +1024,23 @@ fn bad_sweep_and_training_inputs_are_one_line_errors() {
     assert!(e.contains("--backward picks how the candle engine"), "{e}");
 }
 
+/// `bench`'s arguments for the stand-in HF worker on the gpt2 fixture, logging into `dir`,
+/// then `extra`.
+fn fake_hf_args(dir: &Path, extra: &[&str]) -> Vec<String> {
+    let (worker, model) = (fake_worker(), fixture("gpt2-fixture"));
+    let base = ["--engine", "hf", "--hf-worker", &worker, "--model-dir"];
+    let mut args: Vec<String> = base.iter().map(|a| a.to_string()).collect();
+    args.push(model.to_str().unwrap().into());
+    args.extend(["--log-dir".into(), dir.to_str().unwrap().into()]);
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
 /// The stand-in HF worker on the gpt2 fixture with `extra` flags and `env`, logging into `dir`:
 /// the log's records and the console.
 fn fake_hf_run(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> (Vec<Record>, String) {
-    let worker = fake_worker();
-    let model = fixture("gpt2-fixture");
-    let args = [
-        &[
-            "--engine",
-            "hf",
-            "--hf-worker",
-            &worker,
-            "--model-dir",
-            model.to_str().unwrap(),
-            "--log-dir",
-            dir.to_str().unwrap(),
-        ][..],
-        extra,
-    ]
-    .concat();
-    let o = bench_env(&args, env);
+    let args = fake_hf_args(dir, extra);
+    let o = bench_env(&args.iter().map(String::as_str).collect::<Vec<_>>(), env);
     assert!(o.status.success(), "{}", stderr(&o));
     let stdout = String::from_utf8(o.stdout).unwrap();
     let log = log_paths(&stdout).pop().unwrap();
