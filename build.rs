@@ -26,7 +26,7 @@ fn main() {
 
 /// The kernel families of src/kernels: each `<name>.cu` -> `$OUT_DIR/<name>.ptx`, embedded by
 /// src/kernels/<name>.rs (`ptx!`) and loaded as its own module.
-const KERNELS: [&str; 14] = [
+const KERNELS: [&str; 15] = [
     "adamw",
     "attn_softmax",
     "bias_act",
@@ -39,6 +39,7 @@ const KERNELS: [&str; 14] = [
     "heads",
     "layer_norm",
     "multi_tensor",
+    "oneshot",
     "residual",
     "skinny",
 ];

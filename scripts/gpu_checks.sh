@@ -42,8 +42,8 @@
 #                  accumulation, ZeRO 1/2/3 = dp, torchrun (one node, two simulated nodes), Open
 #                  MPI's and Slurm's variables. Stops the batch on the first failure; run it first
 #                  on a multi-GPU host, before a change to src/dist, sharding or kernels is done
-#   multi-tp, multi-dp, multi-strategies
-#                  two-GPU measurements (scripts/multi_measure.sh tp|dp|strategies) -> multi-logs.tgz
+#   multi-tp, multi-tp-decode, multi-dp, multi-strategies
+#                  two-GPU measurements (scripts/multi_measure.sh tp|tp-decode|dp|strategies) -> multi-logs.tgz
 #   dp             data-parallel fine-tuning of $DP_MODEL (gpt2), batch $DP_BATCH (8) per rank, block 1024, on $DP_SIZES
 #                  (2) GPUs: first fp32 --no-dropout, $DP_EQ_STEPS (10; 0 skips) steps, dp N against dp 1
 #                  with --grad-accum N (the same global batch: equal loss curves), then bf16 with
@@ -520,7 +520,7 @@ PY
     unpack tests /tmp/unit-tests || { echo "no .gpu/tests.{xz,gz}: the CUDA unit-test binary" >&2; exit 1; }
     B=$B bash scripts/multi_smoke.sh || exit 1
     ;;
-  multi-tp|multi-dp|multi-strategies)
+  multi-tp|multi-tp-decode|multi-dp|multi-strategies)
     B=$B bash scripts/multi_measure.sh "${stage#multi-}"
     ;;
   fixtures)

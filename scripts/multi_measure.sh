@@ -8,6 +8,9 @@
 #               the first $B1_LIMIT (500) passages at batch 1, --tp 1 and 2 (tp 2's scores
 #               against tp 1's within the batch-size spread); --mode generate batch 16 (first
 #               $GEN_LIMIT (320) passages); the generation suite, prompt 128 + 128, batch 1 and 16
+#   tp-decode   bloom-7b1 bf16 generation suite, prompt 128 + 128, batch 1 and 16, $TPD_ROUNDS (2)
+#               rounds alternating: tp 1, tp 2, tp 2 without the one-shot sums, without the
+#               split LM head, without both (NCCL's all-reduce, the whole head on every rank)
 #   dp          gpt2 bf16 8 x 1024 a rank on WikiText-2, $DP_STEPS (50) timed steps: dp 1 and
 #               dp 2, dropout off and on, then dp 2 with each flag set of $DP_VARIANTS
 #               (";"-separated, e.g. "--dp-overlap")
@@ -57,6 +60,19 @@ for stage in "$@"; do
     # bf16: near-ties move with the summation order, so the share is reported, not required.
     python3 scripts/compare_runs.py ids "$(logof generate-bs16-tp1)" "$(logof generate-bs16-tp2)" \
       --min-share 0 2>&1 | tee -a "$CON"
+    ;;
+  tp-decode)
+    ALL=lt,softmax,bias-act,adamw,layer-norm,dropout,cross-entropy,decode,graph,embedding,heads,flash,residual,gemv,skinny
+    for round in $(seq 1 "${TPD_ROUNDS:-2}"); do
+      for bs in 1 16; do
+        G=("${R[@]}" --suite generation --model bloom-7b1 --prompt-lens 128 --new-tokens 128 --batch-size $bs --limit 5)
+        run "decode-r$round-bs$bs-tp1" "${G[@]}" --tp 1
+        run "decode-r$round-bs$bs-tp2" "${G[@]}" --tp 2
+        run "decode-r$round-bs$bs-tp2-nooneshot" "${G[@]}" --tp 2 --fused "$ALL,split-head"
+        run "decode-r$round-bs$bs-tp2-nosplithead" "${G[@]}" --tp 2 --fused "$ALL,oneshot"
+        run "decode-r$round-bs$bs-tp2-neither" "${G[@]}" --tp 2 --fused "$ALL"
+      done
+    done
     ;;
   dp)
     W=(--suite wikitext2 --model gpt2 --data .gpu/wikitext-2-raw --batch-size 8 --block-size 1024

@@ -254,6 +254,9 @@ mod nccl {
         /// The started sums' stream.
         side: Arc<CudaStream>,
         version: String,
+        /// The one-shot sums' buffers, mapped between the ranks of one host
+        /// ([`NcclAllReduce::map_peer_buffers`]): small sums skip NCCL.
+        peer_sum: Option<crate::dist::peer_sum::PeerSum>,
     }
 
     // SAFETY: the raw communicator is used from one thread at a time (the model runs on the
@@ -328,7 +331,22 @@ mod nccl {
                 compute,
                 side,
                 version: version(),
+                peer_sum: None,
             })
+        }
+
+        /// Maps the one-shot sums' buffers between the ranks (every rank calls it after
+        /// [`NcclAllReduce::join`]); where some rank cannot, NCCL keeps every sum.
+        pub fn map_peer_buffers(
+            &mut self,
+            device: &candle_core::Device,
+            rank: usize,
+            size: usize,
+            same_host: bool,
+        ) -> candle_core::Result<()> {
+            self.peer_sum =
+                crate::dist::peer_sum::PeerSum::open(self, device, rank, size, same_host)?;
+            Ok(())
         }
 
         /// `count` values at `src` summed over the ranks into `dst` (may be `src`), on `stream`.
@@ -538,8 +556,13 @@ mod nccl {
 
     impl AllReduce for NcclAllReduce {
         fn all_reduce_sum(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-            x.contiguous()?
-                .apply_op1_no_bwd(&IntoNew(self, Collective::Sum))
+            let x = x.contiguous()?;
+            if let Some(peers) = &self.peer_sum {
+                if let Some(sum) = crate::kernels::oneshot_sum(&x, peers.buffers())? {
+                    return Ok(sum);
+                }
+            }
+            x.apply_op1_no_bwd(&IntoNew(self, Collective::Sum))
         }
 
         fn reduce_scatter_sum(
@@ -570,7 +593,13 @@ mod nccl {
         }
 
         fn describe(&self) -> String {
-            format!("nccl {}", self.version)
+            match (
+                &self.peer_sum,
+                crate::kernels::enabled(crate::kernels::Fused::Oneshot),
+            ) {
+                (Some(_), true) => format!("nccl {} + one-shot sums", self.version),
+                _ => format!("nccl {}", self.version),
+            }
         }
 
         fn on_device(&self) -> bool {

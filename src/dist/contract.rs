@@ -60,6 +60,7 @@ pub fn check(reduce: &dyn AllReduce, rank: usize, size: usize, dtypes: &[DType],
             same(&started, &want, dtype, &format!("{what} start_sum"));
         }
         views(reduce, rank, total, dtype, dev);
+        sizes(reduce, rank, total, dtype, dev);
         scatter_and_gather(reduce, rank, size, dtype, dev);
     }
 }
@@ -84,6 +85,20 @@ fn views(reduce: &dyn AllReduce, rank: usize, total: f64, dtype: DType, dev: &De
         dtype,
         &format!("{what} narrowed"),
     );
+}
+
+/// Sums of a decode step's size, of several blocks' and past the one-shot sums' 512 KiB, each
+/// three times in a row and interleaved (the one-shot kernel's flags and alternating slots).
+fn sizes(reduce: &dyn AllReduce, rank: usize, total: f64, dtype: DType, dev: &Device) {
+    let what = format!("{} {dtype:?}", reduce.describe());
+    for round in 0..3 {
+        for (salt, n) in [8, 4096, 16 * 4096 + 8, 300_000].into_iter().enumerate() {
+            let x = mine(&[n], salt + round, rank, dtype, dev);
+            let want = (base(&[n], salt + round) * total).unwrap();
+            let got = reduce.all_reduce_sum(&x).unwrap();
+            same(&got, &want, dtype, &format!("{what} ({n},) round {round}"));
+        }
+    }
 }
 
 /// ZeRO's collectives: rank r gets run r of the sum of (size·S,); the gather is every rank's

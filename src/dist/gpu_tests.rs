@@ -6,6 +6,7 @@
 use super::collective::NcclAllReduce;
 use super::contract;
 use super::group::open;
+use super::AllReduce;
 use crate::device::DeviceSpec;
 use candle_core::DType;
 
@@ -15,7 +16,15 @@ const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 /// contract.
 fn rank_checks_the_contract(rank: usize, size: usize, id: &[u8]) {
     let dev = open(DeviceSpec::Cuda(rank)).expect("a GPU for every rank");
-    let nccl = NcclAllReduce::join(&dev, rank, size, id).unwrap();
+    let mut nccl = NcclAllReduce::join(&dev, rank, size, id).unwrap();
+    nccl.map_peer_buffers(&dev, rank, size, true).unwrap();
+    if size > 1 {
+        let how = nccl.describe();
+        assert!(
+            how.contains("one-shot"),
+            "rank {rank}: no one-shot sums ({how})"
+        );
+    }
     contract::check(&nccl, rank, size, &DTYPES, &dev);
 }
 
@@ -28,7 +37,8 @@ fn nccl_collectives_keep_the_contract_on_one_rank() {
     rank_checks_the_contract(0, 1, &id);
 }
 
-/// Two ranks on two GPUs (a thread a rank): the sums' values cross between the GPUs.
+/// Two ranks on two GPUs (a thread a rank): the sums' values cross between the GPUs, small
+/// ones through the one-shot kernel (peer access), the others through NCCL.
 #[test]
 #[ignore = "needs two GPUs: scripts/gpu_checks.sh multi-smoke runs it"]
 fn nccl_collectives_keep_the_contract_over_two_gpus() {

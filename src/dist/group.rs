@@ -87,7 +87,13 @@ impl GroupRank {
                     .map_err(|_| Error::Config("rank 0 sent a bad all-reduce address".into()))?;
                 Arc::new(TcpAllReduce::connect(addr, world.rank)?)
             }
-            _ => nccl_join(&dev, world.rank, world.size, &rendezvous.id)?,
+            _ => {
+                let same_host = rendezvous
+                    .peers
+                    .iter()
+                    .all(|p| p.host == me_host(&rendezvous));
+                nccl_join(&dev, world.rank, world.size, &rendezvous.id, same_host)?
+            }
         };
         let ctx = RankContext {
             group: Tp {
@@ -159,11 +165,26 @@ fn nccl_id() -> Result<Vec<u8>> {
     super::collective::NcclAllReduce::new_id()
 }
 
+/// Rank 0's host name (the ranks run on one host when all share it).
+fn me_host(r: &Rendezvous) -> &str {
+    r.peers.first().map_or("", |p| p.host.as_str())
+}
+
+/// Joins NCCL and, where `--fused oneshot` is on and the ranks share a host, maps the
+/// one-shot sums' buffers.
 #[cfg(feature = "nccl")]
-fn nccl_join(dev: &Device, rank: usize, size: usize, id: &[u8]) -> Result<Arc<dyn AllReduce>> {
-    Ok(Arc::new(super::collective::NcclAllReduce::join(
-        dev, rank, size, id,
-    )?))
+fn nccl_join(
+    dev: &Device,
+    rank: usize,
+    size: usize,
+    id: &[u8],
+    same_host: bool,
+) -> Result<Arc<dyn AllReduce>> {
+    let mut nccl = super::collective::NcclAllReduce::join(dev, rank, size, id)?;
+    if crate::kernels::enabled(crate::kernels::Fused::Oneshot) {
+        nccl.map_peer_buffers(dev, rank, size, same_host)?;
+    }
+    Ok(Arc::new(nccl))
 }
 
 /// The error of `--tp` on GPUs in a build without NCCL.
@@ -175,6 +196,6 @@ fn nccl_id() -> Result<Vec<u8>> {
 }
 
 #[cfg(not(feature = "nccl"))]
-fn nccl_join(_: &Device, _: usize, _: usize, _: &[u8]) -> Result<Arc<dyn AllReduce>> {
+fn nccl_join(_: &Device, _: usize, _: usize, _: &[u8], _: bool) -> Result<Arc<dyn AllReduce>> {
     Err(Error::Unsupported(NO_NCCL.into()))
 }

@@ -10,6 +10,8 @@ mod contract;
 #[cfg(all(test, feature = "nccl"))]
 mod gpu_tests;
 pub mod group;
+#[cfg(feature = "nccl")]
+mod peer_sum;
 pub mod rendezvous;
 pub mod world;
 

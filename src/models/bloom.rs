@@ -21,8 +21,8 @@ use super::attention::{
 };
 use super::cache::{KvCache, LayerStep, Step};
 use super::layers::{
-    dropout, lm_head, load_layer_norm, Activation, Dropout, Mlp, Mode, Norm, Projection,
-    WeightLayout::Linear,
+    dropout, lm_head, load_layer_norm, split_head_logits, Activation, Dropout, Mlp, Mode, Norm,
+    Projection, WeightLayout::Linear,
 };
 use super::shard::Split;
 use super::CausalLm;
@@ -336,6 +336,8 @@ pub struct Bloom {
     head_size: usize,
     dropout: Dropout, // from the config, used in training mode
     mode: Mode,
+    /// This rank's place, for the LM head split over the ranks when decoding.
+    tp: Tp,
 }
 
 impl Bloom {
@@ -387,6 +389,7 @@ impl Bloom {
                 resid: cfg.hidden_dropout,
             },
             mode: Mode::default(),
+            tp: tp.clone(),
         })
     }
 }
@@ -479,6 +482,10 @@ impl CausalLm for Bloom {
         let h = self.blocks_cached(x, cache, &step)?; // (B, T, H), after ln_f
         cache.commit(step);
         let last = h.narrow(1, t - 1, 1)?.squeeze(1)?.contiguous()?; // (B, H)
+        let head = self.lm_head.as_ref().unwrap_or(&self.word_embeddings);
+        if let Some(logits) = split_head_logits(&last, head, &self.tp)? {
+            return Ok(logits); // (B, V)
+        }
         self.logits(&last) // (B, V)
     }
 

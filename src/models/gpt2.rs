@@ -18,8 +18,8 @@ use super::attention::{
 };
 use super::cache::{KvCache, LayerStep, Step};
 use super::layers::{
-    dropout, lm_head, load_layer_norm, Activation, Dropout, Mlp, Mode, Norm, Projection,
-    WeightLayout::Conv1D,
+    dropout, lm_head, load_layer_norm, split_head_logits, Activation, Dropout, Mlp, Mode, Norm,
+    Projection, WeightLayout::Conv1D,
 };
 use super::shard::Split;
 use super::CausalLm;
@@ -308,6 +308,8 @@ pub struct Gpt2 {
     /// Heads this rank computes (all of them without tensor parallelism).
     local_heads: usize,
     mode: Mode,
+    /// This rank's place, for the LM head split over the ranks when decoding.
+    tp: Tp,
 }
 
 impl Gpt2 {
@@ -350,6 +352,7 @@ impl Gpt2 {
             cfg: cfg.clone(),
             local_heads: tp.part(cfg.n_head).len(),
             mode: Mode::default(),
+            tp: tp.clone(),
         })
     }
 
@@ -473,6 +476,10 @@ impl CausalLm for Gpt2 {
         let h = self.blocks_cached(embeddings, cache, &step)?; // (B, T, C), after ln_f
         cache.commit(step);
         let last = h.narrow(1, t - 1, 1)?.squeeze(1)?.contiguous()?; // (B, C)
+        let head = self.lm_head.as_ref().unwrap_or(&self.wte);
+        if let Some(logits) = split_head_logits(&last, head, &self.tp)? {
+            return Ok(logits); // (B, V)
+        }
         self.logits(&last) // (B, V)
     }
 

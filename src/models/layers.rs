@@ -255,3 +255,87 @@ pub fn lm_head(hidden: &Tensor, head: &Tensor) -> candle_core::Result<Tensor> {
     }
     hidden.matmul(&head.t()?) // (N, C) @ (C, V)
 }
+
+/// Logits of the last positions `hidden` (B, C) against the LM head (V, C), the vocabulary
+/// split over the ranks of `tp` (`--fused split-head`): each rank multiplies its run of
+/// V / size rows (a view of the replicated head) and the ranks all-gather the runs, so a
+/// decode step reads 1 / size of the head a rank (bloom-7b1's head is 2 GB of its 14).
+/// None at one rank, with the path off, or where the ranks' runs would differ in length.
+pub fn split_head_logits(
+    hidden: &Tensor,
+    head: &Tensor,
+    tp: &Tp,
+) -> candle_core::Result<Option<Tensor>> {
+    let v = head.dim(0)?;
+    let Some(reduce) = &tp.reduce else {
+        return Ok(None);
+    };
+    if tp.size == 1 || !v.is_multiple_of(tp.size) || !kernels::enabled(kernels::Fused::SplitHead) {
+        return Ok(None);
+    }
+    let run = v / tp.size;
+    let b = hidden.dim(0)?;
+    let mine = lm_head(hidden, &head.narrow(0, tp.rank * run, run)?)?; // (B, V/size)
+    let all = reduce.all_gather(&mine.contiguous()?, tp.rank, tp.size)?; // (size·B·V/size,)
+    let by_rank = all.reshape((tp.size, b, run))?; // rank r's run of every row
+    Ok(Some(
+        by_rank.transpose(0, 1)?.contiguous()?.reshape((b, v))?,
+    )) // (B, V)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dist::collective::TcpAllReduce;
+    use candle_core::{Device, Tensor};
+    use std::time::Duration;
+
+    /// Rank `rank` of `size` CPU ranks (threads over TCP) computes its split-head logits.
+    fn split_on_ranks(hidden: &Tensor, head: &Tensor, size: usize) -> Vec<Option<Tensor>> {
+        let listener = TcpAllReduce::listen([127, 0, 0, 1].into()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let run = move |rank: usize, reduce: Arc<dyn AllReduce>, h: Tensor, w: Tensor| {
+            let tp = Tp {
+                rank,
+                size,
+                reduce: Some(reduce),
+            };
+            split_head_logits(&h, &w, &tp).unwrap()
+        };
+        let others: Vec<_> = (1..size)
+            .map(|r| {
+                let (h, w) = (hidden.clone(), head.clone());
+                std::thread::spawn(move || {
+                    run(r, Arc::new(TcpAllReduce::connect(addr, r).unwrap()), h, w)
+                })
+            })
+            .collect();
+        let root = TcpAllReduce::serve(listener, size, Duration::from_secs(10)).unwrap();
+        let mut out = vec![run(0, Arc::new(root), hidden.clone(), head.clone())];
+        out.extend(others.into_iter().map(|t| t.join().unwrap()));
+        out
+    }
+
+    /// Every rank gets the whole logits, (B, V) in vocabulary order, as the unsplit head
+    /// gives them; a vocabulary the ranks cannot split evenly keeps the unsplit head.
+    #[test]
+    fn split_head_logits_are_the_whole_heads_on_every_rank() {
+        let dev = Device::Cpu;
+        let hidden = Tensor::randn(0f32, 1., (3, 8), &dev).unwrap(); // (B, C)
+        let head = Tensor::randn(0f32, 1., (12, 8), &dev).unwrap(); // (V, C)
+        let want: Vec<Vec<f32>> = lm_head(&hidden, &head).unwrap().to_vec2().unwrap();
+        for size in [2, 3] {
+            for got in split_on_ranks(&hidden, &head, size) {
+                let got: Vec<Vec<f32>> = got.expect("12 splits over 2 and 3").to_vec2().unwrap();
+                for (g, w) in got.iter().flatten().zip(want.iter().flatten()) {
+                    assert!(
+                        (g - w).abs() <= 1e-5 * w.abs().max(1.),
+                        "{g} vs {w} at {size} ranks"
+                    );
+                }
+            }
+        }
+        let odd = Tensor::randn(0f32, 1., (13, 8), &dev).unwrap();
+        assert!(split_on_ranks(&hidden, &odd, 2).iter().all(Option::is_none));
+    }
+}
