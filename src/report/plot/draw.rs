@@ -1,9 +1,12 @@
-//! Drawing: one function per chart kind (grouped bars, lines), sharing the size, palette,
-//! frame, legend and number labels.
+//! Drawing: the figure's frame (title, subtitle, legend, note, side-by-side panels and their
+//! shared y axis) around one function per chart kind ([`super::bars`], [`super::lines`]),
+//! with the size, palette, fonts and number labels they share.
 
-use super::series::{Point, Table};
-use super::{units, Args};
+use super::series::{Chart, Panel};
+use super::{bars, lines, units, Args};
 use crate::error::{Error, Result};
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -22,17 +25,27 @@ const PALETTE: [RGBColor; 10] = [
     RGBColor(188, 189, 34),
     RGBColor(23, 190, 207),
 ];
+pub(super) const TEXT: RGBColor = RGBColor(40, 40, 40);
+const GREY: RGBColor = RGBColor(100, 100, 100);
 
-/// Series `s`'s colour: the palette, then its colours lightened for series 11 to 20, and so on.
-fn colour(s: usize) -> RGBColor {
-    let RGBColor(r, g, b) = PALETTE[s % PALETTE.len()];
-    let round = (s / PALETTE.len()) as u32;
-    let light = |c: u8| (255 - (255 - c as u32) / (1 + round)) as u8;
+/// A series' colour: its engine's hue, lightened for each further variant of that engine.
+pub(super) fn colour(hue: usize, shade: usize) -> RGBColor {
+    let RGBColor(r, g, b) = PALETTE[hue % PALETTE.len()];
+    let white = (shade as f64 * 0.3 + (hue / PALETTE.len()) as f64 * 0.2).min(0.75);
+    let light = |c: u8| (c as f64 + (255. - c as f64) * white).round() as u8;
     RGBColor(light(r), light(g), light(b))
 }
 
-fn plot_err<E: std::fmt::Debug>(e: E) -> Error {
+pub(super) fn plot_err<E: std::fmt::Debug>(e: E) -> Error {
     Error::Config(format!("drawing failed: {e:?}"))
+}
+
+/// Text of `size` px anchored at `h`, `v`.
+pub(super) fn text(size: u32, h: HPos, v: VPos) -> TextStyle<'static> {
+    ("sans-serif", size)
+        .into_font()
+        .color(&TEXT)
+        .pos(Pos::new(h, v))
 }
 
 /// A number for a label or an axis tick: 1234.5 -> "1235", 12.34 -> "12.3", 0.01234 ->
@@ -53,238 +66,258 @@ pub fn label(v: f64) -> String {
     }
 }
 
-fn title(args: &Args) -> String {
-    args.title.clone().unwrap_or_else(|| {
-        let mut t = args.metric.clone();
-        for (k, v) in [
-            ("model", &args.model),
-            ("suite", &args.suite),
-            ("engine", &args.engine),
-            ("gpu", &args.gpu),
-        ] {
-            if let Some(v) = v {
-                t += &format!(" | {k} {v}");
-            }
-        }
-        if let Some(b) = args.batch_size {
-            t += &format!(" | batch {}", label(b));
-        }
-        for w in &args.filters {
-            t += &format!(" | {w}");
-        }
-        t
+/// A speedup: "3.21×".
+pub fn ratio(r: f64) -> String {
+    format!("{r:.2}×")
+}
+
+/// The y range every panel shares, linear from 0 or (`--log-y`) logarithmic, with room
+/// above the highest bar for its value and speedup labels.
+pub(super) struct YRange {
+    pub lo: f64,
+    pub hi: f64,
+}
+
+fn y_range(chart: &Chart, log: bool, metric: &str) -> Result<YRange> {
+    let points = chart
+        .panels
+        .iter()
+        .flat_map(|p| &p.groups)
+        .flat_map(|g| &g.points);
+    let (mut min, mut max) = (f64::INFINITY, 0f64);
+    for (_, p) in points {
+        max = max.max(p.hi.max(p.value));
+        min = min.min(p.lo.min(p.value));
+    }
+    // Room for a value label and the stacked speedups above the highest bar.
+    let stack = chart.panels.iter().flat_map(|p| &p.groups);
+    let stack = stack.map(|g| g.speedups.len()).max().unwrap_or(0) as f64;
+    let room = 0.1 + 0.045 * stack.max(1.);
+    if !log {
+        let max = if max > 0. { max } else { 1. };
+        return Ok(YRange {
+            lo: 0.,
+            hi: max * (1. + room),
+        });
+    }
+    if min <= 0. || !min.is_finite() {
+        return Err(Error::Config(format!(
+            "--log-y: {metric} has values <= 0, which a log scale cannot show"
+        )));
+    }
+    let lo = 10f64.powf((min * 0.9).log10().floor());
+    Ok(YRange {
+        lo,
+        hi: max * (max / lo).powf(room),
     })
 }
 
-/// Title, margins and axis-label room every chart kind shares.
-fn frame<'a, 'b, DB: DrawingBackend>(
-    root: &'a DrawingArea<DB, Shift>,
-    args: &Args,
-) -> ChartBuilder<'a, 'b, DB> {
-    let mut builder = ChartBuilder::on(root);
-    builder
-        .caption(title(args), ("sans-serif", 30))
-        .margin(20)
-        .x_label_area_size(50)
-        .y_label_area_size(90);
-    builder
-}
-
-/// The legend box every chart kind shares.
-fn draw_legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
-    chart: &mut ChartContext<'a, DB, CT>,
-) -> Result<()>
-where
-    DB::ErrorType: 'static,
-{
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 16))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(plot_err)
-}
-
-fn y_max(table: &Table) -> f64 {
-    table
-        .values()
-        .flat_map(|m| m.values().map(|p| p.hi.max(p.value)))
-        .fold(0., f64::max)
-}
-
-/// The top of the y axis: room above the highest bar for its label and for the legend
-/// (about 20 px a series in a plot about 580 px high), so the legend covers no bar.
-fn y_top(table: &Table) -> f64 {
-    let legend = (20. * table.len() as f64 + 30.) / 580.;
-    y_max(table) / (1. - legend - 0.04).max(0.4)
-}
-
-/// Centred text whose bottom edge sits at the anchor.
-fn centred(size: u32) -> TextStyle<'static> {
-    TextStyle::from(("sans-serif", size).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom))
-}
-
-/// Grouped bars: one group per x category, one bar per series, its value above it.
-fn draw_bars<DB: DrawingBackend>(
-    root: &DrawingArea<DB, Shift>,
-    table: &Table,
-    xs: &[String],
-    args: &Args,
-) -> Result<()>
-where
-    DB::ErrorType: 'static,
-{
-    let (ylabel, _) = units(&args.metric);
-    let ymax = y_max(table);
-    let mut chart = frame(root, args)
-        .build_cartesian_2d(0f64..xs.len() as f64, 0f64..y_top(table))
-        .map_err(plot_err)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(0)
-        .y_desc(ylabel)
-        .x_desc(args.x.clone())
-        .y_label_formatter(&|v| label(*v))
-        .axis_desc_style(("sans-serif", 20))
-        .label_style(("sans-serif", 16))
-        .draw()
-        .map_err(plot_err)?;
-    let width = 0.8 / table.len() as f64;
-    for (s, (series, points)) in table.iter().enumerate() {
-        let color = colour(s);
-        let left = |x: usize| 0.1 + x as f64 + s as f64 * width;
-        let mid = |x: usize| left(x) + width * 0.46;
-        let bars: Vec<(usize, Point)> = xs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, x)| points.get(x).map(|p| (i, *p)))
-            .collect();
-        chart
-            .draw_series(bars.iter().map(|(i, p)| {
-                Rectangle::new(
-                    [(left(*i), 0.), (left(*i) + width * 0.92, p.value)],
-                    color.filled(),
-                )
-            }))
-            .map_err(plot_err)?
-            .label(series.clone())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
-        chart
-            .draw_series(bars.iter().filter(|(_, p)| p.hi > p.lo).map(|(i, p)| {
-                ErrorBar::new_vertical(mid(*i), p.lo, p.value, p.hi, BLACK.stroke_width(2), 8)
-            }))
-            .map_err(plot_err)?;
-        chart
-            .draw_series(bars.iter().map(|(i, p)| {
-                let top = p.hi.max(p.value) + ymax * 0.01;
-                Text::new(label(p.value), (mid(*i), top), centred(14))
-            }))
-            .map_err(plot_err)?;
-    }
-    draw_legend(&mut chart)?;
-    // Category names under each group (the axis itself is numeric).
-    for (i, x) in xs.iter().enumerate() {
-        let (px, py) = chart.backend_coord(&(i as f64 + 0.5, 0.));
-        let style =
-            TextStyle::from(("sans-serif", 18).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
-        root.draw(&Text::new(x.clone(), (px, py + 8), style))
-            .map_err(plot_err)?;
-    }
-    Ok(())
-}
-
-/// Lines over a numeric x (batch size, sequence length).
-fn draw_lines<DB: DrawingBackend>(
-    root: &DrawingArea<DB, Shift>,
-    table: &Table,
-    args: &Args,
-) -> Result<()>
-where
-    DB::ErrorType: 'static,
-{
-    let (ylabel, _) = units(&args.metric);
-    let num = |x: &str| x.parse::<f64>().ok();
-    let xs: Vec<f64> = table
-        .values()
-        .flat_map(|m| m.keys().filter_map(|k| num(k)))
-        .collect();
-    if xs.is_empty() {
-        return Err(Error::Config(format!(
-            "--x {}: no numeric values to draw lines over",
-            args.x
-        )));
-    }
-    let (xmin, xmax) = xs
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
-            (a.min(x), b.max(x))
-        });
-    let pad = ((xmax - xmin) * 0.05).max(0.5);
-    let mut chart = frame(root, args)
-        .build_cartesian_2d((xmin - pad)..(xmax + pad), 0f64..y_top(table))
-        .map_err(plot_err)?;
-    chart
-        .configure_mesh()
-        .y_desc(ylabel)
-        .x_desc(args.x.clone())
-        .x_label_formatter(&|v| label(*v))
-        .y_label_formatter(&|v| label(*v))
-        .axis_desc_style(("sans-serif", 20))
-        .label_style(("sans-serif", 16))
-        .draw()
-        .map_err(plot_err)?;
-    for (s, (series, points)) in table.iter().enumerate() {
-        let color = colour(s);
-        let mut pts: Vec<(f64, Point)> = points
-            .iter()
-            .filter_map(|(x, p)| num(x).map(|x| (x, *p)))
-            .collect();
-        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-        chart
-            .draw_series(LineSeries::new(
-                pts.iter().map(|(x, p)| (*x, p.value)),
-                color.stroke_width(3),
-            ))
-            .map_err(plot_err)?
-            .label(series.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(3))
-            });
-        chart
-            .draw_series(
-                pts.iter()
-                    .map(|(x, p)| Circle::new((*x, p.value), 5, color.filled())),
-            )
-            .map_err(plot_err)?;
-        chart
-            .draw_series(pts.iter().filter(|(_, p)| p.hi > p.lo).map(|(x, p)| {
-                ErrorBar::new_vertical(*x, p.lo, p.value, p.hi, color.stroke_width(2), 8)
-            }))
-            .map_err(plot_err)?;
-    }
-    draw_legend(&mut chart)?;
-    Ok(())
-}
-
+/// The whole figure: header, panels side by side, note.
 pub(super) fn draw<DB: DrawingBackend>(
     root: DrawingArea<DB, Shift>,
-    table: &Table,
-    xs: &[String],
+    chart: &Chart,
     args: &Args,
 ) -> Result<()>
 where
     DB::ErrorType: 'static,
 {
     root.fill(&WHITE).map_err(plot_err)?;
-    if matches!(args.x.as_str(), "batch_size" | "seq_len") {
-        draw_lines(&root, table, args)?;
-    } else {
-        draw_bars(&root, table, xs, args)?;
+    let y = y_range(chart, args.log_y, &args.metric)?;
+    let body = header(&root, chart, args)?;
+    let body = footer(&body, chart)?;
+    let panels = split_panels(&body, chart);
+    for (n, (area, panel)) in panels.iter().zip(&chart.panels).enumerate() {
+        let ctx = PanelCtx {
+            root: &root,
+            chart,
+            panel,
+            first: n == 0,
+            args,
+        };
+        match args.log_y {
+            true => draw_panel(area, (y.lo..y.hi).log_scale(), &ctx)?,
+            false => draw_panel(area, y.lo..y.hi, &ctx)?,
+        }
     }
     root.present().map_err(plot_err)
+}
+
+/// Panels side by side, each as wide as its share of the groups (bars) or equal (lines).
+fn split_panels<DB: DrawingBackend>(
+    body: &DrawingArea<DB, Shift>,
+    chart: &Chart,
+) -> Vec<DrawingArea<DB, Shift>> {
+    let weight = |p: &Panel| match chart.lines {
+        true => 1.,
+        false => p.groups.len() as f64 + 1.5, // + the y axis' labels
+    };
+    let total: f64 = chart.panels.iter().map(weight).sum();
+    let width = body.dim_in_pixel().0 as f64;
+    let mut at = 0.;
+    let mut breaks = vec![];
+    for p in &chart.panels[..chart.panels.len() - 1] {
+        at += weight(p) / total * width;
+        breaks.push(at as i32);
+    }
+    body.split_by_breakpoints(breaks, Vec::<i32>::new())
+}
+
+/// What a panel is drawn from.
+pub(super) struct PanelCtx<'a, DB: DrawingBackend> {
+    /// The whole canvas: labels outside a plot's area are drawn on it.
+    pub root: &'a DrawingArea<DB, Shift>,
+    pub chart: &'a Chart,
+    pub panel: &'a Panel,
+    pub first: bool,
+    pub args: &'a Args,
+}
+
+/// One panel: its frame and axes on the shared y range, then its bars or lines.
+fn draw_panel<DB, Y>(area: &DrawingArea<DB, Shift>, y: Y, ctx: &PanelCtx<DB>) -> Result<()>
+where
+    DB: DrawingBackend,
+    DB::ErrorType: 'static,
+    Y: AsRangedCoord<Value = f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
+    let x: RangedCoordf64 = match ctx.chart.lines {
+        true => lines::x_range(ctx.panel).into(),
+        false => (0f64..ctx.panel.groups.len().max(1) as f64).into(),
+    };
+    let mut builder = ChartBuilder::on(area);
+    if let Some(l) = &ctx.panel.label {
+        builder.caption(l, ("sans-serif", 20).into_font().color(&TEXT));
+    }
+    let mut c = builder
+        .margin(10)
+        .x_label_area_size(if ctx.chart.lines { 55 } else { 50 })
+        .y_label_area_size(if ctx.first { 85 } else { 60 })
+        .build_cartesian_2d(x, y)
+        .map_err(plot_err)?;
+    let (ylabel, _) = units(&ctx.args.metric);
+    let mut mesh = c.configure_mesh();
+    mesh.disable_x_mesh()
+        .x_labels(0)
+        .x_desc(ctx.chart.x_label.clone())
+        .y_label_formatter(&|v| label(*v))
+        .light_line_style(WHITE)
+        .bold_line_style(RGBColor(225, 225, 225))
+        .axis_desc_style(("sans-serif", 18).into_font().color(&TEXT))
+        .label_style(("sans-serif", 15).into_font().color(&TEXT));
+    if ctx.first {
+        mesh.y_desc(ylabel);
+    }
+    mesh.draw().map_err(plot_err)?;
+    match ctx.chart.lines {
+        true => lines::draw(&mut c, ctx),
+        false => bars::draw(&mut c, ctx),
+    }
+}
+
+/// Title, subtitle and legend across the top; returns the area below them.
+fn header<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    chart: &Chart,
+    args: &Args,
+) -> Result<DrawingArea<DB, Shift>>
+where
+    DB::ErrorType: 'static,
+{
+    let title = args.title.clone().unwrap_or_else(|| units(&args.metric).0);
+    let mid = SIZE.0 as i32 / 2;
+    let top = text(28, HPos::Center, VPos::Top);
+    root.draw(&Text::new(title, (mid, 12), top))
+        .map_err(plot_err)?;
+    let mut y = 48;
+    if !chart.subtitle.is_empty() {
+        let sub = text(17, HPos::Center, VPos::Top).color(&GREY);
+        root.draw(&Text::new(chart.subtitle.clone(), (mid, y), sub))
+            .map_err(plot_err)?;
+        y += 26;
+    }
+    if chart.series.len() > 1 {
+        y = legend(root, chart, y + 4)?;
+    }
+    Ok(root.split_vertically(y + 6).1)
+}
+
+/// The legend as centred rows of swatch + label from pixel row `y`; returns the row below.
+fn legend<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &Chart, y: i32) -> Result<i32>
+where
+    DB::ErrorType: 'static,
+{
+    let font = text(16, HPos::Left, VPos::Center);
+    let widths: Vec<i32> = chart
+        .series
+        .iter()
+        .map(|s| {
+            root.estimate_text_size(&s.label, &font)
+                .map(|(w, _)| w as i32 + 48)
+        })
+        .collect::<std::result::Result<_, _>>()
+        .map_err(plot_err)?;
+    // Greedy rows no wider than the canvas less its margins.
+    let mut rows: Vec<Vec<usize>> = vec![vec![]];
+    let mut used = 0;
+    for (s, w) in widths.iter().enumerate() {
+        if used + w > SIZE.0 as i32 - 60 && !rows.last().unwrap().is_empty() {
+            rows.push(vec![]);
+            used = 0;
+        }
+        rows.last_mut().unwrap().push(s);
+        used += w;
+    }
+    let mut y = y + 10;
+    for row in rows {
+        let mut x = (SIZE.0 as i32 - row.iter().map(|&s| widths[s]).sum::<i32>()) / 2;
+        for s in row {
+            let series = &chart.series[s];
+            let c = colour(series.hue, series.shade);
+            if chart.lines {
+                let line = PathElement::new(vec![(x, y), (x + 24, y)], c.stroke_width(3));
+                root.draw(&line).map_err(plot_err)?;
+                root.draw(&Circle::new((x + 12, y), 4, c.filled()))
+                    .map_err(plot_err)?;
+            } else {
+                root.draw(&Rectangle::new([(x, y - 7), (x + 24, y + 7)], c.filled()))
+                    .map_err(plot_err)?;
+            }
+            root.draw(&Text::new(series.label.clone(), (x + 30, y), font.clone()))
+                .map_err(plot_err)?;
+            x += widths[s];
+        }
+        y += 24;
+    }
+    Ok(y - 12)
+}
+
+/// The notes along the bottom (what a speedup is over, what was left out); returns the area
+/// above them.
+fn footer<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    chart: &Chart,
+) -> Result<DrawingArea<DB, Shift>>
+where
+    DB::ErrorType: 'static,
+{
+    let has_speedups = chart
+        .panels
+        .iter()
+        .any(|p| p.groups.iter().any(|g| !g.speedups.is_empty()));
+    let mut notes = vec![];
+    if has_speedups {
+        notes.push("×: speedup over the fastest HF bar of the same workload".to_string());
+    }
+    notes.extend(chart.note.clone());
+    if notes.is_empty() {
+        return Ok(area.clone());
+    }
+    let (w, h) = area.dim_in_pixel();
+    let (body, foot) = area.split_vertically(h as i32 - 26);
+    let style = text(14, HPos::Center, VPos::Center).color(&GREY);
+    foot.draw(&Text::new(notes.join("  |  "), (w as i32 / 2, 12), style))
+        .map_err(plot_err)?;
+    Ok(body)
 }
 
 #[cfg(test)]

@@ -1,16 +1,20 @@
 //! `plot`: CSV from extract-metrics -> PNG or SVG chart (plotters; font built in, so no system
-//! fonts are needed).
+//! fonts are needed), shaped like the charts engine comparisons publish:
 //!
-//! - default: grouped bars, x = `--x` category (the GPU unless told), one bar per series, a
-//!   value label on each bar, error bars (min..max) where a bar folds repeats or the CSV has
-//!   `METRIC_min` / `METRIC_max` columns (`extract-metrics --group-by`);
-//! - `--x batch_size` or `--x seq_len`: one line per series.
+//! - grouped bars: x = the model (× batch size where it varies), one colour an engine (×
+//!   precision where it varies), the value over each bar, min..max error bars over repeats,
+//!   and each engine's speedup over HF's written above the group;
+//! - lines where x is a swept number (batch size, prompt length, tp / dp GPUs);
+//! - side-by-side panels (`--facet`; by GPU when the rows come from several), one y axis.
 //!
-//! A series is one (model, engine, precision) and never averages rows that differ in anything
-//! else that names a workload (suite, batch size, sequence length, tp / dp / ZeRO, GPU):
-//! those that vary among the plotted rows join the series' name ([`series`]).
+//! The legend names only what varies inside the chart; the subtitle what every bar shares.
+//! [`series`] turns rows into that data, [`draw`] draws it.
 
+mod bars;
 mod draw;
+mod fields;
+mod lines;
+mod select;
 pub mod series;
 
 use crate::error::{Error, Result};
@@ -20,7 +24,8 @@ use polars::prelude::*;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-pub use series::{build_series, Point, Table};
+pub use draw::{label, ratio};
+pub use series::{build, Chart, Group, Panel, Point, Series, Speedup};
 
 const FONT: &[u8] = include_bytes!("../../../assets/fonts/DejaVuSans.ttf");
 
@@ -29,7 +34,7 @@ const FONT: &[u8] = include_bytes!("../../../assets/fonts/DejaVuSans.ttf");
     name = "plot",
     version,
     about = "Draws a chart (PNG or SVG) of one metric from an extract-metrics CSV.",
-    after_help = "Examples:\n  plot --metric samples_per_second --fp32     (reads out.csv, writes samples_per_second_fp32.png)\n  plot -i out.csv -o fig.png --metric samples_per_second --bf16 --fp16 --x model --batch-size 16\n  plot -i out.csv -o mem.svg --metric peak_memory_bytes --where model=gpt2 --where suite=lambada\n  plot -i sweep.csv -o tput.png --metric samples_per_second --x batch_size"
+    after_help = "Examples:\n  plot --metric samples_per_second --fp32     (reads out.csv, writes samples_per_second_fp32.png)\n  plot -i out.csv -o fig.png --metric samples_per_second --bf16 --fp16 --x model --batch-size 16\n  plot -i out.csv -o mem.svg --metric peak_memory_bytes --where model=gpt2 --where suite=lambada\n  plot -i sweep.csv -o tput.png --metric samples_per_second --x batch_size\n  plot -i all.csv -o decode.png --metric decode_tokens_per_second --where suite=generation --log-y"
 )]
 pub struct Args {
     /// CSV written by extract-metrics.
@@ -66,9 +71,21 @@ pub struct Args {
     /// Keep only rows whose column KEY equals VALUE (repeatable; numbers compare as numbers).
     #[arg(long = "where", value_name = "KEY=VALUE")]
     pub filters: Vec<String>,
-    /// x axis: gpu, model or any text column (bars); batch_size or seq_len (lines).
-    #[arg(long, default_value = "gpu")]
+    /// x axis: model (× batch size where it varies), gpu or any text column: bars;
+    /// batch_size, seq_len, prompt_len, new_tokens, tp or dp: lines.
+    #[arg(long, default_value = "model")]
     pub x: String,
+    /// Side-by-side panels, one per value of this column (dtype, gpu, suite…): auto = by GPU
+    /// where the rows come from several; none = one panel.
+    #[arg(long, value_name = "COLUMN", default_value = "auto")]
+    pub facet: String,
+    /// Logarithmic y axis (values that differ by orders of magnitude).
+    #[arg(long)]
+    pub log_y: bool,
+    /// One bar per engine setting and build (attention, --fused set, commit) instead of each
+    /// engine's newest.
+    #[arg(long)]
+    pub all_configs: bool,
     #[arg(long)]
     pub title: Option<String>,
 }
@@ -130,6 +147,11 @@ fn read_csv(path: &Path) -> Result<DataFrame> {
         .map_err(|e| Error::Config(format!("{}: cannot read CSV: {e}", path.display())))
 }
 
+/// The chart's data: the CSV of `-i` through the flags (what [`run`] draws).
+pub fn chart(args: &Args) -> Result<Chart> {
+    build(&read_csv(&args.input)?, args)
+}
+
 /// Draws the chart; returns the path written.
 pub fn run(args: &Args) -> Result<PathBuf> {
     let output = args.output_path();
@@ -145,14 +167,13 @@ pub fn run(args: &Args) -> Result<PathBuf> {
     // The built-in font: charts look the same on machines with no fonts installed.
     plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
         .map_err(|_| Error::Config("the built-in font could not be loaded".into()))?;
-    let df = read_csv(&args.input)?;
-    let (table, xs) = build_series(&df, args)?;
+    let chart = chart(args)?;
     if ext.as_deref() == Some("png") {
         let root = BitMapBackend::new(&output, draw::SIZE).into_drawing_area();
-        draw::draw(root, &table, &xs, args)?;
+        draw::draw(root, &chart, args)?;
     } else {
         let root = SVGBackend::new(&output, draw::SIZE).into_drawing_area();
-        draw::draw(root, &table, &xs, args)?;
+        draw::draw(root, &chart, args)?;
     }
     Ok(output)
 }

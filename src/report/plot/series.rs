@@ -1,14 +1,20 @@
-//! CSV rows -> the chart's series: which rows are plotted (the filters) and which bar each
-//! one joins. A series is named by model, engine (HF with its attention) and precision, plus
-//! every other workload column whose value differs among the plotted rows, so one bar only
-//! ever folds repeats of one configuration: their median, with a min..max range.
+//! CSV rows -> the chart: panels (`--facet`), groups along x, one bar or point a series in
+//! each group, and each engine's speedup over HF's in the group.
+//!
+//! A series is an engine (× precision, × every other workload column that varies and is not x
+//! or the facet), so a bar never folds rows of two workloads: it is the median of repeats,
+//! with their min..max. An engine's settings and build (HF's attention, candle's `--fused`
+//! set, the commit) do not split bars unless `--all-configs`: each bar keeps its engine's
+//! newest, as a published chart shows the current build, and a note counts what was left out.
 
+use super::fields::{self, CONFIG, SWEPT, WORKLOAD};
+use super::select::{kept_rows, number_column, text_column};
 use super::{units, Args};
 use crate::error::{Error, Result};
-use crate::report::filter::Where;
-use crate::report::row::{column_names, polars_err};
+use crate::report::row::column_names;
 use polars::prelude::*;
-use std::collections::BTreeMap;
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, HashMap};
 
 /// One plotted value: median of the matching rows, with a min..max range.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -18,158 +24,307 @@ pub struct Point {
     pub hi: f64,
 }
 
-/// series -> x -> point.
-pub type Table = BTreeMap<String, BTreeMap<String, Point>>;
+/// A legend entry: its colour is one hue per engine (× precision), a shade per variant.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Series {
+    pub label: String,
+    pub hue: usize,
+    pub shade: usize,
+    /// An HF engine: the others' speedups are over it.
+    pub baseline: bool,
+}
 
-/// Columns that name a workload, as they join a series name when they vary: (column,
-/// prefix). model, engine and dtype always name the series.
-const DIMS: &[(&str, &str)] = &[
-    ("suite", ""),
-    ("batch_size", "bs"),
-    ("seq_len", "seq "),
-    ("gen_source", ""),
-    ("prompt_len", "prompt "),
-    ("new_tokens", "new "),
-    ("hf_compile", "compile="),
-    ("backward", "backward "),
-    ("recompute", "recompute "),
-    ("fused", "fused "),
-    ("tp", "tp"),
-    ("dp", "dp"),
-    ("zero", "ZeRO-"),
-    ("gpu", ""),
-];
+/// Speedup of series `series` over the best HF series `baseline` of the same workload.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Speedup {
+    pub series: usize,
+    pub baseline: usize,
+    pub ratio: f64,
+}
 
-/// DIMS columns only one engine logs (candle's): left out of the other engines' names.
-const ONE_ENGINE: &[&str] = &["backward", "recompute", "fused"];
+/// One x category (bars) or x value (lines).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Group {
+    pub label: String,
+    pub x: f64,
+    pub points: Vec<(usize, Point)>,
+    pub speedups: Vec<Speedup>,
+}
 
-fn text_column(df: &DataFrame, name: &str) -> Result<Vec<Option<String>>> {
-    let Ok(c) = df.column(name) else {
-        return Ok(vec![None; df.height()]);
+#[derive(Clone, Debug, PartialEq)]
+pub struct Panel {
+    pub label: Option<String>,
+    pub groups: Vec<Group>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Chart {
+    pub panels: Vec<Panel>,
+    pub series: Vec<Series>,
+    /// x is a swept number: lines, not bars.
+    pub lines: bool,
+    pub x_label: String,
+    /// What every plotted row shares (`generation · bf16 · H100 80GB HBM3`).
+    pub subtitle: String,
+    pub note: Option<String>,
+}
+
+/// Which column plays which part: the panels, the groups (x, then the batch size where x is
+/// the model and it varies), the series (engine first).
+struct Layout {
+    facet: Option<String>,
+    group: Vec<String>,
+    series: Vec<String>,
+    lines: bool,
+}
+
+/// The text columns the chart reads, by name.
+type Cols = HashMap<String, Vec<Option<String>>>;
+
+fn read_cols(df: &DataFrame, args: &Args) -> Result<Cols> {
+    let mut cols = Cols::new();
+    let extra = ["engine", "time_utc", args.x.as_str(), args.facet.as_str()];
+    for c in WORKLOAD.iter().chain(CONFIG).chain(&extra) {
+        cols.insert(c.to_string(), text_column(df, c)?);
+    }
+    Ok(cols)
+}
+
+fn varies(col: &[Option<String>], rows: &[usize]) -> bool {
+    rows.iter().any(|&i| col[i] != col[rows[0]])
+}
+
+fn layout(cols: &Cols, rows: &[usize], args: &Args) -> Layout {
+    let x = args.x.as_str();
+    let facet = match args.facet.as_str() {
+        "none" => None,
+        "auto" => (x != "gpu" && varies(&cols["gpu"], rows)).then(|| "gpu".to_string()),
+        f => Some(f.to_string()),
     };
-    let c = c.cast(&DataType::String).map_err(polars_err)?;
-    Ok(c.str()
-        .map_err(polars_err)?
+    let mut group = vec![x.to_string()];
+    let bs_varies = varies(&cols["batch_size"], rows);
+    if x == "model" && bs_varies && facet.as_deref() != Some("batch_size") {
+        group.push("batch_size".into());
+    }
+    let taken = |c: &str| group.iter().any(|g| g == c) || facet.as_deref() == Some(c);
+    let mut series = vec!["engine".to_string()];
+    let config: &[&str] = if args.all_configs { CONFIG } else { &[] };
+    for c in WORKLOAD.iter().chain(config) {
+        if !taken(c) && varies(&cols[*c], rows) {
+            series.push(c.to_string());
+        }
+    }
+    let lines = SWEPT.contains(&x);
+    Layout {
+        facet,
+        group,
+        series,
+        lines,
+    }
+}
+
+fn key(cols: &Cols, names: &[String], i: usize) -> Vec<Option<String>> {
+    names.iter().map(|c| cols[c][i].clone()).collect()
+}
+
+/// Keeps, for each bar, the rows of its engine's newest settings and build (the latest
+/// `time_utc`, then the last row); returns them and how many rows were left out.
+fn newest(cols: &Cols, rows: Vec<usize>, lay: &Layout) -> (Vec<usize>, usize) {
+    let config: Vec<String> = CONFIG.iter().map(|c| c.to_string()).collect();
+    let bar = |i: usize| {
+        let mut k = key(cols, &lay.group, i);
+        k.extend(key(cols, &lay.series, i));
+        k.push(lay.facet.as_ref().and_then(|f| cols[f][i].clone()));
+        k
+    };
+    let mut chosen: HashMap<Vec<Option<String>>, (Option<String>, usize)> = HashMap::new();
+    for &i in &rows {
+        let when = (cols["time_utc"][i].clone(), i);
+        let best = chosen.entry(bar(i)).or_insert(when.clone());
+        if when > *best {
+            *best = when;
+        }
+    }
+    let kept: Vec<usize> = rows
         .iter()
-        .map(|v| v.map(str::to_string))
-        .collect())
-}
-
-fn number_column(df: &DataFrame, name: &str) -> Result<Option<Vec<Option<f64>>>> {
-    let Ok(c) = df.column(name) else {
-        return Ok(None);
-    };
-    let c = c.cast(&DataType::Float64).map_err(polars_err)?;
-    Ok(Some(c.f64().map_err(polars_err)?.iter().collect()))
-}
-
-/// Indices of the rows that pass every filter.
-fn kept_rows(df: &DataFrame, args: &Args) -> Result<Vec<usize>> {
-    let n = df.height();
-    let mut keep = vec![true; n];
-    let mut retain = |col: Vec<Option<String>>, ok: &dyn Fn(Option<&str>) -> bool| {
-        for (k, v) in keep.iter_mut().zip(&col) {
-            *k &= ok(v.as_deref());
-        }
-    };
-    let precisions = args.precisions();
-    if !precisions.is_empty() {
-        retain(text_column(df, "dtype")?, &|d| {
-            d.is_some_and(|d| precisions.contains(&d))
-        });
-    }
-    for (col, want) in [
-        ("model", &args.model),
-        ("suite", &args.suite),
-        ("engine", &args.engine),
-    ] {
-        if let Some(w) = want {
-            retain(text_column(df, col)?, &|v| v == Some(w.as_str()));
-        }
-    }
-    if let Some(g) = &args.gpu {
-        retain(text_column(df, "gpu")?, &|v| {
-            v.is_some_and(|v| v.contains(g.as_str()))
-        });
-    }
-    if let Some(b) = args.batch_size {
-        retain(text_column(df, "batch_size")?, &|v| {
-            v.and_then(|v| v.parse::<f64>().ok()) == Some(b)
-        });
-    }
-    for w in Where::parse_all(&args.filters)? {
-        if df.column(&w.key).is_err() {
-            return Err(Error::Config(format!(
-                "--where {}={}: no column '{}' (columns: {})",
-                w.key,
-                w.value,
-                w.key,
-                column_names(df)
-            )));
-        }
-        retain(text_column(df, &w.key)?, &|v| w.matches(v));
-    }
-    Ok((0..n).filter(|i| keep[*i]).collect())
-}
-
-/// Each kept row's series name: model, engine (`hf-ATTN`), dtype, then every workload column
-/// (but the x axis) whose value differs among the kept rows.
-fn series_names(df: &DataFrame, rows: &[usize], x: &str) -> Result<Vec<String>> {
-    let (model, engine, attn, dtype) = (
-        text_column(df, "model")?,
-        text_column(df, "engine")?,
-        text_column(df, "attn")?,
-        text_column(df, "dtype")?,
-    );
-    let mut dims = vec![];
-    for (col, prefix) in DIMS.iter().filter(|(c, _)| *c != x) {
-        let v = text_column(df, col)?;
-        let first = &v[rows[0]];
-        if rows.iter().any(|i| v[*i] != *first) {
-            dims.push((v, *prefix, ONE_ENGINE.contains(col)));
-        }
-    }
-    let names = rows
-        .iter()
-        .map(|&i| {
-            let mut e = engine[i].clone().unwrap_or_else(|| "?".into());
-            if let (Some(a), "hf") = (&attn[i], e.as_str()) {
-                e = format!("hf-{a}");
-            }
-            let mut parts = vec![];
-            if x != "model" {
-                parts.extend(model[i].clone());
-            }
-            parts.push(e);
-            if x != "dtype" {
-                parts.extend(dtype[i].clone());
-            }
-            for (v, prefix, one_engine) in &dims {
-                match (v[i].as_deref(), one_engine) {
-                    (None, true) => {} // another engine's setting: nothing to say here
-                    (v, _) => parts.push(format!("{prefix}{}", v.unwrap_or("-"))),
-                }
-            }
-            parts.join(" ")
-        })
+        .copied()
+        .filter(|&i| key(cols, &config, i) == key(cols, &config, chosen[&bar(i)].1))
         .collect();
-    Ok(names)
+    let dropped = rows.len() - kept.len();
+    (kept, dropped)
 }
 
-/// The x categories in order: numerically when they are all numbers, else as first seen.
-fn order_xs(mut xs: Vec<String>) -> Vec<String> {
-    if xs.iter().all(|x| x.parse::<f64>().is_ok()) {
-        xs.sort_by(|a, b| {
-            a.parse::<f64>()
-                .unwrap()
-                .total_cmp(&b.parse::<f64>().unwrap())
-        });
+/// Numbers as numbers, the rest as text.
+fn cmp_values(a: &Option<String>, b: &Option<String>) -> Ordering {
+    let num = |v: &Option<String>| v.as_deref().and_then(|s| s.parse::<f64>().ok());
+    match (num(a), num(b)) {
+        (Some(x), Some(y)) => x.total_cmp(&y),
+        _ => a.cmp(b),
     }
-    xs
 }
 
-/// The chart's data: series -> x -> point, and the x categories in order.
-pub fn build_series(df: &DataFrame, args: &Args) -> Result<(Table, Vec<String>)> {
+type Key = Vec<Option<String>>;
+
+/// The series in legend order: candle, other engines, HF; then by their other columns.
+fn series_keys(cols: &Cols, rows: &[usize], lay: &Layout) -> Vec<Key> {
+    let mut keys: Vec<Key> = vec![];
+    for &i in rows {
+        let k = key(cols, &lay.series, i);
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    let rank = |k: &Key| fields::engine_rank(k[0].as_deref().unwrap_or(""));
+    keys.sort_by(|a, b| {
+        let by_value = a.iter().zip(b).map(|(x, y)| cmp_values(x, y));
+        rank(a)
+            .cmp(&rank(b))
+            .then_with(|| by_value.fold(Ordering::Equal, Ordering::then))
+    });
+    keys
+}
+
+/// A series' legend text: the values of the columns that vary among the series, less those
+/// that go without saying (tp1) where something else is said.
+fn series_label(k: &Key, lay: &Layout, shown: &[bool], all_fused: &[String]) -> String {
+    let parts = |quiet: bool| -> Vec<String> {
+        let named = lay.series.iter().zip(k).zip(shown).filter(|(_, s)| **s);
+        named
+            .filter_map(|((c, v), _)| {
+                let v = v.as_deref()?;
+                let unsaid = quiet && fields::is_default(c, v);
+                (!unsaid).then(|| fields::show(c, v, all_fused))
+            })
+            .collect()
+    };
+    let mut p = parts(true);
+    if p.is_empty() {
+        p = parts(false);
+    }
+    if p.is_empty() {
+        p.extend(k[0].clone());
+    }
+    p.join(" ")
+}
+
+/// Legend entries: one hue an engine (× precision where it varies), a shade per variant.
+fn series_list(keys: &[Key], lay: &Layout, all_fused: &[String]) -> Vec<Series> {
+    let shown: Vec<bool> = (0..lay.series.len())
+        .map(|c| keys.iter().any(|k| k[c] != keys[0][c]))
+        .collect();
+    let dtype = lay.series.iter().position(|c| c == "dtype");
+    let hue_of = |k: &Key| (k[0].clone(), dtype.and_then(|d| k[d].clone()));
+    let mut hues = vec![];
+    keys.iter()
+        .enumerate()
+        .map(|(s, k)| {
+            let h = hue_of(k);
+            if !hues.contains(&h) {
+                hues.push(h.clone());
+            }
+            Series {
+                label: series_label(k, lay, &shown, all_fused),
+                hue: hues.iter().position(|x| *x == h).unwrap_or(0),
+                shade: keys[..s].iter().filter(|o| hue_of(o) == h).count(),
+                baseline: fields::is_baseline(k[0].as_deref().unwrap_or("")),
+            }
+        })
+        .collect()
+}
+
+/// The groups along x in order: models by size (`n_parameters`), numbers as numbers, other
+/// text as first seen; then the batch size.
+fn group_keys(df: &DataFrame, cols: &Cols, rows: &[usize], lay: &Layout) -> Result<Vec<Key>> {
+    let params = number_column(df, "n_parameters")?;
+    let mut rank: HashMap<Option<String>, f64> = HashMap::new();
+    let x = &cols[&lay.group[0]];
+    let all_numbers = rows
+        .iter()
+        .all(|&i| x[i].as_deref().is_some_and(|v| v.parse::<f64>().is_ok()));
+    for (n, &i) in rows.iter().enumerate() {
+        let r = match (&params, lay.group[0].as_str()) {
+            _ if all_numbers => x[i].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0.),
+            (Some(p), "model") => p[i].unwrap_or(f64::INFINITY),
+            _ => n as f64,
+        };
+        let e = rank.entry(x[i].clone()).or_insert(r);
+        *e = e.min(r);
+    }
+    let mut keys: Vec<Key> = vec![];
+    for &i in rows {
+        let k = key(cols, &lay.group, i);
+        if !keys.contains(&k) && k[0].is_some() {
+            keys.push(k);
+        }
+    }
+    keys.sort_by(|a, b| {
+        let rest = a[1..].iter().zip(&b[1..]).map(|(x, y)| cmp_values(x, y));
+        rank[&a[0]]
+            .total_cmp(&rank[&b[0]])
+            .then_with(|| rest.fold(Ordering::Equal, Ordering::then))
+    });
+    Ok(keys)
+}
+
+/// Whether more of the metric is better (rates), less (times), or neither (memory, loss):
+/// only the first two get a speedup.
+fn higher_is_better(metric: &str) -> Option<bool> {
+    if metric.contains("per_second") || metric.contains("tflop") {
+        Some(true)
+    } else if metric.contains("_ms") || metric.ends_with("seconds") || metric.ends_with("runtime") {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// Each non-HF series' speedup over the best HF series of the same workload in the group.
+fn speedups(points: &[(usize, Point)], keys: &[Key], lay: &Layout, metric: &str) -> Vec<Speedup> {
+    let Some(higher) = higher_is_better(metric) else {
+        return vec![];
+    };
+    // The workload a series runs: its key less the engine and the engine's settings.
+    let workload = |s: usize| -> Vec<&Option<String>> {
+        let named = lay.series.iter().zip(&keys[s]).skip(1);
+        named
+            .filter(|(c, _)| !CONFIG.contains(&c.as_str()))
+            .map(|(_, v)| v)
+            .collect()
+    };
+    let is_hf = |s: usize| fields::is_baseline(keys[s][0].as_deref().unwrap_or(""));
+    let mut out = vec![];
+    for &(s, p) in points.iter().filter(|(s, _)| !is_hf(*s)) {
+        let base = points
+            .iter()
+            .filter(|(b, _)| is_hf(*b) && workload(*b) == workload(s))
+            .max_by(|x, y| {
+                let o = x.1.value.total_cmp(&y.1.value);
+                if higher {
+                    o
+                } else {
+                    o.reverse()
+                }
+            });
+        if let Some(&(b, bp)) = base {
+            let ratio = if higher {
+                p.value / bp.value
+            } else {
+                bp.value / p.value
+            };
+            if ratio.is_finite() {
+                out.push(Speedup {
+                    series: s,
+                    baseline: b,
+                    ratio,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The metric's values; an error for a column that is missing or holds no number.
+fn metric_values(df: &DataFrame, args: &Args) -> Result<Vec<Option<f64>>> {
     let Some(value) = number_column(df, &args.metric)? else {
         return Err(Error::Config(format!(
             "no column '{}' in {} (columns: {})",
@@ -178,144 +333,159 @@ pub fn build_series(df: &DataFrame, args: &Args) -> Result<(Table, Vec<String>)>
             column_names(df)
         )));
     };
-    if df.column(&args.x).is_err() {
+    if value.iter().all(Option::is_none) {
         return Err(Error::Config(format!(
-            "--x {}: no such column (columns: {})",
-            args.x,
-            column_names(df)
-        )));
-    }
-    let rows: Vec<usize> = kept_rows(df, args)?
-        .into_iter()
-        .filter(|i| value[*i].is_some())
-        .collect();
-    if rows.is_empty() {
-        return Err(Error::Config(format!(
-            "no rows of {} match the filters",
+            "column '{}' of {} holds no numbers: --metric takes a numeric column",
+            args.metric,
             args.input.display()
         )));
     }
-    let lo = number_column(df, &format!("{}_min", args.metric))?;
-    let hi = number_column(df, &format!("{}_max", args.metric))?;
-    let xs = text_column(df, &args.x)?;
-    let names = series_names(df, &rows, &args.x)?;
-    let (_, scale) = units(&args.metric);
-    // (series, x) -> every matching row's point.
-    let mut raw: BTreeMap<(String, String), Vec<Point>> = BTreeMap::new();
-    let mut x_order: Vec<String> = vec![];
-    for (&i, name) in rows.iter().zip(names) {
-        let (Some(v), Some(x)) = (value[i], xs[i].clone()) else {
-            continue;
-        };
-        if !x_order.contains(&x) {
-            x_order.push(x.clone());
+    for (flag, c) in [("--x", &args.x), ("--facet", &args.facet)] {
+        if !matches!(c.as_str(), "auto" | "none") && df.column(c).is_err() {
+            return Err(Error::Config(format!(
+                "{flag} {c}: no such column (columns: {})",
+                column_names(df)
+            )));
         }
+    }
+    Ok(value)
+}
+
+/// What every plotted row shares, for the subtitle: `generation · bf16 · batch 16`.
+fn subtitle(cols: &Cols, rows: &[usize], lay: &Layout) -> String {
+    let taken = |c: &str| lay.facet.as_deref() == Some(c) || lay.group.iter().any(|g| g == c);
+    let shared = ["engine"].iter().chain(WORKLOAD).filter(|c| !taken(c));
+    shared
+        .filter_map(|c| {
+            let col = &cols[*c];
+            let v = col[rows[0]].as_deref()?;
+            let quiet = varies(col, rows) || fields::is_default(c, v);
+            (!quiet).then(|| fields::show(c, v, &[]))
+        })
+        .collect::<Vec<_>>()
+        .join(" · ")
+}
+
+/// Folds a bar's rows: their median, and the min..max of them (and of `_min` / `_max`).
+fn fold(pts: &[Point]) -> Point {
+    let mut vals: Vec<f64> = pts.iter().map(|p| p.value).collect();
+    vals.sort_by(f64::total_cmp);
+    Point {
+        value: crate::metrics::percentile(&vals, 50.),
+        lo: pts.iter().map(|p| p.lo).fold(f64::INFINITY, f64::min),
+        hi: pts.iter().map(|p| p.hi).fold(f64::NEG_INFINITY, f64::max),
+    }
+}
+
+/// The chart's data from the CSV and the flags.
+pub fn build(df: &DataFrame, args: &Args) -> Result<Chart> {
+    let value = metric_values(df, args)?;
+    let rows = kept_rows(df, args, &value)?;
+    let cols = read_cols(df, args)?;
+    let lay = layout(&cols, &rows, args);
+    let (rows, dropped) = match args.all_configs {
+        true => (rows, 0),
+        false => newest(&cols, rows, &lay),
+    };
+    let all_fused = fields::fused_union(rows.iter().filter_map(|&i| cols["fused"][i].as_deref()));
+    let keys = series_keys(&cols, &rows, &lay);
+    let groups = group_keys(df, &cols, &rows, &lay)?;
+    let mut facets: Vec<Option<String>> = vec![];
+    for &i in &rows {
+        let f = lay.facet.as_ref().and_then(|f| cols[f][i].clone());
+        if !facets.contains(&f) {
+            facets.push(f);
+        }
+    }
+    facets.sort_by(cmp_values);
+    let (lo, hi) = (
+        number_column(df, &format!("{}_min", args.metric))?,
+        number_column(df, &format!("{}_max", args.metric))?,
+    );
+    let (_, scale) = units(&args.metric);
+    let mut raw: BTreeMap<(usize, usize, usize), Vec<Point>> = BTreeMap::new();
+    for &i in &rows {
+        let v = value[i].unwrap_or(f64::NAN);
+        let Some(g) = groups.iter().position(|k| *k == key(&cols, &lay.group, i)) else {
+            continue; // no x value: nowhere to draw it
+        };
+        let f = lay.facet.as_ref().and_then(|f| cols[f][i].clone());
+        let p = facets.iter().position(|x| *x == f).unwrap_or(0);
+        let s = keys
+            .iter()
+            .position(|k| *k == key(&cols, &lay.series, i))
+            .unwrap_or(0);
         let bound = |c: &Option<Vec<Option<f64>>>| c.as_ref().and_then(|c| c[i]).unwrap_or(v);
-        raw.entry((name, x)).or_default().push(Point {
+        raw.entry((p, g, s)).or_default().push(Point {
             value: v * scale,
             lo: bound(&lo) * scale,
             hi: bound(&hi) * scale,
         });
     }
-    let mut table = Table::new();
-    for ((series, x), mut pts) in raw {
-        pts.sort_by(|a, b| a.value.total_cmp(&b.value));
-        let vals: Vec<f64> = pts.iter().map(|p| p.value).collect();
-        let point = Point {
-            value: crate::metrics::percentile(&vals, 50.),
-            lo: pts.iter().map(|p| p.lo).fold(f64::INFINITY, f64::min),
-            hi: pts.iter().map(|p| p.hi).fold(f64::NEG_INFINITY, f64::max),
-        };
-        table.entry(series).or_default().insert(x, point);
-    }
-    Ok((table, order_xs(x_order)))
+    let panels = facets
+        .iter()
+        .enumerate()
+        .map(|(p, f)| panel(p, f, &raw, &groups, &keys, &lay, args))
+        .collect();
+    Ok(Chart {
+        panels,
+        series: series_list(&keys, &lay, &all_fused),
+        lines: lay.lines,
+        x_label: if lay.lines {
+            args.x.replace('_', " ")
+        } else {
+            String::new()
+        },
+        subtitle: subtitle(&cols, &rows, &lay),
+        note: (dropped > 0).then(|| {
+            format!(
+                "each bar: its engine's newest settings and build ({dropped} older runs not \
+                 drawn; --all-configs draws every one)"
+            )
+        }),
+    })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::Parser;
-
-    fn args(extra: &[&str]) -> Args {
-        let mut a = vec!["plot"];
-        a.extend_from_slice(extra);
-        Args::parse_from(a)
+/// Panel `p`: its groups (those with a point), each with its points and speedups.
+fn panel(
+    p: usize,
+    facet: &Option<String>,
+    raw: &BTreeMap<(usize, usize, usize), Vec<Point>>,
+    groups: &[Key],
+    keys: &[Key],
+    lay: &Layout,
+    args: &Args,
+) -> Panel {
+    let mut out = vec![];
+    for (g, gk) in groups.iter().enumerate() {
+        let points: Vec<(usize, Point)> = (0..keys.len())
+            .filter_map(|s| raw.get(&(p, g, s)).map(|pts| (s, fold(pts))))
+            .collect();
+        if points.is_empty() {
+            continue;
+        }
+        let shown = lay.group.iter().zip(gk).filter_map(|(c, v)| {
+            let v = v.as_deref()?;
+            Some(if lay.lines {
+                v.to_string()
+            } else {
+                fields::show(c, v, &[])
+            })
+        });
+        let x = match lay.lines {
+            true => gk[0].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0.),
+            false => out.len() as f64,
+        };
+        out.push(Group {
+            label: shown.collect::<Vec<_>>().join("\n"),
+            x,
+            speedups: speedups(&points, keys, lay, &args.metric),
+            points,
+        });
     }
-
-    /// Two models × two engines on two GPUs, one run repeated, one at another batch size.
-    fn frame() -> DataFrame {
-        df!(
-            "engine" => ["candle", "candle", "hf", "candle", "hf", "candle", "candle"],
-            "model" => ["gpt2", "gpt2", "gpt2", "bloom", "bloom", "gpt2", "gpt2"],
-            "dtype" => ["bf16"; 7],
-            "gpu" => ["H100", "H100", "H100", "H100", "H100", "H200", "H100"],
-            "batch_size" => [16i64, 16, 16, 16, 16, 16, 1],
-            "samples_per_second" => [10., 12., 5., 3., 2., 20., 1.],
-        )
-        .unwrap()
-    }
-
-    #[test]
-    fn one_series_per_model_engine_precision_grouped_by_gpu() {
-        let (table, xs) = build_series(&frame(), &args(&["--batch-size", "16"])).unwrap();
-        let names: Vec<&str> = table.keys().map(String::as_str).collect();
-        assert_eq!(
-            names,
-            [
-                "bloom candle bf16",
-                "bloom hf bf16",
-                "gpt2 candle bf16",
-                "gpt2 hf bf16"
-            ]
-        );
-        assert_eq!(xs, ["H100", "H200"]);
-        // The two H100 repeats of gpt2 candle: their median, with their range.
-        let p = table["gpt2 candle bf16"]["H100"];
-        assert_eq!((p.value, p.lo, p.hi), (11., 10., 12.));
-        assert_eq!(table["gpt2 candle bf16"]["H200"].value, 20.);
-        assert!(!table["bloom candle bf16"].contains_key("H200"));
-    }
-
-    #[test]
-    fn rows_that_differ_in_batch_size_are_never_one_bar() {
-        let (table, _) = build_series(&frame(), &args(&["--where", "model=gpt2"])).unwrap();
-        let names: Vec<&str> = table.keys().map(String::as_str).collect();
-        assert_eq!(
-            names,
-            [
-                "gpt2 candle bf16 bs1",
-                "gpt2 candle bf16 bs16",
-                "gpt2 hf bf16 bs16"
-            ]
-        );
-        assert_eq!(table["gpt2 candle bf16 bs1"]["H100"].value, 1.);
-        // x = model: the model leaves the series name and names the groups.
-        let (table, xs) = build_series(
-            &frame(),
-            &args(&[
-                "--x",
-                "model",
-                "--where",
-                "gpu=H100",
-                "--where",
-                "batch_size=16",
-            ]),
-        )
-        .unwrap();
-        assert_eq!(xs, ["gpt2", "bloom"]);
-        assert_eq!(table.keys().collect::<Vec<_>>(), ["candle bf16", "hf bf16"]);
-    }
-
-    #[test]
-    fn default_output_names_the_metric_and_precisions() {
-        assert_eq!(
-            args(&["--metric", "samples_per_second", "--fp32"]).output_path(),
-            std::path::PathBuf::from("samples_per_second_fp32.png")
-        );
-        assert_eq!(
-            args(&[]).output_path().to_str(),
-            Some("samples_per_second.png")
-        );
-        assert_eq!(args(&["-o", "x.svg"]).output_path().to_str(), Some("x.svg"));
+    let label = lay.facet.as_ref().zip(facet.as_deref());
+    Panel {
+        label: label.map(|(c, v)| fields::show(c, v, &[])),
+        groups: out,
     }
 }

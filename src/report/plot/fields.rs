@@ -1,0 +1,135 @@
+//! The CSV columns a chart is built from, and how their values read in a legend, a group
+//! label or the subtitle: short (`batch 16`, `tp2`, `H100 80GB HBM3`, a commit's 7 digits, a
+//! `--fused` set as its difference from all).
+
+/// Columns that name a workload: rows that differ in one are never one bar, one point.
+pub const WORKLOAD: &[&str] = &[
+    "suite",
+    "mode",
+    "model",
+    "dtype",
+    "gpu",
+    "batch_size",
+    "seq_len",
+    "gen_source",
+    "prompt_len",
+    "new_tokens",
+    "tp",
+    "dp",
+    "zero",
+];
+
+/// An engine's own settings and build: unless `--all-configs`, each bar keeps the newest.
+pub const CONFIG: &[&str] = &["attn", "fused", "backward", "recompute", "git_commit"];
+
+/// x columns that are swept numbers: drawn as lines.
+pub const SWEPT: &[&str] = &[
+    "batch_size",
+    "seq_len",
+    "prompt_len",
+    "new_tokens",
+    "tp",
+    "dp",
+];
+
+/// Whether an engine is the baseline the others' speedups are over (HF transformers).
+pub fn is_baseline(engine: &str) -> bool {
+    engine.starts_with("hf")
+}
+
+/// Where an engine's bars come in a group: candle first, other engines, HF last.
+pub fn engine_rank(engine: &str) -> u8 {
+    match engine {
+        "candle" => 0,
+        e if is_baseline(e) => 2,
+        _ => 1,
+    }
+}
+
+/// A value as a legend or label reads it. `all_fused` is the union of the chart's `--fused`
+/// sets: what `all` meant for the binaries plotted.
+pub fn show(col: &str, v: &str, all_fused: &[String]) -> String {
+    match col {
+        "batch_size" => format!("batch {v}"),
+        "seq_len" => format!("seq {v}"),
+        "prompt_len" => format!("prompt {v}"),
+        "gen_source" => format!("{v} prompts"),
+        "new_tokens" => format!("{v} new"),
+        "tp" | "dp" => format!("{col}{v}"),
+        "zero" => format!("ZeRO-{v}"),
+        "gpu" => v.trim_start_matches("NVIDIA ").to_string(),
+        "git_commit" => commit(v),
+        "fused" => format!("fused {}", fused(v, all_fused)),
+        "backward" | "recompute" => format!("{col} {v}"),
+        _ => v.to_string(),
+    }
+}
+
+/// Values a label can leave unsaid where another part names the series: one GPU, no ZeRO.
+pub fn is_default(col: &str, v: &str) -> bool {
+    matches!((col, v), ("tp" | "dp", "1") | ("zero", "0"))
+}
+
+/// A build by its commit: 7 hex digits, `-dirty` kept.
+fn commit(v: &str) -> String {
+    let (hash, dirty) = match v.strip_suffix("-dirty") {
+        Some(h) => (h, "-dirty"),
+        None => (v, ""),
+    };
+    format!("{}{dirty}", &hash[..hash.len().min(7)])
+}
+
+/// A `--fused` set by its difference from all: `all`, `all -gemv,skinny`, or, when that is
+/// shorter, the set itself (`none`, `lt,softmax`).
+pub fn fused(v: &str, all: &[String]) -> String {
+    let set: Vec<&str> = v
+        .split(',')
+        .filter(|s| !s.is_empty() && *s != "none")
+        .collect();
+    if set.is_empty() {
+        return "none".into();
+    }
+    let missing: Vec<&str> = all
+        .iter()
+        .map(String::as_str)
+        .filter(|f| !set.contains(f))
+        .collect();
+    if missing.is_empty() {
+        "all".into()
+    } else if missing.len() <= set.len() {
+        format!("all -{}", missing.join(","))
+    } else {
+        set.join(",")
+    }
+}
+
+/// The union of the `--fused` sets in `values`, in first-seen order.
+pub fn fused_union<'a>(values: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut all: Vec<String> = vec![];
+    for f in values.flat_map(|v| v.split(',')) {
+        if !f.is_empty() && f != "none" && !all.iter().any(|a| a == f) {
+            all.push(f.to_string());
+        }
+    }
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_values_are_shortened() {
+        let all = fused_union(["a,b,c,d", "a,b"].into_iter());
+        assert_eq!(fused("a,b,c,d", &all), "all");
+        assert_eq!(fused("a,b,c", &all), "all -d");
+        assert_eq!(fused("a", &all), "a");
+        assert_eq!(fused("none", &all), "none");
+        assert_eq!(
+            show("git_commit", "1342a160ff18-dirty", &all),
+            "1342a16-dirty"
+        );
+        assert_eq!(show("gpu", "NVIDIA H100 80GB HBM3", &all), "H100 80GB HBM3");
+        assert_eq!(show("tp", "2", &all), "tp2");
+    }
+}
