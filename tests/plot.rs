@@ -305,3 +305,22 @@ fn bad_input_fails_in_one_line_that_says_what_to_change() {
         "{err}"
     );
 }
+
+#[test]
+fn lines_of_several_models_are_panels_by_model() {
+    let csv = fixture("sweep.csv");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let two = dir.path().join("two.csv");
+    let gpt2 = text
+        .lines()
+        .skip(1)
+        .map(|l| l.replace("bloom-560m", "gpt2"));
+    let all: Vec<String> = text.lines().map(String::from).chain(gpt2).collect();
+    std::fs::write(&two, all.join("\n")).unwrap();
+    let a = Args::parse_from(["plot", "-i", two.to_str().unwrap(), "--x", "batch_size"]);
+    let c = chart(&a).unwrap();
+    let panels: Vec<_> = c.panels.iter().map(|p| p.label.as_deref()).collect();
+    assert_eq!(panels, [Some("bloom-560m"), Some("gpt2")]);
+    assert_eq!(labels(&c), ["candle", "hf"]);
+}

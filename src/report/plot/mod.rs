@@ -76,7 +76,7 @@ pub struct Args {
     #[arg(long, default_value = "model")]
     pub x: String,
     /// Side-by-side panels, one per value of this column (dtype, gpu, suite…): auto = by GPU
-    /// where the rows come from several; none = one panel.
+    /// where the rows come from several, else for lines by model; none = one panel.
     #[arg(long, value_name = "COLUMN", default_value = "auto")]
     pub facet: String,
     /// Logarithmic y axis (values that differ by orders of magnitude).

@@ -98,7 +98,13 @@ fn layout(cols: &Cols, rows: &[usize], args: &Args) -> Layout {
     let x = args.x.as_str();
     let facet = match args.facet.as_str() {
         "none" => None,
-        "auto" => (x != "gpu" && varies(&cols["gpu"], rows)).then(|| "gpu".to_string()),
+        // By GPU where several; lines of several models apart too (one hue an engine would
+        // leave them told apart by shade only).
+        "auto" => ["gpu", "model"]
+            .into_iter()
+            .filter(|c| *c == "gpu" || SWEPT.contains(&x))
+            .find(|c| *c != x && varies(&cols[*c], rows))
+            .map(str::to_string),
         f => Some(f.to_string()),
     };
     let mut group = vec![x.to_string()];
@@ -438,8 +444,9 @@ pub fn build(df: &DataFrame, args: &Args) -> Result<Chart> {
         },
         subtitle: subtitle(&cols, &rows, &lay),
         note: (dropped > 0).then(|| {
+            let what = if lay.lines { "point" } else { "bar" };
             format!(
-                "each bar: its engine's newest settings and build ({dropped} older runs not \
+                "each {what}: its engine's newest settings and build ({dropped} older runs not \
                  drawn; --all-configs draws every one)"
             )
         }),
