@@ -8,7 +8,7 @@
 #               the first $B1_LIMIT (500) passages at batch 1, --tp 1 and 2 (tp 2's scores
 #               against tp 1's within the batch-size spread); --mode generate batch 16 (first
 #               $GEN_LIMIT (320) passages); the generation suite, prompt 128 + 128, batch 1 and 16
-#   tp-decode   bloom-7b1 bf16 generation suite, prompt 128 + 128, batch 1 and 16, $TPD_ROUNDS (2)
+#   tp-decode   one sum's time in a CUDA graph (NCCL, one-shot); bloom-7b1 bf16 generation suite, prompt 128 + 128, batch 1 and 16, $TPD_ROUNDS (2)
 #               rounds alternating: tp 1, tp 2, tp 2 without the one-shot sums, without the
 #               split LM head, without both (NCCL's all-reduce, the whole head on every rank)
 #   dp          gpt2 bf16 8 x 1024 a rank on WikiText-2, $DP_STEPS (50) timed steps: dp 1 and
@@ -62,6 +62,11 @@ for stage in "$@"; do
       --min-share 0 2>&1 | tee -a "$CON"
     ;;
   tp-decode)
+    # One sum inside a CUDA graph, NCCL against the one-shot kernel (the unit-test binary that
+    # gpu_checks.sh multi-smoke unpacked).
+    if [ -x /tmp/unit-tests ]; then
+      /tmp/unit-tests sum_latency_over_two_gpus --ignored --nocapture --test-threads 1 2>&1 | tee -a "$CON"
+    fi
     ALL=lt,softmax,bias-act,adamw,layer-norm,dropout,cross-entropy,decode,graph,embedding,heads,flash,residual,gemv,skinny
     for round in $(seq 1 "${TPD_ROUNDS:-2}"); do
       for bs in 1 16; do

@@ -53,3 +53,80 @@ fn nccl_collectives_keep_the_contract_over_two_gpus() {
         r.join().expect("a rank failed its checks");
     }
 }
+
+/// Sums a CUDA graph replays back to back, per timing.
+const GRAPHED_SUMS: usize = 50;
+
+/// The time of one sum of a decode step's sizes inside a CUDA graph over two GPUs, NCCL's
+/// all-reduce against the one-shot kernel: printed for docs/perf-notes.md (a measurement, run
+/// by `scripts/multi_measure.sh tp-decode`; the sums' values are checked, the times are not).
+#[test]
+#[ignore = "needs two GPUs: scripts/multi_measure.sh tp-decode runs it"]
+fn sum_latency_over_two_gpus() {
+    use crate::kernels::{set_enabled, Fused};
+    for oneshot in [false, true] {
+        set_enabled(&[
+            Fused::Graph,
+            if oneshot {
+                Fused::Oneshot
+            } else {
+                Fused::Decode
+            },
+        ]);
+        let id = NcclAllReduce::new_id().unwrap();
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                let id = id.clone();
+                std::thread::spawn(move || time_graphed_sums(rank, 2, &id))
+            })
+            .collect();
+        for r in ranks {
+            r.join().expect("a rank failed");
+        }
+    }
+    set_enabled(&[Fused::All]);
+}
+
+/// Rank `rank`'s part of [`sum_latency_over_two_gpus`]: rank 0 prints µs a sum.
+fn time_graphed_sums(rank: usize, size: usize, id: &[u8]) {
+    let dev = open(DeviceSpec::Cuda(rank)).unwrap();
+    let mut nccl = NcclAllReduce::join(&dev, rank, size, id).unwrap();
+    nccl.map_peer_buffers(&dev, rank, size, true).unwrap();
+    for n in [4096, 16 * 4096, 256 * 1024] {
+        let x =
+            (candle_core::Tensor::ones(n, DType::BF16, &dev).unwrap() * (rank + 1) as f64).unwrap();
+        let y = nccl
+            .all_reduce_sum(&x)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        assert_eq!(y.min(0).unwrap().to_scalar::<f32>().unwrap(), 3.);
+        assert_eq!(y.max(0).unwrap().to_scalar::<f32>().unwrap(), 3.);
+        let _params = crate::kernels::param_cache(&dev);
+        let graph = crate::kernels::capture(&dev, || {
+            for _ in 0..GRAPHED_SUMS {
+                nccl.all_reduce_sum(&x)?;
+            }
+            Ok(())
+        })
+        .unwrap()
+        .expect("a CUDA graph");
+        let replay = |times: usize| {
+            for _ in 0..times {
+                graph.launch().unwrap();
+            }
+            dev.synchronize().unwrap();
+        };
+        replay(5);
+        let start = std::time::Instant::now();
+        replay(20);
+        let us = start.elapsed().as_secs_f64() * 1e6 / (20 * GRAPHED_SUMS) as f64;
+        if rank == 0 {
+            println!(
+                "{}: {} KiB bf16: {us:.2} µs a sum (graphed)",
+                nccl.describe(),
+                n * 2 / 1024
+            );
+        }
+    }
+}

@@ -154,18 +154,14 @@ fn allocate(ordinal: usize) -> Result<(sys::CUdeviceptr, Vec<u8>), String> {
     let mut handle = sys::CUipcMemHandle_st {
         reserved: [0; HANDLE],
     };
-    // SAFETY: a new allocation (cuMemAlloc: IPC cannot share stream-ordered pool memory), its
-    // header zeroed before any kernel reads it (the synchronize).
+    // SAFETY: a new allocation (cuMemAlloc: IPC cannot share stream-ordered pool memory),
+    // zeroed before any kernel reads it (the synchronize): a line's epochs must not match by
+    // chance.
     unsafe {
-        check(
-            sys::cuMemAlloc_v2(&mut own, PeerBuffers::buffer_bytes()),
-            "buffer",
-        )?;
-        check(
-            sys::cuMemsetD8_v2(own, 0, PeerBuffers::header_bytes()),
-            "zeroing flags",
-        )?;
-        check(sys::cuCtxSynchronize(), "zeroing flags")?;
+        let bytes = PeerBuffers::buffer_bytes();
+        check(sys::cuMemAlloc_v2(&mut own, bytes), "buffer")?;
+        check(sys::cuMemsetD8_v2(own, 0, bytes), "zeroing")?;
+        check(sys::cuCtxSynchronize(), "zeroing")?;
         check(sys::cuIpcGetMemHandle(&mut handle, own), "IPC handle")?;
     }
     let mut rec: Vec<u8> = handle.reserved.iter().map(|&c| c as u8).collect();

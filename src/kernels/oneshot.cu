@@ -1,32 +1,45 @@
 // One-shot sum over the GPUs of one host (#34): tensor parallelism's small all-reduces (a
 // decode step's 60 sums of 8 KiB on bloom-7b1) cost NCCL ≈ 18 µs each, its latency floor. Here
 // each rank pushes its values into every rank's receive buffer over NVLink (CUDA IPC, mapped
-// by src/dist/peer_sum.rs), raises a flag in each, waits for every rank's flag and sums the
-// copies it received in rank order, so every rank gets the same bits. One launch, no host.
+// by src/dist/peer_sum.rs) and sums the copies it receives in rank order, so every rank gets
+// the same bits. One launch, no host, no barrier: each 16-byte line carries 8 bytes of values
+// and the epoch twice (NCCL's LL protocol), so a receiver knows a line has arrived from the line
+// itself (16-byte stores and loads are single copies), with no fence or flag round trip.
 // Launched by oneshot.rs.
 //
-// Each rank's buffer (one cuMemAlloc, IPC-shared): FLAGS [MAX_BLOCKS][MAX_RANKS] u32 epochs
-// the senders raise, COUNTERS [MAX_BLOCKS] u32 (this rank's epoch of each block), then at
-// DATA two slots (even and odd epochs) of [MAX_RANKS senders][cap bytes].
-// Why two slots and one barrier suffice: a rank writing slot e % 2 at epoch e has seen every
-// rank's flag e - 1, so every rank has finished epoch e - 2, the last reader of that slot.
+// Each rank's buffer (one cuMemAlloc, IPC-shared): COUNTERS [MAX_BLOCKS] u32 (this rank's epoch
+// of each block; sender and receiver blocks of one index handle the same lines, and every
+// rank's block b has run as often as the others'), then at DATA two slots (even and odd
+// epochs) of [MAX_RANKS senders][2 · cap bytes of lines].
+// Why two slots suffice without a barrier: a rank writing slot e % 2 at epoch e has received
+// every rank's lines of epoch e − 1, which each rank sent after its epoch e − 2 had finished
+// reading that slot (kernels of one stream run in order).
 // Shapes: x, y (n,) contiguous, n · sizeof(T) whole 16-byte vectors, ≤ cap bytes.
 #include "common.cuh"
 
 #define MAX_RANKS 8
 #define MAX_BLOCKS 32
-#define FLAGS 0
-#define COUNTERS (MAX_BLOCKS * MAX_RANKS * 4)
+#define COUNTERS 0
 #define DATA 4096
 
-__device__ __forceinline__ void store_release_sys(unsigned* p, unsigned v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+// A line: two 4-byte words of values, each beside the epoch that sent it.
+struct __align__(16) Line {
+  uint32_t data1, flag1, data2, flag2;
+};
+
+__device__ __forceinline__ void store_line(Line* p, uint32_t d1, uint32_t d2, uint32_t epoch) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(d1), "r"(epoch), "r"(d2),
+               "r"(epoch)
+               : "memory");
 }
 
-__device__ __forceinline__ unsigned load_acquire_sys(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
+__device__ __forceinline__ Line load_line(const Line* p) {
+  Line l;
+  asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(l.data1), "=r"(l.flag1), "=r"(l.data2), "=r"(l.flag2)
+               : "l"(p)
+               : "memory");
+  return l;
 }
 
 __device__ __forceinline__ unsigned long long now_ns() {
@@ -35,12 +48,15 @@ __device__ __forceinline__ unsigned long long now_ns() {
   return t;
 }
 
-// Thread `from` of each block waits for rank `from`'s flag of this epoch (or a later one: a
-// faster rank may already have raised the next). A rank that never comes (it died) would
+// The line of this epoch at `p`, once it has arrived. A rank that never sends (it died) would
 // hang the stream: after 60 s the kernel traps, which fails the run with a CUDA error.
-__device__ void wait_flag(const unsigned* flag, unsigned epoch, unsigned rank, unsigned from) {
+__device__ Line receive(const Line* p, uint32_t epoch, unsigned rank, unsigned from) {
+  Line l = load_line(p);
+  if (l.flag1 == epoch && l.flag2 == epoch) return l;
   const unsigned long long start = now_ns();
-  while ((int)(load_acquire_sys(flag) - epoch) < 0) {
+  for (;;) {
+    l = load_line(p);
+    if (l.flag1 == epoch && l.flag2 == epoch) return l;
     if (now_ns() - start > 60ull * 1000 * 1000 * 1000) {
       printf("one-shot sum: rank %u waited 60 s for rank %u (did it fail?)\n", rank, from);
       __trap();
@@ -48,62 +64,69 @@ __device__ void wait_flag(const unsigned* flag, unsigned epoch, unsigned rank, u
   }
 }
 
+// Adds the values of a 4-byte word to acc (4 / sizeof(T) of them).
 template <typename T>
-__device__ void oneshot_sum(const Vec16<T>* x, Vec16<T>* y, long vectors, const unsigned long long* bases,
-                            unsigned rank, unsigned world, unsigned cap) {
-  constexpr int E = 16 / sizeof(T);
-  __shared__ unsigned epoch_s;
+__device__ __forceinline__ void add_word(float* acc, uint32_t w) {
+  constexpr int E = 4 / sizeof(T);
+  const T* v = (const T*)&w;
+#pragma unroll
+  for (int j = 0; j < E; j++) acc[j] += to_f(v[j]);
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t round_word(const float* acc) {
+  constexpr int E = 4 / sizeof(T);
+  uint32_t w;
+  T* v = (T*)&w;
+#pragma unroll
+  for (int j = 0; j < E; j++) v[j] = from_f<T>(acc[j]);
+  return w;
+}
+
+template <typename T>
+__device__ void oneshot_sum(const uint2* x, uint2* y, long lines, const unsigned long long* bases, unsigned rank,
+                            unsigned world, unsigned cap) {
+  constexpr int E = 4 / sizeof(T);
+  __shared__ uint32_t epoch_s;
   char* own = (char*)bases[rank];
-  unsigned* counter = (unsigned*)(own + COUNTERS) + blockIdx.x;
+  uint32_t* counter = (uint32_t*)(own + COUNTERS) + blockIdx.x;
   if (threadIdx.x == 0) epoch_s = *counter + 1;
   __syncthreads();
-  const unsigned epoch = epoch_s;
-  const size_t slot = DATA + (size_t)(epoch & 1) * MAX_RANKS * cap;
-  // This block's run of vectors: the same on every rank (same n, same grid).
-  const long per = (vectors + gridDim.x - 1) / gridDim.x;
-  const long lo = blockIdx.x * per, hi = min(vectors, lo + per);
+  const uint32_t epoch = epoch_s;
+  const size_t run = 2 * (size_t)cap;  // a sender's lines in one slot
+  const size_t slot = DATA + (size_t)(epoch & 1) * MAX_RANKS * run;
+  // This block's lines: the same on every rank (same n, same grid).
+  const long per = (lines + gridDim.x - 1) / gridDim.x;
+  const long lo = blockIdx.x * per, hi = min(lines, lo + per);
 
-  // 1. Push: my values into my place in every rank's slot.
+  // Push: my 8 bytes of line i into my run of every rank's slot.
   for (long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-    const Vec16<T> v = x[i];
-    for (unsigned r = 0; r < world; r++) ((Vec16<T>*)((char*)bases[r] + slot + (size_t)rank * cap))[i] = v;
-  }
-  __threadfence_system();
-  __syncthreads();
-
-  // 2. Flag every rank (thread r raises mine in rank r's buffer), wait for every rank's flag.
-  if (threadIdx.x < world) {
-    unsigned* theirs = (unsigned*)((char*)bases[threadIdx.x] + FLAGS) + blockIdx.x * MAX_RANKS + rank;
-    store_release_sys(theirs, epoch);
-    const unsigned* mine = (const unsigned*)(own + FLAGS) + blockIdx.x * MAX_RANKS + threadIdx.x;
-    wait_flag(mine, epoch, rank, threadIdx.x);
-  }
-  __syncthreads();
-
-  // 3. Sum the received copies in rank order, f32 inside, one rounding. L2 loads (__ldcg):
-  // the peers wrote this memory, which L1 does not see.
-  for (long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-    float acc[E];
-#pragma unroll
-    for (int j = 0; j < E; j++) acc[j] = 0.f;
+    const uint2 v = x[i];
     for (unsigned r = 0; r < world; r++) {
-      const uint4 raw = __ldcg((const uint4*)(own + slot + (size_t)r * cap) + i);
-      const Vec16<T> v = *(const Vec16<T>*)&raw;
-#pragma unroll
-      for (int j = 0; j < E; j++) acc[j] += to_f(v.e[j]);
+      Line* dst = (Line*)((char*)bases[r] + slot + rank * run) + i;
+      store_line(dst, v.x, v.y, epoch);
     }
-    Vec16<T> s;
-#pragma unroll
-    for (int j = 0; j < E; j++) s.e[j] = from_f<T>(acc[j]);
-    y[i] = s;
   }
+  // Receive and sum, in rank order, f32 inside, one rounding.
+  for (long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    float a1[E], a2[E];
+#pragma unroll
+    for (int j = 0; j < E; j++) a1[j] = a2[j] = 0.f;
+    for (unsigned r = 0; r < world; r++) {
+      const Line l = receive((const Line*)(own + slot + r * run) + i, epoch, rank, r);
+      add_word<T>(a1, l.data1);
+      add_word<T>(a2, l.data2);
+    }
+    y[i] = make_uint2(round_word<T>(a1), round_word<T>(a2));
+  }
+  __syncthreads();
   if (threadIdx.x == 0) *counter = epoch;
 }
 
-#define INSTANTIATE(T, S)                                                                            \
-  extern "C" __global__ void tb_oneshot_sum_##S(const Vec16<T>* x, Vec16<T>* y, long vectors,      \
-                                                const unsigned long long* bases, unsigned rank,      \
-                                                unsigned world, unsigned cap) {                      \
-    oneshot_sum<T>(x, y, vectors, bases, rank, world, cap);                                          \
+#define INSTANTIATE(T, S)                                                                                  \
+  extern "C" __global__ void tb_oneshot_sum_##S(const uint2* x, uint2* y, long lines,                    \
+                                                const unsigned long long* bases, unsigned rank,            \
+                                                unsigned world, unsigned cap) {                            \
+    oneshot_sum<T>(x, y, lines, bases, rank, world, cap);                                                  \
   }
 FOR_TYPES(INSTANTIATE)

@@ -12,7 +12,7 @@ pub const ONESHOT_MAX_RANKS: usize = 8;
 /// The largest sum in bytes a one-shot sum takes; larger ones go to NCCL (one-shot sums pay
 /// off under ≈ 512 KiB on NVLink pairs: vLLM's and TensorRT-LLM's thresholds).
 pub const ONESHOT_CAP: usize = 512 * 1024;
-/// Bytes of flags and counters before the data slots (oneshot.cu's DATA).
+/// Bytes of counters before the data slots (oneshot.cu's DATA).
 const HEADER_BYTES: usize = 4096;
 
 /// Where every rank's buffer is, as this process maps it.
@@ -25,15 +25,11 @@ pub struct PeerBuffers {
 }
 
 impl PeerBuffers {
-    /// The bytes one rank's buffer holds: flags and counters, two slots of a `cap`-byte run
-    /// for each possible sender.
+    /// The bytes one rank's buffer holds (all of them start zeroed): counters, two slots of
+    /// a run for each possible sender, a run being the sum's largest size twice over (each
+    /// 16-byte line carries 8 bytes of values and the epoch twice).
     pub const fn buffer_bytes() -> usize {
-        HEADER_BYTES + 2 * ONESHOT_MAX_RANKS * ONESHOT_CAP
-    }
-
-    /// Bytes of the buffer that must start zeroed (the flags and counters).
-    pub const fn header_bytes() -> usize {
-        HEADER_BYTES
+        HEADER_BYTES + 2 * ONESHOT_MAX_RANKS * 2 * ONESHOT_CAP
     }
 }
 
@@ -82,11 +78,11 @@ mod imp {
         fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
             let dev = s.device().clone();
             let n = l.shape().elem_count();
-            let vectors = (n * s.dtype().size_in_bytes() / 16) as i64;
-            // The grid depends only on the size, so it is the same on every rank.
+            let lines = (n * s.dtype().size_in_bytes() / 8) as i64; // 8 bytes of values a line
+                                                                    // The grid depends only on the size, so it is the same on every rank.
             let cfg = LaunchConfig {
                 grid_dim: (
-                    (vectors as usize).div_ceil(THREADS).clamp(1, MAX_BLOCKS) as u32,
+                    (lines as usize).div_ceil(THREADS).clamp(1, MAX_BLOCKS) as u32,
                     1,
                     1,
                 ),
@@ -102,7 +98,7 @@ mod imp {
                 // SAFETY: x and out hold n elements, whole 16-byte vectors from aligned starts,
                 // at most ONESHOT_CAP bytes (checked by oneshot_sum); `table` holds every rank's
                 // buffer of PeerBuffers::buffer_bytes(), mapped into this process.
-                launch!(unsafe func, cfg; &x, &out, &vectors, &table, &rank, &world, &cap)?;
+                launch!(unsafe func, cfg; &x, &out, &lines, &table, &rank, &world, &cap)?;
                 Ok((CudaStorage::wrap_cuda_slice(out, dev), l.shape().clone()))
             })
         }

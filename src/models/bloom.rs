@@ -230,7 +230,7 @@ impl Attention {
         let (h, std) = (cfg.hidden_size, cfg.initializer_range);
         Ok(Self {
             query_key_value: Projection::load(vb.pp("query_key_value"), Linear, h, 3 * h, std)?,
-            dense: Projection::load(vb.pp("dense"), Linear, h, h, std)?.row_parallel(tp),
+            dense: Projection::load(vb.pp("dense"), Linear, h, h, std)?.row_parallel(tp)?,
             head_size: h / cfg.n_head,
             scale: 1. / ((h / cfg.n_head) as f64).sqrt(),
             slopes: slopes.clone(),
@@ -290,7 +290,7 @@ fn load_mlp(vb: VarBuilder, cfg: &Config, tp: &Tp) -> candle_core::Result<Mlp> {
     let (h, std) = (cfg.hidden_size, cfg.initializer_range);
     Ok(Mlp {
         up: Projection::load(vb.pp("dense_h_to_4h"), Linear, h, 4 * h, std)?,
-        down: Projection::load(vb.pp("dense_4h_to_h"), Linear, 4 * h, h, std)?.row_parallel(tp),
+        down: Projection::load(vb.pp("dense_4h_to_h"), Linear, 4 * h, h, std)?.row_parallel(tp)?,
         act: Activation::GeluTanh, // bloom_gelu: 0.5x(1 + tanh(0.79788456 x (1 + 0.044715 x²)))
     })
 }

@@ -205,7 +205,7 @@ impl Attention {
         let scale = cfg.attn_scale(layer_idx);
         Ok(Self {
             c_attn: Projection::load(vb.pp("c_attn"), Conv1D, c, 3 * c, cfg.initializer_range)?,
-            c_proj: Projection::load(vb.pp("c_proj"), Conv1D, c, c, proj_std)?.row_parallel(tp),
+            c_proj: Projection::load(vb.pp("c_proj"), Conv1D, c, c, proj_std)?.row_parallel(tp)?,
             head_size: c / cfg.n_head,
             scale,
         })
@@ -265,7 +265,7 @@ fn load_mlp(vb: VarBuilder, cfg: &Config, tp: &Tp) -> candle_core::Result<Mlp> {
             cfg.initializer_range,
         )?,
         down: Projection::load(vb.pp("c_proj"), Conv1D, cfg.n_inner(), cfg.n_embd, proj_std)?
-            .row_parallel(tp),
+            .row_parallel(tp)?,
         act,
     })
 }

@@ -61,9 +61,15 @@ impl Projection {
     }
 
     /// Makes this a row-parallel projection of `tp` (its weight already holds the rank's rows).
-    pub fn row_parallel(mut self, tp: &Tp) -> Self {
+    /// Rank 0 adds the bias to its partial output before the sum and the others add zeros, so
+    /// each rank's matmul keeps the fused bias (the decode GEMV, cuBLASLt's epilogue) and no
+    /// bias pass follows the sum.
+    pub fn row_parallel(mut self, tp: &Tp) -> candle_core::Result<Self> {
         self.reduce = tp.reduce.clone();
-        self
+        if tp.rank != 0 {
+            self.bias = self.bias.zeros_like()?;
+        }
+        Ok(self)
     }
 
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
@@ -84,19 +90,23 @@ impl Projection {
         let x = x.reshape((b * t, c))?; // (B·T, in)
         let linear = matches!(self.layout, WeightLayout::Linear);
         let kact = act.map_or(Act::None, Activation::kernel);
-        if self.reduce.is_none() {
-            if let Some(y) = kernels::linear(&x, &self.weight, linear, &self.bias, kact)? {
-                return y.reshape((b, t, ()));
-            }
-        }
-        let mut y = if linear {
-            x.matmul(&self.weight.t()?)?
-        } else {
-            x.matmul(&self.weight)?
-        }; // (B·T, out)
         if let Some(reduce) = &self.reduce {
+            // Row-parallel: the (rank-0) bias goes with each rank's partial output, the
+            // activation after the sum.
+            let mut y = match kernels::linear(&x, &self.weight, linear, &self.bias, Act::None)? {
+                Some(y) => y,
+                None => self.matmul(&x)?.broadcast_add(&self.bias)?,
+            }; // (B·T, out), this rank's share
             y = reduce.all_reduce_sum(&y)?;
+            if let Some(a) = act {
+                y = a.forward(&y)?;
+            }
+            return y.reshape((b, t, ()));
         }
+        if let Some(y) = kernels::linear(&x, &self.weight, linear, &self.bias, kact)? {
+            return y.reshape((b, t, ()));
+        }
+        let y = self.matmul(&x)?; // (B·T, out)
         let y = match kernels::bias_act(&y, &self.bias, kact)? {
             Some(y) => y,
             None => {
@@ -108,6 +118,16 @@ impl Projection {
             }
         };
         y.reshape((b, t, ()))
+    }
+}
+
+impl Projection {
+    /// x W without the bias: (B·T, in) -> (B·T, out).
+    fn matmul(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self.layout {
+            WeightLayout::Linear => x.matmul(&self.weight.t()?),
+            WeightLayout::Conv1D => x.matmul(&self.weight),
+        }
     }
 }
 
