@@ -12,8 +12,8 @@
 use super::lambada::tokenize;
 use super::skeleton::{
     base_header, candle_device, choose_config, cold_share, engine_runs, final_memory, finish_log,
-    first_of_each_shape, gpu_index, open_log, shows_progress, start_hf, warmup_batches, GpuWatch,
-    Padding, PROBE_SHAPES,
+    first_of_each_shape, gpu_index, open_log, shows_progress, start_hf, warm_short_last,
+    warmup_batches, GpuWatch, Padding, PROBE_SHAPES,
 };
 use super::spec::{GenerateOptions, GenerateSource, RunSpec};
 use crate::data::sha256_hex;
@@ -224,8 +224,8 @@ fn run_engine(
         .into_iter()
         .map(|i| request(&batches[i], &info))
         .collect();
-    let shapes = |calls: &[&GenBatch]| -> Vec<(usize, usize)> {
-        calls.iter().map(|b| (b.padded_len, b.new_tokens)).collect()
+    let shapes = |calls: &[&GenBatch]| -> Vec<(usize, usize, usize)> {
+        calls.iter().map(|b| shape(b)).collect()
     };
     let cold = cold_share(&shapes(&timed), &shapes(&warm));
     choose_config(spec, kind, probe.len(), || {
@@ -282,6 +282,12 @@ struct Generated {
 }
 
 /// The padded length of each call's prompts.
+/// (rows, padded length, new tokens) of a call: what a compiled engine compiles for (the last
+/// batch's fewer rows are a shape of their own).
+fn shape(b: &GenBatch) -> (usize, usize, usize) {
+    (b.prompts.len(), b.padded_len, b.new_tokens)
+}
+
 fn padded_lens(batches: &[GenBatch]) -> Vec<usize> {
     batches.iter().map(|b| b.padded_len).collect()
 }
@@ -299,11 +305,9 @@ fn split_warmup<'a>(
         let (warm, timed) = batches.split_at(spec.warmup_batches.min(batches.len()));
         return (warm.iter().collect(), timed.iter().collect());
     }
-    let shapes: Vec<(usize, usize)> = batches
-        .iter()
-        .map(|b| (b.padded_len, b.new_tokens))
-        .collect();
-    let warm = warmup_batches(&shapes, spec.warmup_batches, spec.pad_multiple > 1);
+    let shapes: Vec<(usize, usize, usize)> = batches.iter().map(shape).collect();
+    let mut warm = warmup_batches(&shapes, spec.warmup_batches, spec.pad_multiple > 1);
+    warm_short_last(&mut warm, &shapes.iter().map(|s| s.0).collect::<Vec<_>>());
     (
         warm.iter().map(|&i| &batches[i]).collect(),
         batches.iter().collect(),

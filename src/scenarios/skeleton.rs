@@ -153,6 +153,18 @@ pub fn warmup_batches<K: PartialEq>(shapes: &[K], n: usize, every_shape: bool) -
     warm
 }
 
+/// Adds the last batch to `warm` when no other batch has its row count (a partial batch):
+/// torch.compile compiles again for it (it specialises a batch of one row), so it must not be
+/// met first in the timed loop. `rows` holds each batch's row count, in order.
+pub fn warm_short_last(warm: &mut Vec<usize>, rows: &[usize]) {
+    if let Some((&last, rest)) = rows.split_last() {
+        let i = rows.len() - 1;
+        if !rest.is_empty() && !rest.contains(&last) && !warm.contains(&i) {
+            warm.push(i);
+        }
+    }
+}
+
 /// The first batch of each of the first `cap` distinct shapes, in order (what `--hf-attn best`
 /// times its candidates on).
 pub fn first_of_each_shape<K: PartialEq>(shapes: &[K], cap: usize) -> Vec<usize> {
@@ -428,6 +440,19 @@ mod tests {
     fn probes_are_the_first_batch_of_the_first_shapes() {
         let shapes = [64, 64, 128, 64, 192, 128, 256];
         assert_eq!(super::first_of_each_shape(&shapes, 3), [0, 2, 4]);
+        let mut warm = vec![0, 1];
+        super::warm_short_last(&mut warm, &[16, 16, 16, 1]);
+        assert_eq!(warm, [0, 1, 3], "a partial last batch warms up");
+        super::warm_short_last(&mut warm, &[16, 16, 16, 1]);
+        assert_eq!(warm, [0, 1, 3], "once");
+        let mut whole = vec![0];
+        super::warm_short_last(&mut whole, &[16, 16, 16]);
+        super::warm_short_last(&mut whole, &[5]);
+        assert_eq!(
+            whole,
+            [0],
+            "whole batches, or one batch only: nothing added"
+        );
         assert_eq!(super::first_of_each_shape(&shapes[..2], 3), [0]);
     }
 }

@@ -5,8 +5,8 @@ pub mod data;
 
 use super::skeleton::{
     base_header, candle_device, choose_config, cold_share, engine_runs, final_memory, finish_log,
-    first_of_each_shape, gpu_index, open_log, shows_progress, start_hf, warmup_batches, GpuWatch,
-    Padding, PROBE_SHAPES,
+    first_of_each_shape, gpu_index, open_log, shows_progress, start_hf, warm_short_last,
+    warmup_batches, GpuWatch, Padding, PROBE_SHAPES,
 };
 use super::spec::RunSpec;
 use crate::device::DeviceSpec;
@@ -224,7 +224,8 @@ struct Batches<'a> {
 impl<'a> Batches<'a> {
     /// `--batch-size` passages a batch, padded by `--pad-multiple` (never past `max_positions`).
     /// The warm-up is the first `--warmup` batches and, with `--pad-multiple` above 1, the
-    /// first batch of every padded length besides.
+    /// first batch of every shape besides (rows × padded length: the last batch's fewer rows
+    /// are a shape of their own, on which torch.compile compiles again).
     fn of(spec: &RunSpec, requests: &'a [Request], max_positions: usize) -> Self {
         let pad = Padding {
             multiple: spec.pad_multiple,
@@ -234,17 +235,18 @@ impl<'a> Batches<'a> {
             .chunks(spec.batch_size.max(1))
             .map(|b| (b, pad.len(batch_shape(b).longest)))
             .collect();
-        let lens: Vec<usize> = list.iter().map(|b| b.1).collect();
-        let warmup = warmup_batches(&lens, spec.warmup_batches, spec.pad_multiple > 1);
+        let mut warmup = warmup_batches(&shapes(&list), spec.warmup_batches, spec.pad_multiple > 1);
+        let rows: Vec<usize> = list.iter().map(|b| b.0.len()).collect();
+        warm_short_last(&mut warmup, &rows);
         Self { list, warmup }
     }
 
-    /// The share of the timed batches (all of them) that are the first of a padded length
-    /// the warm-up did not meet.
+    /// The share of the timed batches (all of them) that are the first of a shape the warm-up
+    /// did not meet.
     fn cold_share(&self) -> f64 {
-        let lens: Vec<usize> = self.list.iter().map(|b| b.1).collect();
-        let warm: Vec<usize> = self.warmup.iter().map(|&i| lens[i]).collect();
-        cold_share(&lens, &warm)
+        let shapes = shapes(&self.list);
+        let warm: Vec<(usize, usize)> = self.warmup.iter().map(|&i| shapes[i]).collect();
+        cold_share(&shapes, &warm)
     }
 
     /// The first batch of each of the first padded lengths: what HF's probe times.
@@ -308,6 +310,11 @@ fn score_all(
         compiles: engine.compiles().zip(compiled_before).map(|(a, b)| a - b),
         failure,
     })
+}
+
+/// (rows, padded length) of each batch: what a compiled engine compiles for.
+fn shapes(list: &[(&[Request], usize)]) -> Vec<(usize, usize)> {
+    list.iter().map(|(b, len)| (b.len(), *len)).collect()
 }
 
 /// Scores batch `i`, padded to `padded_len`, and turns the engine's per-token scores into its
