@@ -103,6 +103,14 @@ table strategies-h100x2 -i "${STRAT_DIRS[@]}" --where suite=shakespeare --sort m
   --columns "model,engine,strategy,recompute,batch_size=batch,train_samples_per_second:.1=samples/s,tokens_per_second:.0=tokens/s,peak_memory_bytes:GiB.1=peak GiB,status,git_commit=commit"
 table hf-probe-h100x2 -i "$H/hf-probe-run1/*.jsonl.gz" "$H/hf-probe-run2/*.jsonl.gz" --sort git_commit,batch_size,engine,attn_requested \
   --columns "git_commit=commit,batch_size=batch,engine,attn,attn_requested,hf_compile,decode_tokens_per_second:.1=decode tokens/s,itl_ms_p50:.3=ITL p50 ms,compiles_timed,run=log"
+G=$R/h200x2
+table tp-decode-h200x2 -i "$G/multi-run1/multi-logs.tgz" "$G/multi-run3/multi-logs.tgz" --where suite=generation \
+  --sort git_commit,batch_size,tp,fused \
+  --columns "git_commit=commit,batch_size=batch,tp,fused,itl_ms_p50:.3=ITL p50 ms,decode_tokens_per_second:.0=decode tokens/s"
+M=$R/h100
+table remeasure-h100 -i "$M/remeasure-run1/hf-probe-logs.tgz" "$M/remeasure-run2/remeasure-logs.tgz" \
+  "$M/remeasure-run3/remeasure-logs.tgz" --sort git_commit,suite,mode,model,batch_size,engine,attn_requested \
+  --columns "git_commit=commit,suite,mode,model,batch_size=batch,engine,attn,attn_requested=asked,hf_compile=compiled,samples_per_second:.1=samples/s,decode_tokens_per_second:.1=decode tokens/s,compiles_timed"
 echo "wrote the tables of $R/README.md (git diff $R/README.md shows what changed)"
 
 # Generation (#20): every H100 generation log into one CSV; decode tokens/s of the suite's runs.
@@ -125,3 +133,10 @@ $P -i $R/h100x2_strategies.csv -o $R/h100x2_strategies_gpt2-xl.png --metric toke
 $X -i "$H/hf-probe-run1/*.jsonl.gz" "$H/hf-probe-run2/*.jsonl.gz" -o $R/h100x2_hf_probe.csv \
    --columns run,engine,attn,attn_requested,hf_compile,batch_size,decode_tokens_per_second,itl_ms_p50,ttft_ms_p50,compiles_timed,peak_memory_bytes,gpu,git_commit,time_utc
 echo "wrote $R/h100x2_*.csv and $R/h100x2_*.png"
+
+# 2x H200 tensor-parallel decoding and the H100 re-measure against HF's best (#34, #40).
+$X -i "$G/multi-run1/multi-logs.tgz" "$G/multi-run3/multi-logs.tgz" -o $R/h200x2_tp_decode.csv \
+   --columns run,suite,mode,model,dtype,batch_size,tp,fused,samples_per_second,itl_ms_p50,decode_tokens_per_second,peak_memory_bytes,status,gpu,git_commit,time_utc
+$X -i "$M/remeasure-run1/hf-probe-logs.tgz" "$M/remeasure-run2/remeasure-logs.tgz" "$M/remeasure-run3/remeasure-logs.tgz" \
+   -o $R/h100_remeasure.csv --columns run,suite,mode,model,dtype,batch_size,engine,attn,attn_requested,hf_compile,samples_per_second,decode_tokens_per_second,itl_ms_p50,compiles_timed,peak_memory_bytes,gpu,git_commit,time_utc
+echo "wrote $R/h200x2_tp_decode.csv and $R/h100_remeasure.csv"
