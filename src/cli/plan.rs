@@ -385,11 +385,7 @@ fn lengths(args: &RunArgs, suite: &SuiteFile) -> Result<(Axis, Axis)> {
 fn one_engine_each(engines: &[EngineKind]) -> Vec<EngineKind> {
     let mut out = vec![];
     for &kind in engines {
-        let kinds = match kind {
-            EngineKind::Both => vec![EngineKind::Candle, EngineKind::Hf],
-            k => vec![k],
-        };
-        for k in kinds {
+        for &k in crate::engines::registry::runs(kind) {
             if !out.contains(&k) {
                 out.push(k);
             }
@@ -608,6 +604,7 @@ pub fn resolve_config(
             &weights,
         )?;
     }
+    crate::engines::registry::supports(config.engine, workload.capability())?;
     let warmup_batches = args.warmup.unwrap_or(suite.run.warmup_batches);
     if compile_on(args) && warmup_batches == 0 && matches!(workload, Workload::Train(_)) {
         return Err(Error::Config(

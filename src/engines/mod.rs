@@ -9,14 +9,17 @@
 //! - [`hf`]: HF transformers + PyTorch in a Python worker process.
 //! - [`llmc`]: llm.c's `train_gpt2cu`, an external process (training only).
 //! - [`weight_cache`]: the HF checkpoint both engines read when the weights are random.
+//! - [`registry`]: which engines there are, what each runs, how each opens ([`args`]).
 
+pub mod args;
 pub mod candle;
 pub mod hf;
 pub mod llmc;
+pub mod registry;
 pub mod weight_cache;
 
 use crate::error::Result;
-use crate::trackers::MemoryReading;
+use crate::trackers::{MemoryReading, StepClock};
 use crate::train::StepOutcome;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -64,6 +67,10 @@ pub trait Engine {
     /// Graph compilations so far (compiled HF: torch.compile's); None where the engine
     /// compiles nothing. The scenarios log how many fell inside the timed batches.
     fn compiles(&self) -> Option<u64> {
+        None
+    }
+    /// The CUDA device's UUID where the engine holds one in this process (NVML's view of it).
+    fn cuda_uuid(&self) -> Option<String> {
         None
     }
 }
@@ -145,26 +152,15 @@ pub struct GenerateRequest<'a> {
     pub eos_ids: &'a [u32],
 }
 
-/// What an engine generated for a batch, and when.
-pub struct Generated {
-    /// `new_tokens` ids per prompt.
-    pub ids: Vec<Vec<u32>>,
-    /// Milliseconds, device synchronized at both ends: ids to the device, prefill, every
-    /// decode step, the ids back on the host.
-    pub latency_ms: f64,
-    /// Device-synchronized milliseconds from the start to each new token: `token_ms[0]` is the
-    /// time to first token (the prefill), the differences are inter-token latencies. Empty
-    /// when the engine did not time the steps.
-    pub token_ms: Vec<f64>,
-}
-
 /// Capability: greedy generation with a KV cache.
 pub trait Generate: Engine {
     /// Longest prompt + new tokens the model takes.
     fn max_positions(&self) -> usize;
-    /// `timed_steps`: synchronize after each token to time it (time to first token,
-    /// inter-token latency); off, only the whole call is timed.
-    fn generate(&mut self, req: &GenerateRequest, timed_steps: bool) -> Result<Generated>;
+    /// `new_tokens` ids per prompt. The call is timed on `clock` (device synchronized at both
+    /// ends: ids to the device, prefill, every decode step, the ids back on the host), with a
+    /// lap at each new token where the clock asks for laps (time to first token, inter-token
+    /// latency).
+    fn generate(&mut self, req: &GenerateRequest, clock: &mut StepClock) -> Result<Vec<Vec<u32>>>;
     /// As [`Score::choose_config`], on generation calls.
     fn choose_config(&mut self, _probe: &[GenerateRequest], _cold_share: f64) -> Result<()> {
         Ok(())

@@ -11,14 +11,14 @@
 
 use super::lambada::tokenize;
 use super::skeleton::{
-    base_header, candle_device, choose_config, cold_share, engine_runs, final_memory, finish_log,
-    first_of_each_shape, gpu_index, open_log, shows_progress, start_hf, warm_short_last,
-    warmup_batches, GpuWatch, Padding, PROBE_SHAPES,
+    base_header, candle_device, choose_config, cold_share, engine_args, engine_runs, final_memory,
+    finish_log, first_of_each_shape, gpu_index, open_log, warm_short_last, warmup_batches,
+    GpuWatch, Padding, PROBE_SHAPES,
 };
 use super::spec::{GenerateOptions, GenerateSource, RunSpec};
 use crate::data::sha256_hex;
 use crate::device::DeviceSpec;
-use crate::engines::candle::{CandleEngine, LoadFrom};
+use crate::engines::registry;
 use crate::engines::{EngineKind, Generate, GenerateRequest};
 use crate::env::EnvReport;
 use crate::error::{message_without_backtrace, Error, Result};
@@ -29,6 +29,7 @@ use crate::record::{
     DataInfo, GenBatchRecord, GenPassage, GenerationInfo, Header, Record, Summary,
 };
 use crate::tokenizer::TextTokenizer;
+use crate::trackers::StepClock;
 use std::time::Instant;
 
 /// One generation call's input; `targets` (LAMBADA) are what a correct continuation starts with.
@@ -59,19 +60,8 @@ pub fn special_ids(arch: &Architecture) -> (u32, Vec<u32>) {
 }
 
 fn start(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Result<Box<dyn Generate>> {
-    if kind == EngineKind::Hf {
-        return Ok(Box::new(start_hf(spec, weights)?));
-    }
-    let tp = spec.tp.as_ref().map(|t| &t.group);
-    let device = candle_device(spec)?;
-    let from = LoadFrom {
-        weights,
-        tp,
-        save: None,
-        progress: shows_progress(spec),
-    };
-    let engine = CandleEngine::load(&spec.model, from, spec.precision, device)?;
-    Ok(Box::new(engine))
+    let open = || candle_device(spec);
+    registry::open_generate(kind, &engine_args(spec, weights, &open))
 }
 
 /// LAMBADA: the contexts of `--batch-size` passages a call, left-truncated so that context +
@@ -331,9 +321,10 @@ fn generate_all(
     log: &mut RankLog,
 ) -> Result<Generated> {
     let (warm, timed) = (&calls.warm, &calls.timed);
-    let mut failure = warm
-        .iter()
-        .find_map(|b| engine.generate(&request(b, info), info.timed_steps).err());
+    let mut failure = warm.iter().find_map(|b| {
+        let mut clock = StepClock::new(info.timed_steps);
+        engine.generate(&request(b, info), &mut clock).err()
+    });
     let watch = GpuWatch::start(spec.device, header.gpu_index, engine.pid());
     let compiled_before = engine.compiles();
     let mut totals = GenTotals::default();
@@ -385,21 +376,21 @@ fn generate_one(
     req: &GenerateRequest,
     timed_steps: bool,
 ) -> Result<GenBatchRecord> {
-    let out = engine.generate(req, timed_steps)?;
-    if out.ids.len() != b.prompts.len() || out.ids.iter().any(|r| r.len() != b.new_tokens) {
+    let mut clock = StepClock::new(timed_steps);
+    let ids = engine.generate(req, &mut clock)?;
+    if ids.len() != b.prompts.len() || ids.iter().any(|r| r.len() != b.new_tokens) {
         return Err(Error::Engine(format!(
             "{} returned {} rows for {} prompts of {} new tokens",
             engine.name(),
-            out.ids.len(),
+            ids.len(),
             b.prompts.len(),
             b.new_tokens
         )));
     }
-    let itl_ms = out.token_ms.windows(2).map(|w| w[1] - w[0]).collect();
     let passages = b
         .targets
         .iter()
-        .zip(&out.ids)
+        .zip(&ids)
         .map(|((index, target), ids)| GenPassage {
             index: *index,
             correct: ids.starts_with(target),
@@ -413,9 +404,9 @@ fn generate_one(
         padded_len: Some(b.padded_len),
         n_prompt_tokens: b.prompts.iter().map(Vec::len).sum(),
         new_tokens: b.new_tokens,
-        latency_ms: out.latency_ms,
-        ttft_ms: out.token_ms.first().copied(),
-        itl_ms,
+        latency_ms: clock.total_ms(),
+        ttft_ms: clock.first_ms(),
+        itl_ms: clock.between_ms(),
         passages,
     })
 }

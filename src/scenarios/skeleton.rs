@@ -4,8 +4,8 @@
 
 use super::spec::{RunSpec, Workload};
 use crate::device::DeviceSpec;
-use crate::engines::hf::{HfAttn, HfCompile, HfEngine};
-use crate::engines::weight_cache::hf_checkpoint;
+use crate::engines::hf::{HfAttn, HfCompile};
+use crate::engines::registry::{self, EngineArgs};
 use crate::engines::{Engine, EngineKind};
 use crate::env::{nvml_index, EnvReport};
 use crate::error::{Error, Result};
@@ -23,71 +23,41 @@ use candle_core::Device;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// The engines `spec` names, in run order, each with the weights it reads. The HF engine reads
-/// an HF checkpoint: with random weights, candle writes them once and, with `--engine both`,
-/// candle runs from that same file too. llm.c initializes its own weights.
+/// The engines `spec` names, in run order, each with the weights it reads
+/// ([`registry::run_weights`]: one HF checkpoint for all where one engine needs it).
 pub fn engine_runs(spec: &RunSpec) -> Result<Vec<(EngineKind, WeightSource)>> {
-    if matches!(spec.engine, EngineKind::Candle | EngineKind::Llmc) {
-        return Ok(vec![(spec.engine, spec.weights.clone())]);
+    let open = || candle_device(spec);
+    let weights = registry::run_weights(spec.engine, &engine_args(spec, &spec.weights, &open))?;
+    Ok(registry::runs(spec.engine)
+        .iter()
+        .map(|&k| (k, weights.clone()))
+        .collect())
+}
+
+/// What the registry needs to open an engine of `spec` on `weights`.
+pub fn engine_args<'a>(
+    spec: &'a RunSpec,
+    weights: &'a WeightSource,
+    open_device: &'a dyn Fn() -> Result<Device>,
+) -> EngineArgs<'a> {
+    EngineArgs {
+        model: &spec.model,
+        weights,
+        precision: spec.precision,
+        device: spec.device,
+        open_device,
+        tp: spec.tp.as_ref().map(|t| &t.group),
+        save_weights: spec.save_weights.as_deref(),
+        progress: shows_progress(spec),
+        seed: spec.seed,
+        hf: &spec.hf,
+        llmc: &spec.llmc,
     }
-    let python = spec.hf.python();
-    let msg = format!(
-        "checking the HF engine's Python ({}: importing torch, transformers)",
-        python.display()
-    );
-    let status = Status::spinner(shows_progress(spec), msg);
-    let versions = HfEngine::preflight(&spec.hf)?;
-    let version = |k: &str| versions.get(k).map_or("?", String::as_str).to_string();
-    let secs = status.elapsed().as_secs_f64();
-    status.done(format!(
-        "HF engine: torch {}, transformers {} ({secs:.1} s to import)",
-        version("torch"),
-        version("transformers"),
-    ));
-    let dir = hf_checkpoint(
-        &spec.model,
-        &spec.weights,
-        spec.save_weights.as_deref(),
-        spec.device,
-        shows_progress(spec),
-    )?;
-    let weights = WeightSource::Dir(dir);
-    let mut runs = vec![];
-    if spec.engine == EngineKind::Both {
-        runs.push((EngineKind::Candle, weights.clone()));
-    }
-    runs.push((EngineKind::Hf, weights));
-    Ok(runs)
 }
 
 /// Whether this process shows progress: `--no-progress` not given, and the logging rank.
 pub fn shows_progress(spec: &RunSpec) -> bool {
     spec.progress && spec.is_logging_rank()
-}
-
-/// Starts the HF worker on `weights`, saying so: importing torch and transformers takes
-/// seconds, loading the model (and compiling it) more.
-pub fn start_hf(spec: &RunSpec, weights: &WeightSource) -> Result<HfEngine> {
-    // candle's run before it in this process left its memory in the CUDA pool.
-    crate::device::release_pool_memory(spec.device)?;
-    let dir = hf_dir(weights)?;
-    let msg = format!(
-        "starting the HF worker ({}: importing torch, transformers; loading {})",
-        spec.hf.python().display(),
-        dir.display()
-    );
-    let status = Status::spinner(shows_progress(spec), msg);
-    let engine = HfEngine::start(&spec.hf, dir, spec.precision, spec.device)?;
-    let secs = status.elapsed().as_secs_f64();
-    let config = match spec.hf.attn {
-        HfAttn::Best => "attention timed next".to_string(),
-        _ => describe_hf_config(&engine.info()),
-    };
-    status.done(format!(
-        "HF worker: loaded the model in {:.2} s ({secs:.1} s with the imports; {config})",
-        engine.load_seconds(),
-    ));
-    Ok(engine)
 }
 
 /// Runs `choose` (the engine's `choose_config` on `n_probe` probe batches, returning its info),
@@ -99,7 +69,7 @@ pub fn choose_config(
     n_probe: usize,
     choose: impl FnOnce() -> Result<BTreeMap<String, String>>,
 ) -> Result<()> {
-    let timed = kind == EngineKind::Hf
+    let timed = registry::entry(kind).probes
         && (spec.hf.attn == HfAttn::Best || spec.hf.compile == HfCompile::Best);
     let batches = if n_probe == 1 { "batch" } else { "batches" };
     let msg = format!(
@@ -197,16 +167,6 @@ pub fn cold_share<K: PartialEq>(shapes: &[K], warm: &[K]) -> f64 {
         }
     }
     cold as f64 / shapes.len().max(1) as f64
-}
-
-/// The checkpoint directory of the HF engine (which never runs on random weights directly).
-pub fn hf_dir(weights: &WeightSource) -> Result<&std::path::Path> {
-    match weights {
-        WeightSource::Dir(dir) => Ok(dir),
-        WeightSource::Random { .. } => Err(Error::Config(
-            "the HF engine loads a checkpoint: random weights are written first".into(),
-        )),
-    }
 }
 
 /// The device candle runs on: this rank's (tensor or data parallel), else `--device`.

@@ -64,6 +64,18 @@ pub enum Workload {
     Train(TrainOptions),
 }
 
+impl Workload {
+    /// What it asks of an engine.
+    pub fn capability(&self) -> crate::engines::registry::Capability {
+        use crate::engines::registry::Capability;
+        match self {
+            Workload::Score => Capability::Score,
+            Workload::Generate(_) => Capability::Generate,
+            Workload::Train(_) => Capability::Train,
+        }
+    }
+}
+
 /// What a generation run generates from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum GenerateSource {

@@ -2,34 +2,26 @@
 //! prefill then one-token decode steps) behind the [`Generate`] capability.
 
 use super::CandleEngine;
-use crate::engines::{Generate, GenerateRequest, Generated};
+use crate::engines::{Generate, GenerateRequest};
 use crate::error::Result;
 use crate::models::generate::{generate_in, left_pad_to, Greedy};
-use std::time::Instant;
+use crate::trackers::StepClock;
 
 impl Generate for CandleEngine {
     fn max_positions(&self) -> usize {
         self.model.max_positions()
     }
 
-    fn generate(&mut self, req: &GenerateRequest, timed_steps: bool) -> Result<Generated> {
+    fn generate(&mut self, req: &GenerateRequest, clock: &mut StepClock) -> Result<Vec<Vec<u32>>> {
         let _profiled = crate::profile::window(&self.device);
-        self.device.synchronize()?;
-        let start = Instant::now();
+        clock.start(&self.device)?;
         let prompts = left_pad_to(req.prompts, req.pad_id, req.padded_len, &self.device)?;
         let greedy = Greedy {
             new_tokens: req.new_tokens,
             banned: req.eos_ids.to_vec(),
         };
-        let mut token_ms = Vec::with_capacity(if timed_steps { req.new_tokens } else { 0 });
         let device = self.device.clone();
-        let mut hook = |_phase| -> Result<()> {
-            if timed_steps {
-                device.synchronize()?;
-                token_ms.push(start.elapsed().as_secs_f64() * 1e3);
-            }
-            Ok(())
-        };
+        let mut hook = |_phase| clock.lap(&device);
         let (rows, need) = (prompts.batch(), prompts.len() + req.new_tokens);
         let fits = |c: &crate::models::KvCache| c.batch() == rows && c.max_len() >= need;
         if !self.cache.as_ref().is_some_and(fits) {
@@ -39,11 +31,8 @@ impl Generate for CandleEngine {
         let cache = self.cache.as_mut().expect("made above");
         let ids = generate_in(self.model.as_ref(), cache, &prompts, &greedy, &mut hook)?;
         // to_vec2 copied the ids to the host: the device is done.
-        Ok(Generated {
-            ids,
-            latency_ms: start.elapsed().as_secs_f64() * 1e3,
-            token_ms,
-        })
+        clock.stop();
+        Ok(ids)
     }
 
     fn kv_cache_bytes(&self) -> Option<u64> {

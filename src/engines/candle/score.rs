@@ -68,6 +68,9 @@ impl Engine for CandleEngine {
     fn finish(&mut self) -> Result<MemoryReading> {
         super::read_memory(&self.memory)
     }
+    fn cuda_uuid(&self) -> Option<String> {
+        crate::device::cuda_uuid(&self.device)
+    }
 }
 
 impl Score for CandleEngine {

@@ -3,6 +3,7 @@
 //! to explain a crash.
 
 pub mod generate;
+pub mod open;
 pub mod score;
 pub mod train;
 

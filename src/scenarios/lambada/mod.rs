@@ -4,14 +4,14 @@
 pub mod data;
 
 use super::skeleton::{
-    base_header, candle_device, choose_config, cold_share, engine_runs, final_memory, finish_log,
-    first_of_each_shape, gpu_index, open_log, shows_progress, start_hf, warm_short_last,
+    base_header, candle_device, choose_config, cold_share, engine_args, engine_runs, final_memory,
+    finish_log, first_of_each_shape, gpu_index, open_log, shows_progress, warm_short_last,
     warmup_batches, GpuWatch, Padding, PROBE_SHAPES,
 };
 use super::spec::RunSpec;
 use crate::device::DeviceSpec;
-use crate::engines::candle::{CandleEngine, LoadFrom};
-use crate::engines::{Engine, EngineKind, Request, Score};
+use crate::engines::registry;
+use crate::engines::{EngineKind, Request, Score};
 use crate::env::{EnvReport, GpuInfo};
 use crate::error::{message_without_backtrace, Error, Result};
 use crate::flops::{lambada_forward_flops, mfu, peak_tflops, ModelShape};
@@ -40,47 +40,27 @@ struct Started {
     cuda_uuid: Option<String>,
 }
 
-/// Starts the engine `kind` on `weights`: the HF worker, or candle's model (with
-/// `--save-weights`, candle also writes the random weights).
+/// Opens the engine `kind` on `weights` ([`registry::open_score`]); a child engine's GPU,
+/// which NVML sees without a CUDA context here, goes into the host report from its info.
 fn start(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Result<Started> {
-    if kind == EngineKind::Hf {
-        let engine = start_hf(spec, weights)?;
-        // NVML opens no CUDA context, so no GPU memory is taken from the worker.
-        let mut host = EnvReport::collect();
-        if let (true, Some(gpu)) = (host.gpus.is_empty(), engine.info().get("gpu").cloned()) {
-            let index = match spec.device {
-                DeviceSpec::Cuda(n) => n,
-                DeviceSpec::Cpu => 0,
-            };
-            host.gpus.push(GpuInfo {
-                index,
-                name: gpu,
-                ..Default::default()
-            });
-        }
-        return Ok(Started {
-            engine: Box::new(engine),
-            host,
-            cuda_uuid: None,
+    let open = || candle_device(spec);
+    let engine = registry::open_score(kind, &engine_args(spec, weights, &open))?;
+    let mut host = EnvReport::collect();
+    if let (true, Some(gpu)) = (host.gpus.is_empty(), engine.info().get("gpu").cloned()) {
+        let index = match spec.device {
+            DeviceSpec::Cuda(n) => n,
+            DeviceSpec::Cpu => 0,
+        };
+        host.gpus.push(GpuInfo {
+            index,
+            name: gpu,
+            ..Default::default()
         });
     }
-    let save = spec
-        .save_weights
-        .as_deref()
-        .filter(|_| spec.engine == EngineKind::Candle);
-    let tp = spec.tp.as_ref().map(|t| &t.group);
-    let device = candle_device(spec)?;
-    let from = LoadFrom {
-        weights,
-        tp,
-        save,
-        progress: shows_progress(spec),
-    };
-    let engine = CandleEngine::load(&spec.model, from, spec.precision, device)?;
     Ok(Started {
-        cuda_uuid: crate::device::cuda_uuid(&engine.device),
-        engine: Box::new(engine),
-        host: EnvReport::collect(),
+        cuda_uuid: engine.cuda_uuid(),
+        engine,
+        host,
     })
 }
 

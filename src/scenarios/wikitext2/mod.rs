@@ -8,16 +8,13 @@ pub mod data;
 
 use super::shakespeare;
 use super::skeleton::{
-    base_header, candle_device, engine_runs, final_memory, finish_log, gpu_index, hf_dir,
+    base_header, candle_device, engine_args, engine_runs, final_memory, finish_log, gpu_index,
     max_positions, open_log,
 };
 use super::spec::{DpRun, HfParallel, RunSpec, TrainOptions};
 use crate::data::sha256_hex;
 use crate::device::DeviceSpec;
-use crate::engines::candle::train::TrainSetup;
-use crate::engines::candle::CandleTrainer;
-use crate::engines::hf::HfEngine;
-use crate::engines::llmc::{LlmcEngine, LlmcSetup};
+use crate::engines::registry::{self, TrainArgs};
 use crate::engines::{EngineKind, StepOut, Train};
 use crate::env::EnvReport;
 use crate::error::{Error, Result};
@@ -32,7 +29,7 @@ use candle_core::Tensor;
 use data::{blocks, Corpus, TextSplit};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use serde_json::{json, Value};
+
 use std::time::Instant;
 
 /// Trains with each engine `spec` names, in order; one outcome per engine. As for LAMBADA, the
@@ -156,8 +153,8 @@ fn gather_mib(d: &DpRun, bytes: u64) -> Result<Vec<u64>> {
         .collect())
 }
 
-/// Starts the engine `kind`: llm.c on the run's blocks, the HF worker with the run's
-/// hyper-parameters, or the candle trainer (joined to its data-parallel group with `--dp`).
+/// Opens the training engine `kind` ([`registry::open_train`]) with the run's blocks and
+/// hyper-parameters, joined to its data-parallel group with `--dp`.
 fn start(
     spec: &RunSpec,
     opts: &TrainOptions,
@@ -165,34 +162,6 @@ fn start(
     kind: EngineKind,
     weights: &WeightSource,
 ) -> Result<Box<dyn Train>> {
-    if kind == EngineKind::Llmc {
-        let llmc = LlmcEngine::start(LlmcSetup {
-            opts: &spec.llmc,
-            model: &spec.model,
-            weights,
-            precision: spec.precision,
-            device: spec.device,
-            hyper: &prep.hyper,
-            batch_size: spec.batch_size,
-            block_size: prep.block_size,
-            train_blocks: &prep.train_blocks,
-            eval_blocks: &prep.eval_blocks,
-        })?;
-        return Ok(Box::new(llmc));
-    }
-    if kind == EngineKind::Hf {
-        let mut train = serde_json::to_value(&prep.hyper).expect("hyper serializes");
-        train["dropout"] = Value::Bool(opts.dropout);
-        train["seed"] = json!(spec.seed);
-        train["phase_times"] = Value::Bool(opts.phase_times);
-        train["recompute"] = Value::Bool(opts.recompute);
-        if let Some(p) = opts.hf_parallel {
-            train["parallel"] = json!({ "size": p.size, "strategy": p.strategy() });
-        }
-        let dir = hf_dir(weights)?;
-        let hf = HfEngine::start_training(&spec.hf, dir, spec.precision, spec.device, train)?;
-        return Ok(Box::new(hf));
-    }
     let dp = spec.dp.as_ref().map(|d| DataParallel {
         rank: d.ctx.group.rank,
         size: d.ctx.group.size,
@@ -205,20 +174,21 @@ fn start(
         zero: d.zero,
         overlap: d.overlap,
     });
-    let setup = TrainSetup {
-        model: &spec.model,
-        weights,
-        precision: spec.precision,
+    let train = TrainArgs {
         hyper: &prep.hyper,
         dropout: opts.dropout,
         backward: opts.backward,
         recompute: opts.recompute,
-        seed: spec.seed,
+        phase_times: opts.phase_times,
         dp,
+        child_parallel: opts.hf_parallel.map(|p| (p.size, p.strategy())),
+        batch_size: spec.batch_size,
+        block_size: prep.block_size,
+        train_blocks: &prep.train_blocks,
+        eval_blocks: &prep.eval_blocks,
     };
-    let mut candle = CandleTrainer::start(setup, candle_device(spec)?)?;
-    candle.trainer.phase_times = opts.phase_times;
-    Ok(Box::new(candle))
+    let open = || candle_device(spec);
+    registry::open_train(kind, &engine_args(spec, weights, &open), train)
 }
 
 /// Warm-up steps (trained, not timed): the suite's, leaving at least one timed step.
@@ -410,7 +380,10 @@ fn train_with(
         );
     }
     // A dead worker has no memory to report.
-    let mem = final_memory(engine.as_mut(), failure.is_some() && kind == EngineKind::Hf);
+    let mem = final_memory(
+        engine.as_mut(),
+        failure.is_some() && !registry::entry(kind).in_process,
+    );
     let warmup = warmup_steps(spec, prep);
     let summary = TrainSummary {
         wall_seconds: wall.elapsed().as_secs_f64(),
