@@ -28,6 +28,9 @@ pub fn exit(ok: bool) -> ExitCode {
 
 /// `bench [RUN OPTIONS]`: a parallel run, a sweep child, a sweep, or one run.
 pub fn run_command(args: RunArgs, command_line: Vec<String>) -> Result<ExitCode> {
+    // The run's spec carries `--fused` and the candle engine switches it on as it opens; set
+    // here too because a parallel run's ranks map their one-shot sums' buffers (and name the
+    // backend in the log) when they join, before any engine opens.
     crate::kernels::set_enabled(&args.fused);
     let plan = plan(&args)?;
     // A sweep's child runs the configuration it was given (with --strategies, as the launcher

@@ -665,6 +665,7 @@ pub fn resolve_config(
         },
         command_line,
         progress: !args.no_progress,
+        fused: args.fused.clone(),
         tp: None,
         dp: None,
         auto: plan.auto.clone(),

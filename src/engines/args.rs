@@ -27,6 +27,8 @@ pub struct EngineArgs<'a> {
     pub seed: u64,
     pub hf: &'a HfOptions,
     pub llmc: &'a LlmcOptions,
+    /// `--fused`: the fused CUDA paths an in-process engine switches on as it opens.
+    pub fused: &'a [crate::kernels::Fused],
 }
 
 /// What a training engine needs besides [`EngineArgs`].

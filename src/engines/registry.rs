@@ -157,6 +157,7 @@ pub fn open_generate(kind: EngineKind, a: &EngineArgs) -> Result<Box<dyn Generat
 pub fn open_train(kind: EngineKind, a: &EngineArgs, t: TrainArgs) -> Result<Box<dyn Train>> {
     Ok(match kind {
         EngineKind::Candle => {
+            crate::kernels::set_enabled(a.fused);
             let setup = TrainSetup {
                 model: a.model,
                 weights: a.weights,
@@ -196,7 +197,10 @@ fn random_weights_to<'a>(a: &EngineArgs<'a>) -> Option<&'a Path> {
         .filter(|_| matches!(a.weights, WeightSource::Random { .. }))
 }
 
+/// The candle engine for inference, its `--fused` paths switched on (the kernels read them
+/// process-wide, as the matmul precision mode).
 fn candle(a: &EngineArgs, save: Option<&Path>) -> Result<CandleEngine> {
+    crate::kernels::set_enabled(a.fused);
     let from = LoadFrom {
         weights: a.weights,
         tp: a.tp,

@@ -52,6 +52,7 @@ pub fn engine_args<'a>(
         seed: spec.seed,
         hf: &spec.hf,
         llmc: &spec.llmc,
+        fused: &spec.fused,
     }
 }
 

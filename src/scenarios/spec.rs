@@ -41,6 +41,8 @@ pub struct RunSpec {
     pub hf: HfOptions,
     /// `--llmc-bin`: llm.c's train_gpt2cu (`--engine llmc`).
     pub llmc: LlmcOptions,
+    /// `--fused`: the candle engine's fused CUDA paths, switched on as it opens.
+    pub fused: Vec<crate::kernels::Fused>,
     pub command_line: Vec<String>,
     pub progress: bool,
     /// `--seed`: random weights and, for training, the data order.
