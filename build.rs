@@ -26,12 +26,13 @@ fn main() {
 
 /// The kernel families of src/kernels: each `<name>.cu` -> `$OUT_DIR/<name>.ptx`, embedded by
 /// src/kernels/<name>.rs (`ptx!`) and loaded as its own module.
-const KERNELS: [&str; 15] = [
+const KERNELS: [&str; 16] = [
     "adamw",
+    "argmax",
     "attn_softmax",
     "bias_act",
     "cross_entropy",
-    "decode",
+    "decode_attention",
     "dropout",
     "embedding",
     "flash_attn",

@@ -3,8 +3,8 @@
 // out of sum_squares (1,) f32. Grid-stride loops over n.
 #include "common.cuh"
 
-// AdamW, torch's single-tensor order (src/train.rs AdamW), in two passes over a parameter
-// instead of ~12 candle ops. State mv: (2, n) f32, the first and second moments.
+// AdamW, torch's single-tensor order (`train::AdamW`, src/train/optim.rs), in two passes over a
+// parameter instead of ~12 candle ops. State mv: (2, n) f32, the first and second moments.
 // Pass 1: mv' = (m + (1 − β1)(g − m), β2·v + (1 − β2)·g²), a new tensor.
 // gscale: the gradient's factor (clip coefficient over the loss scale).
 template <typename T>

@@ -8,7 +8,10 @@ use candle_core::cuda_backend::cudarc::driver::{
     CudaSlice, CudaView, DevicePtr, DeviceRepr, LaunchConfig,
 };
 use candle_core::cuda_backend::CudaDType;
-use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, Storage, Tensor};
+use candle_core::op::BackpropOp;
+use candle_core::{
+    bail, CudaDevice, CudaStorage, DType, Layout, Result, Shape, Storage, StorageRef, Tensor,
+};
 
 /// One kernel family's PTX, loaded once per device as its own module.
 pub struct Ptx {
@@ -185,6 +188,31 @@ pub fn alloc<T: DeviceRepr>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> 
 pub fn aligned16(t: &Tensor) -> bool {
     let size = t.dtype().size_in_bytes();
     t.is_contiguous() && (t.layout().start_offset() * size).is_multiple_of(16)
+}
+
+/// A tensor's CUDA storage, read-locked while the guard lives; None on another device (for
+/// launchers that take tensors rather than a custom op's storages).
+pub fn cuda(t: &Tensor) -> Option<(StorageRef<'_>, &Layout)> {
+    let (s, l) = t.storage_and_layout();
+    matches!(&*s, Storage::Cuda(_)).then_some((s, l))
+}
+
+/// The CUDA storage behind a guard of [`cuda`].
+pub fn storage<'a>(s: &'a StorageRef<'_>) -> &'a CudaStorage {
+    match &**s {
+        Storage::Cuda(c) => c,
+        _ => unreachable!("checked by cuda()"),
+    }
+}
+
+/// A new tensor over `slice`, shape `shape`, outside autograd.
+pub fn wrap<T: CudaDType>(
+    slice: CudaSlice<T>,
+    dev: &CudaDevice,
+    shape: impl Into<Shape>,
+) -> Tensor {
+    let s = Storage::Cuda(T::wrap_cuda_slice(slice, dev.clone()));
+    Tensor::from_storage(s, shape, BackpropOp::none(), false)
 }
 
 /// A null device pointer for an absent optional argument.

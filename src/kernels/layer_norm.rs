@@ -1,7 +1,10 @@
-//! Training LayerNorm (`--fused layer-norm`; kernels in layer_norm.cu): one kernel forward,
-//! two backward (dx; partial sums of dw and db over blocks of rows), statistics in f32.
+//! LayerNorm (kernels in layer_norm.cu), statistics in f32:
+//! - training's (`--fused layer-norm`): one kernel forward, two backward (dx; partial sums of
+//!   dw and db over blocks of rows);
+//! - generation's (`--fused decode`, [`add_layer_norm`]): the residual add and the next
+//!   LayerNorm in one pass, a block a row (inference only, no backward).
 //!
-//! Shapes: x, y, dy, dx (…, C), seen as (rows, C); w, b, dw, db (C,); the partial sums
+//! Shapes: x, r, y, dy, dx (…, C), seen as (rows, C); w, b, dw, db (C,); the partial sums
 //! (⌈rows / LN_ROWS⌉, 2, C) f32.
 
 use super::{enabled, Fused};
@@ -30,6 +33,21 @@ pub fn layer_norm_bwd(
     imp::layer_norm_bwd(x, w, dy, eps)
 }
 
+/// (x + r, LayerNorm(x + r)) over the last dim, x and r (…, C), w and b (C,); the sum rounded
+/// to x's dtype first, as the composed add. None where the kernel does not apply.
+pub fn add_layer_norm(
+    x: &Tensor,
+    r: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    eps: f64,
+) -> Result<Option<(Tensor, Tensor)>> {
+    if !enabled(Fused::Decode) {
+        return Ok(None);
+    }
+    imp::add_layer_norm(x, r, w, b, eps)
+}
+
 /// The CPU runs candle's layer norm.
 #[cfg(not(feature = "cuda"))]
 mod imp {
@@ -47,12 +65,23 @@ mod imp {
     ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
         Ok(None)
     }
+
+    pub fn add_layer_norm(
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: f64,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        Ok(None)
+    }
 }
 
 #[cfg(feature = "cuda")]
 mod imp {
     use crate::kernels::launch::{
-        alloc, float_dtype, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx,
+        aligned16, alloc, cuda, float_dtype, kernel, launch, no_cpu_fwd, ptx, storage, view,
+        with_dtype, wrap, Ptx,
     };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
@@ -234,5 +263,56 @@ mod imp {
         let dy2 = dy.contiguous()?.reshape(((), c))?;
         let (dx, dw, db) = grads(&x2, &w.contiguous()?, &dy2, eps as f32)?;
         Ok(Some((dx.reshape(x.shape())?, dw, db)))
+    }
+
+    pub fn add_layer_norm(
+        x: &Tensor,
+        r: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        eps: f64,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        let c = x.dim(candle_core::D::Minus1)?;
+        let same = [r, w, b].iter().all(|t| t.dtype() == x.dtype());
+        if !x.device().is_cuda() || !float_dtype(x) || !same || r.shape() != x.shape() {
+            return Ok(None);
+        }
+        if w.dims() != [c] || b.dims() != [c] {
+            return Ok(None);
+        }
+        let rows = x.elem_count() / c;
+        let (x2, r2) = (x.contiguous()?, r.contiguous()?);
+        let (w, b) = (w.contiguous()?, b.contiguous()?);
+        let (Some(xs), Some(rs), Some(ws), Some(bs)) = (cuda(&x2), cuda(&r2), cuda(&w), cuda(&b))
+        else {
+            return Ok(None);
+        };
+        let dev = storage(&xs.0).device().clone();
+        let func = kernel!(dev, PTX, "tb_add_layer_norm", x.dtype())?;
+        // A 16-byte vector a thread where the rows allow it (add_layer_norm_vec).
+        let n = 16 / x.dtype().size_in_bytes();
+        let vec = c % n == 0 && c / n <= 1024 && [&x2, &r2, &w, &b].into_iter().all(aligned16);
+        let threads = match vec {
+            true => (c / n).next_multiple_of(32),
+            false => c.next_power_of_two().clamp(32, 256),
+        };
+        let (sum, normed) = with_dtype!(x.dtype(), T => {
+            let xv = view::<T>(storage(&xs.0), xs.1)?;
+            let rv = view::<T>(storage(&rs.0), rs.1)?;
+            let wv = view::<T>(storage(&ws.0), ws.1)?;
+            let bv = view::<T>(storage(&bs.0), bs.1)?;
+            let (s, y) = (alloc::<T>(&dev, rows * c)?, alloc::<T>(&dev, rows * c)?);
+            let (c_i, eps, vec_i) = (c as i32, eps as f32, vec as i32);
+            let cfg = LaunchConfig {
+                grid_dim: (rows as u32, 1, 1),
+                block_dim: (threads as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: x, r, s and y hold rows·C elements, w and b C; with `vec`, C / 8 (bf16)
+            // or C / 4 (f32) vectors a row, at most one a thread, from 16-byte boundaries.
+            launch!(unsafe func, cfg; &xv, &rv, &wv, &bv, &s, &y, &c_i, &eps, &vec_i)?;
+            (wrap(s, &dev, x.shape()), wrap(y, &dev, x.shape()))
+        });
+        Ok(Some((sum, normed)))
     }
 }

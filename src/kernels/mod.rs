@@ -15,10 +15,11 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 mod adamw;
+mod argmax;
 mod attn_softmax;
 mod bias_act;
 mod cross_entropy;
-mod decode;
+mod decode_attention;
 mod dropout;
 mod embedding;
 mod flash_attn;
@@ -35,17 +36,18 @@ mod residual;
 mod skinny;
 
 pub use adamw::{adamw, sum_squares, AdamStep};
+pub use argmax::argmax;
 pub use attn_softmax::{attn_softmax, attn_softmax_bwd};
 pub use bias_act::{bias_act, bias_act_bwd, bias_grad};
 pub use cross_entropy::{cross_entropy, cross_entropy_bwd, cross_entropy_bwd_in_place};
-pub use decode::{add_layer_norm, argmax, decode_attention, decode_begin, CacheSlot, QkvLayout};
+pub use decode_attention::{decode_attention, decode_begin, CacheSlot, QkvLayout};
 pub use dropout::{apply_keep, draw_keep, dropout, keep_mask, set_dropout_seed, Keep};
 pub use embedding::embedding_bwd;
 pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
 pub use gemv::gemv;
 pub use graph::{capture, param_cache, replays, Graph, ParamCache};
 pub use heads::{merge_heads, split_heads};
-pub use layer_norm::{layer_norm, layer_norm_bwd};
+pub use layer_norm::{add_layer_norm, layer_norm, layer_norm_bwd};
 pub use linear_lt::linear;
 pub use multi_tensor::{adamw_multi, cast_multi, grad_norm_clip};
 pub use oneshot::{oneshot_sum, PeerBuffers, ONESHOT_CAP, ONESHOT_MAX_RANKS};

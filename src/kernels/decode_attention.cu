@@ -1,93 +1,11 @@
-// Decode kernels (#20): the launches one generated token spends, fused; launched by decode.rs.
-// Shapes: B batch, nh heads (of this rank), hs head size, C channels, T_max cached positions,
-// V vocabulary.
+// Single-query attention over the KV cache (#20), one new position a row, and the cache
+// bookkeeping of a graphed decode step; launched by decode_attention.rs.
+// Shapes: B batch, nh heads (of this rank), hs head size, C channels, T_max cached positions.
 #include "common.cuh"
 
 // Added to the score of a padding key: attention.rs's MASKED (finite, so that a row of padding
 // gives a uniform softmax, not NaN).
 #define MASKED (-1e9f)
-
-// s = x + r (rounded to T, as the composed add), y = LayerNorm(s)·w + b, statistics in f32
-// (two passes: mean, then the biased variance, as torch). With r null: y = LayerNorm(x), s
-// not written. One block per row of C: at decode's few rows (B) every SM that works has a
-// whole block, where candle's layer norm took 15.6 µs for one row of 768.
-//   x, r, s, y: (rows, C); w, b: (C,)
-// The same with a 16-byte vector of the row a thread (`vec`: C a multiple of the vector, at most
-// one vector a thread, 16-byte aligned rows), the row kept in registers between the passes:
-// one read of x and r instead of three (candle's layernorm_bf16 took 4.6 µs, the loop above
-// with 256 threads 15.8 µs, for one row of 4096 in bloom-7b1's decode step).
-template <typename T>
-__device__ void add_layer_norm_vec(const T* x, const T* r, const T* w, const T* b, T* s, T* y, int c, float eps) {
-  constexpr int N = 16 / sizeof(T);
-  __shared__ float sh[32];
-  const long off = (long)blockIdx.x * c + (long)threadIdx.x * N;
-  const bool mine = threadIdx.x * N < c;
-  float v[N];
-  float sum = 0.f;
-  if (mine) {
-    const Vec16<T> xv = *reinterpret_cast<const Vec16<T>*>(x + off);
-    if (r) {
-      const Vec16<T> rv = *reinterpret_cast<const Vec16<T>*>(r + off);
-      Vec16<T> sv;
-#pragma unroll
-      for (int i = 0; i < N; ++i) {
-        sv.e[i] = from_f<T>(to_f(xv.e[i]) + to_f(rv.e[i]));
-        v[i] = to_f(sv.e[i]);
-      }
-      *reinterpret_cast<Vec16<T>*>(s + off) = sv;
-    } else {
-#pragma unroll
-      for (int i = 0; i < N; ++i) v[i] = to_f(xv.e[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < N; ++i) sum += v[i];
-  }
-  // w and b loaded before the reductions, so that their latency hides under them.
-  const int j = threadIdx.x * N;
-  Vec16<T> wv, bv;
-  if (mine) {
-    wv = *reinterpret_cast<const Vec16<T>*>(w + j);
-    bv = *reinterpret_cast<const Vec16<T>*>(b + j);
-  }
-  const float mean = block_sum(sum, sh) / c;
-  float var = 0.f;
-  if (mine)
-#pragma unroll
-    for (int i = 0; i < N; ++i) var += (v[i] - mean) * (v[i] - mean);
-  const float rstd = rsqrtf(block_sum(var, sh) / c + eps);
-  if (!mine) return;
-  Vec16<T> yv;
-#pragma unroll
-  for (int i = 0; i < N; ++i) yv.e[i] = from_f<T>((v[i] - mean) * rstd * to_f(wv.e[i]) + to_f(bv.e[i]));
-  *reinterpret_cast<Vec16<T>*>(y + off) = yv;
-}
-
-template <typename T>
-__device__ void add_layer_norm(const T* x, const T* r, const T* w, const T* b, T* s, T* y, int c, float eps) {
-  __shared__ float sh[32];
-  const long off = (long)blockIdx.x * c;
-  // The row this thread reads back: s where it wrote it (the same j, so no sync), else x.
-  const T* src = r ? s + off : x + off;
-  float sum = 0.f;
-  for (int j = threadIdx.x; j < c; j += blockDim.x) {
-    float v = to_f(x[off + j]);
-    if (r) {
-      const T t = from_f<T>(v + to_f(r[off + j]));
-      s[off + j] = t;
-      v = to_f(t);
-    }
-    sum += v;
-  }
-  const float mean = block_sum(sum, sh) / c;
-  float var = 0.f;
-  for (int j = threadIdx.x; j < c; j += blockDim.x) {
-    const float d = to_f(src[j]) - mean;
-    var += d * d;
-  }
-  const float rstd = rsqrtf(block_sum(var, sh) / c + eps);
-  for (int j = threadIdx.x; j < c; j += blockDim.x)
-    y[off + j] = from_f<T>((to_f(src[j]) - mean) * rstd * to_f(w[j]) + to_f(b[j]));
-}
 
 // One new query per row against every cached key, one block per (row b, head h):
 //   qkv:  (B, ·) row stride `qkv_stride`; head h's q at h·head_stride, its k at + part, its v
@@ -296,84 +214,6 @@ __device__ void decode_combine(const float* part_m, const float* part_l, const f
   if (threadIdx.x < hs) out[(long)bh * hs + threadIdx.x] = from_f<T>(num / den);
 }
 
-// Greedy pick: the first index of the largest x[row, j] + ban[j] (ban: (V,) 0 or −inf, or
-// null), one block per row. Two-level (warp, then block) reduction of (value, index) pairs,
-// where candle's argmax over V = 50257 took 41 µs at batch 1.
-//   x: (B, V); out: (B,) u32
-__device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
-  if (v2 > v || (v2 == v && i2 < i)) {
-    v = v2;
-    i = i2;
-  }
-}
-// The block's best (value, index) pair, in thread 0: warps, then the first warp.
-__device__ __forceinline__ void block_best(float& best, int& idx) {
-  __shared__ float sv[32];
-  __shared__ int si[32];
-  for (int o = 16; o > 0; o >>= 1)
-    better(best, idx, __shfl_xor_sync(0xffffffff, best, o), __shfl_xor_sync(0xffffffff, idx, o));
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  if (lane == 0) {
-    sv[w] = best;
-    si[w] = idx;
-  }
-  __syncthreads();
-  if (w == 0) {
-    best = lane < nw ? sv[lane] : -INFINITY;
-    idx = lane < nw ? si[lane] : 0x7fffffff;
-    for (int o = 16; o > 0; o >>= 1)
-      better(best, idx, __shfl_xor_sync(0xffffffff, best, o), __shfl_xor_sync(0xffffffff, idx, o));
-  }
-}
-
-// The best of x[lo..hi) + ban, in thread 0 (index 0x7fffffff where none won: NaN or −inf only).
-template <typename T>
-__device__ void argmax_range(const T* xr, const T* ban, int lo, int hi, float& best, int& idx) {
-  best = -INFINITY;
-  idx = 0x7fffffff;
-  for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-    float val = to_f(xr[j]);
-    if (ban) val = to_f(from_f<T>(val + to_f(ban[j])));
-    better(best, idx, val, j);
-  }
-  block_best(best, idx);
-}
-
-template <typename T>
-__device__ void argmax_rows(const T* x, const T* ban, uint32_t* out, int v) {
-  float best;
-  int idx;
-  argmax_range(x + (long)blockIdx.x * v, ban, 0, v, best, idx);
-  // A row of NaN or −inf only: index 0, as no index won.
-  if (threadIdx.x == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0u : (uint32_t)idx;
-}
-
-// Long rows (BLOOM's V = 250880: one block a row took 108 µs) in two launches: block (c, row)
-// takes the best of chunk c into (part_v, part_i)[row, c]; then tb_argmax_final picks each
-// row's best of its chunks, the first index among equals as above.
-//   part_v, part_i: (B, chunks); chunk: columns a block
-template <typename T>
-__device__ void argmax_part(const T* x, const T* ban, float* part_v, int* part_i, int v, int chunk) {
-  const int c = blockIdx.x, row = blockIdx.y;
-  const int lo = c * chunk, hi = min(v, lo + chunk);
-  float best;
-  int idx;
-  argmax_range(x + (long)row * v, ban, lo, hi, best, idx);
-  if (threadIdx.x == 0) {
-    part_v[(long)row * gridDim.x + c] = best;
-    part_i[(long)row * gridDim.x + c] = idx;
-  }
-}
-
-extern "C" __global__ void tb_argmax_final(const float* part_v, const int* part_i, uint32_t* out, int chunks) {
-  float best = -INFINITY;
-  int idx = 0x7fffffff;
-  for (int c = threadIdx.x; c < chunks; c += blockDim.x)
-    better(best, idx, part_v[(long)blockIdx.x * chunks + c], part_i[(long)blockIdx.x * chunks + c]);
-  block_best(best, idx);
-  if (threadIdx.x == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0u : (uint32_t)idx;
-}
-
 // The cache bookkeeping of one decode step at the position in `cursor` (device memory, so that
 // a CUDA graph of the step replays at every position): each row's new token is real; its
 // position is the row's real tokens so far. One block:
@@ -394,40 +234,26 @@ extern "C" __global__ void tb_decode_begin(float* mask, float* key_pos, float* s
 }
 
 #define INSTANTIATE(T, S)                                                                                     \
-  extern "C" __global__ void tb_add_layer_norm_##S(const T* x, const T* r, const T* w, const T* b, T* s, T* y, \
-                                                   int c, float eps, int vec) {                               \
-    if (vec)                                                                                                  \
-      add_layer_norm_vec<T>(x, r, w, b, s, y, c, eps);                                                        \
-    else                                                                                                      \
-      add_layer_norm<T>(x, r, w, b, s, y, c, eps);                                                            \
-  }                                                                                                           \
   extern "C" __global__ void tb_decode_attention_##S(const T* qkv, long qkv_stride, int head_stride, int part, \
                                                      T* kc, T* vc, const float* key_mask, const float* slopes, \
                                                      const float* key_pos, T* out, float scale, int nh, int hs, \
                                                      int t_max, int pos, const uint32_t* cursor) {            \
-    decode_attention<T>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, out, scale, nh,   \
+    decode_attention<T>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, out, scale, nh, \
                         hs, t_max, pos, cursor);                                                              \
   }                                                                                                           \
-  extern "C" __global__ void tb_decode_attention_part_##S(                                                     \
+  extern "C" __global__ void tb_decode_attention_part_##S(                                                    \
       const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc, const float* key_mask,          \
-      const float* slopes, const float* key_pos, float* part_m, float* part_l, float* part_acc, float scale,   \
+      const float* slopes, const float* key_pos, float* part_m, float* part_l, float* part_acc, float scale,  \
       int nh, int hs, int t_max, int pos, const uint32_t* cursor) {                                           \
     if (hs == 64)                                                                                             \
-      decode_attention_part<T, 64>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos,      \
+      decode_attention_part<T, 64>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos,     \
                                    part_m, part_l, part_acc, scale, nh, t_max, pos, cursor);                  \
     else                                                                                                      \
-      decode_attention_part<T, 128>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos,     \
+      decode_attention_part<T, 128>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos,    \
                                     part_m, part_l, part_acc, scale, nh, t_max, pos, cursor);                 \
   }                                                                                                           \
-  extern "C" __global__ void tb_decode_combine_##S(const float* part_m, const float* part_l,                    \
-                                                   const float* part_acc, T* out, int splits, int hs) {        \
+  extern "C" __global__ void tb_decode_combine_##S(const float* part_m, const float* part_l,                  \
+                                                   const float* part_acc, T* out, int splits, int hs) {       \
     decode_combine<T>(part_m, part_l, part_acc, out, splits, hs);                                             \
-  }                                                                                                           \
-  extern "C" __global__ void tb_argmax_##S(const T* x, const T* ban, uint32_t* out, int v) {                  \
-    argmax_rows<T>(x, ban, out, v);                                                                           \
-  }                                                                                                           \
-  extern "C" __global__ void tb_argmax_part_##S(const T* x, const T* ban, float* part_v, int* part_i, int v,    \
-                                                int chunk) {                                                  \
-    argmax_part<T>(x, ban, part_v, part_i, v, chunk);                                                         \
   }
 FOR_TYPES(INSTANTIATE)

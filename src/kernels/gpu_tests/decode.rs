@@ -1,0 +1,260 @@
+//! Generation: the decode kernels one by one (add + LayerNorm, argmax) and end to end (cached
+//! decoding, CUDA-graph replays, tensor parallelism over two GPUs).
+
+use super::*;
+
+/// The residual add rounds like candle's add; the norm of the sum like candle's layer norm.
+#[test]
+fn add_layer_norm_matches_the_add_then_the_norm() {
+    let (gpu, _one_at_a_time) = gpu();
+    // 768 and 4096: a vector a thread; 770: the loop.
+    let cases = [(DType::F32, 1e-5), (DType::BF16, 2e-2)]
+        .into_iter()
+        .flat_map(|d| [768, 4096, 770].map(|c| (d, c)));
+    for ((dtype, tol), c) in cases {
+        let x = randn(&[3, 5, c], &gpu).to_dtype(dtype).unwrap();
+        let r = randn(&[3, 5, c], &gpu).to_dtype(dtype).unwrap();
+        let w = randn(&[c], &gpu).to_dtype(dtype).unwrap();
+        let b = randn(&[c], &gpu).to_dtype(dtype).unwrap();
+        let (sum, normed) = add_layer_norm(&x, &r, &w, &b, 1e-5)
+            .unwrap()
+            .expect("applies");
+        let want_sum = (&x + &r).unwrap();
+        assert_eq!(
+            rel(&sum, &want_sum),
+            0.,
+            "{dtype:?} C {c}: the sum rounds as the add"
+        );
+        let want = candle_nn::ops::layer_norm_slow(&want_sum, &w, &b, 1e-5).unwrap();
+        let r = rel(&normed, &want);
+        assert!(r < tol, "{dtype:?} C {c}: rel {r}");
+    }
+}
+
+/// The greedy pick: the first index of the maximum (as torch's argmax, which HF generate
+/// uses; bf16 rows tie often), a banned id never chosen.
+#[test]
+fn argmax_picks_the_first_maximum_and_skips_banned_ids() {
+    let (gpu, _one_at_a_time) = gpu();
+    // The first index of each row's maximum, on the CPU.
+    let first_max = |x: &Tensor| -> Vec<Vec<u32>> {
+        let rows = x.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap();
+        rows.iter()
+            .map(|r| {
+                let m = r.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                vec![r.iter().position(|&a| a == m).unwrap() as u32]
+            })
+            .collect()
+    };
+    // A short row in one block; GPT-2's and BLOOM's vocabularies in chunks, then the best of
+    // the chunks.
+    let cases = [DType::F32, DType::BF16]
+        .into_iter()
+        .flat_map(|d| [1000, 50257, 250880].map(|v| (d, v)));
+    for (dtype, v) in cases {
+        let x = randn(&[4, v], &gpu).to_dtype(dtype).unwrap();
+        let got = argmax(&x, None).unwrap().expect("applies");
+        let want = first_max(&x);
+        assert_eq!(got.to_vec2::<u32>().unwrap(), want, "{dtype:?} V {v}");
+        let top = want[0][0] as usize;
+        let mut ban = vec![0f32; v];
+        ban[top] = f32::NEG_INFINITY;
+        let ban = Tensor::from_vec(ban, (1, v), &gpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let got = argmax(&x, Some(&ban)).unwrap().expect("applies");
+        let want = first_max(&x.broadcast_add(&ban).unwrap());
+        assert_eq!(got.to_vec2::<u32>().unwrap(), want, "{dtype:?} banned");
+        assert_ne!(got.to_vec2::<u32>().unwrap()[0][0] as usize, top);
+    }
+    let ties = Tensor::new(&[[1f32, 3., 0., 3., 3.]], &gpu).unwrap();
+    let got = argmax(&ties, None).unwrap().expect("applies");
+    assert_eq!(got.to_vec2::<u32>().unwrap(), [[1]]);
+    // Equal maxima in two chunks of a long row: the first.
+    let mut long = vec![0f32; 250880];
+    (long[200_001], long[9_000], long[9_001]) = (5., 5., 5.);
+    let long = Tensor::from_vec(long, (1, 250880), &gpu).unwrap();
+    let got = argmax(&long, None).unwrap().expect("applies");
+    assert_eq!(got.to_vec2::<u32>().unwrap(), [[9_000]]);
+}
+
+/// The tiny presets with wider heads: gpt2-tiny at head size 64 and bloom-tiny at 128, the
+/// sizes the warp-a-key decode attention takes (the presets' 16 take the thread-a-key one).
+fn wide_head_specs() -> Vec<ModelSpec> {
+    use crate::models::Architecture;
+    let (mut gpt2, mut bloom) = (
+        crate::models::gpt2::Config::gpt2_tiny(),
+        crate::models::bloom::Config::bloom_tiny(),
+    );
+    gpt2.n_embd = 64 * gpt2.n_head;
+    (bloom.hidden_size, bloom.n_head) = (256, 2);
+    vec![
+        ModelSpec {
+            name: "gpt2-tiny-hs64".into(),
+            arch: Architecture::Gpt2(gpt2),
+        },
+        ModelSpec {
+            name: "bloom-tiny-hs128".into(),
+            arch: Architecture::Bloom(bloom),
+        },
+    ]
+}
+
+/// The decode kernels end to end: a cached prefill and decode steps of gpt2-tiny and
+/// bloom-tiny (GPT-2's [q | k | v] and BLOOM's per-head qkv with ALiBi), at their head size
+/// and at 64 / 128, a left-padded batch whose keys span two of the attention's 64-key splits,
+/// fp32 and bf16, logits of every step with `--fused all` against `--fused none`.
+#[test]
+fn cached_decoding_on_the_decode_kernels_matches_candles_ops() {
+    use crate::models::generate::left_pad;
+    let (gpu, _one_at_a_time) = gpu();
+    let ids = |n: u32| (0..n).map(|i| 1 + i * 7 % 50).collect::<Vec<u32>>();
+    let prompts = left_pad(&[ids(70), ids(41)], 0, &gpu).unwrap();
+    let mut specs = vec![
+        ModelSpec::preset("gpt2-tiny").unwrap(),
+        ModelSpec::preset("bloom-tiny").unwrap(),
+    ];
+    specs.extend(wide_head_specs());
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 3e-2)] {
+        for spec in &specs {
+            let name = &spec.name;
+            let src = WeightSource::Random { seed: 0 };
+            let mut steps = Vec::new();
+            for fused in [Fused::None, Fused::All] {
+                set_enabled(&[fused]);
+                let model = spec.load(&src, dtype, &gpu).unwrap();
+                let mut cache = model.new_cache(2, 80).unwrap();
+                let mut logits = vec![model
+                    .forward_cached(&prompts.ids, &prompts.mask, &mut cache)
+                    .unwrap()];
+                let real = Tensor::ones((2, 1), DType::U32, &gpu).unwrap();
+                for id in [11u32, 12, 13, 14, 15] {
+                    let next = Tensor::new(&[[id], [id + 7]], &gpu).unwrap();
+                    logits.push(model.forward_cached(&next, &real, &mut cache).unwrap());
+                }
+                steps.push(logits);
+            }
+            for (i, (fused, none)) in steps[1].iter().zip(&steps[0]).enumerate() {
+                let r = rel(fused, none);
+                assert!(r < tol, "{name} {dtype:?} step {i}: rel {r}");
+            }
+        }
+    }
+}
+
+/// Decode steps replayed as a CUDA graph choose the same ids as the eager steps (fp32, greedy,
+/// 12 new tokens: one eager step, the capture, ten replays), for both models at their head
+/// size and at 64 / 128.
+#[test]
+fn graph_replayed_decoding_matches_eager_decoding() {
+    use crate::models::generate::{generate, left_pad, Greedy};
+    let (gpu, _one_at_a_time) = gpu();
+    let prompts = left_pad(&[vec![5, 9, 2, 7, 1, 3], vec![4, 8, 6]], 0, &gpu).unwrap();
+    let g = Greedy {
+        new_tokens: 12,
+        banned: vec![],
+    };
+    let eager_paths = [
+        Fused::Lt,
+        Fused::Softmax,
+        Fused::BiasAct,
+        Fused::LayerNorm,
+        Fused::Decode,
+    ];
+    let mut specs = vec![
+        ModelSpec::preset("gpt2-tiny").unwrap(),
+        ModelSpec::preset("bloom-tiny").unwrap(),
+    ];
+    specs.extend(wide_head_specs());
+    for spec in &specs {
+        let name = &spec.name;
+        let src = WeightSource::Random { seed: 0 };
+        let mut ids = Vec::new();
+        for graph in [false, true] {
+            match graph {
+                true => set_enabled(&[Fused::All]),
+                false => set_enabled(&eager_paths),
+            }
+            let model = spec.load(&src, DType::F32, &gpu).unwrap();
+            let before = replays();
+            ids.push(generate(model.as_ref(), &prompts, &g, &mut |_| Ok(())).unwrap());
+            let replayed = replays() - before;
+            assert_eq!(
+                replayed,
+                if graph { 10 } else { 0 },
+                "{name}: graph replays"
+            );
+        }
+        assert_eq!(ids[1], ids[0], "{name}");
+        assert_eq!(ids[0][0].len(), 12);
+    }
+}
+
+/// Tensor parallelism over two GPUs (NCCL, a thread a rank): the decode steps replayed as a
+/// CUDA graph, each rank's all-reduces recorded in it, choose the one-GPU eager ids (fp32,
+/// greedy, 12 new tokens: ten replays a rank). Needs two GPUs, so it runs only when asked
+/// (`--ignored`, `scripts/gpu_checks.sh tp-graph`).
+#[cfg(feature = "nccl")]
+#[test]
+#[ignore = "needs two GPUs: scripts/gpu_checks.sh tp-graph runs it"]
+fn tp2_graph_replayed_decoding_matches_one_gpu_eager_decoding() {
+    use crate::dist::collective::NcclAllReduce;
+    use crate::dist::{AllReduce, Tp};
+    use crate::models::generate::{generate, left_pad, Greedy};
+    use std::sync::Arc;
+    let (gpu0, _one_at_a_time) = gpu();
+    let prompts = [vec![5, 9, 2, 7, 1, 3], vec![4, 8, 6]];
+    let g = Greedy {
+        new_tokens: 12,
+        banned: vec![],
+    };
+    let src = WeightSource::Random { seed: 0 };
+    for name in ["gpt2-tiny", "bloom-tiny"] {
+        let spec = ModelSpec::preset(name).unwrap();
+        set_enabled(&[Fused::Lt, Fused::Softmax, Fused::BiasAct, Fused::LayerNorm]);
+        let model = spec.load(&src, DType::F32, &gpu0).unwrap();
+        let one = generate(
+            model.as_ref(),
+            &left_pad(&prompts, 0, &gpu0).unwrap(),
+            &g,
+            &mut |_| Ok(()),
+        )
+        .unwrap();
+        set_enabled(&[Fused::All]);
+        let id = NcclAllReduce::new_id().unwrap();
+        let before = replays();
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                let (id, spec, prompts, g) = (id.clone(), spec.clone(), prompts.clone(), g.clone());
+                std::thread::spawn(move || {
+                    let dev = Device::new_cuda_with_stream(rank).expect("a second GPU");
+                    if let Device::Cuda(cuda) = &dev {
+                        // As a rank of `bench --tp` opens its device (dist::group).
+                        // SAFETY: every tensor of this device is used on its one stream.
+                        unsafe { cuda.disable_event_tracking() };
+                    }
+                    let nccl = NcclAllReduce::join(&dev, rank, 2, &id).unwrap();
+                    let reduce: Option<Arc<dyn AllReduce>> = Some(Arc::new(nccl));
+                    let tp = Tp {
+                        rank,
+                        size: 2,
+                        reduce,
+                    };
+                    let src = WeightSource::Random { seed: 0 };
+                    let model = spec.load_shard(&src, DType::F32, &dev, &tp).unwrap();
+                    assert!(
+                        model.graph_capturable(),
+                        "NCCL's all-reduce can be recorded"
+                    );
+                    let prompts = left_pad(&prompts, 0, &dev).unwrap();
+                    generate(model.as_ref(), &prompts, &g, &mut |_| Ok(())).unwrap()
+                })
+            })
+            .collect();
+        for (rank, r) in ranks.into_iter().enumerate() {
+            assert_eq!(r.join().unwrap(), one, "{name} rank {rank}");
+        }
+        assert_eq!(replays() - before, 20, "{name}: ten replays a rank");
+    }
+}

@@ -1,0 +1,95 @@
+//! The projections: cuBLASLt with the bias and GELU in its epilogue, the decode GEMV, the
+//! tensor-core LM head at a few rows.
+
+use super::*;
+
+#[test]
+fn lt_linear_matches_matmul_plus_bias_and_gelu() {
+    let (dev, _one_at_a_time) = gpu();
+    let (n, k, out) = (37, 64, 96);
+    for dtype in [DType::BF16, DType::F16] {
+        for w_out_in in [true, false] {
+            for act in [Act::None, Act::GeluTanh] {
+                let x = randn(&[n, k], &dev).to_dtype(dtype).unwrap();
+                let w_shape = if w_out_in { [out, k] } else { [k, out] };
+                let w = (randn(&w_shape, &dev) * 0.1)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let b = randn(&[out], &dev).to_dtype(dtype).unwrap();
+                let fused = linear(&x, &w, w_out_in, &b, act).unwrap().expect("applies");
+                let f32w = w.to_dtype(DType::F32).unwrap();
+                let wt = if w_out_in { f32w.t().unwrap() } else { f32w };
+                let y = x.to_dtype(DType::F32).unwrap().matmul(&wt).unwrap();
+                let y = y.broadcast_add(&b.to_dtype(DType::F32).unwrap()).unwrap();
+                let r = rel(&fused, &act_ref(&y, act));
+                assert!(r < 1e-2, "{dtype:?} w_out_in={w_out_in} {act:?}: rel {r}");
+            }
+        }
+    }
+}
+
+/// The decode GEMV (nn.Linear weights, 1–4 rows) against the f32 product with bias and
+/// tanh-GELU, in bf16 and f16, for BLOOM's decode shapes (1024 -> 3072, 4096 -> 1024).
+#[test]
+fn gemv_matches_the_f32_projection() {
+    let (dev, _one_at_a_time) = gpu();
+    for (k, n) in [(1024, 3072), (4096, 1024), (64, 40)] {
+        for rows in 1..=4 {
+            for dtype in [DType::BF16, DType::F16] {
+                for act in [Act::None, Act::GeluTanh] {
+                    let x = randn(&[rows, k], &dev).to_dtype(dtype).unwrap();
+                    let w = (randn(&[n, k], &dev) * 0.05)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap();
+                    let b = randn(&[n], &dev).to_dtype(dtype).unwrap();
+                    let y = gemv(&x, &w, &b, act).unwrap().expect("the GEMV applies");
+                    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+                    let r = f(&x).matmul(&f(&w).t().unwrap()).unwrap();
+                    let r = r.broadcast_add(&f(&b)).unwrap();
+                    let r = match act {
+                        Act::GeluTanh => r.gelu().unwrap(),
+                        _ => r,
+                    };
+                    let why = format!("{rows}x{k} -> {n} {dtype:?} {act:?}");
+                    assert_eq!(y.dims(), [rows, n], "{why}");
+                    assert!(rel(&y, &r) < 1e-2, "{why}: {}", rel(&y, &r));
+                }
+            }
+        }
+    }
+    // Five rows are cuBLASLt's.
+    let x = randn(&[5, 64], &dev).to_dtype(DType::BF16).unwrap();
+    let w = randn(&[40, 64], &dev).to_dtype(DType::BF16).unwrap();
+    let b = randn(&[40], &dev).to_dtype(DType::BF16).unwrap();
+    assert!(gemv(&x, &w, &b, Act::None).unwrap().is_none());
+}
+
+/// The tensor-core LM head against the f32 product: 1–16 rows, bf16 and f16, GPT-2's head
+/// (V = 50257, no multiple of 8, nor of the 16-column tiles), BLOOM's widths, a K of one slice.
+#[test]
+fn skinny_matches_the_f32_logits() {
+    let (dev, _one_at_a_time) = gpu();
+    for (k, n) in [(768, 50257), (1024, 3072), (4096, 1000), (32, 40)] {
+        for rows in [1, 3, 5, 8, 16] {
+            for dtype in [DType::BF16, DType::F16] {
+                let x = randn(&[rows, k], &dev).to_dtype(dtype).unwrap();
+                let w = (randn(&[n, k], &dev) * 0.05)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let why = format!("{rows}x{k} -> {n} {dtype:?}");
+                let y = skinny(&x, &w).unwrap().expect(&why);
+                let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+                let r = f(&x).matmul(&f(&w).t().unwrap()).unwrap();
+                assert_eq!(y.dims(), [rows, n], "{why}");
+                assert!(rel(&y, &r) < 1e-2, "{why}: {}", rel(&y, &r));
+            }
+        }
+    }
+    // Seventeen rows and a K off the 32-wide slices are cuBLAS's.
+    let bf = |dims: &[usize]| randn(dims, &dev).to_dtype(DType::BF16).unwrap();
+    assert!(skinny(&bf(&[17, 64]), &bf(&[40, 64])).unwrap().is_none());
+    assert!(skinny(&bf(&[4, 48]), &bf(&[40, 48])).unwrap().is_none());
+}

@@ -1,0 +1,168 @@
+//! Whole models on the fused paths against candle's ops: hidden states, training steps, the
+//! manual backward against autograd, recomputed activations.
+
+use super::*;
+use crate::train::Backward;
+
+/// gpt2-tiny and bloom-tiny hidden states in fp32 on the GPU: every fused path against
+/// `--fused none` (candle's ops; the same random weights, which differ between CPU and GPU).
+#[test]
+fn models_on_the_fused_path_match_candles_ops() {
+    let (gpu, _one_at_a_time) = gpu();
+    let ids = Tensor::new(&[[5u32, 9, 2, 7, 1, 3], [4, 8, 6, 0, 0, 0]], &gpu).unwrap();
+    let mask = Tensor::new(&[[1u32, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]], &gpu).unwrap();
+    for name in ["gpt2-tiny", "bloom-tiny"] {
+        let spec = ModelSpec::preset(name).unwrap();
+        let src = WeightSource::Random { seed: 0 };
+        let mut out = Vec::new();
+        for fused in [Fused::None, Fused::All] {
+            set_enabled(&[fused]);
+            let model = spec.load(&src, DType::F32, &gpu).unwrap();
+            let h = model.hidden_states(&ids, &mask).unwrap();
+            out.push(h.narrow(0, 0, 1).unwrap()); // padded rows differ only where masked
+        }
+        let r = rel(&out[1], &out[0]);
+        assert!(r < 1e-5, "{name}: rel {r}");
+    }
+}
+
+/// Three fp32 training steps of gpt2-tiny without dropout on the GPU, fused against
+/// `--fused none`, through autograd and through the manual backward: losses and gradient norms.
+#[test]
+fn training_steps_on_the_fused_path_match_candles_ops() {
+    for backward in [Backward::Autograd, Backward::Manual] {
+        training_steps_fused_vs_unfused(backward);
+    }
+}
+
+fn training_steps_fused_vs_unfused(backward: Backward) {
+    let (gpu, _one_at_a_time) = gpu();
+    let spec = ModelSpec::preset("gpt2-tiny").unwrap();
+    let src = WeightSource::Random { seed: 0 };
+    let hyper = Hyper {
+        total_steps: 3,
+        ..Hyper::default()
+    };
+    let ids = Tensor::arange(0u32, 64, &gpu)
+        .unwrap()
+        .reshape((2, 32))
+        .unwrap();
+    let mut runs = Vec::new();
+    for fused in [Fused::None, Fused::All] {
+        set_enabled(&[fused]);
+        let mut trainer =
+            Trainer::new(&spec, &src, DType::F32, &gpu, hyper.clone(), false).unwrap();
+        trainer.set_backward(backward).unwrap();
+        let steps: Vec<(f64, f64)> = (0..3)
+            .map(|_| {
+                let o = trainer.step(std::slice::from_ref(&ids)).unwrap();
+                (o.loss, o.grad_norm)
+            })
+            .collect();
+        runs.push(steps);
+    }
+    for ((l0, g0), (l1, g1)) in runs[0].iter().zip(&runs[1]) {
+        assert!(
+            (l0 - l1).abs() < 1e-5 * l0.abs(),
+            "{backward:?}: loss {l0} vs {l1}"
+        );
+        assert!(
+            (g0 - g1).abs() < 1e-4 * g0.abs(),
+            "{backward:?}: grad norm {g0} vs {g1}"
+        );
+    }
+}
+
+/// gpt2-tiny with one head of 64 (the fused attention's head size).
+fn gpt2_tiny_hs64() -> ModelSpec {
+    let mut cfg = crate::models::gpt2::Config::gpt2_tiny();
+    cfg.n_head = cfg.n_embd / FLASH_HEAD_SIZE;
+    ModelSpec {
+        name: "gpt2-tiny-hs64".into(),
+        arch: crate::models::Architecture::Gpt2(cfg),
+    }
+}
+
+/// gpt2-tiny's loss and every parameter's gradient through the manual backward and through
+/// autograd, on the GPU with the fused kernels, `dropout` on or off (the same seed draws the
+/// same hashed masks in both). Returns the worst relative difference of a gradient.
+fn manual_vs_autograd(dtype: DType, dropout: bool) -> f32 {
+    manual_vs_autograd_of(ModelSpec::preset("gpt2-tiny").unwrap(), dtype, dropout)
+}
+
+/// [`manual_vs_autograd`] of `spec`.
+fn manual_vs_autograd_of(spec: ModelSpec, dtype: DType, dropout: bool) -> f32 {
+    let (dev, _one_at_a_time) = gpu();
+    let (mut trainer, ids) = trainer_of(spec, &dev, dtype, dropout);
+    let mut run = |backward| {
+        trainer.set_backward(backward).unwrap();
+        set_dropout_seed(7);
+        trainer.gradients(std::slice::from_ref(&ids)).unwrap()
+    };
+    let (loss_a, grads_a) = run(Backward::Autograd);
+    let (loss_m, grads_m) = run(Backward::Manual);
+    let loss_tol = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+    assert!(
+        (loss_m - loss_a).abs() < loss_tol * loss_a,
+        "{dtype:?}: loss {loss_m} vs {loss_a}"
+    );
+    let mut worst = 0f32;
+    for ((name, m), (_, a)) in grads_m.iter().zip(&grads_a) {
+        let r = rel(m, a);
+        eprintln!("{dtype:?} dropout={dropout} {name}: rel {r:.2e}");
+        worst = worst.max(r);
+    }
+    worst
+}
+
+/// `--recompute` on the GPU: bf16, dropout on (hashed masks, the same seed), every gradient
+/// equal to the kept-activation step's but for the embedding gradient's atomic order.
+#[test]
+fn recompute_matches_the_kept_activations_on_cuda() {
+    let (dev, _one_at_a_time) = gpu();
+    let (mut trainer, ids) = tiny_gpt2_trainer(&dev, DType::BF16, true);
+    let mut run = |recompute| {
+        trainer.set_recompute(recompute).unwrap();
+        set_dropout_seed(7);
+        trainer.gradients(std::slice::from_ref(&ids)).unwrap()
+    };
+    let (loss, grads) = run(false);
+    let (loss_r, grads_r) = run(true);
+    assert_eq!(loss, loss_r);
+    for ((name, g), (_, g_r)) in grads.iter().zip(&grads_r) {
+        let r = rel(g_r, g);
+        assert!(r < 1e-5, "{name}: {r}");
+    }
+}
+
+/// fp32: the two paths round differently only in summation order (cuBLAS, the f32 embedding
+/// sums), so every gradient within 1e-4.
+#[test]
+fn manual_backward_matches_autograd_in_fp32() {
+    let worst = manual_vs_autograd(DType::F32, false);
+    assert!(worst < 1e-4, "worst gradient rel {worst}");
+}
+
+/// bf16: the manual path rounds at other points (cuBLASLt's bias epilogue, f32 embedding
+/// gradients, stored instead of recomputed probabilities): a loose bound, a few bf16 ulps.
+#[test]
+fn manual_backward_matches_autograd_in_bf16() {
+    let worst = manual_vs_autograd(DType::BF16, false);
+    assert!(worst < 5e-2, "worst gradient rel {worst}");
+}
+
+/// Head size 64, no dropout: the manual step's attention is the fused kernels
+/// (`flash_attention`), the autograd path's the composed ops; the same loose bound as above.
+#[test]
+fn manual_backward_on_flash_attention_matches_autograd_in_bf16() {
+    let worst = manual_vs_autograd_of(gpt2_tiny_hs64(), DType::BF16, false);
+    assert!(worst < 5e-2, "worst gradient rel {worst}");
+}
+
+/// Dropout on: the manual path draws the hashed masks in the autograd path's order, so the
+/// same seed gives the same gradients.
+#[test]
+fn manual_backward_draws_the_autograd_paths_dropout_masks() {
+    let worst = manual_vs_autograd(DType::F32, true);
+    assert!(worst < 1e-4, "worst gradient rel {worst}");
+}
