@@ -18,7 +18,7 @@ use crate::engines::candle::train::TrainSetup;
 use crate::engines::candle::CandleTrainer;
 use crate::engines::hf::HfEngine;
 use crate::engines::llmc::{LlmcEngine, LlmcSetup};
-use crate::engines::{EngineKind, StepOut, Train};
+use crate::engines::{EngineKind, TimedStep, Train};
 use crate::env::EnvReport;
 use crate::error::{Error, Result};
 use crate::flops::{mfu, peak_tflops, train_block_flops, ModelShape};
@@ -501,7 +501,7 @@ fn train_steps(
             .iter()
             .map(|b| b.iter().map(|&i| prep.train_blocks[i].as_slice()).collect())
             .collect();
-        let StepOut {
+        let TimedStep {
             outcome: out,
             latency_ms,
         } = match engine.step(&mine) {
