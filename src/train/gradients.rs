@@ -1,4 +1,4 @@
-//! A step's gradients: the graph they come from ([`Graph`]: the model's ops under autograd, or
+//! A step's gradients: the graph they come from (`Graph`: the model's ops under autograd, or
 //! GPT-2's manual step, ZeRO-3's gathering block by block), one micro-batch through either,
 //! their sum over the micro-batches (or their hand-off to ZeRO-2/3's shards); and the loss
 //! ([`lm_loss`], [`Trainer::eval_loss`]).

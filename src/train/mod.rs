@@ -1,7 +1,8 @@
 //! Causal-LM fine-tuning in candle with HF Trainer's defaults and semantics.
 //!
 //! - Parameters: every tensor the model loads (same code path as inference, random or
-//!   checkpoint) becomes an fp32 [`Var`], the master copy; the optimizer state is fp32 too.
+//!   checkpoint) becomes an fp32 [`Var`](candle_core::Var), the master copy; the optimizer
+//!   state is fp32 too.
 //! - Precision (as HF `--bf16` / `--fp16`, i.e. autocast): each step the model is rebuilt from
 //!   the masters cast to the compute dtype; `to_dtype` is differentiable, so the gradients land
 //!   on the fp32 masters. fp16 scales the loss dynamically ([`GradScaler`], torch's defaults).
@@ -17,7 +18,6 @@
 //!   micro-batches. ZeRO-1 splits the optimizer state: each rank updates the parameters it
 //!   owns, then every parameter is shared from its owner. ZeRO-2/3 ([`zero`]) shard the
 //!   gradients and masters (and, at 3, the weights) unit by unit, as FSDP does.
-
 //!
 //! Files: [`trainer`] (the [`Trainer`]'s state and setup, [`Backward`]), [`step`] (one optimizer
 //! step, [`StepOutcome`]), [`gradients`] (a step's gradients and the loss), [`data_parallel`]
