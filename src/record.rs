@@ -88,7 +88,7 @@ impl Default for Hyper {
     }
 }
 
-/// One optimizer step.
+/// One optimizer step's log line: an engine's `TimedStep` with its number, epoch and counts.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct StepRecord {
     /// 1-based, as HF's `global_step`.

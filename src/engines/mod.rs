@@ -119,8 +119,9 @@ pub trait Score: Engine {
     }
 }
 
-/// One optimizer step as an engine measured it.
-pub struct StepOut {
+/// One optimizer step as an engine measured it: the trainer's [`StepOutcome`] and the latency
+/// timed around it. The scenario logs it as a [`crate::record::StepRecord`].
+pub struct TimedStep {
     pub outcome: StepOutcome,
     /// Device synchronized at both ends: ids to the device, forward, backward, clipping,
     /// optimizer update.
@@ -131,7 +132,7 @@ pub struct StepOut {
 pub trait Train: Engine {
     /// One optimizer step over `micro_batches` (each a list of blocks; gradient accumulation
     /// when more than one).
-    fn step(&mut self, micro_batches: &[Vec<&[u32]>]) -> Result<StepOut>;
+    fn step(&mut self, micro_batches: &[Vec<&[u32]>]) -> Result<TimedStep>;
     /// Mean next-token loss per block over `blocks` in batches of `batch_size` (no dropout, no
     /// gradients), and its runtime in seconds.
     fn eval(&mut self, blocks: &[Vec<u32>], batch_size: usize) -> Result<(f64, f64)>;

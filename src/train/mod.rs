@@ -1,7 +1,8 @@
 //! Causal-LM fine-tuning in candle with HF Trainer's defaults and semantics.
 //!
 //! - Parameters: every tensor the model loads (same code path as inference, random or
-//!   checkpoint) becomes an fp32 [`Var`], the master copy; the optimizer state is fp32 too.
+//!   checkpoint) becomes an fp32 [`Var`](candle_core::Var), the master copy; the optimizer
+//!   state is fp32 too.
 //! - Precision (as HF `--bf16` / `--fp16`, i.e. autocast): each step the model is rebuilt from
 //!   the masters cast to the compute dtype; `to_dtype` is differentiable, so the gradients land
 //!   on the fp32 masters. fp16 scales the loss dynamically ([`GradScaler`], torch's defaults).
@@ -17,14 +18,27 @@
 //!   micro-batches. ZeRO-1 splits the optimizer state: each rank updates the parameters it
 //!   owns, then every parameter is shared from its owner. ZeRO-2/3 ([`zero`]) shard the
 //!   gradients and masters (and, at 3, the weights) unit by unit, as FSDP does.
+//!
+//! Files: [`trainer`] (the [`Trainer`]'s state and setup, [`Backward`]), [`step`] (one optimizer
+//! step, [`StepOutcome`]), [`gradients`] (a step's gradients and the loss), [`data_parallel`]
+//! (the sums over ranks, ZeRO-1's owners), [`zero`] (ZeRO-2/3), [`optim`] (AdamW, schedule,
+//! clipping, loss scale), `params` (the fp32 masters and the backend serving them), `clock`
+//! (phase and collective timing), [`gpt2_manual`] (GPT-2's hand-written backward).
 
-mod comm_clock;
+mod clock;
+pub mod data_parallel;
 pub mod gpt2_manual;
+pub mod gradients;
 pub mod optim;
+mod params;
+pub mod step;
 pub mod trainer;
 pub mod zero;
 
 pub use crate::record::Hyper;
+pub use data_parallel::DataParallel;
+pub use gradients::lm_loss;
 pub use optim::{clip_coefficient, global_grad_norm, AdamW, Clip, GradScaler, LinearSchedule};
-pub use trainer::{lm_loss, Backward, DataParallel, StepOutcome, Trainer};
+pub use step::StepOutcome;
+pub use trainer::{Backward, Trainer};
 pub use zero::ZeroStage;

@@ -3,7 +3,7 @@
 
 use super::{engine_info, memory_tracker, read_memory};
 use crate::device::{synchronize, Precision};
-use crate::engines::{Engine, StepOut, Train};
+use crate::engines::{Engine, TimedStep, Train};
 use crate::error::Result;
 use crate::models::weights::save_checkpoint;
 use crate::models::{ModelSpec, WeightSource};
@@ -107,7 +107,7 @@ impl Engine for CandleTrainer {
 }
 
 impl Train for CandleTrainer {
-    fn step(&mut self, micro_batches: &[Vec<&[u32]>]) -> Result<StepOut> {
+    fn step(&mut self, micro_batches: &[Vec<&[u32]>]) -> Result<TimedStep> {
         let _profiled = crate::profile::window(&self.device);
         let mut lat = LatencyTracker::new(&self.device);
         lat.start()?;
@@ -116,7 +116,7 @@ impl Train for CandleTrainer {
             .map(|b| batch_tensor(b, &self.device))
             .collect::<Result<Vec<_>>>()?;
         let outcome = self.trainer.step(&micro)?;
-        Ok(StepOut {
+        Ok(TimedStep {
             outcome,
             latency_ms: lat.stop_ms()?,
         })

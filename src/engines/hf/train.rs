@@ -2,20 +2,20 @@
 //! out in `worker.py`).
 
 use super::HfEngine;
-use crate::engines::{StepOut, Train};
+use crate::engines::{TimedStep, Train};
 use crate::error::{Error, Result};
 use crate::train::StepOutcome;
 use serde_json::json;
 use std::path::Path;
 
 impl Train for HfEngine {
-    fn step(&mut self, micro_batches: &[Vec<&[u32]>]) -> Result<StepOut> {
+    fn step(&mut self, micro_batches: &[Vec<&[u32]>]) -> Result<TimedStep> {
         let v = self.request(&json!({ "op": "train_step", "micro_batches": micro_batches }))?;
         let num = |k: &str| -> Result<f64> {
             v[k].as_f64()
                 .ok_or_else(|| Error::Engine(format!("HF worker train_step reply has no '{k}'")))
         };
-        Ok(StepOut {
+        Ok(TimedStep {
             outcome: StepOutcome {
                 comm_ms: None,
                 host_ms: None,

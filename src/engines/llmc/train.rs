@@ -3,7 +3,7 @@
 
 use super::output::{parse_line, Line, StepLine};
 use super::LlmcEngine;
-use crate::engines::{StepOut, Train};
+use crate::engines::{TimedStep, Train};
 use crate::error::{Error, Result};
 use crate::train::StepOutcome;
 use std::path::Path;
@@ -28,7 +28,7 @@ impl Train for LlmcEngine {
     /// llm.c draws its own micro-batches from the token file (the same blocks, its own order),
     /// so `micro_batches` only says how many blocks the step trains; the step is the one llm.c
     /// prints next, timed by llm.c (CUDA events around forward, backward and update).
-    fn step(&mut self, _micro_batches: &[Vec<&[u32]>]) -> Result<StepOut> {
+    fn step(&mut self, _micro_batches: &[Vec<&[u32]>]) -> Result<TimedStep> {
         let s = self.next_step()?;
         self.steps_done = s.step;
         let Some(lr) = s.lr else {
@@ -36,7 +36,7 @@ impl Train for LlmcEngine {
                 "llm.c's step lines have no lr and norm (an older llm.c): use a train_gpt2cu of llm.c from 2024-06 or newer".into(),
             ));
         };
-        Ok(StepOut {
+        Ok(TimedStep {
             outcome: StepOutcome {
                 loss: s.loss,
                 grad_norm: s.grad_norm.unwrap_or(f64::NAN),

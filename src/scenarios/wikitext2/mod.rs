@@ -15,7 +15,7 @@ use super::spec::{DpRun, HfParallel, RunSpec, TrainOptions};
 use crate::data::sha256_hex;
 use crate::device::DeviceSpec;
 use crate::engines::registry::{self, TrainArgs};
-use crate::engines::{EngineKind, StepOut, Train};
+use crate::engines::{EngineKind, TimedStep, Train};
 use crate::env::EnvReport;
 use crate::error::{Error, Result};
 use crate::flops::{mfu, peak_tflops, train_block_flops, ModelShape};
@@ -474,7 +474,7 @@ fn train_steps(
             .iter()
             .map(|b| b.iter().map(|&i| prep.train_blocks[i].as_slice()).collect())
             .collect();
-        let StepOut {
+        let TimedStep {
             outcome: out,
             latency_ms,
         } = match engine.step(&mine) {

@@ -7,7 +7,7 @@ use crate::models::attention::causal_padding_bias;
 use crate::models::gpt2::Config;
 use crate::models::{Architecture, ModelSpec, WeightSource};
 use crate::record::Hyper;
-use crate::train::{Backward, Trainer};
+use crate::train::trainer::{Backward, Trainer};
 use candle_core::{DType, Device, Tensor};
 
 /// max |a − b| / max |b|.

@@ -1,10 +1,53 @@
-//! The time a data-parallel step spends in its collectives, measured without stalling the host:
-//! CUDA events on candle's stream around the all-reduce (read after the step's one sync), the
-//! wall clock on the CPU (where the TCP all-reduce is synchronous anyway). The sync-based clock
-//! this replaces stopped the host twice a step, and the copies queued after each stop ran at
-//! the host's launch rate, not the GPU's.
+//! A step's clocks. [`PhaseClock`] (`--phase-times`) adds device-synchronized wall time to
+//! the phase a step is in (forward, backward, update). [`CommClock`] times the collectives of
+//! a data-parallel step without stalling the host: CUDA events on candle's stream around the
+//! all-reduce (read after the step's one sync), the wall clock on the CPU (where the TCP
+//! all-reduce is synchronous anyway). The sync-based clock this replaces stopped the host twice
+//! a step, and the copies queued after each stop ran at the host's launch rate, not the GPU's.
 
+use crate::record::PhaseMs;
 use candle_core::{Device, Result};
+
+/// Accumulates device-synchronized wall time into the phases of a step; does nothing (no
+/// synchronize) without a device.
+pub struct PhaseClock<'a> {
+    device: Option<&'a Device>,
+    last: std::time::Instant,
+    phases: PhaseMs,
+}
+
+impl<'a> PhaseClock<'a> {
+    pub fn new(device: Option<&'a Device>) -> Result<Self> {
+        if let Some(d) = device {
+            d.synchronize()?;
+        }
+        Ok(Self {
+            device,
+            last: std::time::Instant::now(),
+            phases: PhaseMs {
+                forward: 0.,
+                backward: 0.,
+                update: 0.,
+            },
+        })
+    }
+
+    /// Adds the time since the last lap to the phase `pick` selects.
+    pub fn lap(&mut self, pick: impl Fn(&mut PhaseMs) -> &mut f64) -> Result<()> {
+        if let Some(d) = self.device {
+            d.synchronize()?;
+            let now = std::time::Instant::now();
+            *pick(&mut self.phases) += (now - self.last).as_secs_f64() * 1e3;
+            self.last = now;
+        }
+        Ok(())
+    }
+
+    /// The phases' times; None when the clock has no device (phases not timed).
+    pub fn phases(&self) -> Option<PhaseMs> {
+        self.device.map(|_| self.phases)
+    }
+}
 
 /// A collective phase being timed.
 pub enum CommClock {
