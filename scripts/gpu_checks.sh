@@ -66,7 +66,7 @@
 #                  ($PROF_ENGINES: candle hf; $PROF_CASES: those five; $PROF_FLAGS go to the
 #                  training run, e.g. PROF_ENGINES=candle PROF_FLAGS="--backward autograd")
 #   flash-profile  ncu sections of the fused attention's kernels in a gpt2 training step -> flash-ncu.txt
-#   kernels        the fused kernels against candle's composed ops (src/kernels/gpu_tests.rs) and
+#   kernels        the fused kernels against candle's composed ops (src/kernels/gpu_tests/) and
 #                  the NCCL collectives on one rank (src/dist/gpu_tests.rs): the tests whose names
 #                  match a filter of $KERNEL_FILTER (default "kernels:: dist::")
 #                  from the CUDA unit-test binary .gpu/tests.{xz,gz}           -> kernels.txt

@@ -186,6 +186,36 @@ fn processes_naming(needle: &str) -> Vec<u32> {
         .collect()
 }
 
+/// The sweep's directory under `logs` once its sweep.jsonl records `n` runs.
+fn sweep_dir_with_runs(logs: &Path, n: usize) -> PathBuf {
+    let start = Instant::now();
+    loop {
+        assert!(start.elapsed() < Duration::from_secs(120), "sweep too slow");
+        std::thread::sleep(Duration::from_millis(20));
+        let Ok(mut d) = std::fs::read_dir(logs) else {
+            continue;
+        };
+        let Some(Ok(dir)) = d.next() else { continue };
+        let text = std::fs::read_to_string(dir.path().join("sweep.jsonl")).unwrap_or_default();
+        if text.matches("\"record\":\"sweep_run\"").count() >= n {
+            return dir.path();
+        }
+    }
+}
+
+/// Waits (up to 10 s) until no process names `needle`: the children die with the sweep
+/// (PR_SET_PDEATHSIG).
+fn no_process_names(needle: &str) {
+    let start = Instant::now();
+    while !processes_naming(needle).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "children outlived the sweep"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn kill_dash_nine_loses_nothing_and_resume_finishes_the_sweep() {
     let tmp = tempfile::tempdir().unwrap();
@@ -210,30 +240,10 @@ fn kill_dash_nine_loses_nothing_and_resume_finishes_the_sweep() {
         .spawn()
         .unwrap();
     // Kill it -9 once three runs are recorded, with the fourth child running.
-    let start = Instant::now();
-    let dir = loop {
-        assert!(start.elapsed() < Duration::from_secs(120), "sweep too slow");
-        std::thread::sleep(Duration::from_millis(20));
-        let Ok(mut d) = std::fs::read_dir(&logs) else {
-            continue;
-        };
-        let Some(Ok(dir)) = d.next() else { continue };
-        let text = std::fs::read_to_string(dir.path().join("sweep.jsonl")).unwrap_or_default();
-        if text.matches("\"record\":\"sweep_run\"").count() >= 3 {
-            break dir.path();
-        }
-    };
+    let dir = sweep_dir_with_runs(&logs, 3);
     sweep.kill().unwrap(); // SIGKILL
     sweep.wait().unwrap();
-    // The children die with the sweep (PR_SET_PDEATHSIG): nothing left running.
-    let start = Instant::now();
-    while !processes_naming(&logs_s).is_empty() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "children outlived the sweep"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    no_process_names(&logs_s);
     // Every log reads back: records whole, at most a torn last line skipped.
     let before = sweep_runs(&dir);
     assert!(before.len() >= 3 && before.len() < 12, "{}", before.len());

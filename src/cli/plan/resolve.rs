@@ -203,30 +203,8 @@ pub fn resolve_config(
             "--hf-compile compiles in the first training step: keep --warmup at 1 or more, so compilation is reported, not timed".into(),
         ));
     }
-    if let Workload::Train(opts) = &workload {
-        // Before any weights load.
-        let backward = opts
-            .backward
-            .unwrap_or(crate::train::Backward::default_for(&model));
-        backward.check(&model)?;
-        let candle = config.engine == EngineKind::Candle;
-        if candle && opts.recompute && backward != crate::train::Backward::Manual {
-            return Err(Error::Config(format!(
-                "--recompute checkpoints the blocks of the manual step (GPT-2, --backward manual); {} trains with --backward {}",
-                model.name,
-                backward.as_str()
-            )));
-        }
-    }
-    let data = match &workload {
-        // Training and text generation read their own data; this is a placeholder they ignore.
-        Workload::Train(_)
-        | Workload::Generate(GenerateOptions {
-            source: GenerateSource::Text { .. },
-            ..
-        }) => DataFile::embedded_lambada_sample(),
-        Workload::Score | Workload::Generate(_) => resolve_data(args.data.as_deref(), suite)?,
-    };
+    check_training(config, &model, &workload)?;
+    let data = run_data(args, suite, &workload)?;
     Ok(RunSpec {
         seed: args.seed,
         workload,
@@ -262,6 +240,40 @@ pub fn resolve_config(
         dp: None,
         auto: plan.auto.clone(),
     })
+}
+
+/// Training's checks that need the model, before any weights load: its backward, and
+/// `--recompute` only with candle's manual step.
+fn check_training(config: &RunConfig, model: &ModelSpec, workload: &Workload) -> Result<()> {
+    let Workload::Train(opts) = workload else {
+        return Ok(());
+    };
+    let backward = opts
+        .backward
+        .unwrap_or(crate::train::Backward::default_for(model));
+    backward.check(model)?;
+    let candle = config.engine == EngineKind::Candle;
+    if candle && opts.recompute && backward != crate::train::Backward::Manual {
+        return Err(Error::Config(format!(
+            "--recompute checkpoints the blocks of the manual step (GPT-2, --backward manual); {} trains with --backward {}",
+            model.name,
+            backward.as_str()
+        )));
+    }
+    Ok(())
+}
+
+/// The data file a run reads: LAMBADA (`--data`) for scoring and its generation mode; training
+/// and text generation read their own, and get the embedded sample as a placeholder.
+fn run_data(args: &RunArgs, suite: &SuiteFile, workload: &Workload) -> Result<DataFile> {
+    match workload {
+        Workload::Train(_)
+        | Workload::Generate(GenerateOptions {
+            source: GenerateSource::Text { .. },
+            ..
+        }) => Ok(DataFile::embedded_lambada_sample()),
+        Workload::Score | Workload::Generate(_) => resolve_data(args.data.as_deref(), suite),
+    }
 }
 
 pub(super) fn resolve_train(
