@@ -147,14 +147,14 @@ impl RunEnd {
     pub fn of(record: &Record) -> Option<Self> {
         match record {
             Record::Summary(s) => Some(Self {
-                status: s.status,
+                status: s.status.clone(),
                 error: s.error.clone(),
                 samples_per_second: s.samples_per_second,
                 latency_ms_p50: s.latency_ms_p50,
                 tokens_per_second: s.tokens_per_second,
             }),
             Record::TrainSummary(s) => Some(Self {
-                status: s.status,
+                status: s.status.clone(),
                 error: s.error.clone(),
                 samples_per_second: s.train_samples_per_second,
                 latency_ms_p50: s.step_latency_ms_p50,
@@ -470,7 +470,7 @@ fn run_one(
         let killed_as = [RunStatus::Killed, RunStatus::Timeout]
             .into_iter()
             .find(|k| *k == status);
-        if let Some(s) = complete_log(&dir.join(l), failure, killed_as)? {
+        if let Some(s) = complete_log(&dir.join(l), failure, killed_as.clone())? {
             summary.get_or_insert(s);
         }
     }

@@ -5,7 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// Clone, not Copy, while tests/sweep.rs clones it (clippy's `clone_on_copy`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RunStatus {
     /// Finished.
@@ -31,7 +32,7 @@ impl RunStatus {
     ];
 
     /// The status as the log writes it.
-    pub fn as_str(self) -> &'static str {
+    pub fn as_str(&self) -> &'static str {
         match self {
             Self::Ok => "ok",
             Self::Oom => "oom",
@@ -65,7 +66,7 @@ impl RunStatus {
 
     /// `ok` or `oom`: the run has its result (an out-of-memory is one), so a sweep counts it
     /// as done and `--resume` skips it.
-    pub fn is_done(self) -> bool {
+    pub fn is_done(&self) -> bool {
         matches!(self, Self::Ok | Self::Oom)
     }
 }
@@ -117,7 +118,7 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", s.as_str()));
             assert_eq!(serde_json::from_str::<RunStatus>(&json).unwrap(), s);
         }
-        let names = RunStatus::ALL.map(RunStatus::as_str);
+        let names = RunStatus::ALL.map(|s| s.as_str());
         assert_eq!(names, ["ok", "oom", "error", "killed", "timeout"]);
     }
 }

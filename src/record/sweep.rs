@@ -110,7 +110,7 @@ impl SweepRun {
     /// One line about a finished run: its configuration and how it ended.
     pub fn line(&self) -> String {
         let what = format!("{} r{}", self.config.key(), self.repeat);
-        match (self.status, self.samples_per_second) {
+        match (&self.status, self.samples_per_second) {
             (RunStatus::Ok, Some(sps)) => format!("{what}: ok, {sps:.2} samples/s"),
             (status, _) => format!(
                 "{what}: {status}{}",
@@ -139,7 +139,7 @@ impl SweepOutcome {
     }
 
     /// How many of this invocation's runs ended `status`.
-    pub fn count(&self, status: RunStatus) -> usize {
-        self.runs.iter().filter(|r| r.status == status).count()
+    pub fn count(&self, status: &RunStatus) -> usize {
+        self.runs.iter().filter(|r| r.status == *status).count()
     }
 }

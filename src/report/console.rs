@@ -632,7 +632,7 @@ pub fn sweep_table(out: &SweepOutcome) -> String {
     let mut t = String::new();
     let counts: Vec<String> = RunStatus::ALL
         .iter()
-        .map(|s| format!("{} {s}", out.count(*s)))
+        .map(|s| format!("{} {s}", out.count(s)))
         .collect();
     t += &format!(
         "sweep: {} runs ({}){}\n",
