@@ -55,24 +55,6 @@ pub enum Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// How a failed run is recorded: `oom` when its message says it ran out of memory (CUDA's
-/// `CUDA_ERROR_OUT_OF_MEMORY`, cuBLAS's `ALLOC_FAILED`, PyTorch's `CUDA out of memory`, Rust's
-/// `memory allocation of N bytes failed`), else `error`.
-pub fn failure_status(message: &str) -> &'static str {
-    let m = message.to_ascii_lowercase();
-    let oom = [
-        "out of memory",
-        "out_of_memory",
-        "alloc_failed",
-        "memory allocation of",
-    ];
-    if oom.iter().any(|p| m.contains(p)) {
-        "oom"
-    } else {
-        "error"
-    }
-}
-
 /// An error's message without the backtrace candle appends when `RUST_BACKTRACE` is set
 /// (`\n   0: …` frames): what a log record keeps.
 pub fn message_without_backtrace(message: &str) -> String {
@@ -104,21 +86,6 @@ impl Error {
 
 #[cfg(test)]
 mod tests {
-    use super::failure_status;
-
-    #[test]
-    fn out_of_memory_messages_of_every_engine_are_oom() {
-        for m in [
-            "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")",
-            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
-            "memory allocation of 3221225472 bytes failed",
-            "cublas error: CUBLAS_STATUS_ALLOC_FAILED",
-        ] {
-            assert_eq!(failure_status(m), "oom", "{m}");
-        }
-        assert_eq!(failure_status("unknown model 'gpt3'"), "error");
-    }
-
     #[test]
     fn backtraces_are_cut_from_messages() {
         let m =

@@ -1,8 +1,8 @@
 //! Every metric the bench reports, defined once, with its formula.
 
-use crate::error::{failure_status, message_without_backtrace};
+use crate::error::message_without_backtrace;
 use crate::record::{
-    BatchRecord, GenBatchRecord, PhaseMs, Spread, StepRecord, Summary, TrainSummary,
+    BatchRecord, GenBatchRecord, PhaseMs, RunStatus, Spread, StepRecord, Summary, TrainSummary,
 };
 use crate::trackers::{peak_rss_bytes, MemoryReading};
 use serde::{Deserialize, Serialize};
@@ -167,10 +167,10 @@ impl BatchTotals {
         // No finished batch: no latency either (null in the log, not 0).
         let ms = |v: f64| if lat.count == 0 { f64::NAN } else { v };
         let n = self.lls.len();
-        let status = failure.as_deref().map_or("ok", failure_status);
+        let status = RunStatus::of_result(failure.as_deref());
         let intervals = batch_intervals(&self.latencies_ms, &self.samples);
         intervals.apply(Summary {
-            status: status.into(),
+            status,
             error: failure,
             n_samples: n,
             n_batches: self.latencies_ms.len(),
@@ -369,9 +369,7 @@ impl TrainTotals {
         let losses = &self.losses;
         TrainSummary {
             // `oom` or `error` by the message's words, as for LAMBADA runs.
-            status: failure
-                .map_or("ok", |e| failure_status(&e.to_string()))
-                .into(),
+            status: RunStatus::of_result(failure.map(|e| e.to_string()).as_deref()),
             error: failure.map(|e| message_without_backtrace(&e.to_string())),
             n_steps: losses.len(),
             warmup_steps: warmup.min(losses.len()),
@@ -435,6 +433,101 @@ pub fn spread(values: &[f64]) -> Option<Spread> {
         max: d.max,
         cv: if d.mean != 0. { d.stdev / d.mean } else { 0. },
     })
+}
+
+/// Relative tolerance of LAMBADA perplexity, candle against HF, in fp32/tf32: the engines sum
+/// in different orders and TF32 matmuls round per engine, nothing more.
+pub const SCORE_PPL_REL_TOL_FULL: f64 = 1e-3;
+/// The same in bf16/fp16: the engines round at different points (HF takes softmax and ALiBi in
+/// half precision, candle in fp32).
+pub const SCORE_PPL_REL_TOL_HALF: f64 = 1e-2;
+/// Accuracy difference allowed in fp32/tf32: none, every passage's argmax is the same.
+pub const SCORE_ACC_TOL_FULL: f64 = 0.;
+/// Accuracy difference allowed in bf16/fp16: a borderline argmax can flip under the other
+/// engine's rounding (0.005 is about 26 of LAMBADA's 5153 passages).
+pub const SCORE_ACC_TOL_HALF: f64 = 5e-3;
+/// Relative tolerance of the first training step's loss, candle against HF, in fp32/tf32: the
+/// LAMBADA tolerance (summation order and TF32 matmuls differ between the engines).
+pub const FIRST_LOSS_REL_TOL_FULL: f64 = 1e-3;
+/// The same in bf16/fp16: torch autocast picks each op's precision, candle casts its weights
+/// per step, so the two round at different points.
+pub const FIRST_LOSS_REL_TOL_HALF: f64 = 1e-2;
+
+/// fp32 and tf32 compare at the full-precision tolerances, bf16 and fp16 at the half ones.
+fn full_precision(dtype: &str) -> bool {
+    matches!(dtype, "fp32" | "tf32")
+}
+
+/// Whether candle and HF agree on a LAMBADA scoring run (`--engine both`; `bench` exits 1 when
+/// they do not): |Δ accuracy| ≤ the accuracy tolerance and |Δ perplexity| / HF's perplexity ≤
+/// the perplexity tolerance of the run's precision.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScoreAgreement {
+    pub agree: bool,
+    /// |candle − HF| accuracy.
+    pub accuracy_diff: f64,
+    pub accuracy_tol: f64,
+    /// |candle − HF| / HF perplexity.
+    pub perplexity_rel: f64,
+    pub perplexity_tol: f64,
+}
+
+/// See [`ScoreAgreement`].
+pub fn score_agreement(dtype: &str, candle: &Summary, hf: &Summary) -> ScoreAgreement {
+    let full = full_precision(dtype);
+    let (perplexity_tol, accuracy_tol) = match full {
+        true => (SCORE_PPL_REL_TOL_FULL, SCORE_ACC_TOL_FULL),
+        false => (SCORE_PPL_REL_TOL_HALF, SCORE_ACC_TOL_HALF),
+    };
+    let perplexity_rel = (candle.perplexity - hf.perplexity).abs() / hf.perplexity;
+    let accuracy_diff = (candle.accuracy - hf.accuracy).abs();
+    ScoreAgreement {
+        agree: accuracy_diff <= accuracy_tol && perplexity_rel <= perplexity_tol,
+        accuracy_diff,
+        accuracy_tol,
+        perplexity_rel,
+        perplexity_tol,
+    }
+}
+
+/// Whether candle and HF agree on a training run with dropout off (`bench` exits 1 when they
+/// do not): the first step's loss (same weights, same first batch, nothing trained yet), |Δ| /
+/// |HF's| ≤ the tolerance of the run's precision. With dropout on the masks are random per
+/// engine, so no step's loss is comparable and nothing is checked.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LossAgreement {
+    pub agree: bool,
+    pub rel: f64,
+    pub tol: f64,
+}
+
+/// See [`LossAgreement`].
+pub fn first_loss_agreement(dtype: &str, candle: f64, hf: f64) -> LossAgreement {
+    let tol = match full_precision(dtype) {
+        true => FIRST_LOSS_REL_TOL_FULL,
+        false => FIRST_LOSS_REL_TOL_HALF,
+    };
+    let rel = (candle - hf).abs() / hf.abs();
+    LossAgreement {
+        agree: rel <= tol,
+        rel,
+        tol,
+    }
+}
+
+/// Generated ids of two generation runs, passage by passage: (passages whose ids are
+/// identical, passages both have); None when they share none. Informational: engines that
+/// round differently may pick another token where two logits are close, so nothing fails on it.
+pub fn identical_generations(
+    a: &std::collections::BTreeMap<usize, Vec<u32>>,
+    b: &std::collections::BTreeMap<usize, Vec<u32>>,
+) -> Option<(usize, usize)> {
+    let common: Vec<_> = a.iter().filter(|(k, _)| b.contains_key(k)).collect();
+    if common.is_empty() {
+        return None;
+    }
+    let same = common.iter().filter(|(k, v)| b[k] == **v).count();
+    Some((same, common.len()))
 }
 
 #[cfg(test)]
@@ -505,5 +598,33 @@ mod tests {
         assert_eq!((s.median, s.min, s.max), (100., 98., 102.));
         assert!((s.cv - 0.02).abs() < 1e-12);
         assert!(spread(&[]).is_none());
+    }
+
+    #[test]
+    fn agreement_tolerances_follow_the_precision() {
+        let summary = |accuracy: f64, perplexity: f64| Summary {
+            accuracy,
+            perplexity,
+            ..BatchTotals::default().summary(None, 1., Default::default())
+        };
+        let h = summary(0.5, 10.);
+        assert!(score_agreement("fp32", &summary(0.5, 10.005), &h).agree);
+        assert!(!score_agreement("fp32", &summary(0.5, 10.02), &h).agree);
+        let a = score_agreement("bf16", &summary(0.504, 10.05), &h);
+        assert!(
+            a.agree && a.perplexity_tol == SCORE_PPL_REL_TOL_HALF,
+            "{a:?}"
+        );
+        assert!(!score_agreement("fp32", &summary(0.501, 10.), &h).agree);
+        assert!(first_loss_agreement("tf32", 10.005, 10.).agree);
+        assert!(!first_loss_agreement("tf32", 10.02, 10.).agree);
+        assert!(first_loss_agreement("fp16", 10.05, 10.).agree);
+        let ids = |v: &[(usize, u32)]| v.iter().map(|(k, t)| (*k, vec![*t])).collect();
+        let (a, b) = (
+            ids(&[(0, 1), (1, 2), (5, 3)]),
+            ids(&[(0, 1), (1, 9), (7, 3)]),
+        );
+        assert_eq!(identical_generations(&a, &b), Some((1, 2)));
+        assert_eq!(identical_generations(&a, &ids(&[(9, 1)])), None);
     }
 }

@@ -3,9 +3,10 @@
 //! [`Summary`]. Each record is written with a single `write` as soon as it exists, so a run
 //! that dies half-way keeps every finished record.
 //!
-//! A sweep (`crate::launch::sweep`) keeps its own log, `sweep.jsonl`, beside its runs' logs: a
-//! [`SweepHeader`] per invocation, one [`SweepRun`] per finished child process and one
-//! [`SweepRepeats`] per configuration once its repeats are done.
+//! A sweep (`crate::launch::sweep`) keeps its own log, `sweep.jsonl`, beside its runs' logs
+//! ([`sweep`]: a [`SweepHeader`] per invocation, one [`SweepRun`] per finished child process
+//! and one [`SweepRepeats`] per configuration once its repeats are done). Every run's status is
+//! a [`RunStatus`].
 //!
 //! Schema versions: 1 (this one; sweep records and `seq_len` / `repeat` were added later as
 //! optional fields, so every version-1 reader still reads run logs).
@@ -13,6 +14,13 @@
 use crate::env::EnvReport;
 use crate::models::ModelInfo;
 use serde::{Deserialize, Serialize};
+
+mod status;
+pub mod sweep;
+pub use status::RunStatus;
+pub use sweep::{
+    Spread, SweepConfig, SweepHeader, SweepOutcome, SweepRepeats, SweepRun, SWEEP_LOG,
+};
 
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -138,7 +146,7 @@ pub struct PhaseMs {
 /// End of a training run, with HF Trainer's metric names where HF has one.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct TrainSummary {
-    pub status: String,
+    pub status: RunStatus,
     pub error: Option<String>,
     /// Optimizer steps, warm-up included.
     pub n_steps: usize,
@@ -401,6 +409,14 @@ pub struct DpInfo {
 }
 
 /// A tensor-parallel run's group, as rank 0 (the one that logs) saw it.
+/// `dp`, `zero1`, `zero2` or `zero3`: a data-parallel run's strategy by its ZeRO level.
+pub fn strategy_name(zero_stage: u8) -> String {
+    match zero_stage {
+        0 => "dp".into(),
+        z => format!("zero{z}"),
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct TpInfo {
     pub size: usize,
@@ -444,7 +460,7 @@ pub struct BatchRecord {
 pub struct Summary {
     /// `ok`; `oom` (out of memory), `error` or `killed` with `error` set: a run that failed
     /// after its header keeps the metrics of the batches it finished.
-    pub status: String,
+    pub status: RunStatus,
     pub error: Option<String>,
     pub n_samples: usize,
     pub n_batches: usize,
@@ -575,102 +591,6 @@ pub struct Summary {
 /// batch has no accuracy); read `null` back as NaN.
 fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
-}
-
-/// One configuration of a sweep: a point of the `--models × --dtypes × --batch-sizes ×
-/// --seq-lens × --engines` product.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
-pub struct SweepConfig {
-    pub model: String,
-    pub dtype: String,
-    pub batch_size: usize,
-    /// None: the model's maximum context. The generation suite: the prompt length.
-    pub seq_len: Option<usize>,
-    pub engine: String,
-    /// The generation suite: new tokens per prompt.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub new_tokens: Option<usize>,
-    /// `--strategies`: the ZeRO level of the configuration's `--dp` ranks.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub zero: Option<u8>,
-    /// Training: `--recompute` on (absent: off).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub recompute: Option<bool>,
-}
-
-impl SweepConfig {
-    /// Identifies the configuration in a sweep log (and for `--resume`).
-    pub fn key(&self) -> String {
-        let seq = self.seq_len.map_or("max".to_string(), |s| s.to_string());
-        let new = self
-            .new_tokens
-            .map(|n| format!(" new={n}"))
-            .unwrap_or_default();
-        let zero = self.zero.map(|z| format!(" zero={z}")).unwrap_or_default();
-        let recompute = match self.recompute {
-            Some(true) => " recompute=on",
-            _ => "",
-        };
-        format!(
-            "model={} dtype={} batch={} seq={seq}{new}{zero}{recompute} engine={}",
-            self.model, self.dtype, self.batch_size, self.engine
-        )
-    }
-}
-
-/// Written when a sweep starts or resumes.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct SweepHeader {
-    pub schema_version: u32,
-    pub tool_version: String,
-    pub git_commit: String,
-    pub time_utc: String,
-    pub command_line: Vec<String>,
-    pub suite: String,
-    pub device: String,
-    pub resumed: bool,
-    pub repeat: usize,
-    pub configs: Vec<SweepConfig>,
-}
-
-/// One child process of a sweep: a configuration's run (one repeat), however it ended.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct SweepRun {
-    pub config: SweepConfig,
-    pub repeat: usize,
-    /// `ok`, `oom` (out of memory, CUDA's or the host's), `error` (any other failure) or
-    /// `killed` (ended by a signal, e.g. the OOM killer).
-    pub status: String,
-    /// The child's own error message, or the last lines of its stderr.
-    pub error: Option<String>,
-    pub exit_code: Option<i32>,
-    pub wall_seconds: f64,
-    /// Run logs the child wrote, relative to the sweep directory (none if it failed before its
-    /// header: then this record is the only trace, and extract-metrics reads it).
-    pub logs: Vec<String>,
-    pub samples_per_second: Option<f64>,
-    pub latency_ms_p50: Option<f64>,
-}
-
-/// Median, extremes and coefficient of variation of one metric over a configuration's repeats.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Spread {
-    pub median: f64,
-    pub min: f64,
-    pub max: f64,
-    /// Sample standard deviation / mean (0 for one repeat).
-    pub cv: f64,
-}
-
-/// A configuration's repeats folded, once the last of them has run.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct SweepRepeats {
-    pub config: SweepConfig,
-    pub n_repeats: usize,
-    pub n_ok: usize,
-    pub samples_per_second: Option<Spread>,
-    pub tokens_per_second: Option<Spread>,
-    pub latency_ms_p50: Option<Spread>,
 }
 
 #[cfg(test)]

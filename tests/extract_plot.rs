@@ -1,59 +1,12 @@
 #![cfg(feature = "report")]
-//! extract-metrics and plot as users run them: golden CSVs for committed sample logs of each
-//! format (bench logs from real H100 runs, HF Trainer output from a real Trainer run, llm.c lines
-//! in its printf formats), one name per quantity whatever the source, integers as integers,
-//! Markdown and report tables (golden files; the dp/tp logs are real H200 runs), broken
-//! inputs, and a look at the PNG.
+//! extract-metrics as users run it: golden CSVs for committed sample logs of each format
+//! (bench logs from real H100 runs, HF Trainer output from a real Trainer run, llm.c lines in
+//! its printf formats), one name per quantity whatever the source, integers as integers, and
+//! broken inputs. Its tables are in `extract_tables.rs`, plot's runs in `plot_cli.rs`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn logs(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/logs")
-        .join(rel)
-}
-
-fn run(bin: &str, args: &[&str]) -> Output {
-    Command::new(bin)
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("runs")
-}
-
-fn extract(args: &[&str]) -> Output {
-    run(env!("CARGO_BIN_EXE_extract-metrics"), args)
-}
-
-/// `plot -i CSV -o OUT EXTRA…`
-fn plot(csv: &Path, out: &Path, extra: &[&str]) -> Output {
-    let mut args = vec!["-i", csv.to_str().unwrap(), "-o", out.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    run(env!("CARGO_BIN_EXE_plot"), &args)
-}
-
-/// Compares with `tests/fixtures/logs/golden/NAME`; `UPDATE_GOLDEN=1` rewrites it.
-fn golden(name: &str, got: &[u8]) {
-    let path = logs("golden").join(name);
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, got).unwrap();
-    }
-    let want =
-        std::fs::read(&path).unwrap_or_else(|_| panic!("missing golden file {}", path.display()));
-    assert_eq!(
-        String::from_utf8_lossy(got),
-        String::from_utf8_lossy(&want),
-        "differs from {}",
-        path.display()
-    );
-}
-
-fn ok_stdout(o: &Output) -> &[u8] {
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    &o.stdout
-}
+use common::extract::*;
 
 #[test]
 fn bench_logs_golden_csv_including_a_killed_run() {
@@ -214,44 +167,6 @@ fn a_results_folder_reads_its_logs_archives_included_and_skips_its_notes() {
     for (k, v) in cells(&direct, &|_| true) {
         assert_eq!(from_archive[&k], v, "{k}");
     }
-}
-
-#[test]
-fn png_has_the_size_and_is_not_blank() {
-    let dir = tempfile::tempdir().unwrap();
-    let csv = dir.path().join("out.csv");
-    let png = dir.path().join("fig.png");
-    assert!(extract(&[
-        "-i",
-        "tests/fixtures/logs/bench",
-        "-o",
-        csv.to_str().unwrap()
-    ])
-    .status
-    .success());
-    let o = plot(&csv, &png, &["--metric", "samples_per_second", "--fp16"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let img = image::open(&png).unwrap().to_rgb8();
-    assert_eq!(img.dimensions(), (1280, 720));
-    let mut colours = std::collections::HashSet::new();
-    for p in img.pixels() {
-        colours.insert(p.0);
-    }
-    assert!(
-        colours.len() > 20,
-        "only {} colours: blank chart?",
-        colours.len()
-    );
-    let non_white = img.pixels().filter(|p| p.0 != [255, 255, 255]).count();
-    assert!(non_white > 20_000, "{non_white} non-white pixels");
-    // SVG too, and clear errors.
-    let svg = dir.path().join("fig.svg");
-    let o = plot(&csv, &svg, &["--x", "batch_size"]);
-    assert!(o.status.success() && std::fs::read_to_string(&svg).unwrap().contains("<svg"));
-    let o = plot(&csv, &png, &["--metric", "nope"]);
-    assert!(String::from_utf8_lossy(&o.stderr).contains("no column 'nope'"));
-    let o = plot(&csv, &png, &["--model", "gpt5"]);
-    assert!(String::from_utf8_lossy(&o.stderr).contains("no rows of"));
 }
 
 #[test]
@@ -417,35 +332,6 @@ fn gzipped_logs_give_the_same_rows() {
     assert!(zipped.lines().count() == 2, "{zipped}");
 }
 
-/// CSV text -> one map (column -> cell) per row. (No cell of these fixtures holds a comma.)
-fn csv_rows(csv: &str) -> Vec<std::collections::HashMap<String, String>> {
-    let mut lines = csv.lines();
-    let head: Vec<&str> = lines.next().unwrap().split(',').collect();
-    lines
-        .map(|l| {
-            head.iter()
-                .zip(l.split(','))
-                .map(|(h, c)| (h.to_string(), c.to_string()))
-                .collect()
-        })
-        .collect()
-}
-
-/// The row of `csv` whose `run` is `run`.
-fn row_of(csv: &str, run: &str) -> std::collections::HashMap<String, String> {
-    csv_rows(csv)
-        .into_iter()
-        .find(|r| r["run"] == run)
-        .unwrap_or_else(|| panic!("no run {run} in {csv}"))
-}
-
-fn cell(row: &std::collections::HashMap<String, String>, col: &str) -> f64 {
-    row.get(col)
-        .unwrap_or_else(|| panic!("no column {col}"))
-        .parse()
-        .unwrap_or_else(|_| panic!("{col} = {:?} is not a number", row[col]))
-}
-
 #[test]
 fn every_source_names_a_quantity_the_same_way() {
     // main_lr_norm.log is the main.log of the run whose stdout is train_gpt2cu.log (llm.c
@@ -564,112 +450,6 @@ fn older_cuda_log_with_right_aligned_steps_parses() {
 }
 
 #[test]
-fn markdown_table_with_columns_formats_and_sort() {
-    let args = [
-        "-i",
-        "tests/fixtures/logs/bench",
-        "--where",
-        "suite=lambada",
-        "--sort",
-        "model,dtype,batch_size",
-        "--columns",
-        "model,dtype,batch_size=batch,status,samples_per_second:.1=samples/s,latency_ms_p50:.2=p50 ms,peak_memory_bytes:GiB.2=peak GiB,perplexity:e3=ppl,gpu",
-    ];
-    let mut md = args.to_vec();
-    md.push("--markdown");
-    let o = extract(&md);
-    golden("bench.md", ok_stdout(&o));
-    let text = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(
-        text.starts_with("| model | dtype | batch | status | samples/s |"),
-        "{text}"
-    );
-    // -o x.md writes the same table; the CSV of the same columns keeps full precision.
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("t.md");
-    let mut to_file = args.to_vec();
-    to_file.extend(["-o", path.to_str().unwrap()]);
-    assert!(extract(&to_file).status.success());
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
-    let csv = String::from_utf8_lossy(ok_stdout(&extract(&args))).into_owned();
-    assert!(
-        csv.starts_with("model,dtype,batch_size,status,samples_per_second,"),
-        "{csv}"
-    );
-}
-
-#[test]
-fn ratio_table_pairs_engines_of_one_configuration() {
-    let o = extract(&[
-        "-i",
-        "tests/fixtures/logs/bench",
-        "--ratio",
-        "candle/hf",
-        "--markdown",
-    ]);
-    golden("ratio.md", ok_stdout(&o));
-    // The same pair as CSV: the ratio is candle's samples/s over HF's, from the wide CSV.
-    let o = extract(&["-i", "tests/fixtures/logs/bench", "--ratio", "candle/hf"]);
-    let ratio = csv_rows(&String::from_utf8_lossy(ok_stdout(&o)));
-    assert_eq!(ratio.len(), 1, "one finished candle/hf pair: {ratio:?}");
-    let wide = String::from_utf8_lossy(ok_stdout(&extract(&["-i", "tests/fixtures/logs/bench"])))
-        .into_owned();
-    let c = row_of(
-        &wide,
-        "lambada_bloom-7b1_candle_fp16_bs1_cuda0_20261121T204940Z",
-    );
-    let h = row_of(
-        &wide,
-        "lambada_bloom-7b1_hf_fp16_bs1_cuda0_20261121T205005Z",
-    );
-    let want = cell(&c, "samples_per_second") / cell(&h, "samples_per_second");
-    assert!((cell(&ratio[0], "samples_per_second_ratio") - want).abs() < 1e-12);
-    let want = cell(&c, "latency_ms_p50") / cell(&h, "latency_ms_p50");
-    assert!((cell(&ratio[0], "latency_ms_p50_ratio") - want).abs() < 1e-12);
-}
-
-#[test]
-fn parallel_reports_match_the_python_scripts_tables() {
-    // The dp logs are results/h200x2/dp; results/README.md has the table dp_report.py made
-    // of them: dp 2 vs dp 1 × grad-accum 2, loss 5.2e-08, grad norm 0.0e+00; efficiency 0.898.
-    let o = extract(&["-i", "tests/fixtures/logs/dp", "--table", "dp-report"]);
-    golden("dp_report.md", ok_stdout(&o));
-    let text = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(
-        text.contains(
-            "| gpt2 | fp32 | dp 2 ZeRO-0 | dp 1, grad_accum 2 | 10 | 5.2e-08 | 0.0e+00 |"
-        ),
-        "{text}"
-    );
-    assert!(
-        text.contains("| gpt2 | bf16 | 2 | 0 | 16 | 17.48 | 0.898 | 10.7% | 22.02 / 22.02 |"),
-        "{text}"
-    );
-    // The tiny tp logs of results/h200x2/tp, as tp_agreement.py printed them.
-    let o = extract(&["-i", "tests/fixtures/logs/tp", "--table", "tp-agreement"]);
-    golden("tp_agreement.md", ok_stdout(&o));
-    let text = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(text.contains("| gpt2-tiny | fp32 | 16 | tp 2 | 100 | 0.0000 / 0.0000 | 7.6e-08 | 9.0e-08 | 0.0e+00 | 0 |"), "{text}");
-    let o = extract(&["-i", "tests/fixtures/logs/tp", "--table", "tp-scaling"]);
-    golden("tp_scaling.md", ok_stdout(&o));
-}
-
-/// The error of a failed command: one line, `Error: …`, the last on stderr (notes about the
-/// inputs, e.g. a torn line, may come before it), no usage text.
-fn one_line_error(o: &Output) -> String {
-    assert_eq!(o.status.code(), Some(2), "{o:?}");
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    let last = err.trim_end().lines().last().unwrap_or("").to_string();
-    assert!(last.starts_with("Error: "), "{err}");
-    assert_eq!(err.matches("Error").count(), 1, "{err}");
-    assert!(
-        !err.contains("Usage") && !err.contains("For more information"),
-        "{err}"
-    );
-    last
-}
-
-#[test]
 fn bad_flag_values_fail_in_one_line() {
     let b = "tests/fixtures/logs/bench";
     for (args, want) in [
@@ -706,67 +486,4 @@ fn bad_flag_values_fail_in_one_line() {
     }
     let err = one_line_error(&extract(&[]));
     assert!(err.contains("--input"), "{err}");
-}
-
-/// A CSV of two models, two engines, fp32 and bf16, on two GPUs; gpt2 candle fp32 on the
-/// H100 ran twice (repeats: one bar, their median).
-const TWO_MODELS: &str = "run,engine,suite,model,dtype,gpu,batch_size,samples_per_second
-a,candle,lambada,gpt2,fp32,H100,16,1000
-b,candle,lambada,gpt2,fp32,H100,16,1100
-c,hf,lambada,gpt2,fp32,H100,16,900
-d,candle,lambada,bloom-560m,fp32,H100,16,400
-e,hf,lambada,bloom-560m,fp32,H100,16,350
-f,candle,lambada,gpt2,fp32,H200,16,1200
-g,candle,lambada,bloom-560m,fp32,H200,16,450
-h,candle,lambada,gpt2,bf16,H100,16,2000
-";
-
-fn plot_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_plot"))
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("runs")
-}
-
-#[test]
-fn plot_defaults_to_out_csv_and_one_bar_colour_per_engine() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("out.csv"), TWO_MODELS).unwrap();
-    let o = plot_in(dir.path(), &["--metric", "samples_per_second", "--fp32"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("wrote samples_per_second_fp32.png"), "{err}");
-    let img = image::open(dir.path().join("samples_per_second_fp32.png"))
-        .unwrap()
-        .to_rgb8();
-    assert_eq!(img.dimensions(), (1280, 720));
-    // Two series (candle, hf; models are the x groups, GPUs the panels): the first two
-    // palette colours fill bars, the third is not drawn. tests/plot.rs has the rest.
-    let count = |rgb: [u8; 3]| img.pixels().filter(|p| p.0 == rgb).count();
-    for rgb in [[31, 119, 180], [255, 127, 14]] {
-        assert!(count(rgb) > 1000, "{rgb:?}: {} pixels", count(rgb));
-    }
-    assert_eq!(count([44, 160, 44]), 0);
-}
-
-#[test]
-fn plot_bad_flag_values_fail_in_one_line() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("out.csv"), TWO_MODELS).unwrap();
-    for (args, want) in [
-        (vec!["--batch-size", "abc"], "invalid value 'abc'"),
-        (vec!["--where", "model"], "expected KEY=VALUE"),
-        (vec!["--where", "nope=1"], "no column 'nope'"),
-        (vec!["--metric", "nope"], "no column 'nope'"),
-        (vec!["-o", "x.jpg"], "must end in .png or .svg"),
-        (
-            vec!["-i", "missing.csv"],
-            "extract-metrics -i LOGS -o missing.csv",
-        ),
-        (vec!["--where", "model=gpt5"], "no rows of out.csv match"),
-    ] {
-        let err = one_line_error(&plot_in(dir.path(), &args));
-        assert!(err.contains(want), "{args:?}: {err}");
-    }
 }

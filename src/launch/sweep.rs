@@ -13,10 +13,15 @@
 //! `extract-metrics -i LOG_DIR/sweep_TIME` gives one row per run, including runs that failed
 //! before writing a log (from their `sweep_run` record).
 
-use crate::error::{failure_status, Error, Result};
+use crate::error::{Error, Result};
 use crate::log::{read_log, RunLog};
 use crate::metrics::{spread, BatchTotals, EvalResult, TrainTotals};
-use crate::record::{Record, SweepConfig, SweepHeader, SweepRepeats, SweepRun, SCHEMA_VERSION};
+use crate::record::{
+    Record, RunStatus, SweepConfig, SweepHeader, SweepRepeats, SweepRun, SCHEMA_VERSION,
+};
+/// The sweep log's name and a sweep's outcome live with the sweep's records (the console
+/// prints them too); re-exported where the sweep is run.
+pub use crate::record::{SweepOutcome, SWEEP_LOG};
 use crate::trackers::MemoryReading;
 use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
@@ -28,9 +33,6 @@ use std::time::Instant;
 
 /// Set in a child's environment: its [`ChildTask`] as JSON.
 pub const CHILD_ENV: &str = "BENCH_SWEEP_CHILD";
-
-/// The sweep log's file name inside a sweep directory.
-pub const SWEEP_LOG: &str = "sweep.jsonl";
 
 /// What a child runs: one configuration, one repeat, logging into the sweep directory.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -68,23 +70,6 @@ pub struct SweepOptions {
     /// This process's arguments, given unchanged to every child.
     pub child_args: Vec<String>,
     pub command_line: Vec<String>,
-}
-
-pub struct SweepOutcome {
-    pub dir: PathBuf,
-    pub runs: Vec<SweepRun>,
-    pub repeats: Vec<SweepRepeats>,
-    /// Runs done by an earlier invocation and skipped by `--resume`.
-    pub skipped: usize,
-}
-
-impl SweepOutcome {
-    /// Every run ended `ok` or `oom` (an out-of-memory is a result of the sweep, not a failure).
-    pub fn succeeded(&self) -> bool {
-        self.runs
-            .iter()
-            .all(|r| r.status == "ok" || r.status == "oom")
-    }
 }
 
 /// Finds or makes the sweep directory.
@@ -150,7 +135,7 @@ fn run_logs(dir: &Path) -> Result<BTreeSet<String>> {
 /// batch latency) or training runs (train samples/s and step latency).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunEnd {
-    pub status: String,
+    pub status: RunStatus,
     pub error: Option<String>,
     pub samples_per_second: f64,
     pub latency_ms_p50: f64,
@@ -184,7 +169,11 @@ impl RunEnd {
 /// (its process died), with `status` from `failure`'s words, or `killed_as` (`killed`,
 /// `timeout`) when the words say no more than `error`. Returns how the run ended, from the
 /// log's summary, old or new.
-pub fn complete_log(path: &Path, failure: &str, killed_as: Option<&str>) -> Result<Option<RunEnd>> {
+pub fn complete_log(
+    path: &Path,
+    failure: &str,
+    killed_as: Option<RunStatus>,
+) -> Result<Option<RunEnd>> {
     let records = read_log(path)?;
     if let Some(end) = records.iter().find_map(RunEnd::of) {
         return Ok(Some(end));
@@ -202,8 +191,8 @@ pub fn complete_log(path: &Path, failure: &str, killed_as: Option<&str>) -> Resu
     };
     if let Some(status) = killed_as {
         match &mut summary {
-            Record::Summary(s) if s.status == "error" => s.status = status.into(),
-            Record::TrainSummary(s) if s.status == "error" => s.status = status.into(),
+            Record::Summary(s) if s.status == RunStatus::Error => s.status = status,
+            Record::TrainSummary(s) if s.status == RunStatus::Error => s.status = status,
             _ => {}
         }
     }
@@ -249,10 +238,13 @@ fn train_summary_of(records: &[Record], warmup: usize, failure: &str) -> Record 
 }
 
 /// How a child process ended, from its exit status and the tail of its stderr.
-fn classify(status: std::process::ExitStatus, stderr_tail: &[String]) -> (String, Option<String>) {
+fn classify(
+    status: std::process::ExitStatus,
+    stderr_tail: &[String],
+) -> (RunStatus, Option<String>) {
     use std::os::unix::process::ExitStatusExt;
     if status.success() {
-        return ("ok".into(), None);
+        return (RunStatus::Ok, None);
     }
     // The child prints its error once as `Error: …`; else its last words say what happened.
     let said = stderr_tail
@@ -262,11 +254,11 @@ fn classify(status: std::process::ExitStatus, stderr_tail: &[String]) -> (String
         .map(str::to_string);
     let tail = stderr_tail.join("\n");
     match (status.signal(), said) {
-        (_, Some(msg)) => (failure_status(&msg).into(), Some(msg)),
+        (_, Some(msg)) => (RunStatus::of_failure(&msg), Some(msg)),
         (Some(sig), None) => {
-            let status = match failure_status(&tail) {
-                "oom" => "oom",
-                _ => "killed",
+            let status = match RunStatus::of_failure(&tail) {
+                RunStatus::Oom => RunStatus::Oom,
+                _ => RunStatus::Killed,
             };
             let why = match sig {
                 9 => " (SIGKILL: the kernel's OOM killer, or kill -9)",
@@ -278,17 +270,14 @@ fn classify(status: std::process::ExitStatus, stderr_tail: &[String]) -> (String
             let last = stderr_tail
                 .iter()
                 .rev()
-                .find(|l| failure_status(l) == "oom")
+                .find(|l| RunStatus::of_failure(l) == RunStatus::Oom)
                 .or(stderr_tail.last())
                 .map(|l| format!(": {l}"))
                 .unwrap_or_default();
-            (
-                status.into(),
-                Some(format!("killed by signal {sig}{why}{last}")),
-            )
+            (status, Some(format!("killed by signal {sig}{why}{last}")))
         }
         (None, None) => (
-            failure_status(&tail).into(),
+            RunStatus::of_failure(&tail),
             Some(format!(
                 "exit code {}: {}",
                 status.code().unwrap_or(-1),
@@ -372,7 +361,7 @@ fn run_child(
 }
 
 fn fold_repeats(config: &SweepConfig, runs: &[&SweepRun], dir: &Path) -> SweepRepeats {
-    let ok: Vec<&&SweepRun> = runs.iter().filter(|r| r.status == "ok").collect();
+    let ok: Vec<&&SweepRun> = runs.iter().filter(|r| r.status == RunStatus::Ok).collect();
     // tokens/s is read back from the run logs; the sweep record keeps samples/s and p50 only.
     let tokens: Vec<f64> = ok
         .iter()
@@ -402,7 +391,7 @@ fn earlier_runs(dir: &Path, earlier: &[Record]) -> Result<Vec<SweepRun>> {
     let done = earlier
         .iter()
         .filter_map(|r| match r {
-            Record::SweepRun(r) if r.status == "ok" || r.status == "oom" => Some((**r).clone()),
+            Record::SweepRun(r) if r.status.is_done() => Some((**r).clone()),
             _ => None,
         })
         .collect();
@@ -419,7 +408,7 @@ fn earlier_runs(dir: &Path, earlier: &[Record]) -> Result<Vec<SweepRun>> {
         complete_log(
             &dir.join(orphan),
             "the sweep was killed during this run",
-            Some("killed"),
+            Some(RunStatus::Killed),
         )?;
     }
     Ok(done)
@@ -469,7 +458,7 @@ fn run_one(
     let (mut status, mut error) = classify(exit, &tail);
     if timed_out {
         let limit = opts.run_timeout.unwrap_or_default().as_secs_f64();
-        status = "timeout".into();
+        status = RunStatus::Timeout;
         error = Some(format!("killed after --run-timeout {limit} s"));
     }
     let new_logs: Vec<String> = run_logs(dir)?.difference(&before).cloned().collect();
@@ -478,26 +467,28 @@ fn run_one(
         let failure = error
             .as_deref()
             .unwrap_or("the run ended without a summary");
-        let killed_as = ["killed", "timeout"].into_iter().find(|k| *k == status);
-        if let Some(s) = complete_log(&dir.join(l), failure, killed_as)? {
+        let killed_as = [RunStatus::Killed, RunStatus::Timeout]
+            .into_iter()
+            .find(|k| *k == status);
+        if let Some(s) = complete_log(&dir.join(l), failure, killed_as.clone())? {
             summary.get_or_insert(s);
         }
     }
-    if status == "ok" && summary.is_none() {
-        status = "error".into();
+    if status == RunStatus::Ok && summary.is_none() {
+        status = RunStatus::Error;
     }
     // A run that recorded its own out-of-memory and then hung on exit (seen with CUDA) ran out
     // of memory: that is the result, the kill only ended the hang.
     if let Some(s) = summary
         .as_ref()
-        .filter(|s| s.status == "oom" && status != "ok")
+        .filter(|s| s.status == RunStatus::Oom && status != RunStatus::Ok)
     {
         let then = error.take().unwrap_or_default();
         error = Some(format!(
             "{}; then did not exit ({then})",
             s.error.as_deref().unwrap_or("out of memory")
         ));
-        status = "oom".into();
+        status = RunStatus::Oom;
     }
     Ok(SweepRun {
         config: config.clone(),
@@ -545,8 +536,8 @@ pub fn run_sweep(opts: SweepOptions) -> Result<SweepOutcome> {
                 None => run_one(&opts, &dir, config, repeat, &bar)?,
             };
             log.write(&Record::SweepRun(Box::new(run.clone())))?;
-            bar.suspend(|| eprintln!("[{n}/{total}] {}", run_line(&run)));
-            if run.status == "ok" || run.status == "oom" {
+            bar.suspend(|| eprintln!("[{n}/{total}] {}", run.line()));
+            if run.status.is_done() {
                 done.push(run.clone());
             }
             runs.push(run);
@@ -572,7 +563,7 @@ pub fn run_sweep(opts: SweepOptions) -> Result<SweepOutcome> {
 /// `--batch-sizes` doubling until out of memory costs one failed run, not one a size).
 fn oom_at_a_smaller_batch(config: &SweepConfig, done: &[SweepRun]) -> Option<usize> {
     done.iter()
-        .filter(|r| r.status == "oom" && r.config.batch_size < config.batch_size)
+        .filter(|r| r.status == RunStatus::Oom && r.config.batch_size < config.batch_size)
         .filter(|r| {
             SweepConfig {
                 batch_size: config.batch_size,
@@ -588,7 +579,7 @@ fn not_run_after_oom(config: &SweepConfig, repeat: usize, smaller: usize) -> Swe
     SweepRun {
         config: config.clone(),
         repeat,
-        status: "oom".into(),
+        status: RunStatus::Oom,
         error: Some(format!(
             "not run: batch {smaller} of this configuration ran out of memory"
         )),
@@ -597,21 +588,6 @@ fn not_run_after_oom(config: &SweepConfig, repeat: usize, smaller: usize) -> Swe
         logs: vec![],
         samples_per_second: None,
         latency_ms_p50: None,
-    }
-}
-
-/// One line about a finished run: its configuration and how it ended.
-pub fn run_line(r: &SweepRun) -> String {
-    let what = format!("{} r{}", r.config.key(), r.repeat);
-    match (&r.status[..], r.samples_per_second) {
-        ("ok", Some(sps)) => format!("{what}: ok, {sps:.2} samples/s"),
-        (status, _) => format!(
-            "{what}: {status}{}",
-            r.error
-                .as_ref()
-                .map(|e| format!(": {e}"))
-                .unwrap_or_default()
-        ),
     }
 }
 
@@ -635,7 +611,7 @@ mod tests {
     #[test]
     fn a_larger_batch_of_a_configuration_that_ran_out_of_memory_is_not_run() {
         let oom = SweepRun {
-            status: "oom".into(),
+            status: RunStatus::Oom,
             ..not_run_after_oom(&config("gpt2-xl", 8, Some(0)), 0, 4)
         };
         let done = [oom];
@@ -650,7 +626,7 @@ mod tests {
         );
         assert_eq!(at(&config("gpt2", 16, Some(0))), None, "another model");
         let skipped = not_run_after_oom(&config("gpt2-xl", 16, Some(0)), 0, 8);
-        assert_eq!(skipped.status, "oom");
+        assert_eq!(skipped.status, RunStatus::Oom);
         assert!(skipped.error.unwrap().contains("batch 8"));
     }
 }

@@ -1,10 +1,13 @@
 //! Tables printed on stdout: a run's summary, the candle-vs-HF side-by-side of `--engine
 //! both` (and whether the engines agree), and a sweep's runs and repeats (for training, every
-//! engine's run in one table).
+//! engine's run in one table). Whether two engines agree is decided in [`crate::metrics`]
+//! (its tolerances and their reasons); the tables print the verdict.
 
-use crate::launch::sweep::{run_line, SweepOutcome};
 use crate::log::{read_log, RunOutcome};
-use crate::record::{Header, Record, Summary, TrainSummary};
+use crate::metrics::{first_loss_agreement, identical_generations, score_agreement};
+use crate::record::{
+    strategy_name, Header, Record, RunStatus, Summary, SweepOutcome, TrainSummary, SWEEP_LOG,
+};
 use std::path::Path;
 
 /// Bytes as MiB.
@@ -82,8 +85,7 @@ fn gpu_rows(s: &Summary) -> Vec<(&'static str, String)> {
     rows
 }
 
-/// The short table printed on stdout after a run.
-/// ` [low, high]` with `decimals`, a 95 % interval where the summary has one.
+/// ` (95% CI low–high)` with `decimals`, where the summary has an interval.
 fn ci95(low: Option<f64>, high: Option<f64>, decimals: usize) -> String {
     match (low, high) {
         (Some(l), Some(h)) => format!(" (95% CI {l:.decimals$}–{h:.decimals$})"),
@@ -91,9 +93,36 @@ fn ci95(low: Option<f64>, high: Option<f64>, decimals: usize) -> String {
     }
 }
 
+/// The short table printed on stdout after a scoring or generation run.
 pub fn summary_table(h: &Header, s: &Summary, log_path: &Path) -> String {
-    let mut t = String::new();
-    t += &format!(
+    let mut t = summary_heading(h);
+    let mut rows = summary_rows(h, s);
+    if let Some(g) = &h.generation {
+        // No log-likelihoods in a generation run: its own rates instead of a perplexity; the
+        // text source has prompts, not passages, and nothing to be right about.
+        rows.retain(|(k, _)| *k != "perplexity");
+        if g.source == "text" {
+            rows.retain(|(k, _)| *k != "accuracy");
+            rows[0].0 = "prompts";
+        }
+        rows.extend(generation_rows(s));
+    }
+    rows.extend(gpu_rows(s));
+    if let Some(n @ 1..) = s.compiles_timed {
+        let why = "torch.compile compiled inside the timed batches, which count it: shapes the warm-up did not meet (--pad-multiple 64 buckets them)";
+        rows.push(("timed compiles", format!("{n} ({why})")));
+    }
+    for (k, v) in rows {
+        t += &format!("  {k:<18} {v}\n");
+    }
+    t += &format!("log: {}\n", log_path.display());
+    t
+}
+
+/// The first line of [`summary_table`] (engine, suite, model, precision, device, batch), and
+/// what `auto` chose and the tensor-parallel ranks where there are.
+fn summary_heading(h: &Header) -> String {
+    let mut t = format!(
         "{} | {} | {} ({:.2}M params, weights {}) | {} | {} | batch {}\n",
         h.engine,
         h.suite,
@@ -119,6 +148,11 @@ pub fn summary_table(h: &Header, s: &Summary, log_path: &Path) -> String {
                 .join(", ")
         );
     }
+    t
+}
+
+/// The rows every scoring or generation summary has: scores, rates, latency, memory, times.
+fn summary_rows(h: &Header, s: &Summary) -> Vec<(&'static str, String)> {
     let rows = [
         ("passages", format!("{}", s.n_samples)),
         ("accuracy", format!("{:.4}", s.accuracy)),
@@ -161,27 +195,7 @@ pub fn summary_table(h: &Header, s: &Summary, log_path: &Path) -> String {
             format!("{:.2} s / {:.2} s", h.load_seconds, s.wall_seconds),
         ),
     ];
-    let mut rows = rows.to_vec();
-    if let Some(g) = &h.generation {
-        // No log-likelihoods in a generation run: its own rates instead of a perplexity; the
-        // text source has prompts, not passages, and nothing to be right about.
-        rows.retain(|(k, _)| *k != "perplexity");
-        if g.source == "text" {
-            rows.retain(|(k, _)| *k != "accuracy");
-            rows[0].0 = "prompts";
-        }
-        rows.extend(generation_rows(s));
-    }
-    rows.extend(gpu_rows(s));
-    if let Some(n @ 1..) = s.compiles_timed {
-        let why = "torch.compile compiled inside the timed batches, which count it: shapes the warm-up did not meet (--pad-multiple 64 buckets them)";
-        rows.push(("timed compiles", format!("{n} ({why})")));
-    }
-    for (k, v) in rows {
-        t += &format!("  {k:<18} {v}\n");
-    }
-    t += &format!("log: {}\n", log_path.display());
-    t
+    rows.to_vec()
 }
 
 /// A candle-vs-HF table: a row a quantity, candle's value, HF's, and the ratio candle/HF.
@@ -220,16 +234,11 @@ fn hf_configuration(h: &Header) -> String {
     )
 }
 
-/// The candle-vs-HF table of `--engine both`, and whether the two engines agree on the scores:
-/// in fp32/tf32 equal accuracy and perplexity within 1e-3 relative; in fp16/bf16, where the
-/// engines round differently (HF takes softmax and ALiBi in half precision) and a borderline
-/// argmax can flip, accuracy within 0.005 and perplexity within 1e-2.
+/// The candle-vs-HF table of `--engine both`, and whether the two engines agree on the scores
+/// ([`crate::metrics::score_agreement`]).
 pub fn side_by_side(candle: &RunOutcome<Summary>, hf: &RunOutcome<Summary>) -> (String, bool) {
     let (c, h) = (&candle.summary, &hf.summary);
-    let ppl_rel = (c.perplexity - h.perplexity).abs() / h.perplexity;
-    let full = matches!(candle.header.dtype.as_str(), "fp32" | "tf32");
-    let (tol, acc_tol) = if full { (1e-3, 0.) } else { (1e-2, 5e-3) };
-    let agree = (c.accuracy - h.accuracy).abs() <= acc_tol && ppl_rel <= tol;
+    let check = score_agreement(&candle.header.dtype, c, h);
     let mut r = Ratios::new(22);
     let mut row = |name: &str, a: f64, b: f64, prec: usize| r.row(name, a, b, prec);
     row("samples/s", c.samples_per_second, h.samples_per_second, 2);
@@ -247,21 +256,22 @@ pub fn side_by_side(candle: &RunOutcome<Summary>, hf: &RunOutcome<Summary>) -> (
     let mut t = r.text;
     t += &hf_configuration(&hf.header);
     t += &format!(
-        "scores {} (accuracy {}, perplexity rel. diff {ppl_rel:.2e}, tolerance {tol:.0e})\n",
-        if agree { "agree" } else { "DISAGREE" },
+        "scores {} (accuracy {}, perplexity rel. diff {:.2e}, tolerance {:.0e})\n",
+        if check.agree { "agree" } else { "DISAGREE" },
         if c.accuracy == h.accuracy {
             "equal".to_string()
         } else {
-            format!("differs by {:.4}", (c.accuracy - h.accuracy).abs())
-        }
+            format!("differs by {:.4}", check.accuracy_diff)
+        },
+        check.perplexity_rel,
+        check.perplexity_tol
     );
-    (t, agree)
+    (t, check.agree)
 }
 
 /// The candle-vs-HF table of a generation run, with the agreement of the generated tokens:
 /// the share of passages whose generated ids are identical (read back from the two logs;
-/// LAMBADA only). Informational: engines that round differently may pick another token where
-/// two logits are close, so nothing is failed on it.
+/// LAMBADA only; informational: [`crate::metrics::identical_generations`]).
 pub fn generate_side_by_side(candle: &RunOutcome<Summary>, hf: &RunOutcome<Summary>) -> String {
     let (c, h) = (&candle.summary, &hf.summary);
     let mut r = Ratios::new(24);
@@ -313,10 +323,9 @@ pub fn generate_side_by_side(candle: &RunOutcome<Summary>, hf: &RunOutcome<Summa
 
 /// Passages whose generated ids are identical in two generation logs, and how many both have.
 fn generated_agreement(a: &Path, b: &Path) -> Option<(usize, usize)> {
-    use crate::record::Record;
     use std::collections::BTreeMap;
     let ids = |p: &Path| -> Option<BTreeMap<usize, Vec<u32>>> {
-        let records = crate::log::read_log(p).ok()?;
+        let records = read_log(p).ok()?;
         Some(
             records
                 .into_iter()
@@ -329,22 +338,12 @@ fn generated_agreement(a: &Path, b: &Path) -> Option<(usize, usize)> {
                 .collect(),
         )
     };
-    let (a, b) = (ids(a)?, ids(b)?);
-    let common: Vec<_> = a.iter().filter(|(k, _)| b.contains_key(k)).collect();
-    if common.is_empty() {
-        return None;
-    }
-    let same = common.iter().filter(|(k, v)| b[k] == **v).count();
-    Some((same, common.len()))
+    identical_generations(&ids(a)?, &ids(b)?)
 }
 
 /// The candle-vs-HF table of `--suite wikitext2 --engine both`, and whether the engines agree.
-/// Rates and memory are compared as ratios. The check: with dropout off, the first step's loss
-/// (same weights, same first batch, nothing trained yet) within 1e-3 relative in fp32/tf32
-/// (the LAMBADA tolerance; summation order and TF32 matmuls differ between the engines) and
-/// 1e-2 in bf16/fp16 (torch autocast picks each op's precision, candle casts its weights per
-/// step: the two round at different points). With dropout on the masks are random per
-/// engine, so no step's loss is comparable and nothing is checked.
+/// Rates and memory are compared as ratios; the check is the first step's loss with dropout
+/// off ([`crate::metrics::first_loss_agreement`]), nothing with dropout on.
 pub fn train_side_by_side(
     candle: &RunOutcome<TrainSummary>,
     hf: &RunOutcome<TrainSummary>,
@@ -380,19 +379,36 @@ pub fn train_side_by_side(
         t += "first-step loss not checked: dropout is on (each engine draws its own masks, so losses differ step by step); --no-dropout checks it\n";
         return (t, true);
     }
-    let full = matches!(candle.header.dtype.as_str(), "fp32" | "tf32");
-    let tol = if full { 1e-3 } else { 1e-2 };
-    let rel = (c.first_loss - h.first_loss).abs() / h.first_loss.abs();
-    let agree = rel <= tol;
+    let check = first_loss_agreement(&candle.header.dtype, c.first_loss, h.first_loss);
     t += &format!(
-        "first-step loss {} (rel. diff {rel:.2e}, tolerance {tol:.0e}; dropout off, same weights and batch)\n",
-        if agree { "agrees" } else { "DISAGREES" }
+        "first-step loss {} (rel. diff {:.2e}, tolerance {:.0e}; dropout off, same weights and batch)\n",
+        if check.agree { "agrees" } else { "DISAGREES" },
+        check.rel,
+        check.tol
     );
-    (t, agree)
+    (t, check.agree)
 }
 
-/// The printed summary of a training run.
+/// The printed summary of a training run: what ran, the rates and losses, where the time went,
+/// memory.
 pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> String {
+    let mut out = train_heading(h);
+    out += &train_rates(s);
+    out += &train_timing(s);
+    let share = s
+        .peak_memory_share
+        .map_or(String::new(), |f| format!(" ({:.1}% of the GPU)", f * 100.));
+    out += &format!(
+        "  peak memory               {:.1} MiB{share}\n",
+        s.peak_memory_bytes as f64 / 1048576.
+    );
+    out += &format!("log: {}\n", log_path.display());
+    out
+}
+
+/// The first lines of [`train_table`]: engine, model, precision, batch; the device chosen, the
+/// data, the data-parallel set-up.
+fn train_heading(h: &Header) -> String {
     let t = h.train.as_ref();
     let mut out = format!(
         "{} | {} | {} ({:.2}M params, weights {}) | {} | {} | batch {} x accum {} | block {}\n",
@@ -423,10 +439,15 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
             d.global_batch_size
         );
     }
+    out
+}
+
+/// The steps, losses and rates of [`train_table`].
+fn train_rates(s: &TrainSummary) -> String {
     let warmup_secs = s
         .warmup_runtime
         .map_or(String::new(), |w| format!(": {w:.3} s"));
-    out += &format!(
+    let mut out = format!(
         "  steps                     {} ({} warm-up, not timed{warmup_secs})\n",
         s.n_steps, s.warmup_steps
     );
@@ -451,7 +472,13 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
             .map_or(String::new(), |m| format!(", MFU {:.1}%", m * 100.));
         out += &format!("  model FLOP/s              {a:.3} TFLOP/s{mfu}\n");
     }
-    out += &format!(
+    out
+}
+
+/// Where the time of [`train_table`]'s run went: step latency, all-reduces, each rank's
+/// memory, host queueing, phases, runtimes.
+fn train_timing(s: &TrainSummary) -> String {
+    let mut out = format!(
         "  step latency ms           p50 {:.3}  p90 {:.3}\n",
         s.step_latency_ms_p50, s.step_latency_ms_p90
     );
@@ -489,16 +516,9 @@ pub fn train_table(h: &Header, s: &TrainSummary, log_path: &std::path::Path) -> 
     if let Some(e) = s.epoch_seconds {
         out += &format!("  time per epoch            {e:.3} s (at the timed steps' rate)\n");
     }
-    let share = s
-        .peak_memory_share
-        .map_or(String::new(), |f| format!(" ({:.1}% of the GPU)", f * 100.));
-    out += &format!(
-        "  peak memory               {:.1} MiB{share}\n",
-        s.peak_memory_bytes as f64 / 1048576.
-    );
-    out += &format!("log: {}\n", log_path.display());
     out
 }
+
 /// `v` times `scale` with `p` decimals, `-` for none.
 fn opt(v: Option<f64>, scale: f64, p: usize) -> String {
     v.map_or("-".into(), |v| format!("{:.p$}", v * scale))
@@ -547,7 +567,7 @@ const TRAIN_ROWS: [TrainRow; 11] = [
     ("warm-up s (not timed)", |s| opt(s.warmup_runtime, 1., 2)),
     ("train_loss", |s| format!("{:.4}", s.train_loss)),
     ("eval_loss", |s| format!("{:.4}", s.eval_loss)),
-    ("status", |s| s.status.clone()),
+    ("status", |s| s.status.to_string()),
 ];
 
 /// Each run's column name: its engine (`hf-compile` for compiled HF) when the runs share
@@ -581,14 +601,6 @@ fn run_labels(runs: &[(Header, TrainSummary)]) -> Vec<String> {
         .collect()
 }
 
-/// `dp`, `zero1`, `zero2` or `zero3`: a data-parallel run's strategy by its ZeRO level.
-pub fn strategy_name(zero_stage: u8) -> String {
-    match zero_stage {
-        0 => "dp".into(),
-        z => format!("zero{z}"),
-    }
-}
-
 /// A training sweep's runs side by side, one column a run: `--engine candle,hf,llmc` as one
 /// table. The last row is each run's train samples/s over the first column's. Empty when the
 /// sweep trained nothing.
@@ -618,15 +630,14 @@ pub fn train_sweep_table(out: &SweepOutcome) -> String {
 /// The table printed after a sweep: one line a run, then the repeats folded.
 pub fn sweep_table(out: &SweepOutcome) -> String {
     let mut t = String::new();
-    let count = |s: &str| out.runs.iter().filter(|r| r.status == s).count();
+    let counts: Vec<String> = RunStatus::ALL
+        .iter()
+        .map(|s| format!("{} {s}", out.count(s)))
+        .collect();
     t += &format!(
-        "sweep: {} runs ({} ok, {} oom, {} error, {} killed, {} timeout){}\n",
+        "sweep: {} runs ({}){}\n",
         out.runs.len(),
-        count("ok"),
-        count("oom"),
-        count("error"),
-        count("killed"),
-        count("timeout"),
+        counts.join(", "),
         if out.skipped > 0 {
             format!(", {} done earlier and skipped (--resume)", out.skipped)
         } else {
@@ -634,7 +645,7 @@ pub fn sweep_table(out: &SweepOutcome) -> String {
         }
     );
     for r in &out.runs {
-        t += &format!("  {}\n", run_line(r));
+        t += &format!("  {}\n", r.line());
     }
     if !out.repeats.is_empty() {
         t += &format!(
@@ -656,9 +667,6 @@ pub fn sweep_table(out: &SweepOutcome) -> String {
             );
         }
     }
-    t += &format!(
-        "sweep log: {}\n",
-        out.dir.join(crate::launch::sweep::SWEEP_LOG).display()
-    );
+    t += &format!("sweep log: {}\n", out.dir.join(SWEEP_LOG).display());
     t
 }

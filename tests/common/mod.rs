@@ -1,7 +1,13 @@
 //! Helpers the multi-process tests share: a `bench` command with no launcher variables
-//! inherited from the test's environment, and readers of its output and logs.
+//! inherited from the test's environment, and readers of its output and logs; [`cli`] and
+//! [`extract`] hold the helpers of the command-line tests (`cli*.rs`; `extract_*.rs`,
+//! `plot_cli.rs`).
 
 #![allow(dead_code)] // each test file uses its own subset
+
+pub mod cli;
+#[cfg(feature = "report")]
+pub mod extract;
 
 use serde_json::Value;
 use std::path::Path;

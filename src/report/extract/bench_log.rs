@@ -3,9 +3,9 @@
 //! steps say); a sweep log gives a row for each run that died before writing a log.
 
 use super::schema::canonical;
-use super::{Num, RunRow};
 use crate::metrics::{per_second, Distribution};
-use crate::record::{Header, Record, StepRecord, SweepHeader, SweepRun};
+use crate::record::{Header, Record, RunStatus, StepRecord, SweepHeader, SweepRun};
+use crate::report::row::{Num, RunRow};
 
 /// The records of one log, read once.
 #[derive(Default)]
@@ -121,11 +121,7 @@ fn header_columns(row: &mut RunRow, h: &Header) {
     row.set("zero", h.dp.as_ref().map_or(0, |d| d.zero_stage as usize));
     // Training runs' strategy (`--strategies`): one process is `single`.
     match (&h.dp, &h.train) {
-        (Some(d), _) => m_insert(
-            row,
-            "strategy",
-            &crate::report::console::strategy_name(d.zero_stage),
-        ),
+        (Some(d), _) => m_insert(row, "strategy", &crate::record::strategy_name(d.zero_stage)),
         (None, Some(_)) => m_insert(row, "strategy", "single"),
         _ => {}
     }
@@ -181,8 +177,8 @@ fn m_insert(row: &mut RunRow, k: &str, v: &str) {
 /// The summary record's fields, one level of nesting flattened
 /// (`phases_ms_p50.forward` -> `phases_ms_p50_forward`).
 fn summary_columns(row: &mut RunRow, v: &serde_json::Value) {
-    let status = v["status"].as_str().unwrap_or("ok").to_string();
-    row.meta.insert("status".into(), status);
+    let status = v["status"].as_str().unwrap_or(RunStatus::Ok.as_str());
+    row.meta.insert("status".into(), status.into());
     if let Some(e) = v["error"].as_str() {
         row.meta.insert("error".into(), e.to_string());
     }
@@ -257,7 +253,7 @@ fn sweep_rows(base: &RunRow, header: Option<&SweepHeader>, runs: &[SweepRun]) ->
             m.insert("engine".into(), c.engine.clone());
             m.insert("model".into(), c.model.clone());
             m.insert("dtype".into(), c.dtype.clone());
-            m.insert("status".into(), r.status.clone());
+            m.insert("status".into(), r.status.to_string());
             if let Some(e) = &r.error {
                 m.insert("error".into(), e.clone());
             }
@@ -268,7 +264,7 @@ fn sweep_rows(base: &RunRow, header: Option<&SweepHeader>, runs: &[SweepRun]) ->
             }
             // `--strategies`: the configuration's strategy and recompute, as a run log names them.
             if let Some(z) = c.zero {
-                m.insert("strategy".into(), crate::report::console::strategy_name(z));
+                m.insert("strategy".into(), crate::record::strategy_name(z));
                 let recompute = if c.recompute == Some(true) {
                     "blocks"
                 } else {
@@ -316,7 +312,7 @@ mod tests {
         let run = |c: SweepConfig| SweepRun {
             config: c,
             repeat: 0,
-            status: "oom".into(),
+            status: crate::record::RunStatus::Oom,
             error: Some("not run: batch 8 of this configuration ran out of memory".into()),
             exit_code: None,
             wall_seconds: 0.,

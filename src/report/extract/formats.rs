@@ -3,7 +3,8 @@
 //! into [`RunRow`]s (run metadata + numeric metrics, under the names of
 //! [`super::schema`]); lines a parser does not recognise are counted, never fatal.
 
-use super::{bench_log, hf, llmc, Num, RunRow};
+use super::{bench_log, hf, llmc};
+use crate::report::row::RunRow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -124,34 +125,4 @@ pub fn parse(format: Format, path: &Path, text: &str) -> (Vec<RunRow>, usize) {
         return (vec![], skipped);
     }
     (vec![row], skipped)
-}
-
-/// A number as a log prints it: `8` an integer, `8.0` / `1e-3` / `nan` a float.
-pub(super) fn num(s: &str) -> Option<Num> {
-    let s = s.trim().trim_matches('\'');
-    if let Ok(i) = s.parse::<i64>() {
-        return Some(Num::Int(i));
-    }
-    s.parse::<f64>().ok().map(Num::Float)
-}
-
-/// A number that is a float whatever it looks like (a loss printed `10` is still a loss).
-pub(super) fn float(s: &str) -> Option<f64> {
-    num(s).map(Num::as_f64)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn integers_stay_integers() {
-        assert_eq!(num("117"), Some(Num::Int(117)));
-        assert_eq!(num("'8'"), Some(Num::Int(8)));
-        assert_eq!(num("2.6667"), Some(Num::Float(2.6667)));
-        assert_eq!(num("1.25e-05"), Some(Num::Float(1.25e-5)));
-        assert!(matches!(num("nan"), Some(Num::Float(f)) if f.is_nan()));
-        assert_eq!(num("x"), None);
-        assert_eq!(float("10"), Some(10.0));
-    }
 }

@@ -1,9 +1,10 @@
 //! Rows -> polars frames: wide (one row per run), long (tidy), grouped (repeats folded), and
 //! the CSV bytes of a frame.
 
-use super::{schema, Num, RunRow};
+use super::schema;
 use crate::error::{Error, Result};
 use crate::report::row::{column_names, polars_err};
+use crate::report::row::{Num, RunRow};
 use polars::prelude::*;
 use std::collections::BTreeSet;
 

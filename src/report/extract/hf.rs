@@ -2,9 +2,9 @@
 //! logs), `*_results.json` and `trainer_state.json`. Step logs give `*_last` columns
 //! ([`super::schema::last`]); summaries keep HF's names, which are ours.
 
-use super::formats::{float, num};
+use super::number::{float, num};
 use super::schema::{canonical, last};
-use super::{Num, RunRow};
+use crate::report::row::{Num, RunRow};
 use regex::Regex;
 use std::sync::LazyLock;
 

@@ -1,15 +1,15 @@
 //! llm.c's logs: its stdout (`step …` lines of the C trainer, the older CUDA trainer with
 //! right-aligned step numbers, and the current CUDA trainer; `val loss`, `HellaSwag`, `total
-//! average iteration time`: read by [`crate::engines::llmc::output`], the parser the llmc
-//! engine runs on the live trainer) and its `main.log` (`s:N trl:… lr:… norm:…`, `s:N tel:…`,
+//! average iteration time`: read by [`crate::llmc_output`], the parser the llmc engine runs on
+//! the live trainer) and its `main.log` (`s:N trl:… lr:… norm:…`, `s:N tel:…`,
 //! `s:N eval:…`). Both land in the columns of [`super::schema`]; the step statistics use
 //! [`crate::metrics`], as the bench's own summaries do.
 
-use super::formats::{float, num};
+use super::number::{float, num};
 use super::schema::{canonical, last};
-use super::RunRow;
-use crate::engines::llmc::output::{parse_line, Line};
+use crate::llmc_output::{parse_line, Line};
 use crate::metrics::Distribution;
+use crate::report::row::RunRow;
 use regex::Regex;
 use std::sync::LazyLock;
 

@@ -18,6 +18,7 @@ pub mod frame;
 mod hf;
 pub mod inputs;
 mod llmc;
+mod number;
 pub mod schema;
 
 use crate::error::{Error, Result};

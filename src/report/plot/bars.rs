@@ -1,7 +1,7 @@
 //! Grouped bars: one group an x category (a model, × batch size), one bar a series, its value
 //! above it, min..max error bars over repeats, the speedup over HF above the group.
 
-use super::draw::{colour, label, plot_err, ratio, text, PanelCtx};
+use super::paint::{colour, label, plot_err, ratio, text, PanelCtx};
 use super::series::Group;
 use crate::error::Result;
 use plotters::coord::types::RangedCoordf64;

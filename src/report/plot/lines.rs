@@ -2,7 +2,7 @@
 //! error bars over repeats, the speedup over HF beside each point that has one. The x axis is
 //! logarithmic (base 2) where the values span 8× or more, as batch sizes do.
 
-use super::draw::{colour, plot_err, ratio, text, PanelCtx};
+use super::paint::{colour, plot_err, ratio, text, PanelCtx};
 use super::series::Panel;
 use crate::error::Result;
 use plotters::coord::types::RangedCoordf64;

@@ -8,12 +8,13 @@
 //! - side-by-side panels (`--facet`; by GPU when the rows come from several), one y axis.
 //!
 //! The legend names only what varies inside the chart; the subtitle what every bar shares.
-//! [`series`] turns rows into that data, [`draw`] draws it.
+//! [`series`] turns rows into that data, [`draw`] draws it (with what [`paint`] holds).
 
 mod bars;
 mod draw;
 mod fields;
 mod lines;
+mod paint;
 mod select;
 pub mod series;
 
@@ -24,7 +25,7 @@ use polars::prelude::*;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-pub use draw::{label, ratio};
+pub use paint::{label, ratio};
 pub use series::{build, Chart, Group, Panel, Point, Series, Speedup};
 
 const FONT: &[u8] = include_bytes!("../../../assets/fonts/DejaVuSans.ttf");
@@ -169,10 +170,10 @@ pub fn run(args: &Args) -> Result<PathBuf> {
         .map_err(|_| Error::Config("the built-in font could not be loaded".into()))?;
     let chart = chart(args)?;
     if ext.as_deref() == Some("png") {
-        let root = BitMapBackend::new(&output, draw::SIZE).into_drawing_area();
+        let root = BitMapBackend::new(&output, paint::SIZE).into_drawing_area();
         draw::draw(root, &chart, args)?;
     } else {
-        let root = SVGBackend::new(&output, draw::SIZE).into_drawing_area();
+        let root = SVGBackend::new(&output, paint::SIZE).into_drawing_area();
         draw::draw(root, &chart, args)?;
     }
     Ok(output)

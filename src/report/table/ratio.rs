@@ -8,6 +8,7 @@
 
 use super::{precision_rank, Col, Fmt};
 use crate::error::{Error, Result};
+use crate::record::RunStatus;
 use crate::report::row::{polars_err, RunRow};
 use polars::prelude::*;
 use std::path::Path;
@@ -78,7 +79,7 @@ fn config(r: &RunRow, engine: &str) -> String {
 fn pairs<'a>(rows: &'a [RunRow], p: &Pair) -> Vec<(&'a RunRow, &'a RunRow)> {
     let ok = |r: &RunRow, e: &str| {
         r.meta.get("engine").map(String::as_str) == Some(e)
-            && r.meta.get("status").map(String::as_str) == Some("ok")
+            && r.meta.get("status").map(String::as_str) == Some(RunStatus::Ok.as_str())
     };
     let mut out = vec![];
     for b in rows.iter().filter(|r| ok(r, &p.b)) {

@@ -1,0 +1,99 @@
+#![cfg(feature = "report")]
+//! extract-metrics' tables (golden files): Markdown with columns, formats and sort, the ratio
+//! table of two engines, and the data- / tensor-parallel reports (the dp/tp logs are real H200
+//! runs).
+
+mod common;
+
+use common::extract::*;
+
+#[test]
+fn markdown_table_with_columns_formats_and_sort() {
+    let args = [
+        "-i",
+        "tests/fixtures/logs/bench",
+        "--where",
+        "suite=lambada",
+        "--sort",
+        "model,dtype,batch_size",
+        "--columns",
+        "model,dtype,batch_size=batch,status,samples_per_second:.1=samples/s,latency_ms_p50:.2=p50 ms,peak_memory_bytes:GiB.2=peak GiB,perplexity:e3=ppl,gpu",
+    ];
+    let mut md = args.to_vec();
+    md.push("--markdown");
+    let o = extract(&md);
+    golden("bench.md", ok_stdout(&o));
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        text.starts_with("| model | dtype | batch | status | samples/s |"),
+        "{text}"
+    );
+    // -o x.md writes the same table; the CSV of the same columns keeps full precision.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.md");
+    let mut to_file = args.to_vec();
+    to_file.extend(["-o", path.to_str().unwrap()]);
+    assert!(extract(&to_file).status.success());
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+    let csv = String::from_utf8_lossy(ok_stdout(&extract(&args))).into_owned();
+    assert!(
+        csv.starts_with("model,dtype,batch_size,status,samples_per_second,"),
+        "{csv}"
+    );
+}
+
+#[test]
+fn ratio_table_pairs_engines_of_one_configuration() {
+    let o = extract(&[
+        "-i",
+        "tests/fixtures/logs/bench",
+        "--ratio",
+        "candle/hf",
+        "--markdown",
+    ]);
+    golden("ratio.md", ok_stdout(&o));
+    // The same pair as CSV: the ratio is candle's samples/s over HF's, from the wide CSV.
+    let o = extract(&["-i", "tests/fixtures/logs/bench", "--ratio", "candle/hf"]);
+    let ratio = csv_rows(&String::from_utf8_lossy(ok_stdout(&o)));
+    assert_eq!(ratio.len(), 1, "one finished candle/hf pair: {ratio:?}");
+    let wide = String::from_utf8_lossy(ok_stdout(&extract(&["-i", "tests/fixtures/logs/bench"])))
+        .into_owned();
+    let c = row_of(
+        &wide,
+        "lambada_bloom-7b1_candle_fp16_bs1_cuda0_20261121T204940Z",
+    );
+    let h = row_of(
+        &wide,
+        "lambada_bloom-7b1_hf_fp16_bs1_cuda0_20261121T205005Z",
+    );
+    let want = cell(&c, "samples_per_second") / cell(&h, "samples_per_second");
+    assert!((cell(&ratio[0], "samples_per_second_ratio") - want).abs() < 1e-12);
+    let want = cell(&c, "latency_ms_p50") / cell(&h, "latency_ms_p50");
+    assert!((cell(&ratio[0], "latency_ms_p50_ratio") - want).abs() < 1e-12);
+}
+
+#[test]
+fn parallel_reports_match_the_python_scripts_tables() {
+    // The dp logs are results/h200x2/dp; results/README.md has the table dp_report.py made
+    // of them: dp 2 vs dp 1 × grad-accum 2, loss 5.2e-08, grad norm 0.0e+00; efficiency 0.898.
+    let o = extract(&["-i", "tests/fixtures/logs/dp", "--table", "dp-report"]);
+    golden("dp_report.md", ok_stdout(&o));
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        text.contains(
+            "| gpt2 | fp32 | dp 2 ZeRO-0 | dp 1, grad_accum 2 | 10 | 5.2e-08 | 0.0e+00 |"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("| gpt2 | bf16 | 2 | 0 | 16 | 17.48 | 0.898 | 10.7% | 22.02 / 22.02 |"),
+        "{text}"
+    );
+    // The tiny tp logs of results/h200x2/tp, as tp_agreement.py printed them.
+    let o = extract(&["-i", "tests/fixtures/logs/tp", "--table", "tp-agreement"]);
+    golden("tp_agreement.md", ok_stdout(&o));
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(text.contains("| gpt2-tiny | fp32 | 16 | tp 2 | 100 | 0.0000 / 0.0000 | 7.6e-08 | 9.0e-08 | 0.0e+00 | 0 |"), "{text}");
+    let o = extract(&["-i", "tests/fixtures/logs/tp", "--table", "tp-scaling"]);
+    golden("tp_scaling.md", ok_stdout(&o));
+}
