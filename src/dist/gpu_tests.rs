@@ -3,9 +3,9 @@
 //! single GPU), two ranks on two GPUs in the two-GPU smoke stage (`gpu_checks.sh multi-smoke`).
 //! Without a GPU they fail; they do not skip.
 
-use super::collective::NcclAllReduce;
 use super::contract;
 use super::group::open;
+use super::nccl::NcclAllReduce;
 use super::AllReduce;
 use crate::device::DeviceSpec;
 use candle_core::DType;

@@ -162,7 +162,7 @@ fn gpu_name(_: &Device) -> Option<String> {
 
 #[cfg(feature = "nccl")]
 fn nccl_id() -> Result<Vec<u8>> {
-    super::collective::NcclAllReduce::new_id()
+    super::nccl::NcclAllReduce::new_id()
 }
 
 /// Rank 0's host name (the ranks run on one host when all share it).
@@ -180,7 +180,7 @@ fn nccl_join(
     id: &[u8],
     same_host: bool,
 ) -> Result<Arc<dyn AllReduce>> {
-    let mut nccl = super::collective::NcclAllReduce::join(dev, rank, size, id)?;
+    let mut nccl = super::nccl::NcclAllReduce::join(dev, rank, size, id)?;
     if crate::kernels::enabled(crate::kernels::Fused::Oneshot) {
         nccl.map_peer_buffers(dev, rank, size, same_host)?;
     }

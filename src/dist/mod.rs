@@ -11,6 +11,8 @@ mod contract;
 mod gpu_tests;
 pub mod group;
 #[cfg(feature = "nccl")]
+pub mod nccl;
+#[cfg(feature = "nccl")]
 mod peer_sum;
 pub mod rendezvous;
 pub mod world;

@@ -5,7 +5,7 @@
 //! rank cannot map any buffer (ranks on several hosts, GPUs without peer access), every rank
 //! keeps NCCL for all sums: the ranks agree on it with one NCCL sum.
 
-use super::collective::{AllReduce, NcclAllReduce};
+use super::collective::AllReduce;
 use crate::kernels::{PeerBuffers, ONESHOT_MAX_RANKS};
 use candle_core::cuda::cudarc::driver::sys;
 use candle_core::{DType, Device, Tensor};
@@ -38,7 +38,7 @@ impl PeerSum {
     /// the same place). None, on every rank, where some rank could not: the reason is printed
     /// by rank 0.
     pub fn open(
-        nccl: &NcclAllReduce,
+        nccl: &dyn AllReduce,
         device: &Device,
         rank: usize,
         world: usize,
@@ -187,7 +187,7 @@ fn fields(rec: &[u8]) -> (u64, u32, u8) {
 
 /// Every rank's record, in rank order, through NCCL's all-gather (bytes as exact f32s).
 fn exchange(
-    nccl: &NcclAllReduce,
+    nccl: &dyn AllReduce,
     device: &Device,
     mine: &[u8],
     rank: usize,

@@ -199,7 +199,7 @@ fn graph_replayed_decoding_matches_eager_decoding() {
 #[test]
 #[ignore = "needs two GPUs: scripts/gpu_checks.sh tp-graph runs it"]
 fn tp2_graph_replayed_decoding_matches_one_gpu_eager_decoding() {
-    use crate::dist::collective::NcclAllReduce;
+    use crate::dist::nccl::NcclAllReduce;
     use crate::dist::{AllReduce, Tp};
     use crate::models::generate::{generate, left_pad, Greedy};
     use std::sync::Arc;

@@ -211,7 +211,7 @@ fn cast_multi_matches_to_dtype() {
 #[cfg(feature = "nccl")]
 #[test]
 fn zero2_and_zero3_steps_match_the_plain_trainer_on_one_gpu() {
-    use crate::dist::collective::NcclAllReduce;
+    use crate::dist::nccl::NcclAllReduce;
     use crate::train::{DataParallel, ZeroStage};
     let (dev, _one_at_a_time) = gpu();
     let id = NcclAllReduce::new_id().unwrap();
