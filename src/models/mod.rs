@@ -13,6 +13,8 @@ pub mod handoff;
 pub mod layers;
 pub mod loss;
 pub mod shard;
+#[cfg(test)]
+mod shard_tests;
 pub mod weights;
 
 use crate::dist::Tp;
