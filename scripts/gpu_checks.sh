@@ -66,9 +66,9 @@
 #                  ($PROF_ENGINES: candle hf; $PROF_CASES: those five; $PROF_FLAGS go to the
 #                  training run, e.g. PROF_ENGINES=candle PROF_FLAGS="--backward autograd")
 #   flash-profile  ncu sections of the fused attention's kernels in a gpt2 training step -> flash-ncu.txt
-#   kernels        the fused kernels against candle's composed ops (src/kernels/gpu_tests/) and
+#   kernels        the fused kernels against candle's composed ops (src/gpu_tests/) and
 #                  the NCCL collectives on one rank (src/dist/gpu_tests.rs): the tests whose names
-#                  match a filter of $KERNEL_FILTER (default "kernels:: dist::")
+#                  match a filter of $KERNEL_FILTER (default "kernels:: dist:: gpu_tests::")
 #                  from the CUDA unit-test binary .gpu/tests.{xz,gz}           -> kernels.txt
 #   perf-compare   the #10 targets in one run: candle vs HF (`--engine both`), bf16, LAMBADA:
 #                  gpt2 / bloom-560m / bloom-7b1 batch 16 (full set), gpt2 batch 1 (--limit
@@ -500,7 +500,7 @@ PY
     unpack tests /tmp/unit-tests
     # One test at a time: with parallel threads the binary hung once (results/h100/generate-run5).
     # shellcheck disable=SC2086  # several filters
-    /tmp/unit-tests ${KERNEL_FILTER:-kernels:: dist::} --test-threads 1 2>&1 | tee "$OUT/kernels.txt"
+    /tmp/unit-tests ${KERNEL_FILTER:-kernels:: dist:: gpu_tests::} --test-threads 1 2>&1 | tee "$OUT/kernels.txt"
     ;;
   perf-compare)
     E=${PERF_ENGINE:-both}

@@ -34,6 +34,8 @@ pub mod engines;
 pub mod env;
 pub mod error;
 pub mod flops;
+#[cfg(all(test, feature = "cuda"))]
+mod gpu_tests;
 pub mod hub;
 pub mod kernels;
 pub mod launch;

@@ -246,6 +246,3 @@ impl Act {
         }
     }
 }
-
-#[cfg(all(test, feature = "cuda"))]
-mod gpu_tests;

@@ -1,4 +1,5 @@
-//! The fused kernels against candle's composed ops, on a GPU. They exist only in CUDA builds
+//! The fused kernels against candle's composed ops, on a GPU (a crate-level test module: it
+//! drives the models, the trainer and NCCL, which the kernels themselves do not import). They exist only in CUDA builds
 //! and run on the GPU host (`scripts/gpu_checks.sh kernels`); without a GPU they fail, they
 //! do not skip. Each compares the fused path on CUDA with the composed ops (on CUDA, or on
 //! the CPU for AdamW); fp32 tolerances are rounding-level, half precision ones a few bf16 ulps.
@@ -7,7 +8,7 @@
 //! attention (`attention`), the optimizer step (`optimizer`), whole models forward and in
 //! training (`models`), generation (`decode`). Here: what they share.
 
-use super::*;
+use crate::kernels::*;
 use crate::models::{ModelSpec, WeightSource};
 use crate::train::{Hyper, Trainer};
 use candle_core::{DType, Device, Tensor};
