@@ -107,6 +107,7 @@ G=$R/h200x2
 table tp-decode-h200x2 -i "$G/multi-run1/multi-logs.tgz" "$G/multi-run3/multi-logs.tgz" --where suite=generation \
   --sort git_commit,batch_size,tp,fused \
   --columns "git_commit=commit,batch_size=batch,tp,fused,itl_ms_p50:.3=ITL p50 ms,decode_tokens_per_second:.0=decode tokens/s"
+table compare-h200x2 -i "$G/multi-run4/multi-logs.tgz" --compare "$G/multi-run3/multi-logs.tgz"
 M=$R/h100
 table remeasure-h100 -i "$M/remeasure-run1/hf-probe-logs.tgz" "$M/remeasure-run2/remeasure-logs.tgz" \
   "$M/remeasure-run3/remeasure-logs.tgz" --sort git_commit,suite,mode,model,batch_size,engine,attn_requested \

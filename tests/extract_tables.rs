@@ -97,3 +97,33 @@ fn parallel_reports_match_the_python_scripts_tables() {
     let o = extract(&["-i", "tests/fixtures/logs/tp", "--table", "tp-scaling"]);
     golden("tp_scaling.md", ok_stdout(&o));
 }
+
+/// `--compare`: a group of runs against itself is 1.000 everywhere and never a change; groups
+/// with no configuration in common are a one-line error.
+#[test]
+fn compare_sets_runs_against_a_baseline_group() {
+    let dir = "tests/fixtures/logs/bench";
+    let o = extract(&["-i", dir, "--compare", dir, "--markdown"]);
+    let text = String::from_utf8_lossy(ok_stdout(&o)).into_owned();
+    assert!(
+        text.contains("| ratio |") && text.contains("| change |"),
+        "{text}"
+    );
+    let rows: Vec<&str> = text.lines().skip(2).collect();
+    assert!(!rows.is_empty(), "{text}");
+    for row in rows {
+        assert!(row.contains("| 1.000 |"), "{row}");
+        assert!(
+            row.ends_with("| within noise |") || row.ends_with("| no interval |"),
+            "{row}"
+        );
+    }
+    let o = extract(&["-i", dir, "--compare", "tests/fixtures/logs/tp"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let last = err.trim().lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("Error: --compare: no configuration"),
+        "{err}"
+    );
+}

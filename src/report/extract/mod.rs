@@ -9,7 +9,8 @@
 //!
 //! `--long` gives tidy (run, file, format, metric, value) rows; `--group-by` folds repeats
 //! into median (under the metric's own name), `_min`, `_max` and a `count` column; `--ratio
-//! A/B` pairs two engines' runs ([`crate::report::table::ratio`]); `--table` prints a report
+//! A/B` pairs two engines' runs ([`crate::report::table::ratio`]); `--compare BASE` sets the
+//! runs against a baseline group ([`crate::report::table::compare`]); `--table` prints a report
 //! of parallel runs ([`crate::report::table`]). `--markdown` or `-o x.md` writes Markdown.
 
 mod bench_log;
@@ -38,7 +39,7 @@ use std::process::ExitCode;
     name = "extract-metrics",
     version,
     about = "Turns run logs (transformer-bench JSONL, HF Trainer output, llm.c logs) into one CSV or Markdown table.",
-    after_help = "Formats (detected per file; --format forces one):\n  bench-jsonl          transformer-bench run logs (*.jsonl, *.jsonl.gz)\n  hf-trainer-log       HF Trainer / run_clm.py stdout\n  hf-trainer-results   all_results.json, train_results.json, eval_results.json\n  hf-trainer-state     trainer_state.json\n  llmc-log             llm.c stdout (step lines, val loss)\n  llmc-main-log        llm.c main.log (s:N trl:... lines)\n\nColumn formats (--columns NAME[:FMT][=LABEL]): .N decimals, eN scientific, %N a fraction as\npercent, GiB.N / MiB.N / GB.N bytes; LABEL is the Markdown header.\n\nExamples:\n  extract-metrics -i results/h100 -o results/h100.csv\n  extract-metrics -i 'logs/*.jsonl' --group-by model,dtype,engine\n  extract-metrics -i results/h100/engines --ratio candle/hf -o ratio.md\n  extract-metrics -i logs --where suite=lambada --columns model,dtype,samples_per_second:.1 --markdown\n  extract-metrics -i results/h200x4/dp --table dp-report"
+    after_help = "Formats (detected per file; --format forces one):\n  bench-jsonl          transformer-bench run logs (*.jsonl, *.jsonl.gz)\n  hf-trainer-log       HF Trainer / run_clm.py stdout\n  hf-trainer-results   all_results.json, train_results.json, eval_results.json\n  hf-trainer-state     trainer_state.json\n  llmc-log             llm.c stdout (step lines, val loss)\n  llmc-main-log        llm.c main.log (s:N trl:... lines)\n\nColumn formats (--columns NAME[:FMT][=LABEL]): .N decimals, eN scientific, %N a fraction as\npercent, GiB.N / MiB.N / GB.N bytes; LABEL is the Markdown header.\n\nExamples:\n  extract-metrics -i results/h100 -o results/h100.csv\n  extract-metrics -i 'logs/*.jsonl' --group-by model,dtype,engine\n  extract-metrics -i results/h100/engines --ratio candle/hf -o ratio.md\n  extract-metrics -i logs --where suite=lambada --columns model,dtype,samples_per_second:.1 --markdown\n  extract-metrics -i results/h200x4/dp --table dp-report\n  extract-metrics -i new-logs --compare old-logs -o compare.md"
 )]
 pub struct Args {
     /// Log files, directories (searched recursively) or glob patterns; several allowed.
@@ -72,6 +73,10 @@ pub struct Args {
     /// model, suite, dtype, batch size, GPU, tp/dp and passage count, A's samples/s over B's.
     #[arg(long, value_name = "A/B", conflicts_with_all = ["long", "group_by"])]
     pub ratio: Option<String>,
+    /// Compare with a baseline group of runs (logs, directories, globs or archives, as -i):
+    /// per configuration, new / base samples/s with a 95 % interval and whether it leaves 1.
+    #[arg(long, value_name = "BASE", num_args = 1.., conflicts_with_all = ["long", "group_by", "ratio"])]
+    pub compare: Vec<String>,
     /// A Markdown report of parallel runs, per directory (one host, one session).
     #[arg(long, value_enum, conflicts_with_all = ["long", "group_by", "ratio", "columns", "sort"])]
     pub table: Option<TableKind>,
@@ -235,7 +240,16 @@ fn write_to(path: &Path, bytes: &[u8], what: &str) -> Result<()> {
 }
 
 /// The table the flags ask for, with its Markdown columns.
-fn build_table(args: &Args, rows: &[RunRow]) -> Result<(DataFrame, Vec<Col>)> {
+fn build_table(args: &Args, rows: &[RunRow], wheres: &[Where]) -> Result<(DataFrame, Vec<Col>)> {
+    if !args.compare.is_empty() {
+        let mut base = extract(
+            &collect_inputs(&args.compare)?,
+            args.format,
+            args.skip_unknown,
+        )?;
+        filter_rows(&mut base, wheres)?;
+        return table::compare::compare_table(rows, &base);
+    }
     if let Some(spec) = &args.ratio {
         let pair = table::ratio::Pair::parse(spec)?;
         return table::ratio::ratio_table(rows, &pair);
@@ -275,7 +289,7 @@ pub fn run(args: Args) -> Result<()> {
     if rows.is_empty() {
         return Err(Error::Config("no runs found in the inputs".into()));
     }
-    let (df, mut cols) = build_table(&args, &rows)?;
+    let (df, mut cols) = build_table(&args, &rows, &wheres)?;
     let mut df = if specs.is_empty() {
         df
     } else {

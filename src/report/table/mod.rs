@@ -3,6 +3,7 @@
 //! [`ratio`] (two engines side by side), [`dp`] and [`tp`] (parallel runs against their
 //! single-GPU run, from the logs' step and passage records, [`logs`]).
 
+pub mod compare;
 pub mod dp;
 pub mod logs;
 pub mod ratio;
