@@ -18,15 +18,20 @@ use std::collections::BTreeMap;
 const TEXT_KEY: &[&str] = &["model", "suite", "mode", "dtype", "engine", "gpu", "fused"];
 const NUM_KEY: &[&str] = &["batch_size", "tp", "dp", "zero", "seq_len", "n_samples"];
 
+/// A 95 % interval (low, high), where known.
+type Interval = Option<(f64, f64)>;
+/// A run with its throughput and interval.
+type Measured<'a> = (&'a RunRow, f64, Interval);
+
 /// One side's throughput for a configuration: median, and a 95 % interval where known.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Side {
     pub median: f64,
-    pub interval: Option<(f64, f64)>,
+    pub interval: Interval,
 }
 
 /// The throughput a run is compared by, with its logged interval where it has one.
-fn throughput(r: &RunRow) -> Option<(f64, Option<(f64, f64)>)> {
+fn throughput(r: &RunRow) -> Option<(f64, Interval)> {
     let (name, v) = ["samples_per_second", "train_samples_per_second"]
         .iter()
         .find_map(|k| r.num(k).map(|v| (*k, v)))?;
@@ -48,7 +53,7 @@ fn key(r: &RunRow) -> String {
 
 /// Each configuration's side: finished runs only, repeats folded.
 pub fn sides(rows: &[RunRow]) -> BTreeMap<String, (Side, &RunRow)> {
-    let mut by: BTreeMap<String, Vec<(&RunRow, f64, Option<(f64, f64)>)>> = BTreeMap::new();
+    let mut by: BTreeMap<String, Vec<Measured>> = BTreeMap::new();
     for r in rows {
         let ok = r
             .meta
@@ -72,9 +77,17 @@ pub fn sides(rows: &[RunRow]) -> BTreeMap<String, (Side, &RunRow)> {
         .collect()
 }
 
+/// new / base, its interval, and the word for it.
+#[derive(Clone, Copy, Debug)]
+pub struct Verdict {
+    pub ratio: f64,
+    pub interval: Interval,
+    /// `faster`, `slower` (the interval leaves 1), `within noise`, or `no interval`.
+    pub word: &'static str,
+}
+
 /// new / base, its interval, and the verdict.
-pub fn verdict(new: Side, base: Side) -> (f64, Option<(f64, f64)>, &'static str) {
-    let ratio = new.median / base.median;
+pub fn verdict(new: Side, base: Side) -> Verdict {
     let interval = new
         .interval
         .zip(base.interval)
@@ -85,7 +98,11 @@ pub fn verdict(new: Side, base: Side) -> (f64, Option<(f64, f64)>, &'static str)
         Some((_, hi)) if hi < 1. => "slower",
         Some(_) => "within noise",
     };
-    (ratio, interval, word)
+    Verdict {
+        ratio: new.median / base.median,
+        interval,
+        word,
+    }
 }
 
 /// The comparison table of `rows` (new) against `base`, and its Markdown columns.
@@ -125,32 +142,34 @@ pub fn compare_table(rows: &[RunRow], base: &[RunRow]) -> Result<(DataFrame, Vec
             cols.push(Col::new(k, k, Fmt::Auto));
         }
     }
-    let verdicts: Vec<_> = both
+    // (base, new, verdict) a configuration.
+    let rows3: Vec<(Side, Side, Verdict)> = both
         .iter()
         .map(|(k, (n, _))| (old[*k].0, *n, verdict(*n, old[*k].0)))
         .collect();
-    let num = |f: &dyn Fn(&(Side, Side, (f64, Option<(f64, f64)>, &str))) -> Option<f64>| {
-        verdicts.iter().map(f).collect::<Vec<Option<f64>>>()
+    let num = |f: fn(&(Side, Side, Verdict)) -> Option<f64>| -> Vec<Option<f64>> {
+        rows3.iter().map(f).collect()
     };
-    for (name, label, v) in [
+    let measures: [(&str, &str, Vec<Option<f64>>); 5] = [
         (
             "base_samples_per_second",
             "base samples/s",
-            num(&|x| Some(x.0.median)),
+            num(|x| Some(x.0.median)),
         ),
+        ("samples_per_second", "samples/s", num(|x| Some(x.1.median))),
+        ("ratio", "ratio", num(|x| Some(x.2.ratio))),
         (
-            "samples_per_second",
-            "samples/s",
-            num(&|x| Some(x.1.median)),
+            "ratio_ci95_low",
+            "95 % low",
+            num(|x| x.2.interval.map(|i| i.0)),
         ),
-        ("ratio", "ratio", num(&|x| Some(x.2 .0))),
-        ("ratio_ci95_low", "95 % low", num(&|x| x.2 .1.map(|i| i.0))),
         (
             "ratio_ci95_high",
             "95 % high",
-            num(&|x| x.2 .1.map(|i| i.1)),
+            num(|x| x.2.interval.map(|i| i.1)),
         ),
-    ] {
+    ];
+    for (name, label, v) in measures {
         columns.push(Column::new(name.into(), v));
         let fmt = if name.starts_with("ratio") {
             Fmt::Fixed(3)
@@ -159,7 +178,7 @@ pub fn compare_table(rows: &[RunRow], base: &[RunRow]) -> Result<(DataFrame, Vec
         };
         cols.push(Col::new(name, label, fmt));
     }
-    let words: Vec<&str> = verdicts.iter().map(|x| x.2 .2).collect();
+    let words: Vec<&str> = rows3.iter().map(|x| x.2.word).collect();
     columns.push(Column::new("change".into(), words));
     cols.push(Col::new("change", "change", Fmt::Auto));
     let df = DataFrame::new(both.len(), columns).map_err(polars_err)?;
@@ -178,16 +197,16 @@ mod tests {
     #[test]
     fn the_verdict_follows_the_interval() {
         let base = side(100., Some((98., 102.)));
-        let (r, i, w) = verdict(side(110., Some((108., 112.))), base);
-        assert!((r - 1.1).abs() < 1e-12);
-        assert_eq!(w, "faster");
-        let (lo, hi) = i.unwrap();
+        let v = verdict(side(110., Some((108., 112.))), base);
+        assert!((v.ratio - 1.1).abs() < 1e-12);
+        assert_eq!(v.word, "faster");
+        let (lo, hi) = v.interval.unwrap();
         assert!((lo - 108. / 102.).abs() < 1e-12 && (hi - 112. / 98.).abs() < 1e-12);
-        assert_eq!(verdict(side(90., Some((88., 92.))), base).2, "slower");
+        assert_eq!(verdict(side(90., Some((88., 92.))), base).word, "slower");
         assert_eq!(
-            verdict(side(101., Some((97., 105.))), base).2,
+            verdict(side(101., Some((97., 105.))), base).word,
             "within noise"
         );
-        assert_eq!(verdict(side(101., None), base).2, "no interval");
+        assert_eq!(verdict(side(101., None), base).word, "no interval");
     }
 }
