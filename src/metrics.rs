@@ -99,6 +99,31 @@ pub fn bootstrap_ci95(n: usize, stat: impl Fn(&[usize]) -> f64) -> Option<(f64, 
     Some((percentile(&stats, 2.5), percentile(&stats, 97.5)))
 }
 
+/// Robust standard deviations from the median beyond which a value is an outlier
+/// (Iglewicz and Hoaglin's modified z-score cut-off).
+const OUTLIER_Z: f64 = 3.5;
+
+/// How many of `xs` lie more than [`OUTLIER_Z`] robust standard deviations (1.4826 × the
+/// median absolute deviation) from their median: batches a busy host, a recompile or a clock
+/// change slowed, which a mean would hide. None for fewer than 3 values; where the MAD is 0
+/// (most values equal), every value off the median counts.
+pub fn mad_outliers(xs: &[f64]) -> Option<u64> {
+    if xs.len() < 3 {
+        return None;
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        percentile(v, 50.)
+    };
+    let m = median(&mut xs.to_vec());
+    let mad = median(&mut xs.iter().map(|x| (x - m).abs()).collect());
+    let far = |x: &&f64| match mad > 0. {
+        true => (*x - m).abs() / (1.4826 * mad) > OUTLIER_Z,
+        false => **x != m,
+    };
+    Some(xs.iter().filter(far).count() as u64)
+}
+
 /// The 95 % intervals of a run's samples/s (Σ samples / Σ latency over the batches drawn) and
 /// of its batch latency p50, from each timed batch's (latency ms, samples).
 fn batch_intervals(latencies_ms: &[f64], samples: &[usize]) -> BatchIntervals {
@@ -112,13 +137,25 @@ fn batch_intervals(latencies_ms: &[f64], samples: &[usize]) -> BatchIntervals {
         lat.sort_by(f64::total_cmp);
         percentile(&lat, 50.)
     });
-    BatchIntervals { rate, p50 }
+    // Per sample, so that a short last batch is not an outlier for being short.
+    let per_sample: Vec<f64> = latencies_ms
+        .iter()
+        .zip(samples)
+        .map(|(ms, &n)| ms / n.max(1) as f64)
+        .collect();
+    let outliers = mad_outliers(&per_sample);
+    BatchIntervals {
+        rate,
+        p50,
+        outliers,
+    }
 }
 
 /// See [`batch_intervals`].
 struct BatchIntervals {
     rate: Option<(f64, f64)>,
     p50: Option<(f64, f64)>,
+    outliers: Option<u64>,
 }
 
 impl BatchIntervals {
@@ -129,6 +166,7 @@ impl BatchIntervals {
             samples_per_second_ci95_high: self.rate.map(|r| r.1),
             latency_ms_p50_ci95_low: self.p50.map(|r| r.0),
             latency_ms_p50_ci95_high: self.p50.map(|r| r.1),
+            latency_outliers: self.outliers,
             ..s
         }
     }
@@ -224,6 +262,7 @@ impl BatchTotals {
             samples_per_second_ci95_high: None,
             latency_ms_p50_ci95_low: None,
             latency_ms_p50_ci95_high: None,
+            latency_outliers: None,
         })
     }
 }
@@ -570,6 +609,19 @@ mod tests {
             "{c} {d} vs {a} {b}"
         );
         assert_eq!(bootstrap_ci95(1, mean(&few)), None);
+    }
+
+    /// One slow batch among steady ones is the one outlier; steady batches have none; two
+    /// batches are too few to say.
+    #[test]
+    fn mad_flags_the_batch_far_from_the_others() {
+        let steady = [10.0, 10.2, 9.9, 10.1, 10.0, 9.8, 10.3];
+        assert_eq!(mad_outliers(&steady), Some(0));
+        let mut slowed = steady.to_vec();
+        slowed.push(28_000.0); // a recompile inside the timed loop
+        assert_eq!(mad_outliers(&slowed), Some(1));
+        assert_eq!(mad_outliers(&[1.0, 50.0]), None);
+        assert_eq!(mad_outliers(&[2.0, 2.0, 2.0, 3.0]), Some(1));
     }
 
     #[test]

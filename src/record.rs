@@ -585,6 +585,10 @@ pub struct Summary {
     pub latency_ms_p50_ci95_low: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_ms_p50_ci95_high: Option<f64>,
+    /// Timed batches whose latency a sample lies more than 3.5 robust standard deviations from
+    /// the median ([`crate::metrics::mad_outliers`]); None for fewer than 3 batches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_outliers: Option<u64>,
 }
 
 /// JSON has no NaN: serde_json writes it as `null` (a run that failed before its first

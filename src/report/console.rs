@@ -85,6 +85,15 @@ fn gpu_rows(s: &Summary) -> Vec<(&'static str, String)> {
     rows
 }
 
+/// `  N outlier(s)` where the timed batches had some ([`crate::metrics::mad_outliers`]).
+fn outliers(n: Option<u64>) -> String {
+    match n {
+        Some(1) => "  1 outlier (> 3.5 MAD)".into(),
+        Some(n) if n > 1 => format!("  {n} outliers (> 3.5 MAD)"),
+        _ => String::new(),
+    }
+}
+
 /// ` (95% CI low–high)` with `decimals`, where the summary has an interval.
 fn ci95(low: Option<f64>, high: Option<f64>, decimals: usize) -> String {
     match (low, high) {
@@ -173,13 +182,14 @@ fn summary_rows(h: &Header, s: &Summary) -> Vec<(&'static str, String)> {
         (
             "batch latency ms",
             format!(
-                "p50 {:.3}{}  p90 {:.3}  p99 {:.3}  mean {:.3} ± {:.3}",
+                "p50 {:.3}{}  p90 {:.3}  p99 {:.3}  mean {:.3} ± {:.3}{}",
                 s.latency_ms_p50,
                 ci95(s.latency_ms_p50_ci95_low, s.latency_ms_p50_ci95_high, 3),
                 s.latency_ms_p90,
                 s.latency_ms_p99,
                 s.latency_ms_mean,
-                s.latency_ms_stdev
+                s.latency_ms_stdev,
+                outliers(s.latency_outliers)
             ),
         ),
         (
