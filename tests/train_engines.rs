@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use transformer_bench::log::read_log;
 use transformer_bench::record::{Header, Record, StepRecord, TrainSummary};
-use transformer_bench::scenarios::wikitext2::data::{blocks, Splits};
+use transformer_bench::scenarios::train::data::{blocks, Splits};
 use transformer_bench::tokenizer::TextTokenizer;
 
 /// The stand-in. `$FAKE_LLMC_DIR` receives `args.txt`, `cwd.txt` and copies of the token files;

@@ -14,7 +14,7 @@ use crate::report::console::{
     train_sweep_table, train_table,
 };
 use crate::scenarios::verify::verify;
-use crate::scenarios::{generate, lambada, wikitext2, DpRun, RunSpec, Workload};
+use crate::scenarios::{generate, lambada, train, DpRun, RunSpec, Workload};
 use std::process::ExitCode;
 
 /// Exit 0, or 1 when a check failed (the engines disagree, a sweep run failed).
@@ -157,7 +157,7 @@ fn single(spec: RunSpec) -> Result<ExitCode> {
     let print = spec.is_logging_rank();
     match &spec.workload {
         Workload::Train(opts) => {
-            let outcomes = wikitext2::run(&spec, opts)?;
+            let outcomes = train::run(&spec, opts)?;
             if !print {
                 return Ok(ExitCode::SUCCESS);
             }

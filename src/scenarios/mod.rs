@@ -8,19 +8,19 @@
 //! - [`lambada`]: LAMBADA scored like lm-eval `lambada_openai`.
 //! - [`generate`]: greedy generation with a KV cache: LAMBADA the FasterTransformer way
 //!   (`--mode generate`) and the generation suite (time to first token, inter-token latency).
-//! - [`wikitext2`]: causal-LM training with HF Trainer's semantics: WikiText-2 (run_clm data)
-//!   and Tiny Shakespeare ([`shakespeare`]: llm.c's split).
+//! - [`train`]: causal-LM training with HF Trainer's semantics, one scenario over two data
+//!   sources: WikiText-2 (run_clm data, [`train::data`]) and Tiny Shakespeare
+//!   ([`train::shakespeare`]: llm.c's split).
 //! - [`verify`]: this engine against HF reference fixtures (`bench verify`).
 //! - [`suite_file`]: each suite's defaults (`suites/NAME.toml`, embedded).
 
 pub mod generate;
 pub mod lambada;
-pub mod shakespeare;
 pub mod skeleton;
 pub mod spec;
 pub mod suite_file;
+pub mod train;
 pub mod verify;
-pub mod wikitext2;
 
 pub use spec::{
     DpRun, GenerateOptions, GenerateSource, HfParallel, RunSpec, TrainOptions, Workload,

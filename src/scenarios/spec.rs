@@ -10,7 +10,7 @@ use crate::engines::llmc::LlmcOptions;
 use crate::engines::EngineKind;
 use crate::models::{ModelSpec, WeightSource};
 use crate::scenarios::suite_file::SuiteFile;
-use crate::scenarios::wikitext2::data::Splits;
+use crate::scenarios::train::data::Splits;
 use std::path::PathBuf;
 
 /// Everything a run needs, resolved from flags and the suite file.

@@ -10,10 +10,10 @@ use crate::engines::llmc::LlmcOptions;
 use crate::engines::EngineKind;
 use crate::error::{Error, Result};
 use crate::models::{ModelSpec, WeightSource};
-use crate::scenarios::shakespeare;
 use crate::scenarios::skeleton::max_positions;
 use crate::scenarios::suite_file::{SuiteFile, SuiteTrain};
-use crate::scenarios::wikitext2::data::{Splits, WIKITEXT2_RAW};
+use crate::scenarios::train::data::{Splits, WIKITEXT2_RAW};
+use crate::scenarios::train::shakespeare;
 use crate::scenarios::{
     GenerateOptions, GenerateSource, HfParallel, RunSpec, TrainOptions, Workload,
 };
@@ -133,7 +133,7 @@ pub(super) fn text_source(
 ) -> Result<GenerateSource> {
     let (text, origin) = match args.data.as_deref() {
         None => (
-            crate::scenarios::wikitext2::data::SAMPLE_EVAL.to_string(),
+            crate::scenarios::train::data::SAMPLE_EVAL.to_string(),
             "embedded:wikitext2_sample/wiki.test.raw".to_string(),
         ),
         Some(p) => (

@@ -1,12 +1,12 @@
-//! The training scenario (WikiText-2 fine-tuning, run_clm semantics) end to end: data blocks
-//! ([`data`]), training through the [`Train`] capability (fp32-master training in candle,
+//! The training scenario (causal-LM fine-tuning, run_clm semantics) end to end, over either data
+//! source: WikiText-2 or Tiny Shakespeare ([`shakespeare`]), as blocks ([`data`]); training through the [`Train`] capability (fp32-master training in candle,
 //! [`crate::train`], or HF transformers + PyTorch in the Python worker), evaluation, the JSONL
 //! log, the summary. Both engines get the same blocks in the same order and the same
 //! hyper-parameters; each times its own steps (device synchronized at both ends).
 
 pub mod data;
+pub mod shakespeare;
 
-use super::shakespeare;
 use super::skeleton::{
     base_header, candle_device, engine_args, engine_runs, final_memory, finish_log, gpu_index,
     max_positions, open_log,

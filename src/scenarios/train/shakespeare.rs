@@ -3,15 +3,15 @@
 //! document opened by `<|endoftext|>`, the first 32,768 tokens (≈ 10 %) are the validation
 //! split and the rest the training split. Each split is cut into consecutive blocks of
 //! `--block-size` tokens (a split's last partial block is dropped), which the training
-//! scenario ([`super::wikitext2`]) trains on and evaluates like WikiText-2's blocks.
+//! scenario ([`super`]) trains on and evaluates like WikiText-2's blocks.
 
-use super::wikitext2::data::{Corpus, Splits, TextSplit};
+use super::data::{Corpus, Splits, TextSplit};
 use crate::error::{Error, Result};
 use crate::tokenizer::TextTokenizer;
 use std::path::Path;
 
 /// The first 437 lines of `input.txt`, built into the binary (data/README.md).
-pub const SAMPLE: &str = include_str!("../../data/shakespeare_sample.txt");
+pub const SAMPLE: &str = include_str!("../../../data/shakespeare_sample.txt");
 
 /// llm.c's validation split: the first 32,768 tokens of the 338,025 (9.7 %).
 const VAL_TOKENS: usize = 32_768;

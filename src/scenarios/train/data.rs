@@ -123,7 +123,7 @@ pub enum Corpus {
     /// run_clm: each text's lines tokenized, grouped by 1000, cut into blocks ([`blocks`]).
     RunClm,
     /// llm.c's Tiny Shakespeare: one text, statements opened by <|endoftext|>, its tokens split
-    /// into eval (first) and train ([`crate::scenarios::shakespeare`]).
+    /// into eval (first) and train ([`crate::scenarios::train::shakespeare`]).
     Dialogue,
 }
 
