@@ -50,3 +50,38 @@ fn seeds_and_fixed_mutations_do_not_panic() {
         }
     }
 }
+
+/// The rows and skipped-line count of the fixture `tests/fixtures/fuzz/logs/NAME` as `format`.
+fn parse_fuzz_log(
+    name: &str,
+    format: transformer_bench::report::extract::formats::Format,
+) -> (Vec<transformer_bench::report::extract::RunRow>, usize) {
+    let path = root().join("tests/fixtures/fuzz/logs").join(name);
+    let text = std::fs::read_to_string(&path).unwrap();
+    transformer_bench::report::extract::formats::parse(format, &path, &text)
+}
+
+/// `s:9223372036854775807 trl:…` in an llm.c `main.log`: `step + 1` overflowed (a panic with
+/// overflow checks, a wrapped step count without). The count saturates.
+#[test]
+fn llmc_main_log_step_at_i64_max() {
+    use transformer_bench::report::extract::formats::Format;
+    let (rows, skipped) = parse_fuzz_log("main_step_i64_max.log", Format::LlmcMainLog);
+    assert_eq!(skipped, 0);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        rows[0].cell("n_steps").as_deref(),
+        Some("9223372036854775807")
+    );
+    assert_eq!(rows[0].cell("train_loss_last").as_deref(), Some("1"));
+}
+
+/// `step 18446744073709551615: train loss …` of llm.c's C trainer (0-based steps): its 1-based
+/// count `step + 1` overflowed. Such a line is no step line: skipped, not a step of 0.
+#[test]
+fn llmc_c_step_at_usize_max() {
+    use transformer_bench::report::extract::formats::Format;
+    let (rows, skipped) = parse_fuzz_log("c_step_usize_max.log", Format::LlmcLog);
+    assert!(rows.is_empty(), "{rows:?}");
+    assert_eq!(skipped, 2);
+}
