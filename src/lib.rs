@@ -21,6 +21,7 @@
 //!   engine and by `extract-metrics`.
 //! - [`report`]: console tables, and (feature `report`) `extract-metrics` and `plot`: logs ->
 //!   CSV, Markdown tables, charts.
+//! - [`fuzz`] (feature `report`): a stable-Rust fuzzer of the log, suite and LAMBADA parsers.
 //! - [`env`]: the environment report (`bench env`, every log header).
 //! - [`data`], [`tokenizer`], [`device`], [`progress`], [`profile`], [`error`]: data files,
 //!   tokenizers, `--device` / `--dtype`, progress on stderr, the CUDA profiler window, typed
@@ -34,6 +35,8 @@ pub mod engines;
 pub mod env;
 pub mod error;
 pub mod flops;
+#[cfg(feature = "report")]
+pub mod fuzz;
 #[cfg(all(test, feature = "cuda"))]
 mod gpu_tests;
 pub mod hub;

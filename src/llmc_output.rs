@@ -105,7 +105,8 @@ fn step_line(line: &str) -> Option<StepLine> {
     }
     let c = STEP_C.captures(line)?;
     Some(StepLine {
-        step: n(&c[1])? + 1,
+        // A 0-based step of usize::MAX has no 1-based count: not a step line (#38 fuzzing).
+        step: n(&c[1])?.checked_add(1)?,
         of: None,
         loss: f(&c[2]),
         grad_norm: None,

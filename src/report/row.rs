@@ -102,14 +102,19 @@ pub fn is_gz(path: &Path) -> bool {
 
 /// A file's bytes, gunzipped if its name ends in `.gz`.
 pub fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
-    use std::io::Read;
     let bytes =
         std::fs::read(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
     if !is_gz(path) {
         return Ok(bytes);
     }
+    gunzip(&bytes, path)
+}
+
+/// The gunzipped `bytes` of the file `path` names (for the error message).
+pub fn gunzip(bytes: &[u8], path: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
     let mut out = vec![];
-    flate2::read::MultiGzDecoder::new(&bytes[..])
+    flate2::read::MultiGzDecoder::new(bytes)
         .read_to_end(&mut out)
         .map_err(|e| Error::io(format!("gunzipping {}", path.display()), e))?;
     Ok(out)

@@ -130,7 +130,8 @@ pub(super) fn main_log(row: &mut RunRow, text: &str) -> usize {
                 // `s:N trl:` is the loss of step N (0-based): N + 1 steps done.
                 "train_loss" => {
                     steps.loss.push(f(v));
-                    steps.n = steps.n.max(step + 1);
+                    // Saturating: `s:9223372036854775807` overflowed here (#38 fuzzing).
+                    steps.n = steps.n.max(step.saturating_add(1));
                 }
                 // `s:N tel:` / `eval:` come before step N runs: N steps done.
                 q @ ("eval_loss" | "hellaswag_accuracy") => {
