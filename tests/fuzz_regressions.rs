@@ -1,3 +1,4 @@
+#![cfg(feature = "report")]
 //! The fuzzer's corpus in `cargo test` (#38): every seed of every target, a fixed-seed batch
 //! of mutations, and every input under `tests/fixtures/fuzz/TARGET/` (the crashes found so
 //! far are kept there) must parse or fail with an error, never panic. The long runs are
