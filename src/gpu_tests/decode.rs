@@ -197,7 +197,7 @@ fn graph_replayed_decoding_matches_eager_decoding() {
 /// (`--ignored`, `scripts/gpu_checks.sh tp-graph`).
 #[cfg(feature = "nccl")]
 #[test]
-#[ignore = "needs two GPUs: scripts/gpu_checks.sh tp-graph runs it"]
+#[ignore = "needs two GPUs: scripts/gpu_checks.sh multi-smoke runs it"]
 fn tp2_graph_replayed_decoding_matches_one_gpu_eager_decoding() {
     use crate::dist::nccl::NcclAllReduce;
     use crate::dist::{AllReduce, Tp};
