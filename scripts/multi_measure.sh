@@ -9,11 +9,14 @@
 #               against tp 1's within the batch-size spread); --mode generate batch 16 (first
 #               $GEN_LIMIT (320) passages); the generation suite, prompt 128 + 128, batch 1 and 16
 #   tp-decode   one sum's time in a CUDA graph (NCCL, one-shot); bloom-7b1 bf16 generation suite, prompt 128 + 128, batch 1 and 16, $TPD_ROUNDS (2)
-#               rounds alternating: tp 1, tp 2, tp 2 without the one-shot sums, without the
-#               split LM head, without both (NCCL's all-reduce, the whole head on every rank)
+#               rounds alternating the variants of $TPD_VARIANTS (default "tp1 tp2 nosumnorm"):
+#               tp1, tp2 (every fused path), nosumnorm (tp 2, the sum and the add + norm apart),
+#               nooneshot (NCCL's all-reduce), nosplithead (the whole head on every rank),
+#               neither (NCCL and the whole head)
 #   dp          gpt2 bf16 8 x 1024 a rank on WikiText-2, $DP_STEPS (50) timed steps: dp 1 and
 #               dp 2, dropout off and on, then dp 2 with each flag set of $DP_VARIANTS
-#               (";"-separated, e.g. "--dp-overlap")
+#               (";"-separated, e.g. "--dp-overlap"); with $DP_TAG set (e.g. a run under other
+#               NCCL variables), dp 2 alone, named …-$DP_TAG
 #   strategies  bf16 on Tiny Shakespeare, --dp 2, a sweep for each of $STRAT_RUNS (";"-separated
 #               "MODEL ENGINE STRATEGIES RECOMPUTE BATCHES"; default "gpt2-xl candle
 #               dp,zero1,zero2,zero3 off,on 4,8,16,32,64": batch doubled until out of memory, a
@@ -71,11 +74,17 @@ for stage in "$@"; do
     for round in $(seq 1 "${TPD_ROUNDS:-2}"); do
       for bs in 1 16; do
         G=("${R[@]}" --suite generation --model bloom-7b1 --prompt-lens 128 --new-tokens 128 --batch-size $bs --limit 5)
-        run "decode-r$round-bs$bs-tp1" "${G[@]}" --tp 1
-        run "decode-r$round-bs$bs-tp2" "${G[@]}" --tp 2
-        run "decode-r$round-bs$bs-tp2-nooneshot" "${G[@]}" --tp 2 --fused "$ALL,split-head"
-        run "decode-r$round-bs$bs-tp2-nosplithead" "${G[@]}" --tp 2 --fused "$ALL,oneshot"
-        run "decode-r$round-bs$bs-tp2-neither" "${G[@]}" --tp 2 --fused "$ALL"
+        for v in ${TPD_VARIANTS:-tp1 tp2 nosumnorm}; do
+          case $v in
+          tp1) run "decode-r$round-bs$bs-tp1" "${G[@]}" --tp 1 ;;
+          tp2) run "decode-r$round-bs$bs-tp2" "${G[@]}" --tp 2 ;;
+          nosumnorm) run "decode-r$round-bs$bs-tp2-nosumnorm" "${G[@]}" --tp 2 --fused "$ALL,oneshot,split-head" ;;
+          nooneshot) run "decode-r$round-bs$bs-tp2-nooneshot" "${G[@]}" --tp 2 --fused "$ALL,split-head" ;;
+          nosplithead) run "decode-r$round-bs$bs-tp2-nosplithead" "${G[@]}" --tp 2 --fused "$ALL,oneshot" ;;
+          neither) run "decode-r$round-bs$bs-tp2-neither" "${G[@]}" --tp 2 --fused "$ALL" ;;
+          *) echo "unknown tp-decode variant $v" >&2; exit 2 ;;
+          esac
+        done
       done
     done
     ;;
@@ -85,8 +94,9 @@ for stage in "$@"; do
     IFS=';' read -ra variants <<< "${DP_VARIANTS:-}"
     for drop in off on; do
       d=(); [ $drop = off ] && d=(--no-dropout)
-      run "dp1-dropout-$drop" "${R[@]}" "${W[@]}" "${d[@]}" --dp 1
-      run "dp2-dropout-$drop" "${R[@]}" "${W[@]}" "${d[@]}" --dp 2
+      # With $DP_TAG (runs under other environment variables), dp 2 alone, its name tagged.
+      [ -n "${DP_TAG:-}" ] || run "dp1-dropout-$drop" "${R[@]}" "${W[@]}" "${d[@]}" --dp 1
+      run "dp2-dropout-$drop${DP_TAG:+-$DP_TAG}" "${R[@]}" "${W[@]}" "${d[@]}" --dp 2
       for v in "${variants[@]}"; do  # dp 2 variants (flag sets), after the plain pair
         [ -n "$v" ] || continue
         tag=$(echo "$v" | tr -c 'a-zA-Z0-9=\n' '-' | sed 's/^-*//')

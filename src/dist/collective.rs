@@ -49,6 +49,19 @@ pub trait AllReduce: Send + Sync {
         let after = Tensor::zeros((size - rank - 1) * s, x.dtype(), x.device())?;
         self.all_reduce_sum(&Tensor::cat(&[&before, &x.flatten_all()?, &after], 0)?)
     }
+    /// (r + Σ x, LayerNorm(r + Σ x)) over the last dim, with the norm's w and b (C,), in one
+    /// pass where the backend can (tensor-parallel decoding's sum, residual add and next norm
+    /// in one kernel); None: the caller sums, then adds and norms.
+    fn sum_add_layer_norm(
+        &self,
+        _x: &Tensor,
+        _r: &Tensor,
+        _w: &Tensor,
+        _b: &Tensor,
+        _eps: f64,
+    ) -> candle_core::Result<Option<(Tensor, Tensor)>> {
+        Ok(None)
+    }
     /// `tcp` or `nccl X.Y.Z`, for the log header.
     fn describe(&self) -> String;
     /// Whether the sum runs on the device's stream without the host (a CUDA graph can then

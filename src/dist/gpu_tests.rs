@@ -8,7 +8,7 @@ use super::group::open;
 use super::nccl::NcclAllReduce;
 use super::AllReduce;
 use crate::device::DeviceSpec;
-use candle_core::DType;
+use candle_core::{DType, Device, Tensor};
 
 const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 
@@ -18,14 +18,70 @@ fn rank_checks_the_contract(rank: usize, size: usize, id: &[u8]) {
     let dev = open(DeviceSpec::Cuda(rank)).expect("a GPU for every rank");
     let mut nccl = NcclAllReduce::join(&dev, rank, size, id).unwrap();
     nccl.map_peer_buffers(&dev, rank, size, true).unwrap();
-    if size > 1 {
-        let how = nccl.describe();
-        assert!(
-            how.contains("one-shot"),
-            "rank {rank}: no one-shot sums ({how})"
-        );
-    }
+    let how = nccl.describe();
+    assert!(
+        how.contains("one-shot"),
+        "rank {rank}: no one-shot sums ({how})"
+    );
     contract::check(&nccl, rank, size, &DTYPES, &dev);
+    sum_add_norm_is_the_composed_ops(&nccl, rank, &dev);
+}
+
+/// The one-shot sum fused with the residual add and the next LayerNorm gives, bit for bit,
+/// the sum and then `kernels::add_layer_norm`; where it does not apply (a row not in 16-byte
+/// vectors, over the one-shot size) it says so with None. Plain sums of other sizes run in
+/// between: the two kernels share the epochs of one buffer.
+fn sum_add_norm_is_the_composed_ops(nccl: &NcclAllReduce, rank: usize, dev: &Device) {
+    let eps = 1e-5;
+    // (rows, C): a decode step (1 and 16 rows of bloom-7b1), several rows a block (40 > 32
+    // blocks), gpt2's width, a row not in whole vectors, and over 512 KiB.
+    let shapes = [(1, 4096), (16, 4096), (40, 768), (3, 1002), (160, 4096)];
+    for dtype in DTYPES {
+        for (salt, &(rows, c)) in shapes.iter().enumerate() {
+            let what = format!("{dtype:?} ({rows}, {c})");
+            let normal = |shape: &[usize], mean: f64| {
+                Tensor::randn(mean, 1., shape, &Device::Cpu)
+                    .and_then(|t| t.to_dtype(dtype))
+                    .and_then(|t| t.to_device(dev))
+                    .unwrap()
+            };
+            // Rank r's share (r + 1)·(integers), so the sum is exact in every dtype.
+            let ints: Vec<f32> = (0..rows * c)
+                .map(|i| (((i * 7 + salt) % 17) as f32 - 8.) * (rank + 1) as f32)
+                .collect();
+            let base = Tensor::from_vec(ints, (rows, c), &Device::Cpu)
+                .and_then(|t| t.to_dtype(dtype)?.to_device(dev))
+                .unwrap();
+            let (r, w, b) = (normal(&[rows, c], 0.), normal(&[c], 1.), normal(&[c], 0.));
+            let fused = nccl.sum_add_layer_norm(&base, &r, &w, &b, eps).unwrap();
+            nccl.all_reduce_sum(&normal(&[8 + 8 * salt], 0.)).unwrap();
+            let sum = nccl.all_reduce_sum(&base).unwrap();
+            let (s, y) = crate::kernels::add_layer_norm(&r, &sum, &w, &b, eps)
+                .unwrap()
+                .expect("the add + norm kernel");
+            let whole = c * dtype.size_in_bytes() % 16 == 0;
+            let small = rows * c * dtype.size_in_bytes() <= crate::kernels::ONESHOT_CAP;
+            let Some((fs, fy)) = fused else {
+                assert!(!(whole && small), "{what}: no fused kernel");
+                continue;
+            };
+            assert!(whole && small, "{what}: fused where it should not apply");
+            assert_eq!(bits(&fs), bits(&s), "{what}: the sum");
+            assert_eq!(bits(&fy), bits(&y), "{what}: the norm");
+        }
+    }
+}
+
+/// The values of `t` as f32 (exact for every float dtype), flat.
+fn bits(t: &Tensor) -> Vec<u32> {
+    let v: Vec<f32> = t
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    v.into_iter().map(f32::to_bits).collect()
 }
 
 /// One rank: the sum, the started sum, the reduce-scatter and the all-gather hand back the

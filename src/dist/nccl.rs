@@ -339,6 +339,20 @@ impl AllReduce for NcclAllReduce {
             .apply_op1_no_bwd(&IntoNew(self, Collective::AllGather(size)))
     }
 
+    fn sum_add_layer_norm(
+        &self,
+        x: &Tensor,
+        r: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        eps: f64,
+    ) -> candle_core::Result<Option<(Tensor, Tensor)>> {
+        match &self.peer_sum {
+            Some(peers) => crate::kernels::oneshot_add_layer_norm(x, r, w, b, eps, peers.buffers()),
+            None => Ok(None),
+        }
+    }
+
     fn start_sum(&self, x: Tensor) -> candle_core::Result<Tensor> {
         let x = x.contiguous()?;
         x.inplace_op1(&SumInPlace(self))?;

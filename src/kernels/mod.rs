@@ -50,7 +50,9 @@ pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{add_layer_norm, layer_norm, layer_norm_bwd};
 pub use linear_lt::linear;
 pub use multi_tensor::{adamw_multi, cast_multi, grad_norm_clip};
-pub use oneshot::{oneshot_sum, PeerBuffers, ONESHOT_CAP, ONESHOT_MAX_RANKS};
+pub use oneshot::{
+    oneshot_add_layer_norm, oneshot_sum, PeerBuffers, ONESHOT_CAP, ONESHOT_MAX_RANKS,
+};
 pub use residual::residual_add;
 pub use skinny::skinny;
 
@@ -112,6 +114,10 @@ pub enum Fused {
     /// Tensor parallelism, decoding: each rank multiplies its run of the LM head's rows and
     /// the ranks all-gather the logits, instead of every rank reading the whole head.
     SplitHead,
+    /// Tensor parallelism, decoding: a row-parallel projection's one-shot sum, the residual
+    /// add and the next LayerNorm in one kernel (needs `oneshot` and `decode`), instead of
+    /// the sum and then the add + norm.
+    SumNorm,
 }
 
 const LT: u32 = 1;
@@ -131,6 +137,7 @@ const GEMV: u32 = 8192;
 const SKINNY: u32 = 16384;
 const ONESHOT: u32 = 32768;
 const SPLIT_HEAD: u32 = 65536;
+const SUM_NORM: u32 = 131072;
 const ALL: u32 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -147,7 +154,8 @@ const ALL: u32 = LT
     | GEMV
     | SKINNY
     | ONESHOT
-    | SPLIT_HEAD;
+    | SPLIT_HEAD
+    | SUM_NORM;
 
 static ENABLED: AtomicU32 = AtomicU32::new(ALL);
 
@@ -172,6 +180,7 @@ fn bit(f: Fused) -> u32 {
         Fused::Skinny => SKINNY,
         Fused::Oneshot => ONESHOT,
         Fused::SplitHead => SPLIT_HEAD,
+        Fused::SumNorm => SUM_NORM,
     }
 }
 
@@ -212,6 +221,7 @@ pub fn describe() -> String {
         (SKINNY, "skinny"),
         (ONESHOT, "oneshot"),
         (SPLIT_HEAD, "split-head"),
+        (SUM_NORM, "sum-norm"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

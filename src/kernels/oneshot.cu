@@ -8,13 +8,18 @@
 // Launched by oneshot.rs.
 //
 // Each rank's buffer (one cuMemAlloc, IPC-shared): COUNTERS [MAX_BLOCKS] u32 (this rank's epoch
-// of each block; sender and receiver blocks of one index handle the same lines, and every
-// rank's block b has run as often as the others'), then at DATA two slots (even and odd
-// epochs) of [MAX_RANKS senders][2 · cap bytes of lines].
-// Why two slots suffice without a barrier: a rank writing slot e % 2 at epoch e has received
-// every rank's lines of epoch e − 1, which each rank sent after its epoch e − 2 had finished
-// reading that slot (kernels of one stream run in order).
-// Shapes: x, y (n,) contiguous, n · sizeof(T) whole 16-byte vectors, ≤ cap bytes.
+// of each block; sender and receiver blocks of one index handle the same lines), then at DATA
+// two slots (even and odd epochs) of [MAX_RANKS senders][2 · cap bytes of lines].
+// Every kernel here runs a grid of exactly MAX_BLOCKS blocks, each of which advances its epoch
+// once, so all counters move together: kernel k of a stream runs at epoch k + 1 in every
+// block. (A grid sized to the tensor let the counters drift apart, and a block could then write
+// lines another rank was still reading from an older epoch of the same parity.)
+// Why two slots suffice without a barrier: a rank running kernel k has finished kernel k − 1,
+// so it received every rank's lines of k − 1, which each rank sent after it had finished kernel
+// k − 2, the last to read slot k % 2 (kernels of one stream run in order).
+// Shapes: the sum's x, y (n,) contiguous, n · sizeof(T) whole 16-byte vectors, ≤ cap bytes;
+// the fused sum + add + LayerNorm's x, r, s, y (rows, c), w and b (c,), c / (16 / sizeof(T))
+// ≤ 1024 16-byte vectors a row (one a thread).
 #include "common.cuh"
 
 #define MAX_RANKS 8
@@ -83,18 +88,27 @@ __device__ __forceinline__ uint32_t round_word(const float* acc) {
   return w;
 }
 
+// This block's epoch, one more than its previous kernel's (all threads read it).
+__device__ __forceinline__ uint32_t next_epoch(uint32_t* counter) {
+  __shared__ uint32_t epoch_s;
+  if (threadIdx.x == 0) epoch_s = *counter + 1;
+  __syncthreads();
+  return epoch_s;
+}
+
+// The first line of sender `from`'s run in slot `epoch % 2` of the buffer at `base`.
+__device__ __forceinline__ Line* run_of(char* base, uint32_t epoch, unsigned from, unsigned cap) {
+  const size_t run = 2 * (size_t)cap;
+  return (Line*)(base + DATA + (size_t)(epoch & 1) * MAX_RANKS * run + from * run);
+}
+
 template <typename T>
 __device__ void oneshot_sum(const uint2* x, uint2* y, long lines, const unsigned long long* bases, unsigned rank,
                             unsigned world, unsigned cap) {
   constexpr int E = 4 / sizeof(T);
-  __shared__ uint32_t epoch_s;
   char* own = (char*)bases[rank];
   uint32_t* counter = (uint32_t*)(own + COUNTERS) + blockIdx.x;
-  if (threadIdx.x == 0) epoch_s = *counter + 1;
-  __syncthreads();
-  const uint32_t epoch = epoch_s;
-  const size_t run = 2 * (size_t)cap;  // a sender's lines in one slot
-  const size_t slot = DATA + (size_t)(epoch & 1) * MAX_RANKS * run;
+  const uint32_t epoch = next_epoch(counter);
   // This block's lines: the same on every rank (same n, same grid).
   const long per = (lines + gridDim.x - 1) / gridDim.x;
   const long lo = blockIdx.x * per, hi = min(lines, lo + per);
@@ -102,10 +116,7 @@ __device__ void oneshot_sum(const uint2* x, uint2* y, long lines, const unsigned
   // Push: my 8 bytes of line i into my run of every rank's slot.
   for (long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
     const uint2 v = x[i];
-    for (unsigned r = 0; r < world; r++) {
-      Line* dst = (Line*)((char*)bases[r] + slot + rank * run) + i;
-      store_line(dst, v.x, v.y, epoch);
-    }
+    for (unsigned r = 0; r < world; r++) store_line(run_of((char*)bases[r], epoch, rank, cap) + i, v.x, v.y, epoch);
   }
   // Receive and sum, in rank order, f32 inside, one rounding.
   for (long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
@@ -113,11 +124,83 @@ __device__ void oneshot_sum(const uint2* x, uint2* y, long lines, const unsigned
 #pragma unroll
     for (int j = 0; j < E; j++) a1[j] = a2[j] = 0.f;
     for (unsigned r = 0; r < world; r++) {
-      const Line l = receive((const Line*)(own + slot + r * run) + i, epoch, rank, r);
+      const Line l = receive(run_of(own, epoch, r, cap) + i, epoch, rank, r);
       add_word<T>(a1, l.data1);
       add_word<T>(a2, l.data2);
     }
     y[i] = make_uint2(round_word<T>(a1), round_word<T>(a2));
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *counter = epoch;
+}
+
+// The sum over the ranks of x (a row-parallel projection's partial output), added to the
+// residual r, and the LayerNorm of that: s = r + Σ x and y = LN(s), a block a row (rows
+// blockIdx.x, + gridDim.x, …), a 16-byte vector (two lines) a thread. Bit for bit what the
+// one-shot sum and then add_layer_norm_vec (layer_norm.cu) give with the same block size: the
+// sum rounded to T, the add rounded to T, the statistics in f32 by the same block reductions.
+template <typename T>
+__device__ void oneshot_add_layer_norm(const uint4* x, const T* r, const T* w, const T* b, T* s, T* y, int rows,
+                                       int c, float eps, const unsigned long long* bases, unsigned rank,
+                                       unsigned world, unsigned cap) {
+  constexpr int N = 16 / sizeof(T), E = 4 / sizeof(T);
+  __shared__ float sh[32];
+  char* own = (char*)bases[rank];
+  uint32_t* counter = (uint32_t*)(own + COUNTERS) + blockIdx.x;
+  const uint32_t epoch = next_epoch(counter);
+  const int vecs = c / N;
+  const bool mine = threadIdx.x < vecs;
+  // Push every row of the block first, so the receives below wait on nothing of ours.
+  if (mine)
+    for (int row = blockIdx.x; row < rows; row += gridDim.x) {
+      const long v = (long)row * vecs + threadIdx.x;
+      const uint4 q = x[v];
+      for (unsigned k = 0; k < world; k++) {
+        Line* dst = run_of((char*)bases[k], epoch, rank, cap) + 2 * v;
+        store_line(dst, q.x, q.y, epoch);
+        store_line(dst + 1, q.z, q.w, epoch);
+      }
+    }
+  for (int row = blockIdx.x; row < rows; row += gridDim.x) {  // the same count for every thread
+    const long v = (long)row * vecs + threadIdx.x;
+    float val[N], sum = 0.f;
+    Vec16<T> wv, bv;
+    if (mine) {
+      float acc[N];
+#pragma unroll
+      for (int i = 0; i < N; i++) acc[i] = 0.f;
+      for (unsigned k = 0; k < world; k++) {
+        const Line* src = run_of(own, epoch, k, cap) + 2 * v;
+        const Line l1 = receive(src, epoch, rank, k), l2 = receive(src + 1, epoch, rank, k);
+        add_word<T>(acc, l1.data1);
+        add_word<T>(acc + E, l1.data2);
+        add_word<T>(acc + 2 * E, l2.data1);
+        add_word<T>(acc + 3 * E, l2.data2);
+      }
+      const Vec16<T> rv = *reinterpret_cast<const Vec16<T>*>(r + v * N);
+      Vec16<T> sv;
+#pragma unroll
+      for (int i = 0; i < N; i++) {
+        sv.e[i] = from_f<T>(to_f(rv.e[i]) + to_f(from_f<T>(acc[i])));
+        val[i] = to_f(sv.e[i]);
+        sum += val[i];
+      }
+      *reinterpret_cast<Vec16<T>*>(s + v * N) = sv;
+      wv = *reinterpret_cast<const Vec16<T>*>(w + threadIdx.x * N);
+      bv = *reinterpret_cast<const Vec16<T>*>(b + threadIdx.x * N);
+    }
+    const float mean = block_sum(sum, sh) / c;
+    float var = 0.f;
+    if (mine)
+#pragma unroll
+      for (int i = 0; i < N; i++) var += (val[i] - mean) * (val[i] - mean);
+    const float rstd = rsqrtf(block_sum(var, sh) / c + eps);
+    if (mine) {
+      Vec16<T> yv;
+#pragma unroll
+      for (int i = 0; i < N; i++) yv.e[i] = from_f<T>((val[i] - mean) * rstd * to_f(wv.e[i]) + to_f(bv.e[i]));
+      *reinterpret_cast<Vec16<T>*>(y + v * N) = yv;
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) *counter = epoch;
@@ -128,5 +211,10 @@ __device__ void oneshot_sum(const uint2* x, uint2* y, long lines, const unsigned
                                                 const unsigned long long* bases, unsigned rank,            \
                                                 unsigned world, unsigned cap) {                            \
     oneshot_sum<T>(x, y, lines, bases, rank, world, cap);                                                  \
+  }                                                                                                        \
+  extern "C" __global__ void tb_oneshot_add_layer_norm_##S(                                                \
+      const uint4* x, const T* r, const T* w, const T* b, T* s, T* y, int rows, int c, float eps,         \
+      const unsigned long long* bases, unsigned rank, unsigned world, unsigned cap) {                      \
+    oneshot_add_layer_norm<T>(x, r, w, b, s, y, rows, c, eps, bases, rank, world, cap);                    \
   }
 FOR_TYPES(INSTANTIATE)

@@ -43,6 +43,28 @@ pub fn oneshot_sum(x: &Tensor, peers: &PeerBuffers) -> Result<Option<Tensor>> {
     imp::oneshot_sum(x, peers)
 }
 
+/// (r + Σ x, LayerNorm(r + Σ x)) over the last dim in one launch: the sum over the ranks of
+/// `peers` of a row-parallel projection's partial output x (…, C), the residual r (…, C) and
+/// the next norm's w, b (C,); bit for bit the one-shot sum followed by
+/// [`super::add_layer_norm`]`(r, sum)`. None where either would not apply (then the caller
+/// sums, adds and norms in turn).
+pub fn oneshot_add_layer_norm(
+    x: &Tensor,
+    r: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    eps: f64,
+    peers: &PeerBuffers,
+) -> Result<Option<(Tensor, Tensor)>> {
+    if ![Fused::SumNorm, Fused::Oneshot, Fused::Decode]
+        .into_iter()
+        .all(enabled)
+    {
+        return Ok(None);
+    }
+    imp::oneshot_add_layer_norm(x, r, w, b, eps, peers)
+}
+
 #[cfg(not(feature = "cuda"))]
 mod imp {
     use super::PeerBuffers;
@@ -51,13 +73,25 @@ mod imp {
     pub fn oneshot_sum(_: &Tensor, _: &PeerBuffers) -> Result<Option<Tensor>> {
         Ok(None)
     }
+
+    pub fn oneshot_add_layer_norm(
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: f64,
+        _: &PeerBuffers,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        Ok(None)
+    }
 }
 
 #[cfg(feature = "cuda")]
 mod imp {
     use super::{PeerBuffers, ONESHOT_CAP};
     use crate::kernels::launch::{
-        aligned16, alloc, float_dtype, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx,
+        aligned16, alloc, cuda, float_dtype, kernel, launch, no_cpu_fwd, ptx, storage, view,
+        with_dtype, wrap, Ptx,
     };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
@@ -79,16 +113,7 @@ mod imp {
             let dev = s.device().clone();
             let n = l.shape().elem_count();
             let lines = (n * s.dtype().size_in_bytes() / 8) as i64; // 8 bytes of values a line
-                                                                    // The grid depends only on the size, so it is the same on every rank.
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    (lines as usize).div_ceil(THREADS).clamp(1, MAX_BLOCKS) as u32,
-                    1,
-                    1,
-                ),
-                block_dim: (THREADS as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = grid(THREADS);
             let (table, rank, world) = (self.0.table, self.0.rank as u32, self.0.world as u32);
             let cap = ONESHOT_CAP as u32;
             let func = kernel!(dev, PTX, "tb_oneshot_sum", s.dtype())?;
@@ -102,6 +127,96 @@ mod imp {
                 Ok((CudaStorage::wrap_cuda_slice(out, dev), l.shape().clone()))
             })
         }
+    }
+
+    /// Every kernel of oneshot.cu runs MAX_BLOCKS blocks, whatever the size, so that every
+    /// block's epoch counter moves with every kernel (oneshot.cu says why that matters).
+    fn grid(threads: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (MAX_BLOCKS as u32, 1, 1),
+            block_dim: (threads as u32, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// x summed over the ranks, added to r, and normed: (rows, c) each.
+    struct SumAddNorm<'a> {
+        peers: &'a PeerBuffers,
+        eps: f32,
+    }
+
+    impl SumAddNorm<'_> {
+        /// (s, y) of partial x, residual r, weight w and bias b (contiguous, on one device).
+        fn launch(
+            &self,
+            x: &Tensor,
+            r: &Tensor,
+            w: &Tensor,
+            b: &Tensor,
+        ) -> Result<(Tensor, Tensor)> {
+            let c = x.dim(candle_core::D::Minus1)?;
+            let rows = x.elem_count() / c;
+            let (Some(xs), Some(rs), Some(ws), Some(bs)) = (cuda(x), cuda(r), cuda(w), cuda(b))
+            else {
+                candle_core::bail!("one-shot add + norm: a tensor not on the GPU")
+            };
+            let dev = storage(&xs.0).device().clone();
+            let func = kernel!(dev, PTX, "tb_oneshot_add_layer_norm", x.dtype())?;
+            let vecs = c / (16 / x.dtype().size_in_bytes());
+            // The block size of add_layer_norm's vector path, so its reductions add alike.
+            let cfg = grid(vecs.next_multiple_of(32));
+            let (table, rank, world) = (
+                self.peers.table,
+                self.peers.rank as u32,
+                self.peers.world as u32,
+            );
+            let (rows_i, c_i, cap) = (rows as i32, c as i32, ONESHOT_CAP as u32);
+            Ok(with_dtype!(x.dtype(), T => {
+                let xv = view::<T>(storage(&xs.0), xs.1)?;
+                let rv = view::<T>(storage(&rs.0), rs.1)?;
+                let wv = view::<T>(storage(&ws.0), ws.1)?;
+                let bv = view::<T>(storage(&bs.0), bs.1)?;
+                let (s, y) = (alloc::<T>(&dev, rows * c)?, alloc::<T>(&dev, rows * c)?);
+                // SAFETY: x, r, s and y hold rows·c elements, w and b c, from 16-byte
+                // boundaries, c / vecs elements a vector, ≤ 1024 vectors a row, at most
+                // ONESHOT_CAP bytes (checked by oneshot_add_layer_norm); `table` holds every
+                // rank's buffer of PeerBuffers::buffer_bytes(), mapped into this process.
+                launch!(unsafe func, cfg; &xv, &rv, &wv, &bv, &s, &y, &rows_i, &c_i, &self.eps,
+                        &table, &rank, &world, &cap)?;
+                (wrap(s, &dev, x.shape()), wrap(y, &dev, x.shape()))
+            }))
+        }
+    }
+
+    pub fn oneshot_add_layer_norm(
+        x: &Tensor,
+        r: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        eps: f64,
+        peers: &PeerBuffers,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        let c = x.dim(candle_core::D::Minus1)?;
+        let n = 16 / x.dtype().size_in_bytes();
+        let bytes = x.elem_count() * x.dtype().size_in_bytes();
+        let same = [r, w, b].iter().all(|t| t.dtype() == x.dtype());
+        let fits = bytes > 0 && bytes <= ONESHOT_CAP && c % n == 0 && c / n <= 1024;
+        if !x.device().is_cuda() || !float_dtype(x) || !same || !fits || r.shape() != x.shape() {
+            return Ok(None);
+        }
+        if w.dims() != [c] || b.dims() != [c] {
+            return Ok(None);
+        }
+        let (x, r) = (x.contiguous()?, r.contiguous()?);
+        let (w, b) = (w.contiguous()?, b.contiguous()?);
+        if ![&x, &r, &w, &b].into_iter().all(aligned16) {
+            return Ok(None);
+        }
+        let op = SumAddNorm {
+            peers,
+            eps: eps as f32,
+        };
+        Ok(Some(op.launch(&x, &r, &w, &b)?))
     }
 
     pub fn oneshot_sum(x: &Tensor, peers: &PeerBuffers) -> Result<Option<Tensor>> {

@@ -22,7 +22,7 @@ use super::attention::{
 use super::cache::{KvCache, LayerStep, Step};
 use super::layers::{
     dropout, lm_head, load_layer_norm, split_head_logits, Activation, Dropout, Mlp, Mode, Norm,
-    Projection, WeightLayout::Linear,
+    Projection, Unsummed, WeightLayout::Linear,
 };
 use super::shard::Split;
 use super::CausalLm;
@@ -248,6 +248,18 @@ impl Attention {
         kv: Option<LayerStep>,
         mode: Mode,
     ) -> candle_core::Result<Tensor> {
+        let y = self.forward_unsummed(x, bias, kv, mode)?.sum()?;
+        dropout(&y, mode.dropout.resid)
+    }
+
+    /// [`Attention::forward`] before dropout and the dense projection's sum over the ranks.
+    fn forward_unsummed(
+        &self,
+        x: &Tensor,
+        bias: Option<&Tensor>,
+        kv: Option<LayerStep>,
+        mode: Mode,
+    ) -> candle_core::Result<Unsummed> {
         let (b, t, _) = x.dims3()?;
         let hs = self.head_size;
         let qkv = self.query_key_value.forward(x)?; // (B, T, nh·3·hs)
@@ -261,7 +273,7 @@ impl Attention {
             let y =
                 kernels::decode_attention(&qkv, layout, (nh, hs), &kv.slot(), slopes, self.scale)?;
             if let Some(y) = y {
-                return self.dense.forward(&y); // (B, 1, nh·hs) -> (B, 1, H)
+                return self.dense.forward_unsummed(&y); // (B, 1, nh·hs) -> (B, 1, H)
             }
             kv.check_kernel_served()?;
         }
@@ -282,7 +294,7 @@ impl Attention {
             None => (k, v),
         };
         let y = scaled_dot_product(&q, &k, &v, bias, self.scale, mode)?; // (B, nh, T, hs)
-        dropout(&self.dense.forward(&merge_heads(&y)?)?, mode.dropout.resid)
+        self.dense.forward_unsummed(&merge_heads(&y)?)
     }
 }
 
@@ -419,15 +431,16 @@ impl Bloom {
         let (mut x, mut h) = (x.clone(), first.forward(&x, inference)?);
         for (i, block) in self.h.iter().enumerate() {
             let kv = Some(cache.layer_step(i, step)?);
+            // Each branch's sum over the ranks goes with the add and the norm after it.
             let a = block
                 .self_attention
-                .forward(&h, bias.as_ref(), kv, inference)?;
+                .forward_unsummed(&h, bias.as_ref(), kv, inference)?;
             let residual = if block.residual_after_norm { &h } else { &x };
-            let (x1, h2) = block.post_attention_layernorm.add_forward(residual, &a)?;
+            let (x1, h2) = block.post_attention_layernorm.add_unsummed(residual, a)?;
             let residual = if block.residual_after_norm { &h2 } else { &x1 };
-            let m = block.mlp.forward(&h2)?;
+            let m = block.mlp.forward_unsummed(&h2)?;
             let next = self.h.get(i + 1).map_or(&self.ln_f, |b| &b.input_layernorm);
-            (x, h) = next.add_forward(residual, &m)?;
+            (x, h) = next.add_unsummed(residual, m)?;
         }
         Ok(h)
     }

@@ -19,7 +19,7 @@ use super::attention::{
 use super::cache::{KvCache, LayerStep, Step};
 use super::layers::{
     dropout, lm_head, load_layer_norm, split_head_logits, Activation, Dropout, Mlp, Mode, Norm,
-    Projection, WeightLayout::Conv1D,
+    Projection, Unsummed, WeightLayout::Conv1D,
 };
 use super::shard::Split;
 use super::CausalLm;
@@ -221,6 +221,18 @@ impl Attention {
         kv: Option<LayerStep>,
         mode: Mode,
     ) -> candle_core::Result<Tensor> {
+        let y = self.forward_unsummed(x, bias, kv, mode)?.sum()?;
+        dropout(&y, mode.dropout.resid)
+    }
+
+    /// [`Attention::forward`] before dropout and c_proj's sum over the ranks.
+    fn forward_unsummed(
+        &self,
+        x: &Tensor,
+        bias: Option<&Tensor>,
+        kv: Option<LayerStep>,
+        mode: Mode,
+    ) -> candle_core::Result<Unsummed> {
         let qkv = self.c_attn.forward(x)?; // (B, T, 3c), c = C without tensor parallelism
         let c = qkv.dim(2)? / 3;
         let nh = c / self.head_size;
@@ -233,7 +245,7 @@ impl Attention {
             let y =
                 kernels::decode_attention(&qkv, layout, (nh, hs), &kv.slot(), None, self.scale)?;
             if let Some(y) = y {
-                return self.c_proj.forward(&y); // (B, 1, c) -> (B, 1, C)
+                return self.c_proj.forward_unsummed(&y); // (B, 1, c) -> (B, 1, C)
             }
             kv.check_kernel_served()?;
         }
@@ -248,7 +260,7 @@ impl Attention {
             None => (k, v),
         };
         let y = scaled_dot_product(&q, &k, &v, bias, self.scale, mode)?; // (B, nh, T, hs)
-        dropout(&self.c_proj.forward(&merge_heads(&y)?)?, mode.dropout.resid)
+        self.c_proj.forward_unsummed(&merge_heads(&y)?)
     }
 }
 
@@ -376,11 +388,14 @@ impl Gpt2 {
         let (mut x, mut h) = first.add_forward(&tok, &pos)?;
         for (i, block) in self.h.iter().enumerate() {
             let kv = Some(cache.layer_step(i, step)?);
-            let a = block.attn.forward(&h, bias.as_ref(), kv, inference)?;
-            let (x1, h2) = block.ln_2.add_forward(&x, &a)?;
-            let m = block.mlp.forward(&h2)?;
+            // Each branch's sum over the ranks goes with the add and the norm after it.
+            let a = block
+                .attn
+                .forward_unsummed(&h, bias.as_ref(), kv, inference)?;
+            let (x1, h2) = block.ln_2.add_unsummed(&x, a)?;
+            let m = block.mlp.forward_unsummed(&h2)?;
             let next = self.h.get(i + 1).map_or(&self.ln_f, |b| &b.ln_1);
-            (x, h) = next.add_forward(&x1, &m)?;
+            (x, h) = next.add_unsummed(&x1, m)?;
         }
         Ok(h)
     }

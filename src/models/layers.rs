@@ -86,23 +86,18 @@ impl Projection {
     /// cuBLASLt matmul's epilogue for inference, one differentiable kernel after it for
     /// training and under tensor parallelism (the bias follows the all-reduce).
     pub fn forward_act(&self, x: &Tensor, act: Option<Activation>) -> candle_core::Result<Tensor> {
+        if self.reduce.is_some() {
+            // Row-parallel: the activation after the sum.
+            let y = self.forward_unsummed(x)?.sum()?;
+            return match act {
+                Some(a) => a.forward(&y),
+                None => Ok(y),
+            };
+        }
         let (b, t, c) = x.dims3()?;
         let x = x.reshape((b * t, c))?; // (B·T, in)
         let linear = matches!(self.layout, WeightLayout::Linear);
         let kact = act.map_or(Act::None, Activation::kernel);
-        if let Some(reduce) = &self.reduce {
-            // Row-parallel: the (rank-0) bias goes with each rank's partial output, the
-            // activation after the sum.
-            let mut y = match kernels::linear(&x, &self.weight, linear, &self.bias, Act::None)? {
-                Some(y) => y,
-                None => self.matmul(&x)?.broadcast_add(&self.bias)?,
-            }; // (B·T, out), this rank's share
-            y = reduce.all_reduce_sum(&y)?;
-            if let Some(a) = act {
-                y = a.forward(&y)?;
-            }
-            return y.reshape((b, t, ()));
-        }
         if let Some(y) = kernels::linear(&x, &self.weight, linear, &self.bias, kact)? {
             return y.reshape((b, t, ()));
         }
@@ -122,6 +117,26 @@ impl Projection {
 }
 
 impl Projection {
+    /// x W + b before a row-parallel projection's sum over the ranks, (B, T, in) -> (B, T,
+    /// out): this rank's share, the (rank-0) bias in it, so each rank keeps the fused matmul.
+    /// Not row-parallel: the whole output, nothing left to sum.
+    pub fn forward_unsummed(&self, x: &Tensor) -> candle_core::Result<Unsummed> {
+        let Some(reduce) = &self.reduce else {
+            return Ok(Unsummed::whole(self.forward(x)?));
+        };
+        let (b, t, c) = x.dims3()?;
+        let x = x.reshape((b * t, c))?; // (B·T, in)
+        let linear = matches!(self.layout, WeightLayout::Linear);
+        let y = match kernels::linear(&x, &self.weight, linear, &self.bias, Act::None)? {
+            Some(y) => y,
+            None => self.matmul(&x)?.broadcast_add(&self.bias)?,
+        }; // (B·T, out)
+        Ok(Unsummed {
+            y: y.reshape((b, t, ()))?,
+            reduce: Some(reduce.clone()),
+        })
+    }
+
     /// x W without the bias: (B·T, in) -> (B·T, out).
     fn matmul(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self.layout {
@@ -181,6 +196,12 @@ pub struct Mlp {
 impl Mlp {
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         self.down.forward(&self.up.forward_act(x, Some(self.act))?)
+    }
+
+    /// [`Mlp::forward`] before the down projection's sum over the ranks.
+    pub fn forward_unsummed(&self, x: &Tensor) -> candle_core::Result<Unsummed> {
+        self.down
+            .forward_unsummed(&self.up.forward_act(x, Some(self.act))?)
     }
 }
 
@@ -247,6 +268,43 @@ impl Norm {
         let sum = (x + r)?;
         let normed = self.forward(&sum, Mode::default())?;
         Ok((sum, normed))
+    }
+}
+
+/// A branch's output before the sum over the tensor-parallel ranks (Megatron's g): summed by
+/// [`Unsummed::sum`], or with the residual add and the next norm in one pass by
+/// [`Norm::add_unsummed`].
+pub struct Unsummed {
+    /// (B, T, C): this rank's share, or the whole output where nothing is left to sum.
+    y: Tensor,
+    reduce: Option<Arc<dyn AllReduce>>,
+}
+
+impl Unsummed {
+    /// An output with nothing to sum.
+    pub fn whole(y: Tensor) -> Self {
+        Self { y, reduce: None }
+    }
+
+    pub fn sum(self) -> candle_core::Result<Tensor> {
+        match &self.reduce {
+            Some(reduce) => reduce.all_reduce_sum(&self.y),
+            None => Ok(self.y),
+        }
+    }
+}
+
+impl Norm {
+    /// [`Norm::add_forward`] of x and the sum of `r`: one kernel for the sum, the add and the
+    /// norm where the sum's backend has it (one-shot sums), else the sum, then the add + norm.
+    pub fn add_unsummed(&self, x: &Tensor, r: Unsummed) -> candle_core::Result<(Tensor, Tensor)> {
+        if let (Some(reduce), Some(b)) = (&r.reduce, self.ln.bias()) {
+            let w = self.ln.weight();
+            if let Some(out) = reduce.sum_add_layer_norm(&r.y, x, w, b, self.eps)? {
+                return Ok(out);
+            }
+        }
+        self.add_forward(x, &r.sum()?)
     }
 }
 
