@@ -62,6 +62,12 @@ pub trait AllReduce: Send + Sync {
     ) -> candle_core::Result<Option<(Tensor, Tensor)>> {
         Ok(None)
     }
+    /// Readies started sums ([`AllReduce::start_sum`]) of up to `bytes` a step for a path of
+    /// their own where the backend has one (copy engines between two GPUs of one host); every
+    /// rank calls it, in the same place. The default has none.
+    fn prepare_started_sums(&self, _bytes: usize) -> candle_core::Result<()> {
+        Ok(())
+    }
     /// `tcp` or `nccl X.Y.Z`, for the log header.
     fn describe(&self) -> String;
     /// Whether the sum runs on the device's stream without the host (a CUDA graph can then

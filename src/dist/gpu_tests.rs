@@ -25,6 +25,44 @@ fn rank_checks_the_contract(rank: usize, size: usize, id: &[u8]) {
     );
     contract::check(&nccl, rank, size, &DTYPES, &dev);
     sum_add_norm_is_the_composed_ops(&nccl, rank, &dev);
+    if size == 2 {
+        started_sums_cross_by_copy_engines(&nccl, rank, &dev);
+    }
+}
+
+/// Two ranks of one host: started sums go through the copy engines once prepared, step after
+/// step (the flags' epochs), with a tensor past the region's room summed by NCCL in the same
+/// step; every sum exact.
+fn started_sums_cross_by_copy_engines(nccl: &NcclAllReduce, rank: usize, dev: &Device) {
+    let region = 3 << 20; // bytes: the step below overflows it on purpose
+    nccl.prepare_started_sums(region).unwrap();
+    let how = nccl.describe();
+    assert!(how.contains("copy-engine"), "rank {rank}: {how}");
+    let sizes = [1usize, 1000, 300_000, 500_000]; // f32: 4 B, 4 kB, 1.2 MB, 2 MB (NCCL's)
+    for step in 0..3 {
+        let mine: Vec<Tensor> = sizes
+            .iter()
+            .map(|&n| {
+                let v: Vec<f32> = (0..n)
+                    .map(|i| ((i + step) % 13) as f32 * (rank + 1) as f32)
+                    .collect();
+                Tensor::from_vec(v, n, dev).unwrap()
+            })
+            .collect();
+        let started: Vec<Tensor> = mine
+            .iter()
+            .map(|t| nccl.start_sum(t.copy().unwrap()).unwrap())
+            .collect();
+        nccl.wait_sums().unwrap();
+        for (got, &n) in started.iter().zip(&sizes) {
+            let want: Vec<f32> = (0..n).map(|i| ((i + step) % 13) as f32 * 3.).collect();
+            assert_eq!(
+                got.to_vec1::<f32>().unwrap(),
+                want,
+                "rank {rank} step {step} ({n},)"
+            );
+        }
+    }
 }
 
 /// The one-shot sum fused with the residual add and the next LayerNorm gives, bit for bit,

@@ -170,8 +170,8 @@ fn me_host(r: &Rendezvous) -> &str {
     r.peers.first().map_or("", |p| p.host.as_str())
 }
 
-/// Joins NCCL and, where `--fused oneshot` is on and the ranks share a host, maps the
-/// one-shot sums' buffers.
+/// Joins NCCL and, where the ranks share a host, maps the one-shot sums' buffers (`--fused
+/// oneshot`) and notes the host for copy-engine sums (`--fused copy-sum`).
 #[cfg(feature = "nccl")]
 fn nccl_join(
     dev: &Device,
@@ -181,9 +181,7 @@ fn nccl_join(
     same_host: bool,
 ) -> Result<Arc<dyn AllReduce>> {
     let mut nccl = super::nccl::NcclAllReduce::join(dev, rank, size, id)?;
-    if crate::kernels::enabled(crate::kernels::Fused::Oneshot) {
-        nccl.map_peer_buffers(dev, rank, size, same_host)?;
-    }
+    nccl.map_peer_buffers(dev, rank, size, same_host)?;
     Ok(Arc::new(nccl))
 }
 

@@ -13,6 +13,8 @@ pub mod group;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 #[cfg(feature = "nccl")]
+mod pair_sum;
+#[cfg(feature = "nccl")]
 mod peer_sum;
 pub mod rendezvous;
 pub mod world;

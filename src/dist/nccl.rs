@@ -26,6 +26,11 @@ pub struct NcclAllReduce {
     /// The one-shot sums' buffers, mapped between the ranks of one host
     /// ([`NcclAllReduce::map_peer_buffers`]): small sums skip NCCL.
     peer_sum: Option<crate::dist::peer_sum::PeerSum>,
+    /// Device, rank and size where the ranks share a host (set by map_peer_buffers).
+    host: Option<(candle_core::Device, usize, usize)>,
+    /// Two ranks of one host: started sums as copy-engine copies, once prepared
+    /// ([`AllReduce::prepare_started_sums`]).
+    pair: std::sync::OnceLock<crate::dist::pair_sum::PairSum>,
 }
 
 // SAFETY: the raw communicator is used from one thread at a time (the model runs on the
@@ -101,6 +106,8 @@ impl NcclAllReduce {
             side,
             version: version(),
             peer_sum: None,
+            host: None,
+            pair: std::sync::OnceLock::new(),
         })
     }
 
@@ -113,7 +120,13 @@ impl NcclAllReduce {
         size: usize,
         same_host: bool,
     ) -> candle_core::Result<()> {
-        self.peer_sum = crate::dist::peer_sum::PeerSum::open(self, device, rank, size, same_host)?;
+        if same_host {
+            self.host = Some((device.clone(), rank, size));
+        }
+        if crate::kernels::enabled(crate::kernels::Fused::Oneshot) {
+            let open = crate::dist::peer_sum::PeerSum::open;
+            self.peer_sum = open(self, device, rank, size, same_host)?;
+        }
         Ok(())
     }
 
@@ -355,22 +368,44 @@ impl AllReduce for NcclAllReduce {
 
     fn start_sum(&self, x: Tensor) -> candle_core::Result<Tensor> {
         let x = x.contiguous()?;
+        if let Some(pair) = self.pair.get() {
+            if pair.start(&x, &self.compute, &self.side)? {
+                return Ok(x);
+            }
+        }
         x.inplace_op1(&SumInPlace(self))?;
         Ok(x)
     }
 
     fn wait_sums(&self) -> candle_core::Result<()> {
+        if let Some(pair) = self.pair.get() {
+            pair.finish(&self.compute, &self.side)?;
+        }
         self.compute.join(&self.side).map_err(driver_err)
     }
 
-    fn describe(&self) -> String {
-        match (
-            &self.peer_sum,
-            crate::kernels::enabled(crate::kernels::Fused::Oneshot),
-        ) {
-            (Some(_), true) => format!("nccl {} + one-shot sums", self.version),
-            _ => format!("nccl {}", self.version),
+    fn prepare_started_sums(&self, bytes: usize) -> candle_core::Result<()> {
+        let Some((device, rank, 2)) = &self.host else {
+            return Ok(());
+        };
+        if !crate::kernels::enabled(crate::kernels::Fused::CopySum) || self.pair.get().is_some() {
+            return Ok(());
         }
+        if let Some(pair) = crate::dist::pair_sum::PairSum::open(self, device, *rank, bytes)? {
+            let _ = self.pair.set(pair);
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        let mut how = format!("nccl {}", self.version);
+        if self.peer_sum.is_some() && crate::kernels::enabled(crate::kernels::Fused::Oneshot) {
+            how += " + one-shot sums";
+        }
+        if self.pair.get().is_some() {
+            how += " + copy-engine sums";
+        }
+        how
     }
 
     fn on_device(&self) -> bool {

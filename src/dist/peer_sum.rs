@@ -19,6 +19,8 @@ const RECORD: usize = HANDLE + 8 + 4 + 1 + 1;
 pub struct PeerSum {
     buffers: PeerBuffers,
     own: sys::CUdeviceptr,
+    /// Every rank's buffer as this process addresses it (the device table's host copy).
+    bases: [u64; ONESHOT_MAX_RANKS],
     /// Other ranks' buffers opened through IPC (closed on drop).
     opened: Vec<sys::CUdeviceptr>,
     table: sys::CUdeviceptr,
@@ -44,18 +46,38 @@ impl PeerSum {
         world: usize,
         same_host: bool,
     ) -> candle_core::Result<Option<Self>> {
-        let Device::Cuda(dev) = device else {
-            return Ok(None);
-        };
         // One rank too: its kernels then sum alone, which is how one GPU tests them.
         if !(1..=ONESHOT_MAX_RANKS).contains(&world) || !same_host {
             return Ok(None);
         }
+        let bytes = PeerBuffers::buffer_bytes();
+        Self::open_sized(
+            nccl,
+            device,
+            (rank, world),
+            bytes,
+            ("one-shot sums", Ok(())),
+        )
+    }
+
+    /// [`PeerSum::open`] for a buffer of `bytes` (zeroed) a rank, for `what` (named in the
+    /// notes), with `usable` this rank's verdict on what else the buffers need (a failure on
+    /// any rank makes every rank go without).
+    pub fn open_sized(
+        nccl: &dyn AllReduce,
+        device: &Device,
+        (rank, world): (usize, usize),
+        bytes: usize,
+        (what, usable): (&str, Result<(), String>),
+    ) -> candle_core::Result<Option<Self>> {
+        let Device::Cuda(dev) = device else {
+            return Ok(None);
+        };
         let ctx = dev.cuda_stream().context().clone();
         ctx.bind_to_thread().map_err(candle_core::Error::wrap)?;
-        let (own, mine) = match allocate(ctx.ordinal()) {
+        let (own, mine) = match usable.and_then(|()| allocate(ctx.ordinal(), bytes)) {
             Ok(v) => v,
-            Err(e) => (0, failed_record(&e, rank)),
+            Err(e) => (0, failed_record(&e, rank, what)),
         };
         let all = exchange(nccl, device, &mine, rank, world)?;
         let mut sum = Self {
@@ -65,6 +87,7 @@ impl PeerSum {
                 world,
             },
             own,
+            bases: [0; ONESHOT_MAX_RANKS],
             opened: Vec::new(),
             table: 0,
             ctx,
@@ -76,7 +99,7 @@ impl PeerSum {
         let failures = Tensor::new(&[mapped.is_err() as u8 as f32], device)?;
         let failures = nccl.all_reduce_sum(&failures)?.to_vec1::<f32>()?[0];
         if let Err(e) = &mapped {
-            eprintln!("note: rank {rank}: one-shot sums off ({e}); NCCL sums every tensor");
+            eprintln!("note: rank {rank}: {what} off ({e}); NCCL sums instead");
         }
         Ok((failures == 0.).then_some(sum))
     }
@@ -84,6 +107,11 @@ impl PeerSum {
     /// Where the kernel finds the buffers.
     pub fn buffers(&self) -> &PeerBuffers {
         &self.buffers
+    }
+
+    /// Rank `rank`'s buffer, as this process addresses it.
+    pub fn base(&self, rank: usize) -> u64 {
+        self.bases[rank]
     }
 
     /// Maps every other rank's buffer from its record, and writes the table.
@@ -116,6 +144,7 @@ impl PeerSum {
                 ptr
             };
         }
+        self.bases = bases;
         let bytes = std::mem::size_of_val(&bases);
         // SAFETY: a new allocation of `bytes`, filled from the host array of that size.
         unsafe {
@@ -150,7 +179,7 @@ impl Drop for PeerSum {
 }
 
 /// This rank's buffer (flags zeroed) and its record: IPC handle, address, pid, ordinal, ok.
-fn allocate(ordinal: usize) -> Result<(sys::CUdeviceptr, Vec<u8>), String> {
+fn allocate(ordinal: usize, bytes: usize) -> Result<(sys::CUdeviceptr, Vec<u8>), String> {
     let mut own = 0;
     let mut handle = sys::CUipcMemHandle_st {
         reserved: [0; HANDLE],
@@ -159,7 +188,6 @@ fn allocate(ordinal: usize) -> Result<(sys::CUdeviceptr, Vec<u8>), String> {
     // zeroed before any kernel reads it (the synchronize): a line's epochs must not match by
     // chance.
     unsafe {
-        let bytes = PeerBuffers::buffer_bytes();
         check(sys::cuMemAlloc_v2(&mut own, bytes), "buffer")?;
         check(sys::cuMemsetD8_v2(own, 0, bytes), "zeroing")?;
         check(sys::cuCtxSynchronize(), "zeroing")?;
@@ -174,8 +202,8 @@ fn allocate(ordinal: usize) -> Result<(sys::CUdeviceptr, Vec<u8>), String> {
 }
 
 /// The record of a rank that could not share a buffer (its last byte 0).
-fn failed_record(why: &str, rank: usize) -> Vec<u8> {
-    eprintln!("note: rank {rank}: no one-shot buffer ({why})");
+fn failed_record(why: &str, rank: usize, what: &str) -> Vec<u8> {
+    eprintln!("note: rank {rank}: no buffer for {what} ({why})");
     vec![0; RECORD]
 }
 

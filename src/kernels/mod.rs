@@ -50,6 +50,8 @@ pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{add_layer_norm, layer_norm, layer_norm_bwd};
 pub use linear_lt::linear;
 pub use multi_tensor::{adamw_multi, cast_multi, grad_norm_clip};
+#[cfg(feature = "cuda")]
+pub use oneshot::pair_add_in_place;
 pub use oneshot::{
     oneshot_add_layer_norm, oneshot_sum, PeerBuffers, ONESHOT_CAP, ONESHOT_MAX_RANKS,
 };
@@ -118,6 +120,11 @@ pub enum Fused {
     /// add and the next LayerNorm in one kernel (needs `oneshot` and `decode`), instead of
     /// the sum and then the add + norm.
     SumNorm,
+    /// Data parallelism on two GPUs of one host with `--dp-overlap`: each gradient group
+    /// crosses to the other GPU as a copy-engine copy over NVLink under the backward, and one
+    /// add after it sums (no SMs held by the transfer), instead of NCCL's all-reduce on a
+    /// second stream.
+    CopySum,
 }
 
 const LT: u32 = 1;
@@ -138,6 +145,7 @@ const SKINNY: u32 = 16384;
 const ONESHOT: u32 = 32768;
 const SPLIT_HEAD: u32 = 65536;
 const SUM_NORM: u32 = 131072;
+const COPY_SUM: u32 = 262144;
 const ALL: u32 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -155,7 +163,8 @@ const ALL: u32 = LT
     | SKINNY
     | ONESHOT
     | SPLIT_HEAD
-    | SUM_NORM;
+    | SUM_NORM
+    | COPY_SUM;
 
 static ENABLED: AtomicU32 = AtomicU32::new(ALL);
 
@@ -181,6 +190,7 @@ fn bit(f: Fused) -> u32 {
         Fused::Oneshot => ONESHOT,
         Fused::SplitHead => SPLIT_HEAD,
         Fused::SumNorm => SUM_NORM,
+        Fused::CopySum => COPY_SUM,
     }
 }
 
@@ -222,6 +232,7 @@ pub fn describe() -> String {
         (ONESHOT, "oneshot"),
         (SPLIT_HEAD, "split-head"),
         (SUM_NORM, "sum-norm"),
+        (COPY_SUM, "copy-sum"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

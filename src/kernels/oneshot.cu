@@ -206,6 +206,15 @@ __device__ void oneshot_add_layer_norm(const uint4* x, const T* r, const T* w, c
   if (threadIdx.x == 0) *counter = epoch;
 }
 
+// x += the peer's values, which its copy engine wrote into this rank's pair region (the
+// two-GPU sum of src/dist/pair_sum.rs; the stream waited for their flag first). Read at L2
+// (ld.global.cg): another GPU wrote them. Shapes: x, recv (n,).
+template <typename T>
+__device__ void pair_add(T* x, const T* recv, long n) {
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+    x[i] = from_f<T>(to_f(x[i]) + to_f(__ldcg(recv + i)));
+}
+
 #define INSTANTIATE(T, S)                                                                                  \
   extern "C" __global__ void tb_oneshot_sum_##S(const uint2* x, uint2* y, long lines,                    \
                                                 const unsigned long long* bases, unsigned rank,            \
@@ -216,5 +225,6 @@ __device__ void oneshot_add_layer_norm(const uint4* x, const T* r, const T* w, c
       const uint4* x, const T* r, const T* w, const T* b, T* s, T* y, int rows, int c, float eps,         \
       const unsigned long long* bases, unsigned rank, unsigned world, unsigned cap) {                      \
     oneshot_add_layer_norm<T>(x, r, w, b, s, y, rows, c, eps, bases, rank, world, cap);                    \
-  }
+  }                                                                                                        \
+  extern "C" __global__ void tb_pair_add_##S(T* x, const T* recv, long n) { pair_add<T>(x, recv, n); }
 FOR_TYPES(INSTANTIATE)

@@ -65,6 +65,13 @@ pub fn oneshot_add_layer_norm(
     imp::oneshot_add_layer_norm(x, r, w, b, eps, peers)
 }
 
+/// x += the `n = x.elem_count()` values at device address `recv` (a pair region the other GPU
+/// wrote: src/dist/pair_sum.rs), in place on x's stream; x contiguous on a GPU.
+#[cfg(feature = "cuda")]
+pub fn pair_add_in_place(x: &Tensor, recv: u64) -> Result<()> {
+    x.inplace_op1(&imp::PairAdd(recv))
+}
+
 #[cfg(not(feature = "cuda"))]
 mod imp {
     use super::PeerBuffers;
@@ -90,11 +97,12 @@ mod imp {
 mod imp {
     use super::{PeerBuffers, ONESHOT_CAP};
     use crate::kernels::launch::{
-        aligned16, alloc, cuda, float_dtype, kernel, launch, no_cpu_fwd, ptx, storage, view,
-        with_dtype, wrap, Ptx,
+        aligned16, alloc, cuda, flat_config, float_dtype, kernel, launch, no_cpu_fwd, ptx, storage,
+        view, with_dtype, wrap, Ptx,
     };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    use candle_core::cuda_backend::CudaDType;
     use candle_core::{CudaStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
     const PTX: Ptx = ptx!("oneshot");
@@ -217,6 +225,35 @@ mod imp {
             eps: eps as f32,
         };
         Ok(Some(op.launch(&x, &r, &w, &b)?))
+    }
+
+    /// x += recv, in place.
+    pub struct PairAdd(pub u64);
+
+    impl candle_core::InplaceOp1 for PairAdd {
+        fn name(&self) -> &'static str {
+            "tb-pair-add"
+        }
+
+        fn cpu_fwd(&self, _: &mut candle_core::CpuStorage, _: &Layout) -> Result<()> {
+            candle_core::bail!("tb-pair-add runs on GPUs")
+        }
+
+        fn cuda_fwd(&self, s: &mut CudaStorage, l: &Layout) -> Result<()> {
+            let Some((start, end)) = l.contiguous_offsets() else {
+                candle_core::bail!("tb-pair-add needs a contiguous tensor")
+            };
+            let dev = s.device().clone();
+            let func = kernel!(dev, PTX, "tb_pair_add", s.dtype())?;
+            let n = (end - start) as i64;
+            with_dtype!(s.dtype(), T => {
+                let mut x = T::as_cuda_slice_mut(s)?.slice_mut(start..end);
+                // SAFETY: x holds n elements; `self.0` holds n of the same type (the pair
+                // region the caller sized for every started sum of a step).
+                launch!(unsafe func, flat_config(end - start); &mut x, &self.0, &n)?;
+                Ok(())
+            })
+        }
     }
 
     pub fn oneshot_sum(x: &Tensor, peers: &PeerBuffers) -> Result<Option<Tensor>> {

@@ -171,6 +171,14 @@ impl Trainer {
                 .collect();
             self.opt = AdamW::new(mine, &self.hyper)?;
         }
+        if dp.overlap && !dp.zero.sharded() {
+            // A step's started sums: every gradient in f32 (each run aligned), and the loss.
+            let runs = self
+                .vars
+                .iter()
+                .map(|v| (4 * v.elem_count()).next_multiple_of(256));
+            dp.reduce.prepare_started_sums(runs.sum::<usize>() + 4096)?;
+        }
         self.data_parallel = Some(dp);
         Ok(())
     }
