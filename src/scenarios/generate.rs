@@ -221,7 +221,9 @@ fn run_engine(
     let shapes = |calls: &[&GenBatch]| -> Vec<(usize, usize, usize)> {
         calls.iter().map(|b| shape(b)).collect()
     };
-    let cold = cold_share(&shapes(&timed), &shapes(&warm));
+    // Only the first pass meets a shape first: the passes the count asks spread it.
+    let passes = spec.min_run.least_passes(timed.len());
+    let cold = cold_share(&shapes(&timed), &shapes(&warm)) / passes as f64;
     choose_config(spec, kind, probe.len(), || {
         engine.choose_config(&probe, cold)?;
         Ok(engine.info())

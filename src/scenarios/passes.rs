@@ -42,6 +42,12 @@ impl MinRun {
         }
     }
 
+    /// Passes the count alone asks of `per_pass` batches (at least 1): what is known before the
+    /// run (the time's passes are not), e.g. to spread a first pass's cold batches over.
+    pub fn least_passes(&self, per_pass: usize) -> usize {
+        self.batches.div_ceil(per_pass.max(1)).max(1)
+    }
+
     /// Whether `batches` timed batches that took `seconds` are enough; `stalled`: the last
     /// pass measured no time, so no time can be reached (the count still holds).
     fn met(&self, seconds: f64, batches: usize, stalled: bool) -> bool {
@@ -307,6 +313,7 @@ mod tests {
             MinRun::resolve(DeviceSpec::Cpu, None, None),
             MinRun::ONE_PASS
         );
+        assert_eq!((gpu.least_passes(7), gpu.least_passes(300)), (2, 1));
         let given = MinRun::resolve(DeviceSpec::Cuda(0), Some(2.), Some(0));
         assert_eq!(given, min(2., 0));
         assert_eq!(

@@ -4,7 +4,7 @@
 
 pub mod data;
 
-use super::passes::{Passes, Slot};
+use super::passes::{MinRun, Passes, Slot};
 use super::skeleton::{
     base_header, candle_device, choose_config, cold_share, engine_args, engine_runs, final_memory,
     finish_log, first_of_each_shape, gpu_index, group_stops, open_log, shows_progress,
@@ -159,7 +159,9 @@ fn run_engine(
     let batches = Batches::of(spec, &requests, started.engine.max_positions());
     let probe = batches.probe();
     choose_config(spec, kind, probe.len(), || {
-        started.engine.choose_config(&probe, batches.cold_share())?;
+        started
+            .engine
+            .choose_config(&probe, batches.cold_share(spec.min_run))?;
         Ok(started.engine.info())
     })?;
     let mut header = header(spec, &started, weights, &tokenizer, requests.len());
@@ -223,12 +225,12 @@ impl<'a> Batches<'a> {
         Self { list, warmup }
     }
 
-    /// The share of the timed batches (all of them) that are the first of a shape the warm-up
-    /// did not meet.
-    fn cold_share(&self) -> f64 {
+    /// The share of the timed batches (all of them, over the passes `min` is known to ask)
+    /// that are the first of a shape the warm-up did not meet: only the first pass has them.
+    fn cold_share(&self, min: MinRun) -> f64 {
         let shapes = shapes(&self.list);
         let warm: Vec<(usize, usize)> = self.warmup.iter().map(|&i| shapes[i]).collect();
-        cold_share(&shapes, &warm)
+        cold_share(&shapes, &warm) / min.least_passes(shapes.len()) as f64
     }
 
     /// The first batch of each of the first padded lengths: what HF's probe times.
