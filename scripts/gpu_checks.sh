@@ -184,6 +184,9 @@ dp_run() { # model dtype [extra flags]: rank 0's log goes to /tmp/dp-logs
   (cd /tmp && tar czf "$OUT/dp-logs.tgz" dp-logs)  # after every run: a time-out keeps what finished
 }
 
+# Profiled scoring and generation runs: one pass (the GPU's --min-time / --min-batches would
+# only add calls ncu does not profile, each slowed by it).
+ONE_PASS="--min-time 0 --min-batches 0"
 NCU="ncu --profile-from-start off --clock-control none --cache-control none --target-processes all --metrics gpu__time_duration.sum"
 profile() { # name call-index bench-args...: one call's kernels, as CSV in /tmp/prof/$name.csv
   local name=$1 at=$2; shift 2
@@ -270,7 +273,7 @@ for stage in "$@"; do
     # One candle generate call (batch $GEN_PROF_BATCH (1), prompt 128, 16 new tokens: a prefill
     # and 15 decode steps) under ncu, kernels summed by op; and the same call's wall time without ncu.
     bs=${GEN_PROF_BATCH:-1}
-    G="--suite generation --prompt-lens 128 --new-tokens ${GEN_PROF_NEW:-16} --batch-size $bs --limit 1"
+    G="--suite generation --prompt-lens 128 --new-tokens ${GEN_PROF_NEW:-16} --batch-size $bs --limit 1 $ONE_PASS"
     for m in ${GEN_PROF_MODELS:-gpt2}; do profile gen-$m-bs$bs 2 $G --model $m; done
     python3 scripts/kernel_breakdown.py /tmp/prof/gen-*.csv --top 12 | tee "$OUT/gen-profile.txt"
     (cd /tmp && tar czf "$OUT/gen-profile.tgz" prof)
@@ -405,7 +408,7 @@ for stage in "$@"; do
     done
     ;;
   perf-profile)
-    L="--suite lambada --data .gpu/lambada_test.jsonl"
+    L="--suite lambada --data .gpu/lambada_test.jsonl $ONE_PASS"
     W="--suite wikitext2 --data .gpu/wikitext-2-raw --batch-size 8 --block-size 1024 --warmup 1 --max-steps 3"
     for e in ${PROF_ENGINES:-candle hf}; do
       for c in ${PROF_CASES:-gpt2-bs16 gpt2-bs1 bloom-560m-bs16 bloom-7b1-bs16 train-gpt2}; do
@@ -429,7 +432,7 @@ for stage in "$@"; do
       TB_CUDA_PROFILE=2 ncu --profile-from-start off --clock-control none --target-processes all \
         -k regex:$k --launch-skip 120 --launch-count 2 --section SpeedOfLight --section Occupancy \
         --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis \
-        $B --suite generation --prompt-lens 128 --new-tokens 16 --batch-size 1 --limit 1 \
+        $B --suite generation --prompt-lens 128 --new-tokens 16 --batch-size 1 --limit 1 $ONE_PASS \
         --model "${DECODE_NCU_MODEL:-bloom-560m}" --weights random --seed 0 --device cuda --dtype bf16 \
         --log-dir /tmp/prof-logs --no-progress >> "$OUT/decode-ncu.txt" 2>&1
       echo "decode-ncu $k: exit $?"

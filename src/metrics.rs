@@ -174,6 +174,7 @@ impl BatchIntervals {
 
 /// What the finished batches of a run add up to; the one place a [`Summary`] is computed,
 /// for a whole run and for a killed run's log completed later (see `crate::launch::sweep`).
+/// Rates count every timed batch of every pass; accuracy and perplexity the first pass.
 #[derive(Default)]
 pub struct BatchTotals {
     latencies_ms: Vec<f64>,
@@ -182,15 +183,19 @@ pub struct BatchTotals {
     lls: Vec<f64>,
     greedy: Vec<bool>,
     n_tokens: usize,
+    passes: usize,
 }
 
 impl BatchTotals {
     pub fn add(&mut self, batch: &BatchRecord) {
         self.latencies_ms.push(batch.latency_ms);
-        self.samples.push(batch.passages.len());
+        self.samples.push(batch.n_samples);
         self.n_tokens += batch.n_tokens;
-        self.lls.extend(batch.passages.iter().map(|p| p.ll));
-        self.greedy.extend(batch.passages.iter().map(|p| p.greedy));
+        self.passes = self.passes.max(batch.pass + 1);
+        if batch.pass == 0 {
+            self.lls.extend(batch.passages.iter().map(|p| p.ll));
+            self.greedy.extend(batch.passages.iter().map(|p| p.greedy));
+        }
     }
 
     /// `failure`: the error that ended the run early, whose words decide `oom` vs `error`.
@@ -204,7 +209,7 @@ impl BatchTotals {
         let lat = Distribution::of(&self.latencies_ms);
         // No finished batch: no latency either (null in the log, not 0).
         let ms = |v: f64| if lat.count == 0 { f64::NAN } else { v };
-        let n = self.lls.len();
+        let (n, timed) = (self.lls.len(), self.samples.iter().sum::<usize>());
         let status = RunStatus::of_result(failure.as_deref());
         let intervals = batch_intervals(&self.latencies_ms, &self.samples);
         intervals.apply(Summary {
@@ -213,6 +218,8 @@ impl BatchTotals {
             n_samples: n,
             n_batches: self.latencies_ms.len(),
             n_tokens: self.n_tokens,
+            timed_samples: Some(timed),
+            passes: Some(self.passes),
             accuracy: if n > 0 {
                 lambada_accuracy(&self.greedy)
             } else {
@@ -223,7 +230,7 @@ impl BatchTotals {
             } else {
                 f64::NAN
             },
-            samples_per_second: per_second(n as f64, timed_seconds),
+            samples_per_second: per_second(timed as f64, timed_seconds),
             tokens_per_second: per_second(self.n_tokens as f64, timed_seconds),
             latency_ms_p50: ms(lat.p50),
             latency_ms_p90: ms(lat.p90),
@@ -269,15 +276,19 @@ impl BatchTotals {
 
 /// What the timed generation calls of a run add up to; the one place a generation run's
 /// [`Summary`] is computed. Rates over the sum of call latencies:
-/// - samples/s = prompts / s; generated tokens/s = rows · N / s (also `tokens_per_second`);
+/// - samples/s = prompts / s; generated tokens/s = rows · N / s (also `tokens_per_second`),
+///   every timed call of every pass;
 /// - decode tokens/s = Σ rows · (N − 1) / Σ (latency − time to first token), timed steps only;
-/// - accuracy (`lambada`) = passages whose generated ids start with the target's / passages.
+/// - accuracy (`lambada`) = passages whose generated ids start with the target's / passages,
+///   over the first pass.
 #[derive(Default)]
 pub struct GenTotals {
     latencies_ms: Vec<f64>,
     /// Prompts of each call.
     samples: Vec<usize>,
+    /// Prompts of the first pass.
     n_samples: usize,
+    passes: usize,
     n_generated: usize,
     decode_tokens: usize,
     decode_ms: f64,
@@ -290,7 +301,11 @@ impl GenTotals {
     pub fn add(&mut self, b: &GenBatchRecord) {
         self.latencies_ms.push(b.latency_ms);
         self.samples.push(b.n_samples);
-        self.n_samples += b.n_samples;
+        self.passes = self.passes.max(b.pass + 1);
+        if b.pass == 0 {
+            self.n_samples += b.n_samples;
+            self.correct.extend(b.passages.iter().map(|p| p.correct));
+        }
         self.n_generated += b.n_samples * b.new_tokens;
         if let Some(ttft) = b.ttft_ms {
             self.ttft_ms.push(ttft);
@@ -298,7 +313,6 @@ impl GenTotals {
             self.decode_ms += b.latency_ms - ttft;
         }
         self.itl_ms.extend(&b.itl_ms);
-        self.correct.extend(b.passages.iter().map(|p| p.correct));
     }
 
     /// `failure`: the error that ended the run early; `kv_cache_bytes`: of the largest call.
@@ -317,16 +331,19 @@ impl GenTotals {
         let ms = |v: f64| if lat.count == 0 { f64::NAN } else { v };
         let generated = per_second(self.n_generated as f64, timed_seconds);
         let intervals = batch_intervals(&self.latencies_ms, &self.samples);
+        let timed: usize = self.samples.iter().sum();
         intervals.apply(Summary {
             n_samples: self.n_samples,
             n_batches: self.latencies_ms.len(),
             n_tokens: self.n_generated,
+            timed_samples: Some(timed),
+            passes: Some(self.passes),
             accuracy: match self.correct.is_empty() {
                 true => f64::NAN,
                 false => lambada_accuracy(&self.correct),
             },
             perplexity: f64::NAN,
-            samples_per_second: per_second(self.n_samples as f64, timed_seconds),
+            samples_per_second: per_second(timed as f64, timed_seconds),
             tokens_per_second: generated,
             latency_ms_p50: ms(lat.p50),
             latency_ms_p90: ms(lat.p90),

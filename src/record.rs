@@ -269,6 +269,12 @@ pub struct Header {
     pub gpu_index: Option<usize>,
     pub batch_size: usize,
     pub warmup_batches: usize,
+    /// `--min-time`, `--min-batches`: what the timed loop had to reach, in whole passes over
+    /// its batches (None for training and in older logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_time_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_batches: Option<usize>,
     pub seed: Option<u64>,
     pub limit: Option<usize>,
     pub data: DataInfo,
@@ -357,6 +363,10 @@ pub struct GenerationInfo {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct GenBatchRecord {
     pub batch: usize,
+    /// 0-based pass over the calls (`--min-time`); absent for the first. Later passes have no
+    /// `passages`: accuracy is scored on the first.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pass: usize,
     pub n_samples: usize,
     /// Longest prompt of the batch.
     pub prompt_len: usize,
@@ -445,6 +455,10 @@ pub struct PassageResult {
 pub struct BatchRecord {
     /// 0-based index among the timed batches.
     pub batch: usize,
+    /// 0-based pass over the batches (`--min-time`); absent for the first. Later passes have
+    /// no `passages`: accuracy and perplexity are scored on the first.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub pass: usize,
     pub n_samples: usize,
     /// Real (non-padding) input tokens.
     pub n_tokens: usize,
@@ -462,16 +476,25 @@ pub struct Summary {
     /// after its header keeps the metrics of the batches it finished.
     pub status: RunStatus,
     pub error: Option<String>,
+    /// Passages (prompts) of the first pass: what accuracy and perplexity are over.
     pub n_samples: usize,
+    /// Timed batches and their real tokens, every pass.
     pub n_batches: usize,
     pub n_tokens: usize,
+    /// Samples of every timed batch, every pass: what `samples_per_second` counts (None in
+    /// older logs, which ran one pass).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timed_samples: Option<usize>,
+    /// Passes over the batches the timed loop started (`--min-time`, `--min-batches`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passes: Option<usize>,
     /// lm-eval `acc`: see [`crate::metrics::lambada_accuracy`].
     #[serde(deserialize_with = "nan_if_null")]
     pub accuracy: f64,
     /// lm-eval `perplexity`: see [`crate::metrics::lambada_perplexity`].
     #[serde(deserialize_with = "nan_if_null")]
     pub perplexity: f64,
-    /// Passages / timed seconds (the sum of batch latencies).
+    /// Timed samples / timed seconds (the sum of batch latencies).
     #[serde(deserialize_with = "nan_if_null")]
     pub samples_per_second: f64,
     /// Real input tokens / timed seconds.
@@ -530,7 +553,7 @@ pub struct Summary {
     pub energy_joules: Option<f64>,
     #[serde(default)]
     pub energy_seconds: Option<f64>,
-    /// energy_joules / n_samples.
+    /// energy_joules / timed samples.
     #[serde(default)]
     pub joules_per_sample: Option<f64>,
 
@@ -589,6 +612,10 @@ pub struct Summary {
     /// the median ([`crate::metrics::mad_outliers`]); None for fewer than 3 batches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_outliers: Option<u64>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// JSON has no NaN: serde_json writes it as `null` (a run that failed before its first

@@ -49,6 +49,9 @@ fn default_run_writes_header_batches_and_summary() {
         (s.status.as_str(), s.n_samples, s.n_batches),
         ("ok", 100, 7)
     );
+    // On the CPU no minimum time or count by default: one pass, and the log says so.
+    assert_eq!((h.min_time_s, h.min_batches), (Some(0.), Some(0)));
+    assert_eq!((s.passes, s.timed_samples), (Some(1), Some(100)));
     assert!(s.samples_per_second > 0. && s.latency_ms_p50 > 0. && s.peak_memory_bytes > 0);
     assert!(s.perplexity.is_finite() && s.perplexity > 1.);
     // The figures come with their 95 % bootstrap intervals, in the log and on the console.
@@ -358,6 +361,10 @@ fn bad_sweep_and_training_inputs_are_one_line_errors() {
     );
     let e = error_of(&["--max-steps", "3"]);
     assert!(e.contains("--max-steps is a training option"), "{e}");
+    let e = error_of(&["--suite", "wikitext2", "--min-time", "5"]);
+    assert!(e.contains("a training run times its steps"), "{e}");
+    let e = error_of(&["--min-time", "inf", "--limit", "4"]);
+    assert!(e.contains("--min-time inf: give seconds, 0 or more"), "{e}");
     let bloom_manual = [
         "--suite",
         "wikitext2",
@@ -417,4 +424,51 @@ fn a_run_says_what_it_loads_on_stderr_before_its_results() {
         dir.path().to_str().unwrap(),
     ]);
     assert!(!stderr(&o).contains("loading weights"), "{}", stderr(&o));
+}
+
+/// `--min-batches` beyond the data: the batches run again, whole passes, each timed and
+/// logged with its pass; the rates count every one, accuracy and perplexity the first pass
+/// (the same as a one-pass run's), and the log and the table say what was asked and ran.
+#[test]
+fn min_batches_beyond_the_data_cycles_and_logs_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().to_str().unwrap();
+    let common = ["--log-dir", logs, "--limit", "24", "--batch-size", "8"];
+    let once = summary_of(&common);
+    let o = bench(&[&common[..], &["--min-batches", "7"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        stdout.contains("9 batches (3 passes; --min-time 0 s, --min-batches 7)"),
+        "{stdout}"
+    );
+    let records = read_log(&log_path_from(&stdout)).unwrap();
+    let Record::Header(h) = &records[0] else {
+        panic!("header")
+    };
+    assert_eq!((h.min_time_s, h.min_batches), (Some(0.), Some(7)));
+    let batches: Vec<_> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Batch(b) => Some(b),
+            _ => None,
+        })
+        .collect();
+    let passes: Vec<usize> = batches.iter().map(|b| b.pass).collect();
+    assert_eq!(passes, [0, 0, 0, 1, 1, 1, 2, 2, 2], "3 batches a pass");
+    assert!(batches.iter().enumerate().all(|(i, b)| b.batch == i));
+    let scored: Vec<usize> = batches.iter().map(|b| b.passages.len()).collect();
+    assert_eq!(
+        scored,
+        [8, 8, 8, 0, 0, 0, 0, 0, 0],
+        "passages on the first pass"
+    );
+    let Some(Record::Summary(s)) = records.last() else {
+        panic!("summary")
+    };
+    assert_eq!((s.n_samples, s.n_batches), (24, 9));
+    assert_eq!((s.timed_samples, s.passes), (Some(72), Some(3)));
+    let rate = 72. / s.timed_seconds;
+    assert!((s.samples_per_second - rate).abs() < 1e-9 * rate);
+    assert_eq!((s.accuracy, s.perplexity), (once.accuracy, once.perplexity));
 }

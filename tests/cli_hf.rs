@@ -278,3 +278,42 @@ fn compilations_inside_the_timed_batches_are_counted_and_said() {
     assert_eq!(bucketed, Some(0));
     assert!(!said.contains("timed compiles"), "{said}");
 }
+
+/// `--min-batches` cycles the HF worker's batches as candle's: the same passes, the same
+/// batch count, quality from the first pass (the stand-in's ll is -1 per target token, so its
+/// perplexity is the one-pass value whatever the passes).
+#[test]
+fn engine_both_cycles_the_same_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (worker, model) = (fake_worker(), fixture("gpt2-fixture"));
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--engine", "both", "--hf-worker", &worker, "--limit", "40"];
+        args.extend(["--model-dir", model.to_str().unwrap()]);
+        args.extend(["--log-dir", dir.path().to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        let o = bench(&args);
+        let stdout = String::from_utf8(o.stdout).unwrap();
+        let summaries: Vec<_> = log_paths(&stdout)
+            .iter()
+            .map(|p| match read_log(p).unwrap().pop() {
+                Some(Record::Summary(s)) => s,
+                _ => panic!("no summary in {}", p.display()),
+            })
+            .collect();
+        assert_eq!(summaries.len(), 2, "{stdout}");
+        summaries
+    };
+    let once = run(&[]);
+    let cycled = run(&["--min-batches", "5"]);
+    for (c, o) in cycled.iter().zip(&once) {
+        // 40 passages at batch 16: 3 batches a pass, 2 passes.
+        assert_eq!(
+            (c.passes, c.n_batches, c.timed_samples),
+            (Some(2), 6, Some(80))
+        );
+        assert_eq!(
+            (c.n_samples, c.accuracy, c.perplexity),
+            (40, o.accuracy, o.perplexity)
+        );
+    }
+}

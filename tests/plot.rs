@@ -166,6 +166,32 @@ fn where_filters_by_any_column() {
     assert_eq!(c.subtitle, "lambada · bf16 · H200 · batch 16");
 }
 
+/// Repeats (`--repeat 5`): the bar is their median, the error bar their min..max, not their
+/// intervals'; one run: its 95 % bootstrap interval; the note says which is which.
+#[test]
+fn error_bars_are_the_repeats_range_or_one_run_s_interval() {
+    let c = build("intervals.csv", &[]);
+    let point = |g: usize, s: usize| {
+        let (series, p) = c.panels[0].groups[g].points[s];
+        (c.series[series].label.as_str(), p.value, p.lo, p.hi)
+    };
+    assert_eq!(point(0, 0), ("candle", 2810., 2429., 3071.));
+    assert_eq!(point(0, 1), ("hf", 1500., 1152., 1977.));
+    assert_eq!(point(1, 0), ("candle", 900., 780., 1010.));
+    assert_eq!(
+        c.error_bars.as_deref(),
+        Some("error bars: min–max of repeats; one run: its 95 % bootstrap interval")
+    );
+    // No repeats, no interval: no error bar, no note; lines draw none.
+    let single = build(
+        "generation.csv",
+        &["--metric", "itl_ms_p50", "--where", "model=bloom-560m"],
+    );
+    assert_eq!(single.error_bars, None);
+    let lines = build("sweep.csv", &["--x", "batch_size"]);
+    assert_eq!(lines.error_bars, None);
+}
+
 // --- golden PNGs ---------------------------------------------------------------------
 
 /// `plot -i CSV -o OUT EXTRA…` through the binary.
@@ -231,6 +257,11 @@ fn golden_grouped_bars() {
         "generation.csv",
         &["--metric", "decode_tokens_per_second"],
     );
+}
+
+#[test]
+fn golden_error_bars() {
+    golden_png("error_bars.png", "intervals.csv", &[]);
 }
 
 #[test]

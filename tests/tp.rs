@@ -81,6 +81,30 @@ fn tp_ranks_score_like_one_process_and_rank_0_logs_them_all() {
     }
 }
 
+/// `--min-time`: each rank times its own batches, so rank 0 decides at each pass end and the
+/// group follows (every forward all-reduces: a rank that stopped alone would hang the others).
+#[test]
+fn tp_ranks_run_the_passes_rank_0_decides() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = bench(dir.path())
+        .args(["--tp", "2", "--limit", "20", "--batch-size", "8"])
+        .args(["--min-time", "0.3", "--min-batches", "4"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let recs = records(&logs(dir.path())[0]);
+    let s = recs.last().unwrap();
+    let passes = s["passes"].as_u64().unwrap();
+    assert!(passes >= 2, "4 batches of 3 a pass: {s}");
+    assert_eq!(
+        s["n_batches"].as_u64().unwrap(),
+        3 * passes,
+        "whole passes: {s}"
+    );
+    assert!(s["timed_seconds"].as_f64().unwrap() >= 0.3, "{s}");
+    assert_eq!(passages(&recs).len(), 20, "passages of the first pass only");
+}
+
 /// A port P held open (as torchrun's agent holds MASTER_PORT with its store) whose next port
 /// is free.
 fn held_port_with_a_free_next() -> (std::net::TcpListener, u16) {

@@ -274,6 +274,20 @@ pub struct RunArgs {
     #[arg(long)]
     pub warmup: Option<usize>,
 
+    /// Scoring and generation: time at least SECS seconds (the sum of the timed batches'
+    /// latencies), running the batches again, whole passes, where one pass is shorter.
+    /// Throughput counts every timed batch; accuracy and perplexity the first pass. The log
+    /// says what was asked and how many passes ran [default: 10 on a GPU, where a pass of
+    /// gpt2 over LAMBADA lasts 2 s and host noise decides it; 0 on the CPU, whose runs are
+    /// tests, CI and first tries, each pass already seconds long].
+    #[arg(long, value_name = "SECS")]
+    pub min_time: Option<f64>,
+
+    /// Scoring and generation: time at least N batches (generation: calls), cycling as
+    /// --min-time does [default: 10 on a GPU, 0 on the CPU].
+    #[arg(long, value_name = "N")]
+    pub min_batches: Option<usize>,
+
     /// Data file (JSONL, {"text": …} a line) [default: the built-in 100-passage sample].
     /// `--data full` looks for the suite's full file in $BENCH_DATA_DIR, ./data and
     /// ~/.cache/transformer-bench.

@@ -192,6 +192,7 @@ fn summary_rows(h: &Header, s: &Summary) -> Vec<(&'static str, String)> {
                 outliers(s.latency_outliers)
             ),
         ),
+        ("timed", timed(h, s)),
         (
             "peak memory",
             format!("{:.1} MiB", mib(s.peak_memory_bytes)),
@@ -206,6 +207,17 @@ fn summary_rows(h: &Header, s: &Summary) -> Vec<(&'static str, String)> {
         ),
     ];
     rows.to_vec()
+}
+
+/// `12.41 s, 21 batches (3 passes; --min-time 10 s, --min-batches 10)`: what the timed loop ran
+/// and had to reach.
+fn timed(h: &Header, s: &Summary) -> String {
+    let mut t = format!("{:.2} s, {} batches", s.timed_seconds, s.n_batches);
+    if let (Some(p), Some(secs), Some(n)) = (s.passes, h.min_time_s, h.min_batches) {
+        let passes = if p == 1 { "pass" } else { "passes" };
+        t += &format!(" ({p} {passes}; --min-time {secs} s, --min-batches {n})");
+    }
+    t
 }
 
 /// A candle-vs-HF table: a row a quantity, candle's value, HF's, and the ratio candle/HF.

@@ -5,15 +5,19 @@
 //!   --mode generate`): per batch, the passages' contexts left-padded, as many new tokens as
 //!   the batch's longest target; a passage is correct when its generated ids start with the
 //!   target's ids. Time: the sum of the generation calls (device synchronized).
+//!
+//! Both time their calls again, whole passes, until `--min-time` and `--min-batches`
+//! ([`super::passes`]); accuracy is over the first pass.
 //! - The generation suite (`--suite generation`): prompts of `--prompt-lens` tokens cut from
 //!   the suite's text, `--new-tokens` each, every token timed: time to first token (the
 //!   prefill), inter-token latency, decode tokens/s. Metrics: [`crate::metrics::GenTotals`].
 
 use super::lambada::tokenize;
+use super::passes::{Passes, Slot};
 use super::skeleton::{
     base_header, candle_device, choose_config, cold_share, engine_args, engine_runs, final_memory,
-    finish_log, first_of_each_shape, gpu_index, open_log, warm_short_last, warmup_batches,
-    GpuWatch, Padding, PROBE_SHAPES,
+    finish_log, first_of_each_shape, gpu_index, group_stops, open_log, warm_short_last,
+    warmup_batches, GpuWatch, Padding, PROBE_SHAPES,
 };
 use super::spec::{GenerateOptions, GenerateSource, RunSpec};
 use crate::data::sha256_hex;
@@ -217,7 +221,9 @@ fn run_engine(
     let shapes = |calls: &[&GenBatch]| -> Vec<(usize, usize, usize)> {
         calls.iter().map(|b| shape(b)).collect()
     };
-    let cold = cold_share(&shapes(&timed), &shapes(&warm));
+    // Only the first pass meets a shape first: the passes the count asks spread it.
+    let passes = spec.min_run.least_passes(timed.len());
+    let cold = cold_share(&shapes(&timed), &shapes(&warm)) / passes as f64;
     choose_config(spec, kind, probe.len(), || {
         engine.choose_config(&probe, cold)?;
         Ok(engine.info())
@@ -311,7 +317,8 @@ struct Calls<'a> {
 }
 
 /// Warm-up calls (untimed: PTX load, cuBLAS handles, HF's compilation for each new shape),
-/// then every call timed and logged as it finishes.
+/// then every call timed and logged as it finishes, pass after pass until the run's minimums
+/// are reached.
 fn generate_all(
     spec: &RunSpec,
     header: &Header,
@@ -331,17 +338,23 @@ fn generate_all(
     let mut kv_cache_bytes = None;
     let n_prompts: usize = timed.iter().map(|b| b.prompts.len()).sum();
     let bar = crate::progress::passages(spec.progress && spec.is_logging_rank(), n_prompts as u64);
-    for (i, b) in timed.iter().enumerate() {
+    let mut passes = Passes::new(spec.min_run, timed.len());
+    while let Some(slot) = passes.next(|stop| group_stops(spec, stop))? {
         if failure.is_some() {
             break;
         }
-        let record = match generate_one(engine, i, b, &request(b, info), info.timed_steps) {
+        if slot.pass > 0 && slot.index == 0 {
+            bar.inc_length(n_prompts as u64);
+        }
+        let b = timed[slot.index];
+        let record = match generate_one(engine, slot, b, &request(b, info), info.timed_steps) {
             Ok(r) => r,
             Err(e) => {
                 failure = Some(e);
                 break;
             }
         };
+        passes.timed(record.latency_ms);
         kv_cache_bytes = kv_cache_bytes.max(engine.kv_cache_bytes());
         totals.add(&record);
         log.write(&Record::GenBatch(record))?;
@@ -368,10 +381,11 @@ fn request<'a>(b: &'a GenBatch, info: &'a GenerationInfo) -> GenerateRequest<'a>
     }
 }
 
-/// One call, checked (a row per prompt, `new_tokens` ids each) and turned into its record.
+/// One call, checked (a row per prompt, `new_tokens` ids each) and turned into its record
+/// (its passages on the first pass only: later ones repeat them).
 fn generate_one(
     engine: &mut dyn Generate,
-    i: usize,
+    slot: Slot,
     b: &GenBatch,
     req: &GenerateRequest,
     timed_steps: bool,
@@ -387,8 +401,8 @@ fn generate_one(
             b.new_tokens
         )));
     }
-    let passages = b
-        .targets
+    let targets: &[(usize, Vec<u32>)] = if slot.pass == 0 { &b.targets } else { &[] };
+    let passages = targets
         .iter()
         .zip(&ids)
         .map(|((index, target), ids)| GenPassage {
@@ -398,7 +412,8 @@ fn generate_one(
         })
         .collect();
     Ok(GenBatchRecord {
-        batch: i,
+        batch: slot.seq,
+        pass: slot.pass,
         n_samples: b.prompts.len(),
         prompt_len: longest(&b.prompts),
         padded_len: Some(b.padded_len),

@@ -4,7 +4,7 @@
 //!
 //! - [`spec`]: the fully resolved run ([`RunSpec`]) a scenario receives.
 //! - [`skeleton`]: what every scenario does the same way (engines to run, log header and name,
-//!   GPU trackers).
+//!   GPU trackers); [`passes`]: how long the timed loop runs (`--min-time`, `--min-batches`).
 //! - [`lambada`]: LAMBADA scored like lm-eval `lambada_openai`.
 //! - [`generate`]: greedy generation with a KV cache: LAMBADA the FasterTransformer way
 //!   (`--mode generate`) and the generation suite (time to first token, inter-token latency).
@@ -16,6 +16,7 @@
 
 pub mod generate;
 pub mod lambada;
+pub mod passes;
 pub mod skeleton;
 pub mod spec;
 pub mod suite_file;

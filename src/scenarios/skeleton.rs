@@ -19,7 +19,7 @@ use crate::tokenizer::TextTokenizer;
 use crate::trackers::{
     EnergyReading, EnergyTracker, GpuActivity, GpuSampler, MemoryReading, NvmlGpu,
 };
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -188,6 +188,8 @@ pub fn base_header(
     host: EnvReport,
     data: DataInfo,
 ) -> Header {
+    // Scoring and generation time passes over their batches; training times its steps.
+    let timed_loop = !matches!(spec.workload, Workload::Train(_));
     Header {
         schema_version: SCHEMA_VERSION,
         tool: "transformer-bench".into(),
@@ -206,6 +208,8 @@ pub fn base_header(
         gpu_index: None,
         batch_size: spec.batch_size,
         warmup_batches: spec.warmup_batches,
+        min_time_s: timed_loop.then_some(spec.min_run.seconds),
+        min_batches: timed_loop.then_some(spec.min_run.batches),
         seed: None,
         limit: None,
         data,
@@ -213,10 +217,7 @@ pub fn base_header(
         seq_len: None,
         repeat: spec.repeat,
         train: None,
-        pad_multiple: match spec.workload {
-            Workload::Train(_) => None,
-            _ => Some(spec.pad_multiple),
-        },
+        pad_multiple: timed_loop.then_some(spec.pad_multiple),
         tp: spec.tp.as_ref().map(|t| TpInfo {
             size: t.group.size,
             backend: t.backend.clone(),
@@ -299,6 +300,22 @@ pub fn gpu_index(device: DeviceSpec, cuda_uuid: Option<&str>, host: &EnvReport) 
         .filter(|&i| host.gpu(i).is_some())
 }
 
+/// Whether the run's group stops its timed loop ([`super::passes::Passes::next`]): rank 0's
+/// answer, all-reduced to every rank of a tensor-parallel run (each forward all-reduces, so
+/// every rank must run the same batches); alone, `stop`.
+pub fn group_stops(spec: &RunSpec, stop: bool) -> Result<bool> {
+    let Some((tp, reduce)) = spec
+        .tp
+        .as_ref()
+        .and_then(|t| Some((t, t.group.reduce.as_ref()?)))
+    else {
+        return Ok(stop);
+    };
+    let mine = if tp.group.rank == 0 && stop { 1f32 } else { 0. };
+    let sum = reduce.all_reduce_sum(&Tensor::new(&[mine], &tp.device)?)?;
+    Ok(sum.to_vec1::<f32>()?[0] > 0.5)
+}
+
 /// NVML sampler and energy counter over a timed loop, on the run's GPU.
 pub struct GpuWatch {
     sampler: GpuSampler,
@@ -350,11 +367,11 @@ pub struct GpuFigures {
 }
 
 impl GpuFigures {
-    /// `summary` with these figures (energy per sample over its `n_samples`).
+    /// `summary` with these figures (energy per sample over every timed sample).
     pub fn apply(self, summary: Summary) -> Summary {
         let act = self.activity.unwrap_or_default();
         let energy = self.energy;
-        let n_samples = summary.n_samples;
+        let n_samples = summary.timed_samples.unwrap_or(summary.n_samples);
         Summary {
             nvml_peak_process_memory_bytes: act.peak_process_memory_bytes,
             nvml_peak_device_memory_used_bytes: act.peak_device_memory_used_bytes,

@@ -25,6 +25,9 @@ pub struct RunSpec {
     pub precision: Precision,
     pub batch_size: usize,
     pub warmup_batches: usize,
+    /// `--min-time`, `--min-batches`: scoring and generation time whole passes over their
+    /// batches until both are reached (training runs its steps).
+    pub min_run: crate::scenarios::passes::MinRun,
     pub limit: Option<usize>,
     /// Left-truncate contexts to this many tokens (None: the model's maximum).
     pub seq_len: Option<usize>,

@@ -5,11 +5,13 @@ use super::matrix::{Plan, RunConfig};
 use super::rules::{check_flags, check_llmc};
 use crate::cli::RunArgs;
 use crate::data::{find_or_download, find_or_download_dir, DataFile, Lookup, Reference};
+use crate::device::DeviceSpec;
 use crate::engines::hf::{HfAttn, HfCompile, HfOptions};
 use crate::engines::llmc::LlmcOptions;
 use crate::engines::EngineKind;
 use crate::error::{Error, Result};
 use crate::models::{ModelSpec, WeightSource};
+use crate::scenarios::passes::MinRun;
 use crate::scenarios::skeleton::max_positions;
 use crate::scenarios::suite_file::{SuiteFile, SuiteTrain};
 use crate::scenarios::train::data::{Splits, WIKITEXT2_RAW};
@@ -207,6 +209,7 @@ pub fn resolve_config(
     let data = run_data(args, suite, &workload)?;
     Ok(RunSpec {
         seed: args.seed,
+        min_run: min_run(args, &workload, plan_device)?,
         workload,
         warmup_batches,
         suite: suite.clone(),
@@ -240,6 +243,23 @@ pub fn resolve_config(
         dp: None,
         auto: plan.auto.clone(),
     })
+}
+
+/// `--min-time` and `--min-batches` against the device's defaults; refused for training, which
+/// runs its steps (`--max-steps`, `--epochs`).
+fn min_run(args: &RunArgs, workload: &Workload, device: DeviceSpec) -> Result<MinRun> {
+    let given = args.min_time.is_some() || args.min_batches.is_some();
+    if given && matches!(workload, Workload::Train(_)) {
+        return Err(Error::Config(
+            "--min-time and --min-batches are for scoring and generation: a training run times its steps (--max-steps, --epochs)".into(),
+        ));
+    }
+    if let Some(s) = args.min_time.filter(|s| !(s.is_finite() && *s >= 0.)) {
+        return Err(Error::Config(format!(
+            "--min-time {s}: give seconds, 0 or more"
+        )));
+    }
+    Ok(MinRun::resolve(device, args.min_time, args.min_batches))
 }
 
 /// Training's checks that need the model, before any weights load: its backward, and

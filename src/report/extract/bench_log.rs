@@ -18,10 +18,23 @@ struct Collected {
     latencies_ms: Vec<f64>,
     n_samples: usize,
     n_tokens: usize,
+    /// Scoring and generation: samples of the first pass, and the passes begun (`--min-time`).
+    first_pass_samples: usize,
+    passes: usize,
     /// Training: every step's loss (warm-up included), and the last step.
     losses: Vec<f64>,
     last_step: Option<StepRecord>,
     skipped: usize,
+}
+
+impl Collected {
+    /// Counts a timed batch of `n` samples in pass `pass`.
+    fn pass(&mut self, pass: usize, n: usize) {
+        self.passes = self.passes.max(pass + 1);
+        if pass == 0 {
+            self.first_pass_samples += n;
+        }
+    }
 }
 
 fn collect(text: &str) -> Collected {
@@ -33,6 +46,7 @@ fn collect(text: &str) -> Collected {
                 c.latencies_ms.push(b.latency_ms);
                 c.n_samples += b.n_samples;
                 c.n_tokens += b.n_tokens;
+                c.pass(b.pass, b.n_samples);
             }
             Ok(Record::Summary(s)) => c.summary = serde_json::to_value(&s).ok(),
             Ok(Record::TrainSummary(s)) => c.summary = serde_json::to_value(&s).ok(),
@@ -52,6 +66,7 @@ fn collect(text: &str) -> Collected {
                 c.latencies_ms.push(b.latency_ms);
                 c.n_samples += b.n_samples;
                 c.n_tokens += b.n_samples * b.new_tokens;
+                c.pass(b.pass, b.n_samples);
             }
             Err(_) => c.skipped += 1,
         }
@@ -113,6 +128,13 @@ fn header_columns(row: &mut RunRow, h: &Header) {
     }
     if let Some(r) = h.repeat {
         row.set("repeat", r);
+    }
+    // What the timed loop had to reach (the summary says how many passes it ran).
+    if let Some(s) = h.min_time_s {
+        row.set("min_time_s", s);
+    }
+    if let Some(n) = h.min_batches {
+        row.set("min_batches", n);
     }
     // Tensor-parallel degree: 1 for single-GPU runs, so charts can put tp on an axis.
     row.set("tp", h.tp.as_ref().map_or(1, |t| t.size));
@@ -195,11 +217,14 @@ fn summary_columns(row: &mut RunRow, v: &serde_json::Value) {
 }
 
 /// A LAMBADA or generation run killed before its summary: what its finished batches (calls)
-/// say; for generation, tokens are the generated ones.
+/// say, as its summary would (`n_samples` of the first pass, rates over every pass); for
+/// generation, tokens are the generated ones.
 fn partial_columns(row: &mut RunRow, c: &Collected) {
     row.meta.insert("status".into(), "partial".into());
     let secs = c.latencies_ms.iter().sum::<f64>() / 1e3;
-    row.set("n_samples", c.n_samples);
+    row.set("n_samples", c.first_pass_samples);
+    row.set("timed_samples", c.n_samples);
+    row.set("passes", c.passes);
     row.set("n_batches", c.latencies_ms.len());
     row.set("n_tokens", c.n_tokens);
     if secs > 0. {

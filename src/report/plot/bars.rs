@@ -1,5 +1,5 @@
 //! Grouped bars: one group an x category (a model, × batch size), one bar a series, its value
-//! above it, min..max error bars over repeats, the speedup over HF above the group.
+//! above it, its error bar ([`super::whiskers`]), the speedup over HF above the group.
 
 use super::paint::{colour, label, plot_err, ratio, text, PanelCtx};
 use super::series::Group;
@@ -91,7 +91,7 @@ where
     Ok(size.clamp(11., 17.) as u32)
 }
 
-/// A group's bars, min..max error bars (where taller than their caps) and value labels.
+/// A group's bars, error bars (where taller than their caps) and value labels.
 fn draw_group<DB, Y>(
     c: &mut Ctx<DB, Y>,
     ctx: &PanelCtx<DB>,

@@ -222,8 +222,8 @@ where
     Ok(y - 12)
 }
 
-/// The notes along the bottom (what a speedup is over, what was left out); returns the area
-/// above them.
+/// The notes along the bottom (what a speedup is over, what was left out, what the error bars
+/// are), as many on a line as fit; returns the area above them.
 fn footer<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     chart: &Chart,
@@ -240,13 +240,27 @@ where
         notes.push("×: speedup over the fastest HF bar of the same workload".to_string());
     }
     notes.extend(chart.note.clone());
+    notes.extend(chart.error_bars.clone());
     if notes.is_empty() {
         return Ok(area.clone());
     }
     let (w, h) = area.dim_in_pixel();
-    let (body, foot) = area.split_vertically(h as i32 - 26);
     let style = text(14, HPos::Center, VPos::Center).color(&GREY);
-    foot.draw(&Text::new(notes.join("  |  "), (w as i32 / 2, 12), style))
-        .map_err(plot_err)?;
+    let mut lines: Vec<String> = vec![];
+    for n in notes {
+        let joined = lines.last().map(|l| format!("{l}  |  {n}"));
+        match joined {
+            Some(j) if area.estimate_text_size(&j, &style).map_err(plot_err)?.0 + 20 <= w => {
+                *lines.last_mut().expect("a line") = j;
+            }
+            _ => lines.push(n),
+        }
+    }
+    let (body, foot) = area.split_vertically(h as i32 - 4 - 22 * lines.len() as i32);
+    for (k, line) in lines.into_iter().enumerate() {
+        let at = (w as i32 / 2, 12 + 22 * k as i32);
+        foot.draw(&Text::new(line, at, style.clone()))
+            .map_err(plot_err)?;
+    }
     Ok(body)
 }

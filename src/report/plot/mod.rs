@@ -2,8 +2,9 @@
 //! fonts are needed), shaped like the charts engine comparisons publish:
 //!
 //! - grouped bars: x = the model (× batch size where it varies), one colour an engine (×
-//!   precision where it varies), the value over each bar, min..max error bars over repeats,
-//!   and each engine's speedup over HF's written above the group;
+//!   precision where it varies), the value over each bar, error bars (min..max over repeats,
+//!   one run's 95 % bootstrap interval: [`whiskers`]), and each engine's speedup over HF's
+//!   written above the group;
 //! - lines where x is a swept number (batch size, prompt length, tp / dp GPUs);
 //! - side-by-side panels (`--facet`; by GPU when the rows come from several), one y axis.
 //!
@@ -17,6 +18,7 @@ mod lines;
 mod paint;
 mod select;
 pub mod series;
+mod whiskers;
 
 use crate::error::{Error, Result};
 use clap::Parser;

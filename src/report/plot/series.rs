@@ -3,12 +3,13 @@
 //!
 //! A series is an engine (× precision, × every other workload column that varies and is not x
 //! or the facet), so a bar never folds rows of two workloads: it is the median of repeats,
-//! with their min..max. An engine's settings and build (HF's attention, candle's `--fused`
+//! with their min..max, or one run with its bootstrap interval ([`super::whiskers`]). An engine's settings and build (HF's attention, candle's `--fused`
 //! set, the commit) do not split bars unless `--all-configs`: each bar keeps its engine's
 //! newest, as a published chart shows the current build, and a note counts what was left out.
 
 use super::fields::{self, CONFIG, SWEPT, WORKLOAD};
 use super::select::{kept_rows, number_column, text_column};
+use super::whiskers::{self, Bounds, RowPoint};
 use super::{units, Args};
 use crate::error::{Error, Result};
 use crate::report::row::column_names;
@@ -16,7 +17,7 @@ use polars::prelude::*;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
 
-/// One plotted value: median of the matching rows, with a min..max range.
+/// One plotted value: median of the matching rows, with its error bar (lo..hi).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Point {
     pub value: f64,
@@ -67,6 +68,9 @@ pub struct Chart {
     /// What every plotted row shares (`generation · bf16 · H100 80GB HBM3`).
     pub subtitle: String,
     pub note: Option<String>,
+    /// What the bars' error bars show (min..max of repeats, a run's bootstrap interval);
+    /// None where no bar has one, and for lines.
+    pub error_bars: Option<String>,
 }
 
 /// Which column plays which part: the panels, the groups (x, then the batch size where x is
@@ -372,17 +376,6 @@ fn subtitle(cols: &Cols, rows: &[usize], lay: &Layout) -> String {
         .join(" · ")
 }
 
-/// Folds a bar's rows: their median, and the min..max of them (and of `_min` / `_max`).
-fn fold(pts: &[Point]) -> Point {
-    let mut vals: Vec<f64> = pts.iter().map(|p| p.value).collect();
-    vals.sort_by(f64::total_cmp);
-    Point {
-        value: crate::metrics::percentile(&vals, 50.),
-        lo: pts.iter().map(|p| p.lo).fold(f64::INFINITY, f64::min),
-        hi: pts.iter().map(|p| p.hi).fold(f64::NEG_INFINITY, f64::max),
-    }
-}
-
 /// The chart's data from the CSV and the flags.
 pub fn build(df: &DataFrame, args: &Args) -> Result<Chart> {
     let value = metric_values(df, args)?;
@@ -404,12 +397,9 @@ pub fn build(df: &DataFrame, args: &Args) -> Result<Chart> {
         }
     }
     facets.sort_by(cmp_values);
-    let (lo, hi) = (
-        number_column(df, &format!("{}_min", args.metric))?,
-        number_column(df, &format!("{}_max", args.metric))?,
-    );
+    let bounds = Bounds::read(df, &args.metric)?;
     let (_, scale) = units(&args.metric);
-    let mut raw: BTreeMap<(usize, usize, usize), Vec<Point>> = BTreeMap::new();
+    let mut raw: BTreeMap<(usize, usize, usize), Vec<RowPoint>> = BTreeMap::new();
     for &i in &rows {
         let v = value[i].unwrap_or(f64::NAN);
         let Some(g) = groups.iter().position(|k| *k == key(&cols, &lay.group, i)) else {
@@ -421,13 +411,16 @@ pub fn build(df: &DataFrame, args: &Args) -> Result<Chart> {
             .iter()
             .position(|k| *k == key(&cols, &lay.series, i))
             .unwrap_or(0);
-        let bound = |c: &Option<Vec<Option<f64>>>| c.as_ref().and_then(|c| c[i]).unwrap_or(v);
-        raw.entry((p, g, s)).or_default().push(Point {
-            value: v * scale,
-            lo: bound(&lo) * scale,
-            hi: bound(&hi) * scale,
-        });
+        raw.entry((p, g, s))
+            .or_default()
+            .push(bounds.row(i, v, scale));
     }
+    let drawn: Vec<_> = raw.values().map(|r| whiskers::fold(r)).collect();
+    let whiskers: Vec<_> = drawn
+        .iter()
+        .filter(|(p, _)| p.hi > p.lo)
+        .map(|w| w.1)
+        .collect();
     let panels = facets
         .iter()
         .enumerate()
@@ -443,6 +436,7 @@ pub fn build(df: &DataFrame, args: &Args) -> Result<Chart> {
             String::new()
         },
         subtitle: subtitle(&cols, &rows, &lay),
+        error_bars: whiskers::note(&whiskers).filter(|_| !lay.lines),
         note: (dropped > 0).then(|| {
             let what = if lay.lines { "point" } else { "bar" };
             format!(
@@ -457,7 +451,7 @@ pub fn build(df: &DataFrame, args: &Args) -> Result<Chart> {
 fn panel(
     p: usize,
     facet: &Option<String>,
-    raw: &BTreeMap<(usize, usize, usize), Vec<Point>>,
+    raw: &BTreeMap<(usize, usize, usize), Vec<RowPoint>>,
     groups: &[Key],
     keys: &[Key],
     lay: &Layout,
@@ -466,7 +460,7 @@ fn panel(
     let mut out = vec![];
     for (g, gk) in groups.iter().enumerate() {
         let points: Vec<(usize, Point)> = (0..keys.len())
-            .filter_map(|s| raw.get(&(p, g, s)).map(|pts| (s, fold(pts))))
+            .filter_map(|s| raw.get(&(p, g, s)).map(|rows| (s, whiskers::fold(rows).0)))
             .collect();
         if points.is_empty() {
             continue;

@@ -1,12 +1,14 @@
-//! The LAMBADA scoring scenario: load, warm up, score every batch (timed), write the log,
-//! summarize. Per engine of the run: the same requests, batches and padding ([`data`]).
+//! The LAMBADA scoring scenario: load, warm up, score every batch (timed; again, whole passes,
+//! until `--min-time` and `--min-batches`: [`super::passes`]), write the log, summarize. Per
+//! engine of the run: the same requests, batches and padding ([`data`]).
 
 pub mod data;
 
+use super::passes::{MinRun, Passes, Slot};
 use super::skeleton::{
     base_header, candle_device, choose_config, cold_share, engine_args, engine_runs, final_memory,
-    finish_log, first_of_each_shape, gpu_index, open_log, shows_progress, warm_short_last,
-    warmup_batches, GpuWatch, Padding, PROBE_SHAPES,
+    finish_log, first_of_each_shape, gpu_index, group_stops, open_log, shows_progress,
+    warm_short_last, warmup_batches, GpuWatch, Padding, PROBE_SHAPES,
 };
 use super::spec::RunSpec;
 use crate::device::DeviceSpec;
@@ -157,7 +159,9 @@ fn run_engine(
     let batches = Batches::of(spec, &requests, started.engine.max_positions());
     let probe = batches.probe();
     choose_config(spec, kind, probe.len(), || {
-        started.engine.choose_config(&probe, batches.cold_share())?;
+        started
+            .engine
+            .choose_config(&probe, batches.cold_share(spec.min_run))?;
         Ok(started.engine.info())
     })?;
     let mut header = header(spec, &started, weights, &tokenizer, requests.len());
@@ -221,12 +225,12 @@ impl<'a> Batches<'a> {
         Self { list, warmup }
     }
 
-    /// The share of the timed batches (all of them) that are the first of a shape the warm-up
-    /// did not meet.
-    fn cold_share(&self) -> f64 {
+    /// The share of the timed batches (all of them, over the passes `min` is known to ask)
+    /// that are the first of a shape the warm-up did not meet: only the first pass has them.
+    fn cold_share(&self, min: MinRun) -> f64 {
         let shapes = shapes(&self.list);
         let warm: Vec<(usize, usize)> = self.warmup.iter().map(|&i| shapes[i]).collect();
-        cold_share(&shapes, &warm)
+        cold_share(&shapes, &warm) / min.least_passes(shapes.len()) as f64
     }
 
     /// The first batch of each of the first padded lengths: what HF's probe times.
@@ -239,7 +243,8 @@ impl<'a> Batches<'a> {
     }
 }
 
-/// Untimed warm-up batches, then every batch timed and logged as it finishes.
+/// Untimed warm-up batches, then every batch timed and logged as it finishes, pass after
+/// pass until the run's minimums are reached.
 fn score_all(
     spec: &RunSpec,
     header: &Header,
@@ -263,17 +268,23 @@ fn score_all(
     let (mut totals, mut model_flops) = (BatchTotals::default(), 0.);
     let n_passages = batches.list.iter().map(|b| b.0.len()).sum::<usize>();
     let bar = crate::progress::passages(spec.progress && spec.is_logging_rank(), n_passages as u64);
-    for (i, &(batch, padded)) in batches.list.iter().enumerate() {
+    let mut passes = Passes::new(spec.min_run, batches.list.len());
+    while let Some(slot) = passes.next(|stop| group_stops(spec, stop))? {
         if failure.is_some() {
             break;
         }
-        let record = match score_one(engine, i, batch, padded) {
+        if slot.pass > 0 && slot.index == 0 {
+            bar.inc_length(n_passages as u64);
+        }
+        let (batch, padded) = batches.list[slot.index];
+        let record = match score_one(engine, slot, batch, padded) {
             Ok(r) => r,
             Err(e) => {
                 failure = Some(e);
                 break;
             }
         };
+        passes.timed(record.latency_ms);
         model_flops += batch
             .iter()
             .map(|r| lambada_forward_flops(&shape, r.input.len(), r.target_tokens.len()))
@@ -297,22 +308,27 @@ fn shapes(list: &[(&[Request], usize)]) -> Vec<(usize, usize)> {
     list.iter().map(|(b, len)| (b.len(), *len)).collect()
 }
 
-/// Scores batch `i`, padded to `padded_len`, and turns the engine's per-token scores into its
-/// log record.
+/// Scores the batch of `slot`, padded to `padded_len`, and turns the engine's per-token scores
+/// into its log record (its passages on the first pass only: later ones repeat them).
 fn score_one(
     engine: &mut dyn Score,
-    i: usize,
+    slot: Slot,
     batch: &[Request],
     padded_len: usize,
 ) -> Result<BatchRecord> {
     let out = engine.score(batch, padded_len)?;
+    let mut passages = passage_results(batch, &out.scores)?;
+    if slot.pass > 0 {
+        passages.clear();
+    }
     Ok(BatchRecord {
-        batch: i,
+        batch: slot.seq,
+        pass: slot.pass,
         n_samples: batch.len(),
         n_tokens: batch_shape(batch).n_tokens,
         padded_len,
         latency_ms: out.latency_ms,
-        passages: passage_results(batch, &out.scores)?,
+        passages,
     })
 }
 
