@@ -7,8 +7,8 @@
 #      GPU (the ignored unit tests that need two GPUs);
 #   2. --tp 2 against one GPU, gpt2-tiny and bloom-tiny: LAMBADA scores within the one-GPU
 #      batch-size spread, --mode generate ids identical;
-#   3. --dp 2 against one GPU with --grad-accum 2, and --zero 1/2/3 against plain --dp 2: the
-#      same losses;
+#   3. --dp 2 against one GPU with --grad-accum 2, and --zero 1/2/3 and --dp-overlap (copy-engine
+#      sums) against plain --dp 2: the same losses;
 #   4. launchers: torchrun on one node, torchrun as two simulated nodes (one GPU each), Open
 #      MPI's and Slurm's variables (mpirun / srun where installed, else set by hand: the log
 #      says which), each scoring like the one-GPU run.
@@ -50,7 +50,8 @@ timeout 300 /tmp/unit-tests over_two_gpus tp2_graph --skip sum_latency --ignored
 grep -q "test result: ok. 2 passed" "$LOG" || fail "the two-GPU unit tests"
 
 say "== 2. --tp 2 against one GPU"
-L=(--suite lambada --data data/lambada_sample.jsonl --dtype fp32)
+# One pass a run (no GPU minimum time): these runs check numbers, not speed.
+L=(--suite lambada --data data/lambada_sample.jsonl --dtype fp32 --min-time 0 --min-batches 0)
 for m in gpt2-tiny bloom-tiny; do
   run "$m-tp1" "${L[@]}" --model $m --batch-size 16
   run "$m-tp1-bs5" "${L[@]}" --model $m --batch-size 5
@@ -71,6 +72,11 @@ for z in 1 2 3; do
   run "dp2-zero$z" "${W[@]}" --dp 2 --zero $z
   check losses dp2 "dp2-zero$z" --rtol 1e-5
 done
+# --dp-overlap: the started sums through the copy engines (--fused copy-sum) = NCCL's.
+run dp2-overlap "${W[@]}" --dp 2 --dp-overlap
+if grep -q "copy-engine sums" "$S/dp2-overlap.out"; then say "dp2-overlap: copy-engine sums on"
+else say "dp2-overlap: WARNING: no copy-engine sums note in its output (NCCL summed?)"; fi
+check losses dp2 dp2-overlap --rtol 1e-5
 
 say "== 4. launchers (gpt2-tiny --tp 2 scoring against one GPU)"
 T=(--weights random --seed 0 --device cuda --no-progress "${L[@]}" --model gpt2-tiny --batch-size 16 --tp 2)

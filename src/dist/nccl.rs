@@ -392,6 +392,10 @@ impl AllReduce for NcclAllReduce {
             return Ok(());
         }
         if let Some(pair) = crate::dist::pair_sum::PairSum::open(self, device, *rank, bytes)? {
+            if *rank == 0 {
+                let mib = bytes as f64 / (1 << 20) as f64;
+                eprintln!("note: the started gradient sums cross over NVLink as copy-engine sums ({mib:.0} MiB a rank)");
+            }
             let _ = self.pair.set(pair);
         }
         Ok(())
