@@ -8,17 +8,17 @@
 //! bits, as NCCL's sum of two).
 //!
 //! Each rank's region (IPC-shared through [`PeerSum`]): FLAGS bytes of flags, then the data.
-//! Flags, written by the other rank with stream memory operations (each write ordered after
-//! the work before it on its stream): ARRIVED = e once its copies of step e are in this
-//! region; CONSUMED = e once it has added what this rank sent in step e, so this rank may
-//! write step e + 1 over it.
+//! Flags, written by the other rank with a one-thread kernel on its compute stream (after the
+//! work they announce) and waited for with another (`kernels::pair_signal`, `pair_wait`):
+//! ARRIVED = e once its copies of step e are in this region; CONSUMED = e once it has added
+//! what this rank sent in step e, so this rank may write step e + 1 over it.
 
 use super::peer_sum::PeerSum;
 use super::AllReduce;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::cudarc::driver::{sys, CudaStream, DevicePtr};
-use candle_core::{CpuStorage, CudaStorage, DType, Device, InplaceOp1, Layout, Tensor};
-use std::sync::{Arc, Mutex};
+use candle_core::{CpuStorage, CudaDevice, CudaStorage, DType, Device, InplaceOp1, Layout, Tensor};
+use std::sync::Mutex;
 
 const FLAGS: usize = 256;
 const ARRIVED: u64 = 0;
@@ -29,6 +29,8 @@ const ALIGN: usize = 256;
 /// This rank's side of the pair.
 pub struct PairSum {
     region: PeerSum,
+    /// The rank's device: the flags' kernels and the adds run on its (compute) stream.
+    device: CudaDevice,
     rank: usize,
     /// Data bytes a region holds: every started sum of a step.
     bytes: usize,
@@ -60,11 +62,11 @@ impl PairSum {
         let Device::Cuda(dev) = device else {
             return Ok(None);
         };
-        let usable = stream_memory_ops(&dev.cuda_stream());
-        let what = ("copy-engine sums", usable);
+        let what = ("copy-engine sums", Ok(()));
         let region = PeerSum::open_sized(nccl, device, (rank, 2), FLAGS + bytes, what)?;
         Ok(region.map(|region| Self {
             region,
+            device: dev.clone(),
             rank,
             bytes,
             step: Mutex::new(Step {
@@ -99,14 +101,9 @@ impl PairSum {
             return Ok(false);
         }
         if step.started.is_empty() {
-            // The other rank has added what we sent last step: its region may be written.
-            let flag = self.own() + CONSUMED;
-            let e = step.epoch - 1;
-            // SAFETY: `flag` is in this rank's live region; the wait only reads it.
-            check(
-                unsafe { sys::cuStreamWaitValue32_v2(side.cu_stream(), flag, e, 0) },
-                "wait",
-            )?;
+            // The other rank has added what we sent last step (long done: it did so before
+            // its forward), so its region may be written; the side stream follows compute.
+            crate::kernels::pair_wait(&self.device, self.own() + CONSUMED, step.epoch - 1)?;
         }
         side.join(compute).map_err(candle_core::Error::wrap)?;
         let dst = self.peer() + (FLAGS + at) as u64;
@@ -125,46 +122,19 @@ impl PairSum {
             return Ok(false);
         }
         let e = step.epoch;
-        // SAFETY (the three stream operations): the flags are in the two ranks' live regions;
-        // each write is ordered after the work queued before it on its stream (the default
-        // flag's memory barrier), so the flag follows the copies or adds it announces.
-        check(
-            unsafe { sys::cuStreamWriteValue32_v2(side.cu_stream(), self.peer() + ARRIVED, e, 0) },
-            "signal",
-        )?;
+        // After the copies (the join), the flag that announces them; then theirs, the adds,
+        // and the flag that frees their region.
         compute.join(side).map_err(candle_core::Error::wrap)?;
-        check(
-            unsafe { sys::cuStreamWaitValue32_v2(compute.cu_stream(), self.own() + ARRIVED, e, 0) },
-            "wait",
-        )?;
+        crate::kernels::pair_signal(&self.device, self.peer() + ARRIVED, e)?;
+        crate::kernels::pair_wait(&self.device, self.own() + ARRIVED, e)?;
         for (x, at) in step.started.drain(..) {
             crate::kernels::pair_add_in_place(&x, self.own() + (FLAGS + at) as u64)?;
         }
-        check(
-            unsafe {
-                sys::cuStreamWriteValue32_v2(compute.cu_stream(), self.peer() + CONSUMED, e, 0)
-            },
-            "signal",
-        )?;
+        crate::kernels::pair_signal(&self.device, self.peer() + CONSUMED, e)?;
         step.epoch += 1;
         step.cursor = 0;
         Ok(true)
     }
-}
-
-/// Whether this GPU takes stream memory operations (a write, then a wait on it).
-fn stream_memory_ops(stream: &Arc<CudaStream>) -> Result<(), String> {
-    let flag = stream.alloc_zeros::<u32>(1).map_err(|e| e.to_string())?;
-    let (addr, _guard) = flag.device_ptr(stream);
-    // SAFETY: `flag` is a live allocation of one u32 on this stream's device.
-    let r = unsafe {
-        let s = stream.cu_stream();
-        sys::cuStreamWriteValue32_v2(s, addr, 1, 0)
-            .result()
-            .and_then(|()| sys::cuStreamWaitValue32_v2(s, addr, 1, 0).result())
-    };
-    r.and_then(|()| stream.synchronize())
-        .map_err(|e| format!("stream memory operations: {e:?}"))
 }
 
 /// Copies the tensor to `dst` (the other rank's region) on `side`, a copy engine's work.

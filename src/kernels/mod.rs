@@ -50,11 +50,11 @@ pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{add_layer_norm, layer_norm, layer_norm_bwd};
 pub use linear_lt::linear;
 pub use multi_tensor::{adamw_multi, cast_multi, grad_norm_clip};
-#[cfg(feature = "cuda")]
-pub use oneshot::pair_add_in_place;
 pub use oneshot::{
     oneshot_add_layer_norm, oneshot_sum, PeerBuffers, ONESHOT_CAP, ONESHOT_MAX_RANKS,
 };
+#[cfg(feature = "cuda")]
+pub use oneshot::{pair_add_in_place, pair_signal, pair_wait};
 pub use residual::residual_add;
 pub use skinny::skinny;
 

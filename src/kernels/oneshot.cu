@@ -215,6 +215,27 @@ __device__ void pair_add(T* x, const T* recv, long n) {
     x[i] = from_f<T>(to_f(x[i]) + to_f(__ldcg(recv + i)));
 }
 
+// The pair sum's flags (src/dist/pair_sum.rs), one thread each: wait until this GPU's `flag`,
+// which the other GPU writes, reaches `epoch` (a wrapping compare; trap after 60 s, as
+// receive() does); write `epoch` to the other GPU's `flag` after this stream's earlier work.
+extern "C" __global__ void tb_pair_wait(const unsigned* flag, unsigned epoch) {
+  const unsigned long long start = now_ns();
+  for (;;) {
+    unsigned v;
+    asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+    if ((int)(v - epoch) >= 0) return;
+    if (now_ns() - start > 60ull * 1000 * 1000 * 1000) {
+      printf("pair sum: waited 60 s for the other GPU (did it fail?)\n");
+      __trap();
+    }
+  }
+}
+
+extern "C" __global__ void tb_pair_signal(unsigned* flag, unsigned epoch) {
+  __threadfence_system();
+  asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(flag), "r"(epoch) : "memory");
+}
+
 #define INSTANTIATE(T, S)                                                                                  \
   extern "C" __global__ void tb_oneshot_sum_##S(const uint2* x, uint2* y, long lines,                    \
                                                 const unsigned long long* bases, unsigned rank,            \

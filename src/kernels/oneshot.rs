@@ -72,6 +72,20 @@ pub fn pair_add_in_place(x: &Tensor, recv: u64) -> Result<()> {
     x.inplace_op1(&imp::PairAdd(recv))
 }
 
+/// Queues on `dev`'s stream a wait until the u32 at `flag` (this GPU's, written by the other)
+/// reaches `epoch`.
+#[cfg(feature = "cuda")]
+pub fn pair_wait(dev: &candle_core::CudaDevice, flag: u64, epoch: u32) -> Result<()> {
+    imp::pair_flag(dev, "tb_pair_wait", flag, epoch)
+}
+
+/// Queues on `dev`'s stream, after its earlier work, the write of `epoch` to the u32 at `flag`
+/// (the other GPU's).
+#[cfg(feature = "cuda")]
+pub fn pair_signal(dev: &candle_core::CudaDevice, flag: u64, epoch: u32) -> Result<()> {
+    imp::pair_flag(dev, "tb_pair_signal", flag, epoch)
+}
+
 #[cfg(not(feature = "cuda"))]
 mod imp {
     use super::PeerBuffers;
@@ -225,6 +239,24 @@ mod imp {
             eps: eps as f32,
         };
         Ok(Some(op.launch(&x, &r, &w, &b)?))
+    }
+
+    /// One thread of the flag kernel `name` (tb_pair_wait or tb_pair_signal).
+    pub fn pair_flag(
+        dev: &candle_core::CudaDevice,
+        name: &str,
+        flag: u64,
+        epoch: u32,
+    ) -> Result<()> {
+        let func = dev.get_or_load_custom_func(name, PTX.module, PTX.text)?;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `flag` is a u32 in a live pair region (this GPU's or the other's, mapped).
+        launch!(unsafe func, cfg; &flag, &epoch)?;
+        Ok(())
     }
 
     /// x += recv, in place.
