@@ -204,6 +204,36 @@ fn cast_multi_matches_to_dtype() {
     );
 }
 
+/// Data parallelism's buckets: gradients of mixed dtypes (bf16, f16, f32, as a bucket with the
+/// loss holds them) cast to f32 into one buffer, over more tensors than one launch takes: each
+/// copy exactly its source's `to_dtype`, from a start on a 16-byte boundary.
+#[test]
+fn cast_multi_flat_buckets_mixed_dtypes_in_f32() {
+    let (dev, _one_at_a_time) = gpu();
+    let dtypes = [DType::BF16, DType::F16, DType::F32];
+    let srcs: Vec<Tensor> = (0..80)
+        .map(|i| {
+            let n = [1, 7, 768, 20_001][i % 4] + i;
+            randn(&[n], &dev).to_dtype(dtypes[i % 3]).unwrap()
+        })
+        .collect();
+    let (flat, starts) = cast_multi_flat(&srcs, DType::F32)
+        .unwrap()
+        .expect("applies");
+    assert_eq!(flat.dtype(), DType::F32);
+    for (s, &at) in srcs.iter().zip(&starts) {
+        assert_eq!(at % 8, 0);
+        let got = flat.narrow(0, at, s.elem_count()).unwrap();
+        assert_eq!(
+            rel(&got, &s.to_dtype(DType::F32).unwrap()),
+            0.,
+            "{:?} {:?}",
+            s.dtype(),
+            s.dims()
+        );
+    }
+}
+
 /// ZeRO-2 and ZeRO-3 steps on one GPU (one NCCL rank: every shard is the whole unit) against
 /// the plain trainer, bf16 with the fused kernels: the gathered blocks, the shards' device
 /// clip and the multi-tensor update on shards take the same steps, up to the norm's f32

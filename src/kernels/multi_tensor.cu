@@ -88,8 +88,9 @@ extern "C" __global__ void tb_mt_clip(const float* partials, int n, float* clip,
 }
 
 // dst = src in another float type, many tensors a launch: the training step's compute-dtype
-// copies of the f32 masters (one launch per 36 tensors instead of one cast each). src in the
-// table's grad slots, dst in its param slots.
+// copies of the f32 masters (one launch per 36 tensors instead of one cast each), data
+// parallelism's f32 buckets of the gradients. src in the table's grad slots, dst in its param
+// slots.
 template <typename S, typename D>
 __device__ void mt_cast(const MtTensors& t) {
   long long start;
@@ -99,10 +100,14 @@ __device__ void mt_cast(const MtTensors& t) {
   const long long end = min(start + CHUNK, t.n[i]);
   for (long long j = start + threadIdx.x; j < end; j += blockDim.x) dst[j] = from_f<D>(to_f(src[j]));
 }
-extern "C" __global__ void tb_mt_cast_f32_bf16(const __grid_constant__ MtTensors t) {
-  mt_cast<float, __nv_bfloat16>(t);
-}
-extern "C" __global__ void tb_mt_cast_f32_f16(const __grid_constant__ MtTensors t) { mt_cast<float, __half>(t); }
+// tb_mt_cast_SRC_DST for every pair of float types (data parallelism's gradient buckets cast
+// bf16 gradients into f32 in the same pass).
+#define CAST(S, SN, D, DN)                                                             \
+  extern "C" __global__ void tb_mt_cast_##SN##_##DN(const __grid_constant__ MtTensors t) { \
+    mt_cast<S, D>(t);                                                                  \
+  }
+#define CASTS_FROM(S, SN) CAST(S, SN, float, f32) CAST(S, SN, __nv_bfloat16, bf16) CAST(S, SN, __half, f16)
+FOR_TYPES(CASTS_FROM)
 
 #define INSTANTIATE(T, S)                                                                                \
   extern "C" __global__ void tb_mt_sum_squares_##S(const __grid_constant__ MtTensors t, float* partials) { \

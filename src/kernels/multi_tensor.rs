@@ -47,6 +47,18 @@ pub fn cast_multi(srcs: &[Tensor], dtype: DType) -> Result<Option<Vec<Tensor>>> 
     imp::cast_multi(srcs, dtype)
 }
 
+/// Every tensor of `srcs` (floats of any mix of dtypes, contiguous on CUDA) cast to `dtype` in
+/// one fresh flat buffer, a launch per source dtype and 36 tensors, each copy from a multiple
+/// of 8 elements (the gaps between them unwritten): (the buffer (len,), each copy's start).
+/// Data parallelism's gradient buckets, in one pass. None where it does not apply (CPU,
+/// switched off with `adamw`).
+pub fn cast_multi_flat(srcs: &[Tensor], dtype: DType) -> Result<Option<(Tensor, Vec<usize>)>> {
+    if !enabled(Fused::Adamw) {
+        return Ok(None);
+    }
+    imp::cast_multi_flat(srcs, dtype)
+}
+
 /// The CPU computes the norm on the host (`train::Clip`).
 #[cfg(not(feature = "cuda"))]
 mod imp {
@@ -54,6 +66,10 @@ mod imp {
     use candle_core::{DType, Result, Tensor};
 
     pub fn cast_multi(_: &[Tensor], _: DType) -> Result<Option<Vec<Tensor>>> {
+        Ok(None)
+    }
+
+    pub fn cast_multi_flat(_: &[Tensor], _: DType) -> Result<Option<(Tensor, Vec<usize>)>> {
         Ok(None)
     }
 
@@ -175,14 +191,19 @@ mod imp {
         picked.map(|(t, _)| t.clone()).collect()
     }
 
-    /// The compute copies of the sources of `groups` (their grad slots) written into one fresh
-    /// buffer of `len` elements, copy j of launch c at element `starts[c·MT_MAX + j]`.
-    struct CastAll {
-        groups: Vec<Group>,
+    /// One launch of a cast: its kernel, its tensors (their grad slots) and where each copy
+    /// starts in the buffer (elements).
+    struct CastLaunch {
+        name: String,
+        group: Group,
         starts: Vec<usize>,
+    }
+
+    /// The launches' copies written into one fresh buffer of `len` elements of `dtype`.
+    struct CastAll {
+        launches: Vec<CastLaunch>,
         len: usize,
         dtype: DType,
-        name: &'static str,
     }
 
     impl CustomOp1 for CastAll {
@@ -192,32 +213,27 @@ mod imp {
         no_cpu_fwd!(CustomOp1);
         fn cuda_fwd(&self, src: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
             let dev = src.device().clone();
-            let func = dev.get_or_load_custom_func(self.name, PTX.module, PTX.text)?;
             let size = self.dtype.size_in_bytes() as u64;
             with_dtype!(self.dtype, T => {
                 let out = alloc::<T>(&dev, self.len)?;
                 let stream = dev.cuda_stream();
                 let base = out.device_ptr(&stream).0;
-                for (c, g) in self.groups.iter().enumerate() {
-                    let mut table = g.table;
-                    for j in 0..table.count as usize {
-                        table.param[j] = base + size * self.starts[c * MT_MAX + j] as u64;
+                for l in &self.launches {
+                    let func = dev.get_or_load_custom_func(&l.name, PTX.module, PTX.text)?;
+                    let mut table = l.group.table;
+                    for (j, &start) in l.starts.iter().enumerate() {
+                        table.param[j] = base + size * start as u64;
                     }
-                    // SAFETY: each source holds n_j f32, out n_j elements from its start.
-                    launch!(unsafe func, config(g.blocks); &table)?;
+                    // SAFETY: each source holds n_j elements, out n_j from its start.
+                    launch!(unsafe func, config(l.group.blocks); &table)?;
                 }
                 Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(self.len)))
             })
         }
     }
 
-    pub fn cast_multi(srcs: &[Tensor], dtype: DType) -> Result<Option<Vec<Tensor>>> {
-        let name = match dtype {
-            DType::BF16 => "tb_mt_cast_f32_bf16",
-            DType::F16 => "tb_mt_cast_f32_f16",
-            _ => return Ok(None),
-        };
-        if srcs.first().and_then(cuda).is_none() || !uniform(srcs, DType::F32) {
+    pub fn cast_multi_flat(srcs: &[Tensor], dtype: DType) -> Result<Option<(Tensor, Vec<usize>)>> {
+        if srcs.first().and_then(cuda).is_none() || !usable(srcs) || !FLOATS.contains(&dtype) {
             return Ok(None);
         }
         // Each copy starts on a 16-byte boundary (8 elements: the vector kernels and cuBLAS
@@ -231,17 +247,44 @@ mod imp {
             })
             .collect();
         let len = starts.last().unwrap_or(&0) + srcs.last().map_or(0, Tensor::elem_count);
+        let mut launches = Vec::new();
+        for from in FLOATS {
+            let picked: Vec<usize> = (0..srcs.len())
+                .filter(|&i| srcs[i].dtype() == from)
+                .collect();
+            let tensors: Vec<Tensor> = picked.iter().map(|&i| srcs[i].clone()).collect();
+            let name = format!("tb_mt_cast_{}_{}", suffix(from)?, suffix(dtype)?);
+            for (group, at) in groups(&[], &tensors, &[])?
+                .into_iter()
+                .zip(picked.chunks(MT_MAX))
+            {
+                let starts = at.iter().map(|&i| starts[i]).collect();
+                launches.push(CastLaunch {
+                    name: name.clone(),
+                    group,
+                    starts,
+                });
+            }
+        }
         let op = CastAll {
-            groups: groups(&[], srcs, &[])?,
-            starts,
+            launches,
             len,
             dtype,
-            name,
         };
         let flat = srcs[0].apply_op1_no_bwd(&op)?; // (len,): every copy, gaps unwritten
+        Ok(Some((flat, starts)))
+    }
+
+    pub fn cast_multi(srcs: &[Tensor], dtype: DType) -> Result<Option<Vec<Tensor>>> {
+        if !matches!(dtype, DType::BF16 | DType::F16) || !uniform(srcs, DType::F32) {
+            return Ok(None);
+        }
+        let Some((flat, starts)) = cast_multi_flat(srcs, dtype)? else {
+            return Ok(None);
+        };
         let views = srcs
             .iter()
-            .zip(&op.starts)
+            .zip(&starts)
             .map(|(t, &start)| flat.narrow(0, start, t.elem_count())?.reshape(t.shape()));
         views.collect::<Result<Vec<_>>>().map(Some)
     }

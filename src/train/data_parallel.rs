@@ -12,22 +12,38 @@ use std::sync::Arc;
 /// tensor (torch DDP's default bucket is 25 MiB; ours holds 32 Mi fp32 values, 128 MiB).
 const BUCKET: usize = 1 << 25;
 
-/// `tensors` as flat f32 tensors, ready to be concatenated into one bucket.
-fn flat_f32(tensors: &[Tensor]) -> Result<Vec<Tensor>> {
+/// `tensors` in one fresh f32 bucket (a buffer of its own: NCCL sums over it in place), and
+/// where each starts: on CUDA one pass that casts as it copies (`kernels::cast_multi_flat`),
+/// else each cast, then concatenated.
+fn bucket(tensors: &[Tensor]) -> Result<(Tensor, Vec<usize>)> {
+    if let Some(b) = crate::kernels::cast_multi_flat(tensors, DType::F32)? {
+        return Ok(b);
+    }
     let flat = tensors
         .iter()
-        .map(|t| t.to_dtype(DType::F32)?.flatten_all());
-    flat.collect()
+        .map(|t| t.to_dtype(DType::F32)?.flatten_all())
+        .collect::<Result<Vec<_>>>()?;
+    let starts = tensors
+        .iter()
+        .scan(0, |at, t| {
+            *at += t.elem_count();
+            Some(*at - t.elem_count())
+        })
+        .collect();
+    // cat hands a lone tensor back as it is: copy it, so the sum leaves the input alone.
+    let buffer = match flat.len() {
+        1 => flat[0].copy()?,
+        _ => Tensor::cat(&flat, 0)?,
+    };
+    Ok((buffer, starts))
 }
 
-/// Each of `tensors`' shape over its run of `sum`, the bucket they were concatenated into.
-fn views(sum: &Tensor, tensors: &[Tensor]) -> Result<Vec<Tensor>> {
-    let mut offset = 0;
-    let views = tensors.iter().map(|t| {
-        let k = t.elem_count();
-        offset += k;
-        sum.narrow(0, offset - k, k)?.reshape(t.shape())
-    });
+/// Each of `tensors`' shape over its run of `sum`, the bucket they were copied into.
+fn views(sum: &Tensor, tensors: &[Tensor], starts: &[usize]) -> Result<Vec<Tensor>> {
+    let views = tensors
+        .iter()
+        .zip(starts)
+        .map(|(t, &at)| sum.narrow(0, at, t.elem_count())?.reshape(t.shape()));
     views.collect()
 }
 
@@ -46,13 +62,8 @@ impl DataParallel {
     /// Starts summing `tensors` over the ranks as one bucket, in f32 (one buffer, one
     /// collective): what it returns holds the sums once [`DataParallel::wait`] is called.
     pub(super) fn start(&self, tensors: Vec<Tensor>) -> Result<Vec<Tensor>> {
-        let flat = flat_f32(&tensors)?;
-        // A buffer of its own (cat returns a lone tensor as it is): NCCL sums over it in place.
-        let buffer = match flat.len() {
-            1 => flat[0].copy()?,
-            _ => Tensor::cat(&flat, 0)?,
-        };
-        views(&self.reduce.start_sum(buffer)?, &tensors)
+        let (buffer, starts) = bucket(&tensors)?;
+        views(&self.reduce.start_sum(buffer)?, &tensors, &starts)
     }
 
     /// Orders the device's work queued next after every started sum.
@@ -72,12 +83,10 @@ impl DataParallel {
                 n += tensors[end].elem_count();
                 end += 1;
             }
-            let bucket = &mut tensors[start..end];
-            let sum = self
-                .reduce
-                .all_reduce_sum(&Tensor::cat(&flat_f32(bucket)?, 0)?)?;
-            let sums = views(&sum, bucket)?;
-            bucket.clone_from_slice(&sums);
+            let run = &mut tensors[start..end];
+            let (buffer, starts) = bucket(run)?;
+            let sums = views(&self.reduce.all_reduce_sum(&buffer)?, run, &starts)?;
+            run.clone_from_slice(&sums);
             start = end;
         }
         Ok(())

@@ -61,10 +61,10 @@ impl Trainer {
         // A handle of its own: the clock spans the update, which borrows the trainer mutably.
         let device = self.device.clone();
         let mut clock = PhaseClock::new(self.phase_times.then_some(&device))?;
-        // One micro-batch on one GPU: the gradients stay in the compute dtype, and the
-        // multi-tensor update reads them as they are (no cast pass to f32 first).
+        // One micro-batch on CUDA: the gradients stay in the compute dtype, and the
+        // multi-tensor update reads them as they are (no cast pass to f32 first); data
+        // parallelism's buckets cast them to f32 as they copy them (one pass, not two).
         let native = micro_batches.len() == 1
-            && self.data_parallel.is_none()
             && self.device.is_cuda()
             && crate::kernels::enabled(crate::kernels::Fused::Adamw);
         // Data parallel: the ranks' mean's 1/ranks rides in the backward's seed (exact for a
