@@ -60,7 +60,8 @@ pub struct Args {
     /// Fold repeats: group by these columns (comma-separated), median/min/max/count per metric.
     #[arg(long, value_name = "COLS", value_delimiter = ',')]
     pub group_by: Vec<String>,
-    /// Keep only rows whose column KEY equals VALUE (repeatable; numbers compare as numbers).
+    /// Keep only rows whose column KEY equals VALUE (KEY!=VALUE: differs; repeatable; numbers
+    /// compare as numbers).
     #[arg(long = "where", value_name = "KEY=VALUE")]
     pub filters: Vec<String>,
     /// Sort rows by these columns (comma-separated; dtype in the order fp32, tf32, bf16, fp16).
@@ -185,8 +186,9 @@ pub fn filter_rows(rows: &mut Vec<RunRow>, wheres: &[Where]) -> Result<()> {
     for w in wheres {
         if !rows.iter().any(|r| r.has(&w.key)) {
             return Err(Error::Config(format!(
-                "--where {}={}: no run has a column '{}'",
-                w.key, w.value, w.key
+                "--where {}: no run has a column '{}'",
+                w.text(),
+                w.key
             )));
         }
     }
