@@ -14,6 +14,7 @@
 //! of parallel runs ([`crate::report::table`]). `--markdown` or `-o x.md` writes Markdown.
 
 mod bench_log;
+mod csv_rows;
 pub mod formats;
 pub mod frame;
 mod hf;
@@ -90,6 +91,7 @@ pub struct Args {
 /// `file` column). A file in no known format is an error naming the formats where it was named
 /// (or skipped with `skip_unknown`), and skipped where it was met walking a directory or inside
 /// an archive (counted on stderr); unrecognised lines inside known files are counted on stderr.
+/// A CSV is read only where named: met walking a results folder, it repeats the logs beside it.
 pub fn extract(
     inputs: &[Input],
     format: Option<Format>,
@@ -101,12 +103,20 @@ pub fn extract(
         let path = &input.path;
         if inputs::is_archive(path) {
             for (member, bytes) in inputs::archive_members(path)? {
+                if is_csv(&member) {
+                    unknown += 1;
+                    continue;
+                }
                 let shown = format!("{}!{}", path.display(), member.display());
                 match read_one(&member, &shown, &bytes, format) {
                     Some(found) => rows.extend(found),
                     None => unknown += 1,
                 }
             }
+            continue;
+        }
+        if input.walked && is_csv(path) {
+            unknown += 1;
             continue;
         }
         let bytes = read_maybe_gz(path)?;
@@ -127,7 +137,7 @@ pub fn extract(
         }
     }
     if unknown > 0 {
-        eprintln!("skipped {unknown} file(s) in no known format (notes, profiles, console output)");
+        eprintln!("skipped {unknown} file(s) in no known format (notes, profiles, console output; CSVs are read only where named)");
     }
     Ok(rows)
 }
@@ -145,8 +155,11 @@ fn read_one(path: &Path, shown: &str, bytes: &[u8], format: Option<Format>) -> O
     };
     let fmt = format.or_else(|| detect(named, &text))?;
     let (mut found, skipped) = parse(fmt, named, &text);
-    for row in &mut found {
-        row.meta.insert("file".into(), shown.to_string());
+    // A CSV's rows keep the log each came from.
+    if fmt != Format::ExtractCsv {
+        for row in &mut found {
+            row.meta.insert("file".into(), shown.to_string());
+        }
     }
     if skipped > 0 {
         eprintln!(
@@ -158,6 +171,10 @@ fn read_one(path: &Path, shown: &str, bytes: &[u8], format: Option<Format>) -> O
         eprintln!("{shown}: no metrics found ({})", fmt.name());
     }
     Some(found)
+}
+
+fn is_csv(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "csv")
 }
 
 /// The bench run logs among `files` whose row satisfies `wheres`: what `--table` reads.
