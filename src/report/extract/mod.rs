@@ -15,6 +15,7 @@
 
 mod bench_log;
 mod csv_rows;
+pub mod derived;
 pub mod formats;
 pub mod frame;
 mod hf;
@@ -303,6 +304,8 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     let mut rows = extract(&files, args.format, args.skip_unknown)?;
+    // Ratios over every run read, before --where narrows what is shown.
+    derived::add(&mut rows);
     filter_rows(&mut rows, &wheres)?;
     sort_rows(&mut rows, &args.sort)?;
     if rows.is_empty() {
