@@ -69,7 +69,10 @@ pub struct Args {
     /// Sort rows by these columns (comma-separated; dtype in the order fp32, tf32, bf16, fp16).
     #[arg(long, value_name = "COLS", value_delimiter = ',')]
     pub sort: Vec<String>,
-    /// Output only these columns, in this order: NAME[:FMT][=LABEL] (comma-separated).
+    /// Output only these columns, in this order: NAME[:FMT][=LABEL] (comma-separated)
+    /// [Markdown default: model, engine, attn, dtype, batch, tp/dp where several GPUs, GPU,
+    /// throughput, latency p50/p99, peak memory, the ratios, each where some run has it; CSV
+    /// default: every column].
     #[arg(long, value_name = "COLS", value_delimiter = ',')]
     pub columns: Vec<String>,
     /// Ratio table of two engines, A/B (e.g. candle/hf): runs of one directory with the same
@@ -274,14 +277,29 @@ fn build_table(args: &Args, rows: &[RunRow], wheres: &[Where]) -> Result<(DataFr
         let pair = table::ratio::Pair::parse(spec)?;
         return table::ratio::ratio_table(rows, &pair);
     }
-    let df = if args.long {
-        long_frame(rows)?
-    } else if !args.group_by.is_empty() {
-        grouped_frame(wide_frame(rows)?, &args.group_by)?
-    } else {
+    if args.long {
+        let df = long_frame(rows)?;
+        let cols = Col::all(&df);
+        return Ok((df, cols));
+    }
+    let df = if args.group_by.is_empty() {
         wide_frame(rows)?
+    } else {
+        grouped_frame(wide_frame(rows)?, &args.group_by)?
     };
-    let cols = Col::all(&df);
+    // Markdown is for people: the columns they compare (the CSV keeps every column), after
+    // the groups' own columns.
+    let mut cols: Vec<Col> = args
+        .group_by
+        .iter()
+        .map(|c| Col::new(c, c, table::Fmt::Auto))
+        .collect();
+    let defaults = table::defaults::default_columns(&df)?;
+    cols.extend(
+        defaults
+            .into_iter()
+            .filter(|d| !args.group_by.contains(&d.name)),
+    );
     Ok((df, cols))
 }
 
