@@ -7,11 +7,15 @@
 //! `learning_rate_last`, `grad_norm_last`). Integer quantities (batch sizes, counts, bytes) are
 //! written as integers.
 //!
+//! A CSV it wrote reads back as its rows where named ([`csv_rows`]). Every run gets the ratios
+//! against the other runs of its call ([`derived`]).
+//!
 //! `--long` gives tidy (run, file, format, metric, value) rows; `--group-by` folds repeats
 //! into median (under the metric's own name), `_min`, `_max` and a `count` column; `--ratio
 //! A/B` pairs two engines' runs ([`crate::report::table::ratio`]); `--compare BASE` sets the
 //! runs against a baseline group ([`crate::report::table::compare`]); `--table` prints a report
-//! of parallel runs ([`crate::report::table`]). `--markdown` or `-o x.md` writes Markdown.
+//! of parallel runs ([`crate::report::table`]). `--markdown` or `-o x.md` writes Markdown, by
+//! default in the columns a person compares ([`crate::report::table::defaults`]).
 
 mod bench_log;
 mod csv_rows;
@@ -41,7 +45,7 @@ use std::process::ExitCode;
     name = "extract-metrics",
     version,
     about = "Turns run logs (transformer-bench JSONL, HF Trainer output, llm.c logs) into one CSV or Markdown table.",
-    after_help = "Formats (detected per file; --format forces one):\n  bench-jsonl          transformer-bench run logs (*.jsonl, *.jsonl.gz)\n  hf-trainer-log       HF Trainer / run_clm.py stdout\n  hf-trainer-results   all_results.json, train_results.json, eval_results.json\n  hf-trainer-state     trainer_state.json\n  llmc-log             llm.c stdout (step lines, val loss)\n  llmc-main-log        llm.c main.log (s:N trl:... lines)\n\nColumn formats (--columns NAME[:FMT][=LABEL]): .N decimals, eN scientific, %N a fraction as\npercent, GiB.N / MiB.N / GB.N bytes; LABEL is the Markdown header.\n\nExamples:\n  extract-metrics -i results/h100 -o results/h100.csv\n  extract-metrics -i 'logs/*.jsonl' --group-by model,dtype,engine\n  extract-metrics -i results/h100/engines --ratio candle/hf -o ratio.md\n  extract-metrics -i logs --where suite=lambada --columns model,dtype,samples_per_second:.1 --markdown\n  extract-metrics -i results/h200x4/dp --table dp-report\n  extract-metrics -i new-logs --compare old-logs -o compare.md"
+    after_help = "Formats (detected per file; --format forces one):\n  bench-jsonl          transformer-bench run logs (*.jsonl, *.jsonl.gz)\n  hf-trainer-log       HF Trainer / run_clm.py stdout\n  hf-trainer-results   all_results.json, train_results.json, eval_results.json\n  hf-trainer-state     trainer_state.json\n  llmc-log             llm.c stdout (step lines, val loss)\n  llmc-main-log        llm.c main.log (s:N trl:... lines)\n  extract-csv          a CSV extract-metrics wrote (*.csv; only where named)\n\nColumn formats (--columns NAME[:FMT][=LABEL]): .N decimals, eN scientific, %N a fraction as\npercent, GiB.N / MiB.N / GB.N bytes; LABEL is the Markdown header.\n\nExamples:\n  extract-metrics -i results/h100 -o results/h100.csv\n  extract-metrics -i 'logs/*.jsonl' --group-by model,dtype,engine\n  extract-metrics -i results/h100/engines --ratio candle/hf -o ratio.md\n  extract-metrics -i logs --where suite=lambada --columns model,dtype,samples_per_second:.1 --markdown\n  extract-metrics -i results/current/h100.csv --where suite=generation --where engine!=hf --markdown\n  extract-metrics -i results/h200x4/dp --table dp-report\n  extract-metrics -i new-logs --compare old-logs -o compare.md"
 )]
 pub struct Args {
     /// Log files, directories (searched recursively) or glob patterns; several allowed.
