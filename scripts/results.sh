@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Regenerates results/*.csv, results/*.png and the tables of results/README.md from the
+# Regenerates results/*.csv, results/*.png and the tables of results/HISTORY.md (the diary; the
+# page of current figures, results/README.md, is scripts/results_page.sh's) from the
 # committed run logs, with the release binaries only (extract-metrics, plot).
 #   bash scripts/results.sh        (builds the release binaries first if needed)
-# Each generated table sits in results/README.md between `<!-- table NAME -->` and
+# Each generated table sits in results/HISTORY.md between `<!-- table NAME -->` and
 # `<!-- /table -->`; `git diff results/` shows what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,19 +14,19 @@ R=results
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 
-# table NAME EXTRACT-METRICS-ARGS…: the Markdown table into results/README.md between its
+# table NAME EXTRACT-METRICS-ARGS…: the Markdown table into results/HISTORY.md between its
 # markers (indented as the opening marker is, so a table can sit in a list item).
 table() {
   local name=$1
   shift
   $X "$@" -o "$T/$name.md"
-  grep -q "^ *<!-- table $name -->$" $R/README.md || { echo "no <!-- table $name --> in $R/README.md" >&2; exit 1; }
+  grep -q "^ *<!-- table $name -->$" $R/HISTORY.md || { echo "no <!-- table $name --> in $R/HISTORY.md" >&2; exit 1; }
   awk -v start="<!-- table $name -->" -v file="$T/$name.md" '
     { line = $0; sub(/^ +/, "", line); indent = substr($0, 1, length($0) - length(line)) }
     line == start { print; while ((getline l < file) > 0) print (l == "" ? "" : indent l); skip = 1; next }
     skip && line == "<!-- /table -->" { skip = 0 }
-    !skip { print }' $R/README.md > "$T/README.md"
-  cp "$T/README.md" $R/README.md
+    !skip { print }' $R/HISTORY.md > "$T/HISTORY.md"
+  cp "$T/HISTORY.md" $R/HISTORY.md
 }
 
 # Every H100 log into one CSV; the candle-vs-HF pairs (one commit, one session) into another.
@@ -77,7 +78,7 @@ $X -i $R/h200/sweeps/sweep_20261121T222702Z -o $R/h200_gpt2_repeat.csv
 $X -i $R/h100/sweeps/sweep_20261121T233648Z -o $R/h100_bloom7b1_batch_sweep.csv
 $X -i $R/h200/sweeps/sweep_20261121T222734Z -o $R/h200_bloom7b1_batch_sweep.csv
 
-# The tables of results/README.md.
+# The tables of results/HISTORY.md.
 TRAIN_COLS="engine,dtype,train_samples_per_second:.2=train_samples_per_second,step_latency_ms_p50:.1=step p50 ms,train_loss_first:.3,train_loss_last:.3,train_loss:.4,eval_loss:.4,perplexity:.1,peak_memory_bytes:GB.1=peak GB,status"
 table perf-final -i "$R/h100/perf/final/*.jsonl.gz" --where dtype=bf16 --ratio candle/hf
 table train-round2 -i "$R/h100/perf/train-round2/*/*.jsonl.gz" --where suite=wikitext2 --sort git_commit,engine \
@@ -112,7 +113,7 @@ M=$R/h100
 table remeasure-h100 -i "$M/remeasure-run1/hf-probe-logs.tgz" "$M/remeasure-run2/remeasure-logs.tgz" \
   "$M/remeasure-run3/remeasure-logs.tgz" --sort git_commit,suite,mode,model,batch_size,engine,attn_requested \
   --columns "git_commit=commit,suite,mode,model,batch_size=batch,engine,attn,attn_requested=asked,hf_compile=compiled,samples_per_second:.1=samples/s,decode_tokens_per_second:.1=decode tokens/s,compiles_timed"
-echo "wrote the tables of $R/README.md (git diff $R/README.md shows what changed)"
+echo "wrote the tables of $R/HISTORY.md (git diff $R/HISTORY.md shows what changed)"
 
 # Generation (#20): every H100 generation log into one CSV; decode tokens/s of the suite's runs.
 $X -i "$R/h100/generate-run*/gen-logs/*.jsonl.gz" -o $R/h100_generate.csv

@@ -30,21 +30,24 @@ pub enum Target {
 pub const TARGETS: [Target; 3] = [Target::Logs, Target::Suite, Target::Lambada];
 
 /// Every parser `--format` can force.
-const FORMATS: [Format; 6] = [
+const FORMATS: [Format; 7] = [
     Format::BenchJsonl,
     Format::HfTrainerLog,
     Format::HfTrainerResults,
     Format::HfTrainerState,
     Format::LlmcLog,
     Format::LlmcMainLog,
+    Format::ExtractCsv,
 ];
 
-/// File names detection looks at (HF Trainer's fixed names, a bench log, a stdout capture).
-const NAMES: [&str; 4] = [
+/// File names detection looks at (HF Trainer's fixed names, a bench log, a stdout capture, a
+/// CSV).
+const NAMES: [&str; 5] = [
     "run.jsonl",
     "trainer_state.json",
     "all_results.json",
     "train.log",
+    "runs.csv",
 ];
 
 /// Tokens the mutator inserts: JSON, TOML and log-line syntax, odd numbers, multi-byte UTF-8.
@@ -137,6 +140,8 @@ impl Target {
                 "tests/fixtures/logs/dp",
                 "tests/fixtures/logs/tp",
                 "tests/fixtures/fuzz/logs",
+                // extract-metrics' own CSV, read back where named.
+                "tests/fixtures/logs/golden/bench.csv",
             ],
             Target::Suite => &["suites", "tests/fixtures/fuzz/suite"],
             Target::Lambada => &["data/lambada_sample.jsonl", "tests/fixtures/fuzz/lambada"],

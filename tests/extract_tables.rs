@@ -74,7 +74,7 @@ fn ratio_table_pairs_engines_of_one_configuration() {
 
 #[test]
 fn parallel_reports_match_the_python_scripts_tables() {
-    // The dp logs are results/h200x2/dp; results/README.md has the table dp_report.py made
+    // The dp logs are results/h200x2/dp; results/HISTORY.md has the table dp_report.py made
     // of them: dp 2 vs dp 1 × grad-accum 2, loss 5.2e-08, grad norm 0.0e+00; efficiency 0.898.
     let o = extract(&["-i", "tests/fixtures/logs/dp", "--table", "dp-report"]);
     golden("dp_report.md", ok_stdout(&o));
@@ -126,4 +126,70 @@ fn compare_sets_runs_against_a_baseline_group() {
         last.starts_with("Error: --compare: no configuration"),
         "{err}"
     );
+}
+
+/// A CSV extract-metrics wrote reads back as the same rows (named; walking a folder skips it).
+#[test]
+fn a_csv_reads_back_as_its_rows_where_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("runs.csv");
+    let o = extract(&[
+        "-i",
+        "tests/fixtures/logs/bench",
+        "-o",
+        csv.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let again = extract(&["-i", csv.to_str().unwrap()]);
+    assert_eq!(
+        String::from_utf8_lossy(ok_stdout(&again)),
+        std::fs::read_to_string(&csv).unwrap()
+    );
+    let walked = extract(&["-i", dir.path().to_str().unwrap()]);
+    assert_eq!(
+        one_line_error(&walked),
+        "Error: no runs found in the inputs"
+    );
+}
+
+/// `--markdown` alone: the columns a person compares, with the HF ratio (tp, where one run
+/// used two ranks; no dp, where none did); no paths or hashes.
+#[test]
+fn markdown_defaults_to_the_columns_a_person_compares() {
+    let o = extract(&["-i", "tests/fixtures/logs/bench", "--markdown"]);
+    let text = String::from_utf8_lossy(ok_stdout(&o)).into_owned();
+    let header = text.lines().next().unwrap_or_default();
+    assert!(
+        header.starts_with("| model | engine | attn | dtype | batch | tp | GPU | samples/s |"),
+        "{header}"
+    );
+    for want in [
+        "p50 ms",
+        "p99 ms",
+        "peak GiB",
+        "× HF best",
+        "train samples/s",
+    ] {
+        assert!(header.contains(want), "{want}: {header}");
+    }
+    assert!(
+        !header.contains("file") && !header.contains("git_commit"),
+        "{header}"
+    );
+    // The ratio is candle's samples/s over HF's in the same folder (the --ratio pair).
+    assert!(
+        text.contains("| bloom-7b1 | hf | eager | fp16 | 1 |") && text.contains("| 1.00 |"),
+        "{text}"
+    );
+}
+
+#[test]
+fn where_not_equal_keeps_the_other_rows() {
+    let all = extract(&["-i", "tests/fixtures/logs/bench"]);
+    let all = csv_rows(&String::from_utf8_lossy(ok_stdout(&all)));
+    let o = extract(&["-i", "tests/fixtures/logs/bench", "--where", "engine!=hf"]);
+    let rows = csv_rows(&String::from_utf8_lossy(ok_stdout(&o)));
+    let hf = all.iter().filter(|r| r["engine"] == "hf").count();
+    assert!(hf > 0 && rows.len() == all.len() - hf, "{rows:?}");
+    assert!(rows.iter().all(|r| r["engine"] != "hf"));
 }

@@ -9,8 +9,9 @@
 //!
 //! - [`row`]: one run's row (metadata, numbers), the polars helpers, reading a gzipped log:
 //!   the bottom layer, which imports nothing else of `report`.
-//! - [`extract`]: `extract-metrics`, logs -> one row per run (polars) -> CSV or Markdown, and
-//!   the report tables it can print instead ([`table`]). The command sits on top: it imports
+//! - [`extract`]: `extract-metrics`, logs (or its own CSVs) -> one row per run, with the
+//!   ratios to the other runs of its call (polars) -> CSV or Markdown, and the report tables
+//!   it can print instead ([`table`]). The command sits on top: it imports
 //!   `table`, which imports only `row`.
 //! - [`table`]: Markdown rendering with per-column formats, the ratio table of two engines,
 //!   and the data- / tensor-parallel reports that compare runs step by step or passage by

@@ -84,6 +84,12 @@ impl RunRow {
     }
 }
 
+/// HF transformers in any configuration (`hf`, `hf-compile`, `hf-trainer`): the engine the
+/// others' ratios are over.
+pub fn is_hf(engine: &str) -> bool {
+    engine.starts_with("hf")
+}
+
 pub fn column_names(df: &DataFrame) -> String {
     df.get_column_names()
         .iter()

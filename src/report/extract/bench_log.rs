@@ -147,6 +147,11 @@ fn header_columns(row: &mut RunRow, h: &Header) {
         (None, Some(_)) => m_insert(row, "strategy", "single"),
         _ => {}
     }
+    // Training runs' dropout and gradient accumulation: a dp run's one-GPU baseline shares them.
+    if let Some(t) = &h.train {
+        m_insert(row, "dropout", if t.dropout { "on" } else { "off" });
+        row.set("grad_accum", t.grad_accum);
+    }
     // Generation runs: what was generated from (lambada / text); the summary holds the rates.
     if let Some(g) = &h.generation {
         m_insert(row, "mode", "generate");

@@ -1,9 +1,9 @@
 //! Every log format extract-metrics reads: which one a file is in, and the dispatch to its
-//! parser (bench JSONL in `bench_log`, HF Trainer in `hf`, llm.c in `llmc`). Each maps a file
-//! into [`RunRow`]s (run metadata + numeric metrics, under the names of
-//! [`super::schema`]); lines a parser does not recognise are counted, never fatal.
+//! parser (bench JSONL in `bench_log`, HF Trainer in `hf`, llm.c in `llmc`, its own CSV in
+//! `csv_rows`). Each maps a file into [`RunRow`]s (run metadata + numeric metrics, under the
+//! names of [`super::schema`]); lines a parser does not recognise are counted, never fatal.
 
-use super::{bench_log, hf, llmc};
+use super::{bench_log, csv_rows, hf, llmc};
 use crate::report::row::RunRow;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -23,10 +23,13 @@ pub enum Format {
     LlmcLog,
     /// llm.c `main.log`: `s:N trl:…`, `s:N tel:…` lines.
     LlmcMainLog,
+    /// A CSV extract-metrics wrote (`*.csv`), read back row by row; only where named, since a
+    /// results folder's CSVs repeat its logs.
+    ExtractCsv,
 }
 
 pub const FORMAT_NAMES: &str =
-    "bench-jsonl, hf-trainer-log, hf-trainer-results, hf-trainer-state, llmc-log, llmc-main-log";
+    "bench-jsonl, hf-trainer-log, hf-trainer-results, hf-trainer-state, llmc-log, llmc-main-log, extract-csv";
 
 impl Format {
     pub fn name(self) -> &'static str {
@@ -37,6 +40,7 @@ impl Format {
             Format::HfTrainerState => "hf-trainer-state",
             Format::LlmcLog => "llmc-log",
             Format::LlmcMainLog => "llmc-main-log",
+            Format::ExtractCsv => "extract-csv",
         }
     }
 }
@@ -76,6 +80,9 @@ pub fn detect(path: &Path, text: &str) -> Option<Format> {
         .map(|n| n.to_string_lossy().to_lowercase())
         .unwrap_or_default();
     let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    if name.ends_with(".csv") {
+        return Some(Format::ExtractCsv);
+    }
     if first.starts_with('{') && first.contains("\"record\"") {
         return Some(Format::BenchJsonl);
     }
@@ -106,6 +113,9 @@ pub fn parse(format: Format, path: &Path, text: &str) -> (Vec<RunRow>, usize) {
     let mut row = RunRow::new(path, format);
     let skipped = match format {
         Format::BenchJsonl => return bench_log::parse(row, text),
+        Format::ExtractCsv => {
+            return csv_rows::parse(&row, text).map_or((vec![], 1), |rows| (rows, 0));
+        }
         Format::HfTrainerLog => hf::trainer_log(&mut row, text),
         Format::HfTrainerResults => hf::results_json(&mut row, text),
         Format::HfTrainerState => hf::trainer_state(&mut row, text),

@@ -7,13 +7,19 @@
 //! `learning_rate_last`, `grad_norm_last`). Integer quantities (batch sizes, counts, bytes) are
 //! written as integers.
 //!
+//! A CSV it wrote reads back as its rows where named ([`csv_rows`]). Every run gets the ratios
+//! against the other runs of its call ([`derived`]).
+//!
 //! `--long` gives tidy (run, file, format, metric, value) rows; `--group-by` folds repeats
 //! into median (under the metric's own name), `_min`, `_max` and a `count` column; `--ratio
 //! A/B` pairs two engines' runs ([`crate::report::table::ratio`]); `--compare BASE` sets the
 //! runs against a baseline group ([`crate::report::table::compare`]); `--table` prints a report
-//! of parallel runs ([`crate::report::table`]). `--markdown` or `-o x.md` writes Markdown.
+//! of parallel runs ([`crate::report::table`]). `--markdown` or `-o x.md` writes Markdown, by
+//! default in the columns a person compares ([`crate::report::table::defaults`]).
 
 mod bench_log;
+mod csv_rows;
+pub mod derived;
 pub mod formats;
 pub mod frame;
 mod hf;
@@ -39,7 +45,7 @@ use std::process::ExitCode;
     name = "extract-metrics",
     version,
     about = "Turns run logs (transformer-bench JSONL, HF Trainer output, llm.c logs) into one CSV or Markdown table.",
-    after_help = "Formats (detected per file; --format forces one):\n  bench-jsonl          transformer-bench run logs (*.jsonl, *.jsonl.gz)\n  hf-trainer-log       HF Trainer / run_clm.py stdout\n  hf-trainer-results   all_results.json, train_results.json, eval_results.json\n  hf-trainer-state     trainer_state.json\n  llmc-log             llm.c stdout (step lines, val loss)\n  llmc-main-log        llm.c main.log (s:N trl:... lines)\n\nColumn formats (--columns NAME[:FMT][=LABEL]): .N decimals, eN scientific, %N a fraction as\npercent, GiB.N / MiB.N / GB.N bytes; LABEL is the Markdown header.\n\nExamples:\n  extract-metrics -i results/h100 -o results/h100.csv\n  extract-metrics -i 'logs/*.jsonl' --group-by model,dtype,engine\n  extract-metrics -i results/h100/engines --ratio candle/hf -o ratio.md\n  extract-metrics -i logs --where suite=lambada --columns model,dtype,samples_per_second:.1 --markdown\n  extract-metrics -i results/h200x4/dp --table dp-report\n  extract-metrics -i new-logs --compare old-logs -o compare.md"
+    after_help = "Formats (detected per file; --format forces one):\n  bench-jsonl          transformer-bench run logs (*.jsonl, *.jsonl.gz)\n  hf-trainer-log       HF Trainer / run_clm.py stdout\n  hf-trainer-results   all_results.json, train_results.json, eval_results.json\n  hf-trainer-state     trainer_state.json\n  llmc-log             llm.c stdout (step lines, val loss)\n  llmc-main-log        llm.c main.log (s:N trl:... lines)\n  extract-csv          a CSV extract-metrics wrote (*.csv; only where named)\n\nColumn formats (--columns NAME[:FMT][=LABEL]): .N decimals, eN scientific, %N a fraction as\npercent, GiB.N / MiB.N / GB.N bytes; LABEL is the Markdown header.\n\nExamples:\n  extract-metrics -i results/h100 -o results/h100.csv\n  extract-metrics -i 'logs/*.jsonl' --group-by model,dtype,engine\n  extract-metrics -i results/h100/engines --ratio candle/hf -o ratio.md\n  extract-metrics -i logs --where suite=lambada --columns model,dtype,samples_per_second:.1 --markdown\n  extract-metrics -i results/current/h100.csv --where suite=generation --where engine!=hf --markdown\n  extract-metrics -i results/h200x4/dp --table dp-report\n  extract-metrics -i new-logs --compare old-logs -o compare.md"
 )]
 pub struct Args {
     /// Log files, directories (searched recursively) or glob patterns; several allowed.
@@ -60,13 +66,17 @@ pub struct Args {
     /// Fold repeats: group by these columns (comma-separated), median/min/max/count per metric.
     #[arg(long, value_name = "COLS", value_delimiter = ',')]
     pub group_by: Vec<String>,
-    /// Keep only rows whose column KEY equals VALUE (repeatable; numbers compare as numbers).
+    /// Keep only rows whose column KEY equals VALUE (KEY!=VALUE: differs; repeatable; numbers
+    /// compare as numbers).
     #[arg(long = "where", value_name = "KEY=VALUE")]
     pub filters: Vec<String>,
     /// Sort rows by these columns (comma-separated; dtype in the order fp32, tf32, bf16, fp16).
     #[arg(long, value_name = "COLS", value_delimiter = ',')]
     pub sort: Vec<String>,
-    /// Output only these columns, in this order: NAME[:FMT][=LABEL] (comma-separated).
+    /// Output only these columns, in this order: NAME[:FMT][=LABEL] (comma-separated)
+    /// [Markdown default: model, engine, attn, dtype, batch, tp/dp where several GPUs, GPU,
+    /// throughput, latency p50/p99, peak memory, the ratios, each where some run has it; CSV
+    /// default: every column].
     #[arg(long, value_name = "COLS", value_delimiter = ',')]
     pub columns: Vec<String>,
     /// Ratio table of two engines, A/B (e.g. candle/hf): runs of one directory with the same
@@ -89,6 +99,7 @@ pub struct Args {
 /// `file` column). A file in no known format is an error naming the formats where it was named
 /// (or skipped with `skip_unknown`), and skipped where it was met walking a directory or inside
 /// an archive (counted on stderr); unrecognised lines inside known files are counted on stderr.
+/// A CSV is read only where named: met walking a results folder, it repeats the logs beside it.
 pub fn extract(
     inputs: &[Input],
     format: Option<Format>,
@@ -100,12 +111,20 @@ pub fn extract(
         let path = &input.path;
         if inputs::is_archive(path) {
             for (member, bytes) in inputs::archive_members(path)? {
+                if is_csv(&member) {
+                    unknown += 1;
+                    continue;
+                }
                 let shown = format!("{}!{}", path.display(), member.display());
                 match read_one(&member, &shown, &bytes, format) {
                     Some(found) => rows.extend(found),
                     None => unknown += 1,
                 }
             }
+            continue;
+        }
+        if input.walked && is_csv(path) {
+            unknown += 1;
             continue;
         }
         let bytes = read_maybe_gz(path)?;
@@ -126,7 +145,7 @@ pub fn extract(
         }
     }
     if unknown > 0 {
-        eprintln!("skipped {unknown} file(s) in no known format (notes, profiles, console output)");
+        eprintln!("skipped {unknown} file(s) in no known format (notes, profiles, console output; CSVs are read only where named)");
     }
     Ok(rows)
 }
@@ -144,8 +163,11 @@ fn read_one(path: &Path, shown: &str, bytes: &[u8], format: Option<Format>) -> O
     };
     let fmt = format.or_else(|| detect(named, &text))?;
     let (mut found, skipped) = parse(fmt, named, &text);
-    for row in &mut found {
-        row.meta.insert("file".into(), shown.to_string());
+    // A CSV's rows keep the log each came from.
+    if fmt != Format::ExtractCsv {
+        for row in &mut found {
+            row.meta.insert("file".into(), shown.to_string());
+        }
     }
     if skipped > 0 {
         eprintln!(
@@ -157,6 +179,10 @@ fn read_one(path: &Path, shown: &str, bytes: &[u8], format: Option<Format>) -> O
         eprintln!("{shown}: no metrics found ({})", fmt.name());
     }
     Some(found)
+}
+
+fn is_csv(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "csv")
 }
 
 /// The bench run logs among `files` whose row satisfies `wheres`: what `--table` reads.
@@ -185,8 +211,9 @@ pub fn filter_rows(rows: &mut Vec<RunRow>, wheres: &[Where]) -> Result<()> {
     for w in wheres {
         if !rows.iter().any(|r| r.has(&w.key)) {
             return Err(Error::Config(format!(
-                "--where {}={}: no run has a column '{}'",
-                w.key, w.value, w.key
+                "--where {}: no run has a column '{}'",
+                w.text(),
+                w.key
             )));
         }
     }
@@ -254,14 +281,29 @@ fn build_table(args: &Args, rows: &[RunRow], wheres: &[Where]) -> Result<(DataFr
         let pair = table::ratio::Pair::parse(spec)?;
         return table::ratio::ratio_table(rows, &pair);
     }
-    let df = if args.long {
-        long_frame(rows)?
-    } else if !args.group_by.is_empty() {
-        grouped_frame(wide_frame(rows)?, &args.group_by)?
-    } else {
+    if args.long {
+        let df = long_frame(rows)?;
+        let cols = Col::all(&df);
+        return Ok((df, cols));
+    }
+    let df = if args.group_by.is_empty() {
         wide_frame(rows)?
+    } else {
+        grouped_frame(wide_frame(rows)?, &args.group_by)?
     };
-    let cols = Col::all(&df);
+    // Markdown is for people: the columns they compare (the CSV keeps every column), after
+    // the groups' own columns.
+    let mut cols: Vec<Col> = args
+        .group_by
+        .iter()
+        .map(|c| Col::new(c, c, table::Fmt::Auto))
+        .collect();
+    let defaults = table::defaults::default_columns(&df)?;
+    cols.extend(
+        defaults
+            .into_iter()
+            .filter(|d| !args.group_by.contains(&d.name)),
+    );
     Ok((df, cols))
 }
 
@@ -284,6 +326,8 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     let mut rows = extract(&files, args.format, args.skip_unknown)?;
+    // Ratios over every run read, before --where narrows what is shown.
+    derived::add(&mut rows);
     filter_rows(&mut rows, &wheres)?;
     sort_rows(&mut rows, &args.sort)?;
     if rows.is_empty() {

@@ -32,6 +32,7 @@ pub const META: &[&str] = &[
     "backward",
     "recompute",
     "strategy",
+    "dropout",
     "fused",
     "mode",
     "gen_source",

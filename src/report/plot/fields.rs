@@ -34,7 +34,7 @@ pub const SWEPT: &[&str] = &[
 
 /// Whether an engine is the baseline the others' speedups are over (HF transformers).
 pub fn is_baseline(engine: &str) -> bool {
-    engine.starts_with("hf")
+    crate::report::row::is_hf(engine)
 }
 
 /// Where an engine's bars come in a group: candle first, other engines, HF last.

@@ -71,7 +71,8 @@ pub struct Args {
     pub gpu: Option<String>,
     #[arg(long)]
     pub batch_size: Option<f64>,
-    /// Keep only rows whose column KEY equals VALUE (repeatable; numbers compare as numbers).
+    /// Keep only rows whose column KEY equals VALUE (KEY!=VALUE: differs; repeatable; numbers
+    /// compare as numbers).
     #[arg(long = "where", value_name = "KEY=VALUE")]
     pub filters: Vec<String>,
     /// x axis: model (× batch size where it varies), gpu or any text column: bars;

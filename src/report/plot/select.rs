@@ -78,14 +78,13 @@ fn filters(df: &DataFrame, args: &Args) -> Result<Vec<Filter>> {
     for w in Where::parse_all(&args.filters)? {
         if df.column(&w.key).is_err() {
             return Err(Error::Config(format!(
-                "--where {}={}: no column '{}' (columns: {})",
-                w.key,
-                w.value,
+                "--where {}: no column '{}' (columns: {})",
+                w.text(),
                 w.key,
                 column_names(df)
             )));
         }
-        let (flag, key) = (format!("--where {}={}", w.key, w.value), w.key.clone());
+        let (flag, key) = (format!("--where {}", w.text()), w.key.clone());
         add(flag, &key, Box::new(move |v| w.matches(v)));
     }
     Ok(out)

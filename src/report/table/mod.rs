@@ -4,6 +4,7 @@
 //! single-GPU run, from the logs' step and passage records, [`logs`]).
 
 pub mod compare;
+pub mod defaults;
 pub mod dp;
 pub mod logs;
 pub mod ratio;

@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# results/README.md, the page of current figures, from one CSV per host kind in
+# results/current/, with extract-metrics (--markdown, chosen columns) and plot only.
+#   bash scripts/results_page.sh                  the page and its charts from the committed CSVs
+#   bash scripts/results_page.sh --csvs           first the CSVs again from the logs (calls below)
+#   bash scripts/results_page.sh --no-charts -o FILE   the Markdown only (tests/results_page.rs)
+# EXTRACT_METRICS and PLOT name the binaries (default: the release build, made if needed).
+# The page is generated: change this script (its text, its list of calls), never the page.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+R=results
+C=$R/current
+PAGE=$R/README.md
+CSVS=0
+CHARTS=1
+while [ $# -gt 0 ]; do
+  case $1 in
+    --csvs) CSVS=1 ;;
+    --no-charts) CHARTS=0 ;;
+    -o) PAGE=$2; shift ;;
+    *) echo "usage: bash scripts/results_page.sh [--csvs] [--no-charts] [-o FILE]" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [ -z "${EXTRACT_METRICS:-}" ] || [ -z "${PLOT:-}" ]; then
+  cargo build --release --quiet --bin extract-metrics --bin plot
+fi
+X=${EXTRACT_METRICS:-${CARGO_TARGET_DIR:-target}/release/extract-metrics}
+P=${PLOT:-${CARGO_TARGET_DIR:-target}/release/plot}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+
+# quiet CMD…: CMD's notes on stderr shown only when it fails.
+quiet() {
+  "$@" 2> "$T/err" || { cat "$T/err" >&2; exit 1; }
+}
+
+# ---------------------------------------------------------------------------------------------
+# The CSVs: for each host kind, the newest call of each configuration, and the older calls
+# whose spread README.md quotes. part NAME ARGS…: one call's runs (ARGS: -i and --where) into a
+# CSV of its own; host HOST: every part so far into results/current/HOST.csv.
+part() {
+  local name=$1
+  shift
+  quiet "$X" "$@" -o "$T/parts/$name.csv"
+}
+host() {
+  "$X" -i "$T"/parts/*.csv -o "$C/$1.csv"
+  rm -f "$T"/parts/*.csv
+}
+
+csvs() {
+  mkdir -p "$T/parts" "$C"
+  local M=$R/h100 H=$R/h100x2 G=$R/h200x2
+  # One H100 (#40): the probe's re-measure; run2's scoring met the partial last batch in the
+  # timed loop (run3 warms it up), so run2 gives FT mode and decoding only.
+  part a1 -i $M/remeasure-run1/hf-probe-logs.tgz
+  part a2 -i $M/remeasure-run2/remeasure-logs.tgz --where mode=generate
+  part a3 -i $M/remeasure-run3/remeasure-logs.tgz
+  # Decoding on earlier binaries, against compiled HF, BLOOM's only attention (README's
+  # ranges): bloom-560m on d5e65b8 (the call's c0ee17b runs were its "before"), bloom-7b1.
+  part b1 -i $M/gen-final-run1/gen-logs.tgz --where model=bloom-560m --where git_commit=d5e65b89a468
+  part b2 -i $M/gen-7b1-hf-run1/gen-logs.tgz
+  # WikiText-2 fine-tuning against HF Trainer compiled: 3dafedb (the call's 422f93f was its
+  # "before") and d2bfa9a's two calls (run8's second candle run lacks flash and residual).
+  part c1 -i $M/train-run10/train-compare-logs.tgz --where git_commit=3dafedb27854
+  part c2 -i $M/train-run8/train-compare-logs.tgz \
+    --where run!=wikitext2_gpt2_candle_bf16_bs8_cuda0_20261123T215932Z
+  part c3 -i $M/train-run8-repeat/repeat-logs.tgz
+  host h100
+  # 2× H100 (#34, #40): tp on 76b0da8 (multi-run1's own logs, not its smoke stage's tiny
+  # models), dp on 7c35eef without the withdrawn bf16 gradient sum, the strategies, and HF's
+  # probe on gpt2 decoding (one GPU of the host).
+  part d1 -i "$H/multi-run1/*.jsonl.gz"
+  part d2 -i "$H/multi-run3/dp?-dropout-off__*.jsonl.gz" "$H/multi-run3/dp?-dropout-on__*.jsonl.gz"
+  part d3 -i $H/multi-run2/strategies-gpt2-xl-candle $H/multi-run3/strategies-gpt2-xl-hf-dp \
+    $H/multi-run3/strategies-gpt2-xl-hf-zero3-rc $H/multi-run4/strategies-gpt2-candle \
+    --where suite=shakespeare
+  part d4 -i $H/hf-probe-run1 $H/hf-probe-run2
+  host h100x2
+  # One H200: decoding against compiled HF, BLOOM only (gpt2's compiled sdpa was not tried).
+  part e1 -i $R/h200/gen-final-run1/gen-logs.tgz --where model=bloom-560m
+  part e2 -i $R/h200/gen-final-run1/gen-logs.tgz --where model=bloom-7b1
+  host h200
+  # 2× H200 (#34, #35): d15a80a (README's figures; its runs with levers switched off are left
+  # out) and 2bb4aec, the newest, after the restructure.
+  local all=lt,softmax,bias-act,adamw,layer-norm,dropout,cross-entropy,decode,graph,embedding
+  all=$all,heads,flash,residual,gemv,skinny,oneshot,split-head
+  part f1 -i $G/multi-run3/multi-logs.tgz --where "fused=$all"
+  part f2 -i $G/multi-run4/multi-logs.tgz
+  host h200x2
+  # 4× H200: tp 1/2/4 scoring on 61743bf, dp 1/2/4 fine-tuning on 7f8523b (200 steps; its
+  # fp32 runs are the 10-step equivalence check's, not timings).
+  part g1 -i $R/h200x4/tp-run2
+  part g2 -i $R/h200x4/dp-200 --where dtype=bf16
+  host h200x4
+}
+
+# ---------------------------------------------------------------------------------------------
+# The page. say TEXT…: lines of the page; table HOST ARGS…: a Markdown table of HOST's CSV;
+# chart NAME ALT PLOT-ARGS…: a chart into results/current/NAME.png and its link.
+say() { printf '%s\n' "$@" >> "$T/page.md"; }
+table() {
+  local host=$1
+  shift
+  quiet "$X" -i "$C/$host.csv" "$@" --markdown >> "$T/page.md"
+  say ""
+}
+chart() {
+  local name=$1 alt=$2
+  shift 2
+  if [ $CHARTS = 1 ]; then quiet "$P" "$@" -o "$C/$name.png"; fi
+  say "![$alt](current/$name.png)" ""
+}
+
+ONE="model,engine,attn,attn_requested=asked,dtype,batch_size=batch"
+SCORE="$ONE,n_samples=passages,gpu=GPU,samples_per_second:.1=samples/s,latency_ms_p50:.2=p50 ms"
+SCORE="$SCORE,latency_ms_p99:.2=p99 ms,peak_memory_bytes:GiB.2=peak GiB,ratio_vs_hf_best:.2=× HF best"
+SCORE="$SCORE,git_commit=commit"
+GEN="$ONE,gpu=GPU,decode_tokens_per_second:.1=decode tokens/s,itl_ms_p50:.3=ITL p50 ms"
+GEN="$GEN,itl_ms_p99:.3=ITL p99 ms,ttft_ms_p50:.2=TTFT p50 ms,peak_memory_bytes:GiB.2=peak GiB"
+GEN="$GEN,ratio_vs_hf_best:.2=× HF best,git_commit=commit"
+TRAIN="model,engine,attn,dtype,batch_size=batch,dropout,gpu=GPU"
+TRAIN="$TRAIN,train_samples_per_second:.1=train samples/s,step_latency_ms_p50:.1=step p50 ms"
+TRAIN="$TRAIN,step_latency_ms_p90:.1=step p90 ms,peak_memory_bytes:GiB.2=peak GiB"
+TRAIN="$TRAIN,ratio_vs_hf_best:.2=× HF best,git_commit=commit"
+TP="model,suite,mode,dtype,batch_size=batch,n_samples=samples,tp,gpu=GPU"
+TP="$TP,samples_per_second:.1=samples/s,decode_tokens_per_second:.1=decode tokens/s"
+TP="$TP,latency_ms_p50:.2=p50 ms,itl_ms_p50:.3=ITL p50 ms,peak_memory_bytes:GiB.2=rank 0 peak GiB"
+TP="$TP,ratio_vs_1gpu:.2=× 1 GPU,scaling_efficiency:.3=efficiency,git_commit=commit"
+# 4× H200's tp runs are scoring only (their logs have no generation columns).
+TP_SCORE="model,dtype,batch_size=batch,n_samples=passages,tp,gpu=GPU,samples_per_second:.1=samples/s"
+TP_SCORE="$TP_SCORE,latency_ms_p50:.2=p50 ms,peak_memory_bytes:GiB.2=rank 0 peak GiB"
+TP_SCORE="$TP_SCORE,ratio_vs_1gpu:.2=× 1 GPU,scaling_efficiency:.3=efficiency,git_commit=commit"
+DP="model,dtype,batch_size=batch a rank,dp,zero=ZeRO,dropout,gpu=GPU"
+DP="$DP,train_samples_per_second:.1=train samples/s,tokens_per_second:.0=tokens/s"
+DP="$DP,peak_memory_bytes:GiB.2=peak GiB,ratio_vs_1gpu:.2=× 1 GPU,scaling_efficiency:.3=efficiency"
+DP="$DP,git_commit=commit"
+STRAT="model,engine,strategy,recompute,batch_size=batch a rank,dp"
+STRAT="$STRAT,train_samples_per_second:.1=train samples/s,tokens_per_second:.0=tokens/s"
+STRAT="$STRAT,peak_memory_bytes:GiB.2=peak GiB,status,git_commit=commit"
+# One GPU against HF: the runs with an HF ratio; several GPUs against one (on 2× H100, whose
+# CSV holds HF's probe too: the runs without an HF ratio).
+VS_HF=(--where "ratio_vs_hf_best!=" --sort model,batch_size,time_utc)
+PAR=(--where suite!=wikitext2 --where suite!=shakespeare)
+BY_MODE=(--sort suite,mode,model,batch_size,git_commit,tp,time_utc)
+DPS=(--where suite=wikitext2 --sort model,dtype,git_commit,dropout,dp,zero,time_utc)
+
+intro() {
+  say "# Measured results: the current figures" "" \
+    "<!-- Generated by \`bash scripts/results_page.sh\`: change the script, not this page. -->" "" \
+    "This page is made by \`bash scripts/results_page.sh\` from one CSV per host kind in" \
+    "[current/](current/), with \`extract-metrics --markdown\` (chosen columns) and \`plot\` only;" \
+    "\`bash scripts/results_page.sh --csvs\` makes those CSVs again from the run logs in this" \
+    "folder. For each host kind they hold the newest call of each configuration, and the older" \
+    "calls whose spread README.md quotes (the script lists the calls and why). Each row is one run;" \
+    "its log's header holds the command line, GPU, driver, CUDA version and the binary's commit." \
+    "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
+    "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
+    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..3, gen-final-run1, gen-7b1-hf-run1, train-run8, train-run8-repeat, train-run10 |" \
+    "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, hf-probe-run1..2 |" \
+    "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
+    "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3, multi-run4 |" \
+    "| 4× H200 | [h200x4.csv](current/h200x4.csv) | h200x4/tp-run2, dp-200 |" "" \
+    "Columns (each defined once, in \`src/report/extract/derived.rs\`):" "" \
+    "- **× HF best**: the run's throughput over that of the fastest HF run (any attention, compiled" \
+    "  or not) of the same workload in the same call (one folder or archive: one host, one" \
+    "  session). Above 1 candle beats HF's best there; HF's own runs read 1 for the fastest." \
+    "- **× 1 GPU**: a run on several GPUs against the fastest one-GPU run of the same engine and" \
+    "  workload in the same call; **efficiency** is that over the number of GPUs." \
+    "- Throughput is decode tokens/s for the generation suite, train samples/s for training and" \
+    "  samples/s otherwise; **asked** is the HF attention asked for (\`best\`: chosen by the probe," \
+    "  which times every attention × torch.compile candidate); **peak GiB** the GPU memory peak." \
+    "- bf16 and random weights (seed 0) throughout: speed does not depend on the values." ""
+}
+
+one_gpu() {
+  say "## LAMBADA scoring" "" "Candle against HF's best on one GPU (lm-eval's \`lambada_openai\`)." ""
+  say "### One H100" ""
+  table h100 --where suite=lambada --where mode= "${VS_HF[@]}" --columns "$SCORE"
+  chart h100_scoring "LAMBADA scoring on one H100: samples/s, candle against HF's best" \
+    -i $C/h100.csv --where suite=lambada --where mode= --where "ratio_vs_hf_best!=" \
+    --metric samples_per_second --title "LAMBADA scoring, one H100: samples/s, candle vs HF's best"
+  say "## LAMBADA generation (FasterTransformer's mode)" "" \
+    "\`--mode generate\`: each passage's target word generated greedily (FasterTransformer's" \
+    "\`bloom_lambada\`), on one GPU." ""
+  say "### One H100" ""
+  table h100 --where suite=lambada --where mode=generate "${VS_HF[@]}" --columns "$SCORE"
+  chart h100_ft "LAMBADA --mode generate on one H100: samples/s, candle against HF's best" \
+    -i $C/h100.csv --where suite=lambada --where mode=generate --where "ratio_vs_hf_best!=" \
+    --metric samples_per_second --title "LAMBADA --mode generate, one H100: samples/s, candle vs HF's best"
+  say "## Generation suite" "" "Prompt 128 + 128 new tokens, one GPU: decode tokens/s and the" \
+    "inter-token latency (ITL) against HF's best (compiled: a static KV cache)." ""
+  for h in "h100:One H100" "h100x2:One H100 of a 2× H100 host" "h200:One H200"; do
+    say "### ${h#*:}" ""
+    table "${h%%:*}" --where suite=generation "${VS_HF[@]}" --columns "$GEN"
+  done
+  chart h100_generation "Generation suite on one H100: decode tokens/s, candle against HF's best" \
+    -i $C/h100.csv --where suite=generation --where "ratio_vs_hf_best!=" \
+    --metric decode_tokens_per_second --title "Generation suite 128 + 128, one H100: decode tokens/s (newest call a bar)"
+  say "## Training" "" "WikiText-2 fine-tuning, 8 blocks of 1024 tokens a step, dropout off, one" \
+    "GPU: candle against HF Trainer (compiled or not) and llm.c." ""
+  say "### One H100" ""
+  table h100 --where suite=wikitext2 "${VS_HF[@]}" --columns "$TRAIN"
+  chart h100_training "WikiText-2 fine-tuning on one H100: train samples/s by engine" \
+    -i $C/h100.csv --where suite=wikitext2 --metric train_samples_per_second \
+    --title "WikiText-2 fine-tuning gpt2, one H100: train samples/s (newest call a bar)"
+}
+
+parallel() {
+  say "## Parallel" "" "Several GPUs of one host against one GPU of it: \`--tp\` for scoring," \
+    "\`--mode generate\` and the generation suite, \`--dp\` (ZeRO 0–3) for training, and the" \
+    "training strategies side by side (Tiny Shakespeare)." ""
+  say "### 2× H100" ""
+  table h100x2 "${PAR[@]}" --where "ratio_vs_hf_best=" "${BY_MODE[@]}" --columns "$TP"
+  table h100x2 "${DPS[@]}" --columns "$DP"
+  table h100x2 --where suite=shakespeare --sort model,engine,zero,recompute,batch_size --columns "$STRAT"
+  chart h100x2_strategies "gpt2-xl training strategies on 2× H100: tokens/s by batch" \
+    -i $C/h100x2.csv --where suite=shakespeare --where model=gpt2-xl --metric tokens_per_second \
+    --x batch_size --title "gpt2-xl, Tiny Shakespeare, --dp 2 on 2x H100: tokens/s by batch (OOM: no point)"
+  say "### 2× H200" ""
+  table h200x2 "${PAR[@]}" "${BY_MODE[@]}" --columns "$TP"
+  table h200x2 "${DPS[@]}" --columns "$DP"
+  chart h200x2_decode "bloom-7b1 decoding on 2× H200: inter-token latency by tp" \
+    -i $C/h200x2.csv --where suite=generation --metric itl_ms_p50 --x tp \
+    --title "bloom-7b1 generation suite on 2x H200: inter-token latency p50 by --tp (newest binary)"
+  say "### 4× H200" ""
+  table h200x4 "${PAR[@]}" --sort model,batch_size,tp,time_utc --columns "$TP_SCORE"
+  table h200x4 "${DPS[@]}" --columns "$DP"
+}
+
+if [ $CSVS = 1 ]; then csvs; fi
+: > "$T/page.md"
+intro
+one_gpu
+parallel
+# The page ends with one newline ($(…) drops the blank lines after the last table).
+printf '%s\n' "$(cat "$T/page.md")" > "$PAGE"
+echo "wrote $PAGE" >&2
