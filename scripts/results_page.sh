@@ -67,6 +67,13 @@ csvs() {
   part c2 -i $M/train-run8/train-compare-logs.tgz \
     --where run!=wikitext2_gpt2_candle_bf16_bs8_cuda0_20261123T215932Z
   part c3 -i $M/train-run8-repeat/repeat-logs.tgz
+  # 0c8e9fe (#40, the remaining re-measure), two calls on one machine, one after the other:
+  # FT mode padded to 64 (compiled HF candidates on buckets) and bloom-7b1's FT mode (run4),
+  # then FT mode at pad 1 and the training engines (run5). run5's archive holds run4's logs
+  # too (the same /tmp on the same machine), so its ratios are against HF's fastest at either
+  # padding; run4's own archive is not read again.
+  part a5 -i $M/remeasure-run5/remeasure-logs.tgz
+  part c4 -i $M/remeasure-run5/train-compare-logs.tgz
   host h100
   # 2× H100 (#34, #40): tp on 76b0da8 (multi-run1's own logs, not its smoke stage's tiny
   # models), dp on 7c35eef without the withdrawn bf16 gradient sum, the strategies, and HF's
@@ -88,6 +95,15 @@ csvs() {
   all=$all,heads,flash,residual,gemv,skinny,oneshot,split-head
   part f1 -i $G/multi-run3/multi-logs.tgz --where "fused=$all"
   part f2 -i $G/multi-run4/multi-logs.tgz
+  # 9e274c6: tp decoding with the sum fused with the add and the norm (the runs without it
+  # left out); 765a243: dp 1 and 2, 50 steps (its --dp-overlap variants left out: no column
+  # tells them apart; docs/perf-notes.md has them).
+  part f3 -i $G/multi-run5/multi-logs.tgz --where "fused=$all,sum-norm"
+  part f4 -i $G/multi-run6/multi-logs.tgz \
+    --where run!=wikitext2_gpt2_candle_bf16_bs8_cuda0_20261126T025705Z \
+    --where run!=wikitext2_gpt2_candle_bf16_bs8_cuda0_20261126T025709Z \
+    --where run!=wikitext2_gpt2_candle_bf16_bs8_cuda0_20261126T025722Z \
+    --where run!=wikitext2_gpt2_candle_bf16_bs8_cuda0_20261126T025727Z
   host h200x2
   # 4× H200: tp 1/2/4 scoring on 61743bf, dp 1/2/4 fine-tuning on 7f8523b (200 steps; its
   # fp32 runs are the 10-step equivalence check's, not timings).
@@ -114,7 +130,7 @@ chart() {
 }
 
 ONE="model,engine,attn,attn_requested=asked,dtype,batch_size=batch"
-SCORE="$ONE,n_samples=passages,gpu=GPU,samples_per_second:.1=samples/s,latency_ms_p50:.2=p50 ms"
+SCORE="$ONE,pad_multiple=pad,n_samples=passages,gpu=GPU,samples_per_second:.1=samples/s,latency_ms_p50:.2=p50 ms"
 SCORE="$SCORE,latency_ms_p99:.2=p99 ms,peak_memory_bytes:GiB.2=peak GiB,ratio_vs_hf_best:.2=× HF best"
 SCORE="$SCORE,git_commit=commit"
 GEN="$ONE,gpu=GPU,decode_tokens_per_second:.1=decode tokens/s,itl_ms_p50:.3=ITL p50 ms"
@@ -157,10 +173,10 @@ intro() {
     "its log's header holds the command line, GPU, driver, CUDA version and the binary's commit." \
     "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
     "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
-    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..3, gen-final-run1, gen-7b1-hf-run1, train-run8, train-run8-repeat, train-run10 |" \
+    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..5, gen-final-run1, gen-7b1-hf-run1, train-run8, train-run8-repeat, train-run10 |" \
     "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
-    "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3, multi-run4 |" \
+    "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6 |" \
     "| 4× H200 | [h200x4.csv](current/h200x4.csv) | h200x4/tp-run2, dp-200 |" "" \
     "Columns (each defined once, in \`src/report/extract/derived.rs\`):" "" \
     "- **× HF best**: the run's throughput over that of the fastest HF run (any attention, compiled" \

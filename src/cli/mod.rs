@@ -418,8 +418,9 @@ pub struct RunArgs {
 
     /// With --dp and GPT-2's manual backward, one micro-batch a step: start each block's
     /// gradient all-reduce as soon as the backward has made it, on a second CUDA stream under
-    /// the rest of the backward, instead of all of them after it. Off by default: on 2x H200
-    /// it measured slower (NCCL's blocks take SMs the backward's kernels need; results/HISTORY.md).
+    /// the rest of the backward, instead of all of them after it; two ranks of one host copy
+    /// them over NVLink by copy engines instead (--fused copy-sum). Off by default: on 2x H200
+    /// it moved the step by -1 to +3 % (the backward slows beside it; docs/perf-notes.md).
     #[arg(long)]
     pub dp_overlap: bool,
 
