@@ -5,6 +5,7 @@
 #           generation suite (prompt 128 + 128, $AB_PROMPTS (5) prompts) gpt2 batch 1 and 16,
 #           bloom-560m batch 16; LAMBADA scoring bloom-560m batch 16 (first $AB_LIMIT (1600)).
 #           This binary runs one pass (--min-time 0 --min-batches 0), as the previous one did.
+#   train   WikiText-2 fine-tuning of gpt2, the two binaries alternating, $AB_ROUNDS rounds.
 #   repeat  `--repeat 5` of gpt2 LAMBADA scoring, batch 16: with this binary's minimums
 #           (10 s and 10 batches on a GPU) and with one pass (the previous behaviour).
 # Logs -> $OUT/ab-logs.tgz after every run; console -> $OUT/ab.txt.
@@ -39,11 +40,21 @@ for stage in "$@"; do
       done
     done
     ;;
+  train)
+    # WikiText-2 fine-tuning, gpt2 bf16 8 x 1024, dropout off, 5 warm-up + $AB_STEPS (30) steps
+    # (needs .gpu/wikitext-2-raw): the previous binary and this one alternating.
+    W=(--suite wikitext2 --model gpt2 --data .gpu/wikitext-2-raw --batch-size 8 --block-size 1024
+       --no-dropout --warmup 5 --max-steps $(( ${AB_STEPS:-30} + 5 )))
+    for r in $(seq 1 "${AB_ROUNDS:-2}"); do
+      run "r$r-before-train-gpt2" /tmp/bench-before "${W[@]}"
+      run "r$r-new-train-gpt2" /tmp/bench "${W[@]}"
+    done
+    ;;
   repeat)
     S=(--suite lambada --data .gpu/lambada_test.jsonl --model gpt2 --batch-size 16 --repeat 5)
     run repeat-minimums /tmp/bench "${S[@]}"
     run repeat-one-pass /tmp/bench "${S[@]}" --min-time 0 --min-batches 0
     ;;
-  *) echo "unknown stage $stage (ab, repeat)" >&2; exit 2 ;;
+  *) echo "unknown stage $stage (ab, train, repeat)" >&2; exit 2 ;;
   esac
 done

@@ -70,6 +70,8 @@
 #                  the NCCL collectives on one rank (src/dist/gpu_tests.rs): the tests whose names
 #                  match a filter of $KERNEL_FILTER (default "kernels:: dist:: gpu_tests::")
 #                  from the CUDA unit-test binary .gpu/tests.{xz,gz}           -> kernels.txt
+#   criterion      benches/fused_kernels.rs (criterion) from .gpu/fused_kernels.xz: the fused
+#                  kernels against candle's composed ops, timed on the GPU        -> criterion.txt
 #   perf-compare   the #10 targets in one run: candle vs HF (`--engine both`), bf16, LAMBADA:
 #                  gpt2 / bloom-560m / bloom-7b1 batch 16 (full set), gpt2 batch 1 (--limit
 #                  $B1_LIMIT); WikiText-2 gpt2 fine-tuning, $PERF_STEPS (50) timed steps with
@@ -498,6 +500,13 @@ for d in sorted(glob.glob("/tmp/hfdp-logs/*")):
         print(d.split("/")[-1], dp.get("backend"), [round(x, 6) for x in steps])
 PY
     (cd /tmp && tar czf "$OUT/hfdp-logs.tgz" hfdp-logs)
+    ;;
+  criterion)
+    # benches/fused_kernels.rs: the fused kernels against candle's composed ops (criterion),
+    # from .gpu/fused_kernels.xz (`cargo bench --no-default-features --features cuda --bench
+    # fused_kernels --no-run`, stripped) -> criterion.txt
+    unpack fused_kernels /tmp/fused_kernels || { echo "no .gpu/fused_kernels.{xz,gz}" >&2; exit 1; }
+    (cd /tmp && ./fused_kernels --bench) 2>&1 | tee "$OUT/criterion.txt"
     ;;
   kernels)
     unpack tests /tmp/unit-tests
