@@ -13,10 +13,12 @@
 //!
 //! Files: `report.rs` the serde types (the log header's schema); `probe.rs` host facts, CUDA
 //! libraries and version codes; `nvml.rs` what the driver says; `diagnose.rs` known problems
-//! and their fixes; `text.rs` the one-screen text. This module imports nothing else of the
-//! crate, so everything may use it.
+//! and their fixes; `text.rs` the one-screen text; `fixtures.rs` made-up reports for the
+//! tests. This module imports nothing else of the crate, so everything may use it.
 
 mod diagnose;
+#[cfg(test)]
+mod fixtures;
 mod nvml;
 mod probe;
 mod report;
@@ -62,48 +64,5 @@ impl EnvReport {
             .map(probe::nccl_info);
         r.problems = diagnose(&r);
         r
-    }
-}
-
-/// Made-up reports for the tests of every file here.
-#[cfg(test)]
-mod fixtures {
-    use super::{EnvReport, GpuInfo, LibraryInfo};
-
-    pub fn gpu(index: usize, uuid: &str) -> GpuInfo {
-        GpuInfo {
-            index,
-            name: "NVIDIA H100 80GB HBM3".into(),
-            uuid: Some(uuid.into()),
-            ..Default::default()
-        }
-    }
-
-    pub fn lib(name: &str, needed: bool, version: Option<&str>) -> LibraryInfo {
-        LibraryInfo {
-            name: name.into(),
-            sonames: vec![format!("{name}.so.13")],
-            needed,
-            version: version.map(Into::into),
-            path: version.map(|_| format!("/usr/lib/{name}.so.13")),
-            error: None,
-        }
-    }
-
-    /// Two H100s on a healthy CUDA 13 host.
-    pub fn gpu_report() -> EnvReport {
-        EnvReport {
-            build_features: vec!["cuda".into()],
-            cuda_build_version: Some("13.0".into()),
-            driver_version: Some("580.159.04".into()),
-            cuda_driver_version: Some("13.0".into()),
-            gpus: vec![gpu(0, "GPU-a"), gpu(1, "GPU-b")],
-            libraries: vec![
-                lib("libcuda", true, Some("13.0")),
-                lib("libcudart", true, Some("13.0")),
-                lib("libcublas", true, Some("13.1.0")),
-            ],
-            ..Default::default()
-        }
     }
 }

@@ -1,6 +1,7 @@
 //! The candle engine: this crate's models, in process.
 //!
-//! - [`CandleEngine`] scores LAMBADA batches ([`score`]).
+//! - [`CandleEngine`] scores LAMBADA batches ([`score`]) and generates ([`generate`]); what
+//!   both share (the [`Engine`] trait: name, versions, memory) is here.
 //! - [`CandleTrainer`] trains ([`train`], on [`crate::train::Trainer`]).
 
 pub mod generate;
@@ -12,6 +13,7 @@ pub use train::CandleTrainer;
 
 use crate::device::{synchronize, Precision};
 use crate::dist::Tp;
+use crate::engines::Engine;
 use crate::error::Result;
 use crate::models::weights::save_checkpoint;
 use crate::models::{CausalLm, KvCache, ModelSpec, Recorder, WeightSource};
@@ -31,6 +33,30 @@ pub struct CandleEngine {
     /// Generation: the KV cache, kept between calls (a new one only when a call needs more
     /// rows or positions than it has).
     pub cache: Option<KvCache>,
+}
+
+/// What every capability of the engine shares (scoring, generation): its name, versions,
+/// load time and memory.
+impl Engine for CandleEngine {
+    fn name(&self) -> &'static str {
+        "candle"
+    }
+
+    fn info(&self) -> BTreeMap<String, String> {
+        engine_info(&self.device)
+    }
+
+    fn load_seconds(&self) -> f64 {
+        self.load_seconds
+    }
+
+    fn finish(&mut self) -> Result<MemoryReading> {
+        read_memory(&self.memory)
+    }
+
+    fn cuda_uuid(&self) -> Option<String> {
+        crate::device::cuda_uuid(&self.device)
+    }
 }
 
 /// What the candle engine records in a log header: its version and, on CUDA, which fused

@@ -2,13 +2,12 @@
 //! head only on the rows that predict target tokens, log-softmax in fp32.
 
 use super::CandleEngine;
-use crate::engines::{BatchOutput, Engine, Request, Score, TargetScores};
+use crate::engines::{BatchOutput, Request, Score, TargetScores};
 use crate::error::Result;
 use crate::models::attention::log_softmax_f32;
 use crate::models::CausalLm;
-use crate::trackers::{LatencyTracker, MemoryReading};
+use crate::trackers::LatencyTracker;
 use candle_core::{DType, Device, Tensor};
-use std::collections::BTreeMap;
 
 /// One forward pass of a candle model over a batch right-padded to `padded_len` positions
 /// (at least its longest input), the LM head only on the rows that predict target tokens.
@@ -50,27 +49,6 @@ pub fn target_scores(
             .to_dtype(DType::U32)?
             .to_vec1()?,
     })
-}
-
-impl Engine for CandleEngine {
-    fn name(&self) -> &'static str {
-        "candle"
-    }
-
-    fn info(&self) -> BTreeMap<String, String> {
-        super::engine_info(&self.device)
-    }
-
-    fn load_seconds(&self) -> f64 {
-        self.load_seconds
-    }
-
-    fn finish(&mut self) -> Result<MemoryReading> {
-        super::read_memory(&self.memory)
-    }
-    fn cuda_uuid(&self) -> Option<String> {
-        crate::device::cuda_uuid(&self.device)
-    }
 }
 
 impl Score for CandleEngine {

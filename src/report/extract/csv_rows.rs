@@ -51,15 +51,21 @@ pub(super) fn parse(row: &RunRow, text: &str) -> Option<Vec<RunRow>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::extract::formats::Format;
-    use std::path::Path;
+    use std::collections::BTreeMap;
 
     #[test]
     fn text_is_metadata_numbers_are_metrics_and_empty_cells_are_absent() {
         let csv = "run,file,engine,hf_compile,batch_size,samples_per_second\n\
                    a,logs/a.jsonl,candle,,16,10.0\n\
                    b,logs/b.jsonl,hf,true,1,\n";
-        let base = RunRow::new(Path::new("x.csv"), Format::ExtractCsv);
+        // The row `formats` would start from (built here: the dispatch imports this file).
+        let base = RunRow {
+            meta: BTreeMap::from([
+                ("file".to_string(), "x.csv".to_string()),
+                ("format".to_string(), "extract-csv".to_string()),
+            ]),
+            metrics: BTreeMap::new(),
+        };
         let rows = parse(&base, csv).unwrap();
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].meta["file"], "logs/a.jsonl");

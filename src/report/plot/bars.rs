@@ -1,8 +1,8 @@
 //! Grouped bars: one group an x category (a model, × batch size), one bar a series, its value
 //! above it, its error bar ([`super::whiskers`]), the speedup over HF above the group.
 
+use super::chart::Group;
 use super::paint::{colour, label, plot_err, ratio, text, PanelCtx};
-use super::series::Group;
 use crate::error::Result;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;

@@ -2,9 +2,11 @@
 //! shared y axis) around one function per chart kind ([`super::bars`], [`super::lines`]); the
 //! size, palette, fonts and number labels they share are in [`super::paint`].
 
+use super::args::Args;
+use super::chart::{Chart, Panel};
+use super::fields::units;
 use super::paint::{colour, label, plot_err, text, PanelCtx, GREY, SIZE, TEXT};
-use super::series::{Chart, Panel};
-use super::{bars, lines, units, Args};
+use super::{bars, lines};
 use crate::error::{Error, Result};
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::coord::types::RangedCoordf64;

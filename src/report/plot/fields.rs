@@ -114,6 +114,24 @@ pub fn fused_union<'a>(values: impl Iterator<Item = &'a str>) -> Vec<String> {
     all
 }
 
+/// The y-axis label, and the factor that converts the column into those units.
+pub fn units(metric: &str) -> (String, f64) {
+    if metric.contains("bytes") {
+        (
+            format!("{} (GiB)", metric.replace("_bytes", "")),
+            1. / (1u64 << 30) as f64,
+        )
+    } else if let Some(what) = metric.strip_suffix("_per_second") {
+        (format!("{}/s", what.replace('_', " ")), 1.)
+    } else if metric.contains("_ms") {
+        (format!("{metric} (ms)"), 1.)
+    } else if metric.ends_with("seconds") || metric.ends_with("runtime") {
+        (format!("{metric} (s)"), 1.)
+    } else {
+        (metric.to_string(), 1.)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

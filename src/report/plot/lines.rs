@@ -2,8 +2,8 @@
 //! error bars over repeats, the speedup over HF beside each point that has one. The x axis is
 //! logarithmic (base 2) where the values span 8× or more, as batch sizes do.
 
+use super::chart::Panel;
 use super::paint::{colour, plot_err, ratio, text, PanelCtx};
-use super::series::Panel;
 use crate::error::Result;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
@@ -50,7 +50,7 @@ where
     let log = log_x(ctx.panel);
     for (s, series) in ctx.chart.series.iter().enumerate() {
         let colour = colour(series.hue, series.shade);
-        let pts: Vec<(f64, super::series::Point)> = ctx
+        let pts: Vec<(f64, super::chart::Point)> = ctx
             .panel
             .groups
             .iter()

@@ -2,8 +2,8 @@
 //! and what a panel is drawn from ([`PanelCtx`]). A leaf of `plot`: the frame (`draw`) and the
 //! chart kinds (`bars`, `lines`) import it, it imports neither.
 
-use super::series::{Chart, Panel};
-use super::Args;
+use super::args::Args;
+use super::chart::{Chart, Panel};
 use crate::error::Error;
 use plotters::coord::Shift;
 use plotters::prelude::*;

@@ -1,7 +1,7 @@
 //! Which rows are plotted: the filter flags, each a test on one column. When nothing is left
 //! the error names the filter that matched nothing and the values its column holds.
 
-use super::Args;
+use super::args::Args;
 use crate::error::{Error, Result};
 use crate::report::filter::Where;
 use crate::report::row::{column_names, polars_err};

@@ -7,71 +7,16 @@
 //! set, the commit) do not split bars unless `--all-configs`: each bar keeps its engine's
 //! newest, as a published chart shows the current build, and a note counts what was left out.
 
-use super::fields::{self, CONFIG, SWEPT, WORKLOAD};
+use super::args::Args;
+use super::chart::{Chart, Group, Panel, Point, Series, Speedup};
+use super::fields::{self, units, CONFIG, SWEPT, WORKLOAD};
 use super::select::{kept_rows, number_column, text_column};
 use super::whiskers::{self, Bounds, RowPoint};
-use super::{units, Args};
 use crate::error::{Error, Result};
 use crate::report::row::column_names;
 use polars::prelude::*;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
-
-/// One plotted value: median of the matching rows, with its error bar (lo..hi).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Point {
-    pub value: f64,
-    pub lo: f64,
-    pub hi: f64,
-}
-
-/// A legend entry: its colour is one hue per engine (× precision), a shade per variant.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Series {
-    pub label: String,
-    pub hue: usize,
-    pub shade: usize,
-    /// An HF engine: the others' speedups are over it.
-    pub baseline: bool,
-}
-
-/// Speedup of series `series` over the best HF series `baseline` of the same workload.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Speedup {
-    pub series: usize,
-    pub baseline: usize,
-    pub ratio: f64,
-}
-
-/// One x category (bars) or x value (lines).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Group {
-    pub label: String,
-    pub x: f64,
-    pub points: Vec<(usize, Point)>,
-    pub speedups: Vec<Speedup>,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct Panel {
-    pub label: Option<String>,
-    pub groups: Vec<Group>,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct Chart {
-    pub panels: Vec<Panel>,
-    pub series: Vec<Series>,
-    /// x is a swept number: lines, not bars.
-    pub lines: bool,
-    pub x_label: String,
-    /// What every plotted row shares (`generation · bf16 · H100 80GB HBM3`).
-    pub subtitle: String,
-    pub note: Option<String>,
-    /// What the bars' error bars show (min..max of repeats, a run's bootstrap interval);
-    /// None where no bar has one, and for lines.
-    pub error_bars: Option<String>,
-}
 
 /// Which column plays which part: the panels, the groups (x, then the batch size where x is
 /// the model and it varies), the series (engine first).

@@ -6,8 +6,8 @@
 //! `_max`. The interval of one run says how far its batches scatter, the range of repeats how
 //! far whole runs do (clocks, other tenants): the chart's note says which it drew.
 
+use super::chart::Point;
 use super::select::number_column;
-use super::series::Point;
 use crate::error::Result;
 use polars::prelude::*;
 

@@ -1,42 +1,23 @@
 //! Tables for people: a frame (or rows of text) -> Markdown, each column with its own number
 //! format (`--columns NAME[:FMT][=LABEL]`), and the report tables built on it:
 //! [`ratio`] (two engines side by side), [`dp`] and [`tp`] (parallel runs against their
-//! single-GPU run, from the logs' step and passage records, [`logs`]).
+//! single-GPU run, from the logs' step and passage records, [`logs`]; `--table`'s choice of
+//! them in [`parallel`]).
 
 pub mod compare;
 pub mod defaults;
 pub mod dp;
 pub mod logs;
+pub mod parallel;
 pub mod ratio;
 pub mod tp;
+
+pub use parallel::{report, TableKind};
 
 use crate::error::{Error, Result};
 use crate::report::row::{column_names, polars_err};
 use polars::prelude::*;
 use std::cmp::Ordering;
-use std::path::PathBuf;
-
-/// `--table`: the reports that compare parallel runs with their single-GPU run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum TableKind {
-    /// Data-parallel training, per directory: dp N against dp 1 step by step (loss, grad
-    /// norm), and throughput with scaling efficiency, all-reduce share, memory per rank.
-    DpReport,
-    /// Tensor-parallel LAMBADA runs against their tp 1 run, passage by passage.
-    TpAgreement,
-    /// Tensor-parallel LAMBADA throughput, speed-up over tp 1, latency, memory and MFU.
-    TpScaling,
-}
-
-/// The Markdown report `kind` of the bench run logs among `files`.
-pub fn report(kind: TableKind, files: &[PathBuf]) -> Result<String> {
-    let runs = logs::read_runs(files)?;
-    match kind {
-        TableKind::DpReport => dp::report(&runs),
-        TableKind::TpAgreement => tp::agreement(&runs),
-        TableKind::TpScaling => tp::scaling(&runs),
-    }
-}
 
 /// How a number is written in a Markdown cell.
 #[derive(Clone, Copy, Debug, PartialEq)]
