@@ -5,7 +5,7 @@
 #           generation suite (prompt 128 + 128, $AB_PROMPTS (5) prompts) gpt2 batch 1 and 16,
 #           bloom-560m batch 16; LAMBADA scoring bloom-560m batch 16 (first $AB_LIMIT (1600)).
 #           This binary runs one pass (--min-time 0 --min-batches 0), as the previous one did.
-#   train   WikiText-2 fine-tuning of gpt2, the two binaries alternating, $AB_ROUNDS rounds.
+#   train   WikiText-2 fine-tuning of gpt2, the two binaries alternating ABBA, $AB_ROUNDS rounds.
 #   repeat  `--repeat 5` of gpt2 LAMBADA scoring, batch 16: with this binary's minimums
 #           (10 s and 10 batches on a GPU) and with one pass (the previous behaviour).
 # Logs -> $OUT/ab-logs.tgz after every run; console -> $OUT/ab.txt.
@@ -45,9 +45,14 @@ for stage in "$@"; do
     # (needs .gpu/wikitext-2-raw): the previous binary and this one alternating.
     W=(--suite wikitext2 --model gpt2 --data .gpu/wikitext-2-raw --batch-size 8 --block-size 1024
        --no-dropout --warmup 5 --max-steps $(( ${AB_STEPS:-30} + 5 )))
+    # ABBA: odd rounds run the previous binary first, even rounds this one (an order effect,
+    # e.g. the GPU's clocks after the run before, then shows as a swap between rounds).
     for r in $(seq 1 "${AB_ROUNDS:-2}"); do
-      run "r$r-before-train-gpt2" /tmp/bench-before "${W[@]}"
-      run "r$r-new-train-gpt2" /tmp/bench "${W[@]}"
+      order="before new"; [ $((r % 2)) = 0 ] && order="new before"
+      for who in $order; do
+        bin=/tmp/bench; [ $who = before ] && bin=/tmp/bench-before
+        run "r$r-$who-train-gpt2" $bin "${W[@]}"
+      done
     done
     ;;
   repeat)
