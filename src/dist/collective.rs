@@ -246,32 +246,3 @@ impl AllReduce for TcpAllReduce {
         "tcp".into()
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use candle_core::Device;
-
-    /// Three CPU ranks (threads) over TCP keep the contract of every backend: shapes, dtypes and
-    /// exact sums of 1-D, 2-D and 3-D tensors, views, ZeRO's reduce-scatter and all-gather.
-    #[test]
-    fn tcp_collectives_keep_the_backend_contract() {
-        let listener = TcpAllReduce::listen([127, 0, 0, 1].into()).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let size = 3;
-        let dtypes = [DType::F32, DType::BF16, DType::F16];
-        let ranks: Vec<_> = (1..size)
-            .map(|r| {
-                std::thread::spawn(move || {
-                    let c = TcpAllReduce::connect(addr, r).unwrap();
-                    crate::dist::contract::check(&c, r, size, &dtypes, &Device::Cpu);
-                })
-            })
-            .collect();
-        let root = TcpAllReduce::serve(listener, size, Duration::from_secs(10)).unwrap();
-        crate::dist::contract::check(&root, 0, size, &dtypes, &Device::Cpu);
-        for r in ranks {
-            r.join().unwrap();
-        }
-    }
-}

@@ -3,8 +3,10 @@
 //! GPU tests) and NCCL over two GPUs (the two-GPU smoke stage). Rank `r` of `size` holds
 //! `(r + 1) · base`, integers small enough to be exact in bf16, so every sum is exact.
 
+use super::collective::TcpAllReduce;
 use super::AllReduce;
 use candle_core::{DType, Device, Tensor};
+use std::time::Duration;
 
 /// The shapes every collective is checked at: 1-D, 2-D and 3-D.
 const SHAPES: [&[usize]; 3] = [&[12], &[3, 4], &[2, 3, 4]];
@@ -142,5 +144,28 @@ fn scatter_and_gather(
         let got = reduce.all_gather(&x, rank, size).unwrap();
         assert_eq!(got.dims(), &[n * size], "{what} all-gather {shape:?}");
         same(&got, &want, dtype, &format!("{what} all-gather {shape:?}"));
+    }
+}
+
+/// Three CPU ranks (threads) over TCP keep the contract of every backend: shapes, dtypes and
+/// exact sums of 1-D, 2-D and 3-D tensors, views, ZeRO's reduce-scatter and all-gather.
+#[test]
+fn tcp_collectives_keep_the_backend_contract() {
+    let listener = TcpAllReduce::listen([127, 0, 0, 1].into()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let size = 3;
+    let dtypes = [DType::F32, DType::BF16, DType::F16];
+    let ranks: Vec<_> = (1..size)
+        .map(|r| {
+            std::thread::spawn(move || {
+                let c = TcpAllReduce::connect(addr, r).unwrap();
+                check(&c, r, size, &dtypes, &Device::Cpu);
+            })
+        })
+        .collect();
+    let root = TcpAllReduce::serve(listener, size, Duration::from_secs(10)).unwrap();
+    check(&root, 0, size, &dtypes, &Device::Cpu);
+    for r in ranks {
+        r.join().unwrap();
     }
 }

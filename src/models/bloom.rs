@@ -20,12 +20,12 @@ use super::attention::{
     causal_padding_bias, causal_padding_bias_last, merge_heads, scaled_dot_product,
 };
 use super::cache::{KvCache, LayerStep, Step};
+use super::causal_lm::CausalLm;
 use super::layers::{
     dropout, lm_head, load_layer_norm, split_head_logits, Activation, Dropout, Mlp, Mode, Norm,
     Projection, Unsummed, WeightLayout::Linear,
 };
 use super::shard::Split;
-use super::CausalLm;
 use crate::dist::Tp;
 use crate::error::{Error, Result};
 use crate::kernels::{self, QkvLayout};

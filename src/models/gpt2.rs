@@ -17,12 +17,12 @@ use super::attention::{
     split_heads,
 };
 use super::cache::{KvCache, LayerStep, Step};
+use super::causal_lm::CausalLm;
 use super::layers::{
     dropout, lm_head, load_layer_norm, split_head_logits, Activation, Dropout, Mlp, Mode, Norm,
     Projection, Unsummed, WeightLayout::Conv1D,
 };
 use super::shard::Split;
-use super::CausalLm;
 use crate::dist::Tp;
 use crate::error::{Error, Result};
 use crate::kernels::{self, QkvLayout};

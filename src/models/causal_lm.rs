@@ -1,0 +1,66 @@
+//! The model interface the suites see ([`CausalLm`]), apart from the models' specs (mod.rs)
+//! so that the models implement it without importing the module that names them.
+
+use super::cache::KvCache;
+use candle_core::Tensor;
+
+/// What a suite needs from a causal language model.
+pub trait CausalLm {
+    /// Final hidden states (after the last norm). input_ids: (B, T) u32; attention_mask:
+    /// (B, T) u32, 1 for real tokens, 0 for right padding. Returns (B, T, C).
+    fn hidden_states(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+    ) -> candle_core::Result<Tensor>;
+
+    /// LM-head logits of selected hidden states: (N, C) -> (N, V). Kept apart from
+    /// [`CausalLm::hidden_states`] so that scoring computes only the rows it reads.
+    fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor>;
+
+    /// [`CausalLm::logits`] with the vocabulary padded by zero rows of the head to a multiple
+    /// of `multiple`: (N, C) -> ((N, V'), V) with V' ≥ V; the extra columns are 0 and not
+    /// part of the vocabulary. cuBLAS takes its fast kernels only for aligned leading
+    /// dimensions, which GPT-2's V = 50257 is not. Default: no padding.
+    fn logits_padded(
+        &self,
+        hidden: &Tensor,
+        multiple: usize,
+    ) -> candle_core::Result<(Tensor, usize)> {
+        let _ = multiple;
+        let logits = self.logits(hidden)?;
+        let v = logits.dim(1)?;
+        Ok((logits, v))
+    }
+
+    /// Longest sequence the model accepts.
+    fn max_positions(&self) -> usize;
+
+    /// A KV cache for [`CausalLm::forward_cached`]: `batch` rows of up to `max_len` positions,
+    /// every layer of this model (under tensor parallelism: this rank's heads), in its dtype on
+    /// its device.
+    fn new_cache(&self, batch: usize, max_len: usize) -> candle_core::Result<KvCache>;
+
+    /// The next T positions of every row through the model, attending the positions already
+    /// in `cache` and writing their own keys and values into it (in place): the prefill is
+    /// the prompt into an empty cache, a decode step one token. input_ids: (B, T) u32;
+    /// attention_mask: (B, T) u32 of the new positions, 1 real token, 0 (left) padding; the
+    /// cache carries the mask of the earlier ones. Returns the logits of the last position,
+    /// (B, V). Always the inference path (no dropout), whatever [`CausalLm::set_training`] said.
+    fn forward_cached(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        cache: &mut KvCache,
+    ) -> candle_core::Result<Tensor>;
+
+    /// Whether a decode step's launches can be recorded as a CUDA graph: not under tensor
+    /// parallelism whose all-reduce goes through the host (TCP); NCCL's can be recorded.
+    fn graph_capturable(&self) -> bool {
+        false
+    }
+
+    /// Switches to training: differentiable ops everywhere and, `with_dropout`, the config's
+    /// dropout (see [`super::layers::Mode`]). Models start in inference mode.
+    fn set_training(&mut self, with_dropout: bool);
+}
