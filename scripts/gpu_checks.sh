@@ -92,11 +92,12 @@
 #                  without the CUDA graph), hf, hf-eager, hf-sdpa, hf-compile -> gen-logs.tgz
 #   train-compare  #21: the training suite's three engines in one table: gpt2 124M (random init),
 #                  bf16, batch 8 x block 1024, WikiText-2 (wiki.valid.raw, eval wiki.test.raw),
-#                  dropout off (llm.c has none), 10 warm-up + $CMP_STEPS (50) timed steps,
-#                  `--engine candle,hf,llmc --hf-compile` (a sweep: one process per engine; HF
+#                  dropout off (llm.c has none; CMP_DROPOUT=1: the config's 0.1), 10 warm-up +
+#                  $CMP_STEPS (50) timed steps, `--engine $CMP_ENGINES` (candle,hf,llmc)
+#                  `--hf-compile` (a sweep: one process per engine; HF
 #                  compiled as Trainer's torch_compile=True, compilation in the warm-up; llm.c's
 #                  train_gpt2cu from .gpu/train_gpt2cu, a copy of /work/shared/gpu/llmc/), then
-#                  eager HF alone for the compile gain, then candle alone with each
+#                  eager HF alone for the compile gain (CMP_HF_EAGER=0: not), then candle alone with each
 #                  --backward of $CMP_BACKWARDS (e.g. "manual autograd"), then candle with each
 #                  ';'-separated flag set of $CMP_CANDLE_FLAGS (e.g. "--recompute"), then candle
 #                  from .gpu/bench-before.{xz,gz} when there (a previous binary: the before of a
@@ -206,8 +207,9 @@ perf_run() { # bench args: one timed run into /tmp/perf-logs
 }
 
 cmp_run() { # bench args: one train-compare invocation into /tmp/cmp-logs (children's stderr dropped)
+  local drop=--no-dropout; [ -n "${CMP_DROPOUT:-}" ] && drop=""  # CMP_DROPOUT=1: the config's dropout (0.1)
   $B --suite wikitext2 --model gpt2 --weights random --seed 0 --device cuda --dtype bf16 \
-    --batch-size 8 --block-size 1024 --data .gpu/wikitext-2-raw --no-dropout --warmup 10 \
+    --batch-size 8 --block-size 1024 --data .gpu/wikitext-2-raw $drop --warmup 10 \
     --max-steps $(( ${CMP_STEPS:-50} + 10 )) --log-dir /tmp/cmp-logs --no-progress "$@" 2>&1 \
     | grep -v '^  |' | tee -a "$OUT/train-compare.txt"
   echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/train-compare.txt"
@@ -647,8 +649,8 @@ PY
     ;;
   train-compare)
     [ -x .gpu/train_gpt2cu ] || { echo ".gpu/train_gpt2cu missing: copy /work/shared/gpu/llmc/train_gpt2cu there" >&2; exit 1; }
-    LLMC_BIN=$PWD/.gpu/train_gpt2cu cmp_run --engine candle,hf,llmc --hf-compile
-    cmp_run --engine hf
+    LLMC_BIN=$PWD/.gpu/train_gpt2cu cmp_run --engine "${CMP_ENGINES:-candle,hf,llmc}" --hf-compile
+    [ "${CMP_HF_EAGER:-1}" = 1 ] && cmp_run --engine hf
     for b in ${CMP_BACKWARDS:-}; do cmp_run --engine candle --backward "$b"; done
     IFS=';' read -ra flag_sets <<< "${CMP_CANDLE_FLAGS:-}"
     for f in "${flag_sets[@]}"; do cmp_run --engine candle $f; done  # unquoted: one set, several flags

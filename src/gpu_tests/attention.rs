@@ -185,8 +185,9 @@ fn head_split_and_merge_match_candles_copies() {
     );
 }
 
-/// softmax(q kᵀ·scale + causal) v in f32 from qkv (B, T, 3C), (B, T, C) with heads merged.
-fn attention_f32(qkv: &Tensor, nh: usize, scale: f64) -> Tensor {
+/// dropout(softmax(q kᵀ·scale + causal)) v in f32 from qkv (B, T, 3C), (B, T, C) with heads
+/// merged; `keep`: the dropout's factors (B, nh, T, T) f32 (kept / (1 − p) or 0), or none.
+fn attention_f32(qkv: &Tensor, nh: usize, scale: f64, keep: Option<&Tensor>) -> Tensor {
     let (b, t, c3) = qkv.dims3().unwrap();
     let hs = c3 / 3 / nh;
     let split = qkv.reshape((b, t, 3, nh, hs)).unwrap();
@@ -212,54 +213,85 @@ fn attention_f32(qkv: &Tensor, nh: usize, scale: f64) -> Tensor {
         .unwrap();
     // softmax, not softmax_last_dim: the latter's backward is not the softmax's gradient.
     let p = candle_nn::ops::softmax(&s, D::Minus1).unwrap();
+    let p = match keep {
+        Some(k) => (p * k).unwrap(),
+        None => p,
+    };
     let y = p.matmul(&v.contiguous().unwrap()).unwrap(); // (B, nh, T, hs)
     y.transpose(1, 2).unwrap().reshape((b, t, nh * hs)).unwrap()
 }
 
 /// The fused attention against f32 attention by autograd from the same half-precision
 /// inputs: its output and dqkv within a few ulps of the storage type, T a multiple of the
-/// 64-row tile and not.
+/// 64-row tile and not (odd: a row's flat index changes parity), with and without dropout
+/// (the reference applies the hashed mask as `keep_mask` draws it, so the kernels' element
+/// indices are checked too).
 #[test]
 fn flash_attention_matches_f32_attention_and_its_autograd() {
     let (dev, _one_at_a_time) = gpu();
     let (b, nh) = (2, 3);
     let c = nh * FLASH_HEAD_SIZE;
     let scale = 1. / (FLASH_HEAD_SIZE as f64).sqrt();
-    for dtype in [DType::BF16, DType::F16] {
-        for t in [64, 200] {
-            let qkv = randn(&[b, t, 3 * c], &dev).to_dtype(dtype).unwrap();
-            let dy = randn(&[b, t, c], &dev).to_dtype(dtype).unwrap();
-            let (y, lse) = flash_attention(&qkv, nh, scale).unwrap().expect("applies");
-            assert_eq!(lse.dims(), [b, nh, t]);
-            let dqkv = flash_attention_bwd(&qkv, &y, &lse, &dy, scale)
-                .unwrap()
-                .expect("applies");
-            let x = Var::from_tensor(&qkv.to_dtype(DType::F32).unwrap()).unwrap();
-            let want = attention_f32(x.as_tensor(), nh, scale);
-            let dy32 = dy.to_dtype(DType::F32).unwrap();
-            let grads = (&want * &dy32)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
-            let want_dqkv = grads.get(x.as_tensor()).unwrap();
-            let (ry, rg) = (rel(&y, &want), rel(&dqkv, want_dqkv));
-            eprintln!("{dtype:?} T={t}: y rel {ry:.2e}, dqkv rel {rg:.2e}");
-            assert!(ry < 2e-2, "{dtype:?} T={t}: y rel {ry}");
-            assert!(rg < 3e-2, "{dtype:?} T={t}: dqkv rel {rg}");
-        }
+    let hashed = Keep::Hash(0x5eed_f1a5);
+    let cases: [(DType, usize, Option<f32>); 7] = [
+        (DType::BF16, 64, None),
+        (DType::BF16, 200, None),
+        (DType::F16, 64, None),
+        (DType::F16, 200, None),
+        (DType::BF16, 64, Some(0.3)),
+        (DType::BF16, 200, Some(0.1)),
+        (DType::F16, 199, Some(0.3)),
+    ];
+    for (dtype, t, p_drop) in cases {
+        let keep = p_drop.map(|p| (&hashed, p));
+        let factors = p_drop.map(|p| {
+            let mask = keep_mask(&hashed, p, &(b, nh, t, t).into(), &dev).unwrap();
+            (mask.to_dtype(DType::F32).unwrap() / (1. - p as f64)).unwrap()
+        });
+        let qkv = randn(&[b, t, 3 * c], &dev).to_dtype(dtype).unwrap();
+        let dy = randn(&[b, t, c], &dev).to_dtype(dtype).unwrap();
+        let (y, lse) = flash_attention(&qkv, nh, scale, keep)
+            .unwrap()
+            .expect("applies");
+        assert_eq!(lse.dims(), [b, nh, t]);
+        let dqkv = flash_attention_bwd(&qkv, &y, &lse, &dy, scale, keep)
+            .unwrap()
+            .expect("applies");
+        let x = Var::from_tensor(&qkv.to_dtype(DType::F32).unwrap()).unwrap();
+        let want = attention_f32(x.as_tensor(), nh, scale, factors.as_ref());
+        let dy32 = dy.to_dtype(DType::F32).unwrap();
+        let grads = (&want * &dy32)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let want_dqkv = grads.get(x.as_tensor()).unwrap();
+        let (ry, rg) = (rel(&y, &want), rel(&dqkv, want_dqkv));
+        eprintln!("{dtype:?} T={t} p={p_drop:?}: y rel {ry:.2e}, dqkv rel {rg:.2e}");
+        assert!(ry < 2e-2, "{dtype:?} T={t} p={p_drop:?}: y rel {ry}");
+        assert!(rg < 3e-2, "{dtype:?} T={t} p={p_drop:?}: dqkv rel {rg}");
     }
+    let stored = Keep::Mask(Tensor::ones((b, nh, 64, 64), DType::U8, &dev).unwrap());
+    let qkv = randn(&[b, 64, 3 * c], &dev).to_dtype(DType::BF16).unwrap();
+    assert!(
+        flash_attention(&qkv, nh, scale, Some((&stored, 0.1)))
+            .unwrap()
+            .is_none(),
+        "a stored mask is the composed path's"
+    );
     let hs32 = randn(&[b, 64, 3 * nh * 32], &dev)
         .to_dtype(DType::BF16)
         .unwrap();
     assert!(
-        flash_attention(&hs32, nh, scale).unwrap().is_none(),
+        flash_attention(&hs32, nh, scale, None).unwrap().is_none(),
         "hs 32 is the matmuls'"
     );
     let f32_qkv = randn(&[b, 64, 3 * c], &dev);
     assert!(
-        flash_attention(&f32_qkv, nh, scale).unwrap().is_none(),
+        flash_attention(&f32_qkv, nh, scale, None)
+            .unwrap()
+            .is_none(),
         "f32 is the matmuls'"
     );
 }

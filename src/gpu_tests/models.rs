@@ -159,6 +159,14 @@ fn manual_backward_on_flash_attention_matches_autograd_in_bf16() {
     assert!(worst < 5e-2, "worst gradient rel {worst}");
 }
 
+/// Head size 64 with dropout: the fused kernels draw, and their backward redraws, the hashed
+/// masks the autograd path's composed softmax draws (same seed, same order, same bits).
+#[test]
+fn manual_backward_on_flash_attention_with_dropout_matches_autograd_in_bf16() {
+    let worst = manual_vs_autograd_of(gpt2_tiny_hs64(), DType::BF16, true);
+    assert!(worst < 5e-2, "worst gradient rel {worst}");
+}
+
 /// Dropout on: the manual path draws the hashed masks in the autograd path's order, so the
 /// same seed gives the same gradients.
 #[test]

@@ -1,17 +1,37 @@
-// The dropout keep-mask seen from a kernel, shared by dropout.cu and attn_softmax.cu.
+// The dropout keep-mask seen from a kernel, shared by dropout.cu, attn_softmax.cu and
+// flash_attn.cu.
 #pragma once
 #include "common.cuh"
 
-// Dropout without a stored mask: element i of a tensor is kept when a counter-based hash of
-// (key, i) (splitmix64's output function) is at least thresh = p·2³², as torch draws it with
-// Philox from (seed, offset). The backward redraws the same bits from the same key, so the
-// (B, nh, T, T) f32 uniforms and u8 mask of candle's rand + ge are never written.
+// Dropout without a stored mask: element i of a tensor gets a 16-bit uniform, half of a
+// 32-bit keyed hash of the pair i / 2 (murmur3's finalizer over the pair index mixed with the
+// key), and is kept when that uniform is at least thresh = p·2¹⁶, as torch draws it with
+// Philox from (seed, offset). The backward redraws the same bits from the same key, so no
+// mask is written. 32-bit arithmetic and one hash for two neighbours: the fused attention
+// draws a mask element for every score, three times a step (forward, and both backward
+// kernels), where a 64-bit hash an element cost ≈ 28 integer operations.
+__device__ __forceinline__ unsigned int keep_word(unsigned long long key, unsigned long long pair) {
+  const unsigned int lo = (unsigned int)pair, hi = (unsigned int)(pair >> 32);
+  unsigned int h = (lo ^ (unsigned int)key) * 0x9E3779B1u + ((unsigned int)(key >> 32) ^ hi * 0x85EBCA77u);
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  return h ^ (h >> 16);
+}
+// Element i's uniform: the low half of its pair's word for even i, the high half for odd.
+__device__ __forceinline__ unsigned int keep_u16(unsigned int word, unsigned long long i) {
+  return (i & 1ull) ? word >> 16 : word & 0xffffu;
+}
 __device__ __forceinline__ bool keep_bit(unsigned long long key, unsigned long long i, unsigned int thresh) {
-  unsigned long long z = key + (i + 1ull) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return (unsigned int)(z >> 32) >= thresh;
+  return keep_u16(keep_word(key, i >> 1), i) >= thresh;
+}
+// The keep factors (scale or 0) of elements i and i + 1: one hash when i is even.
+__device__ __forceinline__ float2 keep_pair(unsigned long long key, unsigned long long i, unsigned int thresh,
+                                            float scale) {
+  const unsigned int w0 = keep_word(key, i >> 1);
+  const unsigned int w1 = (i & 1ull) ? keep_word(key, (i + 1) >> 1) : w0;
+  return make_float2(keep_u16(w0, i) >= thresh ? scale : 0.f, keep_u16(w1, i + 1) >= thresh ? scale : 0.f);
 }
 // The keep factor of element i: from the u8 mask when there is one, else from the hash when
 // thresh > 0, else 1 (no dropout).

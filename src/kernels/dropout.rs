@@ -106,9 +106,10 @@ pub(super) mod imp {
 
     const PTX: Ptx = ptx!("dropout");
 
-    /// Drop when the hash's upper 32 bits are below p·2³² (at least 1 for p > 0).
-    fn threshold(p: f32) -> u32 {
-        ((p as f64 * 4294967296.).round() as u64).clamp(1, u32::MAX as u64) as u32
+    /// Drop when an element's 16-bit uniform (dropout.cuh) is below p·2¹⁶ (at least 1 for
+    /// p > 0).
+    pub fn threshold(p: f32) -> u32 {
+        ((p as f64 * 65536.).round() as u32).clamp(1, 65535)
     }
 
     /// The dropout arguments every kernel with a `Keep` takes (dropout.cuh's `Keep`): the u8

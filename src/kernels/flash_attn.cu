@@ -16,7 +16,11 @@
 // rely on one more fact, checked at start (a trap if not): a lane's rows are lane/4 and
 // lane/4 + 8, so a row's elements sit in one quad of lanes.
 // lse is kept in base 2 (m·log2 e + log2 l): the scores are scaled by scale·log2 e once.
+// Dropout on the probabilities (#36): the mask of dropout.cuh's hash over the (B, nh, T, T)
+// probabilities' flat index, drawn in the forward and redrawn in both backward kernels; the
+// row sums and lse stay those of the undropped probabilities, dsum = Σ dy·y holds as is.
 #include "common.cuh"
+#include "dropout.cuh"
 #include <mma.h>
 using namespace nvcuda;
 
@@ -52,17 +56,28 @@ __device__ void load_tile(T* dst, const T* src, long stride, int t0, int T_) {
   }
 }
 
+// The attention dropout's arguments (thresh 0: none; then scale is 1).
+struct Drop {
+  unsigned long long key;
+  unsigned int thresh;
+  float scale;  // 1 / (1 − p)
+};
+
 // rc[e] = r·16 + c of a 16×16 accumulator fragment's element e, read through the fragment map
-// (scratch: the warp's 16 × LDF floats); traps unless a lane's rows are lane/4 and lane/4 + 8.
+// (scratch: the warp's 16 × LDF floats); traps unless a lane's rows are lane/4 and lane/4 + 8,
+// and elements e, e + 1 (e even) are neighbours in a row, the first at an even column (one
+// dropout hash serves both).
 __device__ void fragment_map(int (&rc)[8], float* scratch) {
   const int lane = threadIdx.x & 31;
   for (int i = lane; i < 256; i += 32) scratch[(i / 16) * LDF + i % 16] = (float)i;
   __syncwarp();
   Acc f;
   wmma::load_matrix_sync(f, scratch, LDF, wmma::mem_row_major);
+  #pragma unroll
   for (int e = 0; e < 8; e++) {
     rc[e] = (int)f.x[e];
     if ((rc[e] >> 4) % 8 != lane / 4) __trap();
+    if (e % 2 == 1 && (rc[e] != rc[e - 1] + 1 || rc[e - 1] % 2 != 0)) __trap();
   }
   __syncwarp();
 }
@@ -72,6 +87,7 @@ __device__ void fragment_map(int (&rc)[8], float* scratch) {
 template <typename T>
 __device__ void store_rows(Acc (&acc)[4], float factor, float* stage, T* out, long stride, int t0, int T_) {
   const int lane = threadIdx.x & 31, r = lane / 2, c0 = (lane % 2) * 32;
+  #pragma unroll
   for (int n = 0; n < 4; n++) {
     for (int e = 0; e < acc[n].num_elements; e++) acc[n].x[e] *= factor;
     wmma::store_matrix_sync(stage + n * 16, acc[n], LDF, wmma::mem_row_major);
@@ -99,6 +115,7 @@ __device__ void load_rows_a(FragA<T> (&a)[4], const T* tile) {
 template <typename T>
 __device__ void mul_transposed(Acc (&out)[4], const FragA<T> (&a)[4], const T* tile) {
   FragBCol<T> b;
+  #pragma unroll
   for (int n = 0; n < 4; n++) {
     wmma::fill_fragment(out[n], 0.f);
     for (int kk = 0; kk < 4; kk++) {
@@ -114,6 +131,7 @@ __device__ void mul_acc(Acc (&acc)[4], const T* p, const T* tile) {
   FragA<T> a[4];
   load_rows_a(a, p);
   FragBRow<T> b;
+  #pragma unroll
   for (int n = 0; n < 4; n++)
     for (int kk = 0; kk < 4; kk++) {
       wmma::load_matrix_sync(b, tile + kk * 16 * LD + n * 16, LD);
@@ -144,7 +162,7 @@ template <typename T> struct Shared {
 // y = softmax(q kᵀ·scale, causal) v, and lse. Grid (⌈T/64⌉, B·nh), 128 threads; the query
 // tiles run longest first. Each lane keeps the max and sum of its two rows (g, g + 8).
 template <typename T>
-__device__ void flash_fwd(const T* qkv, T* y, float* lse, int T_, int nh, float scale2) {
+__device__ void flash_fwd(const T* qkv, T* y, float* lse, int T_, int nh, float scale2, Drop drop) {
   __shared__ __align__(128) Shared<T> sh;
   const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane / 4;
   const int qt = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / nh, h = bh % nh;
@@ -163,8 +181,10 @@ __device__ void flash_fwd(const T* qkv, T* y, float* lse, int T_, int nh, float 
   FragA<T> qa[4];
   load_rows_a(qa, sh.x[1] + w * 16 * LD);
   Acc s[4], o[4];
+  #pragma unroll
   for (int n = 0; n < 4; n++) wmma::fill_fragment(o[n], 0.f);
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  const long prow = (long)bh * T_ + qw;  // the probabilities' flat row of the warp's row 0
   T* p = sh.p[w];
   for (int kt = 0; kt <= qt; kt++) {
     const int k0 = kt * TILE, buf = kt & 1;
@@ -177,7 +197,9 @@ __device__ void flash_fwd(const T* qkv, T* y, float* lse, int T_, int nh, float 
     }
     mul_transposed(s, qa, sh.x[buf]);
     float x0 = -INFINITY, x1 = -INFINITY;
+    #pragma unroll
     for (int n = 0; n < 4; n++)
+      #pragma unroll
       for (int e = 0; e < 8; e++) {
         const int r = rc[e] >> 4, key = k0 + n * 16 + (rc[e] & 15);
         const float v = (key > qw + r || key >= T_) ? -INFINITY : s[n].x[e] * scale2;
@@ -189,19 +211,27 @@ __device__ void flash_fwd(const T* qkv, T* y, float* lse, int T_, int nh, float 
     const float a0 = exp2f(m0 - n0), a1 = exp2f(m1 - n1);  // 0 on the first tile
     m0 = n0, m1 = n1;
     float s0 = 0.f, s1 = 0.f;
-    for (int n = 0; n < 4; n++)
+    #pragma unroll
+    for (int n = 0; n < 4; n++) {
+      float2 kf = make_float2(1.f, 1.f);
+      #pragma unroll
       for (int e = 0; e < 8; e++) {
         const int r = rc[e] >> 4, c = n * 16 + (rc[e] & 15);
         const float v = exp2f(s[n].x[e] - (r < 8 ? n0 : n1));
         if (r < 8) s0 += v; else s1 += v;
-        p[r * LD + c] = from_f<T>(v);
+        if (drop.thresh && e % 2 == 0)
+          kf = keep_pair(drop.key, (prow + r) * T_ + k0 + c, drop.thresh, drop.scale);
+        p[r * LD + c] = from_f<T>(drop.thresh ? v * (e % 2 == 0 ? kf.x : kf.y) : v);
         o[n].x[e] *= r < 8 ? a0 : a1;
       }
+    }
     l0 = l0 * a0 + quad_sum(s0), l1 = l1 * a1 + quad_sum(s1);
     __syncwarp();
     mul_acc(o, p, sh.y[buf]);
   }
+  #pragma unroll
   for (int n = 0; n < 4; n++)
+    #pragma unroll
     for (int e = 0; e < 8; e++) o[n].x[e] /= (rc[e] >> 4) < 8 ? l0 : l1;
   __syncthreads();  // the tiles become the staging
   store_rows(o, 1.f, sh.stage(w), y + (long)b * T_ * C + h * HS, C, qw, T_);
@@ -242,7 +272,7 @@ __device__ void load_row_stats(Shared<T>& sh, int buf, const float* lse, const f
 // Grid (⌈T/64⌉, B·nh), 128 threads; block 0 has the most query tiles.
 template <typename T>
 __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv, int T_,
-                              int nh, float scale, float scale2) {
+                              int nh, float scale, float scale2, Drop drop) {
   __shared__ __align__(128) Shared<T> sh;
   const int w = threadIdx.x / 32, kt = blockIdx.x, bh = blockIdx.y, b = bh / nh, h = bh % nh;
   const int C = nh * HS, k0 = kt * TILE, kw = k0 + w * 16, nq = (T_ + TILE - 1) / TILE;
@@ -265,6 +295,7 @@ __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const
   load_rows_a(ka, sh.x[1] + w * 16 * LD);
   load_rows_a(va, sh.y[1] + w * 16 * LD);
   Acc s[4], dp[4], dk[4], dv[4];
+  #pragma unroll
   for (int n = 0; n < 4; n++) wmma::fill_fragment(dk[n], 0.f), wmma::fill_fragment(dv[n], 0.f);
   T* p = sh.p[w];
   for (int qt = kt; qt < nq; qt++) {
@@ -280,21 +311,32 @@ __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const
     const float* lse_s = sh.lse[buf];
     const float* dsum_s = sh.dsum[buf];
     mul_transposed(s, ka, sh.x[buf]);  // sᵀ (16 keys × 64 queries)
+    // A dropped probability is kept negated in s for the second pass (p ≥ 0): no mask
+    // registers, no second hash. Neighbouring queries are T apart in the flat index: one hash
+    // an element here.
+    #pragma unroll
     for (int n = 0; n < 4; n++)
+      #pragma unroll
       for (int e = 0; e < 8; e++) {
         const int r = rc[e] >> 4, c = n * 16 + (rc[e] & 15);
         const bool seen = kw + r <= q0 + c && q0 + c < T_;
-        s[n].x[e] = seen ? exp2f(s[n].x[e] * scale2 - lse_s[c]) : 0.f;
-        p[r * LD + c] = from_f<T>(s[n].x[e]);
+        float pv = seen ? exp2f(s[n].x[e] * scale2 - lse_s[c]) : 0.f;
+        const long i = ((long)bh * T_ + q0 + c) * T_ + kw + r;
+        if (drop.thresh && !keep_bit(drop.key, (unsigned long long)i, drop.thresh)) pv = -pv;
+        s[n].x[e] = pv;
+        p[r * LD + c] = from_f<T>(pv > 0.f ? pv * drop.scale : 0.f);
       }
     __syncwarp();
     mul_acc(dv, p, sh.y[buf]);
     mul_transposed(dp, va, sh.y[buf]);  // dpᵀ (16 keys × 64 queries)
     __syncwarp();                       // every lane has read p
+    #pragma unroll
     for (int n = 0; n < 4; n++)
+      #pragma unroll
       for (int e = 0; e < 8; e++) {
         const int r = rc[e] >> 4, c = n * 16 + (rc[e] & 15);
-        p[r * LD + c] = from_f<T>(s[n].x[e] * (dp[n].x[e] - dsum_s[c]));
+        const float pv = s[n].x[e], dpk = pv > 0.f ? dp[n].x[e] * drop.scale : 0.f;
+        p[r * LD + c] = from_f<T>(fabsf(pv) * (dpk - dsum_s[c]));
       }
     __syncwarp();
     mul_acc(dk, p, sh.x[buf]);
@@ -310,7 +352,7 @@ __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const
 // dp = dO vᵀ, ds = p ⊙ (dp − dsum), dq += ds k · scale. Grid (⌈T/64⌉, B·nh), longest first.
 template <typename T>
 __device__ void flash_bwd_dq(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv, int T_,
-                             int nh, float scale, float scale2) {
+                             int nh, float scale, float scale2, Drop drop) {
   __shared__ __align__(128) Shared<T> sh;
   const int w = threadIdx.x / 32, g = (threadIdx.x & 31) / 4;
   const int qt = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / nh, h = bh % nh;
@@ -325,7 +367,7 @@ __device__ void flash_bwd_dq(const T* qkv, const T* dy, const float* lse, const 
   load_tile(sh.x[0], q_src + C, stride, 0, T_);
   load_tile(sh.y[0], q_src + 2 * C, stride, 0, T_);
   cp_async_commit();
-  const long at = (long)bh * T_ + qw + g;
+  const long prow = (long)bh * T_ + qw, at = prow + g;  // prow: the probabilities' flat row
   const bool in0 = qw + g < T_, in1 = qw + g + 8 < T_;
   const float lse0 = in0 ? lse[at] : 0.f, lse1 = in1 ? lse[at + 8] : 0.f;
   const float ds0 = in0 ? dsum[at] : 0.f, ds1 = in1 ? dsum[at + 8] : 0.f;
@@ -335,6 +377,7 @@ __device__ void flash_bwd_dq(const T* qkv, const T* dy, const float* lse, const 
   load_rows_a(qa, sh.x[1] + w * 16 * LD);
   load_rows_a(doa, sh.y[1] + w * 16 * LD);
   Acc s[4], dp[4], dq[4];
+  #pragma unroll
   for (int n = 0; n < 4; n++) wmma::fill_fragment(dq[n], 0.f);
   T* p = sh.p[w];
   for (int kt = 0; kt <= qt; kt++) {
@@ -348,13 +391,20 @@ __device__ void flash_bwd_dq(const T* qkv, const T* dy, const float* lse, const 
     }
     mul_transposed(s, qa, sh.x[buf]);
     mul_transposed(dp, doa, sh.y[buf]);
-    for (int n = 0; n < 4; n++)
+    #pragma unroll
+    for (int n = 0; n < 4; n++) {
+      float2 kf = make_float2(1.f, 1.f);
+      #pragma unroll
       for (int e = 0; e < 8; e++) {
         const int r = rc[e] >> 4, key = k0 + n * 16 + (rc[e] & 15);
         const bool seen = key <= qw + r && key < T_;
         const float pr = seen ? exp2f(s[n].x[e] * scale2 - (r < 8 ? lse0 : lse1)) : 0.f;
-        p[r * LD + n * 16 + (rc[e] & 15)] = from_f<T>(pr * (dp[n].x[e] - (r < 8 ? ds0 : ds1)));
+        if (drop.thresh && e % 2 == 0)
+          kf = keep_pair(drop.key, (prow + r) * T_ + key, drop.thresh, drop.scale);
+        const float dpk = drop.thresh ? dp[n].x[e] * (e % 2 == 0 ? kf.x : kf.y) : dp[n].x[e];
+        p[r * LD + n * 16 + (rc[e] & 15)] = from_f<T>(pr * (dpk - (r < 8 ? ds0 : ds1)));
       }
+    }
     __syncwarp();
     mul_acc(dq, p, sh.x[buf]);
   }
@@ -362,23 +412,27 @@ __device__ void flash_bwd_dq(const T* qkv, const T* dy, const float* lse, const 
   store_rows(dq, scale, sh.stage(w), dqkv + row0 * stride + h * HS, stride, qw, T_);
 }
 
+// The dropout arguments every kernel but dsum takes last: the hash key, the threshold (0: no
+// dropout) and 1 / (1 − p).
+#define DROP_PARAMS unsigned long long key, unsigned int thresh, float drop_scale
+#define DROP Drop{key, thresh, drop_scale}
 #define FLASH(T, S)                                                                                          \
-  extern "C" __global__ void __launch_bounds__(128) tb_flash_fwd_##S(const T* qkv, T* y, float* lse, int T_, \
-                                                                     int nh, float scale2) {                 \
-    flash_fwd<T>(qkv, y, lse, T_, nh, scale2);                                                               \
+  extern "C" __global__ void __launch_bounds__(128)                                                          \
+      tb_flash_fwd_##S(const T* qkv, T* y, float* lse, int T_, int nh, float scale2, DROP_PARAMS) {          \
+    flash_fwd<T>(qkv, y, lse, T_, nh, scale2, DROP);                                                         \
   }                                                                                                          \
   extern "C" __global__ void tb_flash_bwd_dsum_##S(const T* y, const T* dy, float* dsum, int B, int T_, int nh) { \
     flash_bwd_dsum<T>(y, dy, dsum, B, T_, nh);                                                               \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(128)                                                          \
       tb_flash_bwd_dkv_##S(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv, int T_,  \
-                           int nh, float scale, float scale2) {                                              \
-    flash_bwd_dkv<T>(qkv, dy, lse, dsum, dqkv, T_, nh, scale, scale2);                                       \
+                           int nh, float scale, float scale2, DROP_PARAMS) {                                 \
+    flash_bwd_dkv<T>(qkv, dy, lse, dsum, dqkv, T_, nh, scale, scale2, DROP);                                 \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(128)                                                          \
       tb_flash_bwd_dq_##S(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv, int T_,   \
-                          int nh, float scale, float scale2) {                                               \
-    flash_bwd_dq<T>(qkv, dy, lse, dsum, dqkv, T_, nh, scale, scale2);                                        \
+                          int nh, float scale, float scale2, DROP_PARAMS) {                                  \
+    flash_bwd_dq<T>(qkv, dy, lse, dsum, dqkv, T_, nh, scale, scale2, DROP);                                  \
   }
 FLASH(__nv_bfloat16, bf16)
 FLASH(__half, f16)

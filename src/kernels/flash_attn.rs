@@ -4,50 +4,65 @@
 //! The (B, nh, T, T) scores and probabilities are never stored: the forward keeps a
 //! log-sum-exp a row, from which the backward recomputes them.
 //!
-//! Applies to causal attention without dropout or padding, bf16 / f16, head size 64 (gpt2's):
-//! the training step of [`crate::train`]. Elsewhere the callers run the matmuls and the fused
-//! softmax.
+//! Applies to causal attention without padding, bf16 / f16, head size 64 (gpt2's): the
+//! training step of [`crate::train`]. Dropout on the probabilities with a hashed mask
+//! ([`Keep::Hash`], the same bits the fused softmax draws for the same key), redrawn in the
+//! backward; a stored mask is the composed path's. Elsewhere the callers run the matmuls and
+//! the fused softmax.
 //!
 //! Shapes: `B` batch, `T` time, `nh` heads, `hs` = 64, `C` = nh·hs.
 //! qkv, dqkv (B, T, 3C); y, dy (B, T, C); lse (B, nh, T) f32, in base 2 of the scores scaled
 //! by `scale`·log2 e (only the backward reads it).
 
-use super::{enabled, Fused};
+use super::{enabled, Fused, Keep};
 use candle_core::{Result, Tensor};
 
 /// The head size the kernels are built for.
 pub const FLASH_HEAD_SIZE: usize = 64;
 
-/// (y (B, T, C), lse (B, nh, T) f32) of softmax(q kᵀ·scale + causal) v, qkv (B, T, 3C) with
-/// `nh` heads. None where it does not apply (CPU, switched off, f32, another head size).
-pub fn flash_attention(qkv: &Tensor, nh: usize, scale: f64) -> Result<Option<(Tensor, Tensor)>> {
-    if !enabled(Fused::Flash) {
+/// (y (B, T, C), lse (B, nh, T) f32) of dropout(softmax(q kᵀ·scale + causal)) v, qkv
+/// (B, T, 3C) with `nh` heads, `keep` the dropout mask and p (None: no dropout). None where it
+/// does not apply (CPU, switched off, f32, another head size, a stored mask).
+pub fn flash_attention(
+    qkv: &Tensor,
+    nh: usize,
+    scale: f64,
+    keep: Option<(&Keep, f32)>,
+) -> Result<Option<(Tensor, Tensor)>> {
+    if !enabled(Fused::Flash) || matches!(keep, Some((Keep::Mask(_), _))) {
         return Ok(None);
     }
-    imp::flash_attention(qkv, nh, scale)
+    imp::flash_attention(qkv, nh, scale, keep)
 }
 
-/// dqkv (B, T, 3C) of [`flash_attention`] from its input qkv, its output y and lse, and dy
-/// (B, T, C). None where the forward would not apply.
+/// dqkv (B, T, 3C) of [`flash_attention`] from its input qkv, its output y and lse, dy
+/// (B, T, C) and the forward's `keep`. None where the forward would not apply.
 pub fn flash_attention_bwd(
     qkv: &Tensor,
     y: &Tensor,
     lse: &Tensor,
     dy: &Tensor,
     scale: f64,
+    keep: Option<(&Keep, f32)>,
 ) -> Result<Option<Tensor>> {
-    if !enabled(Fused::Flash) {
+    if !enabled(Fused::Flash) || matches!(keep, Some((Keep::Mask(_), _))) {
         return Ok(None);
     }
-    imp::flash_attention_bwd(qkv, y, lse, dy, scale)
+    imp::flash_attention_bwd(qkv, y, lse, dy, scale, keep)
 }
 
 /// The CPU runs the matmuls and candle's softmax.
 #[cfg(not(feature = "cuda"))]
 mod imp {
+    use crate::kernels::Keep;
     use candle_core::{Result, Tensor};
 
-    pub fn flash_attention(_: &Tensor, _: usize, _: f64) -> Result<Option<(Tensor, Tensor)>> {
+    pub fn flash_attention(
+        _: &Tensor,
+        _: usize,
+        _: f64,
+        _: Option<(&Keep, f32)>,
+    ) -> Result<Option<(Tensor, Tensor)>> {
         Ok(None)
     }
     pub fn flash_attention_bwd(
@@ -56,6 +71,7 @@ mod imp {
         _: &Tensor,
         _: &Tensor,
         _: f64,
+        _: Option<(&Keep, f32)>,
     ) -> Result<Option<Tensor>> {
         Ok(None)
     }
@@ -64,10 +80,12 @@ mod imp {
 #[cfg(feature = "cuda")]
 mod imp {
     use super::FLASH_HEAD_SIZE;
+    use crate::kernels::dropout::imp::KeepArgs;
     use crate::kernels::launch::{
         aligned16, alloc, device_address, flat_config, kernel, launch, no_cpu_fwd, ptx, view,
         with_dtype, Ptx,
     };
+    use crate::kernels::Keep;
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::{
@@ -109,6 +127,7 @@ mod imp {
         d: Dims,
         scale2: f32,
         lse: u64,
+        drop: KeepArgs,
     }
 
     impl CustomOp1 for FlashFwd {
@@ -126,7 +145,9 @@ mod imp {
                 let d = self.d;
                 // SAFETY: qkv holds B·T·3C elements, y B·T·C, lse B·nh·T floats; every
                 // block reads and writes rows < T of its (b, h) only.
-                launch!(unsafe func, d.tiles(); &x, &y, &self.lse, &d.t, &d.nh, &self.scale2)?;
+                let k = &self.drop;
+                launch!(unsafe func, d.tiles(); &x, &y, &self.lse, &d.t, &d.nh, &self.scale2,
+                    &k.key, &k.thresh, &k.scale)?;
                 Ok((CudaStorage::wrap_cuda_slice(y, dev), Shape::from((b, t, c3 / 3))))
             })
         }
@@ -137,6 +158,7 @@ mod imp {
         d: Dims,
         scale: f32,
         lse: u64,
+        drop: KeepArgs,
     }
 
     impl CustomOp3 for FlashBwd {
@@ -155,7 +177,7 @@ mod imp {
         ) -> Result<(CudaStorage, Shape)> {
             let dev = qkv.device().clone();
             let dt = qkv.dtype();
-            let (d, lse) = (self.d, self.lse);
+            let (d, lse, k) = (self.d, self.lse, &self.drop);
             let scale2 = (self.scale as f64 * LOG2_E) as f32;
             let dsum_func = kernel!(dev, PTX, "tb_flash_bwd_dsum", dt)?;
             let dkv_func = kernel!(dev, PTX, "tb_flash_bwd_dkv", dt)?;
@@ -171,9 +193,9 @@ mod imp {
                 // the dkv blocks write the k and v columns of their rows, the dq blocks the q
                 // columns: together every element of dqkv once.
                 launch!(unsafe dkv_func, d.tiles(); &x, &dyv, &lse, &dsum, &dqkv, &d.t, &d.nh,
-                    &self.scale, &scale2)?;
+                    &self.scale, &scale2, &k.key, &k.thresh, &k.scale)?;
                 launch!(unsafe dq_func, d.tiles(); &x, &dyv, &lse, &dsum, &dqkv, &d.t, &d.nh,
-                    &self.scale, &scale2)?;
+                    &self.scale, &scale2, &k.key, &k.thresh, &k.scale)?;
                 Ok((CudaStorage::wrap_cuda_slice(dqkv, dev), ql.shape().clone()))
             })
         }
@@ -195,6 +217,7 @@ mod imp {
         qkv: &Tensor,
         nh: usize,
         scale: f64,
+        keep: Option<(&Keep, f32)>,
     ) -> Result<Option<(Tensor, Tensor)>> {
         let Some(d) = dims_of(qkv, nh)? else {
             return Ok(None);
@@ -205,6 +228,7 @@ mod imp {
             d,
             scale2: (scale * LOG2_E) as f32,
             lse: device_address(&lse)?,
+            drop: KeepArgs::new(keep),
         };
         let y = qkv.apply_op1_no_bwd(&op)?;
         Ok(Some((y, lse)))
@@ -216,6 +240,7 @@ mod imp {
         lse: &Tensor,
         dy: &Tensor,
         scale: f64,
+        keep: Option<(&Keep, f32)>,
     ) -> Result<Option<Tensor>> {
         let (b, t, c3) = qkv.dims3()?;
         let nh = c3 / 3 / FLASH_HEAD_SIZE;
@@ -236,6 +261,7 @@ mod imp {
             d,
             scale: scale as f32,
             lse: device_address(lse)?,
+            drop: KeepArgs::new(keep),
         };
         Ok(Some(qkv.apply_op3_no_bwd(&y, &dy, &op)?))
     }

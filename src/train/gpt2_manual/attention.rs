@@ -3,22 +3,23 @@
 //! `models::attention::recomputed_attention`), and its backward as FlashAttention's: five
 //! matmuls and one row-wise pass (`kernels::attn_softmax_bwd` on CUDA).
 //!
-//! Without dropout on CUDA (bf16 / f16, head size 64) both directions are instead one fused
-//! kernel family (`kernels::flash_attention`, `--fused flash`) that keeps no probabilities.
+//! On CUDA (bf16 / f16, head size 64) both directions are instead one fused kernel family
+//! (`kernels::flash_attention`, `--fused flash`) that keeps no probabilities, dropout included
+//! when its mask is hashed (`--fused dropout`): the backward redraws it.
 //!
 //! Shapes: `B` batch, `T` time, `nh` heads, `hs` head size, `C` = nh·hs; the scores and
 //! probabilities (B, nh, T, T); the bias (B, 1, T, T) f32 (the causal mask: the manual step
 //! trains unpadded rows only, which is what lets the fused kernels apply it themselves).
 
 use crate::kernels::{self, Keep};
-use candle_core::{bail, DType, Result, Tensor, D};
+use candle_core::{bail, DType, Result, Shape, Tensor, D};
 
 impl Kept {
     /// The dropout mask this forward drew (None without dropout).
     pub fn keep(&self) -> Option<Keep> {
         match self {
             Kept::Composed(c) => c.keep.as_ref().map(|(k, _)| k.clone()),
-            Kept::Flash { .. } => None,
+            Kept::Flash { keep, .. } => keep.as_ref().map(|(k, _)| k.clone()),
         }
     }
 }
@@ -26,11 +27,12 @@ impl Kept {
 /// What the backward reads of the forward.
 pub enum Kept {
     Composed(Composed),
-    /// The fused kernels': the input, the output and a log-sum-exp a row.
+    /// The fused kernels': the input, the output, a log-sum-exp a row and the dropout mask.
     Flash {
         qkv: Tensor, // (B, T, 3C)
         y: Tensor,   // (B·T, C)
         lse: Tensor, // (B, nh, T) f32
+        keep: Option<(Keep, f32)>,
     },
 }
 
@@ -59,17 +61,22 @@ pub fn attention(
     redraw: Option<Option<Keep>>,
 ) -> Result<(Tensor, Kept)> {
     let (b, t, c3) = qkv.dims3()?;
-    let no_dropout = p_drop <= 0. || matches!(redraw, Some(None));
-    if no_dropout {
-        if let Some((y, lse)) = kernels::flash_attention(qkv, nh, scale)? {
-            let y = y.reshape((b * t, c3 / 3))?;
-            let kept = Kept::Flash {
-                qkv: qkv.clone(),
-                y: y.clone(),
-                lse,
-            };
-            return Ok((y, kept));
-        }
+    let nh_t: Shape = (b, nh, t, t).into();
+    let keep = match (redraw, p_drop > 0.) {
+        (Some(keep), _) => keep.map(|k| (k, p_drop)),
+        (None, true) => Some((kernels::draw_keep(&nh_t, p_drop, qkv.device())?, p_drop)),
+        (None, false) => None,
+    };
+    let keep_ref = keep.as_ref().map(|(k, p)| (k, *p));
+    if let Some((y, lse)) = kernels::flash_attention(qkv, nh, scale, keep_ref)? {
+        let y = y.reshape((b * t, c3 / 3))?;
+        let kept = Kept::Flash {
+            qkv: qkv.clone(),
+            y: y.clone(),
+            lse,
+            keep,
+        };
+        return Ok((y, kept));
     }
     let hs = c3 / 3 / nh;
     let qkv = match kernels::split_heads(qkv, 3, nh)? {
@@ -80,14 +87,6 @@ pub fn attention(
             .contiguous()?,
     }; // (3, B, nh, T, hs)
     let (q, k, v) = (qkv.get(0)?, qkv.get(1)?, qkv.get(2)?);
-    let keep = match (redraw, p_drop > 0.) {
-        (Some(keep), _) => keep.map(|k| (k, p_drop)),
-        (None, true) => Some((
-            kernels::draw_keep(&(b, nh, t, t).into(), p_drop, q.device())?,
-            p_drop,
-        )),
-        (None, false) => None,
-    };
     let s = q.matmul(&k.t()?)?; // (B, nh, T, T)
     let (probs, dropped) = softmax(&s, bias, scale, &keep, v.dtype())?;
     let y = dropped.matmul(&v)?; // (B, nh, T, hs)
@@ -133,9 +132,10 @@ fn softmax(
 pub fn attention_bwd(kept: &Kept, dy: &Tensor, scale: f64) -> Result<Tensor> {
     let kept = match kept {
         Kept::Composed(c) => c,
-        Kept::Flash { qkv, y, lse } => {
+        Kept::Flash { qkv, y, lse, keep } => {
             let (b, t, c3) = qkv.dims3()?;
-            return match kernels::flash_attention_bwd(qkv, y, lse, dy, scale)? {
+            let keep = keep.as_ref().map(|(k, p)| (k, *p));
+            return match kernels::flash_attention_bwd(qkv, y, lse, dy, scale, keep)? {
                 Some(dqkv) => dqkv.reshape((b * t, c3)),
                 None => bail!("the fused attention's backward no longer applies"),
             };
