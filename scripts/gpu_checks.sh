@@ -649,7 +649,8 @@ PY
     ;;
   train-compare)
     [ -x .gpu/train_gpt2cu ] || { echo ".gpu/train_gpt2cu missing: copy /work/shared/gpu/llmc/train_gpt2cu there" >&2; exit 1; }
-    LLMC_BIN=$PWD/.gpu/train_gpt2cu cmp_run --engine "${CMP_ENGINES:-candle,hf,llmc}" --hf-compile
+    e=${CMP_ENGINES:-candle,hf,llmc}; compile=(); [[ $e == *hf* ]] && compile=(--hf-compile)
+    LLMC_BIN=$PWD/.gpu/train_gpt2cu cmp_run --engine "$e" "${compile[@]}"
     [ "${CMP_HF_EAGER:-1}" = 1 ] && cmp_run --engine hf
     for b in ${CMP_BACKWARDS:-}; do cmp_run --engine candle --backward "$b"; done
     IFS=';' read -ra flag_sets <<< "${CMP_CANDLE_FLAGS:-}"

@@ -223,9 +223,8 @@ fn attention_f32(qkv: &Tensor, nh: usize, scale: f64, keep: Option<&Tensor>) -> 
 
 /// The fused attention against f32 attention by autograd from the same half-precision
 /// inputs: its output and dqkv within a few ulps of the storage type, T a multiple of the
-/// 64-row tile and not (odd: a row's flat index changes parity), with and without dropout
-/// (the reference applies the hashed mask as `keep_mask` draws it, so the kernels' element
-/// indices are checked too).
+/// 64-row tile and not, with and without dropout (the reference applies the hashed mask as
+/// `keep_mask` draws it, so the kernels' element indices are checked too).
 #[test]
 fn flash_attention_matches_f32_attention_and_its_autograd() {
     let (dev, _one_at_a_time) = gpu();
@@ -240,7 +239,7 @@ fn flash_attention_matches_f32_attention_and_its_autograd() {
         (DType::F16, 200, None),
         (DType::BF16, 64, Some(0.3)),
         (DType::BF16, 200, Some(0.1)),
-        (DType::F16, 199, Some(0.3)),
+        (DType::F16, 200, Some(0.3)),
     ];
     for (dtype, t, p_drop) in cases {
         let keep = p_drop.map(|p| (&hashed, p));
@@ -279,6 +278,14 @@ fn flash_attention_matches_f32_attention_and_its_autograd() {
             .unwrap()
             .is_none(),
         "a stored mask is the composed path's"
+    );
+    let odd = randn(&[b, 63, 3 * c], &dev).to_dtype(DType::BF16).unwrap();
+    assert!(flash_attention(&odd, nh, scale, None).unwrap().is_some());
+    assert!(
+        flash_attention(&odd, nh, scale, Some((&hashed, 0.1)))
+            .unwrap()
+            .is_none(),
+        "dropout at an odd T is the composed path's"
     );
     let hs32 = randn(&[b, 64, 3 * nh * 32], &dev)
         .to_dtype(DType::BF16)

@@ -10,14 +10,19 @@
 // mask is written. 32-bit arithmetic and one hash for two neighbours: the fused attention
 // draws a mask element for every score, three times a step (forward, and both backward
 // kernels), where a 64-bit hash an element cost ≈ 28 integer operations.
-__device__ __forceinline__ unsigned int keep_word(unsigned long long key, unsigned long long pair) {
-  const unsigned int lo = (unsigned int)pair, hi = (unsigned int)(pair >> 32);
-  unsigned int h = (lo ^ (unsigned int)key) * 0x9E3779B1u + ((unsigned int)(key >> 32) ^ hi * 0x85EBCA77u);
+
+// The word of a pair index below 2³² from the key's halves: the flash kernels' form.
+__device__ __forceinline__ unsigned int keep_word32(unsigned int klo, unsigned int khi, unsigned int pair) {
+  unsigned int h = (pair ^ klo) * 0x9E3779B1u + khi;
   h ^= h >> 16;
   h *= 0x85EBCA6Bu;
   h ^= h >> 13;
   h *= 0xC2B2AE35u;
   return h ^ (h >> 16);
+}
+__device__ __forceinline__ unsigned int keep_word(unsigned long long key, unsigned long long pair) {
+  const unsigned int hi = (unsigned int)(pair >> 32);
+  return keep_word32((unsigned int)key, (unsigned int)(key >> 32) ^ hi * 0x85EBCA77u, (unsigned int)pair);
 }
 // Element i's uniform: the low half of its pair's word for even i, the high half for odd.
 __device__ __forceinline__ unsigned int keep_u16(unsigned int word, unsigned long long i) {
@@ -25,13 +30,6 @@ __device__ __forceinline__ unsigned int keep_u16(unsigned int word, unsigned lon
 }
 __device__ __forceinline__ bool keep_bit(unsigned long long key, unsigned long long i, unsigned int thresh) {
   return keep_u16(keep_word(key, i >> 1), i) >= thresh;
-}
-// The keep factors (scale or 0) of elements i and i + 1: one hash when i is even.
-__device__ __forceinline__ float2 keep_pair(unsigned long long key, unsigned long long i, unsigned int thresh,
-                                            float scale) {
-  const unsigned int w0 = keep_word(key, i >> 1);
-  const unsigned int w1 = (i & 1ull) ? keep_word(key, (i + 1) >> 1) : w0;
-  return make_float2(keep_u16(w0, i) >= thresh ? scale : 0.f, keep_u16(w1, i + 1) >= thresh ? scale : 0.f);
 }
 // The keep factor of element i: from the u8 mask when there is one, else from the hash when
 // thresh > 0, else 1 (no dropout).

@@ -56,17 +56,26 @@ __device__ void load_tile(T* dst, const T* src, long stride, int t0, int T_) {
   }
 }
 
-// The attention dropout's arguments (thresh 0: none; then scale is 1).
+// The attention dropout (thresh 0: none; scale is then 1). The launcher passes it only where
+// every flat index of the (B, nh, T, T) probabilities fits 32 bits and T is even, so an index
+// is a u32, a pair's word keep_word32 and a row's pairs start at even columns. Kept
+// probabilities enter the products unscaled; the outputs (y, dv) take 1 / (1 − p) once.
 struct Drop {
-  unsigned long long key;
-  unsigned int thresh;
+  unsigned int klo, khi, thresh;
   float scale;  // 1 / (1 − p)
+  // The word of the pair holding flat index i.
+  __device__ __forceinline__ unsigned int word(unsigned int i) const { return keep_word32(klo, khi, i >> 1); }
+  // Whether the element at `half` (0 low, 1 high) of a word is kept.
+  __device__ __forceinline__ bool keeps(unsigned int w, int half) const {
+    return (half ? w >> 16 : w & 0xffffu) >= thresh;
+  }
 };
 
 // rc[e] = r·16 + c of a 16×16 accumulator fragment's element e, read through the fragment map
 // (scratch: the warp's 16 × LDF floats); traps unless a lane's rows are lane/4 and lane/4 + 8,
-// and elements e, e + 1 (e even) are neighbours in a row, the first at an even column (one
-// dropout hash serves both).
+// elements e, e + 1 (e even) are neighbours in a row, the first at an even column (one dropout
+// word serves both), element e + 2 (e = 0, 1, 4, 5) is e's column eight rows down, and lane ^ 4
+// holds the same columns (the dk/dv kernel shares words between them).
 __device__ void fragment_map(int (&rc)[8], float* scratch) {
   const int lane = threadIdx.x & 31;
   for (int i = lane; i < 256; i += 32) scratch[(i / 16) * LDF + i % 16] = (float)i;
@@ -78,6 +87,8 @@ __device__ void fragment_map(int (&rc)[8], float* scratch) {
     rc[e] = (int)f.x[e];
     if ((rc[e] >> 4) % 8 != lane / 4) __trap();
     if (e % 2 == 1 && (rc[e] != rc[e - 1] + 1 || rc[e - 1] % 2 != 0)) __trap();
+    if ((e & 2) && rc[e] != rc[e - 2] + 128) __trap();
+    if ((__shfl_xor_sync(0xffffffff, rc[e], 4) & 15) != (rc[e] & 15)) __trap();
   }
   __syncwarp();
 }
@@ -184,7 +195,8 @@ __device__ void flash_fwd(const T* qkv, T* y, float* lse, int T_, int nh, float 
   #pragma unroll
   for (int n = 0; n < 4; n++) wmma::fill_fragment(o[n], 0.f);
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  const long prow = (long)bh * T_ + qw;  // the probabilities' flat row of the warp's row 0
+  // The flat index of the lane's rows g and g + 8 in the probabilities (dropout only).
+  const unsigned int rb0 = (unsigned int)(bh * T_ + qw + g) * (unsigned int)T_, rb1 = rb0 + 8u * T_;
   T* p = sh.p[w];
   for (int kt = 0; kt <= qt; kt++) {
     const int k0 = kt * TILE, buf = kt & 1;
@@ -213,15 +225,14 @@ __device__ void flash_fwd(const T* qkv, T* y, float* lse, int T_, int nh, float 
     float s0 = 0.f, s1 = 0.f;
     #pragma unroll
     for (int n = 0; n < 4; n++) {
-      float2 kf = make_float2(1.f, 1.f);
+      unsigned int wd = 0;
       #pragma unroll
       for (int e = 0; e < 8; e++) {
         const int r = rc[e] >> 4, c = n * 16 + (rc[e] & 15);
         const float v = exp2f(s[n].x[e] - (r < 8 ? n0 : n1));
         if (r < 8) s0 += v; else s1 += v;
-        if (drop.thresh && e % 2 == 0)
-          kf = keep_pair(drop.key, (prow + r) * T_ + k0 + c, drop.thresh, drop.scale);
-        p[r * LD + c] = from_f<T>(drop.thresh ? v * (e % 2 == 0 ? kf.x : kf.y) : v);
+        if (drop.thresh && e % 2 == 0) wd = drop.word((r < 8 ? rb0 : rb1) + k0 + c);
+        p[r * LD + c] = from_f<T>(drop.thresh && !drop.keeps(wd, e % 2) ? 0.f : v);
         o[n].x[e] *= r < 8 ? a0 : a1;
       }
     }
@@ -234,7 +245,7 @@ __device__ void flash_fwd(const T* qkv, T* y, float* lse, int T_, int nh, float 
     #pragma unroll
     for (int e = 0; e < 8; e++) o[n].x[e] /= (rc[e] >> 4) < 8 ? l0 : l1;
   __syncthreads();  // the tiles become the staging
-  store_rows(o, 1.f, sh.stage(w), y + (long)b * T_ * C + h * HS, C, qw, T_);
+  store_rows(o, drop.scale, sh.stage(w), y + (long)b * T_ * C + h * HS, C, qw, T_);
   if (lane % 4 == 0) {
     float* out = lse + (long)bh * T_ + qw;
     if (qw + g < T_) out[g] = m0 + log2f(l0);
@@ -274,7 +285,8 @@ template <typename T>
 __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv, int T_,
                               int nh, float scale, float scale2, Drop drop) {
   __shared__ __align__(128) Shared<T> sh;
-  const int w = threadIdx.x / 32, kt = blockIdx.x, bh = blockIdx.y, b = bh / nh, h = bh % nh;
+  const int w = threadIdx.x / 32, g = (threadIdx.x & 31) / 4;
+  const int kt = blockIdx.x, bh = blockIdx.y, b = bh / nh, h = bh % nh;
   const int C = nh * HS, k0 = kt * TILE, kw = k0 + w * 16, nq = (T_ + TILE - 1) / TILE;
   const long stride = 3L * C, row0 = (long)b * T_;
   const T* q_src = qkv + row0 * stride + h * HS;
@@ -311,21 +323,30 @@ __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const
     const float* lse_s = sh.lse[buf];
     const float* dsum_s = sh.dsum[buf];
     mul_transposed(s, ka, sh.x[buf]);  // sᵀ (16 keys × 64 queries)
-    // A dropped probability is kept negated in s for the second pass (p ≥ 0): no mask
-    // registers, no second hash. Neighbouring queries are T apart in the flat index: one hash
-    // an element here.
+    // A lane's neighbours in the flat index (keys k, k + 1) sit in lanes g, g ^ 1 (lane ^ 4):
+    // each of the two hashes the words of one of its two rows and they swap. A dropped
+    // probability is kept negated in s for the second pass (p ≥ 0): no mask registers.
+    const unsigned int qb = (unsigned int)(bh * T_ + q0), odd = g & 1;
     #pragma unroll
-    for (int n = 0; n < 4; n++)
+    for (int n = 0; n < 4; n++) {
+      unsigned int wd[8] = {};  // the words of this fragment's elements
+      #pragma unroll
+      for (int e = 0; e < 8; e++) {
+        if (!drop.thresh || (e & 2)) continue;  // e and e + 2: one column, rows g and g + 8
+        const unsigned int c = n * 16 + (rc[e] & 15);
+        const unsigned int mine = drop.word((qb + c) * (unsigned int)T_ + kw + g + (odd ? 8 : 0));
+        const unsigned int other = __shfl_xor_sync(0xffffffff, mine, 4);
+        wd[e] = odd ? other : mine, wd[e + 2] = odd ? mine : other;
+      }
       #pragma unroll
       for (int e = 0; e < 8; e++) {
         const int r = rc[e] >> 4, c = n * 16 + (rc[e] & 15);
         const bool seen = kw + r <= q0 + c && q0 + c < T_;
-        float pv = seen ? exp2f(s[n].x[e] * scale2 - lse_s[c]) : 0.f;
-        const long i = ((long)bh * T_ + q0 + c) * T_ + kw + r;
-        if (drop.thresh && !keep_bit(drop.key, (unsigned long long)i, drop.thresh)) pv = -pv;
-        s[n].x[e] = pv;
-        p[r * LD + c] = from_f<T>(pv > 0.f ? pv * drop.scale : 0.f);
+        const float pv = seen ? exp2f(s[n].x[e] * scale2 - lse_s[c]) : 0.f;
+        s[n].x[e] = drop.thresh && !drop.keeps(wd[e], odd) ? -pv : pv;
+        p[r * LD + c] = from_f<T>(fmaxf(s[n].x[e], 0.f));
       }
+    }
     __syncwarp();
     mul_acc(dv, p, sh.y[buf]);
     mul_transposed(dp, va, sh.y[buf]);  // dpᵀ (16 keys × 64 queries)
@@ -344,7 +365,7 @@ __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const
   __syncthreads();  // the tiles become the staging
   T* out = dqkv + row0 * stride + h * HS;
   store_rows(dk, scale, sh.stage(w), out + C, stride, kw, T_);
-  store_rows(dv, 1.f, sh.stage(w), out + 2 * C, stride, kw, T_);
+  store_rows(dv, drop.scale, sh.stage(w), out + 2 * C, stride, kw, T_);
 }
 
 // dq of one 64-query tile (its q and dO held as fragments, its rows' lse and dsum in
@@ -367,7 +388,9 @@ __device__ void flash_bwd_dq(const T* qkv, const T* dy, const float* lse, const 
   load_tile(sh.x[0], q_src + C, stride, 0, T_);
   load_tile(sh.y[0], q_src + 2 * C, stride, 0, T_);
   cp_async_commit();
-  const long prow = (long)bh * T_ + qw, at = prow + g;  // prow: the probabilities' flat row
+  const long at = (long)bh * T_ + qw + g;
+  // The flat index of the lane's rows g and g + 8 in the probabilities (dropout only).
+  const unsigned int rb0 = (unsigned int)(bh * T_ + qw + g) * (unsigned int)T_, rb1 = rb0 + 8u * T_;
   const bool in0 = qw + g < T_, in1 = qw + g + 8 < T_;
   const float lse0 = in0 ? lse[at] : 0.f, lse1 = in1 ? lse[at + 8] : 0.f;
   const float ds0 = in0 ? dsum[at] : 0.f, ds1 = in1 ? dsum[at + 8] : 0.f;
@@ -393,15 +416,14 @@ __device__ void flash_bwd_dq(const T* qkv, const T* dy, const float* lse, const 
     mul_transposed(dp, doa, sh.y[buf]);
     #pragma unroll
     for (int n = 0; n < 4; n++) {
-      float2 kf = make_float2(1.f, 1.f);
+      unsigned int wd = 0;
       #pragma unroll
       for (int e = 0; e < 8; e++) {
         const int r = rc[e] >> 4, key = k0 + n * 16 + (rc[e] & 15);
         const bool seen = key <= qw + r && key < T_;
         const float pr = seen ? exp2f(s[n].x[e] * scale2 - (r < 8 ? lse0 : lse1)) : 0.f;
-        if (drop.thresh && e % 2 == 0)
-          kf = keep_pair(drop.key, (prow + r) * T_ + key, drop.thresh, drop.scale);
-        const float dpk = drop.thresh ? dp[n].x[e] * (e % 2 == 0 ? kf.x : kf.y) : dp[n].x[e];
+        if (drop.thresh && e % 2 == 0) wd = drop.word((r < 8 ? rb0 : rb1) + key);
+        const float dpk = drop.thresh ? (drop.keeps(wd, e % 2) ? dp[n].x[e] * drop.scale : 0.f) : dp[n].x[e];
         p[r * LD + n * 16 + (rc[e] & 15)] = from_f<T>(pr * (dpk - (r < 8 ? ds0 : ds1)));
       }
     }
@@ -415,7 +437,7 @@ __device__ void flash_bwd_dq(const T* qkv, const T* dy, const float* lse, const 
 // The dropout arguments every kernel but dsum takes last: the hash key, the threshold (0: no
 // dropout) and 1 / (1 − p).
 #define DROP_PARAMS unsigned long long key, unsigned int thresh, float drop_scale
-#define DROP Drop{key, thresh, drop_scale}
+#define DROP Drop{(unsigned int)key, (unsigned int)(key >> 32), thresh, drop_scale}
 #define FLASH(T, S)                                                                                          \
   extern "C" __global__ void __launch_bounds__(128)                                                          \
       tb_flash_fwd_##S(const T* qkv, T* y, float* lse, int T_, int nh, float scale2, DROP_PARAMS) {          \

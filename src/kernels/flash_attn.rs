@@ -7,8 +7,8 @@
 //! Applies to causal attention without padding, bf16 / f16, head size 64 (gpt2's): the
 //! training step of [`crate::train`]. Dropout on the probabilities with a hashed mask
 //! ([`Keep::Hash`], the same bits the fused softmax draws for the same key), redrawn in the
-//! backward; a stored mask is the composed path's. Elsewhere the callers run the matmuls and
-//! the fused softmax.
+//! backward, where T is even and B·nh·T² ≤ 2³² (32-bit indices); a stored mask is the composed
+//! path's. Elsewhere the callers run the matmuls and the fused softmax.
 //!
 //! Shapes: `B` batch, `T` time, `nh` heads, `hs` = 64, `C` = nh·hs.
 //! qkv, dqkv (B, T, 3C); y, dy (B, T, C); lse (B, nh, T) f32, in base 2 of the scores scaled
@@ -201,12 +201,14 @@ mod imp {
         }
     }
 
-    /// The dims of qkv (B, T, 3C) with `nh` heads when the kernels take it.
-    fn dims_of(qkv: &Tensor, nh: usize) -> Result<Option<Dims>> {
+    /// The dims of qkv (B, T, 3C) with `nh` heads when the kernels take it (with `dropout`:
+    /// T even, the probabilities' flat indices within 32 bits).
+    fn dims_of(qkv: &Tensor, nh: usize, dropout: bool) -> Result<Option<Dims>> {
         let (b, t, c3) = qkv.dims3()?;
         let half = matches!(qkv.dtype(), DType::BF16 | DType::F16);
         let usable = qkv.device().is_cuda() && half && aligned16(qkv) && t > 0;
-        if !usable || c3 != 3 * nh * FLASH_HEAD_SIZE {
+        let indexable = (b * nh * t) as u64 * t as u64 <= 1 << 32 && t.is_multiple_of(2);
+        if !usable || c3 != 3 * nh * FLASH_HEAD_SIZE || (dropout && !indexable) {
             return Ok(None);
         }
         let (b, t, nh) = (b as i32, t as i32, nh as i32);
@@ -219,7 +221,7 @@ mod imp {
         scale: f64,
         keep: Option<(&Keep, f32)>,
     ) -> Result<Option<(Tensor, Tensor)>> {
-        let Some(d) = dims_of(qkv, nh)? else {
+        let Some(d) = dims_of(qkv, nh, keep.is_some())? else {
             return Ok(None);
         };
         let (b, t, _) = qkv.dims3()?;
@@ -244,7 +246,7 @@ mod imp {
     ) -> Result<Option<Tensor>> {
         let (b, t, c3) = qkv.dims3()?;
         let nh = c3 / 3 / FLASH_HEAD_SIZE;
-        let Some(d) = dims_of(qkv, nh)? else {
+        let Some(d) = dims_of(qkv, nh, keep.is_some())? else {
             return Ok(None);
         };
         let (dy, y) = (dy.reshape((b, t, c3 / 3))?, y.reshape((b, t, c3 / 3))?);
