@@ -90,8 +90,8 @@
 #                  (gpt2 bloom-560m); engine names: candle, candle-nodecode (every fused path
 #                  but the decode kernels: their "before"), candle-nograph (the decode kernels
 #                  without the CUDA graph), hf, hf-eager, hf-sdpa, hf-compile -> gen-logs.tgz
-#   train-compare  #21: the training suite's three engines in one table: gpt2 124M (random init),
-#                  bf16, batch 8 x block 1024, WikiText-2 (wiki.valid.raw, eval wiki.test.raw),
+#   train-compare  #21: the training suite's three engines in one table: $CMP_MODEL (gpt2 124M, random
+#                  init), bf16, batch $CMP_BATCH (8) x block 1024, WikiText-2 (wiki.valid.raw, eval wiki.test.raw),
 #                  dropout off (llm.c has none; CMP_DROPOUT=1: the config's 0.1), 10 warm-up +
 #                  $CMP_STEPS (50) timed steps, `--engine $CMP_ENGINES` (candle,hf,llmc)
 #                  `--hf-compile` (a sweep: one process per engine; HF
@@ -208,8 +208,8 @@ perf_run() { # bench args: one timed run into /tmp/perf-logs
 
 cmp_run() { # bench args: one train-compare invocation into /tmp/cmp-logs (children's stderr dropped)
   local drop=--no-dropout; [ -n "${CMP_DROPOUT:-}" ] && drop=""  # CMP_DROPOUT=1: the config's dropout (0.1)
-  $B --suite wikitext2 --model gpt2 --weights random --seed 0 --device cuda --dtype bf16 \
-    --batch-size 8 --block-size 1024 --data .gpu/wikitext-2-raw $drop --warmup 10 \
+  $B --suite wikitext2 --model "${CMP_MODEL:-gpt2}" --weights random --seed 0 --device cuda --dtype bf16 \
+    --batch-size "${CMP_BATCH:-8}" --block-size 1024 --data .gpu/wikitext-2-raw $drop --warmup 10 \
     --max-steps $(( ${CMP_STEPS:-50} + 10 )) --log-dir /tmp/cmp-logs --no-progress "$@" 2>&1 \
     | grep -v '^  |' | tee -a "$OUT/train-compare.txt"
   echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/train-compare.txt"

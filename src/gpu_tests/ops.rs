@@ -132,6 +132,39 @@ fn hashed_dropout_keeps_one_minus_p_and_its_backward_reuses_the_mask() {
     assert!(rel(dx, &(&y * &g).unwrap()) < 1e-6);
 }
 
+/// The residual add with its branch's hashed dropout in one pass, forward (a + keep(b)) and
+/// backward ((a + b, keep(a + b))), bit-equal to the dropout kernel then the add (f32, bf16).
+#[test]
+fn residual_add_with_dropout_matches_the_two_kernels() {
+    let (dev, _one_at_a_time) = gpu();
+    let keep = Keep::Hash(0xd20b);
+    for dtype in [DType::F32, DType::BF16] {
+        let a = randn(&[48, 96], &dev).to_dtype(dtype).unwrap();
+        let b = randn(&[48, 96], &dev).to_dtype(dtype).unwrap();
+        let fused = residual_add_dropped(&a, &b, &keep, 0.2)
+            .unwrap()
+            .expect("applies");
+        let want = residual_add(&a, &apply_keep(&b, &keep, 0.2).unwrap())
+            .unwrap()
+            .unwrap();
+        assert_eq!(rel(&fused, &want), 0., "{dtype:?} forward");
+        let (sum, dropped) = residual_add_then_drop(&a, &b, &keep, 0.2)
+            .unwrap()
+            .expect("applies");
+        let want_sum = residual_add(&a, &b).unwrap().unwrap();
+        assert_eq!(rel(&sum, &want_sum), 0., "{dtype:?} sum");
+        let want_dropped = apply_keep(&want_sum, &keep, 0.2).unwrap();
+        assert_eq!(rel(&dropped, &want_dropped), 0., "{dtype:?} dropped");
+        assert_eq!(sum.dims(), a.dims());
+        assert_eq!(dropped.dims(), a.dims());
+    }
+    let stored = Keep::Mask(Tensor::ones((4, 8), DType::U8, &dev).unwrap());
+    let x = randn(&[4, 8], &dev);
+    assert!(residual_add_dropped(&x, &x, &stored, 0.2)
+        .unwrap()
+        .is_none());
+}
+
 /// The cross-entropy kernels against the composed loss (`--fused none`), fp32 and bf16 logits,
 /// a vocabulary that is not a multiple of the block, and logits padded past the vocabulary
 /// (a padded lm head): the padded columns are ignored and get a zero gradient.

@@ -55,7 +55,7 @@ pub use oneshot::{
 };
 #[cfg(feature = "cuda")]
 pub use oneshot::{pair_add_in_place, pair_signal, pair_wait};
-pub use residual::residual_add;
+pub use residual::{residual_add, residual_add_dropped, residual_add_then_drop};
 pub use skinny::skinny;
 
 /// The fused paths `--fused` switches (each on by default on CUDA).

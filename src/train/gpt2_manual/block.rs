@@ -8,8 +8,8 @@
 
 use super::attention::{attention, attention_bwd, Kept};
 use super::ops::{
-    add, bias_act, bias_act_bwd, dropout, dropout_again, dropout_bwd, layer_norm, layer_norm_bwd,
-    linear, linear_bwd, matmul_bwd,
+    add, add_dropout, add_then_dropout_bwd, bias_act, bias_act_bwd, dropout_bwd, layer_norm,
+    layer_norm_bwd, linear, linear_bwd, matmul_bwd,
 };
 use super::params::{Block, Linear, Norm};
 use crate::kernels::Keep;
@@ -108,20 +108,12 @@ fn forward_with(
         redraw_attn,
     )?;
     let proj = linear(&y, &p.attn_proj.weight, &p.attn_proj.bias)?;
-    let (proj, drop_attn) = match &masks {
-        Some((k, _)) => (dropout_again(&proj, k, p_resid)?, k.clone()),
-        None => dropout(&proj, p_resid)?,
-    };
-    let x_mid = add(&x, &proj)?;
+    let (x_mid, drop_attn) = add_dropout(&x, &proj, p_resid, masks.as_ref().map(|m| &m.0))?;
     let h2 = layer_norm(&x_mid, &p.ln_2.weight, &p.ln_2.bias, ctx.eps)?;
     let fc = h2.matmul(&p.c_fc.weight)?; // (N, F)
     let a = bias_act(&fc, &p.c_fc.bias, Some(ctx.act))?;
     let mlp = linear(&a, &p.mlp_proj.weight, &p.mlp_proj.bias)?;
-    let (mlp, drop_mlp) = match &masks {
-        Some((_, k)) => (dropout_again(&mlp, k, p_resid)?, k.clone()),
-        None => dropout(&mlp, p_resid)?,
-    };
-    let out = add(&x_mid, &mlp)?;
+    let (out, drop_mlp) = add_dropout(&x_mid, &mlp, p_resid, masks.as_ref().map(|m| &m.1))?;
     let acts = Acts {
         x,
         h1,
@@ -166,9 +158,8 @@ pub fn backward(
         weight: dw,
         bias: db,
     };
-    let dx_mid = add(&dout, &dx_ln2)?;
     // Attention branch; the residual passes dx_mid straight to x.
-    let dproj = dropout_bwd(&dx_mid, &acts.drop_attn, p_resid)?;
+    let (dx_mid, dproj) = add_then_dropout_bwd(&dout, &dx_ln2, &acts.drop_attn, p_resid)?;
     let (dy, dw, db) = linear_bwd(&acts.y, &p.attn_proj.weight, &dproj)?;
     let attn_proj = Linear {
         weight: dw,
@@ -251,14 +242,8 @@ mod tests {
         let (out, acts) = forward(&p, x, &ctx, 0.5).unwrap();
         let kept = [&acts.y, &acts.x_mid, &acts.a].map(|t| t.clone());
         let again = recompute(&p, acts.checkpoint(), &ctx, 0.5).unwrap();
-        let out_again = (&again.x_mid
-            + dropout_again(
-                &linear(&again.a, &p.mlp_proj.weight, &p.mlp_proj.bias).unwrap(),
-                &again.drop_mlp,
-                0.3,
-            )
-            .unwrap())
-        .unwrap();
+        let mlp = linear(&again.a, &p.mlp_proj.weight, &p.mlp_proj.bias).unwrap();
+        let (out_again, _) = add_dropout(&again.x_mid, &mlp, 0.3, Some(&again.drop_mlp)).unwrap();
         for (k, a) in kept.iter().zip([&again.y, &again.x_mid, &again.a]) {
             let d = (k - a).unwrap().abs().unwrap().max_all().unwrap();
             assert_eq!(d.to_scalar::<f32>().unwrap(), 0.);

@@ -139,12 +139,45 @@ pub fn dropout(x: &Tensor, p: f32) -> Result<(Tensor, Option<Keep>)> {
     Ok((kernels::apply_keep(x, &keep, p)?, Some(keep)))
 }
 
-/// [`dropout`] with the mask an earlier forward drew (`--recompute`): the same output.
-pub fn dropout_again(x: &Tensor, keep: &Option<Keep>, p: f32) -> Result<Tensor> {
-    match keep {
-        Some(k) => kernels::apply_keep(x, k, p),
-        None => Ok(x.clone()),
+/// x + dropout(branch) (a residual and its branch's dropout), with a mask drawn here or, with
+/// `redraw`, the one an earlier forward drew (`--recompute`): (the sum, the mask). One fused
+/// pass for a hashed mask on CUDA; else [`dropout`] then [`add`].
+pub fn add_dropout(
+    x: &Tensor,
+    branch: &Tensor,
+    p: f32,
+    redraw: Option<&Option<Keep>>,
+) -> Result<(Tensor, Option<Keep>)> {
+    let keep = match redraw {
+        Some(k) => k.clone(),
+        None if p > 0. => Some(kernels::draw_keep(branch.shape(), p, branch.device())?),
+        None => None,
+    };
+    let Some(k) = &keep else {
+        return Ok((add(x, branch)?, None));
+    };
+    if let Some(sum) = kernels::residual_add_dropped(x, branch, k, p)? {
+        return Ok((sum, keep));
     }
+    Ok((add(x, &kernels::apply_keep(branch, k, p)?)?, keep))
+}
+
+/// The backward of a residual join and of [`add_dropout`]'s branch below it: (a + b, the
+/// branch's gradient (a + b) ⊙ keep / (1 − p)), one fused pass for a hashed mask on CUDA.
+pub fn add_then_dropout_bwd(
+    a: &Tensor,
+    b: &Tensor,
+    keep: &Option<Keep>,
+    p: f32,
+) -> Result<(Tensor, Tensor)> {
+    if let Some(k) = keep {
+        if let Some(both) = kernels::residual_add_then_drop(a, b, k, p)? {
+            return Ok(both);
+        }
+    }
+    let sum = add(a, b)?;
+    let dropped = dropout_bwd(&sum, keep, p)?;
+    Ok((sum, dropped))
 }
 
 /// The backward of [`dropout`]: the same mask on the gradient.
