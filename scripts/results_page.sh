@@ -74,6 +74,14 @@ csvs() {
   # padding; run4's own archive is not read again.
   part a5 -i $M/remeasure-run5/remeasure-logs.tgz
   part c4 -i $M/remeasure-run5/train-compare-logs.tgz
+  # 2709757 (#36): dropout inside the fused attention and the residual adds — the three engines
+  # with dropout 0.1, then candle alone on and off three times (dropout-run3); the next call on
+  # the same machine: the three engines without dropout at gpt2 batch 16 and 32 and gpt2-medium
+  # and gpt2-large batch 8, 30 timed steps (train-table-run1). The second call's archive holds
+  # the first's logs too (the same /tmp), so it is read alone. llm.c has no dropout, but the
+  # header of its run in the dropout sweep says on: left out.
+  part c5 -i $M/train-table-run1/train-compare-logs.tgz \
+    --where run!=wikitext2_gpt2_llmc_bf16_bs8_cuda0_20261126T043607Z
   host h100
   # 2× H100 (#34, #40): tp on 76b0da8 (multi-run1's own logs, not its smoke stage's tiny
   # models), dp on 7c35eef without the withdrawn bf16 gradient sum, the strategies, and HF's
@@ -173,7 +181,7 @@ intro() {
     "its log's header holds the command line, GPU, driver, CUDA version and the binary's commit." \
     "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
     "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
-    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..5, gen-final-run1, gen-7b1-hf-run1, train-run8, train-run8-repeat, train-run10 |" \
+    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..5, gen-final-run1, gen-7b1-hf-run1, train-run8, train-run8-repeat, train-run10, dropout-run3, train-table-run1 |" \
     "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
     "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6 |" \
@@ -214,13 +222,18 @@ one_gpu() {
   chart h100_generation "Generation suite on one H100: decode tokens/s, candle against HF's best" \
     -i $C/h100.csv --where suite=generation --where "ratio_vs_hf_best!=" \
     --metric decode_tokens_per_second --title "Generation suite 128 + 128, one H100: decode tokens/s (newest call a bar)"
-  say "## Training" "" "WikiText-2 fine-tuning, 8 blocks of 1024 tokens a step, dropout off, one" \
-    "GPU: candle against HF Trainer (compiled or not) and llm.c." ""
+  say "## Training" "" "WikiText-2 fine-tuning, blocks of 1024 tokens (batch: blocks a step), one" \
+    "GPU: candle against HF Trainer (compiled or not) and llm.c (which has no dropout)." ""
   say "### One H100" ""
   table h100 --where suite=wikitext2 "${VS_HF[@]}" --columns "$TRAIN"
-  chart h100_training "WikiText-2 fine-tuning on one H100: train samples/s by engine" \
-    -i $C/h100.csv --where suite=wikitext2 --metric train_samples_per_second \
-    --title "WikiText-2 fine-tuning gpt2, one H100: train samples/s (newest call a bar)"
+  chart h100_training "WikiText-2 fine-tuning on one H100, dropout off: train samples/s by engine" \
+    -i $C/h100.csv --where suite=wikitext2 --where dropout=off --where "ratio_vs_hf_best!=" \
+    --metric train_samples_per_second \
+    --title "WikiText-2 fine-tuning, dropout off, one H100: train samples/s (newest call a bar)"
+  chart h100_training_dropout "WikiText-2 fine-tuning on one H100, dropout 0.1: train samples/s" \
+    -i $C/h100.csv --where suite=wikitext2 --where dropout=on --where "ratio_vs_hf_best!=" \
+    --metric train_samples_per_second \
+    --title "WikiText-2 fine-tuning gpt2, dropout 0.1, one H100: train samples/s (llm.c has none)"
 }
 
 parallel() {
