@@ -62,7 +62,7 @@ impl PairSum {
         let Device::Cuda(dev) = device else {
             return Ok(None);
         };
-        let what = ("copy-engine sums", Ok(()));
+        let what = "copy-engine sums";
         let region = PeerSum::open_sized(nccl, device, (rank, 2), FLAGS + bytes, what)?;
         Ok(region.map(|region| Self {
             region,

@@ -51,31 +51,24 @@ impl PeerSum {
             return Ok(None);
         }
         let bytes = PeerBuffers::buffer_bytes();
-        Self::open_sized(
-            nccl,
-            device,
-            (rank, world),
-            bytes,
-            ("one-shot sums", Ok(())),
-        )
+        Self::open_sized(nccl, device, (rank, world), bytes, "one-shot sums")
     }
 
     /// [`PeerSum::open`] for a buffer of `bytes` (zeroed) a rank, for `what` (named in the
-    /// notes), with `usable` this rank's verdict on what else the buffers need (a failure on
-    /// any rank makes every rank go without).
+    /// notes); a failure on any rank makes every rank go without.
     pub fn open_sized(
         nccl: &dyn AllReduce,
         device: &Device,
         (rank, world): (usize, usize),
         bytes: usize,
-        (what, usable): (&str, Result<(), String>),
+        what: &str,
     ) -> candle_core::Result<Option<Self>> {
         let Device::Cuda(dev) = device else {
             return Ok(None);
         };
         let ctx = dev.cuda_stream().context().clone();
         ctx.bind_to_thread().map_err(candle_core::Error::wrap)?;
-        let (own, mine) = match usable.and_then(|()| allocate(ctx.ordinal(), bytes)) {
+        let (own, mine) = match allocate(ctx.ordinal(), bytes) {
             Ok(v) => v,
             Err(e) => (0, failed_record(&e, rank, what)),
         };
