@@ -112,6 +112,10 @@ csvs() {
     --where run!=wikitext2_gpt2_candle_bf16_bs8_cuda0_20261126T025709Z \
     --where run!=wikitext2_gpt2_candle_bf16_bs8_cuda0_20261126T025722Z \
     --where run!=wikitext2_gpt2_candle_bf16_bs8_cuda0_20261126T025727Z
+  # 442b7ff (#34, #36: the fused dropout): dp 1 / 2 / 2 with --dp-overlap, dropout off and
+  # on, six rounds over three calls on one machine (multi-run10..12); run12's archive holds the
+  # three calls' logs (the same /tmp), so it is read alone.
+  part f5 -i $G/multi-run12/multi-logs.tgz
   host h200x2
   # 4× H200: tp 1/2/4 scoring on 61743bf, dp 1/2/4 fine-tuning on 7f8523b (200 steps; its
   # fp32 runs are the 10-step equivalence check's, not timings).
@@ -156,7 +160,7 @@ TP="$TP,ratio_vs_1gpu:.2=× 1 GPU,scaling_efficiency:.3=efficiency,git_commit=co
 TP_SCORE="model,dtype,batch_size=batch,n_samples=passages,tp,gpu=GPU,samples_per_second:.1=samples/s"
 TP_SCORE="$TP_SCORE,latency_ms_p50:.2=p50 ms,peak_memory_bytes:GiB.2=rank 0 peak GiB"
 TP_SCORE="$TP_SCORE,ratio_vs_1gpu:.2=× 1 GPU,scaling_efficiency:.3=efficiency,git_commit=commit"
-DP="model,dtype,batch_size=batch a rank,dp,zero=ZeRO,dropout,gpu=GPU"
+DP="model,dtype,batch_size=batch a rank,dp,zero=ZeRO,dp_overlap=overlap,dropout,gpu=GPU"
 DP="$DP,train_samples_per_second:.1=train samples/s,tokens_per_second:.0=tokens/s"
 DP="$DP,peak_memory_bytes:GiB.2=peak GiB,ratio_vs_1gpu:.2=× 1 GPU,scaling_efficiency:.3=efficiency"
 DP="$DP,git_commit=commit"
@@ -168,7 +172,7 @@ STRAT="$STRAT,peak_memory_bytes:GiB.2=peak GiB,status,git_commit=commit"
 VS_HF=(--where "ratio_vs_hf_best!=" --sort model,batch_size,time_utc)
 PAR=(--where suite!=wikitext2 --where suite!=shakespeare)
 BY_MODE=(--sort suite,mode,model,batch_size,git_commit,tp,time_utc)
-DPS=(--where suite=wikitext2 --sort model,dtype,git_commit,dropout,dp,zero,time_utc)
+DPS=(--where suite=wikitext2 --sort model,dtype,git_commit,dropout,dp,zero,dp_overlap,time_utc)
 
 intro() {
   say "# Measured results: the current figures" "" \
@@ -184,7 +188,7 @@ intro() {
     "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..5, gen-final-run1, gen-7b1-hf-run1, train-run8, train-run8-repeat, train-run10, dropout-run3, train-table-run1 |" \
     "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
-    "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6 |" \
+    "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6, multi-run12 |" \
     "| 4× H200 | [h200x4.csv](current/h200x4.csv) | h200x4/tp-run2, dp-200 |" "" \
     "Columns (each defined once, in \`src/report/extract/derived.rs\`):" "" \
     "- **× HF best**: the run's throughput over that of the fastest HF run (any attention, compiled" \

@@ -143,7 +143,10 @@ fn header_columns(row: &mut RunRow, h: &Header) {
     row.set("zero", h.dp.as_ref().map_or(0, |d| d.zero_stage as usize));
     // Training runs' strategy (`--strategies`): one process is `single`.
     match (&h.dp, &h.train) {
-        (Some(d), _) => m_insert(row, "strategy", &crate::record::strategy_name(d.zero_stage)),
+        (Some(d), _) => {
+            m_insert(row, "strategy", &crate::record::strategy_name(d.zero_stage));
+            m_insert(row, "dp_overlap", if d.overlap { "on" } else { "off" });
+        }
         (None, Some(_)) => m_insert(row, "strategy", "single"),
         _ => {}
     }

@@ -32,6 +32,7 @@ pub const META: &[&str] = &[
     "backward",
     "recompute",
     "strategy",
+    "dp_overlap",
     "dropout",
     "fused",
     "mode",
