@@ -9,6 +9,7 @@
 use super::passes::{Passes, Slot};
 use super::spec::{RunSpec, Workload};
 use crate::device::DeviceSpec;
+use crate::engines::hf::{HfAttn, HfCompile, HfOptions};
 use crate::engines::registry::{self, EngineArgs};
 use crate::engines::{memory_or_warning, Engine, EngineKind, WarmUp};
 use crate::env::{nvml_index, EnvReport};
@@ -278,15 +279,10 @@ impl<T: Timed> Scenario for TimedRun<T> {
     }
 }
 
-/// Whether the HF worker's configuration probe shows a spinner: HF timing its configurations
-/// (`--hf-attn best`, `--hf-compile best`) on `n_probe` probe batches, where `progress`.
-pub fn probe_status(
-    probes: bool,
-    hf: &crate::engines::hf::HfOptions,
-    progress: bool,
-    n_probe: usize,
-) -> Status {
-    use crate::engines::hf::{HfAttn, HfCompile};
+/// The spinner over an engine's `choose_config`, shown where `progress` and the engine
+/// `probes` (the HF worker timing its configurations, `--hf-attn best`, `--hf-compile best`,
+/// on `n_probe` probe batches); the scenario says what it chose as it ends.
+pub fn probe_status(probes: bool, hf: &HfOptions, progress: bool, n_probe: usize) -> Status {
     let timed = probes && (hf.attn == HfAttn::Best || hf.compile == HfCompile::Best);
     let batches = if n_probe == 1 { "batch" } else { "batches" };
     let msg = format!(
