@@ -13,8 +13,12 @@ use crate::report::console::{
     generate_side_by_side, side_by_side, summary_table, sweep_table, train_side_by_side,
     train_sweep_table, train_table,
 };
+use crate::scenarios::generate::Generation;
+use crate::scenarios::lambada::Lambada;
+use crate::scenarios::skeleton::{self, TimedRun};
+use crate::scenarios::train::{prepare::prepare, Training};
 use crate::scenarios::verify::verify;
-use crate::scenarios::{generate, lambada, train, DpRun, RunSpec, Workload};
+use crate::scenarios::{DpRun, RunSpec, Workload};
 use std::process::ExitCode;
 
 /// Exit 0, or 1 when a check failed (the engines disagree, a sweep run failed).
@@ -157,7 +161,8 @@ fn single(spec: RunSpec) -> Result<ExitCode> {
     let print = spec.is_logging_rank();
     match &spec.workload {
         Workload::Train(opts) => {
-            let outcomes = train::run(&spec, opts)?;
+            let prep = prepare(&spec, opts)?;
+            let outcomes = skeleton::run(&spec, &Training { opts, prep: &prep })?;
             if !print {
                 return Ok(ExitCode::SUCCESS);
             }
@@ -171,7 +176,7 @@ fn single(spec: RunSpec) -> Result<ExitCode> {
             }
         }
         Workload::Generate(opts) => {
-            let outcomes = generate::run(&spec, opts)?;
+            let outcomes = skeleton::run(&spec, &TimedRun(Generation(opts)))?;
             if !print {
                 return Ok(ExitCode::SUCCESS);
             }
@@ -187,7 +192,7 @@ fn single(spec: RunSpec) -> Result<ExitCode> {
             return Ok(exit(accuracy_gate(opts.acc_threshold, &outcomes)));
         }
         Workload::Score => {
-            let outcomes = lambada::run(&spec)?;
+            let outcomes = skeleton::run(&spec, &TimedRun(Lambada))?;
             if !print {
                 return Ok(ExitCode::SUCCESS);
             }

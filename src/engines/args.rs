@@ -5,7 +5,6 @@ use super::hf::HfOptions;
 use super::llmc::LlmcOptions;
 use crate::device::{DeviceSpec, Precision};
 use crate::dist::Tp;
-use crate::error::Result;
 use crate::models::{ModelSpec, WeightSource};
 use crate::record::Hyper;
 use crate::train::{Backward, DataParallel};
@@ -18,8 +17,9 @@ pub struct EngineArgs<'a> {
     pub weights: &'a WeightSource,
     pub precision: Precision,
     pub device: DeviceSpec,
-    /// The in-process engine's device (its tensor- or data-parallel rank's); opened on demand.
-    pub open_device: &'a dyn Fn() -> Result<Device>,
+    /// The in-process engine's device: its tensor- or data-parallel rank's, else `--device`'s.
+    /// None where the engine runs in a child process (no CUDA context is opened here).
+    pub rank_device: Option<Device>,
     pub tp: Option<&'a Tp>,
     /// `--save-weights`: the in-process engine also writes the random weights there.
     pub save_weights: Option<&'a Path>,

@@ -1,6 +1,6 @@
 //! Engines run a model; scenarios decide what to run and score it. A scenario talks to an
 //! engine through one small trait per capability ([`Score`] a LAMBADA batch, [`Generate`]
-//! greedy continuations, [`Train`] a step), on top of what every engine has ([`Engine`]: name, versions, load time, memory).
+//! greedy continuations, [`Train`] a run of steps), on top of what every engine has ([`Engine`]: name, versions, load time, memory).
 //! Both engines get the same token ids, batches and padding, and report per-token scores and a
 //! latency measured with the same rule (device synchronized before each clock read), so the
 //! Rust side computes every metric with one piece of code.
@@ -18,7 +18,7 @@ pub mod llmc;
 pub mod registry;
 pub mod weight_cache;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::trackers::{MemoryReading, StepClock};
 use crate::train::StepOutcome;
 use std::collections::BTreeMap;
@@ -128,16 +128,144 @@ pub struct TimedStep {
     pub latency_ms: f64,
 }
 
-/// Capability: train on blocks of token ids of equal length (WikiText-2).
+/// The scenario's side of a training run ([`Train::train`]): it hands out each step's
+/// micro-batches and logs each step as it ends.
+pub trait StepBook<'a> {
+    /// This rank's micro-batches of the next optimizer step (each a list of blocks; gradient
+    /// accumulation when more than one); None after the last step.
+    fn next_step(&mut self) -> Option<Vec<Vec<&'a [u32]>>>;
+    /// Logs the step [`StepBook::next_step`] gave last.
+    fn step_done(&mut self, step: TimedStep) -> Result<()>;
+}
+
+/// What a training run does after its steps, where none failed: the scenario decides, the
+/// engine does it, in this order.
+pub struct AfterSteps<'a> {
+    /// Data parallelism: each rank's peak memory over the steps (bytes) gathered to every rank
+    /// (a collective: every rank calls it).
+    pub gather_peaks: Option<&'a dyn Fn(u64) -> Result<Vec<u64>>>,
+    /// Mean next-token loss per block over these blocks in batches of this size (no dropout,
+    /// no gradients): rank 0's, or every rank's where the evaluation is a collective.
+    pub eval: Option<(&'a [Vec<u32>], usize)>,
+    /// Write the trained fp32 weights here as an HF checkpoint (`--save`, rank 0).
+    pub save: Option<&'a Path>,
+    /// Read the peak memory after a failure too: the engine runs in this process (a dead
+    /// worker has no memory to report).
+    pub memory_after_failure: bool,
+}
+
+/// What a training run left besides its logged steps.
+pub struct Trained {
+    /// The error of the step or evaluation that ended the run early.
+    pub failure: Option<Error>,
+    /// Every rank's peak over the steps ([`AfterSteps::gather_peaks`]).
+    pub per_rank_peak: Option<Vec<u64>>,
+    /// The evaluation's loss and its runtime in seconds.
+    pub eval: Option<(f64, f64)>,
+    /// The peak memory as the run ends.
+    pub memory: MemoryReading,
+}
+
+/// Capability: train on blocks of token ids of equal length (WikiText-2). The engine drives the
+/// run: each step `book` hands out, reported back to it as the step ends (a failing step ends
+/// the steps), then what `after` asks.
 pub trait Train: Engine {
-    /// One optimizer step over `micro_batches` (each a list of blocks; gradient accumulation
-    /// when more than one).
+    fn train<'a>(&mut self, book: &mut dyn StepBook<'a>, after: &AfterSteps) -> Result<Trained>;
+}
+
+/// An engine that trains one call at a time from here (the HF worker's ops, llm.c's output
+/// lines): [`train_stepwise`] makes its [`Train::train`].
+pub trait Stepwise: Engine {
+    /// One optimizer step over `micro_batches`.
     fn step(&mut self, micro_batches: &[Vec<&[u32]>]) -> Result<TimedStep>;
-    /// Mean next-token loss per block over `blocks` in batches of `batch_size` (no dropout, no
-    /// gradients), and its runtime in seconds.
+    /// Mean next-token loss per block over `blocks` in batches of `batch_size`, and its
+    /// runtime in seconds.
     fn eval(&mut self, blocks: &[Vec<u32>], batch_size: usize) -> Result<(f64, f64)>;
     /// Writes the trained fp32 weights as an HF checkpoint.
     fn save(&self, dir: &Path) -> Result<()>;
+}
+
+/// [`Train::train`] of a [`Stepwise`] engine: the steps, then the peaks gathered, the
+/// evaluation, the save and the memory, as `after` asks (the candle engine's sequence, which
+/// it runs on its trainer itself).
+pub fn train_stepwise<'a, E: Stepwise + ?Sized>(
+    engine: &mut E,
+    book: &mut dyn StepBook<'a>,
+    after: &AfterSteps,
+) -> Result<Trained> {
+    let mut failure = None;
+    while let Some(micro) = book.next_step() {
+        match engine.step(&micro) {
+            Ok(step) => book.step_done(step)?,
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    let per_rank_peak = match (after.gather_peaks, &failure) {
+        (Some(gather), None) => Some(gather(engine.finish().map(|m| m.peak_bytes).unwrap_or(0))?),
+        _ => None,
+    };
+    let mut eval = None;
+    if let (Some((blocks, batch_size)), None) = (after.eval, &failure) {
+        match engine.eval(blocks, batch_size) {
+            Ok(r) => eval = Some(r),
+            Err(e) => failure = Some(e),
+        }
+    }
+    if let (Some(dir), None) = (after.save, &failure) {
+        engine.save(dir)?;
+        saved_note(dir);
+    }
+    let memory = match failure.is_some() && !after.memory_after_failure {
+        true => MemoryReading::default(),
+        false => memory_or_warning(engine.finish()),
+    };
+    Ok(Trained {
+        failure,
+        per_rank_peak,
+        eval,
+        memory,
+    })
+}
+
+/// Says where `--save` wrote the trained weights.
+pub fn saved_note(dir: &Path) {
+    eprintln!(
+        "saved trained weights to {} (config.json + model.safetensors, fp32)",
+        dir.display()
+    );
+}
+
+/// An engine's memory reading; a failed query costs the figure, with a warning, not the run.
+pub fn memory_or_warning(reading: Result<MemoryReading>) -> MemoryReading {
+    reading.unwrap_or_else(|e| {
+        eprintln!("warning: memory tracking failed: {e}");
+        MemoryReading::default()
+    })
+}
+
+/// One untimed call of a capability: what a scenario's warm-up runs (CUDA loads candle's PTX
+/// kernels, cuBLAS creates handles, the memory pools grow, a compiled HF model compiles the
+/// shape).
+pub trait WarmUp<E: ?Sized> {
+    fn warm_up(&self, engine: &mut E) -> Result<()>;
+}
+
+/// A scoring batch and the length it is padded to.
+impl WarmUp<dyn Score> for (&[Request], usize) {
+    fn warm_up(&self, engine: &mut (dyn Score + 'static)) -> Result<()> {
+        engine.score(self.0, self.1).map(drop)
+    }
+}
+
+/// A generation call and whether its clock takes a lap at each token.
+impl WarmUp<dyn Generate> for (GenerateRequest<'_>, bool) {
+    fn warm_up(&self, engine: &mut (dyn Generate + 'static)) -> Result<()> {
+        let mut clock = StepClock::new(self.1);
+        engine.generate(&self.0, &mut clock).map(drop)
+    }
 }
 
 /// A batch of prompts to continue greedily by exactly `new_tokens` tokens each.

@@ -169,7 +169,7 @@ pub fn open_train(kind: EngineKind, a: &EngineArgs, t: TrainArgs) -> Result<Box<
                 seed: a.seed,
                 dp: t.dp,
             };
-            let mut candle = CandleTrainer::start(setup, (a.open_device)()?)?;
+            let mut candle = CandleTrainer::start(setup, rank_device(a)?)?;
             candle.trainer.phase_times = t.phase_times;
             Box::new(candle)
         }
@@ -207,7 +207,16 @@ fn candle(a: &EngineArgs, save: Option<&Path>) -> Result<CandleEngine> {
         save,
         progress: a.progress,
     };
-    CandleEngine::load(a.model, from, a.precision, (a.open_device)()?)
+    CandleEngine::load(a.model, from, a.precision, rank_device(a)?)
+}
+
+/// The device an in-process engine opens on (the skeleton opens it for engines that run here).
+fn rank_device(a: &EngineArgs) -> Result<candle_core::Device> {
+    a.rank_device.clone().ok_or_else(|| {
+        Error::Engine(
+            "an in-process engine was opened without its device (EngineArgs::rank_device)".into(),
+        )
+    })
 }
 
 fn unsupported(kind: EngineKind, cap: Capability) -> Error {

@@ -1,10 +1,13 @@
-//! Scenarios: what is run and scored, one module a workload, each owning its data, its loop
-//! and its summary, and talking to engines through one trait per capability
+//! Scenarios: what is run and scored, one module a workload, each owning its data, its step
+//! and what its summary adds, and talking to engines through one trait per capability
 //! ([`crate::engines::Score`], [`crate::engines::Train`]).
 //!
 //! - [`spec`]: the fully resolved run ([`RunSpec`]) a scenario receives.
-//! - [`skeleton`]: what every scenario does the same way (engines to run, log header and name,
-//!   GPU trackers); [`passes`]: how long the timed loop runs (`--min-time`, `--min-batches`).
+//! - [`skeleton`]: the run's sequence, the same for every scenario ([`skeleton::run`]: engines
+//!   and weights, the scenario's start, the log, its run, the last record; for a scenario timed
+//!   in passes, [`skeleton::Timed`], the warm-up, GPU trackers, passes, memory and summary too)
+//!   and what scenarios share (padding, warm-up choice, log header and name); [`passes`]: how
+//!   long the timed loop runs (`--min-time`, `--min-batches`).
 //! - [`lambada`]: LAMBADA scored like lm-eval `lambada_openai`.
 //! - [`generate`]: greedy generation with a KV cache: LAMBADA the FasterTransformer way
 //!   (`--mode generate`) and the generation suite (time to first token, inter-token latency).

@@ -1,54 +1,108 @@
-//! What every scenario does the same way: which engines run on which weights, the log
-//! header's shared fields and the log's file name, the rank that logs, and the GPU trackers
-//! over the timed loop.
+//! What every scenario does the same way. The run's sequence is here ([`run`]): per engine of
+//! the run, its weights and this rank's device, the scenario's start (the engine opened, the
+//! data, the header), the log and its header, the scenario's run, the log's last record. A
+//! scenario timed in passes ([`Timed`]: scoring, generation) gives only its start and one step:
+//! the warm-up, the GPU trackers over the timed loop, the passes, the memory and the summary are
+//! here too. Besides: padding, which batches warm up, the log header's shared fields and the
+//! log's file name.
 
+use super::passes::{Passes, Slot};
 use super::spec::{RunSpec, Workload};
 use crate::device::DeviceSpec;
-use crate::engines::hf::{HfAttn, HfCompile};
+use crate::engines::hf::{HfAttn, HfCompile, HfOptions};
 use crate::engines::registry::{self, EngineArgs};
-use crate::engines::{Engine, EngineKind};
+use crate::engines::{memory_or_warning, Engine, EngineKind, WarmUp};
 use crate::env::{nvml_index, EnvReport};
-use crate::error::{Error, Result};
+use crate::error::{message_without_backtrace, Error, Result};
 use crate::log::{RankLog, RunOutcome};
+use crate::metrics::{BatchTotals, GenTotals};
 use crate::models::{Architecture, ModelSpec, WeightSource};
 use crate::progress::Status;
 use crate::record::{
-    describe_hf_config, DataInfo, Header, Record, Summary, TpInfo, SCHEMA_VERSION,
+    BatchRecord, DataInfo, GenBatchRecord, Header, Record, Summary, TpInfo, SCHEMA_VERSION,
 };
 use crate::tokenizer::TextTokenizer;
 use crate::trackers::{
     EnergyReading, EnergyTracker, GpuActivity, GpuSampler, MemoryReading, NvmlGpu,
 };
 use candle_core::{Device, Tensor};
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// The engines `spec` names, in run order, each with the weights it reads
-/// ([`registry::run_weights`]: one HF checkpoint for all where one engine needs it).
-pub fn engine_runs(spec: &RunSpec) -> Result<Vec<(EngineKind, WeightSource)>> {
-    let open = || candle_device(spec);
-    let weights = registry::run_weights(spec.engine, &engine_args(spec, &spec.weights, &open))?;
-    Ok(registry::runs(spec.engine)
-        .iter()
-        .map(|&k| (k, weights.clone()))
-        .collect())
+/// A scenario as [`run`] runs it, engine after engine: two calls each.
+pub trait Scenario {
+    /// The log's last record.
+    type Summary: Clone;
+    /// What [`Scenario::start`] hands to [`Scenario::run`]: the engine and its data.
+    type Started;
+    /// Opens engine `kind` from `args` (through the registry), makes its data, lets it choose
+    /// its configuration; returns it with the log header.
+    fn start(
+        &self,
+        spec: &RunSpec,
+        kind: EngineKind,
+        args: &EngineArgs,
+    ) -> Result<(Self::Started, Header)>;
+    /// Runs it, writing each record to `log` as it exists; the summary (`wall`: the run's
+    /// start), and the error that ended the run early.
+    fn run(
+        &self,
+        spec: &RunSpec,
+        started: Self::Started,
+        header: &Header,
+        log: &mut RankLog,
+        wall: Instant,
+    ) -> Result<(Self::Summary, Option<Error>)>;
+    /// The summary as the log's last record.
+    fn record(summary: Box<Self::Summary>) -> Record;
 }
 
-/// What the registry needs to open an engine of `spec` on `weights`.
-pub fn engine_args<'a>(
+/// Runs `scenario` with each engine `spec` names, in order; one outcome per engine. Where one
+/// engine reads an HF checkpoint, random weights are written to one first
+/// ([`registry::run_weights`]) and every engine of the run reads that file.
+pub fn run<S: Scenario>(spec: &RunSpec, scenario: &S) -> Result<Vec<RunOutcome<S::Summary>>> {
+    let weights = registry::run_weights(spec.engine, &engine_args(spec, &spec.weights, None))?;
+    let mut outcomes = vec![];
+    for &kind in registry::runs(spec.engine) {
+        let wall = Instant::now();
+        // The device is opened here only for an engine that runs in this process: a child's
+        // CUDA context is the child's alone.
+        let device = match registry::entry(kind).in_process {
+            true => Some(candle_device(spec)?),
+            false => None,
+        };
+        let (started, header) = scenario.start(spec, kind, &engine_args(spec, &weights, device))?;
+        // Every rank runs every batch or step (each forward all-reduces); only rank 0 logs.
+        let mut log = open_log(spec, &header)?;
+        let (summary, failure) = scenario.run(spec, started, &header, &mut log, wall)?;
+        log.write(&S::record(Box::new(summary.clone())))?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        outcomes.push(RunOutcome {
+            log_path: log.path(),
+            header,
+            summary,
+        });
+    }
+    Ok(outcomes)
+}
+
+/// What the registry needs to open an engine of `spec` on `weights`; `device`: the
+/// in-process engine's.
+fn engine_args<'a>(
     spec: &'a RunSpec,
     weights: &'a WeightSource,
-    open_device: &'a dyn Fn() -> Result<Device>,
+    device: Option<Device>,
 ) -> EngineArgs<'a> {
     EngineArgs {
         model: &spec.model,
         weights,
         precision: spec.precision,
         device: spec.device,
-        open_device,
+        rank_device: device,
         tp: spec.tp.as_ref().map(|t| &t.group),
         save_weights: spec.save_weights.as_deref(),
-        progress: shows_progress(spec),
+        progress: spec.progress && spec.is_logging_rank(),
         seed: spec.seed,
         hf: &spec.hf,
         llmc: &spec.llmc,
@@ -56,30 +110,185 @@ pub fn engine_args<'a>(
     }
 }
 
-/// Whether this process shows progress: `--no-progress` not given, and the logging rank.
-pub fn shows_progress(spec: &RunSpec) -> bool {
-    spec.progress && spec.is_logging_rank()
+/// A scenario timed in passes over its batches (scoring, generation). [`run`] runs it as
+/// [`TimedRun`]: the warm-up calls untimed, then every batch timed and logged as it finishes,
+/// pass after pass until the run's minimums ([`Passes`]), under the GPU trackers; then the
+/// engine's memory and the summary.
+pub trait Timed {
+    /// The capability it runs.
+    type Engine: ?Sized + Engine;
+    /// Its batches, and what its steps add up besides the records.
+    type Job;
+    /// One timed batch's log record.
+    type Record;
+    /// What the records add up to.
+    type Totals: PassTotals<Record = Self::Record>;
+    /// One warm-up call.
+    type Warm<'a>: WarmUp<Self::Engine>
+    where
+        Self: 'a;
+    /// As [`Scenario::start`]: the engine, its batches, the header.
+    fn start(
+        &self,
+        spec: &RunSpec,
+        kind: EngineKind,
+        args: &EngineArgs,
+    ) -> Result<(Opened<Self>, Header)>;
+    /// The warm-up calls, in order.
+    fn warm_calls<'a>(&self, job: &'a Self::Job) -> Vec<Self::Warm<'a>>;
+    /// Runs batch `slot.index` of a pass: its record.
+    fn step(
+        &self,
+        job: &mut Self::Job,
+        engine: &mut Self::Engine,
+        slot: Slot,
+    ) -> Result<Self::Record>;
+    /// A record's latency (what the minimum time counts) and its rows (the progress bar's).
+    fn measured(record: &Self::Record) -> (f64, usize);
+    /// The record as a log record.
+    fn record(record: Self::Record) -> Record;
+    /// `summary` with what the scenario adds from its job (FLOPs, KV cache).
+    fn complete(&self, job: &Self::Job, summary: Summary) -> Summary;
 }
 
-/// Runs `choose` (the engine's `choose_config` on `n_probe` probe batches, returning its info),
-/// saying so when it is the HF worker timing its configurations (`--hf-attn best`, `--hf-compile
-/// best`).
-pub fn choose_config(
-    spec: &RunSpec,
-    kind: EngineKind,
-    n_probe: usize,
-    choose: impl FnOnce() -> Result<BTreeMap<String, String>>,
-) -> Result<()> {
-    let timed = registry::entry(kind).probes
-        && (spec.hf.attn == HfAttn::Best || spec.hf.compile == HfCompile::Best);
+/// What [`Timed::start`] opened: the engine, the job, and how many batches and rows a pass
+/// has.
+pub struct Opened<T: Timed + ?Sized> {
+    pub engine: Box<T::Engine>,
+    pub job: T::Job,
+    pub per_pass: usize,
+    pub rows_per_pass: usize,
+}
+
+/// Records added up: [`BatchTotals`] (scoring), [`GenTotals`] (generation).
+pub trait PassTotals: Default {
+    type Record;
+    fn add(&mut self, record: &Self::Record);
+    fn summary(&self, failure: Option<String>, wall_seconds: f64, mem: MemoryReading) -> Summary;
+}
+
+impl PassTotals for BatchTotals {
+    type Record = BatchRecord;
+    fn add(&mut self, record: &BatchRecord) {
+        BatchTotals::add(self, record);
+    }
+    fn summary(&self, failure: Option<String>, wall_seconds: f64, mem: MemoryReading) -> Summary {
+        BatchTotals::summary(self, failure, wall_seconds, mem)
+    }
+}
+
+impl PassTotals for GenTotals {
+    type Record = GenBatchRecord;
+    fn add(&mut self, record: &GenBatchRecord) {
+        GenTotals::add(self, record);
+    }
+    /// The KV cache's bytes are the engine's: [`Timed::complete`] adds them.
+    fn summary(&self, failure: Option<String>, wall_seconds: f64, mem: MemoryReading) -> Summary {
+        GenTotals::summary(self, failure, wall_seconds, mem, None)
+    }
+}
+
+/// A [`Timed`] scenario as [`run`] runs it.
+pub struct TimedRun<T>(pub T);
+
+impl<T: Timed> Scenario for TimedRun<T> {
+    type Summary = Summary;
+    type Started = Opened<T>;
+
+    fn start(
+        &self,
+        spec: &RunSpec,
+        kind: EngineKind,
+        args: &EngineArgs,
+    ) -> Result<(Opened<T>, Header)> {
+        self.0.start(spec, kind, args)
+    }
+
+    fn run(
+        &self,
+        spec: &RunSpec,
+        opened: Opened<T>,
+        header: &Header,
+        log: &mut RankLog,
+        wall: Instant,
+    ) -> Result<(Summary, Option<Error>)> {
+        let Opened {
+            mut engine,
+            mut job,
+            per_pass,
+            rows_per_pass,
+        } = opened;
+        let engine = engine.as_mut();
+        // Untimed warm-up calls: CUDA loads candle's PTX kernels, cuBLAS creates handles and the
+        // memory pools grow on first use (and a compiled HF model compiles each new shape);
+        // none of that is the model's speed. A failure here (an out-of-memory at a large batch)
+        // is recorded like one in the timed batches.
+        let mut failure = self
+            .0
+            .warm_calls(&job)
+            .iter()
+            .find_map(|call| call.warm_up(engine).err());
+        // NVML trackers over the timed loop only (warm-up excluded, as for latency).
+        let watch = GpuWatch::start(spec.device, header.gpu_index, engine.pid());
+        let compiled_before = engine.compiles();
+        let mut totals = T::Totals::default();
+        let logging = spec.progress && spec.is_logging_rank();
+        let bar = crate::progress::passages(logging, rows_per_pass as u64);
+        let mut passes = Passes::new(spec.min_run, per_pass);
+        let agree = group_stop(spec);
+        while let Some(slot) = passes.next(&agree)? {
+            if failure.is_some() {
+                break;
+            }
+            if slot.pass > 0 && slot.index == 0 {
+                bar.inc_length(rows_per_pass as u64);
+            }
+            let record = match self.0.step(&mut job, engine, slot) {
+                Ok(r) => r,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            };
+            let (latency_ms, rows) = T::measured(&record);
+            passes.timed(latency_ms);
+            totals.add(&record);
+            log.write(&T::record(record))?;
+            bar.inc(rows as u64);
+        }
+        bar.finish_and_clear();
+        let gpu = GpuWatch::stop(watch);
+        let compiles = engine.compiles().zip(compiled_before).map(|(a, b)| a - b);
+        let mem = match failure.is_some() {
+            true => MemoryReading::default(),
+            false => memory_or_warning(engine.finish()),
+        };
+        let message = failure
+            .as_ref()
+            .map(|e| message_without_backtrace(&e.to_string()));
+        let summary = totals.summary(message, wall.elapsed().as_secs_f64(), mem);
+        let summary = gpu.apply(Summary {
+            compiles_timed: compiles,
+            ..self.0.complete(&job, summary)
+        });
+        Ok((summary, failure))
+    }
+
+    fn record(summary: Box<Summary>) -> Record {
+        Record::Summary(summary)
+    }
+}
+
+/// The spinner over an engine's `choose_config`, shown where `progress` and the engine
+/// `probes` (the HF worker timing its configurations, `--hf-attn best`, `--hf-compile best`,
+/// on `n_probe` probe batches); the scenario says what it chose as it ends.
+pub fn probe_status(probes: bool, hf: &HfOptions, progress: bool, n_probe: usize) -> Status {
+    let timed = probes && (hf.attn == HfAttn::Best || hf.compile == HfCompile::Best);
     let batches = if n_probe == 1 { "batch" } else { "batches" };
     let msg = format!(
         "HF: timing each configuration (attention, torch.compile) on {n_probe} probe {batches}, cold then warm"
     );
-    let status = Status::spinner(timed && shows_progress(spec), msg);
-    let info = choose()?;
-    status.done(format!("HF ran {}", describe_hf_config(&info)));
-    Ok(())
+    Status::spinner(timed && progress, msg)
 }
 
 /// Longest sequence `model` takes: GPT-2's learned positions, BLOOM's lm-eval default (ALiBi
@@ -171,7 +380,7 @@ pub fn cold_share<K: PartialEq>(shapes: &[K], warm: &[K]) -> f64 {
 }
 
 /// The device candle runs on: this rank's (tensor or data parallel), else `--device`.
-pub fn candle_device(spec: &RunSpec) -> Result<Device> {
+fn candle_device(spec: &RunSpec) -> Result<Device> {
     match (&spec.tp, &spec.dp) {
         (Some(t), _) => Ok(t.device.clone()),
         (_, Some(d)) => Ok(d.ctx.device.clone()),
@@ -251,42 +460,10 @@ pub fn log_stem(h: &Header) -> String {
 
 /// Opens the run's log (rank 0 only; the other ranks run the same loop and write nothing) and
 /// writes its header.
-pub fn open_log(spec: &RunSpec, header: &Header) -> Result<RankLog> {
+fn open_log(spec: &RunSpec, header: &Header) -> Result<RankLog> {
     let mut log = RankLog::create(spec.is_logging_rank(), &spec.log_dir, &log_stem(header))?;
     log.write(&Record::Header(Box::new(header.clone())))?;
     Ok(log)
-}
-
-/// The engine's peak memory as the run ends; none when `skip` (a failed run: a dead worker
-/// cannot answer). A failed query costs the figure, with a warning, not the run.
-pub fn final_memory(engine: &mut dyn Engine, skip: bool) -> MemoryReading {
-    if skip {
-        return MemoryReading::default();
-    }
-    engine.finish().unwrap_or_else(|e| {
-        eprintln!("warning: memory tracking failed: {e}");
-        MemoryReading::default()
-    })
-}
-
-/// Writes the run's last record (its summary), then ends it: the error that stopped it early,
-/// or its outcome.
-pub fn finish_log<S: Clone>(
-    mut log: RankLog,
-    header: Header,
-    summary: S,
-    record: fn(Box<S>) -> Record,
-    failure: Option<crate::error::Error>,
-) -> Result<RunOutcome<S>> {
-    log.write(&record(Box::new(summary.clone())))?;
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    Ok(RunOutcome {
-        log_path: log.path(),
-        header,
-        summary,
-    })
 }
 
 /// NVML index of the run's GPU (`cuda:N`, told apart by UUID under `CUDA_VISIBLE_DEVICES`);
@@ -300,20 +477,22 @@ pub fn gpu_index(device: DeviceSpec, cuda_uuid: Option<&str>, host: &EnvReport) 
         .filter(|&i| host.gpu(i).is_some())
 }
 
-/// Whether the run's group stops its timed loop ([`super::passes::Passes::next`]): rank 0's
-/// answer, all-reduced to every rank of a tensor-parallel run (each forward all-reduces, so
-/// every rank must run the same batches); alone, `stop`.
-pub fn group_stops(spec: &RunSpec, stop: bool) -> Result<bool> {
-    let Some((tp, reduce)) = spec
-        .tp
-        .as_ref()
-        .and_then(|t| Some((t, t.group.reduce.as_ref()?)))
-    else {
-        return Ok(stop);
-    };
-    let mine = if tp.group.rank == 0 && stop { 1f32 } else { 0. };
-    let sum = reduce.all_reduce_sum(&Tensor::new(&[mine], &tp.device)?)?;
-    Ok(sum.to_vec1::<f32>()?[0] > 0.5)
+/// Whether the run's group stops its timed loop ([`Passes::next`]): rank 0's answer,
+/// all-reduced to every rank of a tensor-parallel run (each forward all-reduces, so every rank
+/// must run the same batches); alone, its own.
+fn group_stop(spec: &RunSpec) -> impl Fn(bool) -> Result<bool> + '_ {
+    move |stop| {
+        let Some((tp, reduce)) = spec
+            .tp
+            .as_ref()
+            .and_then(|t| Some((t, t.group.reduce.as_ref()?)))
+        else {
+            return Ok(stop);
+        };
+        let mine = if tp.group.rank == 0 && stop { 1f32 } else { 0. };
+        let sum = reduce.all_reduce_sum(&Tensor::new(&[mine], &tp.device)?)?;
+        Ok(sum.to_vec1::<f32>()?[0] > 0.5)
+    }
 }
 
 /// NVML sampler and energy counter over a timed loop, on the run's GPU.

@@ -1,9 +1,11 @@
 //! The candle engine's training: [`crate::train::Trainer`] on an opened device, behind the
-//! [`Train`] capability.
+//! [`Train`] capability: the run's steps, its evaluation and its memory, driven here.
 
 use super::{engine_info, memory_tracker, read_memory};
 use crate::device::{synchronize, Precision};
-use crate::engines::{Engine, TimedStep, Train};
+use crate::engines::{
+    memory_or_warning, saved_note, AfterSteps, Engine, StepBook, TimedStep, Train, Trained,
+};
 use crate::error::Result;
 use crate::models::weights::save_checkpoint;
 use crate::models::{ModelSpec, WeightSource};
@@ -22,6 +24,8 @@ pub struct CandleTrainer {
     device: Device,
     memory: Option<MemoryTracker>,
     load_seconds: f64,
+    /// What the log header records ([`Engine::info`]), known once the trainer is set up.
+    info: BTreeMap<String, String>,
 }
 
 /// How a candle training run is set up.
@@ -63,13 +67,60 @@ impl CandleTrainer {
             trainer.set_data_parallel(dp)?;
         }
         synchronize(&device)?;
+        let load_seconds = load.elapsed().as_secs_f64();
+        let mut info = engine_info(&device);
+        info.insert("backward".into(), trainer.backward().as_str().into());
+        let recompute = if trainer.recompute() { "blocks" } else { "off" };
+        info.insert("recompute".into(), recompute.into());
         Ok(Self {
             trainer,
             spec: setup.model.clone(),
             device,
             memory,
-            load_seconds: load.elapsed().as_secs_f64(),
+            load_seconds,
+            info,
         })
+    }
+
+    /// One optimizer step over `micro_batches` (gradient accumulation when more than one).
+    fn step(&mut self, micro_batches: &[Vec<&[u32]>]) -> Result<TimedStep> {
+        let _profiled = crate::profile::window(&self.device);
+        let mut lat = LatencyTracker::new(&self.device);
+        lat.start()?;
+        let micro = micro_batches
+            .iter()
+            .map(|b| batch_tensor(b, &self.device))
+            .collect::<Result<Vec<_>>>()?;
+        let outcome = self.trainer.step(&micro)?;
+        Ok(TimedStep {
+            outcome,
+            latency_ms: lat.stop_ms()?,
+        })
+    }
+
+    /// Mean next-token loss per block over `blocks` in batches of `batch_size` (no dropout, no
+    /// gradients), and its runtime in seconds.
+    fn eval(&mut self, blocks: &[Vec<u32>], batch_size: usize) -> Result<(f64, f64)> {
+        let batches = blocks
+            .chunks(batch_size.max(1))
+            .map(|c| {
+                let rows: Vec<&[u32]> = c.iter().map(Vec::as_slice).collect();
+                batch_tensor(&rows, &self.device)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut lat = LatencyTracker::new(&self.device);
+        lat.start()?;
+        let loss = self.trainer.eval_loss(&batches)?;
+        Ok((loss, lat.stop_ms()? / 1e3))
+    }
+
+    /// Writes the trained fp32 weights as an HF checkpoint.
+    fn save(&self, dir: &Path) -> Result<()> {
+        save_checkpoint(
+            dir,
+            &self.spec.hf_config(DType::F32),
+            self.trainer.named_params()?,
+        )
     }
 }
 
@@ -86,15 +137,7 @@ impl Engine for CandleTrainer {
     }
 
     fn info(&self) -> BTreeMap<String, String> {
-        let mut info = engine_info(&self.device);
-        info.insert("backward".into(), self.trainer.backward().as_str().into());
-        let recompute = if self.trainer.recompute() {
-            "blocks"
-        } else {
-            "off"
-        };
-        info.insert("recompute".into(), recompute.into());
-        info
+        self.info.clone()
     }
 
     fn load_seconds(&self) -> f64 {
@@ -106,41 +149,45 @@ impl Engine for CandleTrainer {
     }
 }
 
+/// The steps, then the peaks gathered, the evaluation, the save and the memory, as `after`
+/// asks: the sequence [`crate::engines::train_stepwise`] runs for the engines trained from
+/// outside, written out here so that the trainer's calls stay in this file.
 impl Train for CandleTrainer {
-    fn step(&mut self, micro_batches: &[Vec<&[u32]>]) -> Result<TimedStep> {
-        let _profiled = crate::profile::window(&self.device);
-        let mut lat = LatencyTracker::new(&self.device);
-        lat.start()?;
-        let micro = micro_batches
-            .iter()
-            .map(|b| batch_tensor(b, &self.device))
-            .collect::<Result<Vec<_>>>()?;
-        let outcome = self.trainer.step(&micro)?;
-        Ok(TimedStep {
-            outcome,
-            latency_ms: lat.stop_ms()?,
+    fn train<'a>(&mut self, book: &mut dyn StepBook<'a>, after: &AfterSteps) -> Result<Trained> {
+        let mut failure = None;
+        while let Some(micro) = book.next_step() {
+            match self.step(&micro) {
+                Ok(step) => book.step_done(step)?,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        let per_rank_peak = match (after.gather_peaks, &failure) {
+            (Some(gather), None) => Some(gather(self.finish().map(|m| m.peak_bytes).unwrap_or(0))?),
+            _ => None,
+        };
+        let mut eval = None;
+        if let (Some((blocks, batch_size)), None) = (after.eval, &failure) {
+            match self.eval(blocks, batch_size) {
+                Ok(r) => eval = Some(r),
+                Err(e) => failure = Some(e),
+            }
+        }
+        if let (Some(dir), None) = (after.save, &failure) {
+            self.save(dir)?;
+            saved_note(dir);
+        }
+        let memory = match failure.is_some() && !after.memory_after_failure {
+            true => MemoryReading::default(),
+            false => memory_or_warning(self.finish()),
+        };
+        Ok(Trained {
+            failure,
+            per_rank_peak,
+            eval,
+            memory,
         })
-    }
-
-    fn eval(&mut self, blocks: &[Vec<u32>], batch_size: usize) -> Result<(f64, f64)> {
-        let batches = blocks
-            .chunks(batch_size.max(1))
-            .map(|c| {
-                let rows: Vec<&[u32]> = c.iter().map(Vec::as_slice).collect();
-                batch_tensor(&rows, &self.device)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let mut lat = LatencyTracker::new(&self.device);
-        lat.start()?;
-        let loss = self.trainer.eval_loss(&batches)?;
-        Ok((loss, lat.stop_ms()? / 1e3))
-    }
-
-    fn save(&self, dir: &Path) -> Result<()> {
-        save_checkpoint(
-            dir,
-            &self.spec.hf_config(DType::F32),
-            self.trainer.named_params()?,
-        )
     }
 }

@@ -2,13 +2,19 @@
 //! out in `worker.py`).
 
 use super::HfEngine;
-use crate::engines::{TimedStep, Train};
+use crate::engines::{train_stepwise, AfterSteps, StepBook, Stepwise, TimedStep, Train, Trained};
 use crate::error::{Error, Result};
 use crate::train::StepOutcome;
 use serde_json::json;
 use std::path::Path;
 
 impl Train for HfEngine {
+    fn train<'a>(&mut self, book: &mut dyn StepBook<'a>, after: &AfterSteps) -> Result<Trained> {
+        train_stepwise(self, book, after)
+    }
+}
+
+impl Stepwise for HfEngine {
     fn step(&mut self, micro_batches: &[Vec<&[u32]>]) -> Result<TimedStep> {
         let v = self.request(&json!({ "op": "train_step", "micro_batches": micro_batches }))?;
         let num = |k: &str| -> Result<f64> {

@@ -2,7 +2,7 @@
 //! training suite. `bench` writes the suite's blocks as llm.c token files ([`token_file`]),
 //! runs the binary from scratch with the suite's shape and schedule ([`setup`]), and reads its
 //! stdout as it prints ([`output`]): each `step N/M | loss … | … ms | …` line becomes the
-//! step [`crate::engines::Train::step`] returns, so the scenario logs, times (warm-up left out)
+//! step [`crate::engines::Stepwise::step`] returns, so the scenario logs, times (warm-up left out)
 //! and summarizes llm.c's steps as it does candle's and HF's ([`train`]).
 //!
 //! What is not the suite's: llm.c draws its own batches (B consecutive blocks of the token

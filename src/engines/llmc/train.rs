@@ -3,7 +3,7 @@
 
 use super::output::{parse_line, Line, StepLine};
 use super::LlmcEngine;
-use crate::engines::{TimedStep, Train};
+use crate::engines::{train_stepwise, AfterSteps, StepBook, Stepwise, TimedStep, Train, Trained};
 use crate::error::{Error, Result};
 use crate::train::StepOutcome;
 use std::path::Path;
@@ -25,6 +25,12 @@ impl LlmcEngine {
 }
 
 impl Train for LlmcEngine {
+    fn train<'a>(&mut self, book: &mut dyn StepBook<'a>, after: &AfterSteps) -> Result<Trained> {
+        train_stepwise(self, book, after)
+    }
+}
+
+impl Stepwise for LlmcEngine {
     /// llm.c draws its own micro-batches from the token file (the same blocks, its own order),
     /// so `micro_batches` only says how many blocks the step trains; the step is the one llm.c
     /// prints next, timed by llm.c (CUDA events around forward, backward and update).

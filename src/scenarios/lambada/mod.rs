@@ -1,38 +1,173 @@
-//! The LAMBADA scoring scenario: load, warm up, score every batch (timed; again, whole passes,
-//! until `--min-time` and `--min-batches`: [`super::passes`]), write the log, summarize. Per
-//! engine of the run: the same requests, batches and padding ([`data`]).
+//! The LAMBADA scoring scenario ([`Lambada`]): the requests, their batches and padding, the
+//! same for every engine of the run ([`data`]), and one batch scored into its record; the
+//! skeleton warms up, times every batch (again, whole passes, until `--min-time` and
+//! `--min-batches`: [`super::passes`]), writes the log and sums it up.
 
 pub mod data;
 
-use super::passes::{MinRun, Passes, Slot};
+use super::passes::{MinRun, Slot};
 use super::skeleton::{
-    base_header, candle_device, choose_config, cold_share, engine_args, engine_runs, final_memory,
-    finish_log, first_of_each_shape, gpu_index, group_stops, open_log, shows_progress,
-    warm_short_last, warmup_batches, GpuWatch, Padding, PROBE_SHAPES,
+    base_header, cold_share, first_of_each_shape, gpu_index, probe_status, warm_short_last,
+    warmup_batches, Opened, Padding, Timed, PROBE_SHAPES,
 };
 use super::spec::RunSpec;
 use crate::device::DeviceSpec;
-use crate::engines::registry;
+use crate::engines::registry::{self, EngineArgs};
 use crate::engines::{EngineKind, Request, Score};
 use crate::env::{EnvReport, GpuInfo};
-use crate::error::{message_without_backtrace, Error, Result};
+use crate::error::{Error, Result};
 use crate::flops::{lambada_forward_flops, mfu, peak_tflops, ModelShape};
-use crate::log::{RankLog, RunOutcome};
 use crate::metrics::BatchTotals;
 use crate::models::WeightSource;
 use crate::progress::Status;
-use crate::record::{BatchRecord, DataInfo, Header, Record, Summary};
+use crate::record::{describe_hf_config, BatchRecord, DataInfo, Header, Record, Summary};
 use crate::tokenizer::TextTokenizer;
 use data::{batch_shape, build_requests, passage_results};
+use std::ops::Range;
 use std::path::Path;
-use std::time::Instant;
 
-/// Scores `spec` with each engine it names, in order; one outcome per engine.
-pub fn run(spec: &RunSpec) -> Result<Vec<RunOutcome<Summary>>> {
-    engine_runs(spec)?
-        .iter()
-        .map(|(kind, weights)| run_engine(spec, *kind, weights))
-        .collect()
+/// LAMBADA scored as lm-eval `lambada_openai`, timed in passes ([`Timed`]).
+pub struct Lambada;
+
+/// A scoring engine's run: the requests, their batches, and what the timed batches add up to
+/// besides their records.
+pub struct Job {
+    requests: Vec<Request>,
+    batches: Batches,
+    shape: ModelShape,
+    /// Model FLOPs of the timed batches.
+    model_flops: f64,
+    /// The run's GPU peak (None on CPU or an unknown GPU) and how many devices share the work.
+    peak: Option<f64>,
+    devices: usize,
+}
+
+impl Timed for Lambada {
+    type Engine = dyn Score;
+    type Job = Job;
+    type Record = BatchRecord;
+    type Totals = BatchTotals;
+    type Warm<'a> = (&'a [Request], usize);
+
+    /// Data first (bad data fails before minutes of model loading), then the engine, the
+    /// requests cut to its length, the batches and HF's configuration probe.
+    fn start(
+        &self,
+        spec: &RunSpec,
+        kind: EngineKind,
+        args: &EngineArgs,
+    ) -> Result<(Opened<Self>, Header)> {
+        let tokenizer =
+            TextTokenizer::for_model(spec.tokenizer_dir.as_deref(), spec.model.architecture())?;
+        let mut passages = crate::data::lambada_passages(&spec.data)?;
+        if let Some(n) = spec.limit {
+            passages.truncate(n);
+        }
+        let mut started = start(spec, kind, args)?;
+        let max_len = max_len(spec, started.engine.as_ref())?;
+        let requests = tokenize(args.progress, &tokenizer, &passages, max_len)?;
+        let batches = Batches::of(spec, &requests, started.engine.max_positions());
+        let probe = batches.probe(&requests);
+        let probes = registry::entry(kind).probes;
+        let status = probe_status(probes, &spec.hf, args.progress, probe.len());
+        started
+            .engine
+            .choose_config(&probe, batches.cold_share(spec.min_run))?;
+        status.done(format!(
+            "HF ran {}",
+            describe_hf_config(&started.engine.info())
+        ));
+        let mut header = header(spec, &started, args.weights, &tokenizer, requests.len());
+        header.warmup_batches = batches.warmup.len();
+        if header.data.matches_reference == Some(false) && spec.is_logging_rank() {
+            eprintln!(
+                "warning: {} has sha256 {}, not the suite's {}: results are not comparable with the reference set",
+                header.data.path, header.data.sha256, spec.suite.data.sha256
+            );
+        }
+        let peak = header
+            .gpu_index
+            .and_then(|i| header.host.gpu(i))
+            .and_then(|g| peak_tflops(&g.name, spec.precision));
+        let per_pass = batches.list.len();
+        let rows_per_pass = requests.len();
+        let job = Job {
+            requests,
+            batches,
+            shape: ModelShape::of(&spec.model),
+            model_flops: 0.,
+            peak,
+            devices: spec.devices(),
+        };
+        let opened = Opened {
+            engine: started.engine,
+            job,
+            per_pass,
+            rows_per_pass,
+        };
+        Ok((opened, header))
+    }
+
+    fn warm_calls<'a>(&self, job: &'a Job) -> Vec<(&'a [Request], usize)> {
+        job.batches.warmup.iter().map(|&i| job.batch(i)).collect()
+    }
+
+    /// Scores the batch and turns the engine's per-token scores into its log record (its
+    /// passages on the first pass only: later ones repeat them).
+    fn step(
+        &self,
+        job: &mut Job,
+        engine: &mut (dyn Score + 'static),
+        slot: Slot,
+    ) -> Result<BatchRecord> {
+        let (batch, padded_len) = job.batch(slot.index);
+        let out = engine.score(batch, padded_len)?;
+        let mut passages = passage_results(batch, &out.scores)?;
+        if slot.pass > 0 {
+            passages.clear();
+        }
+        let flops = batch
+            .iter()
+            .map(|r| lambada_forward_flops(&job.shape, r.input.len(), r.target_tokens.len()))
+            .sum::<f64>();
+        let record = BatchRecord {
+            batch: slot.seq,
+            pass: slot.pass,
+            n_samples: batch.len(),
+            n_tokens: batch_shape(batch).n_tokens,
+            padded_len,
+            latency_ms: out.latency_ms,
+            passages,
+        };
+        job.model_flops += flops;
+        Ok(record)
+    }
+
+    fn measured(record: &BatchRecord) -> (f64, usize) {
+        (record.latency_ms, record.n_samples)
+    }
+
+    fn record(record: BatchRecord) -> Record {
+        Record::Batch(record)
+    }
+
+    /// The model FLOPs of the timed batches, and MFU against the run's GPUs.
+    fn complete(&self, job: &Job, summary: Summary) -> Summary {
+        let model_flops = (job.model_flops > 0.).then_some(job.model_flops);
+        let (achieved, mfu) = mfu(
+            model_flops.unwrap_or(0.),
+            summary.timed_seconds,
+            job.peak,
+            job.devices,
+        );
+        Summary {
+            model_flops,
+            achieved_tflop_per_second: achieved,
+            peak_tflop_per_second: job.peak,
+            mfu,
+            ..summary
+        }
+    }
 }
 
 /// An engine that scores, and what is known of its host.
@@ -42,11 +177,10 @@ struct Started {
     cuda_uuid: Option<String>,
 }
 
-/// Opens the engine `kind` on `weights` ([`registry::open_score`]); a child engine's GPU,
-/// which NVML sees without a CUDA context here, goes into the host report from its info.
-fn start(spec: &RunSpec, kind: EngineKind, weights: &WeightSource) -> Result<Started> {
-    let open = || candle_device(spec);
-    let engine = registry::open_score(kind, &engine_args(spec, weights, &open))?;
+/// Opens the engine `kind` ([`registry::open_score`]); a child engine's GPU, which NVML sees
+/// without a CUDA context here, goes into the host report from its info.
+fn start(spec: &RunSpec, kind: EngineKind, args: &EngineArgs) -> Result<Started> {
+    let engine = registry::open_score(kind, args)?;
     let mut host = EnvReport::collect();
     if let (true, Some(gpu)) = (host.gpus.is_empty(), engine.info().get("gpu").cloned()) {
         let index = match spec.device {
@@ -79,14 +213,15 @@ fn max_len(spec: &RunSpec, engine: &dyn Score) -> Result<usize> {
 }
 
 /// The passages as requests ([`build_requests`]), saying so: the full set takes a moment.
+/// `progress`: this process shows it.
 pub(crate) fn tokenize(
-    spec: &RunSpec,
+    progress: bool,
     tokenizer: &TextTokenizer,
     passages: &[(usize, String)],
     max_len: usize,
 ) -> Result<Vec<Request>> {
     let n = passages.len();
-    let status = Status::spinner(shows_progress(spec), format!("tokenizing {n} passages"));
+    let status = Status::spinner(progress, format!("tokenizing {n} passages"));
     let requests = build_requests(tokenizer, passages, max_len)?;
     let secs = status.elapsed().as_secs_f64();
     status.done(format!("tokenized {n} passages in {secs:.2} s"));
@@ -107,6 +242,7 @@ pub(crate) fn data_info(spec: &RunSpec, n_samples: usize) -> DataInfo {
     }
 }
 
+/// The log header: the shared fields, the engine's, the data's.
 fn header(
     spec: &RunSpec,
     started: &Started,
@@ -136,88 +272,39 @@ fn header(
     }
 }
 
-fn run_engine(
-    spec: &RunSpec,
-    kind: EngineKind,
-    weights: &WeightSource,
-) -> Result<RunOutcome<Summary>> {
-    let wall = Instant::now();
-    let tokenizer =
-        TextTokenizer::for_model(spec.tokenizer_dir.as_deref(), spec.model.architecture())?;
-    // Data first: bad data fails before minutes of model loading.
-    let mut passages = crate::data::lambada_passages(&spec.data)?;
-    if let Some(n) = spec.limit {
-        passages.truncate(n);
-    }
-    let mut started = start(spec, kind, weights)?;
-    let requests = tokenize(
-        spec,
-        &tokenizer,
-        &passages,
-        max_len(spec, started.engine.as_ref())?,
-    )?;
-    let batches = Batches::of(spec, &requests, started.engine.max_positions());
-    let probe = batches.probe();
-    choose_config(spec, kind, probe.len(), || {
-        started
-            .engine
-            .choose_config(&probe, batches.cold_share(spec.min_run))?;
-        Ok(started.engine.info())
-    })?;
-    let mut header = header(spec, &started, weights, &tokenizer, requests.len());
-    header.warmup_batches = batches.warmup.len();
-    if header.data.matches_reference == Some(false) && spec.is_logging_rank() {
-        eprintln!(
-            "warning: {} has sha256 {}, not the suite's {}: results are not comparable with the reference set",
-            header.data.path, header.data.sha256, spec.suite.data.sha256
-        );
-    }
-    // Every rank runs every batch (each forward has all-reduces); only rank 0 logs.
-    let mut log = open_log(spec, &header)?;
-    let mut scored = score_all(spec, &header, started.engine.as_mut(), &batches, &mut log)?;
-    let failure = scored.failure.take();
-    let summary = finish(
-        spec,
-        &header,
-        started.engine.as_mut(),
-        scored,
-        failure.as_ref(),
-        wall,
-    );
-    finish_log(log, header, summary, Record::Summary, failure)
-}
-
-/// What the scored batches of a run left: their totals, the model FLOPs of the timed batches,
-/// what the GPU trackers saw, and the error that ended the run early.
-struct Scored {
-    totals: BatchTotals,
-    model_flops: f64,
-    gpu: super::skeleton::GpuFigures,
-    /// The engine's compilations inside the timed batches (compiled HF).
-    compiles: Option<u64>,
-    failure: Option<Error>,
-}
-
-/// The run's batches in file order, each with the length it is padded to, and which of them
-/// warm up.
-struct Batches<'a> {
-    list: Vec<(&'a [Request], usize)>,
+/// The run's batches in file order, each a range of the requests with the length it is padded
+/// to, and which of them warm up.
+struct Batches {
+    list: Vec<(Range<usize>, usize)>,
     warmup: Vec<usize>,
 }
 
-impl<'a> Batches<'a> {
+impl Job {
+    /// Batch `i` and its padded length.
+    fn batch(&self, i: usize) -> (&[Request], usize) {
+        let (rows, padded) = &self.batches.list[i];
+        (&self.requests[rows.clone()], *padded)
+    }
+}
+
+impl Batches {
     /// `--batch-size` passages a batch, padded by `--pad-multiple` (never past `max_positions`).
     /// The warm-up is the first `--warmup` batches and, with `--pad-multiple` above 1, the
     /// first batch of every shape besides (rows × padded length: the last batch's fewer rows
     /// are a shape of their own, on which torch.compile compiles again).
-    fn of(spec: &RunSpec, requests: &'a [Request], max_positions: usize) -> Self {
+    fn of(spec: &RunSpec, requests: &[Request], max_positions: usize) -> Self {
         let pad = Padding {
             multiple: spec.pad_multiple,
             cap: max_positions,
         };
-        let list: Vec<(&[Request], usize)> = requests
-            .chunks(spec.batch_size.max(1))
-            .map(|b| (b, pad.len(batch_shape(b).longest)))
+        let size = spec.batch_size.max(1);
+        let list: Vec<(Range<usize>, usize)> = (0..requests.len())
+            .step_by(size)
+            .map(|start| {
+                let rows = start..(start + size).min(requests.len());
+                let padded = pad.len(batch_shape(&requests[rows.clone()]).longest);
+                (rows, padded)
+            })
             .collect();
         let mut warmup = warmup_batches(&shapes(&list), spec.warmup_batches, spec.pad_multiple > 1);
         let rows: Vec<usize> = list.iter().map(|b| b.0.len()).collect();
@@ -234,135 +321,16 @@ impl<'a> Batches<'a> {
     }
 
     /// The first batch of each of the first padded lengths: what HF's probe times.
-    fn probe(&self) -> Vec<(&'a [Request], usize)> {
+    fn probe<'a>(&self, requests: &'a [Request]) -> Vec<(&'a [Request], usize)> {
         let lens: Vec<usize> = self.list.iter().map(|b| b.1).collect();
         first_of_each_shape(&lens, PROBE_SHAPES)
             .into_iter()
-            .map(|i| self.list[i])
+            .map(|i| (&requests[self.list[i].0.clone()], self.list[i].1))
             .collect()
     }
 }
 
-/// Untimed warm-up batches, then every batch timed and logged as it finishes, pass after
-/// pass until the run's minimums are reached.
-fn score_all(
-    spec: &RunSpec,
-    header: &Header,
-    engine: &mut dyn Score,
-    batches: &Batches,
-    log: &mut RankLog,
-) -> Result<Scored> {
-    // Untimed warm-up batches: CUDA loads candle's PTX kernels, cuBLAS creates handles and the
-    // memory pools grow on first use (and a compiled HF model compiles each new shape); none
-    // of that is the model's speed. A failure here (an out-of-memory at a large batch) is
-    // recorded like one in the timed batches.
-    let mut failure = batches
-        .warmup
-        .iter()
-        .map(|&i| batches.list[i])
-        .find_map(|(batch, padded)| engine.score(batch, padded).err());
-    // NVML trackers over the timed loop only (warm-up excluded, as for latency).
-    let watch = GpuWatch::start(spec.device, header.gpu_index, engine.pid());
-    let compiled_before = engine.compiles();
-    let shape = ModelShape::of(&spec.model);
-    let (mut totals, mut model_flops) = (BatchTotals::default(), 0.);
-    let n_passages = batches.list.iter().map(|b| b.0.len()).sum::<usize>();
-    let bar = crate::progress::passages(spec.progress && spec.is_logging_rank(), n_passages as u64);
-    let mut passes = Passes::new(spec.min_run, batches.list.len());
-    while let Some(slot) = passes.next(|stop| group_stops(spec, stop))? {
-        if failure.is_some() {
-            break;
-        }
-        if slot.pass > 0 && slot.index == 0 {
-            bar.inc_length(n_passages as u64);
-        }
-        let (batch, padded) = batches.list[slot.index];
-        let record = match score_one(engine, slot, batch, padded) {
-            Ok(r) => r,
-            Err(e) => {
-                failure = Some(e);
-                break;
-            }
-        };
-        passes.timed(record.latency_ms);
-        model_flops += batch
-            .iter()
-            .map(|r| lambada_forward_flops(&shape, r.input.len(), r.target_tokens.len()))
-            .sum::<f64>();
-        totals.add(&record);
-        log.write(&Record::Batch(record))?;
-        bar.inc(batch.len() as u64);
-    }
-    bar.finish_and_clear();
-    Ok(Scored {
-        totals,
-        model_flops,
-        gpu: GpuWatch::stop(watch),
-        compiles: engine.compiles().zip(compiled_before).map(|(a, b)| a - b),
-        failure,
-    })
-}
-
 /// (rows, padded length) of each batch: what a compiled engine compiles for.
-fn shapes(list: &[(&[Request], usize)]) -> Vec<(usize, usize)> {
+fn shapes(list: &[(Range<usize>, usize)]) -> Vec<(usize, usize)> {
     list.iter().map(|(b, len)| (b.len(), *len)).collect()
-}
-
-/// Scores the batch of `slot`, padded to `padded_len`, and turns the engine's per-token scores
-/// into its log record (its passages on the first pass only: later ones repeat them).
-fn score_one(
-    engine: &mut dyn Score,
-    slot: Slot,
-    batch: &[Request],
-    padded_len: usize,
-) -> Result<BatchRecord> {
-    let out = engine.score(batch, padded_len)?;
-    let mut passages = passage_results(batch, &out.scores)?;
-    if slot.pass > 0 {
-        passages.clear();
-    }
-    Ok(BatchRecord {
-        batch: slot.seq,
-        pass: slot.pass,
-        n_samples: batch.len(),
-        n_tokens: batch_shape(batch).n_tokens,
-        padded_len,
-        latency_ms: out.latency_ms,
-        passages,
-    })
-}
-
-/// The run's summary: totals, memory (engine's), GPU trackers, FLOPs and MFU.
-fn finish(
-    spec: &RunSpec,
-    header: &Header,
-    engine: &mut dyn Score,
-    scored: Scored,
-    failure: Option<&Error>,
-    wall: Instant,
-) -> Summary {
-    let mem = final_memory(engine, failure.is_some());
-    let failure = failure.map(|e| message_without_backtrace(&e.to_string()));
-    let summary = scored
-        .totals
-        .summary(failure, wall.elapsed().as_secs_f64(), mem);
-    let peak = header
-        .gpu_index
-        .and_then(|i| header.host.gpu(i))
-        .and_then(|g| peak_tflops(&g.name, spec.precision));
-    let model_flops = (scored.model_flops > 0.).then_some(scored.model_flops);
-    let (achieved, mfu) = mfu(
-        model_flops.unwrap_or(0.),
-        summary.timed_seconds,
-        peak,
-        spec.devices(),
-    );
-    scored.gpu.apply(Summary {
-        model_flops,
-        achieved_tflop_per_second: achieved,
-        peak_tflop_per_second: peak,
-        mfu,
-        compiles_timed: scored.compiles,
-        ..summary
-    })
 }
