@@ -167,6 +167,9 @@ fn llmc_gets_the_suites_tokens_and_its_steps_become_the_run_log() {
     assert_eq!((h.engine.as_str(), h.dtype.as_str()), ("llmc", "bf16"));
     assert_eq!(h.train.as_ref().unwrap().n_train_blocks, n_train);
     assert!(h.train.as_ref().unwrap().timing.contains("llm.c"));
+    // Dropout was asked (the config's; no --no-dropout), but llm.c has none: the header says
+    // what was trained.
+    assert!(!h.train.as_ref().unwrap().dropout);
     let workdir = PathBuf::from(&h.engine_info["workdir"]);
     let cwd = std::fs::read_to_string(work.path().join("cwd.txt")).unwrap();
     assert_eq!(Path::new(cwd.trim()), workdir);

@@ -171,6 +171,11 @@ pub struct Trained {
 /// the steps), then what `after` asks.
 pub trait Train: Engine {
     fn train<'a>(&mut self, book: &mut dyn StepBook<'a>, after: &AfterSteps) -> Result<Trained>;
+    /// Whether the engine applies the model's dropout when the run asks for it (the header's
+    /// `dropout` is what was trained, not what was asked).
+    fn applies_dropout(&self) -> bool {
+        true
+    }
 }
 
 /// An engine that trains one call at a time from here (the HF worker's ops, llm.c's output

@@ -28,6 +28,10 @@ impl Train for LlmcEngine {
     fn train<'a>(&mut self, book: &mut dyn StepBook<'a>, after: &AfterSteps) -> Result<Trained> {
         train_stepwise(self, book, after)
     }
+    /// train_gpt2cu has no dropout.
+    fn applies_dropout(&self) -> bool {
+        false
+    }
 }
 
 impl Stepwise for LlmcEngine {

@@ -204,7 +204,7 @@ fn header(
             grad_accum: opts.grad_accum,
             epochs: prep.total_steps as f64 / prep.steps_per_epoch as f64,
             max_steps: prep.total_steps,
-            dropout: opts.dropout,
+            dropout: opts.dropout && engine.applies_dropout(),
             drop_last: opts.drop_last,
             hyper: prep.hyper.clone(),
             timing: format!(
