@@ -4,7 +4,8 @@
 #   ab      the previous binary and this one alternating, $AB_ROUNDS (2) rounds, candle, bf16:
 #           generation suite (prompt 128 + 128, $AB_PROMPTS (5) prompts) gpt2 batch 1 and 16,
 #           bloom-560m batch 16; LAMBADA scoring bloom-560m batch 16 (first $AB_LIMIT (1600)).
-#           This binary runs one pass (--min-time 0 --min-batches 0), as the previous one did.
+#           This binary runs one pass (--min-time 0 --min-batches 0), as the previous one did
+#           (AB_BEFORE_MINIMUMS=1: a previous binary that has the flags gets them too).
 #   train   WikiText-2 fine-tuning of gpt2, the two binaries alternating ABBA, $AB_ROUNDS rounds.
 #   repeat  `--repeat 5` of gpt2 LAMBADA scoring, batch 16: with this binary's minimums
 #           (10 s and 10 batches on a GPU) and with one pass (the previous behaviour).
@@ -32,7 +33,9 @@ for stage in "$@"; do
     for r in $(seq 1 "${AB_ROUNDS:-2}"); do
       for who in before new; do
         bin=/tmp/bench; one=(--min-time 0 --min-batches 0)
-        [ $who = before ] && { bin=/tmp/bench-before; one=(); }
+        # A previous binary without --min-time / --min-batches (before 0f427b1) runs one pass
+        # anyway; AB_BEFORE_MINIMUMS=1 passes it the flags too.
+        [ $who = before ] && { bin=/tmp/bench-before; [ -n "${AB_BEFORE_MINIMUMS:-}" ] || one=(); }
         run "r$r-$who-gen-gpt2-bs1" $bin "${G[@]}" --model gpt2 --batch-size 1 "${one[@]}"
         run "r$r-$who-gen-gpt2-bs16" $bin "${G[@]}" --model gpt2 --batch-size 16 "${one[@]}"
         run "r$r-$who-gen-bloom-560m-bs16" $bin "${G[@]}" --model bloom-560m --batch-size 16 "${one[@]}"
