@@ -82,6 +82,9 @@ csvs() {
   # header of its run in the dropout sweep says on: left out.
   part c5 -i $M/train-table-run1/train-compare-logs.tgz \
     --where run!=wikitext2_gpt2_llmc_bf16_bs8_cuda0_20261126T043607Z
+  # 739a545: the three engines at gpt2-medium batch 16 and 32, gpt2-large batch 16, 20 timed
+  # steps (a fresh machine).
+  part c6 -i $M/train-table-run2/train-compare-logs.tgz
   host h100
   # 2× H100 (#34, #40): tp on 76b0da8 (multi-run1's own logs, not its smoke stage's tiny
   # models), dp on 7c35eef without the withdrawn bf16 gradient sum, the strategies, and HF's
@@ -185,7 +188,7 @@ intro() {
     "its log's header holds the command line, GPU, driver, CUDA version and the binary's commit." \
     "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
     "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
-    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..5, gen-final-run1, gen-7b1-hf-run1, train-run8, train-run8-repeat, train-run10, dropout-run3, train-table-run1 |" \
+    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..5, gen-final-run1, gen-7b1-hf-run1, train-run8, train-run8-repeat, train-run10, dropout-run3, train-table-run1..2 |" \
     "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
     "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6, multi-run12 |" \
