@@ -165,6 +165,37 @@ fn residual_add_with_dropout_matches_the_two_kernels() {
         .is_none());
 }
 
+/// The training forward's token + position sum in one kernel against the f32 sum of the
+/// gathered rows rounded once (f32, bf16: the same bits), T below wpe's rows, an id past the
+/// vocabulary giving a zero row.
+#[test]
+fn embedding_fwd_matches_gather_then_add() {
+    let (dev, _one_at_a_time) = gpu();
+    let (v, p, c) = (37, 20, 64);
+    let ids = Tensor::new(&[[3u32, 0, 36, 3, 7], [1, 2, 3, 4, 36]], &dev).unwrap(); // (2, 5)
+    for dtype in [DType::F32, DType::BF16] {
+        let wte = randn(&[v, c], &dev).to_dtype(dtype).unwrap();
+        let wpe = randn(&[p, c], &dev).to_dtype(dtype).unwrap();
+        let got = embedding_fwd(&wte, &wpe, &ids).unwrap().expect("applies");
+        let tok = wte.index_select(&ids.flatten_all().unwrap(), 0).unwrap(); // (10, C)
+        let pos = wpe.narrow(0, 0, 5).unwrap().repeat((2, 1)).unwrap(); // (10, C)
+        let f32 = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+        let want = (f32(&tok) + f32(&pos)).unwrap().to_dtype(dtype).unwrap();
+        assert_eq!(got.dims(), [10, c]);
+        assert_eq!(rel(&got, &want), 0., "{dtype:?}");
+    }
+    let wte = randn(&[v, c], &dev);
+    let wpe = randn(&[p, c], &dev);
+    let past = Tensor::new(&[[40u32, 1]], &dev).unwrap();
+    let rows = embedding_fwd(&wte, &wpe, &past).unwrap().expect("applies");
+    let first = rows.get(0).unwrap().abs().unwrap().sum_all().unwrap();
+    assert_eq!(
+        first.to_scalar::<f32>().unwrap(),
+        0.,
+        "an id past V is a zero row"
+    );
+}
+
 /// The cross-entropy kernels against the composed loss (`--fused none`), fp32 and bf16 logits,
 /// a vocabulary that is not a multiple of the block, and logits padded past the vocabulary
 /// (a padded lm head): the padded columns are ignored and get a zero gradient.

@@ -1,8 +1,9 @@
-//! The token embedding's gradient as one scatter-add kernel (`--fused embedding`; kernel in
-//! embedding.cu) instead of candle's `index_add`, which walked the rows one at a time.
+//! The token embedding's gradient as one scatter-add kernel (`--fused embedding`; kernels in
+//! embedding.cu) instead of candle's `index_add`, which walked the rows one at a time; and the
+//! training forward's token + position sum in one pass instead of a gather and a broadcast add.
 //!
-//! Shapes: N tokens, C channels, V vocabulary. ids (N,) u32; demb (N, C) f32; the gradient it
-//! adds to (V, C) f32.
+//! Shapes: N tokens (B·T), C channels, V vocabulary. ids (N,) u32; demb (N, C) f32; the
+//! gradient it adds to (V, C) f32; wte (V, C), wpe (≥ T, C), the sum (N, C).
 
 use super::{enabled, Fused};
 use candle_core::{Result, Tensor};
@@ -16,7 +17,17 @@ pub fn embedding_bwd(dst: &Tensor, ids: &Tensor, demb: &Tensor) -> Result<Option
     imp::embedding_bwd(dst, ids, demb)
 }
 
-/// The CPU runs candle's index_add.
+/// wte[ids] + wpe[position] for ids (B, T): (B·T, C), the sum in f32 rounded once (candle's
+/// gather then broadcast add). None where it does not apply (CPU, switched off, dtypes that
+/// differ, rows not whole 16-byte vectors).
+pub fn embedding_fwd(wte: &Tensor, wpe: &Tensor, ids: &Tensor) -> Result<Option<Tensor>> {
+    if !enabled(Fused::Embedding) {
+        return Ok(None);
+    }
+    imp::embedding_fwd(wte, wpe, ids)
+}
+
+/// The CPU runs candle's index_add, gather and add.
 #[cfg(not(feature = "cuda"))]
 mod imp {
     use candle_core::{Result, Tensor};
@@ -24,11 +35,17 @@ mod imp {
     pub fn embedding_bwd(_: &Tensor, _: &Tensor, _: &Tensor) -> Result<Option<Tensor>> {
         Ok(None)
     }
+    pub fn embedding_fwd(_: &Tensor, _: &Tensor, _: &Tensor) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
 }
 
 #[cfg(feature = "cuda")]
 mod imp {
-    use crate::kernels::launch::{alloc, kernel, launch, no_cpu_fwd, ptx, view, Ptx};
+    use crate::kernels::launch::{
+        aligned16, alloc, flat_config, float_dtype, kernel, launch, no_cpu_fwd, ptx, view,
+        with_dtype, Ptx,
+    };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::{bail, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
@@ -91,5 +108,56 @@ mod imp {
         }
         let (dst, ids, demb) = (dst.contiguous()?, ids.contiguous()?, demb.contiguous()?);
         Ok(Some(dst.apply_op3_no_bwd(&ids, &demb, &EmbeddingBwd)?))
+    }
+
+    /// wte[ids] + wpe[position], ids (B, T) (the op's shape gives T).
+    struct EmbeddingFwd;
+
+    impl CustomOp3 for EmbeddingFwd {
+        fn name(&self) -> &'static str {
+            "tb-embedding-fwd"
+        }
+        no_cpu_fwd!(CustomOp3);
+        fn cuda_fwd(
+            &self,
+            ids: &CudaStorage,
+            il: &Layout,
+            wte: &CudaStorage,
+            tl: &Layout,
+            wpe: &CudaStorage,
+            pl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
+            let dev = wte.device().clone();
+            let (b, t) = il.shape().dims2()?;
+            let (vocab, c) = tl.shape().dims2()?;
+            let cv = c * wte.dtype().size_in_bytes() / 16;
+            let func = kernel!(dev, PTX, "tb_embedding_fwd", wte.dtype())?;
+            with_dtype!(wte.dtype(), T => {
+                let (iv, tv, pv) = (view::<u32>(ids, il)?, view::<T>(wte, tl)?, view::<T>(wpe, pl)?);
+                let out = alloc::<T>(&dev, b * t * c)?;
+                let (rows, t_i, cv_i, vocab_i) = ((b * t) as i64, t as i32, cv as i32, vocab as i64);
+                // SAFETY: ids holds B·T ids, wte V·C and wpe ≥ T·C elements, out B·T·C; rows
+                // are whole 16-byte vectors from aligned starts (checked by embedding_fwd);
+                // ids ≥ V give zero rows.
+                launch!(unsafe func, flat_config(b * t * cv); &iv, &tv, &pv, &out, &rows, &t_i,
+                    &cv_i, &vocab_i)?;
+                Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((b * t, c))))
+            })
+        }
+    }
+
+    pub fn embedding_fwd(wte: &Tensor, wpe: &Tensor, ids: &Tensor) -> Result<Option<Tensor>> {
+        let (Ok((_, c)), Ok((p, pc)), Ok((_, t))) = (wte.dims2(), wpe.dims2(), ids.dims2()) else {
+            return Ok(None);
+        };
+        let same = wte.dtype() == wpe.dtype() && float_dtype(wte) && c == pc && t <= p;
+        let whole = (c * wte.dtype().size_in_bytes()).is_multiple_of(16);
+        if !wte.device().is_cuda() || !same || !whole || ids.dtype() != DType::U32 {
+            return Ok(None);
+        }
+        if !aligned16(wte) || !aligned16(wpe) || !ids.is_contiguous() {
+            return Ok(None);
+        }
+        Ok(Some(ids.apply_op3_no_bwd(wte, wpe, &EmbeddingFwd)?))
     }
 }

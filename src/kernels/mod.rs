@@ -42,7 +42,7 @@ pub use bias_act::{bias_act, bias_act_bwd, bias_grad};
 pub use cross_entropy::{cross_entropy, cross_entropy_bwd, cross_entropy_bwd_in_place};
 pub use decode_attention::{decode_attention, decode_begin, CacheSlot, QkvLayout};
 pub use dropout::{apply_keep, draw_keep, dropout, keep_mask, set_dropout_seed, Keep};
-pub use embedding::embedding_bwd;
+pub use embedding::{embedding_bwd, embedding_fwd};
 pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
 pub use gemv::gemv;
 pub use graph::{capture, param_cache, replays, Graph, ParamCache};
@@ -89,7 +89,7 @@ pub enum Fused {
     /// replayed (needs `decode`).
     Graph,
     /// Training: the token embedding's gradient as one scatter-add kernel (instead of
-    /// candle's row-by-row index_add).
+    /// candle's row-by-row index_add), and the forward's token + position sum in one pass.
     Embedding,
     /// Training: the attention's head split and merge as one vectorised copy each (instead of
     /// candle's strided copy).

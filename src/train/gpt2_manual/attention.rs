@@ -12,7 +12,37 @@
 //! trains unpadded rows only, which is what lets the fused kernels apply it themselves).
 
 use crate::kernels::{self, Keep};
-use candle_core::{bail, DType, Result, Shape, Tensor, D};
+use crate::models::attention::causal_padding_bias;
+use candle_core::{bail, DType, Device, Result, Shape, Tensor, D};
+use std::sync::OnceLock;
+
+/// The composed path's causal bias, made from its (B, T) shape and device when first asked
+/// for (the fused kernels never ask).
+pub struct LazyBias {
+    shape: (usize, usize),
+    device: Device,
+    made: OnceLock<Tensor>,
+}
+
+impl LazyBias {
+    pub fn new(batch: usize, time: usize, device: &Device) -> Self {
+        Self {
+            shape: (batch, time),
+            device: device.clone(),
+            made: OnceLock::new(),
+        }
+    }
+
+    /// The bias (B, 1, T, T) f32 of causal rows without padding.
+    pub fn get(&self) -> Result<Tensor> {
+        if let Some(b) = self.made.get() {
+            return Ok(b.clone());
+        }
+        let mask = Tensor::ones(self.shape, DType::U32, &self.device)?;
+        let bias = causal_padding_bias(&mask)?;
+        Ok(self.made.get_or_init(|| bias).clone())
+    }
+}
 
 impl Kept {
     /// The dropout mask this forward drew (None without dropout).
@@ -55,7 +85,7 @@ pub struct Composed {
 pub fn attention(
     qkv: &Tensor,
     nh: usize,
-    bias: &Tensor,
+    bias: &LazyBias,
     scale: f64,
     p_drop: f32,
     redraw: Option<Option<Keep>>,
@@ -88,7 +118,7 @@ pub fn attention(
     }; // (3, B, nh, T, hs)
     let (q, k, v) = (qkv.get(0)?, qkv.get(1)?, qkv.get(2)?);
     let s = q.matmul(&k.t()?)?; // (B, nh, T, T)
-    let (probs, dropped) = softmax(&s, bias, scale, &keep, v.dtype())?;
+    let (probs, dropped) = softmax(&s, &bias.get()?, scale, &keep, v.dtype())?;
     let y = dropped.matmul(&v)?; // (B, nh, T, hs)
     let y = match kernels::merge_heads(&[&y])? {
         Some(merged) => merged,

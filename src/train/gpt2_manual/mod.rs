@@ -21,10 +21,10 @@ mod ops;
 pub mod params;
 
 use crate::kernels::{self, Keep};
-use crate::models::attention::causal_padding_bias;
 use crate::models::gpt2::Config;
 use crate::models::layers::{Activation, Dropout};
 use crate::models::loss::{cross_entropy_rows, cross_entropy_rows_grad, head_padding};
+use attention::LazyBias;
 use candle_core::{DType, Device, Result, Tensor};
 use params::{Block, Gpt2Params, Group, Norm};
 use std::borrow::Cow;
@@ -122,12 +122,15 @@ impl Gpt2Step {
         }
         let (c, eps) = (self.cfg.n_embd, self.cfg.layer_norm_epsilon);
         let ctx = self.ctx(b, t, ids.device())?;
-        let tok = self.w.wte.index_select(&ids.flatten_all()?, 0)?; // (N, C)
-        let pos = self.w.wpe.narrow(0, 0, t)?; // (T, C)
-        let x = tok
-            .reshape((b, t, c))?
-            .broadcast_add(&pos)?
-            .reshape((b * t, c))?;
+        let x = match kernels::embedding_fwd(&self.w.wte, &self.w.wpe, ids)? {
+            Some(x) => x, // (N, C)
+            None => {
+                let tok = self.w.wte.index_select(&ids.flatten_all()?, 0)?; // (N, C)
+                let pos = self.w.wpe.narrow(0, 0, t)?; // (T, C)
+                let x = tok.reshape((b, t, c))?.broadcast_add(&pos)?;
+                x.reshape((b * t, c))?
+            }
+        };
         let (mut x, drop_embd) = ops::dropout(&x, self.dropout.embd)?;
         let mut blocks = Vec::with_capacity(self.cfg.n_layer);
         for i in 0..self.cfg.n_layer {
@@ -263,7 +266,6 @@ impl Gpt2Step {
     }
 
     fn ctx(&self, batch: usize, time: usize, device: &Device) -> Result<block::Ctx> {
-        let mask = Tensor::ones((batch, time), DType::U32, device)?;
         Ok(block::Ctx {
             batch,
             time,
@@ -271,7 +273,7 @@ impl Gpt2Step {
             eps: self.cfg.layer_norm_epsilon,
             act: self.act,
             dropout: self.dropout,
-            bias: causal_padding_bias(&mask)?, // (B, 1, T, T)
+            bias: LazyBias::new(batch, time, device), // (B, 1, T, T)
         })
     }
 }

@@ -1,9 +1,8 @@
 //! The manual step against candle's autograd of the model's ops (CPU, fp32): every parameter's
 //! gradient, the losses of a few optimizer steps, and the dropout backward's masks.
 
-use super::attention::{attention, attention_bwd};
+use super::attention::{attention, attention_bwd, LazyBias};
 use super::ops::{dropout, dropout_bwd};
-use crate::models::attention::causal_padding_bias;
 use crate::models::gpt2::Config;
 use crate::models::{Architecture, ModelSpec, WeightSource};
 use crate::record::Hyper;
@@ -176,7 +175,7 @@ fn attention_backward_applies_the_forward_mask() {
     let dev = Device::Cpu;
     let (b, t, nh, hs) = (2, 7, 3, 4);
     let qkv = Tensor::randn(0f32, 1., (b, t, 3 * nh * hs), &dev).unwrap();
-    let bias = causal_padding_bias(&Tensor::ones((b, t), DType::U32, &dev).unwrap()).unwrap();
+    let bias = LazyBias::new(b, t, &dev);
     let (out, kept) = attention(&qkv, nh, &bias, 0.5, 0.5, None).unwrap(); // (B·T, C)
     let g = Tensor::randn(0f32, 1., out.shape(), &dev).unwrap();
     let dqkv = attention_bwd(&kept, &g, 0.5).unwrap(); // (B·T, 3C)
