@@ -26,7 +26,7 @@ fn main() {
 
 /// The kernel families of src/kernels: each `<name>.cu` -> `$OUT_DIR/<name>.ptx`, embedded by
 /// src/kernels/<name>.rs (`ptx!`) and loaded as its own module.
-const KERNELS: [&str; 16] = [
+const KERNELS: [&str; 17] = [
     "adamw",
     "argmax",
     "attn_softmax",
@@ -36,6 +36,7 @@ const KERNELS: [&str; 16] = [
     "dropout",
     "embedding",
     "flash_attn",
+    "flash_prefill",
     "gemv",
     "heads",
     "layer_norm",
@@ -45,7 +46,7 @@ const KERNELS: [&str; 16] = [
     "skinny",
 ];
 /// The headers those `.cu` files include.
-const HEADERS: [&str; 2] = ["common.cuh", "dropout.cuh"];
+const HEADERS: [&str; 3] = ["common.cuh", "dropout.cuh", "flash_tiles.cuh"];
 
 /// PTX for the compute capability in CUDA_COMPUTE_CAP (as candle's kernels; default 80, the
 /// first with bf16), compiled by the driver at first use.

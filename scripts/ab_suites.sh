@@ -7,6 +7,9 @@
 #           This binary runs one pass (--min-time 0 --min-batches 0), as the previous one did
 #           (AB_BEFORE_MINIMUMS=1: a previous binary that has the flags gets them too).
 #   train   WikiText-2 fine-tuning of gpt2, the two binaries alternating ABBA, $AB_ROUNDS rounds.
+#   score   LAMBADA scoring, batch 16, the whole set, the two binaries alternating ABBA,
+#           $AB_ROUNDS rounds, on each of $AB_MODELS (gpt2 bloom-560m bloom-7b1), both with
+#           the GPU's minimums (10 s and 10 batches).
 #   repeat  `--repeat 5` of gpt2 LAMBADA scoring, batch 16: with this binary's minimums
 #           (10 s and 10 batches on a GPU) and with one pass (the previous behaviour).
 # Logs -> $OUT/ab-logs.tgz after every run; console -> $OUT/ab.txt.
@@ -58,11 +61,23 @@ for stage in "$@"; do
       done
     done
     ;;
+  score)
+    S=(--suite lambada --data .gpu/lambada_test.jsonl --batch-size 16)
+    for m in ${AB_MODELS:-gpt2 bloom-560m bloom-7b1}; do
+      for r in $(seq 1 "${AB_ROUNDS:-2}"); do
+        order="before new"; [ $((r % 2)) = 0 ] && order="new before"
+        for who in $order; do
+          bin=/tmp/bench; [ $who = before ] && bin=/tmp/bench-before
+          run "r$r-$who-score-$m-bs16" $bin "${S[@]}" --model "$m"
+        done
+      done
+    done
+    ;;
   repeat)
     S=(--suite lambada --data .gpu/lambada_test.jsonl --model gpt2 --batch-size 16 --repeat 5)
     run repeat-minimums /tmp/bench "${S[@]}"
     run repeat-one-pass /tmp/bench "${S[@]}" --min-time 0 --min-batches 0
     ;;
-  *) echo "unknown stage $stage (ab, train, repeat)" >&2; exit 2 ;;
+  *) echo "unknown stage $stage (ab, train, score, repeat)" >&2; exit 2 ;;
   esac
 done

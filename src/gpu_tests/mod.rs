@@ -5,7 +5,7 @@
 //! the CPU for AdamW); fp32 tolerances are rounding-level, half precision ones a few bf16 ulps.
 //!
 //! One file a family: the projections (`matmul`), the one-pass layer kernels (`ops`),
-//! attention (`attention`), the optimizer step (`optimizer`), whole models forward and in
+//! attention (`attention`), the scoring forward's attention (`prefill`), the optimizer step (`optimizer`), whole models forward and in
 //! training (`models`), generation (`decode`). Here: what they share.
 
 use crate::kernels::*;
@@ -19,6 +19,7 @@ mod matmul;
 mod models;
 mod ops;
 mod optimizer;
+mod prefill;
 
 /// The tests switch `--fused` process-wide (reference runs use none): one at a time.
 static SWITCH: std::sync::Mutex<()> = std::sync::Mutex::new(());

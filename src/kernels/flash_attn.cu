@@ -11,50 +11,17 @@
 // tiles of the other side up to the diagonal (causal), the next tile copied in (cp.async)
 // while this one is used. Every product is warp-local; the shared tiles are the operands all
 // four warps read.
-// The fragments' element → (row, col) map is unspecified, so each warp reads it once from a
-// fragment loaded with r·16 + c: the element-wise steps run in registers. The row reductions
-// rely on one more fact, checked at start (a trap if not): a lane's rows are lane/4 and
-// lane/4 + 8, so a row's elements sit in one quad of lanes.
+// The tile helpers (fragment map, loads, products, stores) are flash_tiles.cuh's.
 // lse is kept in base 2 (m·log2 e + log2 l): the scores are scaled by scale·log2 e once.
 // Dropout on the probabilities (#36): the mask of dropout.cuh's hash over the (B, nh, T, T)
 // probabilities' flat index, drawn in the forward and redrawn in both backward kernels; the
 // row sums and lse stay those of the undropped probabilities, dsum = Σ dy·y holds as is.
-#include "common.cuh"
 #include "dropout.cuh"
-#include <mma.h>
-using namespace nvcuda;
+#include "flash_tiles.cuh"
 
 #define HS 64
-#define TILE 64
-#define WARPS 4
-#define LD (HS + 8)     // shared row stride of a 16-bit tile (skews banks; 16-byte multiple)
-#define LDF (TILE + 4)  // shared row stride of an f32 warp tile
+#define LD tile_ld<HS>()  // shared row stride of a 16-bit tile
 #define TILE_ELEMS (TILE * LD)
-
-template <typename T> using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
-template <typename T> using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
-template <typename T> using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;
-using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool in) {
-  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(in ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Waits for this thread's copies; a __syncthreads after it publishes everyone's.
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group 0;\n" ::); }
-
-// Starts copying rows t0.. of src (stride `stride` elements) into dst[r][:] (64 × HS, stride
-// LD); zeros past T.
-template <typename T>
-__device__ void load_tile(T* dst, const T* src, long stride, int t0, int T_) {
-  constexpr int V = HS * sizeof(T) / 16, E = 16 / sizeof(T);  // vectors a row, elements a vector
-  for (int i = threadIdx.x; i < TILE * V; i += blockDim.x) {
-    const int r = i / V, v = i % V, t = t0 + r;
-    const bool in = t < T_;
-    cp_async16(dst + r * LD + v * E, src + (long)(in ? t : 0) * stride + v * E, in);
-  }
-}
 
 // The attention dropout (thresh 0: none; scale is then 1). The launcher passes it only where
 // every flat index of the (B, nh, T, T) probabilities fits 32 bits and T is even, so an index
@@ -71,101 +38,12 @@ struct Drop {
   }
 };
 
-// rc[e] = r·16 + c of a 16×16 accumulator fragment's element e, read through the fragment map
-// (scratch: the warp's 16 × LDF floats); traps unless a lane's rows are lane/4 and lane/4 + 8,
-// elements e, e + 1 (e even) are neighbours in a row, the first at an even column (one dropout
-// word serves both), element e + 2 (e = 0, 1, 4, 5) is e's column eight rows down, and lane ^ 4
-// holds the same columns (the dk/dv kernel shares words between them).
-__device__ void fragment_map(int (&rc)[8], float* scratch) {
-  const int lane = threadIdx.x & 31;
-  for (int i = lane; i < 256; i += 32) scratch[(i / 16) * LDF + i % 16] = (float)i;
-  __syncwarp();
-  Acc f;
-  wmma::load_matrix_sync(f, scratch, LDF, wmma::mem_row_major);
-  #pragma unroll
-  for (int e = 0; e < 8; e++) {
-    rc[e] = (int)f.x[e];
-    if ((rc[e] >> 4) % 8 != lane / 4) __trap();
-    if (e % 2 == 1 && (rc[e] != rc[e - 1] + 1 || rc[e - 1] % 2 != 0)) __trap();
-    if ((e & 2) && rc[e] != rc[e - 2] + 128) __trap();
-    if ((__shfl_xor_sync(0xffffffff, rc[e], 4) & 15) != (rc[e] & 15)) __trap();
-  }
-  __syncwarp();
-}
-
-// Writes a warp's 16 × HS result acc·factor to rows t0.. of out (stride `stride`), rows < T,
-// through the warp's f32 staging tile; two lanes a row, 32 columns each, 16-byte stores.
-template <typename T>
-__device__ void store_rows(Acc (&acc)[4], float factor, float* stage, T* out, long stride, int t0, int T_) {
-  const int lane = threadIdx.x & 31, r = lane / 2, c0 = (lane % 2) * 32;
-  #pragma unroll
-  for (int n = 0; n < 4; n++) {
-    for (int e = 0; e < acc[n].num_elements; e++) acc[n].x[e] *= factor;
-    wmma::store_matrix_sync(stage + n * 16, acc[n], LDF, wmma::mem_row_major);
-  }
-  __syncwarp();
-  if (t0 + r < T_) {
-    uint4* dst = reinterpret_cast<uint4*>(out + (long)(t0 + r) * stride + c0);
-    for (int v = 0; v < 4; v++) {
-      T x[8];
-      for (int j = 0; j < 8; j++) x[j] = from_f<T>(stage[r * LDF + c0 + v * 8 + j]);
-      dst[v] = *reinterpret_cast<uint4*>(x);
-    }
-  }
-  __syncwarp();
-}
-
-// A warp's 16 × HS rows of a shared tile as four matrix_a fragments (k = head dims).
-template <typename T>
-__device__ void load_rows_a(FragA<T> (&a)[4], const T* tile) {
-  for (int kk = 0; kk < 4; kk++) wmma::load_matrix_sync(a[kk], tile + kk * 16, LD);
-}
-
-// out[n] (16 × 64) = a (16 × HS) · tileᵀ, tile (64 × HS) in shared memory: scores against a
-// tile's 64 rows.
-template <typename T>
-__device__ void mul_transposed(Acc (&out)[4], const FragA<T> (&a)[4], const T* tile) {
-  FragBCol<T> b;
-  #pragma unroll
-  for (int n = 0; n < 4; n++) {
-    wmma::fill_fragment(out[n], 0.f);
-    for (int kk = 0; kk < 4; kk++) {
-      wmma::load_matrix_sync(b, tile + n * 16 * LD + kk * 16, LD);
-      wmma::mma_sync(out[n], a[kk], b, out[n]);
-    }
-  }
-}
-
-// acc[n] (16 × HS) += p (16 × 64, shared, stride LD) · tile (64 × HS).
-template <typename T>
-__device__ void mul_acc(Acc (&acc)[4], const T* p, const T* tile) {
-  FragA<T> a[4];
-  load_rows_a(a, p);
-  FragBRow<T> b;
-  #pragma unroll
-  for (int n = 0; n < 4; n++)
-    for (int kk = 0; kk < 4; kk++) {
-      wmma::load_matrix_sync(b, tile + kk * 16 * LD + n * 16, LD);
-      wmma::mma_sync(acc[n], a[kk], b, acc[n]);
-    }
-}
-
-// Max / sum over a row's quad of lanes.
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffff, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffff, v, 1);
-  return v + __shfl_xor_sync(0xffffffff, v, 2);
-}
-
 // The operand tiles: two buffers of two tiles (the one in use, the next one arriving), each
 // warp's 16-bit probabilities (or score gradients), and 64 rows' lse and dsum in two buffers.
-// After the loops the tiles hold the warps' f32 staging (4 × 16 × LDF floats ≤ 2 tiles).
+// After the loops the tiles hold the warps' f32 staging (4 × 16 × stage_ld floats ≤ 2 tiles).
 template <typename T> struct Shared {
   T x[2][TILE_ELEMS], y[2][TILE_ELEMS];
-  T p[WARPS][16 * LD];
+  T p[WARPS][16 * LDP];
   float lse[2][TILE], dsum[2][TILE];
   __device__ float* stage(int w) { return reinterpret_cast<float*>(&x[0][0]) + w * 16 * LDF; }
 };
@@ -183,14 +61,14 @@ __device__ void flash_fwd(const T* qkv, T* y, float* lse, int T_, int nh, float 
   int rc[8];
   fragment_map(rc, sh.stage(w));
   __syncthreads();
-  load_tile(sh.x[1], q_src, stride, q0, T_);  // q, staged where tile 1 goes later
-  load_tile(sh.x[0], q_src + C, stride, 0, T_);
-  load_tile(sh.y[0], q_src + 2 * C, stride, 0, T_);
+  load_tile<HS>(sh.x[1], q_src, stride, q0, T_);  // q, staged where tile 1 goes later
+  load_tile<HS>(sh.x[0], q_src + C, stride, 0, T_);
+  load_tile<HS>(sh.y[0], q_src + 2 * C, stride, 0, T_);
   cp_async_commit();
   cp_async_wait();
   __syncthreads();
   FragA<T> qa[4];
-  load_rows_a(qa, sh.x[1] + w * 16 * LD);
+  load_rows_a<HS / 16, LD>(qa, sh.x[1] + w * 16 * LD);
   Acc s[4], o[4];
   #pragma unroll
   for (int n = 0; n < 4; n++) wmma::fill_fragment(o[n], 0.f);
@@ -203,11 +81,11 @@ __device__ void flash_fwd(const T* qkv, T* y, float* lse, int T_, int nh, float 
     cp_async_wait();
     __syncthreads();  // tile kt is in; every warp is done with tile kt − 1 (and q)
     if (kt < qt) {
-      load_tile(sh.x[buf ^ 1], q_src + C, stride, k0 + TILE, T_);
-      load_tile(sh.y[buf ^ 1], q_src + 2 * C, stride, k0 + TILE, T_);
+      load_tile<HS>(sh.x[buf ^ 1], q_src + C, stride, k0 + TILE, T_);
+      load_tile<HS>(sh.y[buf ^ 1], q_src + 2 * C, stride, k0 + TILE, T_);
       cp_async_commit();
     }
-    mul_transposed(s, qa, sh.x[buf]);
+    mul_transposed<HS>(s, qa, sh.x[buf]);
     float x0 = -INFINITY, x1 = -INFINITY;
     #pragma unroll
     for (int n = 0; n < 4; n++)
@@ -232,20 +110,20 @@ __device__ void flash_fwd(const T* qkv, T* y, float* lse, int T_, int nh, float 
         const float v = exp2f(s[n].x[e] - (r < 8 ? n0 : n1));
         if (r < 8) s0 += v; else s1 += v;
         if (drop.thresh && e % 2 == 0) wd = drop.word((r < 8 ? rb0 : rb1) + k0 + c);
-        p[r * LD + c] = from_f<T>(drop.thresh && !drop.keeps(wd, e % 2) ? 0.f : v);
+        p[r * LDP + c] = from_f<T>(drop.thresh && !drop.keeps(wd, e % 2) ? 0.f : v);
         o[n].x[e] *= r < 8 ? a0 : a1;
       }
     }
     l0 = l0 * a0 + quad_sum(s0), l1 = l1 * a1 + quad_sum(s1);
     __syncwarp();
-    mul_acc(o, p, sh.y[buf]);
+    mul_acc<HS>(o, p, sh.y[buf]);
   }
   #pragma unroll
   for (int n = 0; n < 4; n++)
     #pragma unroll
     for (int e = 0; e < 8; e++) o[n].x[e] /= (rc[e] >> 4) < 8 ? l0 : l1;
   __syncthreads();  // the tiles become the staging
-  store_rows(o, drop.scale, sh.stage(w), y + (long)b * T_ * C + h * HS, C, qw, T_);
+  store_rows<HS>(o, drop.scale, sh.stage(w), y + (long)b * T_ * C + h * HS, C, qw, T_);
   if (lane % 4 == 0) {
     float* out = lse + (long)bh * T_ + qw;
     if (qw + g < T_) out[g] = m0 + log2f(l0);
@@ -295,17 +173,17 @@ __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const
   int rc[8];
   fragment_map(rc, sh.stage(w));
   __syncthreads();
-  load_tile(sh.x[1], q_src + C, stride, k0, T_);  // k and v, staged where the second buffer goes
-  load_tile(sh.y[1], q_src + 2 * C, stride, k0, T_);
-  load_tile(sh.x[0], q_src, stride, k0, T_);
-  load_tile(sh.y[0], dy_src, C, k0, T_);
+  load_tile<HS>(sh.x[1], q_src + C, stride, k0, T_);  // k and v, staged where the second buffer goes
+  load_tile<HS>(sh.y[1], q_src + 2 * C, stride, k0, T_);
+  load_tile<HS>(sh.x[0], q_src, stride, k0, T_);
+  load_tile<HS>(sh.y[0], dy_src, C, k0, T_);
   cp_async_commit();
   load_row_stats(sh, 0, lse, dsum, k0, T_);
   cp_async_wait();
   __syncthreads();
   FragA<T> ka[4], va[4];
-  load_rows_a(ka, sh.x[1] + w * 16 * LD);
-  load_rows_a(va, sh.y[1] + w * 16 * LD);
+  load_rows_a<HS / 16, LD>(ka, sh.x[1] + w * 16 * LD);
+  load_rows_a<HS / 16, LD>(va, sh.y[1] + w * 16 * LD);
   Acc s[4], dp[4], dk[4], dv[4];
   #pragma unroll
   for (int n = 0; n < 4; n++) wmma::fill_fragment(dk[n], 0.f), wmma::fill_fragment(dv[n], 0.f);
@@ -315,14 +193,14 @@ __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const
     cp_async_wait();
     __syncthreads();
     if (qt + 1 < nq) {
-      load_tile(sh.x[buf ^ 1], q_src, stride, q0 + TILE, T_);
-      load_tile(sh.y[buf ^ 1], dy_src, C, q0 + TILE, T_);
+      load_tile<HS>(sh.x[buf ^ 1], q_src, stride, q0 + TILE, T_);
+      load_tile<HS>(sh.y[buf ^ 1], dy_src, C, q0 + TILE, T_);
       cp_async_commit();
       load_row_stats(sh, buf ^ 1, lse, dsum, q0 + TILE, T_);
     }
     const float* lse_s = sh.lse[buf];
     const float* dsum_s = sh.dsum[buf];
-    mul_transposed(s, ka, sh.x[buf]);  // sᵀ (16 keys × 64 queries)
+    mul_transposed<HS>(s, ka, sh.x[buf]);  // sᵀ (16 keys × 64 queries)
     // A lane's neighbours in the flat index (keys k, k + 1) sit in lanes g, g ^ 1 (lane ^ 4):
     // each of the two hashes the words of one of its two rows and they swap. A dropped
     // probability is kept negated in s for the second pass (p ≥ 0): no mask registers.
@@ -344,12 +222,12 @@ __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const
         const bool seen = kw + r <= q0 + c && q0 + c < T_;
         const float pv = seen ? exp2f(s[n].x[e] * scale2 - lse_s[c]) : 0.f;
         s[n].x[e] = drop.thresh && !drop.keeps(wd[e], odd) ? -pv : pv;
-        p[r * LD + c] = from_f<T>(fmaxf(s[n].x[e], 0.f));
+        p[r * LDP + c] = from_f<T>(fmaxf(s[n].x[e], 0.f));
       }
     }
     __syncwarp();
-    mul_acc(dv, p, sh.y[buf]);
-    mul_transposed(dp, va, sh.y[buf]);  // dpᵀ (16 keys × 64 queries)
+    mul_acc<HS>(dv, p, sh.y[buf]);
+    mul_transposed<HS>(dp, va, sh.y[buf]);  // dpᵀ (16 keys × 64 queries)
     __syncwarp();                       // every lane has read p
     #pragma unroll
     for (int n = 0; n < 4; n++)
@@ -357,15 +235,15 @@ __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const
       for (int e = 0; e < 8; e++) {
         const int r = rc[e] >> 4, c = n * 16 + (rc[e] & 15);
         const float pv = s[n].x[e], dpk = pv > 0.f ? dp[n].x[e] * drop.scale : 0.f;
-        p[r * LD + c] = from_f<T>(fabsf(pv) * (dpk - dsum_s[c]));
+        p[r * LDP + c] = from_f<T>(fabsf(pv) * (dpk - dsum_s[c]));
       }
     __syncwarp();
-    mul_acc(dk, p, sh.x[buf]);
+    mul_acc<HS>(dk, p, sh.x[buf]);
   }
   __syncthreads();  // the tiles become the staging
   T* out = dqkv + row0 * stride + h * HS;
-  store_rows(dk, scale, sh.stage(w), out + C, stride, kw, T_);
-  store_rows(dv, drop.scale, sh.stage(w), out + 2 * C, stride, kw, T_);
+  store_rows<HS>(dk, scale, sh.stage(w), out + C, stride, kw, T_);
+  store_rows<HS>(dv, drop.scale, sh.stage(w), out + 2 * C, stride, kw, T_);
 }
 
 // dq of one 64-query tile (its q and dO held as fragments, its rows' lse and dsum in
@@ -383,10 +261,10 @@ __device__ void flash_bwd_dq(const T* qkv, const T* dy, const float* lse, const 
   int rc[8];
   fragment_map(rc, sh.stage(w));
   __syncthreads();
-  load_tile(sh.x[1], q_src, stride, q0, T_);  // q and dO, staged where the second buffer goes
-  load_tile(sh.y[1], dy + row0 * C + h * HS, C, q0, T_);
-  load_tile(sh.x[0], q_src + C, stride, 0, T_);
-  load_tile(sh.y[0], q_src + 2 * C, stride, 0, T_);
+  load_tile<HS>(sh.x[1], q_src, stride, q0, T_);  // q and dO, staged where the second buffer goes
+  load_tile<HS>(sh.y[1], dy + row0 * C + h * HS, C, q0, T_);
+  load_tile<HS>(sh.x[0], q_src + C, stride, 0, T_);
+  load_tile<HS>(sh.y[0], q_src + 2 * C, stride, 0, T_);
   cp_async_commit();
   const long at = (long)bh * T_ + qw + g;
   // The flat index of the lane's rows g and g + 8 in the probabilities (dropout only).
@@ -397,8 +275,8 @@ __device__ void flash_bwd_dq(const T* qkv, const T* dy, const float* lse, const 
   cp_async_wait();
   __syncthreads();
   FragA<T> qa[4], doa[4];
-  load_rows_a(qa, sh.x[1] + w * 16 * LD);
-  load_rows_a(doa, sh.y[1] + w * 16 * LD);
+  load_rows_a<HS / 16, LD>(qa, sh.x[1] + w * 16 * LD);
+  load_rows_a<HS / 16, LD>(doa, sh.y[1] + w * 16 * LD);
   Acc s[4], dp[4], dq[4];
   #pragma unroll
   for (int n = 0; n < 4; n++) wmma::fill_fragment(dq[n], 0.f);
@@ -408,12 +286,12 @@ __device__ void flash_bwd_dq(const T* qkv, const T* dy, const float* lse, const 
     cp_async_wait();
     __syncthreads();
     if (kt < qt) {
-      load_tile(sh.x[buf ^ 1], q_src + C, stride, k0 + TILE, T_);
-      load_tile(sh.y[buf ^ 1], q_src + 2 * C, stride, k0 + TILE, T_);
+      load_tile<HS>(sh.x[buf ^ 1], q_src + C, stride, k0 + TILE, T_);
+      load_tile<HS>(sh.y[buf ^ 1], q_src + 2 * C, stride, k0 + TILE, T_);
       cp_async_commit();
     }
-    mul_transposed(s, qa, sh.x[buf]);
-    mul_transposed(dp, doa, sh.y[buf]);
+    mul_transposed<HS>(s, qa, sh.x[buf]);
+    mul_transposed<HS>(dp, doa, sh.y[buf]);
     #pragma unroll
     for (int n = 0; n < 4; n++) {
       unsigned int wd = 0;
@@ -424,14 +302,14 @@ __device__ void flash_bwd_dq(const T* qkv, const T* dy, const float* lse, const 
         const float pr = seen ? exp2f(s[n].x[e] * scale2 - (r < 8 ? lse0 : lse1)) : 0.f;
         if (drop.thresh && e % 2 == 0) wd = drop.word((r < 8 ? rb0 : rb1) + key);
         const float dpk = drop.thresh ? (drop.keeps(wd, e % 2) ? dp[n].x[e] * drop.scale : 0.f) : dp[n].x[e];
-        p[r * LD + n * 16 + (rc[e] & 15)] = from_f<T>(pr * (dpk - (r < 8 ? ds0 : ds1)));
+        p[r * LDP + n * 16 + (rc[e] & 15)] = from_f<T>(pr * (dpk - (r < 8 ? ds0 : ds1)));
       }
     }
     __syncwarp();
-    mul_acc(dq, p, sh.x[buf]);
+    mul_acc<HS>(dq, p, sh.x[buf]);
   }
   __syncthreads();  // the tiles become the staging
-  store_rows(dq, scale, sh.stage(w), dqkv + row0 * stride + h * HS, stride, qw, T_);
+  store_rows<HS>(dq, scale, sh.stage(w), dqkv + row0 * stride + h * HS, stride, qw, T_);
 }
 
 // The dropout arguments every kernel but dsum takes last: the hash key, the threshold (0: no

@@ -23,6 +23,7 @@ mod decode_attention;
 mod dropout;
 mod embedding;
 mod flash_attn;
+mod flash_prefill;
 mod gemv;
 mod graph;
 mod heads;
@@ -44,6 +45,7 @@ pub use decode_attention::{decode_attention, decode_begin, CacheSlot, QkvLayout}
 pub use dropout::{apply_keep, draw_keep, dropout, keep_mask, set_dropout_seed, Keep};
 pub use embedding::{embedding_bwd, embedding_fwd};
 pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
+pub use flash_prefill::flash_prefill;
 pub use gemv::gemv;
 pub use graph::{capture, param_cache, replays, Graph, ParamCache};
 pub use heads::{merge_heads, split_heads};
@@ -125,6 +127,11 @@ pub enum Fused {
     /// add after it sums (no SMs held by the transfer), instead of NCCL's all-reduce on a
     /// second stream.
     CopySum,
+    /// Inference over whole sequences (scoring): the causal attention as one tensor-core
+    /// kernel reading the qkv projection's rows in place (head sizes 64 and 128, ALiBi,
+    /// right padding), instead of the head split, the matmuls, the softmax over a (B, nh, T, T)
+    /// bias and the head merge.
+    Prefill,
 }
 
 const LT: u32 = 1;
@@ -146,6 +153,7 @@ const ONESHOT: u32 = 32768;
 const SPLIT_HEAD: u32 = 65536;
 const SUM_NORM: u32 = 131072;
 const COPY_SUM: u32 = 262144;
+const PREFILL: u32 = 524288;
 const ALL: u32 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -164,7 +172,8 @@ const ALL: u32 = LT
     | ONESHOT
     | SPLIT_HEAD
     | SUM_NORM
-    | COPY_SUM;
+    | COPY_SUM
+    | PREFILL;
 
 static ENABLED: AtomicU32 = AtomicU32::new(ALL);
 
@@ -191,6 +200,7 @@ fn bit(f: Fused) -> u32 {
         Fused::SplitHead => SPLIT_HEAD,
         Fused::SumNorm => SUM_NORM,
         Fused::CopySum => COPY_SUM,
+        Fused::Prefill => PREFILL,
     }
 }
 
@@ -233,6 +243,7 @@ pub fn describe() -> String {
         (SPLIT_HEAD, "split-head"),
         (SUM_NORM, "sum-norm"),
         (COPY_SUM, "copy-sum"),
+        (PREFILL, "prefill"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

@@ -9,6 +9,7 @@ use crate::kernels::{self, Keep};
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor, Var, D,
 };
+use std::sync::OnceLock;
 
 /// Added to scores of keys a query must not see. Finite (not -inf) so that a row with every
 /// key masked, such as a padded query, gives a uniform softmax instead of NaN; exp() of it
@@ -41,6 +42,42 @@ pub fn causal_padding_bias_last(key_mask: &Tensor, tq: usize) -> Result<Tensor> 
         .collect();
     let causal = Tensor::from_vec(causal, (1, 1, tq, tk), key_mask.device())?;
     causal.broadcast_add(&keys)
+}
+
+/// The keys of a forward over whole right-padded sequences (scoring): each row attends its
+/// sequence's earlier positions. The fused kernel takes the sequences' lengths; the composed
+/// path's bias is made from the mask when first asked for.
+pub struct WholeSequences<'a> {
+    /// (B,) u32: real tokens a row.
+    lens: Tensor,
+    /// (B, T) u32: 1 real, 0 right padding.
+    mask: &'a Tensor,
+    bias: OnceLock<Tensor>,
+}
+
+impl<'a> WholeSequences<'a> {
+    /// attention_mask: (B, T) u32, 1 for real tokens, 0 for right padding.
+    pub fn new(attention_mask: &'a Tensor) -> Result<Self> {
+        Ok(Self {
+            lens: attention_mask.to_dtype(DType::U32)?.sum(1)?,
+            mask: attention_mask,
+            bias: OnceLock::new(),
+        })
+    }
+
+    /// (B,) u32.
+    pub fn lens(&self) -> &Tensor {
+        &self.lens
+    }
+
+    /// The composed path's bias, `make` of the mask, made once.
+    pub fn bias(&self, make: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+        if let Some(b) = self.bias.get() {
+            return Ok(b.clone());
+        }
+        let bias = make(self.mask)?;
+        Ok(self.bias.get_or_init(|| bias).clone())
+    }
 }
 
 /// softmax(q kᵀ · scale + bias) v, the softmax in f32 whatever the model dtype (as HF BLOOM;

@@ -17,7 +17,7 @@
 //! which also keeps every key's ALiBi position.
 
 use super::attention::{
-    causal_padding_bias, causal_padding_bias_last, merge_heads, scaled_dot_product,
+    causal_padding_bias, causal_padding_bias_last, merge_heads, scaled_dot_product, WholeSequences,
 };
 use super::cache::{KvCache, LayerStep, Step};
 use super::causal_lm::CausalLm;
@@ -260,7 +260,6 @@ impl Attention {
         kv: Option<LayerStep>,
         mode: Mode,
     ) -> candle_core::Result<Unsummed> {
-        let (b, t, _) = x.dims3()?;
         let hs = self.head_size;
         let qkv = self.query_key_value.forward(x)?; // (B, T, nh·3·hs)
         let nh = qkv.dim(2)? / (3 * hs);
@@ -280,6 +279,43 @@ impl Attention {
         // Only a step the decode kernel must serve comes without one (LayerStep::check_kernel_served).
         let bias =
             bias.ok_or_else(|| candle_core::Error::Msg("attention needs its bias".into()))?;
+        self.attend_unsummed(&qkv, bias, kv, mode)
+    }
+
+    /// [`Attention::forward_unsummed`] over whole right-padded sequences (scoring): one fused
+    /// kernel where it applies (`--fused prefill`, ALiBi in it), else the composed path under
+    /// the bias (causal + padding + ALiBi).
+    fn whole_unsummed(&self, x: &Tensor, whole: &WholeSequences) -> candle_core::Result<Unsummed> {
+        let hs = self.head_size;
+        let qkv = self.query_key_value.forward(x)?; // (B, T, nh·3·hs)
+        let nh = qkv.dim(2)? / (3 * hs);
+        let layout = QkvLayout {
+            head_stride: 3 * hs,
+            part: hs,
+        };
+        let (lens, slopes) = (whole.lens(), Some(&self.slopes));
+        if let Some(y) = kernels::flash_prefill(&qkv, layout, (nh, hs), lens, slopes, self.scale)? {
+            return self.dense.forward_unsummed(&y); // (B, T, nh·hs) -> (B, T, H)
+        }
+        let bias = whole.bias(|mask| {
+            let causal = causal_padding_bias(mask)?; // (B, 1, T, T)
+            causal.broadcast_add(&alibi_bias(mask, &self.slopes)?) // (B, nh, T, T)
+        })?;
+        self.attend_unsummed(&qkv, &bias, None, Mode::default())
+    }
+
+    /// The composed attention of qkv (B, T, nh·3·hs) under `bias`, through the dense
+    /// projection before its sum.
+    fn attend_unsummed(
+        &self,
+        qkv: &Tensor,
+        bias: &Tensor,
+        kv: Option<LayerStep>,
+        mode: Mode,
+    ) -> candle_core::Result<Unsummed> {
+        let (b, t, _) = qkv.dims3()?;
+        let hs = self.head_size;
+        let nh = qkv.dim(2)? / (3 * hs);
         // Per head, not [q | k | v]: (B, T, nh, 3, hs).
         let qkv = qkv.reshape((b, t, nh, 3, hs))?;
         let head = |i: usize| -> candle_core::Result<Tensor> {
@@ -407,9 +443,8 @@ impl Bloom {
 }
 
 impl Bloom {
-    /// The blocks and ln_f over the new positions x (B, T, H) of a cached forward. Each
-    /// residual add goes with the norm after it ([`Norm::add_forward`]: one kernel on CUDA),
-    /// and one new position a row attends the cache in one kernel.
+    /// The blocks and ln_f over the new positions x (B, T, H) of a cached forward; one new
+    /// position a row attends the cache in one kernel.
     fn blocks_cached(
         &self,
         x: Tensor,
@@ -427,14 +462,25 @@ impl Bloom {
                 Some(causal.broadcast_add(&alibi)?)
             }
         };
-        let first = self.h.first().map_or(&self.ln_f, |b| &b.input_layernorm);
-        let (mut x, mut h) = (x.clone(), first.forward(&x, inference)?);
-        for (i, block) in self.h.iter().enumerate() {
+        self.blocks_inference(x, |i, attn, h| {
             let kv = Some(cache.layer_step(i, step)?);
+            attn.forward_unsummed(h, bias.as_ref(), kv, inference)
+        })
+    }
+
+    /// The blocks and ln_f of an inference forward from its normed embeddings x (B, T, H),
+    /// `attend` giving layer i's attention branch of its normed input. Each residual add goes
+    /// with the norm after it ([`Norm::add_forward`]: one kernel on CUDA).
+    fn blocks_inference(
+        &self,
+        x: Tensor,
+        attend: impl Fn(usize, &Attention, &Tensor) -> candle_core::Result<Unsummed>,
+    ) -> candle_core::Result<Tensor> {
+        let first = self.h.first().map_or(&self.ln_f, |b| &b.input_layernorm);
+        let (mut x, mut h) = (x.clone(), first.forward(&x, Mode::default())?);
+        for (i, block) in self.h.iter().enumerate() {
             // Each branch's sum over the ranks goes with the add and the norm after it.
-            let a = block
-                .self_attention
-                .forward_unsummed(&h, bias.as_ref(), kv, inference)?;
+            let a = attend(i, &block.self_attention, &h)?;
             let residual = if block.residual_after_norm { &h } else { &x };
             let (x1, h2) = block.post_attention_layernorm.add_unsummed(residual, a)?;
             let residual = if block.residual_after_norm { &h2 } else { &x1 };
@@ -459,6 +505,10 @@ impl CausalLm for Bloom {
         let mut x = self
             .word_embeddings_layernorm
             .forward(&x.reshape((b, t, ()))?, self.mode)?; // (B, T, H)
+        if !self.mode.train {
+            let whole = WholeSequences::new(attention_mask)?;
+            return self.blocks_inference(x, |_, attn, h| attn.whole_unsummed(h, &whole));
+        }
         let causal = causal_padding_bias(attention_mask)?; // (B, 1, T, T)
         let bias = causal.broadcast_add(&alibi_bias(attention_mask, &self.slopes)?)?; // (B, nh, T, T)
         for block in &self.h {

@@ -14,7 +14,7 @@
 
 use super::attention::{
     causal_padding_bias, causal_padding_bias_last, merge_heads, positions, scaled_dot_product,
-    split_heads,
+    split_heads, WholeSequences,
 };
 use super::cache::{KvCache, LayerStep, Step};
 use super::causal_lm::CausalLm;
@@ -252,6 +252,37 @@ impl Attention {
         // Only a step the decode kernel must serve comes without one (LayerStep::check_kernel_served).
         let bias =
             bias.ok_or_else(|| candle_core::Error::Msg("attention needs its bias".into()))?;
+        self.attend_unsummed(&qkv, bias, kv, mode)
+    }
+
+    /// [`Attention::forward_unsummed`] over whole right-padded sequences (scoring): one fused
+    /// kernel where it applies (`--fused prefill`), else the composed path under the bias.
+    fn whole_unsummed(&self, x: &Tensor, whole: &WholeSequences) -> candle_core::Result<Unsummed> {
+        let qkv = self.c_attn.forward(x)?; // (B, T, 3c)
+        let (c, hs) = (qkv.dim(2)? / 3, self.head_size);
+        let layout = QkvLayout {
+            head_stride: hs,
+            part: c,
+        };
+        let lens = whole.lens();
+        if let Some(y) = kernels::flash_prefill(&qkv, layout, (c / hs, hs), lens, None, self.scale)?
+        {
+            return self.c_proj.forward_unsummed(&y); // (B, T, c) -> (B, T, C)
+        }
+        let bias = whole.bias(causal_padding_bias)?; // (B, 1, T, T)
+        self.attend_unsummed(&qkv, &bias, None, Mode::default())
+    }
+
+    /// The composed attention of qkv (B, T, 3c) under `bias`, through c_proj before its sum.
+    fn attend_unsummed(
+        &self,
+        qkv: &Tensor,
+        bias: &Tensor,
+        kv: Option<LayerStep>,
+        mode: Mode,
+    ) -> candle_core::Result<Unsummed> {
+        let c = qkv.dim(2)? / 3;
+        let nh = c / self.head_size;
         let q = split_heads(&qkv.narrow(2, 0, c)?, nh)?; // (B, nh, T, hs)
         let k = split_heads(&qkv.narrow(2, c, c)?, nh)?;
         let v = split_heads(&qkv.narrow(2, 2 * c, c)?, nh)?;
@@ -369,12 +400,11 @@ impl Gpt2 {
     }
 
     /// The blocks and ln_f over the new positions of a cached forward, from their token and
-    /// position embeddings (B, T, C) each. Each add goes with the norm after it
-    /// ([`Norm::add_forward`]: one kernel on CUDA, the embeddings' sum too), and one new
-    /// position a row attends the cache in one kernel.
+    /// position embeddings (B, T, C) each; one new position a row attends the cache in one
+    /// kernel.
     fn blocks_cached(
         &self,
-        (tok, pos): (Tensor, Tensor),
+        embeddings: (Tensor, Tensor),
         cache: &KvCache,
         step: &Step,
     ) -> candle_core::Result<Tensor> {
@@ -384,14 +414,26 @@ impl Gpt2 {
             true => None,
             false => Some(causal_padding_bias_last(&step.key_mask, step.t)?),
         };
+        self.blocks_inference(embeddings, |i, attn, h| {
+            let kv = Some(cache.layer_step(i, step)?);
+            attn.forward_unsummed(h, bias.as_ref(), kv, inference)
+        })
+    }
+
+    /// The blocks and ln_f of an inference forward from its token and position embeddings
+    /// (B, T, C) each, `attend` giving layer i's attention branch of its normed input. Each
+    /// add goes with the norm after it ([`Norm::add_forward`]: one kernel on CUDA, the
+    /// embeddings' sum too).
+    fn blocks_inference(
+        &self,
+        (tok, pos): (Tensor, Tensor),
+        attend: impl Fn(usize, &Attention, &Tensor) -> candle_core::Result<Unsummed>,
+    ) -> candle_core::Result<Tensor> {
         let first = self.h.first().map_or(&self.ln_f, |b| &b.ln_1);
         let (mut x, mut h) = first.add_forward(&tok, &pos)?;
         for (i, block) in self.h.iter().enumerate() {
-            let kv = Some(cache.layer_step(i, step)?);
             // Each branch's sum over the ranks goes with the add and the norm after it.
-            let a = block
-                .attn
-                .forward_unsummed(&h, bias.as_ref(), kv, inference)?;
+            let a = attend(i, &block.attn, &h)?;
             let (x1, h2) = block.ln_2.add_unsummed(&x, a)?;
             let m = block.mlp.forward_unsummed(&h2)?;
             let next = self.h.get(i + 1).map_or(&self.ln_f, |b| &b.ln_1);
@@ -401,7 +443,7 @@ impl Gpt2 {
     }
 
     /// Token and position embeddings of the new positions, (B, T, C) each; positions: (B, T)
-    /// f32.
+    /// f32 or u32.
     fn embed_at(
         &self,
         input_ids: &Tensor,
@@ -428,7 +470,15 @@ impl CausalLm for Gpt2 {
                 self.cfg.n_positions
             );
         }
-        // Positions 0..T for every row: exact for right-padded batches, which the suites use.
+        if !self.mode.train {
+            // Positions 0..T for every row: exact for right-padded batches, which the suites use.
+            let positions = positions(t, input_ids.device())?
+                .unsqueeze(0)?
+                .repeat((b, 1))?;
+            let embeddings = self.embed_at(input_ids, &positions)?; // (B, T, C) twice
+            let whole = WholeSequences::new(attention_mask)?;
+            return self.blocks_inference(embeddings, |_, attn, h| attn.whole_unsummed(h, &whole));
+        }
         let pos = self
             .wpe
             .index_select(&positions(t, input_ids.device())?, 0)?; // (T, C)

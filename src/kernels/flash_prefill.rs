@@ -1,0 +1,156 @@
+//! Causal attention over whole right-padded sequences for inference (`--fused prefill`;
+//! kernel in flash_prefill.cu): the scoring forward's attention as one tensor-core kernel
+//! that reads the qkv projection's rows in place (either head layout, [`QkvLayout`]) and
+//! writes the output with the heads merged, ALiBi added where slopes are given. The composed
+//! path's head split and merge copies and its (B, nh, T, T) scores and bias are gone.
+//!
+//! Applies to bf16 / f16 on CUDA, head sizes 64 and 128. Rows at or past a sequence's length
+//! come out zero; a real row attends only real keys (right padding), so they are exact.
+//!
+//! Shapes: `B` batch, `T` padded time, `nh` heads, `hs` head size, `C` = nh·hs.
+
+use super::{enabled, Fused, QkvLayout};
+use candle_core::{Result, Tensor};
+
+/// y (B, T, C) of softmax(q kᵀ·scale + causal [+ ALiBi]) v for each sequence's first
+/// `lens[b]` rows (zeros past them), from qkv (B, T, 3C) laid out as `layout`, `nh` heads of
+/// `hs`. lens: (B,) u32; slopes: (nh,) f32 ALiBi slopes, or None. None where the kernel does
+/// not apply (CPU, switched off, f32, another head size, unaligned rows).
+pub fn flash_prefill(
+    qkv: &Tensor,
+    layout: QkvLayout,
+    (nh, hs): (usize, usize),
+    lens: &Tensor,
+    slopes: Option<&Tensor>,
+    scale: f64,
+) -> Result<Option<Tensor>> {
+    if !enabled(Fused::Prefill) {
+        return Ok(None);
+    }
+    imp::flash_prefill(qkv, layout, (nh, hs), lens, slopes, scale)
+}
+
+/// The CPU runs the matmuls and candle's softmax.
+#[cfg(not(feature = "cuda"))]
+mod imp {
+    use crate::kernels::QkvLayout;
+    use candle_core::{Result, Tensor};
+
+    pub fn flash_prefill(
+        _: &Tensor,
+        _: QkvLayout,
+        _: (usize, usize),
+        _: &Tensor,
+        _: Option<&Tensor>,
+        _: f64,
+    ) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod imp {
+    use crate::kernels::launch::{
+        aligned16, device_address, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx, NULL,
+    };
+    use crate::kernels::QkvLayout;
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum;
+    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::{CudaStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
+
+    const PTX: Ptx = ptx!("flash_prefill");
+    const TILE: usize = 64;
+    const WARPS: usize = 4;
+    const LOG2_E: f64 = std::f64::consts::LOG2_E;
+
+    /// Dynamic shared memory of a block (flash_prefill.cu's prefill_shared_elems): two key and
+    /// two value tiles at row stride hs + 8, and each warp's 16 × (TILE + 8) probabilities.
+    fn shared_bytes(hs: usize, elem: usize) -> u32 {
+        ((4 * TILE * (hs + 8) + WARPS * 16 * (TILE + 8)) * elem) as u32
+    }
+
+    struct Prefill {
+        nh: usize,
+        hs: usize,
+        layout: QkvLayout,
+        scale2: f32,
+        lens: Tensor,           // (B,) u32, contiguous
+        slopes: Option<Tensor>, // (nh,) f32, contiguous
+    }
+
+    impl CustomOp1 for Prefill {
+        fn name(&self) -> &'static str {
+            "tb-flash-prefill"
+        }
+        no_cpu_fwd!(CustomOp1);
+        fn cuda_fwd(&self, qkv: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+            let dev = qkv.device().clone();
+            let (b, t, c3) = l.shape().dims3()?;
+            let func = match self.hs {
+                64 => kernel!(dev, PTX, "tb_flash_prefill64", qkv.dtype())?,
+                _ => kernel!(dev, PTX, "tb_flash_prefill128", qkv.dtype())?,
+            };
+            let shared = shared_bytes(self.hs, qkv.dtype().size_in_bytes());
+            let max_shared =
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            func.set_attribute(max_shared, shared as i32).w()?;
+            let cfg = LaunchConfig {
+                grid_dim: (t.div_ceil(TILE) as u32, (b * self.nh) as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: shared,
+            };
+            let ints = [t, self.nh, self.layout.head_stride, self.layout.part].map(|v| v as i32);
+            let lens = device_address(&self.lens)?;
+            let slopes = self.slopes.as_ref().map_or(Ok(NULL), device_address)?;
+            with_dtype!(qkv.dtype(), T => {
+                let x = view::<T>(qkv, l)?;
+                // Rows past a sequence's length are not written: zeros, not stale memory.
+                let y = dev.alloc_zeros::<T>(b * t * c3 / 3)?;
+                // SAFETY: qkv holds B·T·3C elements, y B·T·C, lens B u32, slopes (when not
+                // null) nh f32; a block reads rows < lens[b] ≤ T of its sequence and writes
+                // its head's columns of those rows only.
+                launch!(unsafe func, cfg; &x, &y, &lens, &ints[0], &ints[1], &ints[2],
+                    &ints[3], &self.scale2, &slopes)?;
+                Ok((CudaStorage::wrap_cuda_slice(y, dev), Shape::from((b, t, c3 / 3))))
+            })
+        }
+    }
+
+    pub fn flash_prefill(
+        qkv: &Tensor,
+        layout: QkvLayout,
+        (nh, hs): (usize, usize),
+        lens: &Tensor,
+        slopes: Option<&Tensor>,
+        scale: f64,
+    ) -> Result<Option<Tensor>> {
+        let (b, _, c3) = qkv.dims3()?;
+        let half = matches!(qkv.dtype(), DType::BF16 | DType::F16);
+        let aligned =
+            aligned16(qkv) && layout.head_stride.is_multiple_of(8) && layout.part.is_multiple_of(8);
+        if !qkv.device().is_cuda() || !half || !aligned || !matches!(hs, 64 | 128) {
+            return Ok(None);
+        }
+        if c3 != 3 * nh * hs || lens.dims() != [b] || lens.dtype() != DType::U32 {
+            candle_core::bail!(
+                "flash prefill: qkv {:?}, {nh} heads of {hs}, lens {:?}",
+                qkv.shape(),
+                lens.shape()
+            );
+        }
+        if let Some(s) = slopes.filter(|s| s.dims() != [nh] || s.dtype() != DType::F32) {
+            candle_core::bail!("flash prefill: {nh} heads but ALiBi slopes {:?}", s.shape())
+        }
+        let op = Prefill {
+            nh,
+            hs,
+            layout,
+            scale2: (scale * LOG2_E) as f32,
+            lens: lens.contiguous()?,
+            slopes: slopes.map(Tensor::contiguous).transpose()?,
+        };
+        Ok(Some(qkv.apply_op1_no_bwd(&op)?))
+    }
+}
