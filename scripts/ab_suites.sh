@@ -10,6 +10,10 @@
 #   score   LAMBADA scoring, batch 16, the whole set, the two binaries alternating ABBA,
 #           $AB_ROUNDS rounds, on each of $AB_MODELS (gpt2 bloom-560m bloom-7b1), both with
 #           the GPU's minimums (10 s and 10 batches).
+#   score-fused  the same scoring runs with this binary alone, `--fused` sets alternating ABBA:
+#           every path, and every path but `prefill` and `decode` ($AB_FUSED_BEFORE: the
+#           scoring forward of the binaries before 9203edf, composed attention and separate
+#           adds and norms); needs no previous binary.
 #   repeat  `--repeat 5` of gpt2 LAMBADA scoring, batch 16: with this binary's minimums
 #           (10 s and 10 batches on a GPU) and with one pass (the previous behaviour).
 # Logs -> $OUT/ab-logs.tgz after every run; console -> $OUT/ab.txt.
@@ -18,7 +22,7 @@ export PYTHONUNBUFFERED=1
 L=/tmp/ab; mkdir -p "$L"
 unxz() { python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2" && chmod +x "$2"; }
 unxz .gpu/bench.xz /tmp/bench
-unxz .gpu/bench-before.xz /tmp/bench-before
+[ -f .gpu/bench-before.xz ] && unxz .gpu/bench-before.xz /tmp/bench-before  # ab, train, score
 R=(--weights random --seed 0 --device cuda --dtype bf16 --engine candle --no-progress)
 run() { # NAME BIN ARGS…
   local name=$1 bin=$2; shift 2
@@ -73,11 +77,24 @@ for stage in "$@"; do
       done
     done
     ;;
+  score-fused)
+    S=(--suite lambada --data .gpu/lambada_test.jsonl --batch-size 16)
+    before=${AB_FUSED_BEFORE:-lt,softmax,bias-act,layer-norm,embedding,gemv,skinny}
+    for m in ${AB_MODELS:-gpt2 bloom-560m bloom-7b1}; do
+      for r in $(seq 1 "${AB_ROUNDS:-2}"); do
+        order="before new"; [ $((r % 2)) = 0 ] && order="new before"
+        for who in $order; do
+          fused=all; [ $who = before ] && fused=$before
+          run "r$r-$who-score-$m-bs16" /tmp/bench "${S[@]}" --model "$m" --fused "$fused"
+        done
+      done
+    done
+    ;;
   repeat)
     S=(--suite lambada --data .gpu/lambada_test.jsonl --model gpt2 --batch-size 16 --repeat 5)
     run repeat-minimums /tmp/bench "${S[@]}"
     run repeat-one-pass /tmp/bench "${S[@]}" --min-time 0 --min-batches 0
     ;;
-  *) echo "unknown stage $stage (ab, train, score, repeat)" >&2; exit 2 ;;
+  *) echo "unknown stage $stage (ab, train, score, score-fused, repeat)" >&2; exit 2 ;;
   esac
 done
