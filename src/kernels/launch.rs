@@ -218,8 +218,8 @@ pub fn wrap<T: CudaDType>(
 /// A null device pointer for an absent optional argument.
 pub const NULL: u64 = 0;
 
-/// The device address of a contiguous CUDA tensor's first element, for kernels that take a
-/// tensor beside a custom op's inputs (or a table of them).
+/// The device address of a contiguous CUDA tensor's first element (a float or u32 tensor), for
+/// kernels that take a tensor beside a custom op's inputs (or a table of them).
 pub fn device_address(t: &Tensor) -> Result<u64> {
     let (storage, layout) = t.storage_and_layout();
     let Storage::Cuda(s) = &*storage else {
@@ -229,9 +229,12 @@ pub fn device_address(t: &Tensor) -> Result<u64> {
         bail!("fused kernels take contiguous tensors");
     }
     let stream = s.device().cuda_stream();
-    let base = with_dtype!(s.dtype(), T => {
-        let (ptr, _record) = T::as_cuda_slice(s)?.device_ptr(&stream);
-        ptr
-    });
+    let base = match s.dtype() {
+        DType::U32 => u32::as_cuda_slice(s)?.device_ptr(&stream).0,
+        dtype => with_dtype!(dtype, T => {
+            let (ptr, _record) = T::as_cuda_slice(s)?.device_ptr(&stream);
+            ptr
+        }),
+    };
     Ok(base + (layout.start_offset() * t.dtype().size_in_bytes()) as u64)
 }
