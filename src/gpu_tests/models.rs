@@ -177,7 +177,8 @@ fn manual_backward_draws_the_autograd_paths_dropout_masks() {
 
 /// Scoring forwards in bf16 with the fused attention (`--fused prefill`) against every other
 /// fused path without it: gpt2 at head size 64, BLOOM (ALiBi) at 64 and 128, right-padded
-/// rows; the real positions' hidden states within bf16 rounding.
+/// rows; the real positions' hidden states within bf16 rounding. The packed forward (the
+/// sequences end to end) against the padded one on the same kernel.
 #[test]
 fn scoring_forward_on_the_prefill_kernel_matches_the_composed_attention() {
     use clap::ValueEnum;
@@ -209,11 +210,21 @@ fn scoring_forward_on_the_prefill_kernel_matches_the_composed_attention() {
             let model = spec.load(&src, DType::BF16, &gpu).unwrap();
             out.push(model.hidden_states(&ids, &mask).unwrap());
         }
+        // The same sequences end to end, through the packed forward (the kernel's path).
+        set_enabled(&[Fused::All]);
+        let model = spec.load(&src, DType::BF16, &gpu).unwrap();
+        let real = |h: &Tensor, i: usize| h.get(i).unwrap().narrow(0, 0, lens[i]).unwrap();
+        let rows: Vec<Tensor> = (0..2).map(|i| real(&ids, i)).collect();
+        let packed_ids = Tensor::cat(&rows, 0).unwrap().unsqueeze(0).unwrap(); // (1, N)
+        let packed = model.hidden_states_packed(&packed_ids, &lens).unwrap();
+        let packed = packed.expect("bf16 on CUDA packs").squeeze(0).unwrap(); // (N, C)
         for (i, &len) in lens.iter().enumerate() {
-            let real = |h: &Tensor| h.get(i).unwrap().narrow(0, 0, len).unwrap();
-            let r = rel(&real(&out[0]), &real(&out[1]));
+            let r = rel(&real(&out[0], i), &real(&out[1], i));
             eprintln!("{}: row {i} rel {r:.2e}", spec.name);
             assert!(r < 3e-2, "{}: row {i} rel {r}", spec.name);
+            let at = lens[..i].iter().sum();
+            let p = rel(&packed.narrow(0, at, len).unwrap(), &real(&out[0], i));
+            assert!(p < 1e-2, "{}: packed row {i} rel {p}", spec.name);
         }
     }
 }

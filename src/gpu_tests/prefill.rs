@@ -61,7 +61,8 @@ fn prefill_f32(qkv: &Tensor, layout: QkvLayout, hs: usize, slopes: Option<&Tenso
 }
 
 /// GPT-2's [q | k | v] and BLOOM's (nh, 3, hs) with ALiBi, head sizes 64 and 128, bf16 and
-/// f16: each real row within bf16 rounding of f32 attention, every padded row zero.
+/// f16: each real row within bf16 rounding of f32 attention, every padded row zero, and the
+/// same rows packed end to end equal to the padded ones.
 #[test]
 fn flash_prefill_matches_f32_attention_on_right_padded_rows() {
     let (dev, _one_at_a_time) = gpu();
@@ -89,10 +90,16 @@ fn flash_prefill_matches_f32_attention_on_right_padded_rows() {
         let slopes = bloom.then(|| Tensor::new(slopes, &dev).unwrap());
         let qkv = randn(&[b, t, 3 * c], &dev).to_dtype(dtype).unwrap();
         let scale = 1. / (hs as f64).sqrt();
-        let y = flash_prefill(&qkv, layout, (nh, hs), &lens, slopes.as_ref(), scale)
+        let padded = SeqRows {
+            lens: &lens,
+            starts: None,
+            longest: t,
+        };
+        let y = flash_prefill(&qkv, layout, (nh, hs), padded, slopes.as_ref(), scale)
             .unwrap()
             .expect("applies");
         let want = prefill_f32(&qkv, layout, hs, slopes.as_ref());
+        let packed_y = packed(&qkv, layout, (nh, hs), slopes.as_ref(), scale);
         for (i, &len) in LENS.iter().enumerate() {
             let len = len as usize;
             let row =
@@ -100,6 +107,10 @@ fn flash_prefill_matches_f32_attention_on_right_padded_rows() {
             let r = rel(&row(&y, 0, len), &row(&want, 0, len));
             eprintln!("hs {hs} bloom {bloom} {dtype:?} row {i} (len {len}): rel {r:.2e}");
             assert!(r < 2e-2, "hs {hs} bloom {bloom} {dtype:?} row {i}: rel {r}");
+            // Packed, the same rows come out bit for bit: the same tiles in the same order.
+            let at: usize = LENS[..i].iter().map(|&l| l as usize).sum();
+            let same = packed_y.narrow(0, at, len).unwrap();
+            assert_eq!(rel(&same, &row(&y, 0, len)), 0., "packed row {i}");
             if len < t {
                 let pad = row(&y, len, t - len).to_dtype(DType::F32).unwrap();
                 let max = pad.abs().unwrap().flatten_all().unwrap().max(0).unwrap();
@@ -116,6 +127,43 @@ fn flash_prefill_matches_f32_attention_on_right_padded_rows() {
         head_stride: 64,
         part: nh * 64,
     };
-    let none = flash_prefill(&f32_qkv, layout, (nh, 64), &lens, None, 0.125).unwrap();
+    let padded = SeqRows {
+        lens: &lens,
+        starts: None,
+        longest: t,
+    };
+    let none = flash_prefill(&f32_qkv, layout, (nh, 64), padded, None, 0.125).unwrap();
     assert!(none.is_none(), "f32 is the composed path's");
+}
+
+/// The real rows of qkv (B, T, 3C) end to end, (1, N, 3C), through the kernel's packed
+/// layout: y (N, C).
+fn packed(
+    qkv: &Tensor,
+    layout: QkvLayout,
+    (nh, hs): (usize, usize),
+    slopes: Option<&Tensor>,
+    scale: f64,
+) -> Tensor {
+    let dev = qkv.device();
+    let rows: Vec<Tensor> = LENS
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| qkv.get(i).unwrap().narrow(0, 0, l as usize).unwrap())
+        .collect();
+    let packed = Tensor::cat(&rows, 0).unwrap().unsqueeze(0).unwrap(); // (1, N, 3C)
+    let starts: Vec<u32> = (0..LENS.len()).map(|i| LENS[..i].iter().sum()).collect();
+    let (lens, starts) = (
+        Tensor::new(&LENS, dev).unwrap(),
+        Tensor::new(starts, dev).unwrap(),
+    );
+    let rows = SeqRows {
+        lens: &lens,
+        starts: Some(&starts),
+        longest: 150,
+    };
+    let y = flash_prefill(&packed, layout, (nh, hs), rows, slopes, scale)
+        .unwrap()
+        .expect("applies");
+    y.squeeze(0).unwrap()
 }

@@ -10,6 +10,8 @@
 //   (GPT-2 [q | k | v]: head_stride H, part C; BLOOM (nh, 3, H): 3H, H);
 //   y (B, T, C), heads merged; lens (B) u32, the real rows of each sequence (right padding);
 //   slopes (nh) f32 ALiBi slopes, or null.
+// Or packed, the sequences end to end without padding: qkv (N, 3C), y (N, C), sequence b's
+// rows from starts[b] (starts null: b·T, the padded layout).
 // Row t of sequence b attends keys 0..t. Rows at or past lens[b] are not written (the
 // launcher zeroes y); no real row reads a padded key, so padding never reaches real rows.
 // ALiBi adds slope_h · s to the score of key s (HF's relative bias up to a per-row constant,
@@ -24,11 +26,11 @@ template <int H> __host__ __device__ constexpr int prefill_shared_elems() {
   return 4 * TILE * tile_ld<H>() + WARPS * 16 * LDP;
 }
 
-// Grid (⌈T/64⌉, B·nh), 128 threads, the query tiles longest first; blocks past their
+// Grid (⌈longest/64⌉, B·nh), 128 threads, the query tiles longest first; blocks past their
 // sequence's length return at once. Each lane keeps the max and sum of its two rows (g, g + 8).
 template <int H, typename T>
-__device__ void flash_prefill(const T* qkv, T* y, const unsigned int* lens, int T_, int nh, int head_stride,
-                              int part, float scale2, const float* slopes) {
+__device__ void flash_prefill(const T* qkv, T* y, const unsigned int* lens, const unsigned int* starts, int T_,
+                              int nh, int head_stride, int part, float scale2, const float* slopes) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int TE = TILE * tile_ld<H>();
   T* k_tiles = reinterpret_cast<T*>(smem);  // [2][TE]
@@ -39,7 +41,8 @@ __device__ void flash_prefill(const T* qkv, T* y, const unsigned int* lens, int 
   if (q0 >= len) return;
   const int C = nh * H;
   const long stride = 3L * C;
-  const T* q_src = qkv + (long)b * T_ * stride + (long)h * head_stride;
+  const long row0 = starts ? (long)starts[b] : (long)b * T_;
+  const T* q_src = qkv + row0 * stride + (long)h * head_stride;
   const T* k_src = q_src + part;
   const T* v_src = q_src + 2 * part;
   // ALiBi in the base-2 domain of the scaled scores; 0 without.
@@ -108,14 +111,14 @@ __device__ void flash_prefill(const T* qkv, T* y, const unsigned int* lens, int 
     #pragma unroll
     for (int e = 0; e < 8; e++) o[n].x[e] /= (rc[e] >> 4) < 8 ? l0 : l1;
   __syncthreads();  // the key tiles become the staging
-  store_rows<H>(o, 1.f, stage, y + (long)b * T_ * C + h * H, C, qw, len);
+  store_rows<H>(o, 1.f, stage, y + row0 * C + h * H, C, qw, len);
 }
 
 #define PREFILL(T, S, H)                                                                                      \
   extern "C" __global__ void __launch_bounds__(128)                                                          \
-      tb_flash_prefill##H##_##S(const T* qkv, T* y, const unsigned int* lens, int T_, int nh, int head_stride, \
-                                int part, float scale2, const float* slopes) {                              \
-    flash_prefill<H, T>(qkv, y, lens, T_, nh, head_stride, part, scale2, slopes);                            \
+      tb_flash_prefill##H##_##S(const T* qkv, T* y, const unsigned int* lens, const unsigned int* starts,   \
+                                int T_, int nh, int head_stride, int part, float scale2, const float* slopes) { \
+    flash_prefill<H, T>(qkv, y, lens, starts, T_, nh, head_stride, part, scale2, slopes);                    \
   }
 PREFILL(__nv_bfloat16, bf16, 64)
 PREFILL(__half, f16, 64)

@@ -1,38 +1,61 @@
-//! Causal attention over whole right-padded sequences for inference (`--fused prefill`;
-//! kernel in flash_prefill.cu): the scoring forward's attention as one tensor-core kernel
-//! that reads the qkv projection's rows in place (either head layout, [`QkvLayout`]) and
-//! writes the output with the heads merged, ALiBi added where slopes are given. The composed
-//! path's head split and merge copies and its (B, nh, T, T) scores and bias are gone.
+//! Causal attention over whole sequences for inference (`--fused prefill`; kernel in
+//! flash_prefill.cu): the scoring forward's attention as one tensor-core kernel that reads
+//! the qkv projection's rows in place (either head layout, [`QkvLayout`]) and writes the
+//! output with the heads merged, ALiBi added where slopes are given. The composed path's head
+//! split and merge copies and its (B, nh, T, T) scores and bias are gone.
 //!
-//! Applies to bf16 / f16 on CUDA, head sizes 64 and 128. Rows at or past a sequence's length
-//! come out zero; a real row attends only real keys (right padding), so they are exact.
+//! Applies to bf16 / f16 on CUDA, head sizes 64 and 128 ([`prefill_applies`]). The sequences
+//! are right-padded rows of a batch, or packed end to end without padding ([`SeqRows`]). Rows
+//! at or past a sequence's length come out zero; a real row attends only real keys, so they
+//! are exact.
 //!
-//! Shapes: `B` batch, `T` padded time, `nh` heads, `hs` head size, `C` = nh·hs.
+//! Shapes: `B` sequences, `T` padded time, `N` packed rows, `nh` heads, `hs` head size,
+//! `C` = nh·hs.
 
 use super::{enabled, Fused, QkvLayout};
-use candle_core::{Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
+
+/// Where each sequence's rows are.
+#[derive(Clone, Copy)]
+pub struct SeqRows<'a> {
+    /// (B,) u32: each sequence's length.
+    pub lens: &'a Tensor,
+    /// (B,) u32: each sequence's first row, packed (qkv (1, N, 3C)); None: right-padded rows
+    /// of qkv (B, T, 3C), sequence b from row b·T.
+    pub starts: Option<&'a Tensor>,
+    /// The longest sequence (the grid's query tiles); padded: T.
+    pub longest: usize,
+}
+
+/// Whether the kernel runs for a model of `dtype` on `device` with heads of `hs`.
+pub fn prefill_applies(dtype: DType, device: &Device, hs: usize) -> bool {
+    let half = matches!(dtype, DType::BF16 | DType::F16);
+    let built = cfg!(feature = "cuda") && device.is_cuda();
+    enabled(Fused::Prefill) && built && half && matches!(hs, 64 | 128)
+}
 
 /// y (B, T, C) of softmax(q kᵀ·scale + causal [+ ALiBi]) v for each sequence's first
 /// `lens[b]` rows (zeros past them), from qkv (B, T, 3C) laid out as `layout`, `nh` heads of
-/// `hs`. lens: (B,) u32; slopes: (nh,) f32 ALiBi slopes, or None. None where the kernel does
-/// not apply (CPU, switched off, f32, another head size, unaligned rows).
+/// `hs`; packed, y (1, N, C) from qkv (1, N, 3C). slopes: (nh,) f32 ALiBi slopes, or None.
+/// None where the kernel does not apply ([`prefill_applies`], rows not 16-byte aligned).
 pub fn flash_prefill(
     qkv: &Tensor,
     layout: QkvLayout,
     (nh, hs): (usize, usize),
-    lens: &Tensor,
+    rows: SeqRows,
     slopes: Option<&Tensor>,
     scale: f64,
 ) -> Result<Option<Tensor>> {
-    if !enabled(Fused::Prefill) {
+    if !prefill_applies(qkv.dtype(), qkv.device(), hs) {
         return Ok(None);
     }
-    imp::flash_prefill(qkv, layout, (nh, hs), lens, slopes, scale)
+    imp::flash_prefill(qkv, layout, (nh, hs), rows, slopes, scale)
 }
 
 /// The CPU runs the matmuls and candle's softmax.
 #[cfg(not(feature = "cuda"))]
 mod imp {
+    use super::SeqRows;
     use crate::kernels::QkvLayout;
     use candle_core::{Result, Tensor};
 
@@ -40,7 +63,7 @@ mod imp {
         _: &Tensor,
         _: QkvLayout,
         _: (usize, usize),
-        _: &Tensor,
+        _: SeqRows,
         _: Option<&Tensor>,
         _: f64,
     ) -> Result<Option<Tensor>> {
@@ -50,6 +73,7 @@ mod imp {
 
 #[cfg(feature = "cuda")]
 mod imp {
+    use super::SeqRows;
     use crate::kernels::launch::{
         aligned16, device_address, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx, NULL,
     };
@@ -58,7 +82,7 @@ mod imp {
     use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::cuda_backend::WrapErr;
-    use candle_core::{CudaStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
+    use candle_core::{bail, CudaStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 
     const PTX: Ptx = ptx!("flash_prefill");
     const TILE: usize = 64;
@@ -77,6 +101,8 @@ mod imp {
         layout: QkvLayout,
         scale2: f32,
         lens: Tensor,           // (B,) u32, contiguous
+        starts: Option<Tensor>, // (B,) u32, contiguous
+        longest: usize,
         slopes: Option<Tensor>, // (nh,) f32, contiguous
     }
 
@@ -96,22 +122,29 @@ mod imp {
             let max_shared =
                 CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             func.set_attribute(max_shared, shared as i32).w()?;
+            let seqs = self.lens.dim(0)?;
             let cfg = LaunchConfig {
-                grid_dim: (t.div_ceil(TILE) as u32, (b * self.nh) as u32, 1),
+                grid_dim: (
+                    self.longest.div_ceil(TILE) as u32,
+                    (seqs * self.nh) as u32,
+                    1,
+                ),
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: shared,
             };
             let ints = [t, self.nh, self.layout.head_stride, self.layout.part].map(|v| v as i32);
             let lens = device_address(&self.lens)?;
+            let starts = self.starts.as_ref().map_or(Ok(NULL), device_address)?;
             let slopes = self.slopes.as_ref().map_or(Ok(NULL), device_address)?;
             with_dtype!(qkv.dtype(), T => {
                 let x = view::<T>(qkv, l)?;
                 // Rows past a sequence's length are not written: zeros, not stale memory.
                 let y = dev.alloc_zeros::<T>(b * t * c3 / 3)?;
-                // SAFETY: qkv holds B·T·3C elements, y B·T·C, lens B u32, slopes (when not
-                // null) nh f32; a block reads rows < lens[b] ≤ T of its sequence and writes
-                // its head's columns of those rows only.
-                launch!(unsafe func, cfg; &x, &y, &lens, &ints[0], &ints[1], &ints[2],
+                // SAFETY: qkv holds B·T·3C elements (packed: N·3C), y B·T·C (N·C), lens and
+                // starts B u32 (checked by flash_prefill against the rows), slopes (when not
+                // null) nh f32; a block reads rows < lens[b] of its sequence and writes its
+                // head's columns of those rows only.
+                launch!(unsafe func, cfg; &x, &y, &lens, &starts, &ints[0], &ints[1], &ints[2],
                     &ints[3], &self.scale2, &slopes)?;
                 Ok((CudaStorage::wrap_cuda_slice(y, dev), Shape::from((b, t, c3 / 3))))
             })
@@ -122,33 +155,44 @@ mod imp {
         qkv: &Tensor,
         layout: QkvLayout,
         (nh, hs): (usize, usize),
-        lens: &Tensor,
+        rows: SeqRows,
         slopes: Option<&Tensor>,
         scale: f64,
     ) -> Result<Option<Tensor>> {
-        let (b, _, c3) = qkv.dims3()?;
-        let half = matches!(qkv.dtype(), DType::BF16 | DType::F16);
+        let (b, t, c3) = qkv.dims3()?;
         let aligned =
             aligned16(qkv) && layout.head_stride.is_multiple_of(8) && layout.part.is_multiple_of(8);
-        if !qkv.device().is_cuda() || !half || !aligned || !matches!(hs, 64 | 128) {
+        if !aligned {
             return Ok(None);
         }
-        if c3 != 3 * nh * hs || lens.dims() != [b] || lens.dtype() != DType::U32 {
-            candle_core::bail!(
+        let seqs = match rows.starts {
+            Some(_) if b == 1 => rows.lens.dim(0)?, // packed
+            Some(_) => bail!("flash prefill: packed rows come as (1, N, 3C), not {b} rows"),
+            None if rows.longest == t => b,
+            None => bail!(
+                "flash prefill: padded rows of {t}, longest {}",
+                rows.longest
+            ),
+        };
+        let u32_of = |x: &Tensor| x.dims() == [seqs] && x.dtype() == DType::U32;
+        if c3 != 3 * nh * hs || !u32_of(rows.lens) || !rows.starts.is_none_or(u32_of) {
+            bail!(
                 "flash prefill: qkv {:?}, {nh} heads of {hs}, lens {:?}",
                 qkv.shape(),
-                lens.shape()
+                rows.lens.shape()
             );
         }
         if let Some(s) = slopes.filter(|s| s.dims() != [nh] || s.dtype() != DType::F32) {
-            candle_core::bail!("flash prefill: {nh} heads but ALiBi slopes {:?}", s.shape())
+            bail!("flash prefill: {nh} heads but ALiBi slopes {:?}", s.shape())
         }
         let op = Prefill {
             nh,
             hs,
             layout,
             scale2: (scale * LOG2_E) as f32,
-            lens: lens.contiguous()?,
+            lens: rows.lens.contiguous()?,
+            starts: rows.starts.map(Tensor::contiguous).transpose()?,
+            longest: rows.longest,
             slopes: slopes.map(Tensor::contiguous).transpose()?,
         };
         Ok(Some(qkv.apply_op1_no_bwd(&op)?))

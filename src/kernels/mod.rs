@@ -45,7 +45,7 @@ pub use decode_attention::{decode_attention, decode_begin, CacheSlot, QkvLayout}
 pub use dropout::{apply_keep, draw_keep, dropout, keep_mask, set_dropout_seed, Keep};
 pub use embedding::{embedding_bwd, embedding_fwd};
 pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
-pub use flash_prefill::flash_prefill;
+pub use flash_prefill::{flash_prefill, prefill_applies, SeqRows};
 pub use gemv::gemv;
 pub use graph::{capture, param_cache, replays, Graph, ParamCache};
 pub use heads::{merge_heads, split_heads};

@@ -44,14 +44,18 @@ pub fn causal_padding_bias_last(key_mask: &Tensor, tq: usize) -> Result<Tensor> 
     causal.broadcast_add(&keys)
 }
 
-/// The keys of a forward over whole right-padded sequences (scoring): each row attends its
-/// sequence's earlier positions. The fused kernel takes the sequences' lengths; the composed
-/// path's bias is made from the mask when first asked for.
+/// The keys of a forward over whole sequences (scoring): each row attends its sequence's
+/// earlier positions. Right-padded rows of a batch, or the sequences packed end to end without
+/// padding (only the fused kernel, [`kernels::prefill_applies`], takes those). The kernel takes
+/// the sequences' rows; the composed path's bias is made from the mask when first asked for.
 pub struct WholeSequences<'a> {
-    /// (B,) u32: real tokens a row.
+    /// (B,) u32: real tokens a sequence.
     lens: Tensor,
-    /// (B, T) u32: 1 real, 0 right padding.
-    mask: &'a Tensor,
+    /// (B,) u32: each sequence's first row, packed; None for padded rows.
+    starts: Option<Tensor>,
+    longest: usize,
+    /// (B, T) u32: 1 real, 0 right padding; None packed.
+    mask: Option<&'a Tensor>,
     bias: OnceLock<Tensor>,
 }
 
@@ -60,22 +64,52 @@ impl<'a> WholeSequences<'a> {
     pub fn new(attention_mask: &'a Tensor) -> Result<Self> {
         Ok(Self {
             lens: attention_mask.to_dtype(DType::U32)?.sum(1)?,
-            mask: attention_mask,
+            starts: None,
+            longest: attention_mask.dim(1)?,
+            mask: Some(attention_mask),
             bias: OnceLock::new(),
         })
     }
 
-    /// (B,) u32.
-    pub fn lens(&self) -> &Tensor {
-        &self.lens
+    /// Sequences of `lens` tokens laid end to end (rows 0..Σ lens).
+    pub fn packed(lens: &[usize], device: &Device) -> Result<Self> {
+        let starts: Vec<u32> = lens
+            .iter()
+            .scan(0, |row, &n| {
+                *row += n;
+                Some((*row - n) as u32)
+            })
+            .collect();
+        let n = lens.len();
+        let lens_u32 = lens.iter().map(|&l| l as u32).collect();
+        Ok(Self {
+            lens: Tensor::from_vec(lens_u32, n, device)?,
+            starts: Some(Tensor::from_vec(starts, n, device)?),
+            longest: lens.iter().copied().max().unwrap_or(0),
+            mask: None,
+            bias: OnceLock::new(),
+        })
     }
 
-    /// The composed path's bias, `make` of the mask, made once.
+    /// The rows as the fused kernel takes them.
+    pub fn rows(&self) -> kernels::SeqRows<'_> {
+        kernels::SeqRows {
+            lens: &self.lens,
+            starts: self.starts.as_ref(),
+            longest: self.longest,
+        }
+    }
+
+    /// The composed path's bias, `make` of the (B, T) mask, made once; packed sequences have
+    /// none (the fused kernel only).
     pub fn bias(&self, make: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
         if let Some(b) = self.bias.get() {
             return Ok(b.clone());
         }
-        let bias = make(self.mask)?;
+        let Some(mask) = self.mask else {
+            candle_core::bail!("packed sequences need the fused attention (--fused prefill)")
+        };
+        let bias = make(mask)?;
         Ok(self.bias.get_or_init(|| bias).clone())
     }
 }
@@ -334,6 +368,22 @@ mod tests {
     fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
         let d = (a - b).unwrap().abs().unwrap().flatten_all().unwrap();
         d.max(0).unwrap().to_scalar::<f32>().unwrap()
+    }
+
+    #[test]
+    fn packed_sequences_start_where_the_one_before_ends() -> Result<()> {
+        let whole = WholeSequences::packed(&[3, 1, 4], &Device::Cpu)?;
+        let rows = whole.rows();
+        assert_eq!(rows.lens.to_vec1::<u32>()?, [3, 1, 4]);
+        assert_eq!(rows.starts.expect("packed").to_vec1::<u32>()?, [0, 3, 4]);
+        assert_eq!(rows.longest, 4);
+        assert!(whole.bias(causal_padding_bias).is_err(), "no composed path");
+        let mask = Tensor::new(&[[1u32, 1, 0], [1, 0, 0]], &Device::Cpu)?;
+        let padded = WholeSequences::new(&mask)?;
+        assert_eq!(padded.rows().lens.to_vec1::<u32>()?, [2, 1]);
+        assert!(padded.rows().starts.is_none());
+        assert_eq!(padded.bias(causal_padding_bias)?.dims(), [2, 1, 3, 3]);
+        Ok(())
     }
 
     #[test]

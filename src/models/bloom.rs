@@ -293,8 +293,8 @@ impl Attention {
             head_stride: 3 * hs,
             part: hs,
         };
-        let (lens, slopes) = (whole.lens(), Some(&self.slopes));
-        if let Some(y) = kernels::flash_prefill(&qkv, layout, (nh, hs), lens, slopes, self.scale)? {
+        let (rows, slopes) = (whole.rows(), Some(&self.slopes));
+        if let Some(y) = kernels::flash_prefill(&qkv, layout, (nh, hs), rows, slopes, self.scale)? {
             return self.dense.forward_unsummed(&y); // (B, T, nh·hs) -> (B, T, H)
         }
         let bias = whole.bias(|mask| {
@@ -515,6 +515,28 @@ impl CausalLm for Bloom {
             x = block.forward(&x, &bias, self.mode)?;
         }
         self.ln_f.forward(&x, self.mode)
+    }
+
+    fn hidden_states_packed(
+        &self,
+        input_ids: &Tensor,
+        lens: &[usize],
+    ) -> candle_core::Result<Option<Tensor>> {
+        let (dtype, device) = (self.word_embeddings.dtype(), input_ids.device());
+        if self.mode.train || !kernels::prefill_applies(dtype, device, self.head_size) {
+            return Ok(None);
+        }
+        let n = input_ids.elem_count();
+        let x = self
+            .word_embeddings
+            .index_select(&input_ids.flatten_all()?, 0)?; // (N, H)
+        let x = self
+            .word_embeddings_layernorm
+            .forward(&x.reshape((1, n, ()))?, self.mode)?; // (1, N, H)
+                                                           // No positions: the kernel adds ALiBi from each key's index in its sequence.
+        let whole = WholeSequences::packed(lens, device)?;
+        let h = self.blocks_inference(x, |_, attn, h| attn.whole_unsummed(h, &whole))?;
+        Ok(Some(h))
     }
 
     fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {

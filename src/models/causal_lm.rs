@@ -14,6 +14,19 @@ pub trait CausalLm {
         attention_mask: &Tensor,
     ) -> candle_core::Result<Tensor>;
 
+    /// [`CausalLm::hidden_states`] of sequences packed end to end without padding: input_ids
+    /// (1, N) u32, `lens` the sequences' lengths (summing to N). Returns (1, N, C), or None
+    /// where the model has no packed forward (training mode, or the fused attention does not
+    /// apply: [`crate::kernels::prefill_applies`]); the caller pads instead.
+    fn hidden_states_packed(
+        &self,
+        input_ids: &Tensor,
+        lens: &[usize],
+    ) -> candle_core::Result<Option<Tensor>> {
+        let _ = (input_ids, lens);
+        Ok(None)
+    }
+
     /// LM-head logits of selected hidden states: (N, C) -> (N, V). Kept apart from
     /// [`CausalLm::hidden_states`] so that scoring computes only the rows it reads.
     fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor>;

@@ -264,8 +264,8 @@ impl Attention {
             head_stride: hs,
             part: c,
         };
-        let lens = whole.lens();
-        if let Some(y) = kernels::flash_prefill(&qkv, layout, (c / hs, hs), lens, None, self.scale)?
+        let rows = whole.rows();
+        if let Some(y) = kernels::flash_prefill(&qkv, layout, (c / hs, hs), rows, None, self.scale)?
         {
             return self.c_proj.forward_unsummed(&y); // (B, T, c) -> (B, T, C)
         }
@@ -490,6 +490,31 @@ impl CausalLm for Gpt2 {
             x = block.forward(&x, &bias, self.mode)?;
         }
         self.ln_f.forward(&x, self.mode)
+    }
+
+    fn hidden_states_packed(
+        &self,
+        input_ids: &Tensor,
+        lens: &[usize],
+    ) -> candle_core::Result<Option<Tensor>> {
+        let hs = self.cfg.n_embd / self.cfg.n_head;
+        let (dtype, device) = (self.wte.dtype(), input_ids.device());
+        if self.mode.train || !kernels::prefill_applies(dtype, device, hs) {
+            return Ok(None);
+        }
+        if let Some(n) = lens.iter().find(|&&n| n > self.cfg.n_positions) {
+            candle_core::bail!(
+                "sequence of {n} tokens is longer than n_positions {}",
+                self.cfg.n_positions
+            );
+        }
+        // Each sequence's positions from 0.
+        let positions: Vec<u32> = lens.iter().flat_map(|&n| 0..n as u32).collect();
+        let positions = Tensor::from_vec(positions, input_ids.dims(), device)?; // (1, N)
+        let embeddings = self.embed_at(input_ids, &positions)?; // (1, N, C) twice
+        let whole = WholeSequences::packed(lens, device)?;
+        let h = self.blocks_inference(embeddings, |_, attn, h| attn.whole_unsummed(h, &whole))?;
+        Ok(Some(h))
     }
 
     fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {

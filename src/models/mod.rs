@@ -145,6 +145,14 @@ impl ModelSpec {
         }
     }
 
+    /// The attention heads' size.
+    pub fn head_size(&self) -> usize {
+        match &self.arch {
+            Architecture::Gpt2(c) => c.n_embd / c.n_head,
+            Architecture::Bloom(c) => c.hidden_size / c.n_head,
+        }
+    }
+
     pub fn n_parameters(&self) -> usize {
         match &self.arch {
             Architecture::Gpt2(c) => c.n_parameters(),

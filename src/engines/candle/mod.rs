@@ -33,6 +33,9 @@ pub struct CandleEngine {
     /// Generation: the KV cache, kept between calls (a new one only when a call needs more
     /// rows or positions than it has).
     pub cache: Option<KvCache>,
+    /// Whether scoring runs the batch's passages end to end without padding (the fused
+    /// attention applies: [`crate::kernels::prefill_applies`]); the log header says so.
+    pub packs: bool,
 }
 
 /// What every capability of the engine shares (scoring, generation): its name, versions,
@@ -43,7 +46,12 @@ impl Engine for CandleEngine {
     }
 
     fn info(&self) -> BTreeMap<String, String> {
-        engine_info(&self.device)
+        let mut info = engine_info(&self.device);
+        if self.packs {
+            let how = "packed: each batch's passages end to end, no padding";
+            info.insert("scoring".into(), how.into());
+        }
+        info
     }
 
     fn load_seconds(&self) -> f64 {
@@ -139,12 +147,14 @@ impl CandleEngine {
                 dir.display()
             );
         }
+        let packs = crate::kernels::prefill_applies(dtype, &device, model.head_size());
         Ok(Self {
             model: loaded,
             device,
             memory,
             load_seconds,
             cache: None,
+            packs,
         })
     }
 }
