@@ -61,17 +61,15 @@ csvs() {
   # ranges): bloom-560m on d5e65b8 (the call's c0ee17b runs were its "before"), bloom-7b1.
   part b1 -i $M/gen-final-run1/gen-logs.tgz --where model=bloom-560m --where git_commit=d5e65b89a468
   part b2 -i $M/gen-7b1-hf-run1/gen-logs.tgz
-  # WikiText-2 fine-tuning against HF Trainer compiled: 3dafedb (the call's 422f93f was its
-  # "before") and d2bfa9a's two calls (run8's second candle run lacks flash and residual).
-  part c1 -i $M/train-run10/train-compare-logs.tgz --where git_commit=3dafedb27854
-  part c2 -i $M/train-run8/train-compare-logs.tgz \
-    --where run!=wikitext2_gpt2_candle_bf16_bs8_cuda0_20261123T215932Z
-  part c3 -i $M/train-run8-repeat/repeat-logs.tgz
+  # WikiText-2 fine-tuning of gpt2 at batch 8 on the binaries before 0c8e9fe (train-run8,
+  # train-run8-repeat, train-run10: README's old 1.06–1.19× spread) is no longer read: the
+  # three engines on 9d8602b (c7) replace it; HISTORY.md keeps those calls.
   # 0c8e9fe (#40, the remaining re-measure), two calls on one machine, one after the other:
   # FT mode padded to 64 (compiled HF candidates on buckets) and bloom-7b1's FT mode (run4),
   # then FT mode at pad 1 and the training engines (run5). run5's archive holds run4's logs
   # too (the same /tmp on the same machine), so its ratios are against HF's fastest at either
-  # padding; run4's own archive is not read again.
+  # padding; run4's own archive is not read again. Its training call stays beside c7 as the
+  # binary before 9d8602b, with HF uncompiled (which c7 did not run): README quotes both.
   part a5 -i $M/remeasure-run5/remeasure-logs.tgz
   part c4 -i $M/remeasure-run5/train-compare-logs.tgz
   # 2709757 (#36): dropout inside the fused attention and the residual adds — the three engines
@@ -79,12 +77,22 @@ csvs() {
   # the same machine: the three engines without dropout at gpt2 batch 16 and 32 and gpt2-medium
   # and gpt2-large batch 8, 30 timed steps (train-table-run1). The second call's archive holds
   # the first's logs too (the same /tmp), so it is read alone. llm.c has no dropout, but the
-  # header of its run in the dropout sweep says on: left out.
+  # header of its run in the dropout sweep says on: left out. Its gpt2 batch 16 and 32 runs
+  # are left out too: c7 measured them again on 9d8602b.
   part c5 -i $M/train-table-run1/train-compare-logs.tgz \
-    --where run!=wikitext2_gpt2_llmc_bf16_bs8_cuda0_20261126T043607Z
+    --where run!=wikitext2_gpt2_llmc_bf16_bs8_cuda0_20261126T043607Z \
+    --where run!=wikitext2_gpt2_candle_bf16_bs16_cuda0_20261126T044233Z \
+    --where run!=wikitext2_gpt2_hf-compile_bf16_bs16_cuda0_20261126T044259Z \
+    --where run!=wikitext2_gpt2_llmc_bf16_bs16_cuda0_20261126T044336Z \
+    --where run!=wikitext2_gpt2_candle_bf16_bs32_cuda0_20261126T044345Z \
+    --where run!=wikitext2_gpt2_hf-compile_bf16_bs32_cuda0_20261126T044414Z \
+    --where run!=wikitext2_gpt2_llmc_bf16_bs32_cuda0_20261126T044452Z
   # 739a545: the three engines at gpt2-medium batch 16 and 32, gpt2-large batch 16, 20 timed
   # steps (a fresh machine).
   part c6 -i $M/train-table-run2/train-compare-logs.tgz
+  # 9d8602b (#36, after ab-run5's faster step): the three engines at gpt2 batch 16, 8, 32, 30
+  # timed steps, one call (one archive: the same /tmp).
+  part c7 -i $M/train-table-run3/train-compare-logs.tgz
   host h100
   # 2× H100 (#34, #40): tp on 76b0da8 (multi-run1's own logs, not its smoke stage's tiny
   # models), dp on 7c35eef without the withdrawn bf16 gradient sum, the strategies, and HF's
@@ -188,7 +196,7 @@ intro() {
     "its log's header holds the command line, GPU, driver, CUDA version and the binary's commit." \
     "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
     "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
-    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..5, gen-final-run1, gen-7b1-hf-run1, train-run8, train-run8-repeat, train-run10, dropout-run3, train-table-run1..2 |" \
+    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..5, gen-final-run1, gen-7b1-hf-run1, dropout-run3, train-table-run1..3 |" \
     "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
     "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6, multi-run12 |" \
