@@ -56,7 +56,12 @@ csvs() {
   # timed loop (run3 warms it up), so run2 gives FT mode and decoding only.
   part a1 -i $M/remeasure-run1/hf-probe-logs.tgz
   part a2 -i $M/remeasure-run2/remeasure-logs.tgz --where mode=generate
-  part a3 -i $M/remeasure-run3/remeasure-logs.tgz
+  # LAMBADA scoring on 3f3d74e (#37: the fused prefill attention, the passages packed) against
+  # HF's best, the same script as remeasure-run3 (whose 9d8602b figures HISTORY.md keeps): gpt2
+  # and bloom-560m in one call (prefill-run2, where bloom-7b1 ran out of the call's time), then
+  # bloom-7b1 alone on the same machine (prefill-run3, /tmp cleared first).
+  part a3 -i $M/prefill-run2/remeasure-logs.tgz
+  part a4 -i $M/prefill-run3/remeasure-logs.tgz
   # Decoding on earlier binaries, against compiled HF, BLOOM's only attention (README's
   # ranges): bloom-560m on d5e65b8 (the call's c0ee17b runs were its "before"), bloom-7b1.
   part b1 -i $M/gen-final-run1/gen-logs.tgz --where model=bloom-560m --where git_commit=d5e65b89a468
@@ -196,7 +201,7 @@ intro() {
     "its log's header holds the command line, GPU, driver, CUDA version and the binary's commit." \
     "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
     "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
-    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..5, gen-final-run1, gen-7b1-hf-run1, dropout-run3, train-table-run1..3 |" \
+    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..5, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, dropout-run3, train-table-run1..3 |" \
     "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
     "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6, multi-run12 |" \
