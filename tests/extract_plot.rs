@@ -267,7 +267,7 @@ fn training_logs_of_every_engine_give_the_train_csv_columns() {
 /// becomes two columns, so that a manual and an autograd run stay two rows of their own; other
 /// engines leave them empty.
 #[test]
-fn candle_backward_and_fused_become_columns() {
+fn candle_backward_fused_and_scoring_become_columns() {
     let dir = tempfile::tempdir().unwrap();
     train_log_as(dir.path(), "a_manual", "candle", None, 124.0);
     train_log_as(dir.path(), "b_autograd", "candle", None, 58.5);
@@ -288,6 +288,9 @@ fn candle_backward_and_fused_become_columns() {
             info["backward"] = b.into();
             info["fused"] = "lt,softmax,bias-act".into();
         }
+        if name == "a_manual" {
+            info["scoring"] = "packed: each batch's passages end to end, no padding".into();
+        }
         let body: Vec<String> = lines.iter().map(|v| v.to_string()).collect();
         std::fs::write(&path, body.join("\n") + "\n").unwrap();
     }
@@ -295,14 +298,16 @@ fn candle_backward_and_fused_become_columns() {
         "-i",
         dir.path().to_str().unwrap(),
         "--columns",
-        "engine,backward,fused",
+        "engine,backward,fused,scoring",
     ]);
     let csv = String::from_utf8_lossy(ok_stdout(&o)).into_owned();
     let rows: Vec<&str> = csv.lines().collect();
-    assert_eq!(rows[0], "engine,backward,fused");
-    assert_eq!(rows[1], "candle,manual,\"lt,softmax,bias-act\"", "{csv}");
-    assert_eq!(rows[2], "candle,autograd,\"lt,softmax,bias-act\"", "{csv}");
-    assert_eq!(rows[3], "hf,,", "{csv}");
+    assert_eq!(rows[0], "engine,backward,fused,scoring");
+    let packed = "packed: each batch's passages end to end, no padding";
+    let first = format!("candle,manual,\"lt,softmax,bias-act\",\"{packed}\"");
+    assert_eq!(rows[1], first, "{csv}");
+    assert_eq!(rows[2], "candle,autograd,\"lt,softmax,bias-act\",", "{csv}");
+    assert_eq!(rows[3], "hf,,,", "{csv}");
 }
 
 #[test]

@@ -184,8 +184,9 @@ fn engine_columns(row: &mut RunRow, h: &Header) {
             m_insert(row, column, v);
         }
     }
-    // candle's configuration: its fused paths and how a training step gets its gradients.
-    for key in ["fused", "backward", "recompute"] {
+    // candle's configuration: its fused paths, how a training step gets its gradients, and
+    // how scoring lays out a batch (packed: its passages end to end, no padding).
+    for key in ["fused", "backward", "recompute", "scoring"] {
         if let Some(v) = info.get(key) {
             m_insert(row, key, v);
         }

@@ -35,6 +35,7 @@ pub const META: &[&str] = &[
     "dp_overlap",
     "dropout",
     "fused",
+    "scoring",
     "mode",
     "gen_source",
     "status",
