@@ -37,6 +37,8 @@ pub const META: &[&str] = &[
     "fused",
     "mode",
     "gen_source",
+    "arrivals",
+    "batching",
     "status",
     "error",
     "git_commit",
