@@ -84,7 +84,7 @@ pub fn arrivals_ms(n: usize, rate: f64, burstiness: f64, seed: u64) -> Result<Ve
         return Ok(vec![0.; n]);
     }
     let bad = |what: &str| Error::Config(format!("{what}: give a positive number"));
-    if !(rate > 0.) {
+    if rate.is_nan() || rate <= 0. {
         return Err(bad("--request-rate"));
     }
     if !(burstiness > 0. && burstiness.is_finite()) {
