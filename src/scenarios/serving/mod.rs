@@ -98,6 +98,8 @@ impl Scenario for Serving<'_> {
             },
             load_seconds: engine.load_seconds(),
             serving: Some(Box::new(info(self.0))),
+            // Each call's prompts are left-padded to their longest, rounded up to this.
+            pad_multiple: Some(spec.pad_multiple),
             ..base_header(spec, args.weights, &tokenizer, host, data_info(&prompts))
         };
         let padding = Padding {
