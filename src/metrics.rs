@@ -1,5 +1,6 @@
-//! Every metric the bench reports, defined once, with its formula.
+//! Every metric the bench reports, defined once, with its formula (the serving suite's: [`serving`]).
 
+pub mod serving;
 use crate::error::message_without_backtrace;
 use crate::record::{
     BatchRecord, GenBatchRecord, PhaseMs, RunStatus, Spread, StepRecord, Summary, TrainSummary,

@@ -15,8 +15,10 @@ use crate::env::EnvReport;
 use crate::models::ModelInfo;
 use serde::{Deserialize, Serialize};
 
+pub mod serving;
 mod status;
 pub mod sweep;
+pub use serving::{Percentiles, RequestRecord, ServingInfo, ServingSummary};
 pub use status::RunStatus;
 pub use sweep::{
     Spread, SweepConfig, SweepHeader, SweepOutcome, SweepRepeats, SweepRun, SWEEP_LOG,
@@ -39,6 +41,9 @@ pub enum Record {
     /// place of [`BatchRecord`]s.
     GenBatch(GenBatchRecord),
     TrainSummary(Box<TrainSummary>),
+    /// The serving suite: one per request as its batch ends, then a [`ServingSummary`].
+    Request(Box<RequestRecord>),
+    ServingSummary(Box<ServingSummary>),
 }
 
 /// Training set-up recorded in the header of a training run.
@@ -303,6 +308,9 @@ pub struct Header {
     /// Generation runs only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<GenerationInfo>,
+    /// The serving suite only: its load and batching.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving: Option<Box<ServingInfo>>,
     /// What `--device auto` / `--dtype auto` chose and why (`device` and `dtype` hold the
     /// choice).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -147,8 +147,9 @@ pub struct RunArgs {
     /// Workload to run: lambada (scoring, or generation with --mode generate), wikitext2
     /// (fine-tuning), generation (prompts from a text, time to first token and inter-token
     /// latency), shakespeare (Tiny Shakespeare as llm.c splits it, training from random
-    /// weights or a checkpoint: time per epoch, train/val loss, peak memory, MFU).
-    #[arg(long, default_value = "lambada", value_parser = ["lambada", "wikitext2", "generation", "shakespeare"])]
+    /// weights or a checkpoint: time per epoch, train/val loss, peak memory, MFU), serving
+    /// (requests arriving over time, batched as they arrive: TTFT, TPOT, goodput; candle).
+    #[arg(long, default_value = "lambada", value_parser = ["lambada", "wikitext2", "generation", "shakespeare", "serving"])]
     pub suite: String,
 
     /// LAMBADA: score (lm-eval: the last word's log-likelihood from one forward pass) or
@@ -200,7 +201,8 @@ pub struct RunArgs {
     #[arg(long, value_enum)]
     pub weights: Option<WeightsKind>,
 
-    /// Seed of random weights.
+    /// Seed of random weights; for --suite serving also of the arrival times, the lengths and
+    /// the prompts' random ids.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
@@ -435,6 +437,9 @@ pub struct RunArgs {
 
     #[command(flatten)]
     pub train: TrainArgs,
+
+    #[command(flatten)]
+    pub serve: ServeArgs,
 }
 
 /// `--recompute off,on`.
@@ -536,6 +541,54 @@ impl TrainArgs {
             (self.drop_last, "--drop-last"),
             (!self.recompute.is_empty(), "--recompute"),
             (self.save.is_some(), "--save"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
+    }
+}
+
+/// The serving suite (`--suite serving`): its load, over the suite file's `[serving]`.
+#[derive(Args, Debug, Default)]
+#[command(next_help_heading = "Serving (--suite serving)")]
+pub struct ServeArgs {
+    /// Open loop: requests sent per second (`inf`: all at once) [default: the suite file's,
+    /// 16; inf with --max-concurrency alone].
+    #[arg(long, value_name = "R")]
+    pub request_rate: Option<f64>,
+    /// Inter-arrival times drawn from a gamma of shape B, scale 1/(R·B) (vLLM's): 1 is a
+    /// Poisson process, below 1 burstier, above 1 more even [default: 1].
+    #[arg(long, value_name = "B")]
+    pub burstiness: Option<f64>,
+    /// Closed loop: at most C requests in flight; a request is sent when one finishes (and
+    /// not before its time under --request-rate).
+    #[arg(long, value_name = "C")]
+    pub max_concurrency: Option<usize>,
+    /// Timed requests, after the untimed warm-up calls [default: the suite file's, 64].
+    #[arg(long, value_name = "N")]
+    pub num_requests: Option<usize>,
+    /// Prompt tokens (random ids): N, or A:B drawn uniformly per request [default: 128].
+    #[arg(long, value_name = "N|A:B")]
+    pub input_len: Option<String>,
+    /// Output tokens, exactly (EOS banned): N, or A:B drawn uniformly [default: 64].
+    #[arg(long, value_name = "N|A:B")]
+    pub output_len: Option<String>,
+    /// Goodput's limits: requests/s whose time to first token is at most X ms and time per
+    /// output token (the first excluded) at most Y ms.
+    #[arg(long, value_name = "ttft_ms=X,tpot_ms=Y")]
+    pub slo: Option<String>,
+}
+
+impl ServeArgs {
+    /// The first serving flag given, for the error when the suite does not serve.
+    pub(super) fn given(&self) -> Option<&'static str> {
+        [
+            (self.request_rate.is_some(), "--request-rate"),
+            (self.burstiness.is_some(), "--burstiness"),
+            (self.max_concurrency.is_some(), "--max-concurrency"),
+            (self.num_requests.is_some(), "--num-requests"),
+            (self.input_len.is_some(), "--input-len"),
+            (self.output_len.is_some(), "--output-len"),
+            (self.slo.is_some(), "--slo"),
         ]
         .into_iter()
         .find_map(|(given, flag)| given.then_some(flag))

@@ -13,8 +13,10 @@ use crate::report::console::{
     generate_side_by_side, side_by_side, summary_table, sweep_table, train_side_by_side,
     train_sweep_table, train_table,
 };
+use crate::report::console_serving::serving_table;
 use crate::scenarios::generate::Generation;
 use crate::scenarios::lambada::Lambada;
+use crate::scenarios::serving::Serving;
 use crate::scenarios::skeleton::{self, TimedRun};
 use crate::scenarios::train::{prepare::prepare, Training};
 use crate::scenarios::verify::verify;
@@ -190,6 +192,15 @@ fn single(spec: RunSpec) -> Result<ExitCode> {
                 print!("{}", generate_side_by_side(candle, hf));
             }
             return Ok(exit(accuracy_gate(opts.acc_threshold, &outcomes)));
+        }
+        Workload::Serve(opts) => {
+            let outcomes = skeleton::run(&spec, &Serving(opts))?;
+            for out in outcomes.iter().filter(|_| print) {
+                print!(
+                    "{}",
+                    serving_table(&out.header, &out.summary, &out.log_path)
+                );
+            }
         }
         Workload::Score => {
             let outcomes = skeleton::run(&spec, &TimedRun(Lambada))?;

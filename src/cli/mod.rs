@@ -6,8 +6,8 @@ pub mod commands;
 pub mod plan;
 
 pub use args::{
-    Cli, Command, DeviceArg, DistCheckArgs, DtypeArg, EnvArgs, Mode, RunArgs, Strategy, Toggle,
-    TrainArgs, VerifyArgs, WeightsKind,
+    Cli, Command, DeviceArg, DistCheckArgs, DtypeArg, EnvArgs, Mode, RunArgs, ServeArgs, Strategy,
+    Toggle, TrainArgs, VerifyArgs, WeightsKind,
 };
 use clap::Parser;
 use std::process::ExitCode;

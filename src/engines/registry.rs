@@ -25,6 +25,8 @@ pub enum Capability {
     Generate,
     /// Training steps ([`Train`]).
     Train,
+    /// Requests arriving over time, through [`Generate`] (the serving suite).
+    Serve,
 }
 
 /// Which weights an engine reads.
@@ -54,7 +56,12 @@ pub struct Entry {
 pub const ENGINES: [Entry; 3] = [
     Entry {
         kind: EngineKind::Candle,
-        capabilities: &[Capability::Score, Capability::Generate, Capability::Train],
+        capabilities: &[
+            Capability::Score,
+            Capability::Generate,
+            Capability::Train,
+            Capability::Serve,
+        ],
         weights: Weights::RandomOrDir,
         in_process: true,
         probes: false,
@@ -114,6 +121,7 @@ pub fn supports(kind: EngineKind, cap: Capability) -> Result<()> {
             Capability::Score => "scoring",
             Capability::Generate => "generation",
             Capability::Train => "training",
+            Capability::Serve => "serving",
         },
         able.join(" or ")
     )))

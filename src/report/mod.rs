@@ -1,6 +1,7 @@
 //! Reports: what turns run records into something to read.
 //!
-//! - [`console`]: the tables `bench` prints after a run (always built).
+//! - [`console`]: the tables `bench` prints after a run (always built); [`console_serving`]:
+//!   the serving suite's.
 //!
 //! With the `report` feature, reading results back: run logs of every engine -> rows -> CSV,
 //! Markdown tables and charts. That part reads what `bench` (or HF Trainer, or llm.c) wrote and
@@ -20,6 +21,7 @@
 //! - [`plot`]: `plot`, an extract-metrics CSV -> a PNG or SVG chart.
 
 pub mod console;
+pub mod console_serving;
 #[cfg(feature = "report")]
 pub mod extract;
 #[cfg(feature = "report")]

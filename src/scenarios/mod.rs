@@ -11,6 +11,8 @@
 //! - [`lambada`]: LAMBADA scored like lm-eval `lambada_openai`.
 //! - [`generate`]: greedy generation with a KV cache: LAMBADA the FasterTransformer way
 //!   (`--mode generate`) and the generation suite (time to first token, inter-token latency).
+//! - [`serving`]: requests arriving over time (open or closed loop), served by static batching
+//!   of what has arrived: TTFT, TPOT, E2E, goodput.
 //! - [`train`]: causal-LM training with HF Trainer's semantics, one scenario over two data
 //!   sources: WikiText-2 (run_clm data, [`train::data`]) and Tiny Shakespeare
 //!   ([`train::shakespeare`]: llm.c's split).
@@ -20,6 +22,7 @@
 pub mod generate;
 pub mod lambada;
 pub mod passes;
+pub mod serving;
 pub mod skeleton;
 pub mod spec;
 pub mod suite_file;
@@ -27,5 +30,6 @@ pub mod train;
 pub mod verify;
 
 pub use spec::{
-    DpRun, GenerateOptions, GenerateSource, HfParallel, RunSpec, TrainOptions, Workload,
+    DpRun, GenerateOptions, GenerateSource, HfParallel, RunSpec, ServeOptions, TrainOptions,
+    Workload,
 };

@@ -397,8 +397,9 @@ pub fn base_header(
     host: EnvReport,
     data: DataInfo,
 ) -> Header {
-    // Scoring and generation time passes over their batches; training times its steps.
-    let timed_loop = !matches!(spec.workload, Workload::Train(_));
+    // Scoring and generation time passes over their batches; training times its steps,
+    // serving its requests.
+    let timed_loop = !matches!(spec.workload, Workload::Train(_) | Workload::Serve(_));
     Header {
         schema_version: SCHEMA_VERSION,
         tool: "transformer-bench".into(),
@@ -435,6 +436,7 @@ pub fn base_header(
         }),
         dp: None,
         generation: None,
+        serving: None,
         auto: spec.auto.clone(),
     }
 }

@@ -67,6 +67,8 @@ pub enum Workload {
     Generate(GenerateOptions),
     /// Causal-LM training ([`crate::scenarios::wikitext2`]).
     Train(TrainOptions),
+    /// Requests arriving over time, batched as they arrive ([`crate::scenarios::serving`]).
+    Serve(ServeOptions),
 }
 
 impl Workload {
@@ -77,6 +79,7 @@ impl Workload {
             Workload::Score => Capability::Score,
             Workload::Generate(_) => Capability::Generate,
             Workload::Train(_) => Capability::Train,
+            Workload::Serve(_) => Capability::Serve,
         }
     }
 }
@@ -103,6 +106,14 @@ pub struct GenerateOptions {
     pub source: GenerateSource,
     /// `--acc-threshold`: exit non-zero when the accuracy is below it (FT's CI gate).
     pub acc_threshold: Option<f64>,
+}
+
+/// Serving flags, resolved against the suite file: the load, and the goodput's limits.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub load: crate::scenarios::serving::load::LoadSpec,
+    /// `--slo`: None, no goodput.
+    pub slo: Option<crate::metrics::serving::Slo>,
 }
 
 /// Training flags, resolved against the suite file.

@@ -9,6 +9,7 @@ pub const LAMBADA_TOML: &str = include_str!("../../suites/lambada.toml");
 pub const WIKITEXT2_TOML: &str = include_str!("../../suites/wikitext2.toml");
 pub const GENERATION_TOML: &str = include_str!("../../suites/generation.toml");
 pub const SHAKESPEARE_TOML: &str = include_str!("../../suites/shakespeare.toml");
+pub const SERVING_TOML: &str = include_str!("../../suites/serving.toml");
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -25,6 +26,29 @@ pub struct SuiteFile {
     /// The generation suite: prompt length and new tokens of a run.
     #[serde(default)]
     pub generation: Option<SuiteGeneration>,
+    /// The serving suite: the load its runs put on the engine.
+    #[serde(default)]
+    pub serving: Option<SuiteServing>,
+}
+
+/// `[serving]`: each key is replaced by its flag (`--num-requests`, `--request-rate`, …).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SuiteServing {
+    pub num_requests: usize,
+    /// Requests/s (`inf`: every request at 0).
+    pub request_rate: f64,
+    #[serde(default = "one")]
+    pub burstiness: f64,
+    #[serde(default)]
+    pub max_concurrency: Option<usize>,
+    /// Tokens: `N` or a uniform range `A:B`.
+    pub input_len: String,
+    pub output_len: String,
+}
+
+fn one() -> f64 {
+    1.
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -89,8 +113,9 @@ impl SuiteFile {
             "wikitext2" => Self::parse(WIKITEXT2_TOML, "suites/wikitext2.toml"),
             "generation" => Self::parse(GENERATION_TOML, "suites/generation.toml"),
             "shakespeare" => Self::parse(SHAKESPEARE_TOML, "suites/shakespeare.toml"),
+            "serving" => Self::parse(SERVING_TOML, "suites/serving.toml"),
             _ => Err(Error::Config(format!(
-                "unknown suite '{name}': available suites are lambada, wikitext2, generation, shakespeare"
+                "unknown suite '{name}': available suites are lambada, wikitext2, generation, shakespeare, serving"
             ))),
         }
     }
@@ -118,6 +143,13 @@ mod tests {
     fn builtin_lambada_suite_parses() {
         let s = SuiteFile::builtin("lambada").unwrap();
         assert_eq!((s.run.batch_size, s.data.n_samples), (16, 5153));
+    }
+
+    #[test]
+    fn builtin_serving_suite_parses() {
+        let s = SuiteFile::builtin("serving").unwrap();
+        let load = s.serving.unwrap();
+        assert_eq!((load.num_requests, load.burstiness), (64, 1.));
     }
 
     #[test]

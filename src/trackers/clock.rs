@@ -69,6 +69,11 @@ impl StepClock {
         self.total_ms.unwrap_or(0.)
     }
 
+    /// Every lap, ms from the start (the serving suite places a batch's tokens with them).
+    pub fn laps_ms(&self) -> &[f64] {
+        &self.laps_ms
+    }
+
     /// Time to the first lap (the first token).
     pub fn first_ms(&self) -> Option<f64> {
         self.laps_ms.first().copied()

@@ -14,6 +14,7 @@ use crate::scenarios::RunSpec;
 mod matrix;
 mod resolve;
 mod rules;
+mod serve;
 
 use matrix::*;
 pub use matrix::{expand, Axes, Plan, RunConfig};
@@ -106,6 +107,7 @@ pub fn plan(args: &RunArgs) -> Result<Plan> {
         || args.resume
         || args.sweep_dir.is_some()
         || args.run_timeout.is_some();
+    serve::one_configuration(&suite, sweep)?;
     let engines = if sweep {
         one_engine_each(&engines)
     } else {

@@ -111,9 +111,13 @@ pub(super) fn workload(args: &RunArgs, suite: &SuiteFile, config: &RunConfig) ->
             suite.name
         )));
     }
+    let serve = super::serve::serve_options(args, suite)?;
     if let Some(t) = &suite.train {
         let opts = resolve_train(args, suite, t, config)?;
         return Ok(Workload::Train(opts));
+    }
+    if let Some(opts) = serve {
+        return Ok(Workload::Serve(opts));
     }
     let source = match (&suite.generation, generate) {
         (Some(_), _) => text_source(args, suite, config)?,
@@ -288,6 +292,7 @@ fn check_training(config: &RunConfig, model: &ModelSpec, workload: &Workload) ->
 fn run_data(args: &RunArgs, suite: &SuiteFile, workload: &Workload) -> Result<DataFile> {
     match workload {
         Workload::Train(_)
+        | Workload::Serve(_)
         | Workload::Generate(GenerateOptions {
             source: GenerateSource::Text { .. },
             ..

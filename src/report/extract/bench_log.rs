@@ -4,7 +4,7 @@
 
 use super::schema::canonical;
 use crate::metrics::{per_second, Distribution};
-use crate::record::{Header, Record, RunStatus, StepRecord, SweepHeader, SweepRun};
+use crate::record::{Header, Record, RunStatus, ServingInfo, StepRecord, SweepHeader, SweepRun};
 use crate::report::row::{Num, RunRow};
 
 /// The records of one log, read once.
@@ -50,6 +50,9 @@ fn collect(text: &str) -> Collected {
             }
             Ok(Record::Summary(s)) => c.summary = serde_json::to_value(&s).ok(),
             Ok(Record::TrainSummary(s)) => c.summary = serde_json::to_value(&s).ok(),
+            Ok(Record::ServingSummary(s)) => c.summary = serde_json::to_value(&s).ok(),
+            // A serving run killed before its summary has none: its row says `partial`.
+            Ok(Record::Request(_)) => {}
             Ok(Record::Step(s)) => {
                 c.losses.push(s.loss);
                 if !s.warmup {
@@ -155,6 +158,9 @@ fn header_columns(row: &mut RunRow, h: &Header) {
         m_insert(row, "dropout", if t.dropout { "on" } else { "off" });
         row.set("grad_accum", t.grad_accum);
     }
+    if let Some(s) = &h.serving {
+        serving_columns(row, s);
+    }
     // Generation runs: what was generated from (lambada / text); the summary holds the rates.
     if let Some(g) = &h.generation {
         m_insert(row, "mode", "generate");
@@ -198,6 +204,38 @@ fn engine_columns(row: &mut RunRow, h: &Header) {
     }
     if let Some(n) = h.pad_multiple {
         row.set("pad_multiple", n);
+    }
+}
+
+/// A serving run's load (the summary holds its rates and latencies): `request_rate` only where
+/// finite (an infinite rate is `inf` in the `arrivals` column), the lengths' ranges.
+fn serving_columns(row: &mut RunRow, s: &ServingInfo) {
+    m_insert(row, "batching", &s.batching);
+    let arrivals = match (s.request_rate, s.max_concurrency) {
+        (None, Some(_)) => "closed",
+        (None, None) => "inf",
+        (Some(_), _) if s.burstiness == 1. => "poisson",
+        (Some(_), _) => "gamma",
+    };
+    m_insert(row, "arrivals", arrivals);
+    if let Some(r) = s.request_rate {
+        row.set("request_rate", r);
+    }
+    row.set("burstiness", s.burstiness);
+    if let Some(c) = s.max_concurrency {
+        row.set("max_concurrency", c);
+    }
+    row.set("num_requests", s.num_requests);
+    row.set("input_len_min", s.input_len.0);
+    row.set("input_len_max", s.input_len.1);
+    row.set("output_len_min", s.output_len.0);
+    row.set("output_len_max", s.output_len.1);
+    row.set("load_seed", s.seed);
+    if let Some(x) = s.slo_ttft_ms {
+        row.set("slo_ttft_ms", x);
+    }
+    if let Some(y) = s.slo_tpot_ms {
+        row.set("slo_tpot_ms", y);
     }
 }
 

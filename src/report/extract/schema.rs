@@ -38,6 +38,8 @@ pub const META: &[&str] = &[
     "scoring",
     "mode",
     "gen_source",
+    "arrivals",
+    "batching",
     "status",
     "error",
     "git_commit",

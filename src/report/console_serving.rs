@@ -1,0 +1,115 @@
+//! The table `bench` prints after a serving run (`--suite serving`): the load, what batching
+//! served it, the rates, goodput under `--slo`, and the latency percentiles.
+
+use crate::record::{Header, Percentiles, ServingSummary};
+use std::path::Path;
+
+/// The serving run's summary, as printed.
+pub fn serving_table(h: &Header, s: &ServingSummary, log_path: &Path) -> String {
+    let mut t = format!(
+        "{} | {} | {} ({:.2}M params, weights {}) | {} | {} | batch ≤ {}\n",
+        h.engine,
+        h.suite,
+        h.model.name,
+        h.model.n_parameters as f64 / 1e6,
+        h.model.weights,
+        h.dtype,
+        h.device,
+        h.batch_size
+    );
+    if let Some(auto) = &h.auto {
+        t += &format!("{auto}\n");
+    }
+    let mut rows: Vec<(&str, String)> = vec![];
+    if let Some(i) = &h.serving {
+        let rate = i
+            .request_rate
+            .map_or("inf".into(), |r| format!("{r} req/s"));
+        let cap = i
+            .max_concurrency
+            .map_or("open loop".into(), |c| format!("at most {c} in flight"));
+        let len = |(a, b): (usize, usize)| match a == b {
+            true => format!("{a}"),
+            false => format!("{a}:{b}"),
+        };
+        rows.push((
+            "load",
+            format!(
+                "{} requests, rate {rate} (burstiness {}), {cap}, input {} output {} tokens, seed {}",
+                i.num_requests,
+                i.burstiness,
+                len(i.input_len),
+                len(i.output_len),
+                i.seed
+            ),
+        ));
+        rows.push(("batching", i.batching.clone()));
+    }
+    if let Some(e) = &s.error {
+        rows.push(("status", format!("{} ({e})", s.status)));
+    }
+    rows.extend(rate_rows(h, s));
+    for (name, p) in [
+        ("TTFT ms", &s.ttft_ms),
+        ("TPOT ms", &s.tpot_ms),
+        ("ITL ms", &s.itl_ms),
+        ("E2E ms", &s.e2e_ms),
+        ("queue ms", &s.queue_ms),
+    ] {
+        rows.push((name, percentiles(p)));
+    }
+    rows.push((
+        "peak memory",
+        format!("{:.1} MiB", s.peak_memory_bytes as f64 / (1 << 20) as f64),
+    ));
+    for (k, v) in rows {
+        t += &format!("  {k:<18} {v}\n");
+    }
+    t += &format!("log: {}\n", log_path.display());
+    t
+}
+
+/// Served counts, throughput and goodput.
+fn rate_rows(h: &Header, s: &ServingSummary) -> Vec<(&'static str, String)> {
+    let mut rows = vec![
+        (
+            "served",
+            format!(
+                "{} requests in {} calls ({:.2} a call), {:.2} s",
+                s.n_requests, s.n_batches, s.batch_size_mean, s.duration_seconds
+            ),
+        ),
+        ("requests/s", format!("{:.2}", s.requests_per_second)),
+        (
+            "output tokens/s",
+            format!("{:.1}", s.output_tokens_per_second),
+        ),
+    ];
+    if let (Some(g), Some(n), Some(i)) = (
+        s.goodput_requests_per_second,
+        s.slo_met_requests,
+        &h.serving,
+    ) {
+        let limit = |name: &str, v: Option<f64>| v.map(|x| format!("{name} ≤ {x} ms"));
+        let slo: Vec<String> = [limit("TTFT", i.slo_ttft_ms), limit("TPOT", i.slo_tpot_ms)]
+            .into_iter()
+            .flatten()
+            .collect();
+        rows.push((
+            "goodput",
+            format!(
+                "{g:.2} req/s ({n} of {} within {})",
+                s.n_requests,
+                slo.join(", ")
+            ),
+        ));
+    }
+    rows
+}
+
+fn percentiles(p: &Percentiles) -> String {
+    format!(
+        "p50 {:.3}  p90 {:.3}  p99 {:.3}  mean {:.3}",
+        p.p50, p.p90, p.p99, p.mean
+    )
+}

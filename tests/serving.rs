@@ -1,0 +1,335 @@
+//! The serving suite as a user runs it (`--suite serving`, issue #39's first slice), on the CPU
+//! with the tiny random GPT-2: one record per request with its times in order, a summary whose
+//! counts match, goodput against the SLO, the closed loop's cap, the seed's schedule,
+//! one-line errors, and extract-metrics' row. Behaviour only: no assertion on the machine's
+//! speed.
+
+mod common;
+
+use common::{bench, bench_logging_to, records, text};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// A short serving run of 8 requests (input 8, output 4 tokens) into `dir`, plus `extra`
+/// flags: its log's records.
+fn serve(dir: &Path, extra: &[&str]) -> Vec<Value> {
+    let fixed_input = ["--input-len", "8"];
+    let input: &[&str] = match extra.contains(&"--input-len") {
+        true => &[],
+        false => &fixed_input,
+    };
+    let o = bench_logging_to(dir)
+        .args([
+            "--suite",
+            "serving",
+            "--num-requests",
+            "8",
+            "--output-len",
+            "4",
+        ])
+        .args(["--warmup", "1"])
+        .args(input)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let log: PathBuf = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("log: "))
+        .expect("a log line")
+        .into();
+    records(&log)
+}
+
+fn requests(recs: &[Value]) -> Vec<&Value> {
+    recs.iter().filter(|r| r["record"] == "request").collect()
+}
+
+fn f(v: &Value, k: &str) -> f64 {
+    v[k].as_f64().unwrap_or_else(|| panic!("{k} in {v}"))
+}
+
+#[test]
+fn a_short_run_logs_every_request_in_order_and_a_matching_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let recs = serve(dir.path(), &["--request-rate", "1000", "--batch-size", "4"]);
+    let header = &recs[0];
+    assert_eq!(header["suite"], "serving");
+    let info = &header["serving"];
+    assert_eq!(
+        info["batching"],
+        "static: the arrived requests, then generate"
+    );
+    assert_eq!(
+        (info["num_requests"].as_u64(), info["request_rate"].as_f64()),
+        (Some(8), Some(1000.))
+    );
+    let reqs = requests(&recs);
+    assert_eq!(reqs.len(), 8, "one record per request");
+    let mut seen: Vec<u64> = reqs
+        .iter()
+        .map(|r| r["request"].as_u64().unwrap())
+        .collect();
+    seen.sort();
+    assert_eq!(seen, (0..8).collect::<Vec<u64>>());
+    for r in &reqs {
+        let t = |k| f(r, k);
+        assert!(t("scheduled_ms") <= t("arrival_ms"), "{r}");
+        assert!(t("arrival_ms") <= t("start_ms"), "{r}");
+        assert!(t("start_ms") <= t("first_token_ms"), "{r}");
+        assert!(t("first_token_ms") <= t("finish_ms"), "{r}");
+        let tokens: Vec<f64> = r["token_ms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(tokens.len(), 4);
+        assert_eq!(tokens[0], t("first_token_ms"));
+        assert!(tokens.windows(2).all(|w| w[0] <= w[1]));
+        assert!(*tokens.last().unwrap() <= t("finish_ms"));
+        assert_eq!(
+            (r["input_len"].as_u64(), r["output_len"].as_u64()),
+            (Some(8), Some(4))
+        );
+        assert!(r["batch_size"].as_u64().unwrap() <= 4);
+    }
+    let s = recs.last().unwrap();
+    assert_eq!(s["record"], "serving_summary");
+    assert_eq!(s["status"], "ok");
+    assert_eq!(s["n_requests"], 8);
+    assert_eq!(
+        (
+            s["total_input_tokens"].as_u64(),
+            s["total_output_tokens"].as_u64()
+        ),
+        (Some(64), Some(32))
+    );
+    let batches: std::collections::BTreeSet<u64> =
+        reqs.iter().map(|r| r["batch"].as_u64().unwrap()).collect();
+    assert_eq!(s["n_batches"].as_u64().unwrap() as usize, batches.len());
+    let last_finish = reqs.iter().map(|r| f(r, "finish_ms")).fold(0., f64::max);
+    // serde_json reads floats back to within an ulp or so, not always exactly.
+    let close = |a: f64, b: f64| (a / b - 1.).abs() < 1e-12;
+    assert!(close(f(s, "duration_seconds"), last_finish / 1e3), "{s}");
+    let rate = 8. / f(s, "duration_seconds");
+    assert!(close(f(s, "requests_per_second"), rate), "{s}");
+    for k in ["ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms"] {
+        let p = &s[k];
+        assert!(
+            f(p, "p50") <= f(p, "p90") && f(p, "p90") <= f(p, "p99"),
+            "{k}: {p}"
+        );
+    }
+    assert!(
+        s.get("goodput_requests_per_second").is_none(),
+        "no --slo, no goodput"
+    );
+}
+
+#[test]
+fn goodput_is_zero_under_an_impossible_slo_and_the_throughput_under_a_loose_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let strict = serve(
+        dir.path(),
+        &["--request-rate", "inf", "--slo", "ttft_ms=0,tpot_ms=0"],
+    );
+    let s = strict.last().unwrap();
+    assert_eq!(
+        (
+            f(s, "goodput_requests_per_second"),
+            s["slo_met_requests"].as_u64()
+        ),
+        (0., Some(0))
+    );
+    let loose = serve(
+        dir.path(),
+        &["--request-rate", "inf", "--slo", "ttft_ms=1e9,tpot_ms=1e9"],
+    );
+    let s = loose.last().unwrap();
+    assert_eq!(
+        f(s, "goodput_requests_per_second"),
+        f(s, "requests_per_second")
+    );
+    assert_eq!(s["slo_met_requests"], 8);
+}
+
+#[test]
+fn a_closed_loop_keeps_at_most_its_concurrency_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let recs = serve(dir.path(), &["--max-concurrency", "3", "--batch-size", "8"]);
+    assert!(
+        recs[0]["serving"]["request_rate"].is_null(),
+        "closed loop: no rate"
+    );
+    let reqs = requests(&recs);
+    assert_eq!(reqs.len(), 8);
+    for t in reqs.iter().map(|r| f(r, "arrival_ms")) {
+        let in_flight = reqs
+            .iter()
+            .filter(|r| f(r, "arrival_ms") <= t && t < f(r, "finish_ms"))
+            .count();
+        assert!(in_flight <= 3, "{in_flight} in flight at {t}");
+    }
+    assert!(reqs.iter().all(|r| r["batch_size"].as_u64().unwrap() <= 3));
+}
+
+#[test]
+fn the_seed_fixes_arrivals_lengths_and_prompts() {
+    let dir = tempfile::tempdir().unwrap();
+    let load = |seed: &str| {
+        let recs = serve(
+            dir.path(),
+            &[
+                "--request-rate",
+                "50",
+                "--input-len",
+                "4:16",
+                "--seed",
+                seed,
+            ],
+        );
+        let mut reqs: Vec<(u64, f64, u64)> = requests(&recs)
+            .iter()
+            .map(|r| {
+                (
+                    r["request"].as_u64().unwrap(),
+                    f(r, "scheduled_ms"),
+                    r["input_len"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        reqs.sort_by_key(|r| r.0);
+        (reqs, recs[0]["data"]["sha256"].clone())
+    };
+    let (a, b, c) = (load("3"), load("3"), load("4"));
+    assert_eq!(a, b, "same seed, same schedule and prompts");
+    assert_ne!(a.0, c.0);
+    assert_ne!(a.1, c.1);
+}
+
+#[test]
+fn bad_serving_flags_are_one_line_errors() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--suite", "serving", "--slo", "ttft=200"],
+            "expected ttft_ms=X,tpot_ms=Y",
+        ),
+        (
+            &["--suite", "serving", "--slo", "ttft_ms=fast"],
+            "expected ttft_ms=X,tpot_ms=Y",
+        ),
+        (
+            &["--suite", "serving", "--input-len", "9:3"],
+            "expected N or A:B",
+        ),
+        (
+            &["--suite", "serving", "--engine", "hf"],
+            "use --engine candle",
+        ),
+        (
+            &["--suite", "serving", "--max-concurrency", "0"],
+            "--max-concurrency must be at least 1",
+        ),
+        (&["--suite", "serving", "--limit", "4"], "--num-requests"),
+        (&["--request-rate", "4"], "applies to --suite serving"),
+    ];
+    for (args, want) in cases {
+        let o = bench().args(*args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.starts_with("Error: ") && err.contains(want),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// A CSV line's cells, quotes undone (the batching label holds a comma).
+#[cfg(feature = "report")]
+fn cells(line: &str) -> Vec<String> {
+    let (mut out, mut cur, mut quoted) = (vec![], String::new(), false);
+    for c in line.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => out.push(std::mem::take(&mut cur)),
+            c => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
+#[cfg(feature = "report")]
+#[test]
+fn extract_metrics_gives_a_serving_run_its_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let recs = serve(
+        dir.path(),
+        &["--request-rate", "200", "--slo", "ttft_ms=1e9,tpot_ms=1e9"],
+    );
+    let out = dir.path().join("out.csv");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_extract-metrics"))
+        .args([
+            "-i",
+            dir.path().to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let csv = std::fs::read_to_string(&out).unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 2, "one row per serving run: {csv}");
+    let row: std::collections::HashMap<String, String> =
+        cells(lines[0]).into_iter().zip(cells(lines[1])).collect();
+    let fixed = [
+        ("suite", "serving"),
+        ("engine", "candle"),
+        ("status", "ok"),
+        ("arrivals", "poisson"),
+        ("batching", "static: the arrived requests, then generate"),
+        ("num_requests", "8"),
+        ("n_requests", "8"),
+        ("input_len_min", "8"),
+        ("output_len_max", "4"),
+        ("total_output_tokens", "32"),
+        ("slo_met_requests", "8"),
+        ("batch_size", "8"),
+    ];
+    for (col, want) in fixed {
+        assert_eq!(
+            row.get(col).map(String::as_str),
+            Some(want),
+            "{col} in {csv}"
+        );
+    }
+    let s = recs.last().unwrap();
+    let num = |col: &str| -> f64 {
+        row[col]
+            .parse()
+            .unwrap_or_else(|_| panic!("{col}: {}", row[col]))
+    };
+    assert_eq!(num("request_rate"), 200.);
+    for (col, got) in [
+        ("requests_per_second", f(s, "requests_per_second")),
+        ("output_tokens_per_second", f(s, "output_tokens_per_second")),
+        (
+            "goodput_requests_per_second",
+            f(s, "goodput_requests_per_second"),
+        ),
+        ("ttft_ms_p50", f(&s["ttft_ms"], "p50")),
+        ("ttft_ms_p99", f(&s["ttft_ms"], "p99")),
+        ("tpot_ms_p90", f(&s["tpot_ms"], "p90")),
+        ("e2e_ms_p99", f(&s["e2e_ms"], "p99")),
+        ("itl_ms_p50", f(&s["itl_ms"], "p50")),
+    ] {
+        assert!(
+            (num(col) / got - 1.).abs() < 1e-9,
+            "{col}: {} vs {got}",
+            row[col]
+        );
+    }
+}
