@@ -552,9 +552,10 @@ impl TrainArgs {
 #[command(next_help_heading = "Serving (--suite serving)")]
 pub struct ServeArgs {
     /// Open loop: requests sent per second (`inf`: all at once) [default: the suite file's,
-    /// 16; inf with --max-concurrency alone].
-    #[arg(long, value_name = "R")]
-    pub request_rate: Option<f64>,
+    /// 16; inf with --max-concurrency alone]. A list (`1,2,4,inf`) is a sweep: one run per
+    /// rate, each its own child process and log.
+    #[arg(long, value_name = "R[,R…]", value_delimiter = ',')]
+    pub request_rate: Vec<String>,
     /// Inter-arrival times drawn from a gamma of shape B, scale 1/(R·B) (vLLM's): 1 is a
     /// Poisson process, below 1 burstier, above 1 more even [default: 1].
     #[arg(long, value_name = "B")]
@@ -582,7 +583,7 @@ impl ServeArgs {
     /// The first serving flag given, for the error when the suite does not serve.
     pub(super) fn given(&self) -> Option<&'static str> {
         [
-            (self.request_rate.is_some(), "--request-rate"),
+            (!self.request_rate.is_empty(), "--request-rate"),
             (self.burstiness.is_some(), "--burstiness"),
             (self.max_concurrency.is_some(), "--max-concurrency"),
             (self.num_requests.is_some(), "--num-requests"),

@@ -13,7 +13,7 @@ use crate::report::console::{
     generate_side_by_side, side_by_side, summary_table, sweep_table, train_side_by_side,
     train_sweep_table, train_table,
 };
-use crate::report::console_serving::serving_table;
+use crate::report::console_serving::{serving_sweep_table, serving_table};
 use crate::scenarios::generate::Generation;
 use crate::scenarios::lambada::Lambada;
 use crate::scenarios::serving::Serving;
@@ -106,6 +106,7 @@ fn sweep(args: RunArgs, plan: Plan, command_line: Vec<String>) -> Result<ExitCod
     })?;
     print!("{}", sweep_table(&outcome));
     print!("{}", train_sweep_table(&outcome));
+    print!("{}", serving_sweep_table(&outcome));
     Ok(exit(outcome.succeeded()))
 }
 

@@ -15,9 +15,11 @@
 
 use crate::error::{Error, Result};
 use crate::log::{read_log, RunLog};
+use crate::metrics::serving::{ServingEnd, Slo};
 use crate::metrics::{spread, BatchTotals, EvalResult, TrainTotals};
 use crate::record::{
-    Record, RunStatus, SweepConfig, SweepHeader, SweepRepeats, SweepRun, SCHEMA_VERSION,
+    Record, RequestRecord, RunStatus, ServingInfo, SweepConfig, SweepHeader, SweepRepeats,
+    SweepRun, SCHEMA_VERSION,
 };
 /// The sweep log's name and a sweep's outcome live with the sweep's records (the console
 /// prints them too); re-exported where the sweep is run.
@@ -132,7 +134,8 @@ fn run_logs(dir: &Path) -> Result<BTreeSet<String>> {
 }
 
 /// How a run ended, as its log's summary says: LAMBADA and generation runs (samples/s and
-/// batch latency) or training runs (train samples/s and step latency).
+/// batch latency), training runs (train samples/s and step latency) or serving runs
+/// (requests/s, output tokens/s and the requests' end-to-end latency).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunEnd {
     pub status: RunStatus,
@@ -160,6 +163,13 @@ impl RunEnd {
                 latency_ms_p50: s.step_latency_ms_p50,
                 tokens_per_second: s.tokens_per_second,
             }),
+            Record::ServingSummary(s) => Some(Self {
+                status: s.status.clone(),
+                error: s.error.clone(),
+                samples_per_second: s.requests_per_second,
+                latency_ms_p50: s.e2e_ms.p50,
+                tokens_per_second: s.output_tokens_per_second,
+            }),
             _ => None,
         }
     }
@@ -184,7 +194,9 @@ pub fn complete_log(
     }) else {
         return Ok(None);
     };
-    let mut summary = if header.train.is_some() {
+    let mut summary = if let Some(info) = &header.serving {
+        serving_summary_of(&records, info, failure)
+    } else if header.train.is_some() {
         train_summary_of(&records, header.warmup_batches, failure)
     } else {
         batch_summary_of(&records, failure)
@@ -193,6 +205,7 @@ pub fn complete_log(
         match &mut summary {
             Record::Summary(s) if s.status == RunStatus::Error => s.status = status,
             Record::TrainSummary(s) if s.status == RunStatus::Error => s.status = status,
+            Record::ServingSummary(s) if s.status == RunStatus::Error => s.status = status,
             _ => {}
         }
     }
@@ -216,6 +229,30 @@ fn batch_summary_of(records: &[Record], failure: &str) -> Record {
     // Whatever was measured of the process's memory died with it.
     summary.peak_host_memory_bytes = None;
     Record::Summary(Box::new(summary))
+}
+
+/// The summary of a dead serving run's served requests, goodput under the header's SLO.
+fn serving_summary_of(records: &[Record], info: &ServingInfo, failure: &str) -> Record {
+    let requests: Vec<RequestRecord> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Request(q) => Some((**q).clone()),
+            _ => None,
+        })
+        .collect();
+    let slo = (info.slo_ttft_ms.is_some() || info.slo_tpot_ms.is_some()).then_some(Slo {
+        ttft_ms: info.slo_ttft_ms,
+        tpot_ms: info.slo_tpot_ms,
+    });
+    let end = ServingEnd {
+        n_batches: requests.iter().map(|r| r.batch + 1).max().unwrap_or(0),
+        failure: Some(failure.to_string()),
+        wall_seconds: f64::NAN,
+        memory: MemoryReading::default(),
+    };
+    let mut summary = crate::metrics::serving::summary(&requests, slo.as_ref(), end);
+    summary.peak_host_memory_bytes = None;
+    Record::ServingSummary(Box::new(summary))
 }
 
 /// The summary of a dead training run's finished steps (no evaluation).
@@ -605,6 +642,7 @@ mod tests {
             new_tokens: None,
             zero,
             recompute: None,
+            request_rate: None,
         }
     }
 

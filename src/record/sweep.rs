@@ -11,7 +11,7 @@ use std::path::PathBuf;
 pub const SWEEP_LOG: &str = "sweep.jsonl";
 
 /// One configuration of a sweep: a point of the `--models × --dtypes × --batch-sizes ×
-/// --seq-lens × --engines` product.
+/// --seq-lens × --request-rate × --engines` product.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
 pub struct SweepConfig {
     pub model: String,
@@ -29,6 +29,10 @@ pub struct SweepConfig {
     /// Training: `--recompute` on (absent: off).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recompute: Option<bool>,
+    /// The serving suite: `--request-rate`, requests/s as written (`4`, `0.5`, `inf`); text,
+    /// so that a configuration stays comparable and ordered (and `inf` needs no JSON number).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_rate: Option<String>,
 }
 
 impl SweepConfig {
@@ -44,8 +48,13 @@ impl SweepConfig {
             Some(true) => " recompute=on",
             _ => "",
         };
+        let rate = self
+            .request_rate
+            .as_ref()
+            .map(|r| format!(" rate={r}"))
+            .unwrap_or_default();
         format!(
-            "model={} dtype={} batch={} seq={seq}{new}{zero}{recompute} engine={}",
+            "model={} dtype={} batch={} seq={seq}{new}{zero}{recompute}{rate} engine={}",
             self.model, self.dtype, self.batch_size, self.engine
         )
     }
@@ -111,6 +120,10 @@ impl SweepRun {
     pub fn line(&self) -> String {
         let what = format!("{} r{}", self.config.key(), self.repeat);
         match (&self.status, self.samples_per_second) {
+            // A serving run's rate is its requests/s.
+            (RunStatus::Ok, Some(sps)) if self.config.request_rate.is_some() => {
+                format!("{what}: ok, {sps:.2} req/s")
+            }
             (RunStatus::Ok, Some(sps)) => format!("{what}: ok, {sps:.2} samples/s"),
             (status, _) => format!(
                 "{what}: {status}{}",

@@ -1,7 +1,10 @@
-//! The table `bench` prints after a serving run (`--suite serving`): the load, what batching
-//! served it, the rates, goodput under `--slo`, and the latency percentiles.
+//! The tables `bench` prints after a serving run (`--suite serving`): the load, what batching
+//! served it, the rates, goodput under `--slo`, and the latency percentiles; after a sweep of
+//! serving runs (`--request-rate 1,2,4,inf`), one row a run: offered rate against what it
+//! achieved, the latency–throughput curve as numbers.
 
-use crate::record::{Header, Percentiles, ServingSummary};
+use crate::log::read_log;
+use crate::record::{Header, Percentiles, Record, ServingSummary, SweepOutcome, SweepRun};
 use std::path::Path;
 
 /// The serving run's summary, as printed.
@@ -112,4 +115,70 @@ fn percentiles(p: &Percentiles) -> String {
         "p50 {:.3}  p90 {:.3}  p99 {:.3}  mean {:.3}",
         p.p50, p.p90, p.p99, p.mean
     )
+}
+
+/// A serving sweep's runs, one row each in run order: the offered rate, achieved requests/s
+/// and output tokens/s, TTFT and TPOT p99, goodput (where `--slo` was given), and the status
+/// of a run that did not end `ok`. Empty when the sweep served nothing.
+pub fn serving_sweep_table(out: &SweepOutcome) -> String {
+    let runs: Vec<(&SweepRun, Option<ServingSummary>)> = out
+        .runs
+        .iter()
+        .filter(|r| r.config.request_rate.is_some())
+        .map(|r| (r, serving_summary(out, r)))
+        .collect();
+    let Some((first, _)) = runs.first() else {
+        return String::new();
+    };
+    // The configuration besides the rate, where the sweep has several.
+    let config = |r: &SweepRun| {
+        let c = &r.config;
+        format!("{} {} bs{} {}", c.model, c.dtype, c.batch_size, c.engine)
+    };
+    let several = runs.iter().any(|(r, _)| config(r) != config(first));
+    let head = [
+        "rate req/s",
+        "req/s",
+        "out tok/s",
+        "TTFT p99 ms",
+        "TPOT p99 ms",
+        "goodput req/s",
+    ];
+    let cells = |v: Vec<String>| -> String { v.iter().map(|c| format!(" {c:>13}")).collect() };
+    let mut t = format!("\nserving{}\n", cells(head.map(String::from).to_vec()));
+    for (r, s) in &runs {
+        let rate = r.config.request_rate.clone().unwrap_or_default();
+        let mut row = vec![rate];
+        row.extend(match s {
+            Some(s) => vec![
+                format!("{:.2}", s.requests_per_second),
+                format!("{:.1}", s.output_tokens_per_second),
+                format!("{:.2}", s.ttft_ms.p99),
+                format!("{:.3}", s.tpot_ms.p99),
+                s.goodput_requests_per_second
+                    .map_or("-".into(), |g| format!("{g:.2}")),
+            ],
+            None => vec!["-".to_string(); 5],
+        });
+        let mut line = format!("{:<7}{}", "", cells(row));
+        if several {
+            line += &format!("  {}", config(r));
+        }
+        if r.status != crate::record::RunStatus::Ok {
+            line += &format!("  {}", r.status);
+        }
+        t += &(line + "\n");
+    }
+    t
+}
+
+/// A sweep run's serving summary, read back from its log.
+fn serving_summary(out: &SweepOutcome, run: &SweepRun) -> Option<ServingSummary> {
+    run.logs.iter().find_map(|l| {
+        let records = read_log(&out.dir.join(l)).ok()?;
+        records.into_iter().find_map(|r| match r {
+            Record::ServingSummary(s) => Some(*s),
+            _ => None,
+        })
+    })
 }

@@ -39,12 +39,14 @@ pub struct Axes {
     /// `--strategies` as ZeRO levels ([None] without it), then `--recompute`'s values.
     pub zeros: Vec<Option<u8>>,
     pub recomputes: Vec<bool>,
+    /// The serving suite's `--request-rate` list ([None] for the other suites).
+    pub request_rates: Vec<Option<f64>>,
     pub engines: Vec<EngineKind>,
 }
 
 /// The configurations in run order: models, then dtypes, sequence (prompt) lengths, new
-/// tokens, batch sizes, strategies, recompute and engines (innermost, so engines of one
-/// configuration run back to back).
+/// tokens, batch sizes, request rates (in the order given), strategies, recompute and engines
+/// (innermost, so engines of one configuration run back to back).
 pub fn expand(a: &Axes) -> Vec<RunConfig> {
     let mut out = vec![];
     for model in &a.models {
@@ -52,17 +54,20 @@ pub fn expand(a: &Axes) -> Vec<RunConfig> {
             for &seq_len in &a.seq_lens {
                 for &new_tokens in &a.new_tokens {
                     for &batch_size in &a.batch_sizes {
-                        let base = RunConfig {
-                            model: model.clone(),
-                            precision,
-                            batch_size,
-                            seq_len,
-                            engine: EngineKind::Candle,
-                            new_tokens,
-                            zero: None,
-                            recompute: false,
-                        };
-                        out.extend(training_configs(a, base));
+                        for &request_rate in &a.request_rates {
+                            let base = RunConfig {
+                                model: model.clone(),
+                                precision,
+                                batch_size,
+                                seq_len,
+                                engine: EngineKind::Candle,
+                                new_tokens,
+                                zero: None,
+                                recompute: false,
+                                request_rate,
+                            };
+                            out.extend(training_configs(a, base));
+                        }
                     }
                 }
             }
@@ -215,6 +220,8 @@ pub struct RunConfig {
     pub zero: Option<u8>,
     /// Training: `--recompute` (a sweep axis when given a list).
     pub recompute: bool,
+    /// The serving suite: requests/s (infinite: all at 0); None for the other suites.
+    pub request_rate: Option<f64>,
 }
 
 impl RunConfig {
@@ -229,6 +236,7 @@ impl RunConfig {
             new_tokens: self.new_tokens,
             zero: self.zero,
             recompute: self.recompute.then_some(true),
+            request_rate: self.request_rate.map(super::serve::show_rate),
         }
     }
 
@@ -243,6 +251,15 @@ impl RunConfig {
             new_tokens: c.new_tokens,
             zero: c.zero,
             recompute: c.recompute == Some(true),
+            request_rate: c
+                .request_rate
+                .as_deref()
+                .map(|r| {
+                    r.parse::<f64>().map_err(|_| {
+                        Error::Config(format!("bad request rate '{r}' in a sweep task"))
+                    })
+                })
+                .transpose()?,
         })
     }
 }

@@ -1,5 +1,5 @@
 //! From flags to a typed plan: the suite, the configurations of its matrix (model × dtype ×
-//! seq-len × batch size × engine) and whether they run as a sweep of child processes; then,
+//! seq-len × batch size × request rate × engine) and whether they run as a sweep of child processes; then,
 //! per configuration, the fully resolved [`RunSpec`]. Every flag rule lives here, so a bad
 //! combination fails before anything is loaded.
 
@@ -20,6 +20,7 @@ use matrix::*;
 pub use matrix::{expand, Axes, Plan, RunConfig};
 pub use resolve::{model_source, resolve_config};
 pub use rules::{check_parallel, parallel, Parallel};
+pub use serve::show_rate;
 
 /// `--device`, and whether `auto` chose it or the precision. `--dtype auto` on a device given
 /// explicitly: bf16 on a CUDA GPU that has it, fp32 on the CPU.
@@ -93,6 +94,7 @@ pub fn plan(args: &RunArgs) -> Result<Plan> {
         return Err(Error::Config("--repeat must be at least 1".into()));
     }
     let (zeros, recomputes) = training_axes(args, &suite)?;
+    let request_rates = serve::request_rates(args, &suite)?;
     let n = models.len()
         * precisions.len()
         * batch_sizes.len()
@@ -100,6 +102,7 @@ pub fn plan(args: &RunArgs) -> Result<Plan> {
         * new_tokens.len()
         * zeros.len()
         * recomputes.len()
+        * request_rates.len()
         * engines.len();
     let sweep = n > 1
         || repeat > 1
@@ -107,7 +110,6 @@ pub fn plan(args: &RunArgs) -> Result<Plan> {
         || args.resume
         || args.sweep_dir.is_some()
         || args.run_timeout.is_some();
-    serve::one_configuration(&suite, sweep)?;
     let engines = if sweep {
         one_engine_each(&engines)
     } else {
@@ -121,6 +123,7 @@ pub fn plan(args: &RunArgs) -> Result<Plan> {
         batch_sizes,
         zeros,
         recomputes,
+        request_rates,
         engines,
     });
     Ok(Plan {
@@ -159,6 +162,7 @@ mod tests {
             batch_sizes: vec![8],
             zeros: vec![Some(0), Some(1)],
             recomputes: vec![false, true],
+            request_rates: vec![None],
             engines: vec![EngineKind::Candle, EngineKind::Hf],
         });
         let got: Vec<(Option<u8>, bool, &str)> = c
@@ -186,6 +190,7 @@ mod tests {
             batch_sizes: vec![1, 2],
             zeros: vec![None],
             recomputes: vec![false],
+            request_rates: vec![None],
             engines: vec![EngineKind::Candle, EngineKind::Hf],
         });
         assert_eq!(c.len(), 8);

@@ -111,7 +111,7 @@ pub(super) fn workload(args: &RunArgs, suite: &SuiteFile, config: &RunConfig) ->
             suite.name
         )));
     }
-    let serve = super::serve::serve_options(args, suite)?;
+    let serve = super::serve::serve_options(args, suite, config.request_rate)?;
     if let Some(t) = &suite.train {
         let opts = resolve_train(args, suite, t, config)?;
         return Ok(Workload::Train(opts));

@@ -346,7 +346,21 @@ fn sweep_rows(base: &RunRow, header: Option<&SweepHeader>, runs: &[SweepRun]) ->
                 m.entry("run".into()).and_modify(|run| {
                     run.push_str(&format!("_zero{z}_{recompute}"));
                 });
+            }
+            // A serving sweep's rate: its column as a run log's header gives it (none for inf).
+            if let Some(rate) = &c.request_rate {
+                m.entry("run".into())
+                    .and_modify(|run| run.push_str(&format!("_rate{rate}")));
+            }
+            if let Some(z) = c.zero {
                 row.set("zero", z as usize);
+            }
+            let rate = c
+                .request_rate
+                .as_deref()
+                .and_then(|r| r.parse::<f64>().ok());
+            if let Some(r) = rate.filter(|r| r.is_finite()) {
+                row.set("request_rate", r);
             }
             row.set("batch_size", c.batch_size);
             if let Some(n) = c.seq_len {
@@ -380,6 +394,7 @@ mod tests {
             new_tokens: None,
             zero: Some(zero),
             recompute: Some(recompute),
+            request_rate: None,
         };
         let run = |c: SweepConfig| SweepRun {
             config: c,
