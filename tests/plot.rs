@@ -275,6 +275,18 @@ fn golden_facets() {
 }
 
 #[test]
+fn golden_curve() {
+    let curve = [
+        "--curve",
+        "--x",
+        "requests_per_second",
+        "--metric",
+        "ttft_ms_p99",
+    ];
+    golden_png("curve.png", "serving.csv", &curve);
+}
+
+#[test]
 fn the_tolerance_catches_a_wrong_chart() {
     // One HF bar 10 % lower (and its speedup changed): the grouped-bars golden must fail.
     let dir = tempfile::tempdir().unwrap();
@@ -354,4 +366,90 @@ fn lines_of_several_models_are_panels_by_model() {
     let panels: Vec<_> = c.panels.iter().map(|p| p.label.as_deref()).collect();
     assert_eq!(panels, [Some("bloom-560m"), Some("gpt2")]);
     assert_eq!(labels(&c), ["candle", "hf"]);
+}
+
+// --- latency–throughput curves (--curve) ----------------------------------------------
+
+fn curve(extra: &[&str]) -> Chart {
+    let mut a = vec!["--curve", "--x", "requests_per_second"];
+    a.extend_from_slice(extra);
+    build("serving.csv", &a)
+}
+
+/// Series `s`'s (x, y) in the order the line joins them.
+fn line_of(c: &Chart, s: usize) -> Vec<(f64, f64)> {
+    let of = |g: &transformer_bench::report::plot::Group| {
+        let p = g.points.iter().find(|(t, _)| *t == s)?;
+        Some((g.x, p.1.value))
+    };
+    c.panels[0].groups.iter().filter_map(of).collect()
+}
+
+#[test]
+fn a_curve_is_a_line_a_configuration_its_points_in_x_order() {
+    let c = curve(&["--metric", "ttft_ms_p99"]);
+    assert!(c.lines && c.curve);
+    assert_eq!(c.x_label, "requests/s");
+    assert_eq!(labels(&c), ["batch 1", "batch 8"]);
+    assert_eq!(
+        c.subtitle,
+        "candle · serving · gpt2 · bf16 · H100 80GB HBM3"
+    );
+    // Batch 1 saturates: 16 req/s offered achieves less than 4 did, so its point comes first.
+    assert_eq!(line_of(&c, 0), [(0.97, 25.), (2.9, 5200.), (3.1, 420.)]);
+    // Batch 8: the two runs at 16/s are one point (medians of x and y); inf (no
+    // request_rate, arrivals inf) is the last.
+    assert_eq!(
+        line_of(&c, 1),
+        [(0.98, 22.), (3.9, 30.), (14.5, 180.), (21.5, 900.)]
+    );
+    let xs: Vec<f64> = c.panels[0].groups.iter().map(|g| g.x).collect();
+    assert!(xs.windows(2).all(|w| w[0] <= w[1]), "{xs:?}");
+    // Each point is labelled with its offered rate.
+    let rates = ["1/s", "1/s", "16/s", "4/s", "4/s", "16/s", "inf"];
+    assert_eq!(group_labels(&c, 0), rates);
+}
+
+#[test]
+fn a_curve_writes_png_and_svg_and_refuses_a_text_x_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = fixture("serving.csv");
+    let args = [
+        "--curve",
+        "--x",
+        "output_tokens_per_second",
+        "--metric",
+        "tpot_ms_p99",
+    ];
+    let png = dir.path().join("c.png");
+    let o = plot(&csv, &png, &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let img = image::open(&png).unwrap().to_rgb8();
+    assert_eq!(img.dimensions(), (1280, 720));
+    let first = *img.get_pixel(0, 0);
+    assert!(
+        img.pixels().filter(|p| **p != first).count() > 5000,
+        "blank"
+    );
+    let svg = dir.path().join("c.svg");
+    let o = plot(&csv, &svg, &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        text.contains("<svg") && text.contains("polyline"),
+        "no line drawn"
+    );
+    for (x, metric, want) in [
+        (
+            "model",
+            "ttft_ms_p99",
+            "--curve --x model: not a numeric column",
+        ),
+        ("nope", "ttft_ms_p99", "--x nope: no such column"),
+        ("requests_per_second", "arrivals", "holds no numbers"),
+    ] {
+        let o = plot(&csv, &png, &["--curve", "--x", x, "--metric", metric]);
+        let err = one_line_error(&o);
+        assert!(err.contains(want), "{x} {metric}: {err}");
+    }
 }

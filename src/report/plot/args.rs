@@ -8,7 +8,7 @@ use std::path::PathBuf;
     name = "plot",
     version,
     about = "Draws a chart (PNG or SVG) of one metric from an extract-metrics CSV.",
-    after_help = "Examples:\n  plot --metric samples_per_second --fp32     (reads out.csv, writes samples_per_second_fp32.png)\n  plot -i out.csv -o fig.png --metric samples_per_second --bf16 --fp16 --x model --batch-size 16\n  plot -i out.csv -o mem.svg --metric peak_memory_bytes --where model=gpt2 --where suite=lambada\n  plot -i sweep.csv -o tput.png --metric samples_per_second --x batch_size\n  plot -i all.csv -o decode.png --metric decode_tokens_per_second --where suite=generation --log-y"
+    after_help = "Examples:\n  plot --metric samples_per_second --fp32     (reads out.csv, writes samples_per_second_fp32.png)\n  plot -i out.csv -o fig.png --metric samples_per_second --bf16 --fp16 --x model --batch-size 16\n  plot -i out.csv -o mem.svg --metric peak_memory_bytes --where model=gpt2 --where suite=lambada\n  plot -i sweep.csv -o tput.png --metric samples_per_second --x batch_size\n  plot -i all.csv -o decode.png --metric decode_tokens_per_second --where suite=generation --log-y\n  plot -i serving.csv -o curve.png --curve --x requests_per_second --metric ttft_ms_p99"
 )]
 pub struct Args {
     /// CSV written by extract-metrics.
@@ -54,6 +54,12 @@ pub struct Args {
     /// where the rows come from several, else for lines by model; none = one panel.
     #[arg(long, value_name = "COLUMN", default_value = "auto")]
     pub facet: String,
+    /// Latency–throughput curve: --x is a measured numeric column (requests_per_second,
+    /// output_tokens_per_second), each run (or the median of a load's repeats) a point at
+    /// (x, metric), one line a configuration, joined in x order, each point labelled with its
+    /// offered rate.
+    #[arg(long)]
+    pub curve: bool,
     /// Logarithmic y axis (values that differ by orders of magnitude).
     #[arg(long)]
     pub log_y: bool,

@@ -48,6 +48,9 @@ pub struct Chart {
     pub series: Vec<Series>,
     /// x is a swept number: lines, not bars.
     pub lines: bool,
+    /// x is a measured number (`--curve`): a numbered x axis from 0, each point labelled
+    /// with its offered load (lines is true too).
+    pub curve: bool,
     pub x_label: String,
     /// What every plotted row shares (`generation · bf16 · H100 80GB HBM3`).
     pub subtitle: String,

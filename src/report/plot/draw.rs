@@ -114,7 +114,7 @@ where
     Y::CoordDescType: ValueFormatter<f64>,
 {
     let x: RangedCoordf64 = match ctx.chart.lines {
-        true => lines::x_range(ctx.panel).into(),
+        true => lines::x_range(ctx.panel, ctx.chart.curve).into(),
         false => (0f64..ctx.panel.groups.len().max(1) as f64).into(),
     };
     let mut builder = ChartBuilder::on(area);
@@ -129,8 +129,12 @@ where
         .map_err(plot_err)?;
     let (ylabel, _) = units(&ctx.args.metric);
     let mut mesh = c.configure_mesh();
+    // Ticks: a curve's x is measured, so numbered; lines label the values swept, bars their
+    // groups (drawn by each kind).
+    let x_ticks = if ctx.chart.curve { 6 } else { 0 };
     mesh.disable_x_mesh()
-        .x_labels(0)
+        .x_labels(x_ticks)
+        .x_label_formatter(&|v| label(*v))
         .x_desc(ctx.chart.x_label.clone())
         .y_label_formatter(&|v| label(*v))
         .light_line_style(WHITE)

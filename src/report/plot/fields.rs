@@ -32,6 +32,31 @@ pub const SWEPT: &[&str] = &[
     "dp",
 ];
 
+/// A serving run's offered load: what a latency–throughput curve (`--curve`) runs along, so
+/// rows differing in it are points of one line, not lines of their own.
+pub const LOAD: &[&str] = &["arrivals", "request_rate", "max_concurrency"];
+
+/// The rest of a serving run's workload: rows that differ in one are separate curves.
+pub const SERVING: &[&str] = &[
+    "burstiness",
+    "num_requests",
+    "input_len_min",
+    "input_len_max",
+    "output_len_min",
+    "output_len_max",
+    "slo_ttft_ms",
+    "slo_tpot_ms",
+];
+
+/// A number as a label reads it: `4` for `4.0`; text unchanged.
+pub fn trim_number(v: &str) -> String {
+    match v.parse::<f64>() {
+        Ok(x) if x.fract() == 0. && x.abs() < 1e15 => format!("{}", x as i64),
+        Ok(x) => format!("{x}"),
+        Err(_) => v.to_string(),
+    }
+}
+
 /// Whether an engine is the baseline the others' speedups are over (HF transformers).
 pub fn is_baseline(engine: &str) -> bool {
     crate::report::row::is_hf(engine)
@@ -57,6 +82,16 @@ pub fn show(col: &str, v: &str, all_fused: &[String]) -> String {
         "new_tokens" => format!("{v} new"),
         "tp" | "dp" => format!("{col}{v}"),
         "zero" => format!("ZeRO-{v}"),
+        "burstiness" => format!("burstiness {}", trim_number(v)),
+        "num_requests" => format!("{} requests", trim_number(v)),
+        "input_len_min" | "output_len_min" => {
+            format!("{} ≥{}", &col[..col.len() - 8], trim_number(v))
+        }
+        "input_len_max" | "output_len_max" => {
+            format!("{} ≤{}", &col[..col.len() - 8], trim_number(v))
+        }
+        "slo_ttft_ms" => format!("SLO TTFT {} ms", trim_number(v)),
+        "slo_tpot_ms" => format!("SLO TPOT {} ms", trim_number(v)),
         "gpu" => v.trim_start_matches("NVIDIA ").to_string(),
         "git_commit" => commit(v),
         "fused" => format!("fused {}", fused(v, all_fused)),

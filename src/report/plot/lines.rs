@@ -1,6 +1,8 @@
 //! Lines over a swept number (batch size, prompt length, GPUs): one line a series, min..max
 //! error bars over repeats, the speedup over HF beside each point that has one. The x axis is
-//! logarithmic (base 2) where the values span 8× or more, as batch sizes do.
+//! logarithmic (base 2) where the values span 8× or more, as batch sizes do. A curve
+//! (`--curve`: x measured, [`super::curve`]) has a linear x axis from 0 with numbered ticks,
+//! and each point labelled beside it with its offered load.
 
 use super::chart::Panel;
 use super::paint::{colour, plot_err, ratio, text, PanelCtx};
@@ -12,8 +14,11 @@ use std::ops::Range;
 
 type Ctx<'a, DB, Y> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, Y>>;
 
-/// Whether the panel's x values are drawn on a log2 scale.
-fn log_x(panel: &Panel) -> bool {
+/// Whether the panel's x values are drawn on a log2 scale (never a curve's).
+fn log_x(panel: &Panel, curve: bool) -> bool {
+    if curve {
+        return false;
+    }
     let xs = panel.groups.iter().map(|g| g.x);
     let (min, max) = xs.fold((f64::INFINITY, 0f64), |(a, b), x| (a.min(x), b.max(x)));
     min > 0. && max / min >= 8.
@@ -28,15 +33,19 @@ fn pos(log: bool, x: f64) -> f64 {
     }
 }
 
-/// The panel's x axis, 5 % wider than its values each side.
-pub(super) fn x_range(panel: &Panel) -> Range<f64> {
-    let log = log_x(panel);
+/// The panel's x axis, 5 % wider than its values each side; a curve's from 0.
+pub(super) fn x_range(panel: &Panel, curve: bool) -> Range<f64> {
+    let log = log_x(panel, curve);
     let xs: Vec<f64> = panel.groups.iter().map(|g| pos(log, g.x)).collect();
     let (min, max) = xs
         .iter()
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
             (a.min(x), b.max(x))
         });
+    if curve {
+        let max = if max > 0. { max } else { 1. };
+        return 0f64.min(min)..max * 1.1;
+    }
     let pad = ((max - min) * 0.06).max(0.5);
     (min - pad)..(max + pad)
 }
@@ -47,7 +56,7 @@ where
     DB::ErrorType: 'static,
     Y: Ranged<ValueType = f64>,
 {
-    let log = log_x(ctx.panel);
+    let log = log_x(ctx.panel, ctx.chart.curve);
     for (s, series) in ctx.chart.series.iter().enumerate() {
         let colour = colour(series.hue, series.shade);
         let pts: Vec<(f64, super::chart::Point)> = ctx
@@ -77,6 +86,9 @@ where
         }))
         .map_err(plot_err)?;
     }
+    if ctx.chart.curve {
+        return load_labels(c, ctx);
+    }
     let y0 = c.y_range().start;
     for g in &ctx.panel.groups {
         for sp in &g.speedups {
@@ -97,6 +109,24 @@ where
         ctx.root
             .draw(&Text::new(g.label.clone(), (px, py + 6), style))
             .map_err(plot_err)?;
+    }
+    Ok(())
+}
+
+/// A curve's points, each labelled beside it with its offered load (`4/s`, `inf`).
+fn load_labels<DB, Y>(c: &mut Ctx<DB, Y>, ctx: &PanelCtx<DB>) -> Result<()>
+where
+    DB: DrawingBackend,
+    DB::ErrorType: 'static,
+    Y: Ranged<ValueType = f64>,
+{
+    let style = text(13, HPos::Left, VPos::Bottom).color(&super::paint::GREY);
+    for g in &ctx.panel.groups {
+        for (_, p) in &g.points {
+            let tag = EmptyElement::at((g.x, p.value))
+                + Text::new(g.label.clone(), (6, -6), style.clone());
+            c.draw_series([tag]).map_err(plot_err)?;
+        }
     }
     Ok(())
 }

@@ -6,6 +6,8 @@
 //!   one run's 95 % bootstrap interval: [`whiskers`]), and each engine's speedup over HF's
 //!   written above the group;
 //! - lines where x is a swept number (batch size, prompt length, tp / dp GPUs);
+//! - curves (`--curve`, [`curve`]): x a measured number (a serving run's achieved requests/s),
+//!   y a latency, a point a run, a line a configuration in x order, as `vllm bench sweep` plots;
 //! - side-by-side panels (`--facet`; by GPU when the rows come from several), one y axis.
 //!
 //! The legend names only what varies inside the chart; the subtitle what every bar shares.
@@ -15,6 +17,7 @@
 mod args;
 mod bars;
 mod chart;
+mod curve;
 mod draw;
 mod fields;
 mod lines;

@@ -9,7 +9,7 @@
 
 use super::args::Args;
 use super::chart::{Chart, Group, Panel, Point, Series, Speedup};
-use super::fields::{self, units, CONFIG, SWEPT, WORKLOAD};
+use super::fields::{self, units, CONFIG, LOAD, SERVING, SWEPT, WORKLOAD};
 use super::select::{kept_rows, number_column, text_column};
 use super::whiskers::{self, Bounds, RowPoint};
 use crate::error::{Error, Result};
@@ -20,30 +20,31 @@ use std::collections::{BTreeMap, HashMap};
 
 /// Which column plays which part: the panels, the groups (x, then the batch size where x is
 /// the model and it varies), the series (engine first).
-struct Layout {
-    facet: Option<String>,
-    group: Vec<String>,
-    series: Vec<String>,
-    lines: bool,
+pub(super) struct Layout {
+    pub facet: Option<String>,
+    pub group: Vec<String>,
+    pub series: Vec<String>,
+    pub lines: bool,
 }
 
 /// The text columns the chart reads, by name.
-type Cols = HashMap<String, Vec<Option<String>>>;
+pub(super) type Cols = HashMap<String, Vec<Option<String>>>;
 
-fn read_cols(df: &DataFrame, args: &Args) -> Result<Cols> {
+pub(super) fn read_cols(df: &DataFrame, args: &Args) -> Result<Cols> {
     let mut cols = Cols::new();
     let extra = ["engine", "time_utc", args.x.as_str(), args.facet.as_str()];
-    for c in WORKLOAD.iter().chain(CONFIG).chain(&extra) {
+    let curve = LOAD.iter().chain(SERVING);
+    for c in WORKLOAD.iter().chain(CONFIG).chain(&extra).chain(curve) {
         cols.insert(c.to_string(), text_column(df, c)?);
     }
     Ok(cols)
 }
 
-fn varies(col: &[Option<String>], rows: &[usize]) -> bool {
+pub(super) fn varies(col: &[Option<String>], rows: &[usize]) -> bool {
     rows.iter().any(|&i| col[i] != col[rows[0]])
 }
 
-fn layout(cols: &Cols, rows: &[usize], args: &Args) -> Layout {
+pub(super) fn layout(cols: &Cols, rows: &[usize], args: &Args) -> Layout {
     let x = args.x.as_str();
     let facet = match args.facet.as_str() {
         "none" => None,
@@ -78,13 +79,13 @@ fn layout(cols: &Cols, rows: &[usize], args: &Args) -> Layout {
     }
 }
 
-fn key(cols: &Cols, names: &[String], i: usize) -> Vec<Option<String>> {
+pub(super) fn key(cols: &Cols, names: &[String], i: usize) -> Vec<Option<String>> {
     names.iter().map(|c| cols[c][i].clone()).collect()
 }
 
 /// Keeps, for each bar, the rows of its engine's newest settings and build (the latest
 /// `time_utc`, then the last row); returns them and how many rows were left out.
-fn newest(cols: &Cols, rows: Vec<usize>, lay: &Layout) -> (Vec<usize>, usize) {
+pub(super) fn newest(cols: &Cols, rows: Vec<usize>, lay: &Layout) -> (Vec<usize>, usize) {
     let config: Vec<String> = CONFIG.iter().map(|c| c.to_string()).collect();
     let bar = |i: usize| {
         let mut k = key(cols, &lay.group, i);
@@ -118,10 +119,10 @@ fn cmp_values(a: &Option<String>, b: &Option<String>) -> Ordering {
     }
 }
 
-type Key = Vec<Option<String>>;
+pub(super) type Key = Vec<Option<String>>;
 
 /// The series in legend order: candle, other engines, HF; then by their other columns.
-fn series_keys(cols: &Cols, rows: &[usize], lay: &Layout) -> Vec<Key> {
+pub(super) fn series_keys(cols: &Cols, rows: &[usize], lay: &Layout) -> Vec<Key> {
     let mut keys: Vec<Key> = vec![];
     for &i in rows {
         let k = key(cols, &lay.series, i);
@@ -163,7 +164,7 @@ fn series_label(k: &Key, lay: &Layout, shown: &[bool], all_fused: &[String]) -> 
 }
 
 /// Legend entries: one hue an engine (× precision where it varies), a shade per variant.
-fn series_list(keys: &[Key], lay: &Layout, all_fused: &[String]) -> Vec<Series> {
+pub(super) fn series_list(keys: &[Key], lay: &Layout, all_fused: &[String]) -> Vec<Series> {
     let shown: Vec<bool> = (0..lay.series.len())
         .map(|c| keys.iter().any(|k| k[c] != keys[0][c]))
         .collect();
@@ -279,7 +280,7 @@ fn speedups(points: &[(usize, Point)], keys: &[Key], lay: &Layout, metric: &str)
 }
 
 /// The metric's values; an error for a column that is missing or holds no number.
-fn metric_values(df: &DataFrame, args: &Args) -> Result<Vec<Option<f64>>> {
+pub(super) fn metric_values(df: &DataFrame, args: &Args) -> Result<Vec<Option<f64>>> {
     let Some(value) = number_column(df, &args.metric)? else {
         return Err(Error::Config(format!(
             "no column '{}' in {} (columns: {})",
@@ -288,6 +289,11 @@ fn metric_values(df: &DataFrame, args: &Args) -> Result<Vec<Option<f64>>> {
             column_names(df)
         )));
     };
+    // An infinite cell (text such as `inf` reads as a number) cannot be drawn.
+    let value: Vec<Option<f64>> = value
+        .into_iter()
+        .map(|v| v.filter(|x| x.is_finite()))
+        .collect();
     if value.iter().all(Option::is_none) {
         return Err(Error::Config(format!(
             "column '{}' of {} holds no numbers: --metric takes a numeric column",
@@ -307,7 +313,7 @@ fn metric_values(df: &DataFrame, args: &Args) -> Result<Vec<Option<f64>>> {
 }
 
 /// What every plotted row shares, for the subtitle: `generation · bf16 · batch 16`.
-fn subtitle(cols: &Cols, rows: &[usize], lay: &Layout) -> String {
+pub(super) fn subtitle(cols: &Cols, rows: &[usize], lay: &Layout) -> String {
     let taken = |c: &str| lay.facet.as_deref() == Some(c) || lay.group.iter().any(|g| g == c);
     let shared = ["engine"].iter().chain(WORKLOAD).filter(|c| !taken(c));
     shared
@@ -321,8 +327,11 @@ fn subtitle(cols: &Cols, rows: &[usize], lay: &Layout) -> String {
         .join(" · ")
 }
 
-/// The chart's data from the CSV and the flags.
+/// The chart's data from the CSV and the flags (`--curve`: [`super::curve`]'s).
 pub fn build(df: &DataFrame, args: &Args) -> Result<Chart> {
+    if args.curve {
+        return super::curve::build(df, args);
+    }
     let value = metric_values(df, args)?;
     let rows = kept_rows(df, args, &value)?;
     let cols = read_cols(df, args)?;
@@ -375,6 +384,7 @@ pub fn build(df: &DataFrame, args: &Args) -> Result<Chart> {
         panels,
         series: series_list(&keys, &lay, &all_fused),
         lines: lay.lines,
+        curve: false,
         x_label: if lay.lines {
             args.x.replace('_', " ")
         } else {
