@@ -57,7 +57,11 @@ fn read_csv(path: &Path) -> Result<DataFrame> {
 
 /// The chart's data: the CSV of `-i` through the flags (what [`run`] draws).
 pub fn chart(args: &Args) -> Result<Chart> {
-    build(&read_csv(&args.input)?, args)
+    let df = read_csv(&args.input)?;
+    match args.curve {
+        true => curve::build(&df, args),
+        false => build(&df, args),
+    }
 }
 
 /// Draws the chart; returns the path written.

@@ -327,11 +327,9 @@ pub(super) fn subtitle(cols: &Cols, rows: &[usize], lay: &Layout) -> String {
         .join(" · ")
 }
 
-/// The chart's data from the CSV and the flags (`--curve`: [`super::curve`]'s).
+/// The chart's data from the CSV and the flags (bars or lines; `--curve` is
+/// [`super::curve`]'s).
 pub fn build(df: &DataFrame, args: &Args) -> Result<Chart> {
-    if args.curve {
-        return super::curve::build(df, args);
-    }
     let value = metric_values(df, args)?;
     let rows = kept_rows(df, args, &value)?;
     let cols = read_cols(df, args)?;
