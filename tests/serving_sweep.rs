@@ -172,3 +172,37 @@ fn a_bad_rate_list_is_a_one_line_error() {
         );
     }
 }
+
+#[test]
+fn a_dead_serving_childs_log_is_closed_with_a_summary_of_its_requests() {
+    use transformer_bench::launch::sweep::complete_log;
+    use transformer_bench::record::RunStatus;
+    let dir = tempfile::tempdir().unwrap();
+    sweep(dir.path(), "200,inf", &["--slo", "ttft_ms=1e9"]);
+    let sd = sweep_dir(dir.path());
+    let log = std::fs::read_dir(&sd)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| !p.ends_with("sweep.jsonl"))
+        .unwrap();
+    // As if killed after its third request: the summary and the last request gone.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let kept: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.contains("\"serving_summary\""))
+        .collect();
+    let kept = &kept[..kept.len() - 1];
+    std::fs::write(&log, kept.join("\n") + "\n").unwrap();
+    let end = complete_log(&log, "killed by signal 9", Some(RunStatus::Killed))
+        .unwrap()
+        .expect("a summary");
+    assert_eq!(end.status, RunStatus::Killed);
+    let recs = records(&log);
+    let s = recs.last().unwrap();
+    assert_eq!(s["record"], "serving_summary");
+    assert_eq!(
+        (s["n_requests"].as_u64(), s["slo_met_requests"].as_u64()),
+        (Some(3), Some(3))
+    );
+    assert_eq!(s["error"], "killed by signal 9");
+}
