@@ -246,21 +246,6 @@ fn bad_serving_flags_are_one_line_errors() {
     }
 }
 
-/// A CSV line's cells, quotes undone (the batching label holds a comma).
-#[cfg(feature = "report")]
-fn cells(line: &str) -> Vec<String> {
-    let (mut out, mut cur, mut quoted) = (vec![], String::new(), false);
-    for c in line.chars() {
-        match c {
-            '"' => quoted = !quoted,
-            ',' if !quoted => out.push(std::mem::take(&mut cur)),
-            c => cur.push(c),
-        }
-    }
-    out.push(cur);
-    out
-}
-
 #[cfg(feature = "report")]
 #[test]
 fn extract_metrics_gives_a_serving_run_its_row() {
@@ -283,8 +268,10 @@ fn extract_metrics_gives_a_serving_run_its_row() {
     let csv = std::fs::read_to_string(&out).unwrap();
     let lines: Vec<&str> = csv.lines().collect();
     assert_eq!(lines.len(), 2, "one row per serving run: {csv}");
-    let row: std::collections::HashMap<String, String> =
-        cells(lines[0]).into_iter().zip(cells(lines[1])).collect();
+    let row: std::collections::HashMap<String, String> = common::extract::quoted_cells(lines[0])
+        .into_iter()
+        .zip(common::extract::quoted_cells(lines[1]))
+        .collect();
     let fixed = [
         ("suite", "serving"),
         ("engine", "candle"),

@@ -118,7 +118,7 @@ fn extract_metrics_gives_each_rate_its_row() {
     );
     let mut got: Vec<(String, String)> = vec![];
     for line in lines {
-        let cells = common_cells(line);
+        let cells = common::extract::quoted_cells(line);
         assert!(!cells[goodput].is_empty(), "goodput in {line}");
         got.push((cells[rate].clone(), cells[arrivals].clone()));
     }
@@ -129,21 +129,6 @@ fn extract_metrics_gives_each_rate_its_row() {
         .map(|(a, b)| (a.to_string(), b.to_string()))
         .collect();
     assert_eq!(got, want, "{text}");
-}
-
-/// A CSV line's cells, quotes undone (the batching label holds a comma).
-#[cfg(feature = "report")]
-fn common_cells(line: &str) -> Vec<String> {
-    let (mut out, mut cur, mut quoted) = (vec![], String::new(), false);
-    for c in line.chars() {
-        match c {
-            '"' => quoted = !quoted,
-            ',' if !quoted => out.push(std::mem::take(&mut cur)),
-            c => cur.push(c),
-        }
-    }
-    out.push(cur);
-    out
 }
 
 #[test]

@@ -104,7 +104,7 @@ fn ci95(low: Option<f64>, high: Option<f64>, decimals: usize) -> String {
 
 /// The short table printed on stdout after a scoring or generation run.
 pub fn summary_table(h: &Header, s: &Summary, log_path: &Path) -> String {
-    let mut t = summary_heading(h);
+    let mut t = summary_heading(h, "batch");
     let mut rows = summary_rows(h, s);
     if let Some(g) = &h.generation {
         // No log-likelihoods in a generation run: its own rates instead of a perplexity; the
@@ -128,11 +128,12 @@ pub fn summary_table(h: &Header, s: &Summary, log_path: &Path) -> String {
     t
 }
 
-/// The first line of [`summary_table`] (engine, suite, model, precision, device, batch), and
-/// what `auto` chose and the tensor-parallel ranks where there are.
-fn summary_heading(h: &Header) -> String {
+/// The first line of a run's table (engine, suite, model, precision, device, then `batch` and
+/// the batch size: "batch", or "batch ≤" where calls take at most that many), and what `auto`
+/// chose and the tensor-parallel ranks where there are.
+pub(crate) fn summary_heading(h: &Header, batch: &str) -> String {
     let mut t = format!(
-        "{} | {} | {} ({:.2}M params, weights {}) | {} | {} | batch {}\n",
+        "{} | {} | {} ({:.2}M params, weights {}) | {} | {} | {batch} {}\n",
         h.engine,
         h.suite,
         h.model.name,

@@ -3,26 +3,15 @@
 //! serving runs (`--request-rate 1,2,4,inf`), one row a run: offered rate against what it
 //! achieved, the latency–throughput curve as numbers.
 
+use super::console::summary_heading;
 use crate::log::read_log;
 use crate::record::{Header, Percentiles, Record, ServingSummary, SweepOutcome, SweepRun};
 use std::path::Path;
 
 /// The serving run's summary, as printed.
 pub fn serving_table(h: &Header, s: &ServingSummary, log_path: &Path) -> String {
-    let mut t = format!(
-        "{} | {} | {} ({:.2}M params, weights {}) | {} | {} | batch ≤ {}\n",
-        h.engine,
-        h.suite,
-        h.model.name,
-        h.model.n_parameters as f64 / 1e6,
-        h.model.weights,
-        h.dtype,
-        h.device,
-        h.batch_size
-    );
-    if let Some(auto) = &h.auto {
-        t += &format!("{auto}\n");
-    }
+    // Serving runs have no --tp: the heading is the line and `auto`'s choice.
+    let mut t = summary_heading(h, "batch ≤");
     let mut rows: Vec<(&str, String)> = vec![];
     if let Some(i) = &h.serving {
         let rate = i

@@ -15,18 +15,17 @@
 use super::lambada::tokenize;
 use super::passes::Slot;
 use super::skeleton::{
-    base_header, cold_share, first_of_each_shape, gpu_index, probe_status, warm_short_last,
-    warmup_batches, Opened, Padding, Timed, PROBE_SHAPES,
+    base_header, cold_share, first_of_each_shape, probe_status, warm_short_last, warmup_batches,
+    Opened, Padding, Timed, PROBE_SHAPES,
 };
 use super::spec::{GenerateOptions, GenerateSource, RunSpec};
 use crate::data::sha256_hex;
-use crate::device::DeviceSpec;
 use crate::engines::registry::{self, EngineArgs};
 use crate::engines::{EngineKind, Generate, GenerateRequest};
 use crate::env::EnvReport;
 use crate::error::{Error, Result};
 use crate::metrics::GenTotals;
-use crate::models::{Architecture, WeightSource};
+use crate::models::Architecture;
 use crate::record::{
     describe_hf_config, DataInfo, GenBatchRecord, GenPassage, GenerationInfo, Header, Record,
     Summary,
@@ -103,14 +102,6 @@ impl Timed for Generation<'_> {
         let header = Header {
             engine: engine.name().into(),
             engine_info: engine.info(),
-            gpu_index: match spec.device {
-                DeviceSpec::Cuda(_) => gpu_index(spec.device, None, &host),
-                DeviceSpec::Cpu => None,
-            },
-            seed: match spec.weights {
-                WeightSource::Random { seed } => Some(seed),
-                WeightSource::Dir(_) => None,
-            },
             limit: spec.limit,
             load_seconds: engine.load_seconds(),
             seq_len: spec.seq_len,

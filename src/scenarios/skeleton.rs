@@ -389,7 +389,9 @@ fn candle_device(spec: &RunSpec) -> Result<Device> {
 }
 
 /// The header fields every run shares: tool, commit, time, command line, model, precision,
-/// host. Each scenario adds its engine, data and suite fields with struct update syntax.
+/// host, the GPU (its index on this host, by ordinal) and the random weights' seed. Each
+/// scenario adds its engine, data and suite fields with struct update syntax (and its own GPU
+/// index or seed where it knows better: the engine's CUDA uuid, training's data seed).
 pub fn base_header(
     spec: &RunSpec,
     weights: &WeightSource,
@@ -400,6 +402,7 @@ pub fn base_header(
     // Scoring and generation time passes over their batches; training times its steps,
     // serving its requests.
     let timed_loop = !matches!(spec.workload, Workload::Train(_) | Workload::Serve(_));
+    let gpu = gpu_index(spec.device, None, &host);
     Header {
         schema_version: SCHEMA_VERSION,
         tool: "transformer-bench".into(),
@@ -415,12 +418,15 @@ pub fn base_header(
         dtype: spec.precision.to_string(),
         device: spec.device.to_string(),
         host,
-        gpu_index: None,
+        gpu_index: gpu,
         batch_size: spec.batch_size,
         warmup_batches: spec.warmup_batches,
         min_time_s: timed_loop.then_some(spec.min_run.seconds),
         min_batches: timed_loop.then_some(spec.min_run.batches),
-        seed: None,
+        seed: match spec.weights {
+            WeightSource::Random { seed } => Some(seed),
+            WeightSource::Dir(_) => None,
+        },
         limit: None,
         data,
         load_seconds: 0.,

@@ -68,6 +68,21 @@ pub fn csv_rows(csv: &str) -> Vec<std::collections::HashMap<String, String>> {
         .collect()
 }
 
+/// A CSV line's cells, quotes undone (for cells that hold a comma, such as serving's batching
+/// label).
+pub fn quoted_cells(line: &str) -> Vec<String> {
+    let (mut out, mut cur, mut quoted) = (vec![], String::new(), false);
+    for c in line.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => out.push(std::mem::take(&mut cur)),
+            c => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
 /// The row of `csv` whose `run` is `run`.
 pub fn row_of(csv: &str, run: &str) -> std::collections::HashMap<String, String> {
     csv_rows(csv)

@@ -255,10 +255,6 @@ fn header(
         engine: engine.name().into(),
         engine_info: engine.info(),
         gpu_index: gpu_index(spec.device, started.cuda_uuid.as_deref(), &started.host),
-        seed: match spec.weights {
-            WeightSource::Random { seed } => Some(seed),
-            WeightSource::Dir(_) => None,
-        },
         limit: spec.limit,
         load_seconds: engine.load_seconds(),
         seq_len: spec.seq_len,

@@ -16,17 +16,16 @@ pub mod load;
 pub mod queue;
 
 use super::generate::special_ids;
-use super::skeleton::{base_header, gpu_index, Padding, Scenario};
+use super::skeleton::{base_header, Padding, Scenario};
 use super::spec::{RunSpec, ServeOptions};
 use crate::data::sha256_hex;
-use crate::device::DeviceSpec;
 use crate::engines::registry::{self, EngineArgs};
 use crate::engines::{memory_or_warning, EngineKind, Generate, GenerateRequest};
 use crate::env::EnvReport;
 use crate::error::{message_without_backtrace, Error, Result};
 use crate::log::RankLog;
 use crate::metrics::serving::{summary, ServingEnd};
-use crate::models::{Architecture, WeightSource};
+use crate::models::Architecture;
 use crate::record::{DataInfo, Header, Record, RequestRecord, ServingInfo, ServingSummary};
 use crate::tokenizer::TextTokenizer;
 use crate::trackers::{MemoryReading, StepClock};
@@ -88,14 +87,6 @@ impl Scenario for Serving<'_> {
         let header = Header {
             engine: engine.name().into(),
             engine_info: engine.info(),
-            gpu_index: match spec.device {
-                DeviceSpec::Cuda(_) => gpu_index(spec.device, None, &host),
-                DeviceSpec::Cpu => None,
-            },
-            seed: match spec.weights {
-                WeightSource::Random { seed } => Some(seed),
-                WeightSource::Dir(_) => None,
-            },
             load_seconds: engine.load_seconds(),
             serving: Some(Box::new(info(self.0))),
             // Each call's prompts are left-padded to their longest, rounded up to this.

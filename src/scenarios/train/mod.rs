@@ -11,10 +11,9 @@ pub mod prepare;
 pub mod shakespeare;
 pub mod steps;
 
-use super::skeleton::{base_header, gpu_index, Scenario};
+use super::skeleton::{base_header, Scenario};
 use super::spec::{DpRun, HfParallel, RunSpec, TrainOptions};
 use crate::data::sha256_hex;
-use crate::device::DeviceSpec;
 use crate::engines::registry::{self, EngineArgs, TrainArgs};
 use crate::engines::{AfterSteps, EngineKind, Train};
 use crate::env::EnvReport;
@@ -185,10 +184,6 @@ fn header(
     let info = engine.info();
     let work = warmup_work(engine.name(), &info);
     Header {
-        gpu_index: match spec.device {
-            DeviceSpec::Cuda(_) => gpu_index(spec.device, None, &host),
-            DeviceSpec::Cpu => None,
-        },
         engine: engine.name().into(),
         engine_info: info,
         warmup_batches: warmup,
