@@ -1,0 +1,105 @@
+// fp8 weights on Hopper (#37 item 3, `--dtype fp8`), launched by fp8.rs: W stored as E4M3 with
+// one f32 scale per output row (W ≈ scale[n] · q[n, :]), activations and sums in bf16 / f16 / f32.
+// Shapes: q (N, K) bytes, K a multiple of 16 (KQ 16-byte vectors a row); x (M, K); y (M, N).
+#include "common.cuh"
+#include <cuda_fp8.h>
+
+// 16 E4M3 values (one 16-byte load, element j at byte j) to f32, two at a time (cvt e4m3x2 on
+// sm_89+: the low byte of each pair is the first element).
+__device__ __forceinline__ void fp8x16_to_f(const uint4 v, float* f) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const __nv_fp8x2_storage_t pair = (w[i] >> (16 * h)) & 0xffff;
+      const float2 p = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+      f[4 * i + 2 * h] = p.x;
+      f[4 * i + 2 * h + 1] = p.y;
+    }
+  }
+}
+
+// Decode projections at 1-4 rows: y = act(scale[n] · (x q[n]ᵀ) + bias[n]), sb (N, 2) f32 holding
+// scale and bias. The bf16 GEMV's layout (gemv.cu): SPLIT warps a column, COLS columns a block,
+// the warps' sums met in shared memory; a column's row is read once, half the bf16 bytes.
+constexpr int SPLIT = 4, COLS = 2;
+
+template <typename T, int M>
+__device__ void gemv_fp8(const Vec16<T>* x, const uint4* q, const float2* sb, T* y, int n, int kq,
+                         int act) {
+  constexpr int XV = 16 / (16 / sizeof(T));  // x vectors a weight vector: 2 (bf16 / f16)
+  constexpr int E = 16 / sizeof(T);
+  __shared__ float part[COLS][SPLIT][M];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int local = warp / SPLIT, slice = warp % SPLIT, col = blockIdx.x * COLS + local;
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; m++) acc[m] = 0.f;
+  if (col < n) {
+    const uint4* row = q + (long)col * kq;
+#pragma unroll 4
+    for (int i = slice * 32 + lane; i < kq; i += 32 * SPLIT) {
+      float wf[16];
+      fp8x16_to_f(row[i], wf);
+#pragma unroll
+      for (int m = 0; m < M; m++) {
+#pragma unroll
+        for (int v = 0; v < XV; v++) {
+          const Vec16<T> xv = x[((long)m * kq + i) * XV + v];
+#pragma unroll
+          for (int j = 0; j < E; j++) acc[m] += wf[v * E + j] * to_f(xv.e[j]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; m++) {
+    acc[m] = warp_sum(acc[m]);
+    if (lane == 0) part[local][slice][m] = acc[m];
+  }
+  __syncthreads();
+  if (col >= n || slice != 0 || lane >= M) return;
+  // Lane m of the column's first warp finishes row m: the slices' sums, the scale, the bias.
+  float v = 0.f;
+#pragma unroll
+  for (int s = 0; s < SPLIT; s++) v += part[local][s][lane];
+  const float2 c = sb[col];
+  v = v * c.x + c.y;
+  if (act == 1) v = 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+  y[(long)lane * n + col] = from_f<T>(v);
+}
+
+// W back to the activations' type for the rows the GEMV does not take (prefill, scoring, more
+// than 4 rows): out[n, k] = scale[n] · q[n, k], one 16-byte vector of q a thread.
+template <typename T>
+__device__ void dequant(const uint4* q, const float2* sb, Vec16<T>* out, int kq, long vectors) {
+  constexpr int E = 16 / sizeof(T), XV = 16 / E;
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < vectors;
+       i += (long)gridDim.x * blockDim.x) {
+    const float s = sb[i / kq].x;
+    float wf[16];
+    fp8x16_to_f(q[i], wf);
+#pragma unroll
+    for (int v = 0; v < XV; v++) {
+      Vec16<T> o;
+#pragma unroll
+      for (int j = 0; j < E; j++) o.e[j] = from_f<T>(wf[v * E + j] * s);
+      out[i * XV + v] = o;
+    }
+  }
+}
+
+#define INSTANTIATE_M(T, S, M)                                                                 \
+  extern "C" __global__ void tb_gemv_fp8_##M##_##S(const Vec16<T>* x, const uint4* q,          \
+                                                   const float2* sb, T* y, int n, int kq,      \
+                                                   int act) {                                  \
+    gemv_fp8<T, M>(x, q, sb, y, n, kq, act);                                                   \
+  }
+#define INSTANTIATE(T, S)                                                                      \
+  INSTANTIATE_M(T, S, 1) INSTANTIATE_M(T, S, 2) INSTANTIATE_M(T, S, 3) INSTANTIATE_M(T, S, 4)  \
+  extern "C" __global__ void tb_fp8_dequant_##S(const uint4* q, const float2* sb, Vec16<T>* out, \
+                                                int kq, long vectors) {                        \
+    dequant<T>(q, sb, out, kq, vectors);                                                       \
+  }
+FOR_TYPES(INSTANTIATE)
