@@ -90,6 +90,24 @@ __device__ void dequant(const uint4* q, const float2* sb, Vec16<T>* out, int kq,
   }
 }
 
+// Quantization, a block a row: scale = max(|w|, 1e-12) / 448, q = E4M3(w / scale) rounded to
+// nearest even, saturated (as the CPU's float8 crate, so both hold the same bytes). candle's own
+// CUDA cast to E4M3 looks up a kernel name its PTX does not have (candle 0.11.1).
+template <typename T>
+__device__ void quantize(const T* w, __nv_fp8_storage_t* q, float* scale, int k) {
+  __shared__ float sh[32];
+  const T* row = w + (long)blockIdx.x * k;
+  __nv_fp8_storage_t* out = q + (long)blockIdx.x * k;
+  float m = 0.f;
+  for (int i = threadIdx.x; i < k; i += blockDim.x) m = fmaxf(m, fabsf(to_f(row[i])));
+  const float s = fmaxf(block_max(m, sh), 1e-12f) / 448.f;
+  for (int i = threadIdx.x; i < k; i += blockDim.x) {
+    const float v = fminf(fmaxf(to_f(row[i]) / s, -448.f), 448.f);
+    out[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+  }
+  if (threadIdx.x == 0) scale[blockIdx.x] = s;
+}
+
 #define INSTANTIATE_M(T, S, M)                                                                 \
   extern "C" __global__ void tb_gemv_fp8_##M##_##S(const Vec16<T>* x, const uint4* q,          \
                                                    const float2* sb, T* y, int n, int kq,      \
@@ -101,5 +119,9 @@ __device__ void dequant(const uint4* q, const float2* sb, Vec16<T>* out, int kq,
   extern "C" __global__ void tb_fp8_dequant_##S(const uint4* q, const float2* sb, Vec16<T>* out, \
                                                 int kq, long vectors) {                        \
     dequant<T>(q, sb, out, kq, vectors);                                                       \
+  }                                                                                            \
+  extern "C" __global__ void tb_fp8_quantize_##S(const T* w, __nv_fp8_storage_t* q,           \
+                                                 float* scale, int k) {                        \
+    quantize<T>(w, q, scale, k);                                                               \
   }
 FOR_TYPES(INSTANTIATE)

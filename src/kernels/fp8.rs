@@ -22,6 +22,12 @@ pub fn gemv_fp8(x: &Tensor, q: &Tensor, sb: &Tensor, act: Act) -> Result<Option<
     imp::gemv_fp8(x, q, sb, act)
 }
 
+/// w (N, K) as (q (N, K) F8E4M3, scale (N, 1) f32), each row scaled to E4M3's 448 and rounded
+/// to nearest even (the CPU's float8 crate's rounding); None on the CPU (candle's ops there).
+pub fn quantize_fp8(w: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+    imp::quantize_fp8(w)
+}
+
 /// scale · q as (N, K) in `dtype`; None on the CPU (candle's cast and multiply there).
 pub fn dequant_fp8(q: &Tensor, sb: &Tensor, dtype: DType) -> Result<Option<Tensor>> {
     imp::dequant_fp8(q, sb, dtype)
@@ -39,13 +45,18 @@ mod imp {
     pub fn dequant_fp8(_: &Tensor, _: &Tensor, _: DType) -> Result<Option<Tensor>> {
         Ok(None)
     }
+
+    pub fn quantize_fp8(_: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+        Ok(None)
+    }
 }
 
 #[cfg(feature = "cuda")]
 mod imp {
     use super::{Act, FP8_GEMV_MAX_ROWS};
     use crate::kernels::launch::{
-        aligned16, alloc, flat_config, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx,
+        aligned16, alloc, cuda, flat_config, kernel, launch, no_cpu_fwd, ptx, row_config, storage,
+        view, with_dtype, wrap, Ptx,
     };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
@@ -159,5 +170,28 @@ mod imp {
             return Ok(None);
         }
         Ok(Some(q.apply_op2_no_bwd(sb, &Dequant { dtype })?))
+    }
+
+    pub fn quantize_fp8(w: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+        let float = matches!(w.dtype(), DType::F32 | DType::BF16 | DType::F16);
+        if !float || w.rank() != 2 || !w.is_contiguous() {
+            return Ok(None);
+        }
+        let Some((ws, wl)) = cuda(w) else {
+            return Ok(None);
+        };
+        let (n, k) = w.dims2()?;
+        let s = storage(&ws);
+        let dev = s.device().clone();
+        let func = kernel!(dev, PTX, "tb_fp8_quantize", w.dtype())?;
+        let k_i = k as i32;
+        let q = alloc::<F8E4M3>(&dev, n * k)?;
+        let scale = alloc::<f32>(&dev, n)?;
+        with_dtype!(w.dtype(), T => {
+            let wv = view::<T>(s, wl)?;
+            // SAFETY: w holds n·k contiguous elements; q n·k, scale n.
+            launch!(unsafe func, row_config(n, k); &wv, &q, &scale, &k_i)?;
+        });
+        Ok(Some((wrap(q, &dev, (n, k)), wrap(scale, &dev, (n, 1)))))
     }
 }

@@ -12,6 +12,18 @@ use candle_core::{DType, Result, Tensor};
 /// E4M3's largest finite value.
 pub const E4M3_MAX: f64 = 448.;
 
+/// w (N, K) -> (q (N, K) E4M3, scale (N, 1) f32) with candle's ops (the CPU; candle's CUDA cast
+/// to E4M3 is missing its kernel, so the GPU has its own, with the same IEEE divisions).
+fn quantize_composed(w: &Tensor) -> Result<(Tensor, Tensor)> {
+    let w = w.to_dtype(DType::F32)?; // (N, K)
+    let amax = w.abs()?.max_keepdim(1)?; // (N, 1)
+                                         // An all-zero row keeps a finite scale (its values stay zero).
+    let max = Tensor::new(E4M3_MAX as f32, w.device())?;
+    let scale = amax.clamp(1e-12f32, f32::MAX)?.broadcast_div(&max)?;
+    let q = w.broadcast_div(&scale)?.clamp(-E4M3_MAX, E4M3_MAX)?;
+    Ok((q.to_dtype(DType::F8E4M3)?, scale))
+}
+
 /// A weight (N, K) as E4M3 with its rows' scales, and the bias that goes with it.
 pub struct Fp8Weight {
     q: Tensor,  // (N, K) F8E4M3
@@ -21,16 +33,14 @@ pub struct Fp8Weight {
 impl Fp8Weight {
     /// w (N, K) in any float dtype; bias (N,), or None for zeros.
     pub fn quantize(w: &Tensor, bias: Option<&Tensor>) -> Result<Self> {
-        let w = w.to_dtype(DType::F32)?; // (N, K)
         let n = w.dim(0)?;
-        let amax = w.abs()?.max_keepdim(1)?; // (N, 1)
-                                             // An all-zero row keeps a finite scale (its values stay zero).
-        let scale = (amax.clamp(1e-12f32, f32::MAX)? / E4M3_MAX)?;
-        let q = w.broadcast_div(&scale)?.clamp(-E4M3_MAX, E4M3_MAX)?;
-        let q = q.to_dtype(DType::F8E4M3)?;
+        let (q, scale) = match kernels::quantize_fp8(&w.contiguous()?)? {
+            Some(on_gpu) => on_gpu,
+            None => quantize_composed(w)?,
+        };
         let b = match bias {
             Some(b) => b.to_dtype(DType::F32)?.reshape((n, 1))?,
-            None => Tensor::zeros((n, 1), DType::F32, w.device())?,
+            None => Tensor::zeros((n, 1), DType::F32, scale.device())?,
         };
         let sb = Tensor::cat(&[&scale, &b], 1)?.contiguous()?; // (N, 2)
         Ok(Self { q, sb })
