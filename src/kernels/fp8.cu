@@ -21,53 +21,69 @@ __device__ __forceinline__ void fp8x16_to_f(const uint4 v, float* f) {
 }
 
 // Decode projections at 1-4 rows: y = act(scale[n] · (x q[n]ᵀ) + bias[n]), sb (N, 2) f32 holding
-// scale and bias. The bf16 GEMV's layout (gemv.cu): SPLIT warps a column, COLS columns a block,
-// the warps' sums met in shared memory; a column's row is read once, half the bf16 bytes.
-constexpr int SPLIT = 4, COLS = 2;
+// scale and bias. A block: COLS columns, SPLIT warps over K; each lane loads its x vectors once
+// and the COLS columns' weight vectors beside them (COLS loads in flight a step: with one column
+// a warp, bloom-7b1's K = 4096 rows left a lane two loads and the step at 2.1 TB/s,
+// results/h100/fp8-run1). The warps' sums meet in shared memory.
+constexpr int SPLIT = 4, COLS = 4;
 
 template <typename T, int M>
 __device__ void gemv_fp8(const Vec16<T>* x, const uint4* q, const float2* sb, T* y, int n, int kq,
                          int act) {
-  constexpr int XV = 16 / (16 / sizeof(T));  // x vectors a weight vector: 2 (bf16 / f16)
+  constexpr int XV = sizeof(T);  // x vectors a weight vector: 16 values, 2 (bf16 / f16)
   constexpr int E = 16 / sizeof(T);
-  __shared__ float part[COLS][SPLIT][M];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int local = warp / SPLIT, slice = warp % SPLIT, col = blockIdx.x * COLS + local;
-  float acc[M];
+  __shared__ float part[SPLIT][COLS][M];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, col0 = blockIdx.x * COLS;
+  const uint4* rows[COLS];
 #pragma unroll
-  for (int m = 0; m < M; m++) acc[m] = 0.f;
-  if (col < n) {
-    const uint4* row = q + (long)col * kq;
-#pragma unroll 4
-    for (int i = slice * 32 + lane; i < kq; i += 32 * SPLIT) {
-      float wf[16];
-      fp8x16_to_f(row[i], wf);
+  for (int c = 0; c < COLS; c++) rows[c] = q + (long)min(col0 + c, n - 1) * kq;  // past n: discarded
+  float acc[COLS][M];
 #pragma unroll
-      for (int m = 0; m < M; m++) {
+  for (int c = 0; c < COLS; c++)
 #pragma unroll
-        for (int v = 0; v < XV; v++) {
-          const Vec16<T> xv = x[((long)m * kq + i) * XV + v];
+    for (int m = 0; m < M; m++) acc[c][m] = 0.f;
+#pragma unroll 2
+  for (int i = warp * 32 + lane; i < kq; i += 32 * SPLIT) {
+    uint4 wv[COLS];
 #pragma unroll
-          for (int j = 0; j < E; j++) acc[m] += wf[v * E + j] * to_f(xv.e[j]);
-        }
+    for (int c = 0; c < COLS; c++) wv[c] = rows[c][i];
+    float xf[M][16];
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+      for (int v = 0; v < XV; v++) {
+        const Vec16<T> xv = x[((long)m * kq + i) * XV + v];
+#pragma unroll
+        for (int j = 0; j < E; j++) xf[m][v * E + j] = to_f(xv.e[j]);
       }
+#pragma unroll
+    for (int c = 0; c < COLS; c++) {
+      float wf[16];
+      fp8x16_to_f(wv[c], wf);
+#pragma unroll
+      for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int j = 0; j < 16; j++) acc[c][m] += wf[j] * xf[m][j];
     }
   }
 #pragma unroll
-  for (int m = 0; m < M; m++) {
-    acc[m] = warp_sum(acc[m]);
-    if (lane == 0) part[local][slice][m] = acc[m];
-  }
+  for (int c = 0; c < COLS; c++)
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+      const float v = warp_sum(acc[c][m]);
+      if (lane == 0) part[warp][c][m] = v;
+    }
   __syncthreads();
-  if (col >= n || slice != 0 || lane >= M) return;
-  // Lane m of the column's first warp finishes row m: the slices' sums, the scale, the bias.
+  // Thread t < COLS·M finishes column t / M, row t % M: the warps' sums, the scale, the bias.
+  const int c = threadIdx.x / M, m = threadIdx.x % M, col = col0 + c;
+  if (threadIdx.x >= COLS * M || col >= n) return;
   float v = 0.f;
 #pragma unroll
-  for (int s = 0; s < SPLIT; s++) v += part[local][s][lane];
-  const float2 c = sb[col];
-  v = v * c.x + c.y;
+  for (int s = 0; s < SPLIT; s++) v += part[s][c][m];
+  const float2 a = sb[col];
+  v = v * a.x + a.y;
   if (act == 1) v = 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
-  y[(long)lane * n + col] = from_f<T>(v);
+  y[(long)m * n + col] = from_f<T>(v);
 }
 
 // W back to the activations' type for the rows the GEMV does not take (prefill, scoring, more

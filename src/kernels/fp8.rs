@@ -65,9 +65,9 @@ mod imp {
 
     const PTX: Ptx = ptx!("fp8");
 
-    /// Output columns a block computes, and warps a column (fp8.cu's COLS and SPLIT).
-    const COLS_PER_BLOCK: usize = 2;
-    const WARPS_PER_COL: u32 = 4;
+    /// Output columns a block computes, and warps over K (fp8.cu's COLS and SPLIT).
+    const COLS_PER_BLOCK: usize = 4;
+    const WARPS_PER_BLOCK: u32 = 4;
 
     struct GemvFp8 {
         act: Act,
@@ -99,7 +99,7 @@ mod imp {
             let (n_i, kq, act) = (n as i32, (k / 16) as i32, self.act.code());
             let cfg = LaunchConfig {
                 grid_dim: (n.div_ceil(COLS_PER_BLOCK) as u32, 1, 1),
-                block_dim: (32 * WARPS_PER_COL * COLS_PER_BLOCK as u32, 1, 1),
+                block_dim: (32 * WARPS_PER_BLOCK, 1, 1),
                 shared_mem_bytes: 0,
             };
             let (qv, sbv) = (view::<F8E4M3>(q, ql)?, view::<f32>(sb, sbl)?);
