@@ -248,3 +248,19 @@ fn hf_serving_is_no_longer_refused() {
     assert!(!err.contains("does not run serving"), "{err}");
     assert!(err.contains("cannot start Python"), "{err}");
 }
+
+/// The real worker's `serve_mode` and `serve` (src/engines/hf/worker.py) under stand-in
+/// `torch` / `transformers` modules: a manager stepping on a thread (continuous), a model
+/// without the attention interface (static, queue.rs's queue), a manager that dies (the
+/// fallback), a transformers without the batch cap; each reply checked as the Rust side reads
+/// it (tests/fixtures/worker_serving_check.py).
+#[test]
+fn the_worker_s_serving_ops_replay_a_load_under_stand_in_modules() {
+    let o = std::process::Command::new("python3")
+        .arg(fixture("worker_serving_check.py"))
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/engines/hf/worker.py"))
+        .output()
+        .expect("python3 runs");
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "ok 6 checks");
+}

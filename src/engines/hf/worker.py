@@ -261,9 +261,10 @@ class Serving:
 
     def cb_run(self, prompts, new_tokens, timeout_s):
         """Untimed: `prompts` through the manager at once; their finished outputs, in order."""
-        ids = [self.cb.add_request(p, request_id=f"warm{self.cb_warm + k}", max_new_tokens=new_tokens,
-                                   **self.cb_kwargs) for k, p in enumerate(prompts)]
+        ids = [f"warm{self.cb_warm + k}" for k in range(len(prompts))]
         self.cb_warm += len(prompts)
+        for i, p in zip(ids, prompts):
+            self.cb.add_request(p, request_id=i, max_new_tokens=new_tokens, **self.cb_kwargs)
         done, deadline = {}, time.perf_counter() + timeout_s
         while len(done) < len(ids):
             out = self.cb.get_result(timeout=1.0)
