@@ -90,6 +90,13 @@ fn both_engines_serve_the_same_load_into_one_schema() {
         hf[0]["engine_info"]["serving_batching"],
         "continuous (FakeForCausalLM in transformers fake)"
     );
+    assert!(
+        hf[0]["engine_info"]["attn_chosen_by"]
+            .as_str()
+            .unwrap()
+            .ends_with("serving probes no configuration"),
+        "--hf-attn best's default: no probe, said so"
+    );
     assert_eq!(
         candle[0]["data"]["sha256"], hf[0]["data"]["sha256"],
         "the same prompts"

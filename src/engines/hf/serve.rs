@@ -93,6 +93,12 @@ impl Replay for HfEngine {
             false => format!("{mode} ({})", choice.why),
         };
         self.info.insert("serving_batching".into(), said);
+        if self.choose {
+            // --hf-attn / --hf-compile best: a probe of generate calls would time neither
+            // continuous batching nor the load; the configuration stays as loaded.
+            let why = "as loaded (auto's attention, uncompiled unless --hf-compile on): serving probes no configuration";
+            self.info.insert("attn_chosen_by".into(), why.into());
+        }
         Ok(choice)
     }
 
