@@ -75,6 +75,12 @@ fn both_engines_serve_the_same_load_into_one_schema() {
     let o = run(dir.path(), "both", &extra, &[]);
     let logs = logs(&o);
     assert_eq!(logs.len(), 2, "{}", text(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("8 requests in ")
+            && stdout.contains("8 requests, each joining the running batch"),
+        "candle's calls, the worker's admissions: {stdout}"
+    );
     let (candle, hf) = (&logs[0], &logs[1]);
     assert_eq!(
         (candle[0]["engine"].as_str(), hf[0]["engine"].as_str()),
