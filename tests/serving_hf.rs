@@ -134,7 +134,12 @@ fn both_engines_serve_the_same_load_into_one_schema() {
         (Some("serving_summary"), Some("serving_summary"))
     );
     assert_eq!(keys(cs), keys(hs), "one summary schema");
-    for r in &hr {
+    stand_in_latencies(&hr, hs);
+}
+
+/// The stand-in's clock through the suite's formulas: the worker's records and summary.
+fn stand_in_latencies(hr: &[&Value], hs: &Value) {
+    for r in hr {
         assert_eq!(f(r, "arrival_ms"), f(r, "scheduled_ms"), "open loop: {r}");
         near(f(r, "start_ms"), f(r, "arrival_ms") + 0.5);
         near(f(r, "first_token_ms"), f(r, "start_ms") + 2.);
