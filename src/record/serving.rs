@@ -47,22 +47,24 @@ pub struct ServingInfo {
 pub struct RequestRecord {
     /// 0-based, in schedule order.
     pub request: usize,
-    /// 0-based index of the engine call (batch) that served it.
+    /// 0-based index of the engine call (batch) that served it (continuous batching: its
+    /// admission into the running batch, in start order).
     pub batch: usize,
-    /// Requests of that batch.
+    /// Requests of that batch (continuous batching: running as it joined, itself included).
     pub batch_size: usize,
     /// When the arrival process scheduled it.
     pub scheduled_ms: f64,
     /// When it entered the queue: `scheduled_ms`, or later where `--max-concurrency` held it
     /// until a request in flight finished.
     pub arrival_ms: f64,
-    /// When its batch's engine call began.
+    /// When its batch's engine call began (continuous batching: it left the waiting queue).
     pub start_ms: f64,
     /// Its first output token (the end of the batch's prefill).
     pub first_token_ms: f64,
     /// Every output token, in order (`output_len` of them; the first is `first_token_ms`).
     pub token_ms: Vec<f64>,
-    /// When the engine call returned (the whole batch at once: static batching).
+    /// When the engine call returned (static batching: the whole batch at once; continuous:
+    /// the request's own end).
     pub finish_ms: f64,
     pub input_len: usize,
     pub output_len: usize,

@@ -63,14 +63,23 @@ pub fn serving_table(h: &Header, s: &ServingSummary, log_path: &Path) -> String 
 
 /// Served counts, throughput and goodput.
 fn rate_rows(h: &Header, s: &ServingSummary) -> Vec<(&'static str, String)> {
-    let mut rows = vec![
-        (
-            "served",
-            format!(
-                "{} requests in {} calls ({:.2} a call), {:.2} s",
-                s.n_requests, s.n_batches, s.batch_size_mean, s.duration_seconds
-            ),
+    let continuous = h
+        .serving
+        .as_ref()
+        .is_some_and(|i| i.batching.starts_with("continuous"));
+    // Continuous batching makes no calls: each request joins the running batch once.
+    let served = match continuous {
+        true => format!(
+            "{} requests, each joining the running batch, {:.2} s",
+            s.n_requests, s.duration_seconds
         ),
+        false => format!(
+            "{} requests in {} calls ({:.2} a call), {:.2} s",
+            s.n_requests, s.n_batches, s.batch_size_mean, s.duration_seconds
+        ),
+    };
+    let mut rows = vec![
+        ("served", served),
         ("requests/s", format!("{:.2}", s.requests_per_second)),
         (
             "output tokens/s",

@@ -5,21 +5,25 @@
 //! random token ids (`--input-len`, `--output-len`: fixed or a uniform range), exactly
 //! `output_len` new tokens each (EOS banned), all drawn from `--seed` ([`load`]).
 //!
-//! After untimed warm-up calls, the clock starts at 0 and the requests are served by the
-//! engine's generation ([`crate::engines::Generate`], the generation suite's path) through
-//! static batching ([`queue`]): each free moment of the engine, the arrived requests (up to
-//! `--batch-size`) as one call, every token timed. One [`RequestRecord`] per request, then a
-//! [`ServingSummary`] ([`crate::metrics::serving`]: TTFT, TPOT, ITL, E2E, throughput, goodput
-//! under `--slo`). The candle engine only: the HF worker has no serving path yet.
+//! After untimed warm-up calls, the clock starts at 0 and the requests are served. The candle
+//! engine, in process, serves them call by call through its generation
+//! ([`crate::engines::Generate`], the generation suite's path) and static batching ([`queue`]):
+//! each free moment of the engine, the arrived requests (up to `--batch-size`) as one call,
+//! every token timed. The HF worker is handed the whole load and replays it on its own clock
+//! ([`replay`]): transformers' continuous batching where the model supports it, else the same
+//! static batching. One [`RequestRecord`] per request, then a [`ServingSummary`]
+//! ([`crate::metrics::serving`]: TTFT, TPOT, ITL, E2E, throughput, goodput under `--slo`).
 
 pub mod load;
 pub mod queue;
+pub mod replay;
 
 use super::generate::special_ids;
 use super::skeleton::{base_header, Padding, Scenario};
 use super::spec::{RunSpec, ServeOptions};
 use crate::data::sha256_hex;
 use crate::engines::registry::{self, EngineArgs};
+use crate::engines::replay::{Replay, ReplayMode, Server};
 use crate::engines::{memory_or_warning, EngineKind, Generate, GenerateRequest};
 use crate::env::EnvReport;
 use crate::error::{message_without_backtrace, Error, Result};
@@ -30,10 +34,11 @@ use crate::record::{DataInfo, Header, Record, RequestRecord, ServingInfo, Servin
 use crate::tokenizer::TextTokenizer;
 use crate::trackers::{MemoryReading, StepClock};
 use load::{prompts, schedule, Planned};
-use queue::{serve, Clock, Policy, WallClock};
+use queue::{serve, Clock, Policy, Served, WallClock};
 use std::time::Instant;
 
-/// How the log header names the batching of this slice.
+/// How the log header names static batching (the in-process queue's, and the HF worker's
+/// where the model has no continuous batching).
 pub const BATCHING: &str = "static: the arrived requests, then generate";
 
 /// The serving scenario over its options.
@@ -41,7 +46,12 @@ pub struct Serving<'a>(pub &'a ServeOptions);
 
 /// The engine with its requests, ready to serve.
 pub struct Started {
-    engine: Box<dyn Generate>,
+    engine: Server,
+    job: Job,
+}
+
+/// The requests and how each call is made.
+struct Job {
     plan: Vec<Planned>,
     /// Request i's prompt (random ids, `plan[i].input_len` of them).
     prompts: Vec<Vec<u32>>,
@@ -65,11 +75,16 @@ impl Scenario for Serving<'_> {
         let load = &self.0.load;
         let tokenizer =
             TextTokenizer::for_model(spec.tokenizer_dir.as_deref(), spec.model.architecture())?;
-        let engine = registry::open_generate(kind, args)?;
-        let max_pos = engine.max_positions();
+        let mut engine = registry::open_serve(kind, args)?;
+        let special = special_ids(&spec.model.arch);
+        // An engine that replays the load chooses its batching now: the header names it.
+        let mode = match &mut engine {
+            Server::Calls(_) => None,
+            Server::Replays(e) => Some(e.replay_mode(spec.batch_size, special.0, &special.1)?.mode),
+        };
+        let max_pos = engine.generate().max_positions();
         crate::models::generate::check_lengths(load.input_len.max, load.output_len.max, max_pos)?;
         let plan = schedule(load)?;
-        let special = special_ids(&spec.model.arch);
         let mut banned = special.1.clone();
         banned.push(special.0);
         let vocab = vocab_size(&spec.model.arch);
@@ -84,11 +99,12 @@ impl Scenario for Serving<'_> {
             !load.seed,
         );
         let host = EnvReport::collect();
+        let e = engine.generate();
         let header = Header {
-            engine: engine.name().into(),
-            engine_info: engine.info(),
-            load_seconds: engine.load_seconds(),
-            serving: Some(Box::new(info(self.0))),
+            engine: e.name().into(),
+            engine_info: e.info(),
+            load_seconds: e.load_seconds(),
+            serving: Some(Box::new(info(self.0, mode.as_ref()))),
             // Each call's prompts are left-padded to their longest, rounded up to this.
             pad_multiple: Some(spec.pad_multiple),
             ..base_header(spec, args.weights, &tokenizer, host, data_info(&prompts))
@@ -97,14 +113,14 @@ impl Scenario for Serving<'_> {
             multiple: spec.pad_multiple,
             cap: max_pos.saturating_sub(load.output_len.max),
         };
-        let started = Started {
-            engine,
+        let job = Job {
             plan,
             prompts,
             warm,
             special,
             padding,
         };
+        let started = Started { engine, job };
         Ok((started, header))
     }
 
@@ -116,57 +132,123 @@ impl Scenario for Serving<'_> {
         log: &mut RankLog,
         wall: Instant,
     ) -> Result<(ServingSummary, Option<Error>)> {
-        let out_max = self.0.load.output_len.max;
-        // Untimed warm-up calls: CUDA loads candle's PTX kernels, cuBLAS creates handles, the
-        // memory pools and the KV cache grow; none of that is the engine's serving speed.
-        let mut failure = (0..spec.warmup_batches).find_map(|_| {
-            let mut clock = StepClock::new(true);
-            let req = request((&s.padding, &s.special), &s.warm, out_max);
-            s.engine.generate(&req, &mut clock).err()
-        });
-        let policy = Policy {
-            max_batch: spec.batch_size,
-            max_concurrency: self.0.load.max_concurrency,
+        let served = match &mut s.engine {
+            Server::Calls(e) => self.serve_calls(spec, e.as_mut(), &s.job, log)?,
+            Server::Replays(e) => self.serve_replay(spec, e.as_mut(), &s.job, log)?,
         };
-        let mut served = None;
-        if failure.is_none() {
-            let mut clock = WallClock::start();
-            let (engine, plan) = (&mut s.engine, &s.plan);
-            let mut call = |ids: &[usize], _: &mut dyn Clock| {
-                let prompts: Vec<Vec<u32>> = ids.iter().map(|&i| s.prompts[i].clone()).collect();
-                let new = ids.iter().map(|&i| plan[i].output_len).max().unwrap_or(1);
-                let req = request((&s.padding, &s.special), &prompts, new);
-                call_engine(engine.as_mut(), &req)
-            };
-            let mut write = |records: &[RequestRecord]| -> Result<()> {
-                for r in records {
-                    log.write(&Record::Request(Box::new(r.clone())))?;
-                }
-                Ok(())
-            };
-            let done = serve(&s.plan, policy, &mut clock, &mut call, &mut write)?;
-            failure = done.failure;
-            served = Some((done.records, done.n_batches));
-        }
-        let (records, n_batches) = served.unwrap_or_default();
-        let memory = match failure.is_some() {
+        let memory = match served.failure.is_some() {
             true => MemoryReading::default(),
-            false => memory_or_warning(s.engine.finish()),
+            false => memory_or_warning(s.engine.generate().finish()),
         };
         let end = ServingEnd {
-            n_batches,
-            failure: failure
+            n_batches: served.n_batches,
+            failure: served
+                .failure
                 .as_ref()
                 .map(|e| message_without_backtrace(&e.to_string())),
             wall_seconds: wall.elapsed().as_secs_f64(),
             memory,
         };
-        Ok((summary(&records, self.0.slo.as_ref(), end), failure))
+        let summary = summary(&served.records, self.0.slo.as_ref(), end);
+        Ok((summary, served.failure))
     }
 
     fn record(summary: Box<ServingSummary>) -> Record {
         Record::ServingSummary(summary)
     }
+}
+
+impl Serving<'_> {
+    /// Serves the load call by call on this process's clock ([`queue`]), after untimed
+    /// warm-up calls.
+    fn serve_calls(
+        &self,
+        spec: &RunSpec,
+        engine: &mut dyn Generate,
+        j: &Job,
+        log: &mut RankLog,
+    ) -> Result<Served> {
+        let out_max = self.0.load.output_len.max;
+        // Untimed warm-up calls: CUDA loads candle's PTX kernels, cuBLAS creates handles, the
+        // memory pools and the KV cache grow; none of that is the engine's serving speed.
+        let failure = (0..spec.warmup_batches).find_map(|_| {
+            let mut clock = StepClock::new(true);
+            let req = request((&j.padding, &j.special), &j.warm, out_max);
+            engine.generate(&req, &mut clock).err()
+        });
+        if let Some(e) = failure {
+            return Ok(Served {
+                records: vec![],
+                n_batches: 0,
+                failure: Some(e),
+            });
+        }
+        let policy = Policy {
+            max_batch: spec.batch_size,
+            max_concurrency: self.0.load.max_concurrency,
+        };
+        let mut clock = WallClock::start();
+        let plan = &j.plan;
+        let mut call = |ids: &[usize], _: &mut dyn Clock| {
+            let prompts: Vec<Vec<u32>> = ids.iter().map(|&i| j.prompts[i].clone()).collect();
+            let new = ids.iter().map(|&i| plan[i].output_len).max().unwrap_or(1);
+            let req = request((&j.padding, &j.special), &prompts, new);
+            call_engine(engine, &req)
+        };
+        let mut write = |records: &[RequestRecord]| write_records(log, records);
+        serve(plan, policy, &mut clock, &mut call, &mut write)
+    }
+
+    /// Hands the engine the whole load, which it replays on its own clock after its untimed
+    /// warm-up ([`replay`]); its requests' records are written as the replay returns.
+    fn serve_replay(
+        &self,
+        spec: &RunSpec,
+        engine: &mut dyn Replay,
+        j: &Job,
+        log: &mut RankLog,
+    ) -> Result<Served> {
+        let load = replay::replay_load(replay::LoadParts {
+            plan: &j.plan,
+            prompts: &j.prompts,
+            max_batch: spec.batch_size,
+            max_concurrency: self.0.load.max_concurrency,
+            warm: request(
+                (&j.padding, &j.special),
+                &j.warm,
+                self.0.load.output_len.max,
+            ),
+            warm_calls: spec.warmup_batches,
+            pad_multiple: j.padding.multiple,
+            pad_cap: j.padding.cap,
+        });
+        let replayed = match engine.replay(&load) {
+            Ok(r) => r,
+            // The worker died: nothing it served came back.
+            Err(e) => {
+                return Ok(Served {
+                    records: vec![],
+                    n_batches: 0,
+                    failure: Some(e),
+                })
+            }
+        };
+        let records = replay::records(&j.plan, &replayed)?;
+        write_records(log, &records)?;
+        Ok(Served {
+            records,
+            n_batches: replayed.n_batches,
+            failure: replayed.failure.map(Error::Engine),
+        })
+    }
+}
+
+/// Each record to the log, as it exists.
+fn write_records(log: &mut RankLog, records: &[RequestRecord]) -> Result<()> {
+    for r in records {
+        log.write(&Record::Request(Box::new(r.clone())))?;
+    }
+    Ok(())
 }
 
 /// One engine call, every token timed; its laps (ms after the call's start), checked: a row
@@ -202,8 +284,9 @@ fn request<'a>(
     }
 }
 
-/// The log header's description of the load.
-fn info(opts: &ServeOptions) -> ServingInfo {
+/// The log header's description of the load; `replayed`: the engine replays it itself, in
+/// this mode.
+fn info(opts: &ServeOptions, replayed: Option<&ReplayMode>) -> ServingInfo {
     let l = &opts.load;
     ServingInfo {
         num_requests: l.num_requests,
@@ -214,10 +297,22 @@ fn info(opts: &ServeOptions) -> ServingInfo {
         output_len: (l.output_len.min, l.output_len.max),
         seed: l.seed,
         prompts: "random token ids (pad and EOS excluded); exactly output_len new tokens, greedy, EOS banned".into(),
-        batching: BATCHING.into(),
-        clock: "wall time, ms, from the end of the warm-up; a request's tokens are its batch's steps as the engine timed them (device synchronized), from the call's start".into(),
+        batching: replayed.map_or(BATCHING, batching).into(),
+        clock: match replayed {
+            None => "wall time, ms, from the end of the warm-up; a request's tokens are its batch's steps as the engine timed them (device synchronized), from the call's start",
+            Some(_) => replay::CLOCK,
+        }
+        .into(),
         slo_ttft_ms: opts.slo.and_then(|s| s.ttft_ms),
         slo_tpot_ms: opts.slo.and_then(|s| s.tpot_ms),
+    }
+}
+
+/// The header's `batching` for a replay in `mode` (static is the in-process queue's words).
+fn batching(mode: &ReplayMode) -> &'static str {
+    match mode {
+        ReplayMode::Static => BATCHING,
+        ReplayMode::Continuous => replay::CONTINUOUS,
     }
 }
 
@@ -240,5 +335,18 @@ fn vocab_size(arch: &Architecture) -> usize {
     match arch {
         Architecture::Gpt2(c) => c.vocab_size,
         Architecture::Bloom(c) => c.vocab_size,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The worker's static fallback is named as the in-process queue's batching, so that
+    /// extract-metrics' `batching` column groups the two.
+    #[test]
+    fn a_replay_s_mode_names_its_batching() {
+        assert_eq!(batching(&ReplayMode::Static), BATCHING);
+        assert!(batching(&ReplayMode::Continuous).starts_with("continuous: transformers' "));
     }
 }
