@@ -8,7 +8,7 @@
 #     bf16 and fp8: LAMBADA scored (all 5153 passages: held-out perplexity and accuracy) and
 #     generated (FasterTransformer's mode, batch 16); scripts/fp8_agreement.py compares the
 #     generated ids and the perplexities                                   -> fp8.txt
-#  2. speed: the generation suite (prompt 128 + 128, $FP8_CALLS calls) at batch 1 and 16, bf16
+#  2. speed: the generation suite (prompt 128 + 128, $FP8_CALLS calls) at $FP8_BATCHES (1 16), bf16
 #     then fp8, for $FP8_MODELS (random weights)                           -> fp8.txt
 # Every log in -> fp8-logs.tgz (refreshed after each run: a time-out keeps what finished).
 set -u
@@ -38,7 +38,7 @@ for part in ${FP8_PARTS:-accuracy speed}; do
     ;;
   speed)
     for m in ${FP8_MODELS:-gpt2 bloom-560m bloom-7b1}; do
-      for bs in 1 16; do
+      for bs in ${FP8_BATCHES:-1 16}; do
         for dt in bf16 fp8; do
           run dec-$m-bs$bs-$dt --suite generation --model "$m" --weights random --seed 0 \
             --device cuda --dtype $dt --batch-size $bs --prompt-lens 128 --new-tokens 128 \

@@ -45,6 +45,8 @@
 #   fp8            fp8 weights against bf16 (scripts/fp8_measure.sh): a gpt2 trained here, scored
 #                  and generated from its checkpoint at both dtypes (perplexity, ids identical), and
 #                  decode speed of $FP8_MODELS at batch 1 / 16                   -> fp8.txt, fp8-logs.tgz
+#   serving        the serving suite, candle and HF (scripts/serving_measure.sh): an HF smoke run,
+#                  then a rate sweep an engine for $SERVE_MODELS              -> serving.txt, serving-logs.tgz
 #   multi-tp, multi-tp-decode, multi-dp, multi-strategies
 #                  two-GPU measurements (scripts/multi_measure.sh tp|tp-decode|dp|strategies) -> multi-logs.tgz
 #   dp             data-parallel fine-tuning of $DP_MODEL (gpt2), batch $DP_BATCH (8) per rank, block 1024, on $DP_SIZES
@@ -539,6 +541,9 @@ PY
     ;;
   fp8)
     B=$B bash scripts/fp8_measure.sh
+    ;;
+  serving)
+    B=$B bash scripts/serving_measure.sh
     ;;
   multi-tp|multi-tp-decode|multi-dp|multi-strategies)
     B=$B bash scripts/multi_measure.sh "${stage#multi-}"
