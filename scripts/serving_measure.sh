@@ -19,13 +19,17 @@ run() { # name bench-args
   (cd /tmp && tar czf "$OUT/serving-logs.tgz" serving-logs)
 }
 LOAD=(--suite serving --weights random --seed 0 --device cuda --dtype bf16 --input-len 64:256
-  --output-len "${SERVE_OUT:-128}" --slo ttft_ms=200,tpot_ms=20)
+  --slo ttft_ms=200,tpot_ms=20)
 for m in ${SERVE_MODELS:-gpt2}; do
-  run smoke-hf-$m "${LOAD[@]}" --model "$m" --engine hf --num-requests 8 --output-len 16
+  # The smoke run's whole console (the worker's lines too), cut off after $SERVE_SMOKE_S seconds.
+  echo "--- smoke-hf-$m" | say
+  timeout "${SERVE_SMOKE_S:-150}" $B --no-progress --log-dir "$L/smoke-hf-$m" "${LOAD[@]}" --model "$m" \
+    --engine hf --num-requests 8 --output-len 16 --request-rate 4 2>&1 | say
+  echo "exit ${PIPESTATUS[0]}" | say
   grep -ho '"serving_batching":"[^"]*"' "$L/smoke-hf-$m"/*.jsonl 2>/dev/null | head -1 | say
   for e in ${SERVE_ENGINES:-candle hf}; do
     # shellcheck disable=SC2086  # SERVE_FLAGS: several flags
     run sweep-$m-$e "${LOAD[@]}" --model "$m" --engine "$e" --num-requests "${SERVE_N:-64}" \
-      --request-rate "${SERVE_RATES:-4,8,16,32,64,inf}" ${SERVE_FLAGS:-}
+      --output-len "${SERVE_OUT:-128}" --request-rate "${SERVE_RATES:-4,8,16,32,64,inf}" ${SERVE_FLAGS:-}
   done
 done

@@ -46,7 +46,7 @@ __device__ void gemv_fp8(const Vec16<T>* x, const uint4* q, const float2* sb, T*
   for (int i = warp * 32 + lane; i < kq; i += 32 * SPLIT) {
     uint4 wv[COLS];
 #pragma unroll
-    for (int c = 0; c < COLS; c++) wv[c] = rows[c][i];
+    for (int c = 0; c < COLS; c++) wv[c] = __ldcs(rows[c] + i);  // streamed: x keeps L1
     float xf[M][16];
 #pragma unroll
     for (int m = 0; m < M; m++)
