@@ -6,7 +6,8 @@
 #     trained here from random weights on WikiText-2 (wiki.valid.raw; its eval on wiki.test.raw)
 #     in bf16 for $FP8_EPOCHS epochs and saved (--save); then from that checkpoint, at --dtype
 #     bf16 and fp8: LAMBADA scored (all 5153 passages: held-out perplexity and accuracy) and
-#     generated (FasterTransformer's mode, batch 16); scripts/fp8_agreement.py compares the
+#     generated (FasterTransformer's mode, batch 16, and batch 1 on the first $FP8_GEN1_LIMIT
+#     passages, where the fp8 GEMV runs); scripts/fp8_agreement.py compares the
 #     generated ids and the perplexities                                   -> fp8.txt
 #  2. speed: the generation suite (prompt 128 + 128, $FP8_CALLS calls) at $FP8_BATCHES (1 16), bf16
 #     then fp8, for $FP8_MODELS (random weights)                           -> fp8.txt
@@ -33,8 +34,12 @@ for part in ${FP8_PARTS:-accuracy speed}; do
         --data .gpu/lambada_test.jsonl
       run gen-$dt --suite lambada --mode generate --model-dir $CK --device cuda --dtype $dt \
         --batch-size 16 --data .gpu/lambada_test.jsonl
+      # Batch 1: the decode GEMV reads the fp8 bytes (batch 16 multiplies the dequantized weights).
+      run gen1-$dt --suite lambada --mode generate --model-dir $CK --device cuda --dtype $dt \
+        --batch-size 1 --data .gpu/lambada_test.jsonl --limit "${FP8_GEN1_LIMIT:-1000}"
     done
     python3 scripts/fp8_agreement.py $L/gen-bf16 $L/gen-fp8 $L/score-bf16 $L/score-fp8 2>&1 | say
+    python3 scripts/fp8_agreement.py $L/gen1-bf16 $L/gen1-fp8 2>&1 | say
     ;;
   speed)
     for m in ${FP8_MODELS:-gpt2 bloom-560m bloom-7b1}; do
