@@ -98,6 +98,13 @@ csvs() {
   # 9d8602b (#36, after ab-run5's faster step): the three engines at gpt2 batch 16, 8, 32, 30
   # timed steps, one call (one archive: the same /tmp).
   part c7 -i $M/train-table-run3/train-compare-logs.tgz
+  # fp8 weights (#37 item 3) against bf16 in the same call, the generation suite: batch 1 and
+  # 16 on eed7753 (the first GEMV), batch 1 on a8ad4c6 (four columns a block) and f709a2b
+  # (weights streamed). Their LAMBADA runs (the self-trained gpt2's checkpoint) are
+  # docs/perf-notes.md's accuracy table, not rows here.
+  part h1 -i $M/fp8-run1/fp8-logs.tgz --where suite=generation
+  part h2 -i $M/fp8-run2/fp8-logs.tgz --where suite=generation
+  part h3 -i $M/fp8-run3/fp8-logs.tgz --where suite=generation
   host h100
   # 2× H100 (#34, #40): tp on 76b0da8 (multi-run1's own logs, not its smoke stage's tiny
   # models), dp on 7c35eef without the withdrawn bf16 gradient sum, the strategies, and HF's
@@ -242,6 +249,14 @@ one_gpu() {
   chart h100_generation "Generation suite on one H100: decode tokens/s, candle against HF's best" \
     -i $C/h100.csv --where suite=generation --where "ratio_vs_hf_best!=" \
     --metric decode_tokens_per_second --title "Generation suite 128 + 128, one H100: decode tokens/s (newest call a bar)"
+  say "### fp8 weights against bf16, one H100" "" \
+    "\`--dtype fp8\` (#37): the projections' and LM head's weights as E4M3, a scale per output row," \
+    "activations bf16; each call ran bf16, then fp8 (docs/perf-notes.md, fp8)." ""
+  table h100 --where suite=generation --where engine=candle --where "ratio_vs_hf_best=" \
+    --sort model,batch_size,git_commit,dtype --columns "$GEN"
+  chart h100_fp8 "Generation suite on one H100: decode tokens/s in bf16 and fp8" \
+    -i $C/h100.csv --where suite=generation --where engine=candle --where "ratio_vs_hf_best=" --where batch_size=1 \
+    --metric decode_tokens_per_second --title "Generation suite 128 + 128, batch 1, one H100: decode tokens/s across precisions"
   say "## Training" "" "WikiText-2 fine-tuning, blocks of 1024 tokens (batch: blocks a step), one" \
     "GPU: candle against HF Trainer (compiled or not) and llm.c (which has no dropout)." ""
   say "### One H100" ""
