@@ -47,22 +47,24 @@ pub struct ServingInfo {
 pub struct RequestRecord {
     /// 0-based, in schedule order.
     pub request: usize,
-    /// 0-based index of the engine call (batch) that served it.
+    /// 0-based index of the engine call (batch) that served it (continuous batching: of the
+    /// first decode step it took part in).
     pub batch: usize,
-    /// Requests of that batch.
+    /// Requests of that batch (continuous batching: slots occupied once it joined).
     pub batch_size: usize,
     /// When the arrival process scheduled it.
     pub scheduled_ms: f64,
     /// When it entered the queue: `scheduled_ms`, or later where `--max-concurrency` held it
     /// until a request in flight finished.
     pub arrival_ms: f64,
-    /// When its batch's engine call began.
+    /// When its batch's engine call began (continuous batching: its prefill).
     pub start_ms: f64,
-    /// Its first output token (the end of the batch's prefill).
+    /// Its first output token (the end of the batch's prefill, or of its own).
     pub first_token_ms: f64,
     /// Every output token, in order (`output_len` of them; the first is `first_token_ms`).
     pub token_ms: Vec<f64>,
-    /// When the engine call returned (the whole batch at once: static batching).
+    /// When the engine call returned (static batching: the whole batch at once; continuous
+    /// batching: its last token, when it left its slot).
     pub finish_ms: f64,
     pub input_len: usize,
     pub output_len: usize,
@@ -94,7 +96,7 @@ pub struct ServingSummary {
     pub goodput_requests_per_second: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slo_met_requests: Option<usize>,
-    /// Mean requests per engine call.
+    /// Mean requests per engine call (continuous batching: occupied slots per decode step).
     #[serde(deserialize_with = "nan_if_null")]
     pub batch_size_mean: f64,
     pub ttft_ms: Percentiles,

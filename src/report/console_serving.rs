@@ -35,7 +35,9 @@ pub fn serving_table(h: &Header, s: &ServingSummary, log_path: &Path) -> String 
                 i.seed
             ),
         ));
-        rows.push(("batching", i.batching.clone()));
+        // Continuous batching's description is long: its first clause here, whole in the log.
+        let batching = i.batching.split(';').next().unwrap_or_default();
+        rows.push(("batching", batching.to_string()));
     }
     if let Some(e) = &s.error {
         rows.push(("status", format!("{} ({e})", s.status)));
@@ -63,11 +65,19 @@ pub fn serving_table(h: &Header, s: &ServingSummary, log_path: &Path) -> String 
 
 /// Served counts, throughput and goodput.
 fn rate_rows(h: &Header, s: &ServingSummary) -> Vec<(&'static str, String)> {
+    let continuous = h
+        .serving
+        .as_ref()
+        .is_some_and(|i| i.batching.starts_with("continuous"));
+    let (calls, each) = match continuous {
+        true => ("decode steps", "slots a step"),
+        false => ("calls", "a call"),
+    };
     let mut rows = vec![
         (
             "served",
             format!(
-                "{} requests in {} calls ({:.2} a call), {:.2} s",
+                "{} requests in {} {calls} ({:.2} {each}), {:.2} s",
                 s.n_requests, s.n_batches, s.batch_size_mean, s.duration_seconds
             ),
         ),

@@ -5,13 +5,16 @@
 //! random token ids (`--input-len`, `--output-len`: fixed or a uniform range), exactly
 //! `output_len` new tokens each (EOS banned), all drawn from `--seed` ([`load`]).
 //!
-//! After untimed warm-up calls, the clock starts at 0 and the requests are served by the
+//! After untimed warm-up calls, the clock starts at 0 and the requests are served by
+//! continuous batching ([`continuous`], the engine's [`InFlight`] slots: requests join and
+//! leave between decode steps, `--batch-size` slots) or, with `--batching static`, by the
 //! engine's generation ([`crate::engines::Generate`], the generation suite's path) through
 //! static batching ([`queue`]): each free moment of the engine, the arrived requests (up to
-//! `--batch-size`) as one call, every token timed. One [`RequestRecord`] per request, then a
+//! `--batch-size`) as one call. Every token timed. One [`RequestRecord`] per request, then a
 //! [`ServingSummary`] ([`crate::metrics::serving`]: TTFT, TPOT, ITL, E2E, throughput, goodput
 //! under `--slo`). The candle engine only: the HF worker has no serving path yet.
 
+pub mod continuous;
 pub mod load;
 pub mod queue;
 
@@ -20,7 +23,7 @@ use super::skeleton::{base_header, Padding, Scenario};
 use super::spec::{RunSpec, ServeOptions};
 use crate::data::sha256_hex;
 use crate::engines::registry::{self, EngineArgs};
-use crate::engines::{memory_or_warning, EngineKind, Generate, GenerateRequest};
+use crate::engines::{memory_or_warning, EngineKind, Generate, GenerateRequest, InFlight};
 use crate::env::EnvReport;
 use crate::error::{message_without_backtrace, Error, Result};
 use crate::log::RankLog;
@@ -29,12 +32,14 @@ use crate::models::Architecture;
 use crate::record::{DataInfo, Header, Record, RequestRecord, ServingInfo, ServingSummary};
 use crate::tokenizer::TextTokenizer;
 use crate::trackers::{MemoryReading, StepClock};
-use load::{prompts, schedule, Planned};
-use queue::{serve, Clock, Policy, WallClock};
+use continuous::{serve_continuous, Stepper};
+use load::{prompts, schedule, LoadSpec, Planned};
+use queue::{serve, Batching, Clock, Policy, Served, WallClock};
 use std::time::Instant;
 
-/// How the log header names the batching of this slice.
-pub const BATCHING: &str = "static: the arrived requests, then generate";
+/// How the log header names static batching (`--batching static`); continuous batching is
+/// `continuous: ` and the engine's description ([`InFlight::describe`]).
+pub const BATCHING_STATIC: &str = "static: the arrived requests, then generate";
 
 /// The serving scenario over its options.
 pub struct Serving<'a>(pub &'a ServeOptions);
@@ -65,7 +70,19 @@ impl Scenario for Serving<'_> {
         let load = &self.0.load;
         let tokenizer =
             TextTokenizer::for_model(spec.tokenizer_dir.as_deref(), spec.model.architecture())?;
-        let engine = registry::open_generate(kind, args)?;
+        let mut engine = registry::open_generate(kind, args)?;
+        let batching = match self.0.batching {
+            Batching::Static => BATCHING_STATIC.to_string(),
+            Batching::Continuous => match engine.in_flight() {
+                Some(e) => format!("continuous: {}", e.describe()),
+                None => {
+                    return Err(Error::Config(format!(
+                        "--batching continuous: the {} engine has no continuous batching: use --batching static",
+                        engine.name()
+                    )))
+                }
+            },
+        };
         let max_pos = engine.max_positions();
         crate::models::generate::check_lengths(load.input_len.max, load.output_len.max, max_pos)?;
         let plan = schedule(load)?;
@@ -88,7 +105,7 @@ impl Scenario for Serving<'_> {
             engine: engine.name().into(),
             engine_info: engine.info(),
             load_seconds: engine.load_seconds(),
-            serving: Some(Box::new(info(self.0))),
+            serving: Some(Box::new(info(self.0, batching))),
             // Each call's prompts are left-padded to their longest, rounded up to this.
             pad_multiple: Some(spec.pad_multiple),
             ..base_header(spec, args.weights, &tokenizer, host, data_info(&prompts))
@@ -116,45 +133,29 @@ impl Scenario for Serving<'_> {
         log: &mut RankLog,
         wall: Instant,
     ) -> Result<(ServingSummary, Option<Error>)> {
-        let out_max = self.0.load.output_len.max;
-        // Untimed warm-up calls: CUDA loads candle's PTX kernels, cuBLAS creates handles, the
-        // memory pools and the KV cache grow; none of that is the engine's serving speed.
-        let mut failure = (0..spec.warmup_batches).find_map(|_| {
-            let mut clock = StepClock::new(true);
-            let req = request((&s.padding, &s.special), &s.warm, out_max);
-            s.engine.generate(&req, &mut clock).err()
-        });
         let policy = Policy {
             max_batch: spec.batch_size,
             max_concurrency: self.0.load.max_concurrency,
         };
-        let mut served = None;
-        if failure.is_none() {
-            let mut clock = WallClock::start();
-            let (engine, plan) = (&mut s.engine, &s.plan);
-            let mut call = |ids: &[usize], _: &mut dyn Clock| {
-                let prompts: Vec<Vec<u32>> = ids.iter().map(|&i| s.prompts[i].clone()).collect();
-                let new = ids.iter().map(|&i| plan[i].output_len).max().unwrap_or(1);
-                let req = request((&s.padding, &s.special), &prompts, new);
-                call_engine(engine.as_mut(), &req)
-            };
-            let mut write = |records: &[RequestRecord]| -> Result<()> {
-                for r in records {
-                    log.write(&Record::Request(Box::new(r.clone())))?;
-                }
-                Ok(())
-            };
-            let done = serve(&s.plan, policy, &mut clock, &mut call, &mut write)?;
-            failure = done.failure;
-            served = Some((done.records, done.n_batches));
-        }
-        let (records, n_batches) = served.unwrap_or_default();
+        let mut write = |records: &[RequestRecord]| -> Result<()> {
+            for r in records {
+                log.write(&Record::Request(Box::new(r.clone())))?;
+            }
+            Ok(())
+        };
+        let warmup = spec.warmup_batches;
+        let done = match self.0.batching {
+            Batching::Static => serve_static(&mut s, policy, warmup, &self.0.load, &mut write)?,
+            Batching::Continuous => serve_slots(&mut s, policy, warmup, &self.0.load, &mut write)?,
+        };
+        let (failure, records, n_batches) = (done.failure, done.records, done.n_batches);
         let memory = match failure.is_some() {
             true => MemoryReading::default(),
             false => memory_or_warning(s.engine.finish()),
         };
         let end = ServingEnd {
             n_batches,
+            batch_size_mean: done.batch_size_mean,
             failure: failure
                 .as_ref()
                 .map(|e| message_without_backtrace(&e.to_string())),
@@ -166,6 +167,99 @@ impl Scenario for Serving<'_> {
 
     fn record(summary: Box<ServingSummary>) -> Record {
         Record::ServingSummary(summary)
+    }
+}
+
+/// The handler of each group of finished requests' records (the log writes them).
+type Write<'a> = dyn FnMut(&[RequestRecord]) -> Result<()> + 'a;
+
+/// Static batching ([`queue::serve`]) after the untimed warm-up calls: CUDA loads candle's PTX
+/// kernels, cuBLAS creates handles, the memory pools and the KV cache grow; none of that is
+/// the engine's serving speed.
+fn serve_static(
+    s: &mut Started,
+    policy: Policy,
+    warmup: usize,
+    load: &LoadSpec,
+    write: &mut Write,
+) -> Result<Served> {
+    let out_max = load.output_len.max;
+    let warm_failure = (0..warmup).find_map(|_| {
+        let mut clock = StepClock::new(true);
+        let req = request((&s.padding, &s.special), &s.warm, out_max);
+        s.engine.generate(&req, &mut clock).err()
+    });
+    if let Some(e) = warm_failure {
+        return Ok(Served::failed(e));
+    }
+    let mut clock = WallClock::start();
+    let (engine, plan) = (&mut s.engine, &s.plan);
+    let mut call = |ids: &[usize], _: &mut dyn Clock| {
+        let prompts: Vec<Vec<u32>> = ids.iter().map(|&i| s.prompts[i].clone()).collect();
+        let new = ids.iter().map(|&i| plan[i].output_len).max().unwrap_or(1);
+        let req = request((&s.padding, &s.special), &prompts, new);
+        call_engine(engine.as_mut(), &req)
+    };
+    serve(&s.plan, policy, &mut clock, &mut call, write)
+}
+
+/// Continuous batching ([`continuous::serve_continuous`]) over the engine's slots, after the
+/// untimed warm-up rounds: the warm-up prompts join the slots, step to the longest output
+/// and leave (the kernels, the handles, the pools, as for static batching). A failure to
+/// make the slots (the memory) ends the run as a failed call does.
+fn serve_slots(
+    s: &mut Started,
+    policy: Policy,
+    warmup: usize,
+    load: &LoadSpec,
+    write: &mut Write,
+) -> Result<Served> {
+    let Some(engine) = s.engine.in_flight() else {
+        return Err(Error::Config(
+            "--batching continuous: the engine has no continuous batching: use --batching static"
+                .into(),
+        ));
+    };
+    let longest = load.input_len.max + load.output_len.max;
+    let opened = engine.open_slots(policy.max_batch, longest, s.special.0, &s.special.1);
+    let warm = |engine: &mut dyn InFlight| -> Result<()> {
+        for (slot, prompt) in s.warm.iter().enumerate().take(policy.max_batch) {
+            engine.join(slot, prompt)?;
+        }
+        for _ in 1..load.output_len.max {
+            engine.step()?;
+        }
+        (0..s.warm.len().min(policy.max_batch)).try_for_each(|slot| engine.leave(slot))
+    };
+    let ready = opened.and_then(|()| (0..warmup).try_for_each(|_| warm(&mut *engine)));
+    if let Err(e) = ready {
+        return Ok(Served::failed(e));
+    }
+    let mut clock = WallClock::start();
+    let mut slots = EngineSlots {
+        engine,
+        prompts: &s.prompts,
+    };
+    serve_continuous(&s.plan, policy, &mut clock, &mut slots, write)
+}
+
+/// The engine's slots as the scheduler drives them: request i's prompt is `prompts[i]`.
+struct EngineSlots<'a> {
+    engine: &'a mut dyn InFlight,
+    prompts: &'a [Vec<u32>],
+}
+
+impl Stepper for EngineSlots<'_> {
+    fn join(&mut self, slot: usize, request: usize, _: &mut dyn Clock) -> Result<()> {
+        self.engine.join(slot, &self.prompts[request]).map(drop)
+    }
+
+    fn step(&mut self, _: &mut dyn Clock) -> Result<usize> {
+        Ok(self.engine.step()?.len())
+    }
+
+    fn leave(&mut self, slot: usize) -> Result<()> {
+        self.engine.leave(slot)
     }
 }
 
@@ -203,7 +297,7 @@ fn request<'a>(
 }
 
 /// The log header's description of the load.
-fn info(opts: &ServeOptions) -> ServingInfo {
+fn info(opts: &ServeOptions, batching: String) -> ServingInfo {
     let l = &opts.load;
     ServingInfo {
         num_requests: l.num_requests,
@@ -214,8 +308,11 @@ fn info(opts: &ServeOptions) -> ServingInfo {
         output_len: (l.output_len.min, l.output_len.max),
         seed: l.seed,
         prompts: "random token ids (pad and EOS excluded); exactly output_len new tokens, greedy, EOS banned".into(),
-        batching: BATCHING.into(),
-        clock: "wall time, ms, from the end of the warm-up; a request's tokens are its batch's steps as the engine timed them (device synchronized), from the call's start".into(),
+        clock: match opts.batching {
+            Batching::Static => "wall time, ms, from the end of the warm-up; a request's tokens are its batch's steps as the engine timed them (device synchronized), from the call's start",
+            Batching::Continuous => "wall time, ms, from the end of the warm-up; a request's first token is the end of its prefill, each other token the end of the decode step that made it (its ids on the host, the device done)",
+        }.into(),
+        batching,
         slo_ttft_ms: opts.slo.and_then(|s| s.ttft_ms),
         slo_tpot_ms: opts.slo.and_then(|s| s.tpot_ms),
     }
