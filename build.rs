@@ -26,7 +26,7 @@ fn main() {
 
 /// The kernel families of src/kernels: each `<name>.cu` -> `$OUT_DIR/<name>.ptx`, embedded by
 /// src/kernels/<name>.rs (`ptx!`) and loaded as its own module.
-const KERNELS: [&str; 17] = [
+const KERNELS: [&str; 18] = [
     "adamw",
     "argmax",
     "attn_softmax",
@@ -37,6 +37,7 @@ const KERNELS: [&str; 17] = [
     "embedding",
     "flash_attn",
     "flash_prefill",
+    "fp8",
     "gemv",
     "heads",
     "layer_norm",

@@ -42,6 +42,11 @@
 #                  accumulation, ZeRO 1/2/3 = dp, torchrun (one node, two simulated nodes), Open
 #                  MPI's and Slurm's variables. Stops the batch on the first failure; run it first
 #                  on a multi-GPU host, before a change to src/dist, sharding or kernels is done
+#   fp8            fp8 weights against bf16 (scripts/fp8_measure.sh): a gpt2 trained here, scored
+#                  and generated from its checkpoint at both dtypes (perplexity, ids identical), and
+#                  decode speed of $FP8_MODELS at batch 1 / 16                   -> fp8.txt, fp8-logs.tgz
+#   serving        the serving suite, candle and HF (scripts/serving_measure.sh): an HF smoke run,
+#                  then a rate sweep an engine for $SERVE_MODELS              -> serving.txt, serving-logs.tgz
 #   multi-tp, multi-tp-decode, multi-dp, multi-strategies
 #                  two-GPU measurements (scripts/multi_measure.sh tp|tp-decode|dp|strategies) -> multi-logs.tgz
 #   dp             data-parallel fine-tuning of $DP_MODEL (gpt2), batch $DP_BATCH (8) per rank, block 1024, on $DP_SIZES
@@ -533,6 +538,12 @@ PY
   multi-smoke)
     unpack tests /tmp/unit-tests || { echo "no .gpu/tests.{xz,gz}: the CUDA unit-test binary" >&2; exit 1; }
     B=$B bash scripts/multi_smoke.sh || exit 1
+    ;;
+  fp8)
+    B=$B bash scripts/fp8_measure.sh
+    ;;
+  serving)
+    B=$B bash scripts/serving_measure.sh
     ;;
   multi-tp|multi-tp-decode|multi-dp|multi-strategies)
     B=$B bash scripts/multi_measure.sh "${stage#multi-}"

@@ -15,6 +15,9 @@ pub enum Precision {
     Tf32,
     Fp16,
     Bf16,
+    /// fp8 (E4M3) weights of the projections and the LM head with a scale per output row,
+    /// activations and sums in bf16 (candle engine, inference).
+    Fp8,
 }
 
 impl Precision {
@@ -23,7 +26,7 @@ impl Precision {
         match self {
             Precision::Fp32 | Precision::Tf32 => DType::F32,
             Precision::Fp16 => DType::F16,
-            Precision::Bf16 => DType::BF16,
+            Precision::Bf16 | Precision::Fp8 => DType::BF16,
         }
     }
 
@@ -33,6 +36,7 @@ impl Precision {
             Precision::Tf32 => "tf32",
             Precision::Fp16 => "fp16",
             Precision::Bf16 => "bf16",
+            Precision::Fp8 => "fp8",
         }
     }
 

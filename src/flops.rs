@@ -116,7 +116,8 @@ pub fn peak_tflops(gpu_name: &str, precision: Precision) -> Option<f64> {
         Precision::Fp32 => 0,
         Precision::Tf32 => 1,
         Precision::Fp16 => 2,
-        Precision::Bf16 => 3,
+        // fp8 weights multiply in bf16.
+        Precision::Bf16 | Precision::Fp8 => 3,
     };
     Some(peaks[col]).filter(|p| p.is_finite())
 }

@@ -252,8 +252,8 @@ fn bad_serving_flags_are_one_line_errors() {
             "expected N or A:B",
         ),
         (
-            &["--suite", "serving", "--engine", "hf"],
-            "use --engine candle",
+            &["--suite", "serving", "--engine", "llmc"],
+            "--engine llmc trains",
         ),
         (
             &["--suite", "serving", "--max-concurrency", "0"],

@@ -110,6 +110,9 @@ pub enum DtypeArg {
     Tf32,
     Fp16,
     Bf16,
+    /// candle engine, inference: the projections' and LM head's weights as E4M3 with a scale
+    /// per output row, activations bf16 (the decode GEMV reads the fp8 bytes on CUDA).
+    Fp8,
 }
 
 impl DtypeArg {
@@ -121,6 +124,7 @@ impl DtypeArg {
             DtypeArg::Tf32 => Precision::Tf32,
             DtypeArg::Fp16 => Precision::Fp16,
             DtypeArg::Bf16 => Precision::Bf16,
+            DtypeArg::Fp8 => Precision::Fp8,
         }
     }
 }

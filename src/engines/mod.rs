@@ -10,12 +10,15 @@
 //! - [`llmc`]: llm.c's `train_gpt2cu`, an external process (training only).
 //! - [`weight_cache`]: the HF checkpoint both engines read when the weights are random.
 //! - [`registry`]: which engines there are, what each runs, how each opens ([`args`]).
+//! - [`replay`]: serving a whole load on the engine's own clock (the HF worker's serving), and
+//!   the serving suite's [`replay::Batching`].
 
 pub mod args;
 pub mod candle;
 pub mod hf;
 pub mod llmc;
 pub mod registry;
+pub mod replay;
 pub mod weight_cache;
 
 use crate::error::{Error, Result};

@@ -10,6 +10,7 @@ use super::candle::train::TrainSetup;
 use super::candle::{CandleEngine, CandleTrainer, LoadFrom};
 use super::hf::HfEngine;
 use super::llmc::{LlmcEngine, LlmcSetup};
+use super::replay::Server;
 use super::weight_cache::hf_checkpoint;
 use super::{EngineKind, Generate, Score, Train};
 use crate::error::{Error, Result};
@@ -25,7 +26,8 @@ pub enum Capability {
     Generate,
     /// Training steps ([`Train`]).
     Train,
-    /// Requests arriving over time, through [`Generate`] (the serving suite).
+    /// Requests arriving over time (the serving suite): through [`Generate`] call by call, or
+    /// the whole load replayed by the engine ([`super::replay::Replay`]).
     Serve,
 }
 
@@ -68,7 +70,12 @@ pub const ENGINES: [Entry; 3] = [
     },
     Entry {
         kind: EngineKind::Hf,
-        capabilities: &[Capability::Score, Capability::Generate, Capability::Train],
+        capabilities: &[
+            Capability::Score,
+            Capability::Generate,
+            Capability::Train,
+            Capability::Serve,
+        ],
         weights: Weights::HfCheckpoint,
         in_process: false,
         probes: true,
@@ -158,6 +165,16 @@ pub fn open_generate(kind: EngineKind, a: &EngineArgs) -> Result<Box<dyn Generat
         EngineKind::Candle => Box::new(candle(a, None)?),
         EngineKind::Hf => Box::new(HfEngine::open(a)?),
         _ => return Err(unsupported(kind, Capability::Generate)),
+    })
+}
+
+/// The serving engine `kind` (not `both`), loaded: candle serves call by call from the
+/// scenario's queue; the HF worker, in another process, replays the whole load on its clock.
+pub fn open_serve(kind: EngineKind, a: &EngineArgs) -> Result<Server> {
+    Ok(match kind {
+        EngineKind::Candle => Server::Calls(Box::new(candle(a, None)?)),
+        EngineKind::Hf => Server::Replays(Box::new(HfEngine::open(a)?)),
+        _ => return Err(unsupported(kind, Capability::Serve)),
     })
 }
 

@@ -81,7 +81,7 @@ fn argmax_picks_the_first_maximum_and_skips_banned_ids() {
 
 /// The tiny presets with wider heads: gpt2-tiny at head size 64 and bloom-tiny at 128, the
 /// sizes the warp-a-key decode attention takes (the presets' 16 take the thread-a-key one).
-fn wide_head_specs() -> Vec<ModelSpec> {
+pub(super) fn wide_head_specs() -> Vec<ModelSpec> {
     use crate::models::Architecture;
     let (mut gpt2, mut bloom) = (
         crate::models::gpt2::Config::gpt2_tiny(),

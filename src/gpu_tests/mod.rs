@@ -6,7 +6,7 @@
 //!
 //! One file a family: the projections (`matmul`), the one-pass layer kernels (`ops`),
 //! attention (`attention`), the scoring forward's attention (`prefill`), the optimizer step (`optimizer`), whole models forward and in
-//! training (`models`), generation (`decode`). Here: what they share.
+//! training (`models`), generation (`decode`), fp8 weights (`fp8`). Here: what they share.
 
 use crate::kernels::*;
 use crate::models::{ModelSpec, WeightSource};
@@ -15,6 +15,7 @@ use candle_core::{DType, Device, Tensor};
 
 mod attention;
 mod decode;
+mod fp8;
 mod matmul;
 mod models;
 mod ops;

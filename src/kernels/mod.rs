@@ -24,6 +24,7 @@ mod dropout;
 mod embedding;
 mod flash_attn;
 mod flash_prefill;
+mod fp8;
 mod gemv;
 mod graph;
 mod heads;
@@ -46,6 +47,7 @@ pub use dropout::{apply_keep, draw_keep, dropout, keep_mask, set_dropout_seed, K
 pub use embedding::{embedding_bwd, embedding_fwd};
 pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
 pub use flash_prefill::{flash_prefill, prefill_applies, SeqRows};
+pub use fp8::{dequant_fp8, gemv_fp8, quantize_fp8, FP8_GEMV_MAX_ROWS};
 pub use gemv::gemv;
 pub use graph::{capture, param_cache, replays, Graph, ParamCache};
 pub use heads::{merge_heads, split_heads};

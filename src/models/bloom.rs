@@ -21,6 +21,7 @@ use super::attention::{
 };
 use super::cache::{KvCache, LayerStep, Step};
 use super::causal_lm::CausalLm;
+use super::fp8::Fp8Weight;
 use super::layers::{
     dropout, lm_head, load_layer_norm, split_head_logits, Activation, Dropout, Mlp, Mode, Norm,
     Projection, Unsummed, WeightLayout::Linear,
@@ -380,7 +381,9 @@ pub struct Bloom {
     h: Vec<Block>,
     ln_f: Norm,
     lm_head: Option<Tensor>, // (V, H) when not tied
-    slopes: Tensor,          // (nh,) f32, this rank's heads
+    /// The LM head as fp8 (`--dtype fp8`), read in its place.
+    head_fp8: Option<Fp8Weight>,
+    slopes: Tensor, // (nh,) f32, this rank's heads
     head_size: usize,
     dropout: Dropout, // from the config, used in training mode
     mode: Mode,
@@ -429,6 +432,7 @@ impl Bloom {
             h: blocks,
             ln_f,
             lm_head,
+            head_fp8: None,
             slopes,
             head_size: h / cfg.n_head,
             dropout: Dropout {
@@ -540,6 +544,9 @@ impl CausalLm for Bloom {
     }
 
     fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
+        if let Some(head) = &self.head_fp8 {
+            return head.logits(hidden); // (N, V)
+        }
         let head = self.lm_head.as_ref().unwrap_or(&self.word_embeddings); // (V, H)
         lm_head(hidden, head) // (N, V)
     }
@@ -584,6 +591,22 @@ impl CausalLm for Bloom {
             .iter()
             .flat_map(|b| [&b.self_attention.dense, &b.mlp.down]);
         projections.into_iter().all(Projection::graph_capturable)
+    }
+
+    fn quantize_fp8(&mut self) -> candle_core::Result<()> {
+        for b in &mut self.h {
+            for p in [
+                &mut b.self_attention.query_key_value,
+                &mut b.self_attention.dense,
+                &mut b.mlp.up,
+                &mut b.mlp.down,
+            ] {
+                p.to_fp8()?;
+            }
+        }
+        let head = self.lm_head.as_ref().unwrap_or(&self.word_embeddings); // (V, C)
+        self.head_fp8 = Some(Fp8Weight::quantize(head, None)?);
+        Ok(())
     }
 
     fn set_training(&mut self, with_dropout: bool) {

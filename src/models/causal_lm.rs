@@ -73,6 +73,12 @@ pub trait CausalLm {
         false
     }
 
+    /// Stores the projections' and the LM head's weights as fp8 (`--dtype fp8`,
+    /// [`super::fp8`]); inference only, after loading. Default: not built for this model.
+    fn quantize_fp8(&mut self) -> candle_core::Result<()> {
+        candle_core::bail!("fp8 weights are not built for this model")
+    }
+
     /// Switches to training: differentiable ops everywhere and, `with_dropout`, the config's
     /// dropout (see [`super::layers::Mode`]). Models start in inference mode.
     fn set_training(&mut self, with_dropout: bool);

@@ -18,6 +18,7 @@ use super::attention::{
 };
 use super::cache::{KvCache, LayerStep, Step};
 use super::causal_lm::CausalLm;
+use super::fp8::Fp8Weight;
 use super::layers::{
     dropout, lm_head, load_layer_norm, split_head_logits, Activation, Dropout, Mlp, Mode, Norm,
     Projection, Unsummed, WeightLayout::Conv1D,
@@ -347,6 +348,8 @@ pub struct Gpt2 {
     h: Vec<Block>,
     ln_f: Norm,
     lm_head: Option<Tensor>, // (V, C) when not tied to wte
+    /// The LM head as fp8 (`--dtype fp8`), read in its place.
+    head_fp8: Option<Fp8Weight>,
     cfg: Config,
     /// Heads this rank computes (all of them without tensor parallelism).
     local_heads: usize,
@@ -392,6 +395,7 @@ impl Gpt2 {
             h,
             ln_f,
             lm_head,
+            head_fp8: None,
             cfg: cfg.clone(),
             local_heads: tp.part(cfg.n_head).len(),
             mode: Mode::default(),
@@ -518,6 +522,9 @@ impl CausalLm for Gpt2 {
     }
 
     fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
+        if let Some(head) = &self.head_fp8 {
+            return head.logits(hidden); // (N, V)
+        }
         let head = self.lm_head.as_ref().unwrap_or(&self.wte); // (V, C)
         lm_head(hidden, head) // (N, V)
     }
@@ -529,6 +536,9 @@ impl CausalLm for Gpt2 {
     ) -> candle_core::Result<(Tensor, usize)> {
         let head = self.lm_head.as_ref().unwrap_or(&self.wte); // (V, C)
         let (v, c) = head.dims2()?;
+        if self.head_fp8.is_some() {
+            return Ok((self.logits(hidden)?, v)); // the fp8 head unpadded
+        }
         let pad = v.next_multiple_of(multiple.max(1)) - v;
         if pad == 0 {
             return Ok((self.logits(hidden)?, v));
@@ -580,6 +590,22 @@ impl CausalLm for Gpt2 {
     fn graph_capturable(&self) -> bool {
         let projections = self.h.iter().flat_map(|b| [&b.attn.c_proj, &b.mlp.down]);
         projections.into_iter().all(Projection::graph_capturable)
+    }
+
+    fn quantize_fp8(&mut self) -> candle_core::Result<()> {
+        for b in &mut self.h {
+            for p in [
+                &mut b.attn.c_attn,
+                &mut b.attn.c_proj,
+                &mut b.mlp.up,
+                &mut b.mlp.down,
+            ] {
+                p.to_fp8()?;
+            }
+        }
+        let head = self.lm_head.as_ref().unwrap_or(&self.wte); // (V, C)
+        self.head_fp8 = Some(Fp8Weight::quantize(head, None)?);
+        Ok(())
     }
 
     fn set_training(&mut self, with_dropout: bool) {

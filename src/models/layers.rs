@@ -1,12 +1,14 @@
 //! Layers GPT-2 and BLOOM share: the two weight layouts of a projection, the GELU variants,
 //! the two-projection MLP and layer-norm loading. Each model picks its checkpoint names.
 
+use super::fp8::Fp8Weight;
 use crate::dist::AllReduce;
 use crate::dist::Tp;
 use crate::error::{Error, Result};
 use crate::kernels::{self, Act};
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use candle_nn::{layer_norm, Init, LayerNormConfig, VarBuilder};
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// How a projection's weight is stored in the checkpoint.
@@ -23,7 +25,7 @@ pub enum WeightLayout {
 /// (and of the bias), row-parallel ones a slice of `in`, their partial outputs summed across
 /// ranks before the (whole) bias is added.
 pub struct Projection {
-    weight: Tensor,
+    weight: Stored,
     bias: Tensor, // (out,)
     layout: WeightLayout,
     /// Row-parallel: the sum over ranks.
@@ -53,11 +55,38 @@ impl Projection {
         )?;
         let bias = vb.get_with_hints(n_out, "bias", Init::Const(0.))?;
         Ok(Self {
-            weight,
+            weight: Stored::Dense(weight),
             bias,
             layout,
             reduce: None,
         })
+    }
+
+    /// Stores the weight as fp8 ([`Fp8Weight`]), laid out as nn.Linear's (out, in), the bias
+    /// beside the scales. Inference only; not under tensor parallelism.
+    pub fn to_fp8(&mut self) -> candle_core::Result<()> {
+        if self.reduce.is_some() {
+            candle_core::bail!("fp8 weights under tensor parallelism are not built: drop --tp");
+        }
+        let Stored::Dense(w) = &self.weight else {
+            return Ok(());
+        };
+        let w = match self.layout {
+            WeightLayout::Linear => w.clone(),
+            WeightLayout::Conv1D => w.t()?.contiguous()?, // (in, out) -> (out, in)
+        };
+        self.weight = Stored::Fp8(Fp8Weight::quantize(&w, Some(&self.bias))?);
+        self.layout = WeightLayout::Linear;
+        Ok(())
+    }
+
+    /// The weight in `dtype` as [`Projection::layout`] lays it out: as loaded, or an fp8
+    /// weight turned back (out, in).
+    fn dense(&self, dtype: DType) -> candle_core::Result<Cow<'_, Tensor>> {
+        match &self.weight {
+            Stored::Dense(w) => Ok(Cow::Borrowed(w)),
+            Stored::Fp8(f) => Ok(Cow::Owned(f.dequantize(dtype)?)),
+        }
     }
 
     /// Makes this a row-parallel projection of `tp` (its weight already holds the rank's rows).
@@ -98,10 +127,16 @@ impl Projection {
         let x = x.reshape((b * t, c))?; // (B·T, in)
         let linear = matches!(self.layout, WeightLayout::Linear);
         let kact = act.map_or(Act::None, Activation::kernel);
-        if let Some(y) = kernels::linear(&x, &self.weight, linear, &self.bias, kact)? {
+        if let Stored::Fp8(f) = &self.weight {
+            if let Some(y) = f.gemv(&x, kact)? {
+                return y.reshape((b, t, ()));
+            }
+        }
+        let w = self.dense(x.dtype())?;
+        if let Some(y) = kernels::linear(&x, &w, linear, &self.bias, kact)? {
             return y.reshape((b, t, ()));
         }
-        let y = self.matmul(&x)?; // (B·T, out)
+        let y = self.matmul(&x, &w)?; // (B·T, out)
         let y = match kernels::bias_act(&y, &self.bias, kact)? {
             Some(y) => y,
             None => {
@@ -127,9 +162,10 @@ impl Projection {
         let (b, t, c) = x.dims3()?;
         let x = x.reshape((b * t, c))?; // (B·T, in)
         let linear = matches!(self.layout, WeightLayout::Linear);
-        let y = match kernels::linear(&x, &self.weight, linear, &self.bias, Act::None)? {
+        let w = self.dense(x.dtype())?;
+        let y = match kernels::linear(&x, &w, linear, &self.bias, Act::None)? {
             Some(y) => y,
-            None => self.matmul(&x)?.broadcast_add(&self.bias)?,
+            None => self.matmul(&x, &w)?.broadcast_add(&self.bias)?,
         }; // (B·T, out)
         Ok(Unsummed {
             y: y.reshape((b, t, ()))?,
@@ -137,13 +173,20 @@ impl Projection {
         })
     }
 
-    /// x W without the bias: (B·T, in) -> (B·T, out).
-    fn matmul(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+    /// x W without the bias, `w` the weight as [`Projection::dense`] gives it: (B·T, in) ->
+    /// (B·T, out).
+    fn matmul(&self, x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
         match self.layout {
-            WeightLayout::Linear => x.matmul(&self.weight.t()?),
-            WeightLayout::Conv1D => x.matmul(&self.weight),
+            WeightLayout::Linear => x.matmul(&w.t()?),
+            WeightLayout::Conv1D => x.matmul(w),
         }
     }
+}
+
+/// A projection's weight: as loaded, or fp8 after [`Projection::to_fp8`].
+enum Stored {
+    Dense(Tensor),
+    Fp8(Fp8Weight),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

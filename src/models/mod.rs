@@ -9,6 +9,7 @@ pub mod attention;
 pub mod bloom;
 pub mod cache;
 mod causal_lm;
+pub mod fp8;
 pub mod generate;
 pub mod gpt2;
 pub mod handoff;

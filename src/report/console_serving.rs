@@ -69,18 +69,24 @@ fn rate_rows(h: &Header, s: &ServingSummary) -> Vec<(&'static str, String)> {
         .serving
         .as_ref()
         .is_some_and(|i| i.batching.starts_with("continuous"));
-    let (calls, each) = match continuous {
-        true => ("decode steps", "slots a step"),
-        false => ("calls", "a call"),
+    // Continuous batching counts decode steps where the engine steps here; transformers'
+    // manager counts none (no mean slots a step): each request joins the running batch once.
+    let served = match (continuous, s.batch_size_mean.is_nan()) {
+        (true, true) => format!(
+            "{} requests, each joining the running batch, {:.2} s",
+            s.n_requests, s.duration_seconds
+        ),
+        (true, false) => format!(
+            "{} requests in {} decode steps ({:.2} slots a step), {:.2} s",
+            s.n_requests, s.n_batches, s.batch_size_mean, s.duration_seconds
+        ),
+        (false, _) => format!(
+            "{} requests in {} calls ({:.2} a call), {:.2} s",
+            s.n_requests, s.n_batches, s.batch_size_mean, s.duration_seconds
+        ),
     };
     let mut rows = vec![
-        (
-            "served",
-            format!(
-                "{} requests in {} {calls} ({:.2} {each}), {:.2} s",
-                s.n_requests, s.n_batches, s.batch_size_mean, s.duration_seconds
-            ),
-        ),
+        ("served", served),
         ("requests/s", format!("{:.2}", s.requests_per_second)),
         (
             "output tokens/s",

@@ -115,7 +115,7 @@ pub struct ServeOptions {
     /// `--slo`: None, no goodput.
     pub slo: Option<crate::metrics::serving::Slo>,
     /// `--batching`: continuous (slots) or static (calls).
-    pub batching: crate::scenarios::serving::queue::Batching,
+    pub batching: crate::engines::replay::Batching,
 }
 
 /// Training flags, resolved against the suite file.

@@ -5,7 +5,7 @@ use super::matrix::{Plan, RunConfig};
 use super::rules::{check_flags, check_llmc};
 use crate::cli::RunArgs;
 use crate::data::{find_or_download, find_or_download_dir, DataFile, Lookup, Reference};
-use crate::device::DeviceSpec;
+use crate::device::{DeviceSpec, Precision};
 use crate::engines::hf::{HfAttn, HfCompile, HfOptions};
 use crate::engines::llmc::LlmcOptions;
 use crate::engines::EngineKind;
@@ -210,6 +210,7 @@ pub fn resolve_config(
         ));
     }
     check_training(config, &model, &workload)?;
+    check_fp8(args, config, &workload)?;
     let data = run_data(args, suite, &workload)?;
     Ok(RunSpec {
         seed: args.seed,
@@ -283,6 +284,30 @@ fn check_training(config: &RunConfig, model: &ModelSpec, workload: &Workload) ->
             model.name,
             backward.as_str()
         )));
+    }
+    Ok(())
+}
+
+/// `--dtype fp8`: the candle engine's inference on one GPU (or the CPU).
+fn check_fp8(args: &RunArgs, config: &RunConfig, workload: &Workload) -> Result<()> {
+    if config.precision != Precision::Fp8 {
+        return Ok(());
+    }
+    if config.engine != EngineKind::Candle {
+        return Err(Error::Config(format!(
+            "--dtype fp8 is the candle engine's fp8 weights; --engine {} has no fp8 path here: run it at --dtype bf16 beside candle's fp8",
+            config.engine.as_str()
+        )));
+    }
+    if matches!(workload, Workload::Train(_)) {
+        return Err(Error::Config(
+            "--dtype fp8 is for inference: train in bf16 with --save DIR, then run --model-dir DIR --dtype fp8".into(),
+        ));
+    }
+    if args.tp > 1 {
+        return Err(Error::Config(
+            "--dtype fp8 under --tp is not built: drop --tp, or run --dtype bf16".into(),
+        ));
     }
     Ok(())
 }

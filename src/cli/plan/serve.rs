@@ -2,10 +2,10 @@
 //! flags it refuses (one line each, before anything loads).
 
 use crate::cli::RunArgs;
+use crate::engines::replay::Batching;
 use crate::error::{Error, Result};
 use crate::metrics::serving::Slo;
 use crate::scenarios::serving::load::{LenRange, LoadSpec};
-use crate::scenarios::serving::queue::Batching;
 use crate::scenarios::suite_file::SuiteFile;
 use crate::scenarios::ServeOptions;
 

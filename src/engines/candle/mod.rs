@@ -134,12 +134,15 @@ impl CandleEngine {
         let what = format!("{} ({}) in {precision}", model.name, weights.describe());
         let status = Status::bytes(progress, total, format!("loading weights: {what}"));
         let load = Instant::now();
-        let loaded = match tp {
+        let mut loaded = match tp {
             Some(group) => {
                 model.load_shard_watched(weights, dtype, &device, group, status.bar())?
             }
             None => model.load_watched(weights, dtype, &device, record.clone(), status.bar())?,
         };
+        if precision == Precision::Fp8 {
+            loaded.quantize_fp8()?;
+        }
         synchronize(&device)?;
         let load_seconds = load.elapsed().as_secs_f64();
         let bytes = status.bar().position();

@@ -1,10 +1,12 @@
 //! The HF engine: transformers + PyTorch in a Python worker (`src/engines/hf/worker.py`, embedded
 //! in the binary), driven over JSON lines on its stdin/stdout. Its stderr is kept (last lines)
-//! to explain a crash.
+//! to explain a crash. Its ops: `score.rs`, `generate.rs`, `train.rs`, and `serve.rs` (the serving
+//! suite's whole load, replayed by the worker on its clock).
 
 pub mod generate;
 pub mod open;
 pub mod score;
+pub mod serve;
 pub mod train;
 
 use super::Engine;

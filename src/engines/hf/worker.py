@@ -42,6 +42,35 @@ worker only runs the model and reports what the Rust side would have measured.
      token_ms[k]: device-synchronized time from the start to the (k+1)-th token, so token_ms[0]
      is the time to first token (prefill) and the differences are inter-token latencies; empty
      without time_steps, which leaves out the synchronisation after each token)
+Serving (`--suite serving`): the whole load, replayed here on this process's clock:
+
+  -> {"op": "serve_mode", "batching": "continuous|static", "max_batch": N, "pad_id": P,
+      "eos_ids": [E...]}
+  <- {"ok": true, "mode": "continuous|static", "why": "model, attention, notes or what it lacks"}
+     (batching static (`--batching static`): static, nothing probed. Else
+     continuous: transformers' ContinuousBatchingManager (`model.init_continuous_batching`),
+     where the model runs on transformers' attention interface (`_supports_attention_backend`)
+     and one short request through the started manager returns its tokens; greedy, the EOS ids
+     suppressed and none ending a request (eos_token_id -1), at most N requests a step where
+     ContinuousBatchingConfig has max_requests_per_batch. Else static, saying why: BLOOM's
+     ALiBi attention is its own code.)
+  -> {"op": "serve", "requests": [{"scheduled_ms": t, "prompt": [ids], "output_len": N}...],
+      "max_batch": N, "max_concurrency": C|null, "warm": {"prompts": [[ids]...], "new_tokens": N,
+      "calls": K}, "pad_id": P, "eos_ids": [E...], "pad_multiple": M, "pad_cap": T}
+  <- {"ok": true, "mode": "...", "requests": [{"request": i, "batch": b, "batch_size": n,
+      "arrival_ms": t, "start_ms": t, "token_ms": [t...], "finish_ms": t}...] (in the order
+      served), "n_batches": N, "compiles": n, "error": null|"one line"}
+     (the warm-up first, untimed: K calls of the warm prompts, through the manager or generate;
+     then the clock's 0. A request arrives at its scheduled time or, with C requests in flight,
+     when one finishes (closed loop). static: src/scenarios/serving/queue.rs's queue line for
+     line, each call the generate op on the arrived requests (at most max_batch), left-padded to
+     the longest rounded up to M (at most T), every token synchronized; a request's tokens are
+     its first output_len, its finish the call's return. continuous: each request added to the
+     manager as it arrives (max_new_tokens = output_len); start = it left the manager's waiting
+     queue, tokens and finish = the manager's own stamps (record_timestamps; else the times
+     each streamed token is read here); batch = its admission in start order, batch_size = the
+     requests running as it joined; n_batches = the requests. An exception mid-replay keeps the
+     requests served before it and says why in "error".)
 `compiles`: torch.compile's graph compilations during the call (dynamo's count): the Rust side
 sums them over the timed batches, where a compiled candidate should compile nothing.
 Errors: {"ok": false, "error": "one line"}; the worker then exits non-zero.
@@ -92,7 +121,9 @@ reports the largest peak of any rank and every rank's. `"recompute": true` turns
 gradient checkpointing (`gradient_checkpointing_enable`, non-reentrant), as HF Trainer's
 `gradient_checkpointing=True`.
 """
+import collections
 import contextlib
+import inspect
 import json
 import os
 import sys
@@ -164,7 +195,236 @@ def versions():
     }
 
 
-class Worker:
+class Serving:
+    """The serving suite (`serve_mode`, `serve`): the whole load replayed on this process's clock,
+    its 0 the first scheduled arrival, after an untimed warm-up. See the module's docstring."""
+
+    def serve_mode(self, req):
+        self.serve_pad, self.serve_eos = req["pad_id"], req["eos_ids"]
+        if req.get("batching") == "static":
+            self.serving_mode, why = "static", "asked for (--batching static)"
+        else:
+            self.serving_mode, why = self.choose_serving(int(req["max_batch"]))
+        reply(ok=True, mode=self.serving_mode, why=why)
+
+    def choose_serving(self, max_batch):
+        """transformers' continuous batching where this model has it (the attention interface its
+        paged cache plugs into), checked on one short request; else static batching, and why."""
+        name = f"{type(self.model).__name__} in transformers {transformers.__version__}"
+        if not hasattr(self.model, "init_continuous_batching"):
+            return "static", f"{name} has no continuous batching (init_continuous_batching)"
+        if not getattr(self.model, "_supports_attention_backend", False):
+            return "static", (f"{name}: its attention is its own code, not transformers' attention "
+                              "interface that continuous batching's paged cache needs")
+        try:
+            self.cb, notes = self.start_manager(max_batch)
+            out = self.cb_run([[0, 1, 2, 3]], 2, timeout_s=600)[0]
+            if len(out.generated_tokens) != 2:
+                raise RuntimeError(f"a probe of 2 new tokens returned {len(out.generated_tokens)}")
+        except Exception as e:  # noqa: BLE001 - any failure means static batching, said in the header
+            self.stop_manager()
+            self.model.set_attn_implementation(self.attn)
+            return "static", f"{name}: continuous batching failed ({type(e).__name__}: {e})".splitlines()[0]
+        return "continuous", f"{name}, attention {self.model.config._attn_implementation}" + notes
+
+    def start_manager(self, max_batch):
+        """A started ContinuousBatchingManager: greedy, EOS suppressed and never ending a request,
+        at most `max_batch` requests a step where this transformers can cap it."""
+        import dataclasses
+        from transformers import GenerationConfig
+
+        notes = ""
+        gen = GenerationConfig(do_sample=False, max_new_tokens=16, pad_token_id=self.serve_pad,
+                               eos_token_id=-1, suppress_tokens=self.serve_eos or None)
+        kwargs = {"generation_config": gen}
+        try:
+            from transformers import ContinuousBatchingConfig
+            fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
+        except (ImportError, TypeError):
+            ContinuousBatchingConfig, fields = None, set()
+        if "max_requests_per_batch" in fields:
+            kwargs["continuous_batching_config"] = ContinuousBatchingConfig(max_requests_per_batch=max_batch)
+        else:
+            notes += f"; the batch size is not capped (no max_requests_per_batch here), --batch-size {max_batch} unused"
+        if self.compiled:
+            notes += "; --hf-compile does not apply (continuous batching's own defaults)"
+        manager = self.model.init_continuous_batching(**kwargs)
+        if hasattr(manager, "warmup"):
+            manager.warmup()  # CUDA graphs captured before any request, where the manager uses them
+        manager.start()
+        self.cb_warm = 0  # warm-up requests so far (their ids)
+        params = inspect.signature(manager.add_request).parameters
+        self.cb_kwargs = {k: v for k, v in (("record_timestamps", True), ("eos_token_id", -1)) if k in params}
+        if "record_timestamps" not in self.cb_kwargs:
+            notes += "; token times stamped as each streamed token is read (no record_timestamps here)"
+        return manager, notes
+
+    def stop_manager(self):
+        manager, self.cb = getattr(self, "cb", None), None
+        if manager is not None:
+            manager.stop(block=True, timeout=30)
+
+    def cb_run(self, prompts, new_tokens, timeout_s):
+        """Untimed: `prompts` through the manager at once; their finished outputs, in order."""
+        ids = [f"warm{self.cb_warm + k}" for k in range(len(prompts))]
+        self.cb_warm += len(prompts)
+        for i, p in zip(ids, prompts):
+            self.cb.add_request(p, request_id=i, max_new_tokens=new_tokens, **self.cb_kwargs)
+        done, deadline = {}, time.perf_counter() + timeout_s
+        while len(done) < len(ids):
+            out = self.cb.get_result(timeout=1.0)
+            if out is None:
+                if not self.cb.is_running() or time.perf_counter() > deadline:
+                    raise RuntimeError("the continuous batching manager stopped before its requests finished")
+                continue
+            if getattr(out, "error", None):
+                raise RuntimeError(out.error)
+            if out.is_finished():
+                done[out.request_id] = out
+        return [done[i] for i in ids]
+
+    def serve(self, req):
+        self.serve_pad, self.serve_eos = req["pad_id"], req["eos_ids"]
+        mode = getattr(self, "serving_mode", None) or "static"
+        warm = req["warm"]
+        for _ in range(warm["calls"]):  # untimed: kernels, allocator, graphs; not the serving speed
+            if mode == "continuous":
+                self.cb_run(warm["prompts"], warm["new_tokens"], timeout_s=600)
+            else:
+                self.run_generate({"prompts": warm["prompts"], "new_tokens": warm["new_tokens"],
+                                   "padded_len": self.pad_len(req, max(map(len, warm["prompts"]))),
+                                   "pad_id": req["pad_id"], "time_steps": True})
+        c0 = compiles()
+        served, error = [], None
+        replay = Replay(req, time.perf_counter())
+        try:
+            if mode == "continuous":
+                self.serve_continuous(replay, served)
+            else:
+                self.serve_static(replay, req, served)
+        except Exception as e:  # noqa: BLE001 - the requests served before it are kept
+            import traceback
+
+            traceback.print_exc(file=sys.stderr)
+            error = f"{type(e).__name__}: {e}".splitlines()[0]
+        if mode == "continuous":
+            self.stop_manager()
+            admissions(served)
+        n_batches = len(served) if mode == "continuous" else replay.calls
+        reply(ok=True, mode=mode, requests=served, n_batches=n_batches, compiles=compiles() - c0,
+              error=error)
+
+    def pad_len(self, req, longest):
+        """The scenario's padding (skeleton.rs's Padding::len): the longest prompt rounded up to
+        pad_multiple, at most pad_cap, never below the longest."""
+        m = max(1, req["pad_multiple"])
+        return max(min(-(-longest // m) * m, req["pad_cap"]), longest)
+
+    def serve_static(self, r, req, served):
+        """The suite's static batching (src/scenarios/serving/queue.rs, line for line): each free
+        moment, the arrived requests (up to max_batch) as one generate call."""
+        while len(served) < r.n:
+            r.send_until(r.now())
+            if not r.waiting:
+                r.sleep_until(r.reqs[r.next]["scheduled_ms"])
+                continue
+            batch = [r.waiting.popleft() for _ in range(min(len(r.waiting), r.max_batch))]
+            prompts = [r.reqs[i]["prompt"] for i, _ in batch]
+            start = r.now()
+            out = self.run_generate({"prompts": prompts, "pad_id": req["pad_id"], "time_steps": True,
+                                     "new_tokens": max(r.reqs[i]["output_len"] for i, _ in batch),
+                                     "padded_len": self.pad_len(req, max(map(len, prompts)))})
+            finish = r.now()
+            r.send_until(finish)  # scheduled during the call: they entered the queue then
+            r.in_flight -= len(batch)
+            r.freed = finish
+            for i, arrival in batch:
+                tokens = [start + lap for lap in out["token_ms"][:r.reqs[i]["output_len"]]]
+                served.append(dict(request=i, batch=r.calls, batch_size=len(batch), arrival_ms=arrival,
+                                   start_ms=start, token_ms=tokens, finish_ms=max([finish] + tokens)))
+            r.calls += 1
+
+    def serve_continuous(self, r, served):
+        """Each request added to the running manager at its arrival; its times from the manager's
+        own stamps (start: it left the waiting queue; tokens; finish)."""
+        stamped = "record_timestamps" in self.cb_kwargs
+        streamed = {}  # request -> token times read here (no record_timestamps)
+        arrival = {}
+        ms = r.ms
+        while len(served) < r.n:
+            for i, t in r.send_until(r.now()):
+                arrival[i] = t
+                streamed[i] = []
+                self.cb.add_request(r.reqs[i]["prompt"], request_id=f"r{i}", streaming=not stamped,
+                                    max_new_tokens=r.reqs[i]["output_len"], **self.cb_kwargs)
+            room = r.next < r.n and r.in_flight < r.cap
+            wait_s = (r.reqs[r.next]["scheduled_ms"] - r.now()) / 1e3 if room else 1.0
+            out = self.cb.get_result(timeout=min(max(wait_s, 1e-4), 1.0))
+            if out is None:
+                if not self.cb.is_running():
+                    raise RuntimeError("the continuous batching manager stopped")
+                continue
+            if getattr(out, "error", None):
+                raise RuntimeError(f"request {out.request_id}: {out.error}")
+            i = int(out.request_id[1:])
+            now = r.now()
+            if not stamped:
+                streamed[i] += [now] * (len(out.generated_tokens) - len(streamed[i]))
+            if not out.is_finished():
+                continue
+            tokens = [ms(t) for t in out.timestamps] if stamped else streamed[i]
+            start, end = out.lifespan
+            served.append(dict(request=i, arrival_ms=arrival[i], token_ms=tokens,
+                               start_ms=ms(start) if start > 0 else tokens[0],
+                               finish_ms=max([ms(end) if end > 0 else now] + tokens)))
+            r.in_flight -= 1
+            r.freed = served[-1]["finish_ms"]
+
+
+def admissions(served):
+    """Continuous batching has no calls: a request's batch is its admission (in start order), its
+    batch_size the requests in the running batch as it joined (itself included)."""
+    for k, s in enumerate(sorted(served, key=lambda s: s["start_ms"])):
+        s["batch"] = k
+        s["batch_size"] = sum(1 for o in served if o["start_ms"] <= s["start_ms"] < o["finish_ms"]) or 1
+
+
+class Replay:
+    """A replayed load's clock and queue (queue.rs's Queue): who has been sent, who waits, how many
+    are in flight, when places last freed (a closed loop's earliest arrival)."""
+
+    def __init__(self, req, t0):
+        self.reqs, self.t0 = req["requests"], t0
+        self.n = len(self.reqs)
+        self.max_batch = max(1, req["max_batch"])
+        self.cap = req.get("max_concurrency") or self.n
+        self.next, self.in_flight, self.freed, self.calls = 0, 0, 0.0, 0
+        self.waiting = collections.deque()
+
+    def ms(self, t):
+        return (t - self.t0) * 1e3
+
+    def now(self):
+        return self.ms(time.perf_counter())
+
+    def sleep_until(self, t_ms):
+        wait = t_ms - self.now()
+        if wait > 0:
+            time.sleep(wait / 1e3)
+
+    def send_until(self, t_ms):
+        """Sends the requests scheduled by t_ms while the concurrency allows; returns them with
+        their arrivals (also queued in `waiting`)."""
+        sent = []
+        while self.next < self.n and self.reqs[self.next]["scheduled_ms"] <= t_ms and self.in_flight < self.cap:
+            sent.append((self.next, max(self.reqs[self.next]["scheduled_ms"], self.freed)))
+            self.in_flight += 1
+            self.next += 1
+        self.waiting.extend(sent)
+        return sent
+
+
+class Worker(Serving):
     def hello(self, _req):
         reply(ok=True, versions=versions())
 

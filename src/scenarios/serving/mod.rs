@@ -5,24 +5,28 @@
 //! random token ids (`--input-len`, `--output-len`: fixed or a uniform range), exactly
 //! `output_len` new tokens each (EOS banned), all drawn from `--seed` ([`load`]).
 //!
-//! After untimed warm-up calls, the clock starts at 0 and the requests are served by
-//! continuous batching ([`continuous`], the engine's [`InFlight`] slots: requests join and
-//! leave between decode steps, `--batch-size` slots) or, with `--batching static`, by the
-//! engine's generation ([`crate::engines::Generate`], the generation suite's path) through
-//! static batching ([`queue`]): each free moment of the engine, the arrived requests (up to
-//! `--batch-size`) as one call. Every token timed. One [`RequestRecord`] per request, then a
-//! [`ServingSummary`] ([`crate::metrics::serving`]: TTFT, TPOT, ITL, E2E, throughput, goodput
-//! under `--slo`). The candle engine only: the HF worker has no serving path yet.
+//! After untimed warm-up calls, the clock starts at 0 and the requests are served. The candle
+//! engine, in process, serves them by continuous batching ([`continuous`], the engine's
+//! [`InFlight`] slots: requests join and leave between decode steps, `--batch-size` slots) or,
+//! with `--batching static`, through its generation ([`crate::engines::Generate`], the
+//! generation suite's path) by static batching ([`queue`]): each free moment of the engine,
+//! the arrived requests (up to `--batch-size`) as one call. Every token timed. The HF worker
+//! is handed the whole load and replays it on its own clock ([`replay`]): transformers'
+//! continuous batching where the model supports it, else (or with `--batching static`) the
+//! same static batching. One [`RequestRecord`] per request, then a [`ServingSummary`]
+//! ([`crate::metrics::serving`]: TTFT, TPOT, ITL, E2E, throughput, goodput under `--slo`).
 
 pub mod continuous;
 pub mod load;
 pub mod queue;
+pub mod replay;
 
 use super::generate::special_ids;
 use super::skeleton::{base_header, Padding, Scenario};
 use super::spec::{RunSpec, ServeOptions};
 use crate::data::sha256_hex;
 use crate::engines::registry::{self, EngineArgs};
+use crate::engines::replay::{Batching, Replay, Server};
 use crate::engines::{memory_or_warning, EngineKind, Generate, GenerateRequest, InFlight};
 use crate::env::EnvReport;
 use crate::error::{message_without_backtrace, Error, Result};
@@ -34,19 +38,33 @@ use crate::tokenizer::TextTokenizer;
 use crate::trackers::{MemoryReading, StepClock};
 use continuous::{serve_continuous, Stepper};
 use load::{prompts, schedule, LoadSpec, Planned};
-use queue::{serve, Batching, Clock, Policy, Served, WallClock};
+use queue::{serve, Clock, Policy, Served, WallClock};
 use std::time::Instant;
 
-/// How the log header names static batching (`--batching static`); continuous batching is
-/// `continuous: ` and the engine's description ([`InFlight::describe`]).
+/// How the log header names static batching (`--batching static`, and the HF worker's where
+/// the model has no continuous batching); continuous batching is `continuous: ` and the
+/// engine's description ([`InFlight::describe`], [`replay::CONTINUOUS`]).
 pub const BATCHING_STATIC: &str = "static: the arrived requests, then generate";
+
+/// The header's clock of static batching in this process.
+const CLOCK_STATIC: &str = "wall time, ms, from the end of the warm-up; a request's tokens are its batch's steps as the engine timed them (device synchronized), from the call's start";
+
+/// The header's clock of continuous batching over the engine's slots.
+const CLOCK_SLOTS: &str = "wall time, ms, from the end of the warm-up; a request's first token is the end of its prefill, each other token the end of the decode step that made it (its ids on the host, the device done)";
 
 /// The serving scenario over its options.
 pub struct Serving<'a>(pub &'a ServeOptions);
 
 /// The engine with its requests, ready to serve.
 pub struct Started {
-    engine: Box<dyn Generate>,
+    engine: Server,
+    /// How it serves (the header's `batching`).
+    batching: Batching,
+    job: Job,
+}
+
+/// The requests and how each call is made.
+struct Job {
     plan: Vec<Planned>,
     /// Request i's prompt (random ids, `plan[i].input_len` of them).
     prompts: Vec<Vec<u32>>,
@@ -70,23 +88,12 @@ impl Scenario for Serving<'_> {
         let load = &self.0.load;
         let tokenizer =
             TextTokenizer::for_model(spec.tokenizer_dir.as_deref(), spec.model.architecture())?;
-        let mut engine = registry::open_generate(kind, args)?;
-        let batching = match self.0.batching {
-            Batching::Static => BATCHING_STATIC.to_string(),
-            Batching::Continuous => match engine.in_flight() {
-                Some(e) => format!("continuous: {}", e.describe()),
-                None => {
-                    return Err(Error::Config(format!(
-                        "--batching continuous: the {} engine has no continuous batching: use --batching static",
-                        engine.name()
-                    )))
-                }
-            },
-        };
-        let max_pos = engine.max_positions();
+        let mut engine = registry::open_serve(kind, args)?;
+        let special = special_ids(&spec.model.arch);
+        let mode = choose_batching(&mut engine, self.0.batching, spec.batch_size, &special)?;
+        let max_pos = engine.generate().max_positions();
         crate::models::generate::check_lengths(load.input_len.max, load.output_len.max, max_pos)?;
         let plan = schedule(load)?;
-        let special = special_ids(&spec.model.arch);
         let mut banned = special.1.clone();
         banned.push(special.0);
         let vocab = vocab_size(&spec.model.arch);
@@ -101,11 +108,12 @@ impl Scenario for Serving<'_> {
             !load.seed,
         );
         let host = EnvReport::collect();
+        let e = engine.generate();
         let header = Header {
-            engine: engine.name().into(),
-            engine_info: engine.info(),
-            load_seconds: engine.load_seconds(),
-            serving: Some(Box::new(info(self.0, batching))),
+            engine: e.name().into(),
+            engine_info: e.info(),
+            load_seconds: e.load_seconds(),
+            serving: Some(Box::new(info(self.0, &mode))),
             // Each call's prompts are left-padded to their longest, rounded up to this.
             pad_multiple: Some(spec.pad_multiple),
             ..base_header(spec, args.weights, &tokenizer, host, data_info(&prompts))
@@ -114,13 +122,17 @@ impl Scenario for Serving<'_> {
             multiple: spec.pad_multiple,
             cap: max_pos.saturating_sub(load.output_len.max),
         };
-        let started = Started {
-            engine,
+        let job = Job {
             plan,
             prompts,
             warm,
             special,
             padding,
+        };
+        let started = Started {
+            engine,
+            batching: mode.batching,
+            job,
         };
         Ok((started, header))
     }
@@ -133,36 +145,26 @@ impl Scenario for Serving<'_> {
         log: &mut RankLog,
         wall: Instant,
     ) -> Result<(ServingSummary, Option<Error>)> {
-        let policy = Policy {
-            max_batch: spec.batch_size,
-            max_concurrency: self.0.load.max_concurrency,
+        let served = match &mut s.engine {
+            Server::Calls(e) => self.serve_calls(spec, e.as_mut(), s.batching, &s.job, log)?,
+            Server::Replays(e) => self.serve_replay(spec, e.as_mut(), &s.job, log)?,
         };
-        let mut write = |records: &[RequestRecord]| -> Result<()> {
-            for r in records {
-                log.write(&Record::Request(Box::new(r.clone())))?;
-            }
-            Ok(())
-        };
-        let warmup = spec.warmup_batches;
-        let done = match self.0.batching {
-            Batching::Static => serve_static(&mut s, policy, warmup, &self.0.load, &mut write)?,
-            Batching::Continuous => serve_slots(&mut s, policy, warmup, &self.0.load, &mut write)?,
-        };
-        let (failure, records, n_batches) = (done.failure, done.records, done.n_batches);
-        let memory = match failure.is_some() {
+        let memory = match served.failure.is_some() {
             true => MemoryReading::default(),
-            false => memory_or_warning(s.engine.finish()),
+            false => memory_or_warning(s.engine.generate().finish()),
         };
         let end = ServingEnd {
-            n_batches,
-            batch_size_mean: done.batch_size_mean,
-            failure: failure
+            n_batches: served.n_batches,
+            batch_size_mean: served.batch_size_mean,
+            failure: served
+                .failure
                 .as_ref()
                 .map(|e| message_without_backtrace(&e.to_string())),
             wall_seconds: wall.elapsed().as_secs_f64(),
             memory,
         };
-        Ok((summary(&records, self.0.slo.as_ref(), end), failure))
+        let summary = summary(&served.records, self.0.slo.as_ref(), end);
+        Ok((summary, served.failure))
     }
 
     fn record(summary: Box<ServingSummary>) -> Record {
@@ -170,14 +172,145 @@ impl Scenario for Serving<'_> {
     }
 }
 
+/// The batching a run serves by: as asked, or as the replaying engine chose.
+struct Chosen {
+    batching: Batching,
+    /// The header's `batching`.
+    said: String,
+    /// The header's `clock`.
+    clock: &'static str,
+}
+
+/// How `engine` will batch, asked for `want` (`--batching`): an in-process engine as asked
+/// (continuous batching needs its [`InFlight`] slots); an engine that replays the load as it
+/// chooses now, before the header names it (static where asked, else continuous where the
+/// model has it).
+fn choose_batching(
+    engine: &mut Server,
+    want: Batching,
+    max_batch: usize,
+    special: &(u32, Vec<u32>),
+) -> Result<Chosen> {
+    let e = match engine {
+        Server::Calls(e) => e,
+        Server::Replays(e) => {
+            let batching = e.replay_mode(want, max_batch, special.0, &special.1)?.mode;
+            let said = replayed_batching(batching).into();
+            let clock = replay::CLOCK;
+            return Ok(Chosen {
+                batching,
+                said,
+                clock,
+            });
+        }
+    };
+    let (said, clock) = match want {
+        Batching::Static => (BATCHING_STATIC.to_string(), CLOCK_STATIC),
+        Batching::Continuous => match e.in_flight() {
+            Some(slots) => (format!("continuous: {}", slots.describe()), CLOCK_SLOTS),
+            None => return Err(no_slots(e.name())),
+        },
+    };
+    Ok(Chosen {
+        batching: want,
+        said,
+        clock,
+    })
+}
+
+/// The header's `batching` for a replay in `mode` (static is the in-process queue's words).
+fn replayed_batching(mode: Batching) -> &'static str {
+    match mode {
+        Batching::Static => BATCHING_STATIC,
+        Batching::Continuous => replay::CONTINUOUS,
+    }
+}
+
+fn no_slots(engine: &str) -> Error {
+    Error::Config(format!(
+        "--batching continuous: the {engine} engine has no continuous batching: use --batching static"
+    ))
+}
+
 /// The handler of each group of finished requests' records (the log writes them).
 type Write<'a> = dyn FnMut(&[RequestRecord]) -> Result<()> + 'a;
+
+impl Serving<'_> {
+    /// Serves the load from this process, on its clock: by the engine's slots or by calls.
+    fn serve_calls(
+        &self,
+        spec: &RunSpec,
+        engine: &mut dyn Generate,
+        batching: Batching,
+        j: &Job,
+        log: &mut RankLog,
+    ) -> Result<Served> {
+        let policy = Policy {
+            max_batch: spec.batch_size,
+            max_concurrency: self.0.load.max_concurrency,
+        };
+        let (warmup, load) = (spec.warmup_batches, &self.0.load);
+        let mut write = |records: &[RequestRecord]| write_records(log, records);
+        match batching {
+            Batching::Static => serve_static(engine, j, policy, warmup, load, &mut write),
+            Batching::Continuous => serve_slots(engine, j, policy, warmup, load, &mut write),
+        }
+    }
+
+    /// Hands the engine the whole load, which it replays on its own clock after its untimed
+    /// warm-up ([`replay`]); its requests' records are written as the replay returns.
+    fn serve_replay(
+        &self,
+        spec: &RunSpec,
+        engine: &mut dyn Replay,
+        j: &Job,
+        log: &mut RankLog,
+    ) -> Result<Served> {
+        let load = replay::replay_load(replay::LoadParts {
+            plan: &j.plan,
+            prompts: &j.prompts,
+            max_batch: spec.batch_size,
+            max_concurrency: self.0.load.max_concurrency,
+            warm: request(
+                (&j.padding, &j.special),
+                &j.warm,
+                self.0.load.output_len.max,
+            ),
+            warm_calls: spec.warmup_batches,
+            pad_multiple: j.padding.multiple,
+            pad_cap: j.padding.cap,
+        });
+        let replayed = match engine.replay(&load) {
+            Ok(r) => r,
+            // The worker died: nothing it served came back.
+            Err(e) => return Ok(Served::failed(e)),
+        };
+        let records = replay::records(&j.plan, &replayed)?;
+        write_records(log, &records)?;
+        Ok(Served {
+            records,
+            n_batches: replayed.n_batches,
+            failure: replayed.failure.map(Error::Engine),
+            // transformers' manager does not count its decode steps: no mean slots a step.
+            batch_size_mean: (replayed.mode == Batching::Continuous).then_some(f64::NAN),
+        })
+    }
+}
+
+/// Each record to the log, as it exists.
+fn write_records(log: &mut RankLog, records: &[RequestRecord]) -> Result<()> {
+    for r in records {
+        log.write(&Record::Request(Box::new(r.clone())))?;
+    }
+    Ok(())
+}
 
 /// Static batching ([`queue::serve`]) after the untimed warm-up calls: CUDA loads candle's PTX
 /// kernels, cuBLAS creates handles, the memory pools and the KV cache grow; none of that is
 /// the engine's serving speed.
 fn serve_static(
-    s: &mut Started,
+    engine: &mut dyn Generate,
+    j: &Job,
     policy: Policy,
     warmup: usize,
     load: &LoadSpec,
@@ -186,21 +319,21 @@ fn serve_static(
     let out_max = load.output_len.max;
     let warm_failure = (0..warmup).find_map(|_| {
         let mut clock = StepClock::new(true);
-        let req = request((&s.padding, &s.special), &s.warm, out_max);
-        s.engine.generate(&req, &mut clock).err()
+        let req = request((&j.padding, &j.special), &j.warm, out_max);
+        engine.generate(&req, &mut clock).err()
     });
     if let Some(e) = warm_failure {
         return Ok(Served::failed(e));
     }
     let mut clock = WallClock::start();
-    let (engine, plan) = (&mut s.engine, &s.plan);
+    let plan = &j.plan;
     let mut call = |ids: &[usize], _: &mut dyn Clock| {
-        let prompts: Vec<Vec<u32>> = ids.iter().map(|&i| s.prompts[i].clone()).collect();
+        let prompts: Vec<Vec<u32>> = ids.iter().map(|&i| j.prompts[i].clone()).collect();
         let new = ids.iter().map(|&i| plan[i].output_len).max().unwrap_or(1);
-        let req = request((&s.padding, &s.special), &prompts, new);
-        call_engine(engine.as_mut(), &req)
+        let req = request((&j.padding, &j.special), &prompts, new);
+        call_engine(engine, &req)
     };
-    serve(&s.plan, policy, &mut clock, &mut call, write)
+    serve(plan, policy, &mut clock, &mut call, write)
 }
 
 /// Continuous batching ([`continuous::serve_continuous`]) over the engine's slots, after the
@@ -208,28 +341,27 @@ fn serve_static(
 /// and leave (the kernels, the handles, the pools, as for static batching). A failure to
 /// make the slots (the memory) ends the run as a failed call does.
 fn serve_slots(
-    s: &mut Started,
+    engine: &mut dyn Generate,
+    j: &Job,
     policy: Policy,
     warmup: usize,
     load: &LoadSpec,
     write: &mut Write,
 ) -> Result<Served> {
-    let Some(engine) = s.engine.in_flight() else {
-        return Err(Error::Config(
-            "--batching continuous: the engine has no continuous batching: use --batching static"
-                .into(),
-        ));
+    let name = engine.name().to_string();
+    let Some(engine) = engine.in_flight() else {
+        return Err(no_slots(&name));
     };
     let longest = load.input_len.max + load.output_len.max;
-    let opened = engine.open_slots(policy.max_batch, longest, s.special.0, &s.special.1);
+    let opened = engine.open_slots(policy.max_batch, longest, j.special.0, &j.special.1);
     let warm = |engine: &mut dyn InFlight| -> Result<()> {
-        for (slot, prompt) in s.warm.iter().enumerate().take(policy.max_batch) {
+        for (slot, prompt) in j.warm.iter().enumerate().take(policy.max_batch) {
             engine.join(slot, prompt)?;
         }
         for _ in 1..load.output_len.max {
             engine.step()?;
         }
-        (0..s.warm.len().min(policy.max_batch)).try_for_each(|slot| engine.leave(slot))
+        (0..j.warm.len().min(policy.max_batch)).try_for_each(|slot| engine.leave(slot))
     };
     let ready = opened.and_then(|()| (0..warmup).try_for_each(|_| warm(&mut *engine)));
     if let Err(e) = ready {
@@ -238,9 +370,9 @@ fn serve_slots(
     let mut clock = WallClock::start();
     let mut slots = EngineSlots {
         engine,
-        prompts: &s.prompts,
+        prompts: &j.prompts,
     };
-    serve_continuous(&s.plan, policy, &mut clock, &mut slots, write)
+    serve_continuous(&j.plan, policy, &mut clock, &mut slots, write)
 }
 
 /// The engine's slots as the scheduler drives them: request i's prompt is `prompts[i]`.
@@ -296,8 +428,8 @@ fn request<'a>(
     }
 }
 
-/// The log header's description of the load.
-fn info(opts: &ServeOptions, batching: String) -> ServingInfo {
+/// The log header's description of the load, served as `mode` says.
+fn info(opts: &ServeOptions, mode: &Chosen) -> ServingInfo {
     let l = &opts.load;
     ServingInfo {
         num_requests: l.num_requests,
@@ -308,11 +440,8 @@ fn info(opts: &ServeOptions, batching: String) -> ServingInfo {
         output_len: (l.output_len.min, l.output_len.max),
         seed: l.seed,
         prompts: "random token ids (pad and EOS excluded); exactly output_len new tokens, greedy, EOS banned".into(),
-        clock: match opts.batching {
-            Batching::Static => "wall time, ms, from the end of the warm-up; a request's tokens are its batch's steps as the engine timed them (device synchronized), from the call's start",
-            Batching::Continuous => "wall time, ms, from the end of the warm-up; a request's first token is the end of its prefill, each other token the end of the decode step that made it (its ids on the host, the device done)",
-        }.into(),
-        batching,
+        batching: mode.said.clone(),
+        clock: mode.clock.into(),
         slo_ttft_ms: opts.slo.and_then(|s| s.ttft_ms),
         slo_tpot_ms: opts.slo.and_then(|s| s.tpot_ms),
     }
@@ -337,5 +466,18 @@ fn vocab_size(arch: &Architecture) -> usize {
     match arch {
         Architecture::Gpt2(c) => c.vocab_size,
         Architecture::Bloom(c) => c.vocab_size,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The worker's static fallback is named as the in-process queue's batching, so that
+    /// extract-metrics' `batching` column groups the two.
+    #[test]
+    fn a_replay_s_mode_names_its_batching() {
+        assert_eq!(replayed_batching(Batching::Static), BATCHING_STATIC);
+        assert!(replayed_batching(Batching::Continuous).starts_with("continuous: transformers' "));
     }
 }

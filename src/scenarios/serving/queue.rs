@@ -43,28 +43,6 @@ impl Clock for WallClock {
     }
 }
 
-/// `--batching`: how requests share the engine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Batching {
-    /// Slots that requests join and leave between decode steps ([`super::continuous`]).
-    Continuous,
-    /// The arrived requests as one generation call, the next call when it returns ([`serve`]).
-    Static,
-}
-
-impl Batching {
-    /// `continuous` or `static`; `what` names the flag or key in the one-line error.
-    pub fn parse(text: &str, what: &str) -> Result<Self> {
-        match text.trim() {
-            "continuous" => Ok(Self::Continuous),
-            "static" => Ok(Self::Static),
-            _ => Err(Error::Config(format!(
-                "{what} '{text}': give continuous or static"
-            ))),
-        }
-    }
-}
-
 /// How the queue hands requests to the engine.
 #[derive(Clone, Copy, Debug)]
 pub struct Policy {

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# #39 on one GPU: the serving suite through candle and HF, one binary, one call. Run from the repo
+# root on the GPU host (scripts/gpu_checks.sh serving): $B the bench binary, $OUT the folder that
+# comes back. For each model of $SERVE_MODELS (gpt2): a smoke run of HF alone (which batching
+# its worker chose, and why), then per engine of $SERVE_ENGINES (candle hf) a rate sweep
+# ($SERVE_RATES, default 4,8,16,32,64,inf) of $SERVE_N (64) requests, prompts 64..256 tokens,
+# outputs $SERVE_OUT (128), goodput under a 200 ms TTFT / 20 ms TPOT SLO, $SERVE_FLAGS added
+# (e.g. --batching continuous). Each sweep's logs -> serving-logs.tgz (refreshed after each
+# sweep), the console -> serving.txt.
+set -u
+L=/tmp/serving-logs
+mkdir -p $L
+say() { tee -a "$OUT/serving.txt"; }
+run() { # name bench-args
+  local name=$1; shift
+  echo "--- $name: $*" | say
+  $B --no-progress --log-dir "$L/$name" "$@" 2>&1 | grep -v '^  |' | say
+  echo "exit ${PIPESTATUS[0]}" | say
+  (cd /tmp && tar czf "$OUT/serving-logs.tgz" serving-logs)
+}
+LOAD=(--suite serving --weights random --seed 0 --device cuda --dtype bf16 --input-len 64:256
+  --output-len "${SERVE_OUT:-128}" --slo ttft_ms=200,tpot_ms=20)
+for m in ${SERVE_MODELS:-gpt2}; do
+  run smoke-hf-$m "${LOAD[@]}" --model "$m" --engine hf --num-requests 8 --output-len 16
+  grep -ho '"serving_batching":"[^"]*"' "$L/smoke-hf-$m"/*.jsonl 2>/dev/null | head -1 | say
+  for e in ${SERVE_ENGINES:-candle hf}; do
+    # shellcheck disable=SC2086  # SERVE_FLAGS: several flags
+    run sweep-$m-$e "${LOAD[@]}" --model "$m" --engine "$e" --num-requests "${SERVE_N:-64}" \
+      --request-rate "${SERVE_RATES:-4,8,16,32,64,inf}" ${SERVE_FLAGS:-}
+  done
+done

@@ -1,0 +1,123 @@
+//! fp8 weights (`--dtype fp8`): the GEMV reading E4M3 bytes and the dequantization kernel
+//! against candle's cast of the same values, then whole models decoding on them.
+
+use super::*;
+use crate::models::fp8::Fp8Weight;
+
+/// The fp8 GEMV (1–4 rows, bias, tanh-GELU) against the f32 product with the dequantized weight,
+/// in bf16 and f16, for BLOOM's and GPT-2's decode shapes.
+#[test]
+fn fp8_gemv_matches_the_dequantized_projection() {
+    let (dev, _one_at_a_time) = gpu();
+    for (k, n) in [(1024, 3072), (4096, 1024), (768, 50257), (64, 40)] {
+        let w = (randn(&[n, k], &dev) * 0.05).unwrap();
+        let b = randn(&[n], &dev);
+        let fp8 = Fp8Weight::quantize(&w, Some(&b)).unwrap();
+        let wf = fp8.dequantize(DType::F32).unwrap();
+        for rows in 1..=4 {
+            for dtype in [DType::BF16, DType::F16] {
+                for act in [Act::None, Act::GeluTanh] {
+                    let x = randn(&[rows, k], &dev).to_dtype(dtype).unwrap();
+                    let y = fp8.gemv(&x, act).unwrap().expect("the fp8 GEMV applies");
+                    let xf = x.to_dtype(DType::F32).unwrap();
+                    let r = xf
+                        .matmul(&wf.t().unwrap())
+                        .unwrap()
+                        .broadcast_add(&b)
+                        .unwrap();
+                    let why = format!("{rows}x{k} -> {n} {dtype:?} {act:?}");
+                    assert_eq!((y.dims(), y.dtype()), (&[rows, n][..], dtype), "{why}");
+                    let r = rel(&y, &act_ref(&r, act));
+                    assert!(r < 1e-2, "{why}: rel {r}");
+                }
+            }
+        }
+    }
+    // Five rows, and fp32 rows, are the dequantized weight's.
+    let fp8 = Fp8Weight::quantize(&randn(&[40, 64], &dev), None).unwrap();
+    let x = randn(&[5, 64], &dev).to_dtype(DType::BF16).unwrap();
+    assert!(fp8.gemv(&x, Act::None).unwrap().is_none());
+    assert!(fp8
+        .gemv(&randn(&[1, 64], &dev), Act::None)
+        .unwrap()
+        .is_none());
+}
+
+/// The dequantization kernel gives candle's cast times the scale: bit for bit in f32 (both
+/// multiply the exact E4M3 value by the f32 scale), within one rounding in bf16 / f16; and the
+/// GPU's quantized bytes are the CPU's.
+#[test]
+fn fp8_dequantization_is_candles_cast_times_the_scale() {
+    let (dev, _one_at_a_time) = gpu();
+    let w = (randn(&[96, 256], &dev) * 0.3).unwrap();
+    let on_gpu = Fp8Weight::quantize(&w, None).unwrap();
+    let on_cpu = Fp8Weight::quantize(&w.to_device(&Device::Cpu).unwrap(), None).unwrap();
+    let cpu: Vec<Vec<f32>> = on_cpu.dequantize(DType::F32).unwrap().to_vec2().unwrap();
+    let gpu32: Vec<Vec<f32>> = on_gpu.dequantize(DType::F32).unwrap().to_vec2().unwrap();
+    assert_eq!(gpu32, cpu, "the GPU's E4M3 values and scales are the CPU's");
+    for dtype in [DType::BF16, DType::F16] {
+        let half = on_gpu.dequantize(dtype).unwrap();
+        let want = Tensor::new(cpu.clone(), &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        assert_eq!(
+            rel(&half, &want),
+            0.,
+            "{dtype:?}: one rounding of the same product"
+        );
+    }
+}
+
+/// gpt2 and BLOOM at head sizes 64 / 128 (fp8's 16-byte rows) in bf16 with fp8 weights: the
+/// cached prefill and five decode steps on the fp8 GEMV against `--fused none` (the weights
+/// dequantized, candle's matmuls); then greedy ids of graph-replayed decoding against eager,
+/// at 2 rows (the GEMV) and 6 (the dequantized weights inside the graph).
+#[test]
+fn fp8_decoding_matches_the_dequantized_weights() {
+    use crate::models::generate::{generate, left_pad, Greedy};
+    let (gpu, _one_at_a_time) = gpu();
+    let ids = |n: u32| (0..n).map(|i| 1 + i * 7 % 50).collect::<Vec<u32>>();
+    let prompts = left_pad(&[ids(70), ids(41)], 0, &gpu).unwrap();
+    let src = WeightSource::Random { seed: 0 };
+    for spec in super::decode::wide_head_specs() {
+        let name = &spec.name;
+        let mut steps = Vec::new();
+        for fused in [Fused::None, Fused::All] {
+            set_enabled(&[fused]);
+            let mut model = spec.load(&src, DType::BF16, &gpu).unwrap();
+            model.quantize_fp8().unwrap();
+            let mut cache = model.new_cache(2, 80).unwrap();
+            let mut logits = vec![model
+                .forward_cached(&prompts.ids, &prompts.mask, &mut cache)
+                .unwrap()];
+            let real = Tensor::ones((2, 1), DType::U32, &gpu).unwrap();
+            for id in [11u32, 12, 13, 14, 15] {
+                let next = Tensor::new(&[[id], [id + 7]], &gpu).unwrap();
+                logits.push(model.forward_cached(&next, &real, &mut cache).unwrap());
+            }
+            steps.push(logits);
+        }
+        for (i, (fused, none)) in steps[1].iter().zip(&steps[0]).enumerate() {
+            let r = rel(fused, none);
+            assert!(r < 3e-2, "{name} fp8 step {i}: rel {r}");
+        }
+        let g = Greedy {
+            new_tokens: 8,
+            banned: vec![],
+        };
+        let eager = [Fused::Lt, Fused::LayerNorm, Fused::Decode, Fused::Gemv];
+        for rows in [2usize, 6] {
+            let prompts: Vec<Vec<u32>> = (0..rows as u32).map(|r| ids(9 + 5 * r)).collect();
+            let prompts = left_pad(&prompts, 0, &gpu).unwrap();
+            let mut out = Vec::new();
+            for paths in [&eager[..], &[Fused::All][..]] {
+                set_enabled(paths);
+                let mut model = spec.load(&src, DType::BF16, &gpu).unwrap();
+                model.quantize_fp8().unwrap();
+                out.push(generate(model.as_ref(), &prompts, &g, &mut |_| Ok(())).unwrap());
+            }
+            assert_eq!(out[1], out[0], "{name}: {rows} rows, graph against eager");
+        }
+    }
+}
