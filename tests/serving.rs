@@ -1,8 +1,8 @@
-//! The serving suite as a user runs it (`--suite serving`, issue #39's first slice), on the CPU
-//! with the tiny random GPT-2: one record per request with its times in order, a summary whose
-//! counts match, goodput against the SLO, the closed loop's cap, the seed's schedule,
-//! one-line errors, and extract-metrics' row. Behaviour only: no assertion on the machine's
-//! speed.
+//! The serving suite as a user runs it (`--suite serving`, issue #39), on the CPU with the
+//! tiny random GPT-2, continuous and static batching: one record per request with its times
+//! in order, a summary whose counts match, goodput against the SLO, the closed loop's cap, the
+//! seed's schedule, one-line errors, and extract-metrics' row. Behaviour only: no assertion on
+//! the machine's speed.
 
 mod common;
 
@@ -51,20 +51,30 @@ fn f(v: &Value, k: &str) -> f64 {
 
 #[test]
 fn a_short_run_logs_every_request_in_order_and_a_matching_summary() {
-    let dir = tempfile::tempdir().unwrap();
-    let recs = serve(dir.path(), &["--request-rate", "1000", "--batch-size", "4"]);
+    for batching in ["continuous", "static"] {
+        let dir = tempfile::tempdir().unwrap();
+        let args = ["--request-rate", "1000", "--batch-size", "4"];
+        let recs = serve(dir.path(), &[&args[..], &["--batching", batching]].concat());
+        short_run_checks(&recs, batching);
+    }
+}
+
+/// What every batching's log holds: the header's load, one record per request with its times
+/// in order, the summary's counts.
+fn short_run_checks(recs: &[Value], batching: &str) {
     let header = &recs[0];
     assert_eq!(header["suite"], "serving");
     let info = &header["serving"];
-    assert_eq!(
-        info["batching"],
-        "static: the arrived requests, then generate"
-    );
+    let said = info["batching"].as_str().unwrap();
+    match batching {
+        "static" => assert_eq!(said, "static: the arrived requests, then generate"),
+        _ => assert!(said.starts_with("continuous: a slot KV cache"), "{said}"),
+    }
     assert_eq!(
         (info["num_requests"].as_u64(), info["request_rate"].as_f64()),
         (Some(8), Some(1000.))
     );
-    let reqs = requests(&recs);
+    let reqs = requests(recs);
     assert_eq!(reqs.len(), 8, "one record per request");
     let mut seen: Vec<u64> = reqs
         .iter()
@@ -94,7 +104,11 @@ fn a_short_run_logs_every_request_in_order_and_a_matching_summary() {
         );
         assert!(r["batch_size"].as_u64().unwrap() <= 4);
     }
-    let s = recs.last().unwrap();
+    summary_checks(&reqs, recs.last().unwrap(), batching);
+}
+
+/// The short run's summary against its requests.
+fn summary_checks(reqs: &[&Value], s: &Value, batching: &str) {
     assert_eq!(s["record"], "serving_summary");
     assert_eq!(s["status"], "ok");
     assert_eq!(s["n_requests"], 8);
@@ -107,7 +121,21 @@ fn a_short_run_logs_every_request_in_order_and_a_matching_summary() {
     );
     let batches: std::collections::BTreeSet<u64> =
         reqs.iter().map(|r| r["batch"].as_u64().unwrap()).collect();
-    assert_eq!(s["n_batches"].as_u64().unwrap() as usize, batches.len());
+    let n_batches = s["n_batches"].as_u64().unwrap();
+    if batching == "static" {
+        assert_eq!(n_batches as usize, batches.len());
+    } else {
+        // n_batches counts decode steps: each request's 3 after its prefill, ≤ 4 slots a step.
+        assert!((6..=24).contains(&n_batches), "{s}");
+        assert!(batches.iter().all(|&b| b < n_batches), "{batches:?}");
+        let rows = f(s, "batch_size_mean");
+        assert!((1. ..=4.).contains(&rows), "{s}");
+        assert!(
+            reqs.iter()
+                .all(|r| f(r, "finish_ms") == *r["token_ms"].as_array().unwrap().last().unwrap()),
+            "a request leaves at its last token"
+        );
+    }
     let last_finish = reqs.iter().map(|r| f(r, "finish_ms")).fold(0., f64::max);
     // serde_json reads floats back to within an ulp or so, not always exactly.
     let close = |a: f64, b: f64| (a / b - 1.).abs() < 1e-12;
@@ -233,6 +261,11 @@ fn bad_serving_flags_are_one_line_errors() {
         ),
         (&["--suite", "serving", "--limit", "4"], "--num-requests"),
         (&["--request-rate", "4"], "applies to --suite serving"),
+        (
+            &["--suite", "serving", "--batching", "dynamic"],
+            "--batching 'dynamic': give continuous or static",
+        ),
+        (&["--batching", "static"], "applies to --suite serving"),
     ];
     for (args, want) in cases {
         let o = bench().args(*args).output().unwrap();
@@ -277,7 +310,6 @@ fn extract_metrics_gives_a_serving_run_its_row() {
         ("engine", "candle"),
         ("status", "ok"),
         ("arrivals", "poisson"),
-        ("batching", "static: the arrived requests, then generate"),
         ("num_requests", "8"),
         ("n_requests", "8"),
         ("input_len_min", "8"),
@@ -293,6 +325,11 @@ fn extract_metrics_gives_a_serving_run_its_row() {
             "{col} in {csv}"
         );
     }
+    let batching = row.get("batching").map_or("", String::as_str);
+    assert!(
+        batching.starts_with("continuous: "),
+        "the default: {batching}"
+    );
     let s = recs.last().unwrap();
     let num = |col: &str| -> f64 {
         row[col]

@@ -65,9 +65,10 @@ fn keys(v: &Value) -> BTreeSet<String> {
     v.as_object().unwrap().keys().cloned().collect()
 }
 
-/// `--engine both`: candle, then the worker, on the same load; the worker's records and
-/// summary have candle's schema, its header names continuous batching, and its latencies are
-/// the stand-in's clock put through the suite's formulas.
+/// `--engine both`: candle, then the worker, on the same load, each by its continuous batching
+/// (the default); the worker's records and summary have candle's schema, its header names
+/// transformers' manager, and its latencies are the stand-in's clock put through the suite's
+/// formulas.
 #[test]
 fn both_engines_serve_the_same_load_into_one_schema() {
     let dir = tempfile::tempdir().unwrap();
@@ -77,9 +78,9 @@ fn both_engines_serve_the_same_load_into_one_schema() {
     assert_eq!(logs.len(), 2, "{}", text(&o));
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(
-        stdout.contains("8 requests in ")
+        stdout.contains(" decode steps (")
             && stdout.contains("8 requests, each joining the running batch"),
-        "candle's calls, the worker's admissions: {stdout}"
+        "candle's decode steps, the worker's admissions: {stdout}"
     );
     let (candle, hf) = (&logs[0], &logs[1]);
     assert_eq!(
@@ -87,10 +88,7 @@ fn both_engines_serve_the_same_load_into_one_schema() {
         (Some("candle"), Some("hf"))
     );
     let batching = |h: &Value| h["serving"]["batching"].as_str().unwrap().to_string();
-    assert_eq!(
-        batching(&candle[0]),
-        "static: the arrived requests, then generate"
-    );
+    assert!(batching(&candle[0]).starts_with("continuous: "));
     assert!(batching(&hf[0]).starts_with("continuous: transformers' ContinuousBatchingManager"));
     assert_eq!(
         hf[0]["engine_info"]["serving_batching"],
@@ -155,6 +153,10 @@ fn stand_in_latencies(hr: &[&Value], hs: &Value) {
         (hs["n_requests"].as_u64(), hs["n_batches"].as_u64()),
         (Some(8), Some(8))
     );
+    assert!(
+        hs["batch_size_mean"].is_null(),
+        "the manager's steps are not counted"
+    );
     assert_eq!(hs["total_output_tokens"], 32);
     assert_eq!(hs["slo_met_requests"], 0);
     let last_finish = hr.iter().map(|r| f(r, "finish_ms")).fold(0., f64::max);
@@ -164,31 +166,47 @@ fn stand_in_latencies(hr: &[&Value], hs: &Value) {
     assert_eq!(hs["status"], "ok");
 }
 
-/// A model without continuous batching: the worker's static batching, named as candle's.
+/// The worker's static batching, named as candle's: its fallback for a model without
+/// continuous batching, and `--batching static` (the worker told so, nothing probed).
 #[test]
-fn the_worker_s_static_fallback_is_named_as_candle_s_batching() {
-    let dir = tempfile::tempdir().unwrap();
-    let o = run(
-        dir.path(),
-        "hf",
-        &["--batch-size", "4"],
-        &[("FAKE_SERVING", "static")],
-    );
-    let log = &logs(&o)[0];
-    assert_eq!(
-        log[0]["serving"]["batching"],
-        "static: the arrived requests, then generate"
-    );
-    let s = log.last().unwrap();
-    assert_eq!(
-        (s["n_batches"].as_u64(), f(s, "batch_size_mean")),
-        (Some(2), 4.)
-    );
-    assert!(
-        String::from_utf8_lossy(&o.stdout).contains("serving"),
-        "{}",
-        text(&o)
-    );
+fn the_worker_s_static_batching_is_named_as_candle_s() {
+    // (flags, the stand-in's environment, how engine_info's serving_batching begins)
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 2] = [
+        (
+            &[],
+            &[("FAKE_SERVING", "static")],
+            "static (FakeForCausalLM",
+        ),
+        (
+            &["--batching", "static"],
+            &[],
+            "static (asked for (--batching static))",
+        ),
+    ];
+    for (flags, env, said) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let o = run(
+            dir.path(),
+            "hf",
+            &[&["--batch-size", "4"], flags].concat(),
+            env,
+        );
+        let log = &logs(&o)[0];
+        assert_eq!(
+            log[0]["serving"]["batching"],
+            "static: the arrived requests, then generate"
+        );
+        let info = log[0]["engine_info"]["serving_batching"].as_str().unwrap();
+        assert!(info.starts_with(said), "{info}");
+        let s = log.last().unwrap();
+        assert_eq!(
+            (s["n_batches"].as_u64(), f(s, "batch_size_mean")),
+            (Some(2), 4.)
+        );
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(stdout.contains("8 requests in 2 calls"), "{}", text(&o));
+    }
 }
 
 /// `--max-concurrency`: the worker is told the cap and its arrivals keep it.
@@ -270,7 +288,7 @@ fn hf_serving_is_no_longer_refused() {
 /// The real worker's `serve_mode` and `serve` (src/engines/hf/worker.py) under stand-in
 /// `torch` / `transformers` modules: a manager stepping on a thread (continuous), a model
 /// without the attention interface (static, queue.rs's queue), a manager that dies (the
-/// fallback), a transformers without the batch cap; each reply checked as the Rust side reads
+/// fallback), `--batching static` (no probe), a transformers without the batch cap; each reply checked as the Rust side reads
 /// it (tests/fixtures/worker_serving_check.py).
 #[test]
 fn the_worker_s_serving_ops_replay_a_load_under_stand_in_modules() {
@@ -280,5 +298,5 @@ fn the_worker_s_serving_ops_replay_a_load_under_stand_in_modules() {
         .output()
         .expect("python3 runs");
     assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "ok 6 checks");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "ok 7 checks");
 }

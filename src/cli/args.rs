@@ -581,6 +581,11 @@ pub struct ServeArgs {
     /// output token (the first excluded) at most Y ms.
     #[arg(long, value_name = "ttft_ms=X,tpot_ms=Y")]
     pub slo: Option<String>,
+    /// continuous: --batch-size slots that requests join and leave between decode steps;
+    /// static: the arrived requests as one generation call, the next when it returns
+    /// [default: the suite file's, continuous].
+    #[arg(long, value_name = "continuous|static")]
+    pub batching: Option<String>,
 }
 
 impl ServeArgs {
@@ -594,6 +599,7 @@ impl ServeArgs {
             (self.input_len.is_some(), "--input-len"),
             (self.output_len.is_some(), "--output-len"),
             (self.slo.is_some(), "--slo"),
+            (self.batching.is_some(), "--batching"),
         ]
         .into_iter()
         .find_map(|(given, flag)| given.then_some(flag))

@@ -10,7 +10,8 @@
 //! - [`llmc`]: llm.c's `train_gpt2cu`, an external process (training only).
 //! - [`weight_cache`]: the HF checkpoint both engines read when the weights are random.
 //! - [`registry`]: which engines there are, what each runs, how each opens ([`args`]).
-//! - [`replay`]: serving a whole load on the engine's own clock (the HF worker's serving).
+//! - [`replay`]: serving a whole load on the engine's own clock (the HF worker's serving), and
+//!   the serving suite's [`replay::Batching`].
 
 pub mod args;
 pub mod candle;
@@ -305,4 +306,33 @@ pub trait Generate: Engine {
     fn kv_cache_bytes(&self) -> Option<u64> {
         None
     }
+    /// Continuous batching ([`InFlight`]), where the engine has it.
+    fn in_flight(&mut self) -> Option<&mut dyn InFlight> {
+        None
+    }
+}
+
+/// Capability: continuous (in-flight) batching, as a server schedules it: slots that requests
+/// join (their prompt prefilled, one at a time) and leave between decode steps, each decode
+/// step one forward of every occupied slot. Greedy, the EOS ids banned, as [`Generate`].
+/// Every call returns with its tokens on the host (the device done), so the caller's clock
+/// reads each token's time.
+pub trait InFlight {
+    /// Makes `slots` empty slots for requests of at most `longest` positions (prompt + output
+    /// tokens); free slots run `pad_id`; `eos_ids` are never generated. Replaces earlier slots.
+    fn open_slots(
+        &mut self,
+        slots: usize,
+        longest: usize,
+        pad_id: u32,
+        eos_ids: &[u32],
+    ) -> Result<()>;
+    /// Prefills `prompt` into the free slot `slot`; returns its first token.
+    fn join(&mut self, slot: usize, prompt: &[u32]) -> Result<u32>;
+    /// One decode step of every occupied slot; returns (slot, next token) for each.
+    fn step(&mut self) -> Result<Vec<(usize, u32)>>;
+    /// Frees `slot` at once.
+    fn leave(&mut self, slot: usize) -> Result<()>;
+    /// How the engine batches, for the log header's `batching` (after `continuous: `).
+    fn describe(&self) -> String;
 }

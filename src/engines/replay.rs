@@ -1,6 +1,7 @@
-//! Capability: serve a whole load on the engine's own clock ([`Replay`]). The serving suite
-//! drives an in-process engine call by call ([`super::Generate`], its queue on this process's
-//! clock); an engine in another process (the HF worker) is handed the whole load instead —
+//! Capability: serve a whole load on the engine's own clock ([`Replay`]); the serving suite's
+//! [`Batching`]. The serving suite drives an in-process engine step by step or call by call
+//! ([`super::InFlight`] slots, [`super::Generate`]; its queue on this process's clock); an
+//! engine in another process (the HF worker) is handed the whole load instead —
 //! each request's scheduled arrival, prompt and output length, the batch cap, the closed
 //! loop's concurrency — and replays it after an untimed warm-up, on a clock of its own that
 //! starts at the first scheduled arrival. It returns raw times per request; the scenario
@@ -8,24 +9,46 @@
 //! set of formulas.
 
 use super::{Generate, GenerateRequest};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use serde::Deserialize;
 
-/// How an engine batches the requests of a replayed load, as it chose for this model.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ReplayMode {
-    /// The serving suite's static batching: the arrived requests (up to the batch cap), one
-    /// generation call, the next call when it returns.
-    Static,
-    /// Requests join and leave the running batch at every decode step (transformers'
-    /// `ContinuousBatchingManager`, a paged KV cache).
+/// How requests share the engine (`--batching`): the serving suite's one notion of batching,
+/// whether the scenario schedules it here or the engine replays the load itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Batching {
+    /// Requests join and leave the running batch between decode steps (the candle engine's
+    /// slots, [`super::InFlight`]; transformers' `ContinuousBatchingManager`, a paged KV cache).
     Continuous,
+    /// The arrived requests (up to the batch cap) as one generation call, the next call when
+    /// it returns.
+    Static,
 }
 
-/// The engine's choice of [`ReplayMode`] and why (a fallback says what the model lacks).
+impl Batching {
+    /// `continuous` or `static`; `what` names the flag or key in the one-line error.
+    pub fn parse(text: &str, what: &str) -> Result<Self> {
+        match text.trim() {
+            "continuous" => Ok(Self::Continuous),
+            "static" => Ok(Self::Static),
+            _ => Err(Error::Config(format!(
+                "{what} '{text}': give continuous or static"
+            ))),
+        }
+    }
+
+    /// As the worker's protocol and `--batching` spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Continuous => "continuous",
+            Self::Static => "static",
+        }
+    }
+}
+
+/// The engine's choice of [`Batching`] and why (a fallback says what the model lacks).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModeChoice {
-    pub mode: ReplayMode,
+    pub mode: Batching,
     pub why: String,
 }
 
@@ -79,7 +102,7 @@ pub struct ReplayedRequest {
 /// the error that stopped it early (the requests served before it are kept).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Replayed {
-    pub mode: ReplayMode,
+    pub mode: Batching,
     pub requests: Vec<ReplayedRequest>,
     /// Engine calls (static); continuous batching: admissions, one a request.
     pub n_batches: usize,
@@ -91,8 +114,15 @@ pub struct Replayed {
 pub trait Replay: Generate {
     /// Chooses how the load will be batched (`max_batch` requests at most; `pad_id` pads,
     /// `eos_ids` are never generated), before the log's header is written: the header names it.
-    fn replay_mode(&mut self, max_batch: usize, pad_id: u32, eos_ids: &[u32])
-        -> Result<ModeChoice>;
+    /// `want`: continuous where the engine has it for this model (else static, saying why);
+    /// static: static.
+    fn replay_mode(
+        &mut self,
+        want: Batching,
+        max_batch: usize,
+        pad_id: u32,
+        eos_ids: &[u32],
+    ) -> Result<ModeChoice>;
     /// Warms up, then replays `load` as [`Replay::replay_mode`] chose.
     fn replay(&mut self, load: &ReplayLoad) -> Result<Replayed>;
 }

@@ -191,6 +191,33 @@ fn graph_replayed_decoding_matches_eager_decoding() {
     }
 }
 
+/// Continuous batching (`models::slots`) on the decode kernels (`--fused all`; its steps are
+/// eager, never a graph): every request's fp32 greedy ids are those of its prompt generated
+/// alone, as on the CPU. Prompts of 2 to 90 tokens, so that rows' keys start and end inside
+/// different 64-key splits of the attention, a 90-token prompt joining after fewer columns,
+/// compaction, slots reused; both models at their head size and at 64 / 128.
+#[test]
+fn continuous_batching_on_the_decode_kernels_gives_each_prompt_its_offline_ids() {
+    use crate::models::slots::tests::{check_offline_ids, req};
+    let (gpu, _one_at_a_time) = gpu();
+    let reqs = [
+        req(0, 70, 6, 1),
+        req(0, 3, 2, 2),
+        req(2, 90, 5, 3),
+        req(3, 2, 1, 4),
+        req(3, 40, 7, 5),
+        req(6, 7, 40, 6),
+        req(6, 66, 9, 7),
+        req(9, 3, 3, 8),
+    ];
+    let mut specs = vec![
+        ModelSpec::preset("gpt2-tiny").unwrap(),
+        ModelSpec::preset("bloom-tiny").unwrap(),
+    ];
+    specs.extend(wide_head_specs());
+    check_offline_ids(&specs, &reqs, &gpu);
+}
+
 /// Tensor parallelism over two GPUs (NCCL, a thread a rank): the decode steps replayed as a
 /// CUDA graph, each rank's all-reduces recorded in it, choose the one-GPU eager ids (fp32,
 /// greedy, 12 new tokens: ten replays a rank). Needs two GPUs, so it runs only when asked

@@ -246,6 +246,8 @@ fn serving_summary_of(records: &[Record], info: &ServingInfo, failure: &str) -> 
     });
     let end = ServingEnd {
         n_batches: requests.iter().map(|r| r.batch + 1).max().unwrap_or(0),
+        // Continuous batching's mean rows a step is not in the requests' records.
+        batch_size_mean: info.batching.starts_with("continuous").then_some(f64::NAN),
         failure: Some(failure.to_string()),
         wall_seconds: f64::NAN,
         memory: MemoryReading::default(),

@@ -99,8 +99,10 @@ pub fn percentiles(values: &[f64]) -> Percentiles {
 
 /// What a serving run ended with, besides its requests.
 pub struct ServingEnd {
-    /// Engine calls made.
+    /// Engine calls made (continuous batching: decode steps).
     pub n_batches: usize,
+    /// Continuous batching: the mean occupied slots of a decode step; None: requests per call.
+    pub batch_size_mean: Option<f64>,
     /// The error that ended the run early.
     pub failure: Option<String>,
     pub wall_seconds: f64,
@@ -131,7 +133,9 @@ pub fn summary(requests: &[RequestRecord], slo: Option<&Slo>, end: ServingEnd) -
         output_tokens_per_second: rate(output),
         goodput_requests_per_second: met.map(rate),
         slo_met_requests: met,
-        batch_size_mean: requests.len() as f64 / end.n_batches.max(1) as f64,
+        batch_size_mean: end
+            .batch_size_mean
+            .unwrap_or(requests.len() as f64 / end.n_batches.max(1) as f64),
         ttft_ms: percentiles(&of(&ttft_ms)),
         tpot_ms: percentiles(&tpot),
         itl_ms: percentiles(&itl),
@@ -168,6 +172,7 @@ mod tests {
     fn end(n_batches: usize) -> ServingEnd {
         ServingEnd {
             n_batches,
+            batch_size_mean: None,
             failure: None,
             wall_seconds: 1.,
             memory: MemoryReading::default(),

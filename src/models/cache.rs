@@ -97,6 +97,10 @@ pub struct KvCache {
     /// (1,) u32 on the device: positions written, when a decode step finds its position
     /// there ([`KvCache::start_device_cursor`]); `len` then lags until synced.
     cursor: Option<Tensor>,
+    /// Slots ([`super::slots`]): the most real tokens of any row, which their positions stay
+    /// under while the columns run further; None: a batch that started together, whose
+    /// positions stay under `len`.
+    seen_bound: Option<usize>,
 }
 
 /// What a forward of new positions needs from the cache before its layers run; the cache
@@ -162,6 +166,7 @@ impl KvCache {
             len: 0,
             max_len,
             cursor: None,
+            seen_bound: None,
         })
     }
 
@@ -174,9 +179,20 @@ impl KvCache {
         self.len == 0
     }
 
+    /// An upper bound of the position ids so far: the next real token of any row is at most
+    /// this (GPT-2 checks it against its learned positions).
+    pub fn position_bound(&self) -> usize {
+        self.seen_bound.unwrap_or(self.len)
+    }
+
     /// Positions the cache holds (T_max).
     pub fn max_len(&self) -> usize {
         self.max_len
+    }
+
+    /// Where the cache lives.
+    pub fn device(&self) -> &Device {
+        self.mask.device()
     }
 
     /// Rows (B).
@@ -197,6 +213,7 @@ impl KvCache {
         self.seen = self.seen.zeros_like()?;
         self.len = 0;
         self.cursor = None;
+        self.seen_bound = None;
         Ok(())
     }
 
@@ -311,10 +328,113 @@ impl KvCache {
         })
     }
 
+    /// Slots ([`super::slots`]): the most real tokens any row has, so that
+    /// [`KvCache::position_bound`] follows the rows rather than the columns.
+    pub fn bound_positions(&mut self, seen_max: usize) {
+        self.seen_bound = Some(seen_max);
+    }
+
+    /// Slots: columns `len..new_len` become padding in every row (mask and position 0), so
+    /// that a prompt of `new_len` tokens fits before the next column.
+    pub fn pad_to(&mut self, new_len: usize) -> Result<()> {
+        self.check_slot_op(new_len)?;
+        if new_len > self.len {
+            let (b, n) = (self.batch(), new_len - self.len);
+            let zeros = Tensor::zeros((b, n), DType::F32, self.mask.device())?; // (B, n)
+            self.mask.slice_set(&zeros, 1, self.len)?;
+            self.key_pos.slice_set(&zeros, 1, self.len)?;
+            self.len = new_len;
+        }
+        Ok(())
+    }
+
+    /// Slots: copies `src`'s row 0 (its `src.len()` positions: a prompt prefilled alone) into
+    /// row `row` at columns `at..at + n` of every layer, with its mask, positions and real
+    /// tokens; the row's other columns become padding. The columns must be written already
+    /// (`at + n <= len`).
+    pub fn place_row(&mut self, row: usize, src: &KvCache, at: usize) -> Result<()> {
+        let n = src.len;
+        self.check_slot_op(at + n)?;
+        if row >= self.batch() || at + n > self.len || src.layers.len() != self.layers.len() {
+            candle_core::bail!(
+                "row {row} at columns {at}..{} does not fit a KV cache of {} rows and {} written columns",
+                at + n,
+                self.batch(),
+                self.len
+            );
+        }
+        for (dst, from) in self.layers.iter().zip(&src.layers) {
+            for (d, s) in [(&dst.k, &from.k), (&dst.v, &from.v)] {
+                let part = s.narrow(0, 0, 1)?.narrow(2, 0, n)?.force_contiguous()?; // (1, nh, n, hs)
+                d.narrow(0, row, 1)?.slice_set(&part, 2, at)?;
+            }
+        }
+        let dev = self.mask.device().clone();
+        let whole_row = |t: &Tensor| -> Result<Tensor> {
+            let zeros = |w: usize| Tensor::zeros((1, w), DType::F32, &dev);
+            let after = self.max_len - at - n;
+            let parts = [(at, zeros(at)?), (n, t.narrow(0, 0, 1)?.narrow(1, 0, n)?)];
+            let parts = parts.into_iter().chain([(after, zeros(after)?)]);
+            let parts: Vec<Tensor> = parts.filter(|p| p.0 > 0).map(|p| p.1).collect();
+            Tensor::cat(&parts, 1) // (1, T_max)
+        };
+        self.mask
+            .narrow(0, row, 1)?
+            .slice_set(&whole_row(&src.mask)?, 1, 0)?;
+        self.key_pos
+            .narrow(0, row, 1)?
+            .slice_set(&whole_row(&src.key_pos)?, 1, 0)?;
+        let seen = src.seen.narrow(0, 0, 1)?.force_contiguous()?; // (1, 1)
+        self.seen.narrow(0, row, 1)?.slice_set(&seen, 0, 0)
+    }
+
+    /// Slots: drops columns `0..n` (padding of every row still in the cache), moving the
+    /// others to the front; positions and masks move with their keys, so nothing a row
+    /// attends changes.
+    pub fn drop_front(&mut self, n: usize) -> Result<()> {
+        self.check_slot_op(self.len)?;
+        let (n, live) = (n.min(self.len), self.len - n.min(self.len));
+        if n == 0 {
+            return Ok(());
+        }
+        if live > 0 {
+            for l in &self.layers {
+                for t in [&l.k, &l.v] {
+                    let kept = t.narrow(2, n, live)?.force_contiguous()?; // (B, nh, live, hs)
+                    t.slice_set(&kept, 2, 0)?;
+                }
+            }
+            for t in [&self.mask, &self.key_pos] {
+                let kept = t.narrow(1, n, live)?.force_contiguous()?; // (B, live)
+                t.slice_set(&kept, 1, 0)?;
+            }
+        }
+        self.len = live;
+        Ok(())
+    }
+
+    /// The slot operations' shared checks: no device-side cursor (a graph replaying the
+    /// step would not see the columns move), `len` within the cache.
+    fn check_slot_op(&self, len: usize) -> Result<()> {
+        if self.cursor.is_some() {
+            candle_core::bail!(
+                "a KV cache whose decode steps replay as a CUDA graph cannot take slot operations"
+            );
+        }
+        if len > self.max_len {
+            candle_core::bail!(
+                "{len} columns do not fit the KV cache of {} positions: make it with room for twice the longest request",
+                self.max_len
+            );
+        }
+        Ok(())
+    }
+
     /// Takes the positions of `step` as written (every layer has appended its keys and values).
     pub fn commit(&mut self, step: Step) {
         self.len = step.start + step.t;
         self.seen = step.seen_after;
+        self.seen_bound = self.seen_bound.map(|b| b + step.t);
     }
 }
 

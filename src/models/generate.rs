@@ -154,17 +154,8 @@ pub fn generate_in(
     }
     cache.reset()?;
     let logits = model.forward_cached(&prompts.ids, &prompts.mask, cache)?; // (B, V)
-    let ban = ban_bias(&g.banned, &logits)?; // (1, V)
-    let pick = |logits: Tensor| -> Result<Tensor> {
-        if let Some(ids) = crate::kernels::argmax(&logits, ban.as_ref())? {
-            return Ok(ids); // (B, 1) u32, one kernel on CUDA
-        }
-        let logits = match &ban {
-            Some(ban) => logits.broadcast_add(ban)?,
-            None => logits,
-        };
-        Ok(logits.argmax_keepdim(1)?) // (B, 1) u32
-    };
+    let picker = Picker::new(&g.banned, &logits)?;
+    let pick = |logits: Tensor| picker.pick(&logits);
     let mut next = pick(logits)?;
     hook(Phase::Prefill)?;
     let real = Tensor::ones((b, 1), DType::U32, prompts.ids.device())?; // (B, 1)
@@ -231,6 +222,33 @@ fn decode_graphed(
     tokens.push(ids.copy()?);
     cache.sync_from_device()?;
     Ok(Tensor::cat(&tokens, 1)?.to_vec2::<u32>()?) // (B, N)
+}
+
+/// The greedy choice: the argmax of each row's logits, the banned ids never chosen.
+pub struct Picker {
+    /// (1, V): −inf at the banned ids, 0 elsewhere; None when none is banned.
+    ban: Option<Tensor>,
+}
+
+impl Picker {
+    /// A picker for logits like `logits` (B, V): its vocabulary, dtype and device.
+    pub fn new(banned: &[u32], logits: &Tensor) -> Result<Self> {
+        Ok(Self {
+            ban: ban_bias(banned, logits)?,
+        })
+    }
+
+    /// logits (B, V) -> the chosen ids, (B, 1) u32 on the logits' device.
+    pub fn pick(&self, logits: &Tensor) -> Result<Tensor> {
+        if let Some(ids) = crate::kernels::argmax(logits, self.ban.as_ref())? {
+            return Ok(ids); // (B, 1) u32, one kernel on CUDA
+        }
+        let logits = match &self.ban {
+            Some(ban) => logits.broadcast_add(ban)?,
+            None => logits.clone(),
+        };
+        Ok(logits.argmax_keepdim(1)?) // (B, 1) u32
+    }
 }
 
 /// −inf at the banned ids, 0 elsewhere: (1, V) in the logits' dtype; None when none is banned.

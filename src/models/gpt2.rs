@@ -564,10 +564,10 @@ impl CausalLm for Gpt2 {
         cache: &mut KvCache,
     ) -> candle_core::Result<Tensor> {
         let t = input_ids.dim(1)?;
-        if cache.len() + t > self.cfg.n_positions {
+        if cache.position_bound() + t > self.cfg.n_positions {
             return Err(candle_core::Error::Msg(format!(
                 "{} cached + {t} new positions is more than n_positions {}: use shorter prompts or fewer new tokens",
-                cache.len(),
+                cache.position_bound(),
                 self.cfg.n_positions
             )));
         }

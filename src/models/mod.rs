@@ -2,7 +2,8 @@
 //!
 //! Each architecture lives in its own file; what they really share (the attention core,
 //! weight loading) lives in [`attention`] and [`weights`]. Suites only see [`CausalLm`];
-//! incremental decoding goes through its KV cache ([`cache`]) and [`generate`].
+//! incremental decoding goes through its KV cache ([`cache`]) and [`generate`]; continuous
+//! batching through [`slots`], rows of one cache that requests join and leave.
 
 pub mod attention;
 pub mod bloom;
@@ -19,6 +20,7 @@ pub mod loss;
 pub mod shard;
 #[cfg(test)]
 mod shard_tests;
+pub mod slots;
 pub mod weights;
 
 use crate::dist::Tp;

@@ -47,24 +47,26 @@ pub struct ServingInfo {
 pub struct RequestRecord {
     /// 0-based, in schedule order.
     pub request: usize,
-    /// 0-based index of the engine call (batch) that served it (continuous batching: its
-    /// admission into the running batch, in start order).
+    /// 0-based index of the engine call (batch) that served it (continuous batching: of the
+    /// first decode step it took part in; transformers' manager, whose steps are not counted:
+    /// its admission into the running batch, in start order).
     pub batch: usize,
-    /// Requests of that batch (continuous batching: running as it joined, itself included).
+    /// Requests of that batch (continuous batching: running once it joined, itself included).
     pub batch_size: usize,
     /// When the arrival process scheduled it.
     pub scheduled_ms: f64,
     /// When it entered the queue: `scheduled_ms`, or later where `--max-concurrency` held it
     /// until a request in flight finished.
     pub arrival_ms: f64,
-    /// When its batch's engine call began (continuous batching: it left the waiting queue).
+    /// When its batch's engine call began (continuous batching: its prefill; transformers'
+    /// manager: it left the waiting queue).
     pub start_ms: f64,
-    /// Its first output token (the end of the batch's prefill).
+    /// Its first output token (the end of the batch's prefill, or of its own).
     pub first_token_ms: f64,
     /// Every output token, in order (`output_len` of them; the first is `first_token_ms`).
     pub token_ms: Vec<f64>,
-    /// When the engine call returned (static batching: the whole batch at once; continuous:
-    /// the request's own end).
+    /// When the engine call returned (static batching: the whole batch at once; continuous
+    /// batching: the request's own end, its last token as it left the running batch).
     pub finish_ms: f64,
     pub input_len: usize,
     pub output_len: usize,
@@ -78,7 +80,8 @@ pub struct ServingSummary {
     pub error: Option<String>,
     /// Requests served (all of them, unless the run failed).
     pub n_requests: usize,
-    /// Engine calls.
+    /// Engine calls (continuous batching: decode steps; transformers' manager, whose steps
+    /// are not counted: admissions, one a request).
     pub n_batches: usize,
     pub total_input_tokens: usize,
     pub total_output_tokens: usize,
@@ -96,7 +99,8 @@ pub struct ServingSummary {
     pub goodput_requests_per_second: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slo_met_requests: Option<usize>,
-    /// Mean requests per engine call.
+    /// Mean requests per engine call (continuous batching: occupied slots per decode step;
+    /// NaN, logged as null, where the steps are not counted: transformers' manager).
     #[serde(deserialize_with = "nan_if_null")]
     pub batch_size_mean: f64,
     pub ttft_ms: Percentiles,

@@ -35,7 +35,9 @@ pub fn serving_table(h: &Header, s: &ServingSummary, log_path: &Path) -> String 
                 i.seed
             ),
         ));
-        rows.push(("batching", i.batching.clone()));
+        // Continuous batching's description is long: its first clause here, whole in the log.
+        let batching = i.batching.split(';').next().unwrap_or_default();
+        rows.push(("batching", batching.to_string()));
     }
     if let Some(e) = &s.error {
         rows.push(("status", format!("{} ({e})", s.status)));
@@ -67,13 +69,18 @@ fn rate_rows(h: &Header, s: &ServingSummary) -> Vec<(&'static str, String)> {
         .serving
         .as_ref()
         .is_some_and(|i| i.batching.starts_with("continuous"));
-    // Continuous batching makes no calls: each request joins the running batch once.
-    let served = match continuous {
-        true => format!(
+    // Continuous batching counts decode steps where the engine steps here; transformers'
+    // manager counts none (no mean slots a step): each request joins the running batch once.
+    let served = match (continuous, s.batch_size_mean.is_nan()) {
+        (true, true) => format!(
             "{} requests, each joining the running batch, {:.2} s",
             s.n_requests, s.duration_seconds
         ),
-        false => format!(
+        (true, false) => format!(
+            "{} requests in {} decode steps ({:.2} slots a step), {:.2} s",
+            s.n_requests, s.n_batches, s.batch_size_mean, s.duration_seconds
+        ),
+        (false, _) => format!(
             "{} requests in {} calls ({:.2} a call), {:.2} s",
             s.n_requests, s.n_batches, s.batch_size_mean, s.duration_seconds
         ),

@@ -114,6 +114,8 @@ pub struct ServeOptions {
     pub load: crate::scenarios::serving::load::LoadSpec,
     /// `--slo`: None, no goodput.
     pub slo: Option<crate::metrics::serving::Slo>,
+    /// `--batching`: continuous (slots) or static (calls).
+    pub batching: crate::engines::replay::Batching,
 }
 
 /// Training flags, resolved against the suite file.

@@ -45,6 +45,9 @@ pub struct SuiteServing {
     /// Tokens: `N` or a uniform range `A:B`.
     pub input_len: String,
     pub output_len: String,
+    /// `continuous` or `static` (`--batching`); absent: continuous.
+    #[serde(default)]
+    pub batching: Option<String>,
 }
 
 fn one() -> f64 {

@@ -2,6 +2,7 @@
 //! flags it refuses (one line each, before anything loads).
 
 use crate::cli::RunArgs;
+use crate::engines::replay::Batching;
 use crate::error::{Error, Result};
 use crate::metrics::serving::Slo;
 use crate::scenarios::serving::load::{LenRange, LoadSpec};
@@ -51,7 +52,16 @@ pub(super) fn serve_options(
     // The schedule's own checks (a positive burstiness) before anything loads.
     crate::scenarios::serving::load::arrivals_ms(2, load.request_rate, load.burstiness, 0)?;
     let slo = a.slo.as_deref().map(Slo::parse).transpose()?;
-    Ok(Some(ServeOptions { load, slo }))
+    let batching = match (&a.batching, &file.batching) {
+        (Some(b), _) => Batching::parse(b, "--batching")?,
+        (None, Some(b)) => Batching::parse(b, "the suite file's batching")?,
+        (None, None) => Batching::Continuous,
+    };
+    Ok(Some(ServeOptions {
+        load,
+        slo,
+        batching,
+    }))
 }
 
 /// At least 1, else the one-line error naming `flag`.

@@ -38,4 +38,8 @@ impl Generate for CandleEngine {
     fn kv_cache_bytes(&self) -> Option<u64> {
         self.cache.as_ref().map(|c| c.bytes() as u64)
     }
+
+    fn in_flight(&mut self) -> Option<&mut dyn crate::engines::InFlight> {
+        Some(self)
+    }
 }

@@ -1,10 +1,12 @@
 //! The candle engine: this crate's models, in process.
 //!
-//! - [`CandleEngine`] scores LAMBADA batches ([`score`]) and generates ([`generate`]); what
-//!   both share (the [`Engine`] trait: name, versions, memory) is here.
+//! - [`CandleEngine`] scores LAMBADA batches ([`score`]), generates ([`generate`]) and
+//!   batches continuously for the serving suite ([`in_flight`]); what they share (the
+//!   [`Engine`] trait: name, versions, memory) is here.
 //! - [`CandleTrainer`] trains ([`train`], on [`crate::train::Trainer`]).
 
 pub mod generate;
+pub mod in_flight;
 pub mod score;
 pub mod train;
 
@@ -15,6 +17,7 @@ use crate::device::{synchronize, Precision};
 use crate::dist::Tp;
 use crate::engines::Engine;
 use crate::error::Result;
+use crate::models::slots::Slots;
 use crate::models::weights::save_checkpoint;
 use crate::models::{CausalLm, KvCache, ModelSpec, Recorder, WeightSource};
 use crate::progress::{rate, Status};
@@ -33,6 +36,8 @@ pub struct CandleEngine {
     /// Generation: the KV cache, kept between calls (a new one only when a call needs more
     /// rows or positions than it has).
     pub cache: Option<KvCache>,
+    /// Continuous batching: the slots requests join and leave (made by `open_slots`).
+    pub slots: Option<Slots>,
     /// Whether scoring runs the batch's passages end to end without padding (the fused
     /// attention applies: [`crate::kernels::prefill_applies`]); the log header says so.
     pub packs: bool,
@@ -157,6 +162,7 @@ impl CandleEngine {
             memory,
             load_seconds,
             cache: None,
+            slots: None,
             packs,
         })
     }

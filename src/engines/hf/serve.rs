@@ -1,16 +1,23 @@
 //! The HF engine's serving: the worker replays the whole load on its own clock
-//! ([`crate::engines::replay`]). `serve_mode` asks it how it will batch (transformers'
-//! continuous batching where the model supports it, else the suite's static batching), `serve`
+//! ([`crate::engines::replay`]). `serve_mode` asks it how it will batch (`--batching static`:
+//! static; else transformers' continuous batching where the model supports it, else the
+//! suite's static batching), `serve`
 //! sends the load and reads back each request's raw times.
 
 use super::HfEngine;
-use crate::engines::replay::{ModeChoice, Replay, ReplayLoad, ReplayMode, Replayed};
+use crate::engines::replay::{Batching, ModeChoice, Replay, ReplayLoad, Replayed};
 use crate::error::{Error, Result};
 use serde_json::{json, Value};
 
 /// The worker's `serve_mode` request.
-pub fn mode_request(max_batch: usize, pad_id: u32, eos_ids: &[u32]) -> Value {
-    json!({ "op": "serve_mode", "max_batch": max_batch, "pad_id": pad_id, "eos_ids": eos_ids })
+pub fn mode_request(want: Batching, max_batch: usize, pad_id: u32, eos_ids: &[u32]) -> Value {
+    json!({
+        "op": "serve_mode",
+        "batching": want.as_str(),
+        "max_batch": max_batch,
+        "pad_id": pad_id,
+        "eos_ids": eos_ids,
+    })
 }
 
 /// The worker's `serve` request: the whole load (see worker.py's protocol).
@@ -40,10 +47,10 @@ pub fn serve_request(load: &ReplayLoad) -> Value {
     })
 }
 
-fn parse_mode(v: &Value, op: &str) -> Result<ReplayMode> {
+fn parse_mode(v: &Value, op: &str) -> Result<Batching> {
     match v["mode"].as_str() {
-        Some("static") => Ok(ReplayMode::Static),
-        Some("continuous") => Ok(ReplayMode::Continuous),
+        Some("static") => Ok(Batching::Static),
+        Some("continuous") => Ok(Batching::Continuous),
         _ => Err(Error::Engine(format!(
             "HF worker's {op} reply names no mode (static or continuous): {v}"
         ))),
@@ -78,16 +85,14 @@ pub fn parse_serve_reply(v: &Value) -> Result<Replayed> {
 impl Replay for HfEngine {
     fn replay_mode(
         &mut self,
+        want: Batching,
         max_batch: usize,
         pad_id: u32,
         eos_ids: &[u32],
     ) -> Result<ModeChoice> {
-        let req = mode_request(max_batch, pad_id, eos_ids);
+        let req = mode_request(want, max_batch, pad_id, eos_ids);
         let choice = parse_mode_reply(&self.request(&req)?)?;
-        let mode = match choice.mode {
-            ReplayMode::Static => "static",
-            ReplayMode::Continuous => "continuous",
-        };
+        let mode = choice.mode.as_str();
         let said = match choice.why.is_empty() {
             true => mode.to_string(),
             false => format!("{mode} ({})", choice.why),
@@ -161,8 +166,8 @@ mod tests {
         };
         assert_eq!(serve_request(&open)["max_concurrency"], Value::Null);
         assert_eq!(
-            mode_request(4, 3, &[2]),
-            json!({"op": "serve_mode", "max_batch": 4, "pad_id": 3, "eos_ids": [2]})
+            mode_request(Batching::Static, 4, 3, &[2]),
+            json!({"op": "serve_mode", "batching": "static", "max_batch": 4, "pad_id": 3, "eos_ids": [2]})
         );
     }
 
@@ -178,7 +183,7 @@ mod tests {
         let r = parse_serve_reply(&serde_json::from_str(line).unwrap()).unwrap();
         assert_eq!(
             (r.mode, r.n_batches, r.failure),
-            (ReplayMode::Continuous, 2, None)
+            (Batching::Continuous, 2, None)
         );
         assert_eq!(
             r.requests[0],
@@ -195,7 +200,7 @@ mod tests {
         let failed = json!({"ok": true, "mode": "static", "n_batches": 0, "requests": [],
                             "error": "OutOfMemoryError: CUDA out of memory"});
         let r = parse_serve_reply(&failed).unwrap();
-        assert_eq!(r.mode, ReplayMode::Static);
+        assert_eq!(r.mode, Batching::Static);
         assert_eq!(
             r.failure.as_deref(),
             Some("OutOfMemoryError: CUDA out of memory")
@@ -225,7 +230,7 @@ mod tests {
         let m = parse_mode_reply(&json!({"ok": true, "mode": "static",
             "why": "BloomForCausalLM: no continuous batching"}))
         .unwrap();
-        assert_eq!(m.mode, ReplayMode::Static);
+        assert_eq!(m.mode, Batching::Static);
         assert!(m.why.starts_with("BloomForCausalLM"));
     }
 }

@@ -44,9 +44,11 @@ worker only runs the model and reports what the Rust side would have measured.
      without time_steps, which leaves out the synchronisation after each token)
 Serving (`--suite serving`): the whole load, replayed here on this process's clock:
 
-  -> {"op": "serve_mode", "max_batch": N, "pad_id": P, "eos_ids": [E...]}
+  -> {"op": "serve_mode", "batching": "continuous|static", "max_batch": N, "pad_id": P,
+      "eos_ids": [E...]}
   <- {"ok": true, "mode": "continuous|static", "why": "model, attention, notes or what it lacks"}
-     (continuous: transformers' ContinuousBatchingManager (`model.init_continuous_batching`),
+     (batching static (`--batching static`): static, nothing probed. Else
+     continuous: transformers' ContinuousBatchingManager (`model.init_continuous_batching`),
      where the model runs on transformers' attention interface (`_supports_attention_backend`)
      and one short request through the started manager returns its tokens; greedy, the EOS ids
      suppressed and none ending a request (eos_token_id -1), at most N requests a step where
@@ -199,7 +201,10 @@ class Serving:
 
     def serve_mode(self, req):
         self.serve_pad, self.serve_eos = req["pad_id"], req["eos_ids"]
-        self.serving_mode, why = self.choose_serving(int(req["max_batch"]))
+        if req.get("batching") == "static":
+            self.serving_mode, why = "static", "asked for (--batching static)"
+        else:
+            self.serving_mode, why = self.choose_serving(int(req["max_batch"]))
         reply(ok=True, mode=self.serving_mode, why=why)
 
     def choose_serving(self, max_batch):

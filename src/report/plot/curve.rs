@@ -3,7 +3,7 @@
 //! latency such as `ttft_ms_p99`). A point is one offered load of one series: a serving run,
 //! or the median of its repeats (x and y each the median, y's min..max as an error bar). A
 //! series is a configuration (engine, model, batch size… as for lines, plus the serving load's
-//! shape: burstiness, lengths, SLO), its points joined in x order. The offered load
+//! shape: batching, burstiness, lengths, SLO), its points joined in x order. The offered load
 //! (`request_rate`, `max_concurrency`: [`LOAD`]) runs along the line and labels each point.
 
 use super::args::Args;

@@ -38,6 +38,7 @@ pub const LOAD: &[&str] = &["arrivals", "request_rate", "max_concurrency"];
 
 /// The rest of a serving run's workload: rows that differ in one are separate curves.
 pub const SERVING: &[&str] = &[
+    "batching",
     "burstiness",
     "num_requests",
     "input_len_min",
@@ -83,6 +84,8 @@ pub fn show(col: &str, v: &str, all_fused: &[String]) -> String {
         "tp" | "dp" => format!("{col}{v}"),
         "zero" => format!("ZeRO-{v}"),
         "burstiness" => format!("burstiness {}", trim_number(v)),
+        // `continuous: …` or `static: …` in the log: the mode names the curve.
+        "batching" => format!("{} batching", v.split(':').next().unwrap_or(v).trim()),
         "num_requests" => format!("{} requests", trim_number(v)),
         "input_len_min" | "output_len_min" => {
             format!("{} ≥{}", &col[..col.len() - 8], trim_number(v))

@@ -6,14 +6,17 @@
 //! `output_len` new tokens each (EOS banned), all drawn from `--seed` ([`load`]).
 //!
 //! After untimed warm-up calls, the clock starts at 0 and the requests are served. The candle
-//! engine, in process, serves them call by call through its generation
-//! ([`crate::engines::Generate`], the generation suite's path) and static batching ([`queue`]):
-//! each free moment of the engine, the arrived requests (up to `--batch-size`) as one call,
-//! every token timed. The HF worker is handed the whole load and replays it on its own clock
-//! ([`replay`]): transformers' continuous batching where the model supports it, else the same
-//! static batching. One [`RequestRecord`] per request, then a [`ServingSummary`]
+//! engine, in process, serves them by continuous batching ([`continuous`], the engine's
+//! [`InFlight`] slots: requests join and leave between decode steps, `--batch-size` slots) or,
+//! with `--batching static`, through its generation ([`crate::engines::Generate`], the
+//! generation suite's path) by static batching ([`queue`]): each free moment of the engine,
+//! the arrived requests (up to `--batch-size`) as one call. Every token timed. The HF worker
+//! is handed the whole load and replays it on its own clock ([`replay`]): transformers'
+//! continuous batching where the model supports it, else (or with `--batching static`) the
+//! same static batching. One [`RequestRecord`] per request, then a [`ServingSummary`]
 //! ([`crate::metrics::serving`]: TTFT, TPOT, ITL, E2E, throughput, goodput under `--slo`).
 
+pub mod continuous;
 pub mod load;
 pub mod queue;
 pub mod replay;
@@ -23,8 +26,8 @@ use super::skeleton::{base_header, Padding, Scenario};
 use super::spec::{RunSpec, ServeOptions};
 use crate::data::sha256_hex;
 use crate::engines::registry::{self, EngineArgs};
-use crate::engines::replay::{Replay, ReplayMode, Server};
-use crate::engines::{memory_or_warning, EngineKind, Generate, GenerateRequest};
+use crate::engines::replay::{Batching, Replay, Server};
+use crate::engines::{memory_or_warning, EngineKind, Generate, GenerateRequest, InFlight};
 use crate::env::EnvReport;
 use crate::error::{message_without_backtrace, Error, Result};
 use crate::log::RankLog;
@@ -33,13 +36,21 @@ use crate::models::Architecture;
 use crate::record::{DataInfo, Header, Record, RequestRecord, ServingInfo, ServingSummary};
 use crate::tokenizer::TextTokenizer;
 use crate::trackers::{MemoryReading, StepClock};
-use load::{prompts, schedule, Planned};
+use continuous::{serve_continuous, Stepper};
+use load::{prompts, schedule, LoadSpec, Planned};
 use queue::{serve, Clock, Policy, Served, WallClock};
 use std::time::Instant;
 
-/// How the log header names static batching (the in-process queue's, and the HF worker's
-/// where the model has no continuous batching).
-pub const BATCHING: &str = "static: the arrived requests, then generate";
+/// How the log header names static batching (`--batching static`, and the HF worker's where
+/// the model has no continuous batching); continuous batching is `continuous: ` and the
+/// engine's description ([`InFlight::describe`], [`replay::CONTINUOUS`]).
+pub const BATCHING_STATIC: &str = "static: the arrived requests, then generate";
+
+/// The header's clock of static batching in this process.
+const CLOCK_STATIC: &str = "wall time, ms, from the end of the warm-up; a request's tokens are its batch's steps as the engine timed them (device synchronized), from the call's start";
+
+/// The header's clock of continuous batching over the engine's slots.
+const CLOCK_SLOTS: &str = "wall time, ms, from the end of the warm-up; a request's first token is the end of its prefill, each other token the end of the decode step that made it (its ids on the host, the device done)";
 
 /// The serving scenario over its options.
 pub struct Serving<'a>(pub &'a ServeOptions);
@@ -47,6 +58,8 @@ pub struct Serving<'a>(pub &'a ServeOptions);
 /// The engine with its requests, ready to serve.
 pub struct Started {
     engine: Server,
+    /// How it serves (the header's `batching`).
+    batching: Batching,
     job: Job,
 }
 
@@ -77,11 +90,7 @@ impl Scenario for Serving<'_> {
             TextTokenizer::for_model(spec.tokenizer_dir.as_deref(), spec.model.architecture())?;
         let mut engine = registry::open_serve(kind, args)?;
         let special = special_ids(&spec.model.arch);
-        // An engine that replays the load chooses its batching now: the header names it.
-        let mode = match &mut engine {
-            Server::Calls(_) => None,
-            Server::Replays(e) => Some(e.replay_mode(spec.batch_size, special.0, &special.1)?.mode),
-        };
+        let mode = choose_batching(&mut engine, self.0.batching, spec.batch_size, &special)?;
         let max_pos = engine.generate().max_positions();
         crate::models::generate::check_lengths(load.input_len.max, load.output_len.max, max_pos)?;
         let plan = schedule(load)?;
@@ -104,7 +113,7 @@ impl Scenario for Serving<'_> {
             engine: e.name().into(),
             engine_info: e.info(),
             load_seconds: e.load_seconds(),
-            serving: Some(Box::new(info(self.0, mode.as_ref()))),
+            serving: Some(Box::new(info(self.0, &mode))),
             // Each call's prompts are left-padded to their longest, rounded up to this.
             pad_multiple: Some(spec.pad_multiple),
             ..base_header(spec, args.weights, &tokenizer, host, data_info(&prompts))
@@ -120,7 +129,11 @@ impl Scenario for Serving<'_> {
             special,
             padding,
         };
-        let started = Started { engine, job };
+        let started = Started {
+            engine,
+            batching: mode.batching,
+            job,
+        };
         Ok((started, header))
     }
 
@@ -133,7 +146,7 @@ impl Scenario for Serving<'_> {
         wall: Instant,
     ) -> Result<(ServingSummary, Option<Error>)> {
         let served = match &mut s.engine {
-            Server::Calls(e) => self.serve_calls(spec, e.as_mut(), &s.job, log)?,
+            Server::Calls(e) => self.serve_calls(spec, e.as_mut(), s.batching, &s.job, log)?,
             Server::Replays(e) => self.serve_replay(spec, e.as_mut(), &s.job, log)?,
         };
         let memory = match served.failure.is_some() {
@@ -142,6 +155,7 @@ impl Scenario for Serving<'_> {
         };
         let end = ServingEnd {
             n_batches: served.n_batches,
+            batch_size_mean: served.batch_size_mean,
             failure: served
                 .failure
                 .as_ref()
@@ -158,45 +172,89 @@ impl Scenario for Serving<'_> {
     }
 }
 
+/// The batching a run serves by: as asked, or as the replaying engine chose.
+struct Chosen {
+    batching: Batching,
+    /// The header's `batching`.
+    said: String,
+    /// The header's `clock`.
+    clock: &'static str,
+}
+
+/// How `engine` will batch, asked for `want` (`--batching`): an in-process engine as asked
+/// (continuous batching needs its [`InFlight`] slots); an engine that replays the load as it
+/// chooses now, before the header names it (static where asked, else continuous where the
+/// model has it).
+fn choose_batching(
+    engine: &mut Server,
+    want: Batching,
+    max_batch: usize,
+    special: &(u32, Vec<u32>),
+) -> Result<Chosen> {
+    let e = match engine {
+        Server::Calls(e) => e,
+        Server::Replays(e) => {
+            let batching = e.replay_mode(want, max_batch, special.0, &special.1)?.mode;
+            let said = replayed_batching(batching).into();
+            let clock = replay::CLOCK;
+            return Ok(Chosen {
+                batching,
+                said,
+                clock,
+            });
+        }
+    };
+    let (said, clock) = match want {
+        Batching::Static => (BATCHING_STATIC.to_string(), CLOCK_STATIC),
+        Batching::Continuous => match e.in_flight() {
+            Some(slots) => (format!("continuous: {}", slots.describe()), CLOCK_SLOTS),
+            None => return Err(no_slots(e.name())),
+        },
+    };
+    Ok(Chosen {
+        batching: want,
+        said,
+        clock,
+    })
+}
+
+/// The header's `batching` for a replay in `mode` (static is the in-process queue's words).
+fn replayed_batching(mode: Batching) -> &'static str {
+    match mode {
+        Batching::Static => BATCHING_STATIC,
+        Batching::Continuous => replay::CONTINUOUS,
+    }
+}
+
+fn no_slots(engine: &str) -> Error {
+    Error::Config(format!(
+        "--batching continuous: the {engine} engine has no continuous batching: use --batching static"
+    ))
+}
+
+/// The handler of each group of finished requests' records (the log writes them).
+type Write<'a> = dyn FnMut(&[RequestRecord]) -> Result<()> + 'a;
+
 impl Serving<'_> {
-    /// Serves the load call by call on this process's clock ([`queue`]), after untimed
-    /// warm-up calls.
+    /// Serves the load from this process, on its clock: by the engine's slots or by calls.
     fn serve_calls(
         &self,
         spec: &RunSpec,
         engine: &mut dyn Generate,
+        batching: Batching,
         j: &Job,
         log: &mut RankLog,
     ) -> Result<Served> {
-        let out_max = self.0.load.output_len.max;
-        // Untimed warm-up calls: CUDA loads candle's PTX kernels, cuBLAS creates handles, the
-        // memory pools and the KV cache grow; none of that is the engine's serving speed.
-        let failure = (0..spec.warmup_batches).find_map(|_| {
-            let mut clock = StepClock::new(true);
-            let req = request((&j.padding, &j.special), &j.warm, out_max);
-            engine.generate(&req, &mut clock).err()
-        });
-        if let Some(e) = failure {
-            return Ok(Served {
-                records: vec![],
-                n_batches: 0,
-                failure: Some(e),
-            });
-        }
         let policy = Policy {
             max_batch: spec.batch_size,
             max_concurrency: self.0.load.max_concurrency,
         };
-        let mut clock = WallClock::start();
-        let plan = &j.plan;
-        let mut call = |ids: &[usize], _: &mut dyn Clock| {
-            let prompts: Vec<Vec<u32>> = ids.iter().map(|&i| j.prompts[i].clone()).collect();
-            let new = ids.iter().map(|&i| plan[i].output_len).max().unwrap_or(1);
-            let req = request((&j.padding, &j.special), &prompts, new);
-            call_engine(engine, &req)
-        };
+        let (warmup, load) = (spec.warmup_batches, &self.0.load);
         let mut write = |records: &[RequestRecord]| write_records(log, records);
-        serve(plan, policy, &mut clock, &mut call, &mut write)
+        match batching {
+            Batching::Static => serve_static(engine, j, policy, warmup, load, &mut write),
+            Batching::Continuous => serve_slots(engine, j, policy, warmup, load, &mut write),
+        }
     }
 
     /// Hands the engine the whole load, which it replays on its own clock after its untimed
@@ -225,13 +283,7 @@ impl Serving<'_> {
         let replayed = match engine.replay(&load) {
             Ok(r) => r,
             // The worker died: nothing it served came back.
-            Err(e) => {
-                return Ok(Served {
-                    records: vec![],
-                    n_batches: 0,
-                    failure: Some(e),
-                })
-            }
+            Err(e) => return Ok(Served::failed(e)),
         };
         let records = replay::records(&j.plan, &replayed)?;
         write_records(log, &records)?;
@@ -239,6 +291,8 @@ impl Serving<'_> {
             records,
             n_batches: replayed.n_batches,
             failure: replayed.failure.map(Error::Engine),
+            // transformers' manager does not count its decode steps: no mean slots a step.
+            batch_size_mean: (replayed.mode == Batching::Continuous).then_some(f64::NAN),
         })
     }
 }
@@ -249,6 +303,96 @@ fn write_records(log: &mut RankLog, records: &[RequestRecord]) -> Result<()> {
         log.write(&Record::Request(Box::new(r.clone())))?;
     }
     Ok(())
+}
+
+/// Static batching ([`queue::serve`]) after the untimed warm-up calls: CUDA loads candle's PTX
+/// kernels, cuBLAS creates handles, the memory pools and the KV cache grow; none of that is
+/// the engine's serving speed.
+fn serve_static(
+    engine: &mut dyn Generate,
+    j: &Job,
+    policy: Policy,
+    warmup: usize,
+    load: &LoadSpec,
+    write: &mut Write,
+) -> Result<Served> {
+    let out_max = load.output_len.max;
+    let warm_failure = (0..warmup).find_map(|_| {
+        let mut clock = StepClock::new(true);
+        let req = request((&j.padding, &j.special), &j.warm, out_max);
+        engine.generate(&req, &mut clock).err()
+    });
+    if let Some(e) = warm_failure {
+        return Ok(Served::failed(e));
+    }
+    let mut clock = WallClock::start();
+    let plan = &j.plan;
+    let mut call = |ids: &[usize], _: &mut dyn Clock| {
+        let prompts: Vec<Vec<u32>> = ids.iter().map(|&i| j.prompts[i].clone()).collect();
+        let new = ids.iter().map(|&i| plan[i].output_len).max().unwrap_or(1);
+        let req = request((&j.padding, &j.special), &prompts, new);
+        call_engine(engine, &req)
+    };
+    serve(plan, policy, &mut clock, &mut call, write)
+}
+
+/// Continuous batching ([`continuous::serve_continuous`]) over the engine's slots, after the
+/// untimed warm-up rounds: the warm-up prompts join the slots, step to the longest output
+/// and leave (the kernels, the handles, the pools, as for static batching). A failure to
+/// make the slots (the memory) ends the run as a failed call does.
+fn serve_slots(
+    engine: &mut dyn Generate,
+    j: &Job,
+    policy: Policy,
+    warmup: usize,
+    load: &LoadSpec,
+    write: &mut Write,
+) -> Result<Served> {
+    let name = engine.name().to_string();
+    let Some(engine) = engine.in_flight() else {
+        return Err(no_slots(&name));
+    };
+    let longest = load.input_len.max + load.output_len.max;
+    let opened = engine.open_slots(policy.max_batch, longest, j.special.0, &j.special.1);
+    let warm = |engine: &mut dyn InFlight| -> Result<()> {
+        for (slot, prompt) in j.warm.iter().enumerate().take(policy.max_batch) {
+            engine.join(slot, prompt)?;
+        }
+        for _ in 1..load.output_len.max {
+            engine.step()?;
+        }
+        (0..j.warm.len().min(policy.max_batch)).try_for_each(|slot| engine.leave(slot))
+    };
+    let ready = opened.and_then(|()| (0..warmup).try_for_each(|_| warm(&mut *engine)));
+    if let Err(e) = ready {
+        return Ok(Served::failed(e));
+    }
+    let mut clock = WallClock::start();
+    let mut slots = EngineSlots {
+        engine,
+        prompts: &j.prompts,
+    };
+    serve_continuous(&j.plan, policy, &mut clock, &mut slots, write)
+}
+
+/// The engine's slots as the scheduler drives them: request i's prompt is `prompts[i]`.
+struct EngineSlots<'a> {
+    engine: &'a mut dyn InFlight,
+    prompts: &'a [Vec<u32>],
+}
+
+impl Stepper for EngineSlots<'_> {
+    fn join(&mut self, slot: usize, request: usize, _: &mut dyn Clock) -> Result<()> {
+        self.engine.join(slot, &self.prompts[request]).map(drop)
+    }
+
+    fn step(&mut self, _: &mut dyn Clock) -> Result<usize> {
+        Ok(self.engine.step()?.len())
+    }
+
+    fn leave(&mut self, slot: usize) -> Result<()> {
+        self.engine.leave(slot)
+    }
 }
 
 /// One engine call, every token timed; its laps (ms after the call's start), checked: a row
@@ -284,9 +428,8 @@ fn request<'a>(
     }
 }
 
-/// The log header's description of the load; `replayed`: the engine replays it itself, in
-/// this mode.
-fn info(opts: &ServeOptions, replayed: Option<&ReplayMode>) -> ServingInfo {
+/// The log header's description of the load, served as `mode` says.
+fn info(opts: &ServeOptions, mode: &Chosen) -> ServingInfo {
     let l = &opts.load;
     ServingInfo {
         num_requests: l.num_requests,
@@ -297,22 +440,10 @@ fn info(opts: &ServeOptions, replayed: Option<&ReplayMode>) -> ServingInfo {
         output_len: (l.output_len.min, l.output_len.max),
         seed: l.seed,
         prompts: "random token ids (pad and EOS excluded); exactly output_len new tokens, greedy, EOS banned".into(),
-        batching: replayed.map_or(BATCHING, batching).into(),
-        clock: match replayed {
-            None => "wall time, ms, from the end of the warm-up; a request's tokens are its batch's steps as the engine timed them (device synchronized), from the call's start",
-            Some(_) => replay::CLOCK,
-        }
-        .into(),
+        batching: mode.said.clone(),
+        clock: mode.clock.into(),
         slo_ttft_ms: opts.slo.and_then(|s| s.ttft_ms),
         slo_tpot_ms: opts.slo.and_then(|s| s.tpot_ms),
-    }
-}
-
-/// The header's `batching` for a replay in `mode` (static is the in-process queue's words).
-fn batching(mode: &ReplayMode) -> &'static str {
-    match mode {
-        ReplayMode::Static => BATCHING,
-        ReplayMode::Continuous => replay::CONTINUOUS,
     }
 }
 
@@ -346,7 +477,7 @@ mod tests {
     /// extract-metrics' `batching` column groups the two.
     #[test]
     fn a_replay_s_mode_names_its_batching() {
-        assert_eq!(batching(&ReplayMode::Static), BATCHING);
-        assert!(batching(&ReplayMode::Continuous).starts_with("continuous: transformers' "));
+        assert_eq!(replayed_batching(Batching::Static), BATCHING_STATIC);
+        assert!(replayed_batching(Batching::Continuous).starts_with("continuous: transformers' "));
     }
 }

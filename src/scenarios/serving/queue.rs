@@ -1,7 +1,7 @@
 //! Static batching of arrived requests: each time the engine is free, the requests that have
 //! arrived (first come, first served, `--batch-size` at most) go to it as one generation call;
-//! requests arriving meanwhile wait for the next call. Continuous batching (requests joining
-//! and leaving at every decode step) is #39's item 2, not this.
+//! requests arriving meanwhile wait for the next call (`--batching static`). Continuous
+//! batching (requests joining and leaving at every decode step) is [`super::continuous`].
 //!
 //! Time is a [`Clock`] of ms from 0: the wall clock in a run, a clock that moves only when
 //! told to in the tests (so the order of events is checked, never the machine's speed).
@@ -63,24 +63,57 @@ pub struct Served {
     pub records: Vec<RequestRecord>,
     pub n_batches: usize,
     pub failure: Option<Error>,
+    /// Continuous batching: the mean occupied slots of its decode steps; None: requests per
+    /// call.
+    pub batch_size_mean: Option<f64>,
 }
 
-/// The queue's state: who has been sent, who waits, how many are in flight.
-struct Queue<'p> {
-    plan: &'p [Planned],
+impl Served {
+    /// Nothing served: `failure` came first (the warm-up's, or the engine's set-up).
+    pub fn failed(failure: Error) -> Self {
+        Self {
+            records: vec![],
+            n_batches: 0,
+            failure: Some(failure),
+            batch_size_mean: None,
+        }
+    }
+}
+
+/// The queue's state: who has been sent, who waits, how many are in flight (static batching
+/// here, continuous batching in [`super::continuous`]).
+pub(super) struct Queue<'p> {
+    pub(super) plan: &'p [Planned],
     policy: Policy,
     /// Next request of the schedule not yet sent.
-    next: usize,
+    pub(super) next: usize,
     /// (request, arrival ms), first come first.
-    waiting: VecDeque<(usize, f64)>,
+    pub(super) waiting: VecDeque<(usize, f64)>,
     in_flight: usize,
     /// When places last freed (a call's return): the earliest arrival of a request held back.
     freed_ms: f64,
 }
 
-impl Queue<'_> {
+impl<'p> Queue<'p> {
+    pub(super) fn new(plan: &'p [Planned], policy: Policy) -> Self {
+        Self {
+            plan,
+            policy,
+            next: 0,
+            waiting: VecDeque::new(),
+            in_flight: 0,
+            freed_ms: 0.,
+        }
+    }
+
+    /// `n` requests in flight finished at `t_ms`: their places are free from then on.
+    pub(super) fn finished(&mut self, n: usize, t_ms: f64) {
+        self.in_flight -= n;
+        self.freed_ms = t_ms;
+    }
+
     /// Sends the requests scheduled by `t_ms` while the concurrency allows.
-    fn send_until(&mut self, t_ms: f64) {
+    pub(super) fn send_until(&mut self, t_ms: f64) {
         let cap = self.policy.max_concurrency.unwrap_or(usize::MAX);
         while self.next < self.plan.len()
             && self.plan[self.next].scheduled_ms <= t_ms
@@ -103,18 +136,12 @@ pub fn serve(
     call: &mut Call,
     done: &mut dyn FnMut(&[RequestRecord]) -> Result<()>,
 ) -> Result<Served> {
-    let mut q = Queue {
-        plan,
-        policy,
-        next: 0,
-        waiting: VecDeque::new(),
-        in_flight: 0,
-        freed_ms: 0.,
-    };
+    let mut q = Queue::new(plan, policy);
     let mut served = Served {
         records: vec![],
         n_batches: 0,
         failure: None,
+        batch_size_mean: None,
     };
     while served.records.len() < plan.len() {
         q.send_until(clock.now_ms());
@@ -137,8 +164,7 @@ pub fn serve(
         let finish_ms = clock.now_ms();
         // Requests scheduled during the call entered the queue then, where there was room.
         q.send_until(finish_ms);
-        q.in_flight -= batch.len();
-        q.freed_ms = finish_ms;
+        q.finished(batch.len(), finish_ms);
         let times = (served.n_batches, start_ms, finish_ms);
         let records = records(plan, &batch, &laps, times)?;
         done(&records)?;
@@ -187,11 +213,11 @@ fn records(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// A clock that moves only when slept on or stepped by the fake engine.
-    struct StepClock(f64);
+    pub(crate) struct StepClock(pub(crate) f64);
 
     impl Clock for StepClock {
         fn now_ms(&self) -> f64 {
@@ -214,7 +240,7 @@ mod tests {
         })
     }
 
-    fn plan(times: &[f64], out: usize) -> Vec<Planned> {
+    pub(crate) fn plan(times: &[f64], out: usize) -> Vec<Planned> {
         times
             .iter()
             .map(|&t| Planned {
@@ -237,7 +263,7 @@ mod tests {
         s
     }
 
-    fn ordered(r: &RequestRecord) -> bool {
+    pub(crate) fn ordered(r: &RequestRecord) -> bool {
         r.scheduled_ms <= r.arrival_ms
             && r.arrival_ms <= r.start_ms
             && r.start_ms <= r.first_token_ms

@@ -11,7 +11,7 @@ use crate::record::RequestRecord;
 
 /// How the log header names transformers' continuous batching.
 pub const CONTINUOUS: &str =
-    "continuous: transformers' ContinuousBatchingManager (paged KV cache; requests join and leave the running batch at every step)";
+    "continuous: transformers' ContinuousBatchingManager, a paged KV cache; requests join and leave the running batch at every step";
 
 /// The header's clock for a replayed load.
 pub const CLOCK: &str = "wall time in the engine's process, ms, from the end of its warm-up (the first scheduled arrival); every token stamped on the host as the engine handed it over (static: device synchronized after each step)";
@@ -133,7 +133,7 @@ fn check_times(r: &ReplayedRequest, p: &Planned) -> std::result::Result<(), Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engines::replay::{ReplayMode, ReplayedRequest};
+    use crate::engines::replay::{Batching, ReplayedRequest};
     use crate::metrics::serving::{summary, ServingEnd};
     use crate::trackers::MemoryReading;
 
@@ -160,7 +160,7 @@ mod tests {
             finish_ms: times.3,
         };
         Replayed {
-            mode: ReplayMode::Continuous,
+            mode: Batching::Continuous,
             requests: vec![
                 served(1, 0, 1, (12.5, 12.75, &[14., 15.], 15.)),
                 served(0, 1, 2, (0., 0.5, &[3., 4., 5., 6.], 6.25)),
@@ -183,6 +183,7 @@ mod tests {
         assert_eq!((r0.input_len, r0.output_len), (3, 4));
         let end = ServingEnd {
             n_batches: 2,
+            batch_size_mean: None,
             failure: None,
             wall_seconds: 1.,
             memory: MemoryReading::default(),
