@@ -2,10 +2,10 @@
 # #39 on one GPU: the serving suite through candle and HF, one binary, one call. Run from the repo
 # root on the GPU host (scripts/gpu_checks.sh serving): $B the bench binary, $OUT the folder that
 # comes back. For each model of $SERVE_MODELS (gpt2): a smoke run of HF alone (which batching
-# its worker chose, and why), then per engine of $SERVE_ENGINES (candle hf) a rate sweep
+# its worker chose, and why), then per engine of $SERVE_ENGINES (candle candle-static hf; -static:
+# --batching static, else each engine's default, continuous batching) a rate sweep
 # ($SERVE_RATES, default 4,8,16,32,64,inf) of $SERVE_N (64) requests, prompts 64..256 tokens,
-# outputs $SERVE_OUT (128), goodput under a 200 ms TTFT / 20 ms TPOT SLO, $SERVE_FLAGS added
-# (e.g. --batching continuous). Each sweep's logs -> serving-logs.tgz (refreshed after each
+# outputs $SERVE_OUT (128), goodput under a 200 ms TTFT / 20 ms TPOT SLO, $SERVE_FLAGS added. Each sweep's logs -> serving-logs.tgz (refreshed after each
 # sweep), the console -> serving.txt.
 set -u
 L=/tmp/serving-logs
@@ -27,9 +27,12 @@ for m in ${SERVE_MODELS:-gpt2}; do
     --engine hf --num-requests 8 --output-len 16 --request-rate 4 2>&1 | say
   echo "exit ${PIPESTATUS[0]}" | say
   grep -ho '"serving_batching":"[^"]*"' "$L/smoke-hf-$m"/*.jsonl 2>/dev/null | head -1 | say
-  for e in ${SERVE_ENGINES:-candle hf}; do
+  for e in ${SERVE_ENGINES:-candle candle-static hf}; do
+    # ENGINE or ENGINE-static (--batching static; else each engine's default, continuous)
+    local_flags=(--engine "${e%-static}")
+    [ "$e" != "${e%-static}" ] && local_flags+=(--batching static)
     # shellcheck disable=SC2086  # SERVE_FLAGS: several flags
-    run sweep-$m-$e "${LOAD[@]}" --model "$m" --engine "$e" --num-requests "${SERVE_N:-64}" \
+    run sweep-$m-$e "${LOAD[@]}" --model "$m" "${local_flags[@]}" --num-requests "${SERVE_N:-64}" \
       --output-len "${SERVE_OUT:-128}" --request-rate "${SERVE_RATES:-4,8,16,32,64,inf}" ${SERVE_FLAGS:-}
   done
 done
