@@ -21,12 +21,15 @@ run() { # name bench-args
 LOAD=(--suite serving --weights random --seed 0 --device cuda --dtype bf16 --input-len 64:256
   --slo ttft_ms=200,tpot_ms=20)
 for m in ${SERVE_MODELS:-gpt2}; do
-  # The smoke run's whole console (the worker's lines too), cut off after $SERVE_SMOKE_S seconds.
+  # The smoke run's whole console (the worker's lines too), cut off after $SERVE_SMOKE_S seconds
+  # (0: no smoke run).
+  if [ "${SERVE_SMOKE_S:-150}" != 0 ]; then
   echo "--- smoke-hf-$m" | say
   timeout "${SERVE_SMOKE_S:-150}" $B --no-progress --log-dir "$L/smoke-hf-$m" "${LOAD[@]}" --model "$m" \
     --engine hf --num-requests 8 --output-len 16 --request-rate 4 2>&1 | say
   echo "exit ${PIPESTATUS[0]}" | say
   grep -ho '"serving_batching":"[^"]*"' "$L/smoke-hf-$m"/*.jsonl 2>/dev/null | head -1 | say
+  fi
   for e in ${SERVE_ENGINES:-candle candle-static hf}; do
     # ENGINE or ENGINE-static (--batching static; else each engine's default, continuous)
     local_flags=(--engine "${e%-static}")
