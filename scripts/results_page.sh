@@ -171,6 +171,8 @@ SCORE="$SCORE,git_commit=commit"
 GEN="$ONE,gpu=GPU,decode_tokens_per_second:.1=decode tokens/s,itl_ms_p50:.3=ITL p50 ms"
 GEN="$GEN,itl_ms_p99:.3=ITL p99 ms,ttft_ms_p50:.2=TTFT p50 ms,peak_memory_bytes:GiB.2=peak GiB"
 GEN="$GEN,ratio_vs_hf_best:.2=× HF best,git_commit=commit"
+FP8="model,engine,dtype,batch_size=batch,gpu=GPU,decode_tokens_per_second:.1=decode tokens/s"
+FP8="$FP8,itl_ms_p50:.3=ITL p50 ms,itl_ms_p99:.3=ITL p99 ms,peak_memory_bytes:GiB.2=peak GiB,git_commit=commit"
 TRAIN="model,engine,attn,dtype,batch_size=batch,dropout,gpu=GPU"
 TRAIN="$TRAIN,train_samples_per_second:.1=train samples/s,step_latency_ms_p50:.1=step p50 ms"
 TRAIN="$TRAIN,step_latency_ms_p90:.1=step p90 ms,peak_memory_bytes:GiB.2=peak GiB"
@@ -208,7 +210,7 @@ intro() {
     "its log's header holds the command line, GPU, driver, CUDA version and the binary's commit." \
     "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
     "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
-    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..5, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, dropout-run3, train-table-run1..3 |" \
+    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..5, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, dropout-run3, train-table-run1..3, fp8-run1..3 |" \
     "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
     "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6, multi-run12 |" \
@@ -253,7 +255,7 @@ one_gpu() {
     "\`--dtype fp8\` (#37): the projections' and LM head's weights as E4M3, a scale per output row," \
     "activations bf16; each call ran bf16, then fp8 (docs/perf-notes.md, fp8)." ""
   table h100 --where suite=generation --where engine=candle --where "ratio_vs_hf_best=" \
-    --sort model,batch_size,git_commit,dtype --columns "$GEN"
+    --sort model,batch_size,git_commit,dtype --columns "$FP8"
   chart h100_fp8 "Generation suite on one H100: decode tokens/s in bf16 and fp8" \
     -i $C/h100.csv --where suite=generation --where engine=candle --where "ratio_vs_hf_best=" --where batch_size=1 \
     --metric decode_tokens_per_second --title "Generation suite 128 + 128, batch 1, one H100: decode tokens/s across precisions"
