@@ -69,14 +69,6 @@ impl Fp8Weight {
         kernels::gemv_fp8(x, &self.q, &self.sb, act)
     }
 
-    /// Logits of hidden rows (N, K) against this head (V, K): (N, V), no bias.
-    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        if let Some(y) = self.gemv(hidden, Act::None)? {
-            return Ok(y);
-        }
-        super::layers::lm_head(hidden, &self.dequantize(hidden.dtype())?)
-    }
-
     /// Bytes the weight holds (values and the (scale, bias) pairs).
     pub fn bytes(&self) -> Result<usize> {
         Ok(self.q.elem_count() + self.sb.elem_count() * 4)
@@ -114,6 +106,7 @@ mod tests {
             assert!((got[at] - want[at]).abs() <= amax * 1e-6, "row {r}'s max");
         }
         assert!(back[5].iter().all(|v| *v == 0.), "a zero row stays zero");
+        assert_eq!(fp8.bytes().unwrap(), 6 * 64 + 6 * 2 * 4);
     }
 
     /// Values on E4M3's grid: 3.3 rounds to 3.25 (a step of 0.25 in [2, 4)), 0.3 to 0.3125
@@ -128,22 +121,5 @@ mod tests {
         let fp8 = Fp8Weight::quantize(&w, None).unwrap();
         let back: Vec<Vec<f32>> = fp8.dequantize(DType::F32).unwrap().to_vec2().unwrap();
         assert_eq!(back[0], [448., 3.25, -3.25, 0.3125, 1.0, -0.5, 0., 96.]);
-    }
-
-    /// Where no GEMV applies (the CPU), the logits are the dequantized head's.
-    #[test]
-    fn logits_on_the_cpu_are_the_dequantized_heads() {
-        let dev = Device::Cpu;
-        let head = Tensor::randn(0f32, 1., (10, 32), &dev).unwrap(); // (V, K)
-        let hidden = Tensor::randn(0f32, 1., (3, 32), &dev).unwrap(); // (N, K)
-        let fp8 = Fp8Weight::quantize(&head, None).unwrap();
-        let want: Vec<Vec<f32>> = hidden
-            .matmul(&fp8.dequantize(DType::F32).unwrap().t().unwrap())
-            .unwrap()
-            .to_vec2()
-            .unwrap();
-        let got: Vec<Vec<f32>> = fp8.logits(&hidden).unwrap().to_vec2().unwrap();
-        assert_eq!(got, want);
-        assert_eq!(fp8.bytes().unwrap(), 10 * 32 + 10 * 2 * 4);
     }
 }

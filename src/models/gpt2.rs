@@ -20,8 +20,8 @@ use super::cache::{KvCache, LayerStep, Step};
 use super::causal_lm::CausalLm;
 use super::fp8::Fp8Weight;
 use super::layers::{
-    dropout, lm_head, load_layer_norm, split_head_logits, Activation, Dropout, Mlp, Mode, Norm,
-    Projection, Unsummed, WeightLayout::Conv1D,
+    dropout, fp8_lm_head, lm_head, load_layer_norm, split_head_logits, Activation, Dropout, Mlp,
+    Mode, Norm, Projection, Unsummed, WeightLayout::Conv1D,
 };
 use super::shard::Split;
 use crate::dist::Tp;
@@ -523,7 +523,7 @@ impl CausalLm for Gpt2 {
 
     fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
         if let Some(head) = &self.head_fp8 {
-            return head.logits(hidden); // (N, V)
+            return fp8_lm_head(hidden, head); // (N, V)
         }
         let head = self.lm_head.as_ref().unwrap_or(&self.wte); // (V, C)
         lm_head(hidden, head) // (N, V)

@@ -377,6 +377,15 @@ pub fn lm_head(hidden: &Tensor, head: &Tensor) -> candle_core::Result<Tensor> {
     hidden.matmul(&head.t()?) // (N, C) @ (C, V)
 }
 
+/// [`lm_head`] against an fp8 head (V, C): the fp8 GEMV at 1–4 rows, else the head turned back
+/// into the hidden states' dtype.
+pub fn fp8_lm_head(hidden: &Tensor, head: &Fp8Weight) -> candle_core::Result<Tensor> {
+    if let Some(y) = head.gemv(hidden, Act::None)? {
+        return Ok(y);
+    }
+    lm_head(hidden, &head.dequantize(hidden.dtype())?)
+}
+
 /// Logits of the last positions `hidden` (B, C) against the LM head (V, C), the vocabulary
 /// split over the ranks of `tp` (`--fused split-head`): each rank multiplies its run of
 /// V / size rows (a view of the replicated head) and the ranks all-gather the runs, so a
@@ -458,5 +467,26 @@ mod tests {
         }
         let odd = Tensor::randn(0f32, 1., (13, 8), &dev).unwrap();
         assert!(split_on_ranks(&hidden, &odd, 2).iter().all(Option::is_none));
+    }
+
+    /// Where no fp8 GEMV applies (the CPU), the logits are the dequantized head's.
+    #[test]
+    fn an_fp8_heads_logits_on_the_cpu_are_the_dequantized_heads() {
+        let dev = Device::Cpu;
+        let head = Tensor::randn(0f32, 1., (10, 32), &dev).unwrap(); // (V, K)
+        let hidden = Tensor::randn(0f32, 1., (3, 32), &dev).unwrap(); // (N, K)
+        let fp8 = Fp8Weight::quantize(&head, None).unwrap();
+        let want: Vec<Vec<f32>> = hidden
+            .matmul(
+                &fp8.dequantize(candle_core::DType::F32)
+                    .unwrap()
+                    .t()
+                    .unwrap(),
+            )
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        let got: Vec<Vec<f32>> = fp8_lm_head(&hidden, &fp8).unwrap().to_vec2().unwrap();
+        assert_eq!(got, want);
     }
 }
