@@ -13,7 +13,8 @@
 #               tp1, tp2 (every fused path), nosumnorm (tp 2, the sum and the add + norm apart),
 #               nooneshot (NCCL's all-reduce), nosplithead (the whole head on every rank),
 #               neither (NCCL and the whole head)
-#   dp          gpt2 bf16 8 x 1024 a rank on WikiText-2, $DP_STEPS (50) timed steps: dp 1 and
+#   dp          gpt2 bf16 8 x 1024 a rank on WikiText-2 (--drop-last: full batches only; DP_DROP_LAST=0
+#               keeps each epoch's partial batch), $DP_STEPS (50) timed steps: dp 1 and
 #               dp 2, dropout off and on, then dp 2 with each flag set of $DP_VARIANTS
 #               (";"-separated, e.g. "--dp-overlap"); with $DP_TAG set (e.g. a run under other
 #               NCCL variables), dp 2 alone, named …-$DP_TAG
@@ -89,8 +90,12 @@ for stage in "$@"; do
     done
     ;;
   dp)
+    # --drop-last: every timed step 8 x 1024 a rank. wiki.valid makes 242 blocks, 30 batches of 8
+    # and one of 2: kept, each epoch ends in a 2-row step at a full step's time (plus new shapes'
+    # first launches), and dp 2 reaches an epoch's end twice as often (DP_DROP_LAST=0: kept).
     W=(--suite wikitext2 --model gpt2 --data .gpu/wikitext-2-raw --batch-size 8 --block-size 1024
        --warmup 3 --max-steps $(( ${DP_STEPS:-50} + 3 )))
+    [ "${DP_DROP_LAST:-1}" = 0 ] || W+=(--drop-last)
     IFS=';' read -ra variants <<< "${DP_VARIANTS:-}"
     for drop in off on; do
       d=(); [ $drop = off ] && d=(--no-dropout)

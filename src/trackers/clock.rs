@@ -1,22 +1,27 @@
 //! Laps of one timed call: [`StepClock`], handed by a scenario to an engine, gives the time to
 //! each new token of a generate call (the first lap is the time to first token, the
 //! differences are inter-token latencies), whichever engine ran it: an engine in this process
-//! clocks its device (synchronized before each read), a child engine hands over the laps it
-//! took in its own process with the same rule ([`StepClock::record`]).
+//! clocks its device, a child engine hands over the laps it took in its own process
+//! ([`StepClock::record`]). On the CPU a lap reads the clock when the step is done; on CUDA it
+//! records an event on the stream and the events are read at [`StepClock::stop`] (CUDA events,
+//! as optimum-benchmark's per-token latency tracker), so that timing a step does not make the
+//! host wait for it: the next step is queued while this one runs, as it is without laps.
 
 use crate::device::synchronize;
 use crate::error::Result;
 use candle_core::Device;
 use std::time::Instant;
 
-/// Device-synchronized laps from one start, and the call's total.
+/// Laps from one start, and the call's total.
 #[derive(Debug, Default)]
 pub struct StepClock {
-    /// Laps are taken (a synchronize each); off, only the total.
+    /// Laps are taken; off, only the total.
     timed_laps: bool,
     start: Option<Instant>,
     laps_ms: Vec<f64>,
     total_ms: Option<f64>,
+    /// CUDA: the start's event and one a lap, read at stop.
+    events: Option<events::Laps>,
 }
 
 impl StepClock {
@@ -38,24 +43,39 @@ impl StepClock {
         synchronize(device)?;
         self.laps_ms.clear();
         self.total_ms = None;
+        self.events = match self.timed_laps {
+            true => events::Laps::start(device)?,
+            false => None,
+        };
         self.start = Some(Instant::now());
         Ok(())
     }
 
-    /// A lap once `device` has finished the step's work (nothing when laps are off).
+    /// A lap at the end of the step's work so far (nothing when laps are off): on CUDA an
+    /// event, on the CPU the clock read after a synchronize.
     pub fn lap(&mut self, device: &Device) -> Result<()> {
-        if self.timed_laps {
-            synchronize(device)?;
-            let ms = self.elapsed_ms();
-            self.laps_ms.push(ms);
+        if !self.timed_laps {
+            return Ok(());
+        }
+        match &mut self.events {
+            Some(laps) => laps.lap()?,
+            None => {
+                synchronize(device)?;
+                let ms = self.elapsed_ms();
+                self.laps_ms.push(ms);
+            }
         }
         Ok(())
     }
 
-    /// Stops the clock: the call's total. The caller has synchronized (e.g. read the results
-    /// back to the host).
-    pub fn stop(&mut self) {
+    /// Stops the clock: the call's total, and the laps' events read. The caller has
+    /// synchronized (e.g. read the results back to the host).
+    pub fn stop(&mut self) -> Result<()> {
         self.total_ms = Some(self.elapsed_ms());
+        if let Some(laps) = self.events.take() {
+            self.laps_ms = laps.read_ms()?;
+        }
+        Ok(())
     }
 
     /// A child engine's laps and total, taken in its process with the same rule.
@@ -90,6 +110,89 @@ impl StepClock {
     }
 }
 
+/// CUDA events as laps: recorded on the device's stream, read once the stream is done.
+#[cfg(feature = "cuda")]
+mod events {
+    use crate::error::{Error, Result};
+    use candle_core::cuda_backend::cudarc::driver::{sys::CUevent_flags, CudaEvent, CudaStream};
+    use candle_core::Device;
+    use std::sync::Arc;
+
+    pub struct Laps {
+        stream: Arc<CudaStream>,
+        start: CudaEvent,
+        laps: Vec<CudaEvent>,
+    }
+
+    impl std::fmt::Debug for Laps {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "Laps({} events)", self.laps.len())
+        }
+    }
+
+    fn cuda_err(e: impl std::fmt::Debug) -> Error {
+        Error::Engine(format!("a CUDA event of the step clock: {e:?}"))
+    }
+
+    impl Laps {
+        /// Laps of `device`'s stream from now; None off CUDA.
+        pub fn start(device: &Device) -> Result<Option<Self>> {
+            let Device::Cuda(d) = device else {
+                return Ok(None);
+            };
+            let stream = d.cuda_stream();
+            let start = record(&stream)?;
+            Ok(Some(Self {
+                stream,
+                start,
+                laps: vec![],
+            }))
+        }
+
+        pub fn lap(&mut self) -> Result<()> {
+            self.laps.push(record(&self.stream)?);
+            Ok(())
+        }
+
+        /// Each lap's ms after the start (waits for the last event).
+        pub fn read_ms(self) -> Result<Vec<f64>> {
+            self.laps
+                .iter()
+                .map(|e| Ok(self.start.elapsed_ms(e).map_err(cuda_err)? as f64))
+                .collect()
+        }
+    }
+
+    /// An event with timing, recorded on `stream`.
+    fn record(stream: &Arc<CudaStream>) -> Result<CudaEvent> {
+        stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(cuda_err)
+    }
+}
+
+/// Off CUDA there are no events: laps read the clock.
+#[cfg(not(feature = "cuda"))]
+mod events {
+    use crate::error::Result;
+    use candle_core::Device;
+
+    #[derive(Debug)]
+    pub enum Laps {}
+
+    impl Laps {
+        pub fn start(_: &Device) -> Result<Option<Self>> {
+            Ok(None)
+        }
+        pub fn lap(&mut self) -> Result<()> {
+            match *self {}
+        }
+        pub fn read_ms(self) -> Result<Vec<f64>> {
+            match self {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,7 +205,7 @@ mod tests {
         let mut off = StepClock::new(false);
         off.start(&dev).unwrap();
         off.lap(&dev).unwrap();
-        off.stop();
+        off.stop().unwrap();
         assert_eq!((off.first_ms(), off.between_ms().len()), (None, 0));
         assert!(off.total_ms() >= 0.);
         let mut on = StepClock::new(true);
@@ -110,7 +213,7 @@ mod tests {
         for _ in 0..3 {
             on.lap(&dev).unwrap();
         }
-        on.stop();
+        on.stop().unwrap();
         assert_eq!(on.between_ms().len(), 2);
         assert!(on.between_ms().iter().all(|&d| d >= 0.));
         assert!(on.total_ms() >= on.first_ms().unwrap());

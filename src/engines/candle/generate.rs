@@ -31,7 +31,7 @@ impl Generate for CandleEngine {
         let cache = self.cache.as_mut().expect("made above");
         let ids = generate_in(self.model.as_ref(), cache, &prompts, &greedy, &mut hook)?;
         // to_vec2 copied the ids to the host: the device is done.
-        clock.stop();
+        clock.stop()?;
         Ok(ids)
     }
 
