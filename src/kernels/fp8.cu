@@ -25,24 +25,9 @@ __device__ __forceinline__ void fp8x16_to_f(const uint4 v, float* f) {
 // and the COLS columns' weight vectors beside them (COLS loads in flight a step: with one column
 // a warp, bloom-7b1's K = 4096 rows left a lane two loads and the step at 2.1 TB/s,
 // results/h100/fp8-run1). The warps' sums meet in shared memory.
-constexpr int SPLIT = 4;
+constexpr int SPLIT = 4, COLS = 4;
 
-// A weight vector, streamed (x keeps L1); with L2 the load also asks L2 for the 256-byte sector
-// group around it (the row's next vectors of this block's other lanes).
-template <bool L2>
-__device__ __forceinline__ uint4 load_weights(const uint4* p) {
-  if constexpr (L2) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-  } else {
-    return __ldcs(p);
-  }
-}
-
-template <typename T, int M, int COLS, bool L2>
+template <typename T, int M>
 __device__ void gemv_fp8(const Vec16<T>* x, const uint4* q, const float2* sb, T* y, int n, int kq,
                          int act) {
   constexpr int XV = sizeof(T);  // x vectors a weight vector: 16 values, 2 (bf16 / f16)
@@ -61,7 +46,7 @@ __device__ void gemv_fp8(const Vec16<T>* x, const uint4* q, const float2* sb, T*
   for (int i = warp * 32 + lane; i < kq; i += 32 * SPLIT) {
     uint4 wv[COLS];
 #pragma unroll
-    for (int c = 0; c < COLS; c++) wv[c] = load_weights<L2>(rows[c] + i);
+    for (int c = 0; c < COLS; c++) wv[c] = __ldcs(rows[c] + i);  // streamed: x keeps L1
     float xf[M][16];
 #pragma unroll
     for (int m = 0; m < M; m++)
@@ -139,18 +124,14 @@ __device__ void quantize(const T* w, __nv_fp8_storage_t* q, float* scale, int k)
   if (threadIdx.x == 0) scale[blockIdx.x] = s;
 }
 
-#define INSTANTIATE_M(T, S, M, NAME, COLS, L2)                                                 \
-  extern "C" __global__ void tb_gemv_fp8_##NAME##_##S(const Vec16<T>* x, const uint4* q,       \
-                                                      const float2* sb, T* y, int n, int kq,   \
-                                                      int act) {                               \
-    gemv_fp8<T, M, COLS, L2>(x, q, sb, y, n, kq, act);                                         \
+#define INSTANTIATE_M(T, S, M)                                                                 \
+  extern "C" __global__ void tb_gemv_fp8_##M##_##S(const Vec16<T>* x, const uint4* q,          \
+                                                   const float2* sb, T* y, int n, int kq,      \
+                                                   int act) {                                  \
+    gemv_fp8<T, M>(x, q, sb, y, n, kq, act);                                                   \
   }
 #define INSTANTIATE(T, S)                                                                      \
-  INSTANTIATE_M(T, S, 1, 1, 4, false) INSTANTIATE_M(T, S, 2, 2, 4, false)                      \
-  INSTANTIATE_M(T, S, 3, 3, 4, false) INSTANTIATE_M(T, S, 4, 4, 4, false)                      \
-  INSTANTIATE_M(T, S, 1, 1c8, 8, false) INSTANTIATE_M(T, S, 1, 1c16, 16, false)                \
-  INSTANTIATE_M(T, S, 1, 1l2, 4, true) INSTANTIATE_M(T, S, 1, 1c8l2, 8, true)                  \
-  INSTANTIATE_M(T, S, 1, 1c16l2, 16, true)                                                     \
+  INSTANTIATE_M(T, S, 1) INSTANTIATE_M(T, S, 2) INSTANTIATE_M(T, S, 3) INSTANTIATE_M(T, S, 4)  \
   extern "C" __global__ void tb_fp8_dequant_##S(const uint4* q, const float2* sb, Vec16<T>* out, \
                                                 int kq, long vectors) {                        \
     dequant<T>(q, sb, out, kq, vectors);                                                       \

@@ -69,20 +69,6 @@ mod imp {
     const COLS_PER_BLOCK: usize = 4;
     const WARPS_PER_BLOCK: u32 = 4;
 
-    /// EXPERIMENT (#37): the one-row kernel's variant from TB_FP8_GEMV (c8, c16, l2, c8l2,
-    /// c16l2; default c4) and its columns a block.
-    fn one_row_variant() -> (&'static str, usize) {
-        static V: std::sync::OnceLock<(&'static str, usize)> = std::sync::OnceLock::new();
-        *V.get_or_init(|| match std::env::var("TB_FP8_GEMV").as_deref() {
-            Ok("c8") => ("1c8", 8),
-            Ok("c16") => ("1c16", 16),
-            Ok("l2") => ("1l2", 4),
-            Ok("c8l2") => ("1c8l2", 8),
-            Ok("c16l2") => ("1c16l2", 16),
-            _ => ("1", COLS_PER_BLOCK),
-        })
-    }
-
     struct GemvFp8 {
         act: Act,
     }
@@ -104,25 +90,15 @@ mod imp {
             let dev = x.device().clone();
             let m = xl.shape().dims2()?.0;
             let (n, k) = ql.shape().dims2()?;
-            let (variant, cols) = one_row_variant();
-            let func = match (m, variant) {
-                (1, "1c8") => kernel!(dev, PTX, "tb_gemv_fp8_1c8", x.dtype())?,
-                (1, "1c16") => kernel!(dev, PTX, "tb_gemv_fp8_1c16", x.dtype())?,
-                (1, "1l2") => kernel!(dev, PTX, "tb_gemv_fp8_1l2", x.dtype())?,
-                (1, "1c8l2") => kernel!(dev, PTX, "tb_gemv_fp8_1c8l2", x.dtype())?,
-                (1, "1c16l2") => kernel!(dev, PTX, "tb_gemv_fp8_1c16l2", x.dtype())?,
-                (1, _) => kernel!(dev, PTX, "tb_gemv_fp8_1", x.dtype())?,
-                (2, _) => kernel!(dev, PTX, "tb_gemv_fp8_2", x.dtype())?,
-                (3, _) => kernel!(dev, PTX, "tb_gemv_fp8_3", x.dtype())?,
+            let func = match m {
+                1 => kernel!(dev, PTX, "tb_gemv_fp8_1", x.dtype())?,
+                2 => kernel!(dev, PTX, "tb_gemv_fp8_2", x.dtype())?,
+                3 => kernel!(dev, PTX, "tb_gemv_fp8_3", x.dtype())?,
                 _ => kernel!(dev, PTX, "tb_gemv_fp8_4", x.dtype())?,
             };
             let (n_i, kq, act) = (n as i32, (k / 16) as i32, self.act.code());
             let cfg = LaunchConfig {
-                grid_dim: (
-                    n.div_ceil(if m == 1 { cols } else { COLS_PER_BLOCK }) as u32,
-                    1,
-                    1,
-                ),
+                grid_dim: (n.div_ceil(COLS_PER_BLOCK) as u32, 1, 1),
                 block_dim: (32 * WARPS_PER_BLOCK, 1, 1),
                 shared_mem_bytes: 0,
             };
