@@ -180,7 +180,10 @@ fn the_worker_s_static_batching_is_named_as_candle_s() {
         ),
         (
             &["--batching", "static"],
-            &[],
+            &[(
+                "FAKE_SDPA",
+                "flash / memory-efficient / math: cuDNN attention off",
+            )],
             "static (asked for (--batching static))",
         ),
     ];
@@ -199,6 +202,11 @@ fn the_worker_s_static_batching_is_named_as_candle_s() {
         );
         let info = log[0]["engine_info"]["serving_batching"].as_str().unwrap();
         assert!(info.starts_with(said), "{info}");
+        let sdpa = &log[0]["engine_info"]["serving_sdpa"];
+        match env.iter().find(|(k, _)| *k == "FAKE_SDPA") {
+            Some((_, said)) => assert_eq!(sdpa, said, "the worker's SDPA backends, named"),
+            None => assert!(sdpa.is_null(), "none named off CUDA: {sdpa}"),
+        }
         let s = log.last().unwrap();
         assert_eq!(
             (s["n_batches"].as_u64(), f(s, "batch_size_mean")),
@@ -298,5 +306,5 @@ fn the_worker_s_serving_ops_replay_a_load_under_stand_in_modules() {
         .output()
         .expect("python3 runs");
     assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "ok 7 checks");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "ok 9 checks");
 }

@@ -91,7 +91,13 @@ impl Replay for HfEngine {
         eos_ids: &[u32],
     ) -> Result<ModeChoice> {
         let req = mode_request(want, max_batch, pad_id, eos_ids);
-        let choice = parse_mode_reply(&self.request(&req)?)?;
+        let reply = self.request(&req)?;
+        let choice = parse_mode_reply(&reply)?;
+        if let Some(sdpa) = reply["sdpa"].as_str() {
+            // On CUDA the worker serves without torch's cuDNN attention (worker.py's
+            // serving_sdpa): the configuration, named in the header.
+            self.info.insert("serving_sdpa".into(), sdpa.into());
+        }
         let mode = choice.mode.as_str();
         let said = match choice.why.is_empty() {
             true => mode.to_string(),

@@ -46,14 +46,17 @@ Serving (`--suite serving`): the whole load, replayed here on this process's clo
 
   -> {"op": "serve_mode", "batching": "continuous|static", "max_batch": N, "pad_id": P,
       "eos_ids": [E...]}
-  <- {"ok": true, "mode": "continuous|static", "why": "model, attention, notes or what it lacks"}
+  <- {"ok": true, "mode": "continuous|static", "why": "model, attention, notes or what it lacks",
+      "sdpa": "the SDPA backends served with"|null}
      (batching static (`--batching static`): static, nothing probed. Else
      continuous: transformers' ContinuousBatchingManager (`model.init_continuous_batching`),
      where the model runs on transformers' attention interface (`_supports_attention_backend`)
      and one short request through the started manager returns its tokens; greedy, the EOS ids
      suppressed and none ending a request (eos_token_id -1), at most N requests a step where
      ContinuousBatchingConfig has max_requests_per_batch. Else static, saying why: BLOOM's
-     ALiBi attention is its own code.)
+     ALiBi attention is its own code. On CUDA both modes serve with torch's cuDNN attention off:
+     it builds a graph for each new batch and key length (serving_sdpa), which a served load
+     meets every decode step.)
   -> {"op": "serve", "requests": [{"scheduled_ms": t, "prompt": [ids], "output_len": N}...],
       "max_batch": N, "max_concurrency": C|null, "warm": {"prompts": [[ids]...], "new_tokens": N,
       "calls": K}, "pad_id": P, "eos_ids": [E...], "pad_multiple": M, "pad_cap": T}
@@ -201,11 +204,28 @@ class Serving:
 
     def serve_mode(self, req):
         self.serve_pad, self.serve_eos = req["pad_id"], req["eos_ids"]
+        sdpa = self.serving_sdpa()  # before the manager's probe: it runs sdpa too
         if req.get("batching") == "static":
             self.serving_mode, why = "static", "asked for (--batching static)"
         else:
             self.serving_mode, why = self.choose_serving(int(req["max_batch"]))
-        reply(ok=True, mode=self.serving_mode, why=why)
+        reply(ok=True, mode=self.serving_mode, why=why, sdpa=sdpa)
+
+    def serving_sdpa(self):
+        """Serving's SDPA backends: on CUDA, torch's cuDNN attention off. torch 2.11 puts it first
+        on sm90 / sm100 (cuDNN >= 9.15; unless TORCH_CUDNN_SDPA_DEPRIORITIZED) and builds a cuDNN
+        graph on the host for every new (batch, key length) it meets, ~40 ms on an H100: a
+        generation suite's run repeats its warm-up's shapes, a served load does not (every
+        decode step of a call whose length the warm-up did not cover; every step of the
+        continuous manager, whose key length is the running requests' sum). Flash (no mask) and
+        memory-efficient (masked) attention have no per-shape cost. None off CUDA."""
+        if self.device.type != "cuda":
+            return None
+        if not torch.backends.cuda.cudnn_sdp_enabled():
+            return "flash / memory-efficient / math (cuDNN attention already off)"
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        return ("flash / memory-efficient / math: cuDNN attention off (a host-built graph for each "
+                "new batch and key length, ~40 ms a decode step under a served load)")
 
     def choose_serving(self, max_batch):
         """transformers' continuous batching where this model has it (the attention interface its
@@ -285,6 +305,7 @@ class Serving:
 
     def serve(self, req):
         self.serve_pad, self.serve_eos = req["pad_id"], req["eos_ids"]
+        self.serving_sdpa()  # as serve_mode chose (it is always asked first)
         mode = getattr(self, "serving_mode", None) or "static"
         warm = req["warm"]
         for _ in range(warm["calls"]):  # untimed: kernels, allocator, graphs; not the serving speed
