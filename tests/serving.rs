@@ -317,6 +317,7 @@ fn extract_metrics_gives_a_serving_run_its_row() {
         ("total_output_tokens", "32"),
         ("slo_met_requests", "8"),
         ("batch_size", "8"),
+        ("batching_mode", "continuous"),
     ];
     for (col, want) in fixed {
         assert_eq!(

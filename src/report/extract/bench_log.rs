@@ -211,6 +211,9 @@ fn engine_columns(row: &mut RunRow, h: &Header) {
 /// finite (an infinite rate is `inf` in the `arrivals` column), the lengths' ranges.
 fn serving_columns(row: &mut RunRow, s: &ServingInfo) {
     m_insert(row, "batching", &s.batching);
+    // The description's first word (`continuous` / `static`): a short column for tables and legends.
+    let mode = s.batching.split(':').next().unwrap_or_default().trim();
+    m_insert(row, "batching_mode", mode);
     let arrivals = match (s.request_rate, s.max_concurrency) {
         (None, Some(_)) => "closed",
         (None, None) => "inf",

@@ -40,6 +40,7 @@ pub const META: &[&str] = &[
     "gen_source",
     "arrivals",
     "batching",
+    "batching_mode",
     "status",
     "error",
     "git_commit",
