@@ -105,6 +105,12 @@ csvs() {
   part h1 -i $M/fp8-run1/fp8-logs.tgz --where suite=generation
   part h2 -i $M/fp8-run2/fp8-logs.tgz --where suite=generation
   part h3 -i $M/fp8-run3/fp8-logs.tgz --where suite=generation
+  # The serving suite (#39) on 6ac4535 (HF's worker without cuDNN attention): serving-run4's
+  # archive holds serving-run3's logs too (the same /tmp on the same machine); of HF's two
+  # bloom-560m static sweeps the first, cut at its fifth rate by the call's time, is left out.
+  local cut=serving_bloom-560m_hf_bf16_bs8_cuda0_20261126T12
+  part s1 -i $M/serving-run4/serving-logs.tgz --where "run!=${cut}1110Z" --where "run!=${cut}1147Z" \
+    --where "run!=${cut}1222Z" --where "run!=${cut}1256Z" --where "run!=${cut}1333Z"
   host h100
   # 2× H100 (#34, #40): tp on 76b0da8 (multi-run1's own logs, not its smoke stage's tiny
   # models), dp on 7c35eef without the withdrawn bf16 gradient sum, the strategies, and HF's
@@ -115,6 +121,9 @@ csvs() {
     $H/multi-run3/strategies-gpt2-xl-hf-zero3-rc $H/multi-run4/strategies-gpt2-candle \
     --where suite=shakespeare
   part d4 -i $H/hf-probe-run1 $H/hf-probe-run2
+  # 6ac4535 (#34): bloom-7b1 decoding at tp 1 / 2 and gpt2 dp 1 / 2 / 2 --dp-overlap with
+  # --drop-last (full 8 x 1024 steps), two rounds each, after the gate (gate-run3).
+  part d5 -i $H/multi-run6/multi-logs.tgz
   host h100x2
   # One H200: decoding against compiled HF, BLOOM only (gpt2's compiled sdpa was not tried).
   part e1 -i $R/h200/gen-final-run1/gen-logs.tgz --where model=bloom-560m
@@ -185,6 +194,9 @@ TP="$TP,ratio_vs_1gpu:.2=× 1 GPU,scaling_efficiency:.3=efficiency,git_commit=co
 TP_SCORE="model,dtype,batch_size=batch,n_samples=passages,tp,gpu=GPU,samples_per_second:.1=samples/s"
 TP_SCORE="$TP_SCORE,latency_ms_p50:.2=p50 ms,peak_memory_bytes:GiB.2=rank 0 peak GiB"
 TP_SCORE="$TP_SCORE,ratio_vs_1gpu:.2=× 1 GPU,scaling_efficiency:.3=efficiency,git_commit=commit"
+SERVE="model,engine,batching_mode=batching,request_rate=offered req/s,requests_per_second:.2=req/s"
+SERVE="$SERVE,ttft_ms_p99:.1=TTFT p99 ms,tpot_ms_p99:.2=TPOT p99 ms,goodput_requests_per_second:.2=goodput req/s"
+SERVE="$SERVE,git_commit=commit"
 DP="model,dtype,batch_size=batch a rank,dp,zero=ZeRO,dp_overlap=overlap,dropout,gpu=GPU"
 DP="$DP,train_samples_per_second:.1=train samples/s,tokens_per_second:.0=tokens/s"
 DP="$DP,peak_memory_bytes:GiB.2=peak GiB,ratio_vs_1gpu:.2=× 1 GPU,scaling_efficiency:.3=efficiency"
@@ -210,8 +222,8 @@ intro() {
     "its log's header holds the command line, GPU, driver, CUDA version and the binary's commit." \
     "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
     "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
-    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..5, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, dropout-run3, train-table-run1..3, fp8-run1..3 |" \
-    "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, hf-probe-run1..2 |" \
+    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..5, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, dropout-run3, train-table-run1..3, fp8-run1..3, serving-run3..4 |" \
+    "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, multi-run6, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
     "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6, multi-run12 |" \
     "| 4× H200 | [h200x4.csv](current/h200x4.csv) | h200x4/tp-run2, dp-200 |" "" \
@@ -273,6 +285,21 @@ one_gpu() {
     --title "WikiText-2 fine-tuning gpt2, dropout 0.1, one H100: train samples/s (llm.c has none)"
 }
 
+serving() {
+  say "## Serving" "" "\`--suite serving\` (#39, docs/serving.md): 32 requests a rate arriving over time" \
+    "(Poisson), prompts 64..256 tokens, 128 out, at most 8 together, SLO TTFT 200 ms / TPOT 20 ms;" \
+    "candle's continuous or static batching, HF's worker replaying the same load (transformers'" \
+    "ContinuousBatchingManager for GPT-2, its static queue around \`generate\` otherwise, eager" \
+    "sdpa with torch's cuDNN attention off). Rate empty: all at once (\`inf\`)." ""
+  say "### One H100" ""
+  table h100 --where suite=serving --sort model,engine,batching_mode,requests_per_second --columns "$SERVE"
+  for m in gpt2 bloom-560m; do
+    chart "h100_serving_$m" "$m serving on one H100: p99 TTFT against achieved requests/s" \
+      -i $C/h100.csv --where suite=serving --where model=$m --curve --x requests_per_second \
+      --metric ttft_ms_p99 --log-y --title "$m serving, one H100: p99 TTFT by achieved req/s (a line an engine and batching)"
+  done
+}
+
 parallel() {
   say "## Parallel" "" "Several GPUs of one host against one GPU of it: \`--tp\` for scoring," \
     "\`--mode generate\` and the generation suite, \`--dp\` (ZeRO 0–3) for training, and the" \
@@ -280,6 +307,8 @@ parallel() {
   say "### 2× H100" ""
   table h100x2 "${PAR[@]}" --where "ratio_vs_hf_best=" "${BY_MODE[@]}" --columns "$TP"
   table h100x2 "${DPS[@]}" --columns "$DP"
+  say "6ac4535's dp rows ran \`--drop-last\` (every timed step 8 × 1024 a rank; docs/perf-notes.md," \
+    "\"dp 2 with full batches\"); 7c35eef's kept each epoch's 2-row last batch." ""
   table h100x2 --where suite=shakespeare --sort model,engine,zero,recompute,batch_size --columns "$STRAT"
   chart h100x2_strategies "gpt2-xl training strategies on 2× H100: tokens/s by batch" \
     -i $C/h100x2.csv --where suite=shakespeare --where model=gpt2-xl --metric tokens_per_second \
@@ -299,6 +328,7 @@ if [ $CSVS = 1 ]; then csvs; fi
 : > "$T/page.md"
 intro
 one_gpu
+serving
 parallel
 # The page ends with one newline ($(…) drops the blank lines after the last table).
 printf '%s\n' "$(cat "$T/page.md")" > "$PAGE"
