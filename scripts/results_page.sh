@@ -111,6 +111,8 @@ csvs() {
   local cut=serving_bloom-560m_hf_bf16_bs8_cuda0_20261126T12
   part s1 -i $M/serving-run4/serving-logs.tgz --where "run!=${cut}1110Z" --where "run!=${cut}1147Z" \
     --where "run!=${cut}1222Z" --where "run!=${cut}1256Z" --where "run!=${cut}1333Z"
+  # bloom-7b1's sweeps, the next call (another machine).
+  part s2 -i $M/serving-run5/serving-logs.tgz
   host h100
   # 2× H100 (#34, #40): tp on 76b0da8 (multi-run1's own logs, not its smoke stage's tiny
   # models), dp on 7c35eef without the withdrawn bf16 gradient sum, the strategies, and HF's
@@ -222,7 +224,7 @@ intro() {
     "its log's header holds the command line, GPU, driver, CUDA version and the binary's commit." \
     "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
     "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
-    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..5, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, dropout-run3, train-table-run1..3, fp8-run1..3, serving-run3..4 |" \
+    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..5, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, dropout-run3, train-table-run1..3, fp8-run1..3, serving-run3..5 |" \
     "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, multi-run6, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
     "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6, multi-run12 |" \
@@ -293,7 +295,7 @@ serving() {
     "sdpa with torch's cuDNN attention off). Rate empty: all at once (\`inf\`)." ""
   say "### One H100" ""
   table h100 --where suite=serving --sort model,engine,batching_mode,requests_per_second --columns "$SERVE"
-  for m in gpt2 bloom-560m; do
+  for m in gpt2 bloom-560m bloom-7b1; do
     chart "h100_serving_$m" "$m serving on one H100: p99 TTFT against achieved requests/s" \
       -i $C/h100.csv --where suite=serving --where model=$m --curve --x requests_per_second \
       --metric ttft_ms_p99 --log-y --title "$m serving, one H100: p99 TTFT by achieved req/s (a line an engine and batching)"
