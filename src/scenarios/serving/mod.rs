@@ -26,7 +26,7 @@ use super::skeleton::{base_header, Padding, Scenario};
 use super::spec::{RunSpec, ServeOptions};
 use crate::data::sha256_hex;
 use crate::engines::registry::{self, EngineArgs};
-use crate::engines::replay::{Batching, Replay, Server};
+use crate::engines::replay::{Batching, Replay, ReplayLoad, Server};
 use crate::engines::{memory_or_warning, EngineKind, Generate, GenerateRequest, InFlight};
 use crate::env::EnvReport;
 use crate::error::{message_without_backtrace, Error, Result};
@@ -266,9 +266,8 @@ impl Serving<'_> {
         j: &Job,
         log: &mut RankLog,
     ) -> Result<Served> {
-        let load = replay::replay_load(replay::LoadParts {
-            plan: &j.plan,
-            prompts: &j.prompts,
+        let rules = ReplayLoad {
+            requests: vec![],
             max_batch: spec.batch_size,
             max_concurrency: self.0.load.max_concurrency,
             warm: request(
@@ -279,7 +278,8 @@ impl Serving<'_> {
             warm_calls: spec.warmup_batches,
             pad_multiple: j.padding.multiple,
             pad_cap: j.padding.cap,
-        });
+        };
+        let load = replay::replay_load(&j.plan, &j.prompts, rules);
         let replayed = match engine.replay(&load) {
             Ok(r) => r,
             // The worker died: nothing it served came back.

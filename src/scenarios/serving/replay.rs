@@ -5,7 +5,6 @@
 
 use super::load::Planned;
 use crate::engines::replay::{ReplayLoad, ReplayRequest, Replayed, ReplayedRequest};
-use crate::engines::GenerateRequest;
 use crate::error::{Error, Result};
 use crate::record::RequestRecord;
 
@@ -16,25 +15,17 @@ pub const CONTINUOUS: &str =
 /// The header's clock for a replayed load.
 pub const CLOCK: &str = "wall time in the engine's process, ms, from the end of its warm-up (the first scheduled arrival); every token stamped on the host as the engine handed it over (static: device synchronized after each step)";
 
-/// What the engine needs to replay `plan` (request i's prompt is `prompts[i]`) with the
-/// queue's rules and the scenario's warm-up.
-pub struct LoadParts<'a> {
-    pub plan: &'a [Planned],
-    pub prompts: &'a [Vec<u32>],
-    pub max_batch: usize,
-    pub max_concurrency: Option<usize>,
-    pub warm: GenerateRequest<'a>,
-    pub warm_calls: usize,
-    pub pad_multiple: usize,
-    pub pad_cap: usize,
-}
-
-/// The load as the engine is handed it.
-pub fn replay_load<'a>(p: LoadParts<'a>) -> ReplayLoad<'a> {
-    let requests = p
-        .plan
+/// The load as the engine is handed it: request i of `plan` with its prompt `prompts[i]`,
+/// under `rules` (its queue rules and warm-up; its own requests are replaced), at least one
+/// request a call.
+pub fn replay_load<'a>(
+    plan: &[Planned],
+    prompts: &'a [Vec<u32>],
+    rules: ReplayLoad<'a>,
+) -> ReplayLoad<'a> {
+    let requests = plan
         .iter()
-        .zip(p.prompts)
+        .zip(prompts)
         .map(|(planned, prompt)| ReplayRequest {
             scheduled_ms: planned.scheduled_ms,
             prompt,
@@ -43,12 +34,8 @@ pub fn replay_load<'a>(p: LoadParts<'a>) -> ReplayLoad<'a> {
         .collect();
     ReplayLoad {
         requests,
-        max_batch: p.max_batch.max(1),
-        max_concurrency: p.max_concurrency,
-        warm: p.warm,
-        warm_calls: p.warm_calls,
-        pad_multiple: p.pad_multiple,
-        pad_cap: p.pad_cap,
+        max_batch: rules.max_batch.max(1),
+        ..rules
     }
 }
 
@@ -141,6 +128,7 @@ fn check_times(r: &ReplayedRequest, p: &Planned) -> std::result::Result<(), Stri
 mod tests {
     use super::*;
     use crate::engines::replay::{Batching, ReplayedRequest};
+    use crate::engines::GenerateRequest;
     use crate::metrics::serving::{summary, ServingEnd};
     use crate::trackers::MemoryReading;
 
@@ -279,9 +267,8 @@ mod tests {
     fn the_load_is_the_plan_with_its_prompts() {
         let (plan, prompts) = (plan(), vec![vec![5, 6, 7], vec![9, 9, 9]]);
         let warm = vec![vec![1, 2, 3]];
-        let load = replay_load(LoadParts {
-            plan: &plan,
-            prompts: &prompts,
+        let rules = ReplayLoad {
+            requests: vec![],
             max_batch: 0,
             max_concurrency: Some(2),
             warm: GenerateRequest {
@@ -294,7 +281,8 @@ mod tests {
             warm_calls: 1,
             pad_multiple: 1,
             pad_cap: 10,
-        });
+        };
+        let load = replay_load(&plan, &prompts, rules);
         let got: Vec<(f64, &[u32], usize)> = load
             .requests
             .iter()
