@@ -5,6 +5,7 @@
 mod common;
 
 use common::cli::*;
+use common::only_file;
 
 #[test]
 fn engine_both_writes_two_logs_and_compares_them() {
@@ -112,12 +113,7 @@ fn worker_crash_keeps_finished_records_and_shows_its_stderr() {
         "{err}"
     );
     error_line(&err);
-    let log = std::fs::read_dir(dir.path())
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let log = only_file(dir.path());
     let records = read_log(&log).unwrap();
     assert_eq!(records.len(), 3, "header, the one finished batch, summary");
     let Some(Record::Summary(s)) = records.last() else {

@@ -5,6 +5,7 @@
 mod common;
 
 use common::cli::*;
+use common::only_file;
 
 #[test]
 fn wikitext2_trains_on_the_builtin_sample_and_logs_hf_metric_names() {
@@ -34,12 +35,7 @@ fn wikitext2_trains_on_the_builtin_sample_and_logs_hf_metric_names() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("train_samples_per_second") && stdout.contains("perplexity"));
-    let log = std::fs::read_dir(dir.path())
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let log = only_file(dir.path());
     let records = read_log(&log).unwrap();
     let Record::Header(h) = &records[0] else {
         panic!("header first")
@@ -97,12 +93,7 @@ fn recompute_trains_with_the_same_losses_and_is_refused_where_it_does_not_apply(
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let log = std::fs::read_dir(dir.path())
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap()
-            .path();
+        let log = only_file(dir.path());
         let records = read_log(&log).unwrap();
         let Record::Header(h) = &records[0] else {
             panic!("header first")

@@ -8,7 +8,7 @@
 mod common;
 
 use common::cli::{error_line, fake_worker, fixture};
-use common::{bench, bench_logging_to, records, text};
+use common::{bench, bench_logging_to, only_file, records, text};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -257,12 +257,7 @@ fn a_bad_or_failed_replay_is_one_line_and_keeps_what_was_served() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let err = error_line(&String::from_utf8_lossy(&o.stderr));
     assert!(err.contains("CUDA out of memory (fake)"), "{err}");
-    let log = std::fs::read_dir(dir.path())
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let log = only_file(dir.path());
     let recs = records(&log);
     assert_eq!(requests(&recs).len(), 4, "the half served");
     let s = recs.last().unwrap();

@@ -10,7 +10,7 @@ pub mod cli;
 pub mod extract;
 
 use serde_json::Value;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 /// `bench`, piped, without torchrun / test-hook variables from the environment.
@@ -53,4 +53,14 @@ pub fn records(path: &Path) -> Vec<Value> {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
+}
+
+/// The one file a run wrote into `dir` (its log).
+pub fn only_file(dir: &Path) -> PathBuf {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
 }
