@@ -11,6 +11,7 @@
 #   tp-decode   one sum's time in a CUDA graph (NCCL, one-shot); bloom-7b1 bf16 generation suite, prompt 128 + 128, batch 1 and 16, $TPD_ROUNDS (2)
 #               rounds alternating the variants of $TPD_VARIANTS (default "tp1 tp2 nosumnorm"):
 #               tp1, tp2 (every fused path), nosumnorm (tp 2, the sum and the add + norm apart),
+#               nopush (tp 2, the GEMV writing its output and the sum + norm pushing it),
 #               nooneshot (NCCL's all-reduce), nosplithead (the whole head on every rank),
 #               neither (NCCL and the whole head)
 #   dp          gpt2 bf16 8 x 1024 a rank on WikiText-2 (--drop-last: full batches only; DP_DROP_LAST=0
@@ -80,6 +81,7 @@ for stage in "$@"; do
           tp1) run "decode-r$round-bs$bs-tp1" "${G[@]}" --tp 1 ;;
           tp2) run "decode-r$round-bs$bs-tp2" "${G[@]}" --tp 2 ;;
           nosumnorm) run "decode-r$round-bs$bs-tp2-nosumnorm" "${G[@]}" --tp 2 --fused "$ALL,oneshot,split-head" ;;
+          nopush) run "decode-r$round-bs$bs-tp2-nopush" "${G[@]}" --tp 2 --fused "$ALL,oneshot,split-head,sum-norm" ;;
           nooneshot) run "decode-r$round-bs$bs-tp2-nooneshot" "${G[@]}" --tp 2 --fused "$ALL,split-head" ;;
           nosplithead) run "decode-r$round-bs$bs-tp2-nosplithead" "${G[@]}" --tp 2 --fused "$ALL,oneshot" ;;
           neither) run "decode-r$round-bs$bs-tp2-neither" "${G[@]}" --tp 2 --fused "$ALL" ;;

@@ -62,6 +62,17 @@ pub trait AllReduce: Send + Sync {
     ) -> candle_core::Result<Option<(Tensor, Tensor)>> {
         Ok(None)
     }
+    /// [`AllReduce::sum_add_layer_norm`] of the output of `gemv`, a row-parallel projection's
+    /// decode GEMV not yet run, which pushes its output to the other ranks as it makes it
+    /// where the backend can (one-shot sums); None: nothing ran, the caller runs the GEMV.
+    fn gemv_sum_add_layer_norm(
+        &self,
+        _gemv: &crate::kernels::PendingGemv,
+        _r: &Tensor,
+        _norm: (&Tensor, &Tensor, f64),
+    ) -> candle_core::Result<Option<(Tensor, Tensor)>> {
+        Ok(None)
+    }
     /// Readies started sums ([`AllReduce::start_sum`]) of up to `bytes` a step for a path of
     /// their own where the backend has one (copy engines between two GPUs of one host); every
     /// rank calls it, in the same place. The default has none.

@@ -25,6 +25,7 @@ fn rank_checks_the_contract(rank: usize, size: usize, id: &[u8]) {
     );
     contract::check(&nccl, rank, size, &DTYPES, &dev);
     sum_add_norm_is_the_composed_ops(&nccl, rank, &dev);
+    pushing_gemv_is_the_gemv_then_the_sum(&nccl, &dev);
     if size == 2 {
         started_sums_cross_by_copy_engines(&nccl, rank, &dev);
     }
@@ -106,6 +107,68 @@ fn sum_add_norm_is_the_composed_ops(nccl: &NcclAllReduce, rank: usize, dev: &Dev
             assert!(whole && small, "{what}: fused where it should not apply");
             assert_eq!(bits(&fs), bits(&s), "{what}: the sum");
             assert_eq!(bits(&fy), bits(&y), "{what}: the norm");
+        }
+    }
+}
+
+/// The decode GEMV that pushes its output to the ranks, then the receiving sum + add + norm,
+/// give bit for bit the GEMV, then the one-shot sum + add + norm; where it does not apply
+/// (5 rows, a row not in 16-byte vectors, f32) it says so with None and runs nothing, and the
+/// next sums still agree (their epochs did not move).
+fn pushing_gemv_is_the_gemv_then_the_sum(nccl: &NcclAllReduce, dev: &Device) {
+    use crate::kernels::{gemv, Act, PendingGemv};
+    let eps = 1e-5;
+    // (rows, in, out): bloom-7b1's dense and 4h -> h at tp 2, 4 rows, gpt2's width, then three
+    // it refuses.
+    let shapes = [
+        (1, 2048, 4096),
+        (1, 8192, 4096),
+        (4, 4096, 4096),
+        (3, 1024, 768),
+        (5, 256, 4096),
+        (2, 256, 4100),
+    ];
+    for dtype in [DType::BF16, DType::F16, DType::F32] {
+        for &(m, k, n) in &shapes {
+            let what = format!("{dtype:?} ({m}, {k}) x ({n}, {k})");
+            let normal = |shape: &[usize], mean: f64, std: f64| {
+                Tensor::randn(mean, std, shape, &Device::Cpu)
+                    .and_then(|t| t.to_dtype(dtype)?.to_device(dev))
+                    .unwrap()
+            };
+            let (x, w, bias) = (
+                normal(&[m, k], 0., 1.),
+                normal(&[n, k], 0., 0.02),
+                normal(&[n], 0., 1.),
+            );
+            let (r, lw, lb) = (
+                normal(&[m, 1, n], 0., 1.),
+                normal(&[n], 1., 0.1),
+                normal(&[n], 0., 0.1),
+            );
+            let pending = PendingGemv {
+                x: &x,
+                w: &w,
+                bias: &bias,
+            };
+            let pushed = nccl
+                .gemv_sum_add_layer_norm(&pending, &r, (&lw, &lb, eps))
+                .unwrap();
+            let y = gemv(&x, &w, &bias, Act::None).unwrap();
+            let applies = dtype != DType::F32 && m <= 4 && n % 8 == 0;
+            let Some((ps, py)) = pushed else {
+                assert!(!applies, "{what}: no pushing GEMV");
+                continue;
+            };
+            assert!(applies, "{what}: pushed where it should not apply");
+            let y = y.expect("the GEMV").reshape((m, 1, n)).unwrap();
+            let (s, yn) = nccl
+                .sum_add_layer_norm(&y, &r, &lw, &lb, eps)
+                .unwrap()
+                .expect("the one-shot sum + add + norm");
+            assert_eq!(bits(&ps), bits(&s), "{what}: the sum");
+            assert_eq!(bits(&py), bits(&yn), "{what}: the norm");
+            assert_eq!(ps.dims(), r.dims(), "{what}: the residual's shape");
         }
     }
 }

@@ -366,6 +366,20 @@ impl AllReduce for NcclAllReduce {
         }
     }
 
+    fn gemv_sum_add_layer_norm(
+        &self,
+        gemv: &crate::kernels::PendingGemv,
+        r: &Tensor,
+        norm: (&Tensor, &Tensor, f64),
+    ) -> candle_core::Result<Option<(Tensor, Tensor)>> {
+        match &self.peer_sum {
+            Some(peers) => {
+                crate::kernels::gemv_oneshot_add_layer_norm(gemv, r, norm, peers.buffers())
+            }
+            None => Ok(None),
+        }
+    }
+
     fn start_sum(&self, x: Tensor) -> candle_core::Result<Tensor> {
         let x = x.contiguous()?;
         if let Some(pair) = self.pair.get() {

@@ -55,7 +55,8 @@ pub use layer_norm::{add_layer_norm, layer_norm, layer_norm_bwd};
 pub use linear_lt::linear;
 pub use multi_tensor::{adamw_multi, cast_multi, cast_multi_flat, grad_norm_clip};
 pub use oneshot::{
-    oneshot_add_layer_norm, oneshot_sum, PeerBuffers, ONESHOT_CAP, ONESHOT_MAX_RANKS,
+    gemv_oneshot_add_layer_norm, oneshot_add_layer_norm, oneshot_sum, PeerBuffers, PendingGemv,
+    ONESHOT_CAP, ONESHOT_MAX_RANKS,
 };
 #[cfg(feature = "cuda")]
 pub use oneshot::{pair_add_in_place, pair_signal, pair_wait};
@@ -124,6 +125,11 @@ pub enum Fused {
     /// add and the next LayerNorm in one kernel (needs `oneshot` and `decode`), instead of
     /// the sum and then the add + norm.
     SumNorm,
+    /// Tensor parallelism, decoding at 1–4 rows: a row-parallel nn.Linear projection's GEMV
+    /// pushes its output into every rank's one-shot buffer as its blocks finish, and the
+    /// sum + add + norm kernel only receives (needs `sum-norm` and `gemv`), instead of the GEMV
+    /// writing its output and the next kernel pushing it.
+    PushSum,
     /// Data parallelism on two GPUs of one host with `--dp-overlap`: each gradient group
     /// crosses to the other GPU as a copy-engine copy over NVLink under the backward, and one
     /// add after it sums (no SMs held by the transfer), instead of NCCL's all-reduce on a
@@ -156,6 +162,7 @@ const SPLIT_HEAD: u32 = 65536;
 const SUM_NORM: u32 = 131072;
 const COPY_SUM: u32 = 262144;
 const PREFILL: u32 = 524288;
+const PUSH_SUM: u32 = 1048576;
 const ALL: u32 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -175,7 +182,8 @@ const ALL: u32 = LT
     | SPLIT_HEAD
     | SUM_NORM
     | COPY_SUM
-    | PREFILL;
+    | PREFILL
+    | PUSH_SUM;
 
 static ENABLED: AtomicU32 = AtomicU32::new(ALL);
 
@@ -203,6 +211,7 @@ fn bit(f: Fused) -> u32 {
         Fused::SumNorm => SUM_NORM,
         Fused::CopySum => COPY_SUM,
         Fused::Prefill => PREFILL,
+        Fused::PushSum => PUSH_SUM,
     }
 }
 
@@ -246,6 +255,7 @@ pub fn describe() -> String {
         (SUM_NORM, "sum-norm"),
         (COPY_SUM, "copy-sum"),
         (PREFILL, "prefill"),
+        (PUSH_SUM, "push-sum"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

@@ -20,7 +20,7 @@
 // Shapes: the sum's x, y (n,) contiguous, n · sizeof(T) whole 16-byte vectors, ≤ cap bytes;
 // the fused sum + add + LayerNorm's x, r, s, y (rows, c), w and b (c,), c / (16 / sizeof(T))
 // ≤ 1024 16-byte vectors a row (one a thread).
-#include "common.cuh"
+#include "gemv.cuh"
 
 #define MAX_RANKS 8
 #define MAX_BLOCKS 32
@@ -139,10 +139,11 @@ __device__ void oneshot_sum(const uint2* x, uint2* y, long lines, const unsigned
 // blockIdx.x, + gridDim.x, …), a 16-byte vector (two lines) a thread. Bit for bit what the
 // one-shot sum and then add_layer_norm_vec (layer_norm.cu) give with the same block size: the
 // sum rounded to T, the add rounded to T, the statistics in f32 by the same block reductions.
+// pushed: every rank's x already sits in the buffers (gemv_push made and pushed it); x unused.
 template <typename T>
 __device__ void oneshot_add_layer_norm(const uint4* x, const T* r, const T* w, const T* b, T* s, T* y, int rows,
                                        int c, float eps, const unsigned long long* bases, unsigned rank,
-                                       unsigned world, unsigned cap) {
+                                       unsigned world, unsigned cap, int pushed) {
   constexpr int N = 16 / sizeof(T), E = 4 / sizeof(T);
   __shared__ float sh[32];
   char* own = (char*)bases[rank];
@@ -151,7 +152,7 @@ __device__ void oneshot_add_layer_norm(const uint4* x, const T* r, const T* w, c
   const int vecs = c / N;
   const bool mine = threadIdx.x < vecs;
   // Push every row of the block first, so the receives below wait on nothing of ours.
-  if (mine)
+  if (mine && !pushed)
     for (int row = blockIdx.x; row < rows; row += gridDim.x) {
       const long v = (long)row * vecs + threadIdx.x;
       const uint4 q = x[v];
@@ -206,6 +207,44 @@ __device__ void oneshot_add_layer_norm(const uint4* x, const T* r, const T* w, c
   if (threadIdx.x == 0) *counter = epoch;
 }
 
+// y = x Wᵀ + b at M <= 4 rows (gemv.cuh), pushed into every rank's buffer as the blocks finish
+// it, for oneshot_add_layer_norm(pushed = 1) to receive: a tensor-parallel decode step's
+// row-parallel projection and its sum's push in one kernel, the values crossing NVLink while
+// the GEMV's last blocks still run (#34). Word j of y (values 2j, 2j + 1, flat) travels with
+// the epoch as one 8-byte store at byte 8j of this rank's run: half a line, where and as
+// oneshot_add_layer_norm's own push puts it, so the receiver is unchanged. The epoch is the
+// next kernel's (counters equal in every block, see above); this kernel leaves the counters
+// alone, the receiving kernel advances them. n even; 16-bit T (two values a word).
+template <typename T, int M>
+__device__ void gemv_push(const Vec16<T>* x, const Vec16<T>* w, const T* b, int n, int kv,
+                          const unsigned long long* bases, unsigned rank, unsigned world, unsigned cap) {
+  static_assert(sizeof(T) == 2 && COLS == 2, "a word is one value of each of the block's two columns");
+  __shared__ float part[COLS][SPLIT][M];
+  __shared__ uint32_t epoch_s;
+  if (threadIdx.x == 0) epoch_s = *(volatile uint32_t*)((char*)bases[rank] + COUNTERS) + 1;
+  gemv_parts<T, M>(x, w, n, kv, part);  // its __syncthreads() publishes epoch_s
+  if (threadIdx.x >= 32) return;
+  // Lane 2m + local finishes row m of column `local`; lane 2m packs the row's word.
+  const int lane = threadIdx.x, m = lane / COLS, local = lane % COLS, col = blockIdx.x * COLS + local;
+  float v = 0.f;
+  if (m < M && col < n) v = gemv_finish<M>(part, local, m, to_f(b[col]), 0);
+  const float right = __shfl_down_sync(0xffffffff, v, 1);
+  if (m >= M || local != 0 || col >= n) return;
+  union {
+    T v[2];
+    uint32_t u;
+  } word;
+  word.v[0] = from_f<T>(v);
+  word.v[1] = from_f<T>(right);
+  const uint32_t epoch = epoch_s;
+  const unsigned long long line = (unsigned long long)epoch << 32 | word.u;
+  const long at = ((long)m * n + col) / 2;  // the word's index
+  for (unsigned k = 0; k < world; k++) {
+    char* dst = (char*)run_of((char*)bases[k], epoch, rank, cap) + 8 * at;
+    asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(dst), "l"(line) : "memory");
+  }
+}
+
 // x += the peer's values, which its copy engine wrote into this rank's pair region (the
 // two-GPU sum of src/dist/pair_sum.rs; the stream waited for their flag first). Read at L2
 // (ld.global.cg): another GPU wrote them. Shapes: x, recv (n,).
@@ -244,8 +283,19 @@ extern "C" __global__ void tb_pair_signal(unsigned* flag, unsigned epoch) {
   }                                                                                                        \
   extern "C" __global__ void tb_oneshot_add_layer_norm_##S(                                                \
       const uint4* x, const T* r, const T* w, const T* b, T* s, T* y, int rows, int c, float eps,         \
-      const unsigned long long* bases, unsigned rank, unsigned world, unsigned cap) {                      \
-    oneshot_add_layer_norm<T>(x, r, w, b, s, y, rows, c, eps, bases, rank, world, cap);                    \
+      const unsigned long long* bases, unsigned rank, unsigned world, unsigned cap, int pushed) {          \
+    oneshot_add_layer_norm<T>(x, r, w, b, s, y, rows, c, eps, bases, rank, world, cap, pushed);            \
   }                                                                                                        \
   extern "C" __global__ void tb_pair_add_##S(T* x, const T* recv, long n) { pair_add<T>(x, recv, n); }
 FOR_TYPES(INSTANTIATE)
+
+#define INSTANTIATE_PUSH_M(T, S, M)                                                                       \
+  extern "C" __global__ void tb_gemv_push##M##_##S(const Vec16<T>* x, const Vec16<T>* w, const T* b, int n, \
+                                                   int kv, const unsigned long long* bases, unsigned rank,  \
+                                                   unsigned world, unsigned cap) {                          \
+    gemv_push<T, M>(x, w, b, n, kv, bases, rank, world, cap);                                               \
+  }
+#define INSTANTIATE_PUSH(T, S) \
+  INSTANTIATE_PUSH_M(T, S, 1) INSTANTIATE_PUSH_M(T, S, 2) INSTANTIATE_PUSH_M(T, S, 3) INSTANTIATE_PUSH_M(T, S, 4)
+INSTANTIATE_PUSH(__nv_bfloat16, bf16)
+INSTANTIATE_PUSH(__half, f16)

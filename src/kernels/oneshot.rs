@@ -65,6 +65,31 @@ pub fn oneshot_add_layer_norm(
     imp::oneshot_add_layer_norm(x, r, w, b, eps, peers)
 }
 
+/// A row-parallel projection's decode GEMV before it runs: x (M, K), w (N, K) (nn.Linear's
+/// layout), bias (N,); its output (M, N) is this rank's share of a sum.
+pub struct PendingGemv<'a> {
+    pub x: &'a Tensor,
+    pub w: &'a Tensor,
+    pub bias: &'a Tensor,
+}
+
+/// [`oneshot_add_layer_norm`] of the GEMV's output x Wᵀ + b (M ≤ 4 rows), the GEMV pushing
+/// its output into the buffers as it makes it (`--fused push-sum`): two launches, the same
+/// bits as [`super::gemv`] followed by [`oneshot_add_layer_norm`]. r (…, N) holds M·N values.
+/// None where the three would not all apply (nothing launched: the caller runs the GEMV).
+pub fn gemv_oneshot_add_layer_norm(
+    gemv: &PendingGemv,
+    r: &Tensor,
+    (w, b, eps): (&Tensor, &Tensor, f64),
+    peers: &PeerBuffers,
+) -> Result<Option<(Tensor, Tensor)>> {
+    let paths = [Fused::PushSum, Fused::Gemv, Fused::SumNorm, Fused::Oneshot];
+    if !paths.into_iter().chain([Fused::Decode]).all(enabled) {
+        return Ok(None);
+    }
+    imp::gemv_oneshot_add_layer_norm(gemv, r, (w, b, eps), peers)
+}
+
 /// x += the `n = x.elem_count()` values at device address `recv` (a pair region the other GPU
 /// wrote: src/dist/pair_sum.rs), in place on x's stream; x contiguous on a GPU.
 #[cfg(feature = "cuda")]
@@ -88,8 +113,17 @@ pub fn pair_signal(dev: &candle_core::CudaDevice, flag: u64, epoch: u32) -> Resu
 
 #[cfg(not(feature = "cuda"))]
 mod imp {
-    use super::PeerBuffers;
+    use super::{PeerBuffers, PendingGemv};
     use candle_core::{Result, Tensor};
+
+    pub fn gemv_oneshot_add_layer_norm(
+        _: &PendingGemv,
+        _: &Tensor,
+        _: (&Tensor, &Tensor, f64),
+        _: &PeerBuffers,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        Ok(None)
+    }
 
     pub fn oneshot_sum(_: &Tensor, _: &PeerBuffers) -> Result<Option<Tensor>> {
         Ok(None)
@@ -109,7 +143,7 @@ mod imp {
 
 #[cfg(feature = "cuda")]
 mod imp {
-    use super::{PeerBuffers, ONESHOT_CAP};
+    use super::{PeerBuffers, PendingGemv, ONESHOT_CAP};
     use crate::kernels::launch::{
         aligned16, alloc, cuda, flat_config, float_dtype, kernel, launch, no_cpu_fwd, ptx, storage,
         view, with_dtype, wrap, Ptx,
@@ -117,9 +151,12 @@ mod imp {
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::cuda_backend::CudaDType;
-    use candle_core::{CudaStorage, CustomOp1, Layout, Result, Shape, Tensor};
+    use candle_core::{CudaStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 
     const PTX: Ptx = ptx!("oneshot");
+    /// gemv.cuh's COLS and SPLIT: output columns a block of the pushing GEMV, warps a column.
+    const GEMV_COLS: usize = 2;
+    const GEMV_WARPS_PER_COL: u32 = 4;
     /// oneshot.cu's MAX_BLOCKS: each block of the grid has its own flags.
     const MAX_BLOCKS: usize = 32;
     const THREADS: usize = 256;
@@ -165,6 +202,8 @@ mod imp {
     struct SumAddNorm<'a> {
         peers: &'a PeerBuffers,
         eps: f32,
+        /// Every rank's x is in the buffers already (a pushing GEMV ran): receive only.
+        pushed: bool,
     }
 
     impl SumAddNorm<'_> {
@@ -193,6 +232,7 @@ mod imp {
                 self.peers.world as u32,
             );
             let (rows_i, c_i, cap) = (rows as i32, c as i32, ONESHOT_CAP as u32);
+            let pushed = self.pushed as i32;
             Ok(with_dtype!(x.dtype(), T => {
                 let xv = view::<T>(storage(&xs.0), xs.1)?;
                 let rv = view::<T>(storage(&rs.0), rs.1)?;
@@ -204,7 +244,7 @@ mod imp {
                 // ONESHOT_CAP bytes (checked by oneshot_add_layer_norm); `table` holds every
                 // rank's buffer of PeerBuffers::buffer_bytes(), mapped into this process.
                 launch!(unsafe func, cfg; &xv, &rv, &wv, &bv, &s, &y, &rows_i, &c_i, &self.eps,
-                        &table, &rank, &world, &cap)?;
+                        &table, &rank, &world, &cap, &pushed)?;
                 (wrap(s, &dev, x.shape()), wrap(y, &dev, x.shape()))
             }))
         }
@@ -219,14 +259,9 @@ mod imp {
         peers: &PeerBuffers,
     ) -> Result<Option<(Tensor, Tensor)>> {
         let c = x.dim(candle_core::D::Minus1)?;
-        let n = 16 / x.dtype().size_in_bytes();
         let bytes = x.elem_count() * x.dtype().size_in_bytes();
-        let same = [r, w, b].iter().all(|t| t.dtype() == x.dtype());
-        let fits = bytes > 0 && bytes <= ONESHOT_CAP && c % n == 0 && c / n <= 1024;
-        if !x.device().is_cuda() || !float_dtype(x) || !same || !fits || r.shape() != x.shape() {
-            return Ok(None);
-        }
-        if w.dims() != [c] || b.dims() != [c] {
+        let fits = norm_fits(x.dtype(), c, bytes, [r, w, b]) && r.shape() == x.shape();
+        if !x.device().is_cuda() || !float_dtype(x) || !fits {
             return Ok(None);
         }
         let (x, r) = (x.contiguous()?, r.contiguous()?);
@@ -237,8 +272,83 @@ mod imp {
         let op = SumAddNorm {
             peers,
             eps: eps as f32,
+            pushed: false,
         };
         Ok(Some(op.launch(&x, &r, &w, &b)?))
+    }
+
+    /// Whether the sum + add + norm kernel takes a sum (…, c) of `bytes` against r, w, b.
+    fn norm_fits(x_dtype: DType, c: usize, bytes: usize, [r, w, b]: [&Tensor; 3]) -> bool {
+        let n = 16 / x_dtype.size_in_bytes();
+        let same = [r, w, b].iter().all(|t| t.dtype() == x_dtype);
+        let fits = bytes > 0 && bytes <= ONESHOT_CAP && c % n == 0 && c / n <= 1024;
+        same && fits && w.dims() == [c] && b.dims() == [c]
+    }
+
+    pub fn gemv_oneshot_add_layer_norm(
+        g: &PendingGemv,
+        r: &Tensor,
+        (w, b, eps): (&Tensor, &Tensor, f64),
+        peers: &PeerBuffers,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        let (x, dt) = (g.x, g.x.dtype());
+        let half = matches!(dt, DType::BF16 | DType::F16);
+        if !x.device().is_cuda() || !half || x.rank() != 2 || g.w.rank() != 2 {
+            return Ok(None);
+        }
+        let ((m, k), (n, wk)) = (x.dims2()?, g.w.dims2()?);
+        let gemv_fits = m >= 1 && m <= crate::kernels::gemv::MAX_ROWS && wk == k;
+        let whole = (k * dt.size_in_bytes()).is_multiple_of(16) && n.is_multiple_of(2);
+        let same = g.w.dtype() == dt && g.bias.dtype() == dt && g.bias.dims() == [n];
+        let laid = [x, g.w, g.bias, r, w, b].iter().all(|t| t.is_contiguous());
+        let aligned = [x, g.w, r, w, b].into_iter().all(aligned16);
+        let bytes = m * n * dt.size_in_bytes();
+        let norm = norm_fits(dt, n, bytes, [r, w, b]) && r.elem_count() == m * n;
+        if !(gemv_fits && whole && same && laid && aligned && norm) {
+            return Ok(None);
+        }
+        push_gemv(g, peers)?;
+        let op = SumAddNorm {
+            peers,
+            eps: eps as f32,
+            pushed: true,
+        };
+        // The receiver reads only the buffers; r stands in for x, with r's shape.
+        Ok(Some(op.launch(r, r, w, b)?))
+    }
+
+    /// Launches the pushing GEMV of `g` (checked by the caller).
+    fn push_gemv(g: &PendingGemv, peers: &PeerBuffers) -> Result<()> {
+        let (Some(xs), Some(ws), Some(bs)) = (cuda(g.x), cuda(g.w), cuda(g.bias)) else {
+            candle_core::bail!("pushing GEMV: a tensor not on the GPU")
+        };
+        let dev = storage(&xs.0).device().clone();
+        let ((m, k), n) = (g.x.dims2()?, g.w.dim(0)?);
+        let func = match m {
+            1 => kernel!(dev, PTX, "tb_gemv_push1", g.x.dtype())?,
+            2 => kernel!(dev, PTX, "tb_gemv_push2", g.x.dtype())?,
+            3 => kernel!(dev, PTX, "tb_gemv_push3", g.x.dtype())?,
+            _ => kernel!(dev, PTX, "tb_gemv_push4", g.x.dtype())?,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(GEMV_COLS) as u32, 1, 1),
+            block_dim: (32 * GEMV_WARPS_PER_COL * GEMV_COLS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let kv = (k * g.x.dtype().size_in_bytes() / 16) as i32;
+        let (table, rank, world) = (peers.table, peers.rank as u32, peers.world as u32);
+        let (n_i, cap) = (n as i32, ONESHOT_CAP as u32);
+        with_dtype!(g.x.dtype(), T => {
+            let xv = view::<T>(storage(&xs.0), xs.1)?;
+            let wv = view::<T>(storage(&ws.0), ws.1)?;
+            let bv = view::<T>(storage(&bs.0), bs.1)?;
+            // SAFETY: x holds m·k, W n·k and b n elements, contiguous from 16-byte boundaries
+            // in whole vectors, m ≤ 4, n even, m·n values within ONESHOT_CAP bytes (checked by
+            // gemv_oneshot_add_layer_norm); `table` holds every rank's buffer of
+            // PeerBuffers::buffer_bytes(), mapped into this process.
+            launch!(unsafe func, cfg; &xv, &wv, &bv, &n_i, &kv, &table, &rank, &world, &cap)?;
+            Ok(())
+        })
     }
 
     /// One thread of the flag kernel `name` (tb_pair_wait or tb_pair_signal).

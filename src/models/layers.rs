@@ -161,16 +161,21 @@ impl Projection {
         };
         let (b, t, c) = x.dims3()?;
         let x = x.reshape((b * t, c))?; // (B·T, in)
+        let reduce = Some(reduce.clone());
+        if let (WeightLayout::Linear, Stored::Dense(w)) = (&self.layout, &self.weight) {
+            // Run by the sum where it can push its output itself (Norm::add_unsummed).
+            let (w, bias) = (w.clone(), self.bias.clone());
+            let part = Part::Gemv { x, w, bias, b, t };
+            return Ok(Unsummed { part, reduce });
+        }
         let linear = matches!(self.layout, WeightLayout::Linear);
         let w = self.dense(x.dtype())?;
         let y = match kernels::linear(&x, &w, linear, &self.bias, Act::None)? {
             Some(y) => y,
             None => self.matmul(&x, &w)?.broadcast_add(&self.bias)?,
         }; // (B·T, out)
-        Ok(Unsummed {
-            y: y.reshape((b, t, ()))?,
-            reduce: Some(reduce.clone()),
-        })
+        let part = Part::Made(y.reshape((b, t, ()))?);
+        Ok(Unsummed { part, reduce })
     }
 
     /// x W without the bias, `w` the weight as [`Projection::dense`] gives it: (B·T, in) ->
@@ -318,36 +323,85 @@ impl Norm {
 /// [`Unsummed::sum`], or with the residual add and the next norm in one pass by
 /// [`Norm::add_unsummed`].
 pub struct Unsummed {
-    /// (B, T, C): this rank's share, or the whole output where nothing is left to sum.
-    y: Tensor,
+    part: Part,
     reduce: Option<Arc<dyn AllReduce>>,
+}
+
+/// This rank's share of a branch's output, or the whole output where nothing is left to sum.
+enum Part {
+    /// (B, T, C).
+    Made(Tensor),
+    /// A row-parallel nn.Linear projection not yet run: x (B·T, in), w (out, in), bias (out,)
+    /// (rank 0's, zeros elsewhere), to (B, T, out). Kept so that the sum can run its decode
+    /// GEMV as one that pushes its output to the other ranks ([`AllReduce::gemv_sum_add_layer_norm`]).
+    Gemv {
+        x: Tensor,
+        w: Tensor,
+        bias: Tensor,
+        b: usize,
+        t: usize,
+    },
+}
+
+impl Part {
+    /// The output (B, T, C), running the projection if it has not run.
+    fn made(self) -> candle_core::Result<Tensor> {
+        let (x, w, bias, b, t) = match self {
+            Part::Made(y) => return Ok(y),
+            Part::Gemv { x, w, bias, b, t } => (x, w, bias, b, t),
+        };
+        let y = match kernels::linear(&x, &w, true, &bias, Act::None)? {
+            Some(y) => y,
+            None => x.matmul(&w.t()?)?.broadcast_add(&bias)?,
+        }; // (B·T, out)
+        y.reshape((b, t, ()))
+    }
+
+    fn pending(&self) -> Option<kernels::PendingGemv<'_>> {
+        match self {
+            Part::Gemv { x, w, bias, .. } => Some(kernels::PendingGemv { x, w, bias }),
+            Part::Made(_) => None,
+        }
+    }
 }
 
 impl Unsummed {
     /// An output with nothing to sum.
     pub fn whole(y: Tensor) -> Self {
-        Self { y, reduce: None }
+        Self {
+            part: Part::Made(y),
+            reduce: None,
+        }
     }
 
     pub fn sum(self) -> candle_core::Result<Tensor> {
+        let y = self.part.made()?;
         match &self.reduce {
-            Some(reduce) => reduce.all_reduce_sum(&self.y),
-            None => Ok(self.y),
+            Some(reduce) => reduce.all_reduce_sum(&y),
+            None => Ok(y),
         }
     }
 }
 
 impl Norm {
-    /// [`Norm::add_forward`] of x and the sum of `r`: one kernel for the sum, the add and the
-    /// norm where the sum's backend has it (one-shot sums), else the sum, then the add + norm.
+    /// [`Norm::add_forward`] of x and the sum of `r`: where the sum's backend has them (one-shot
+    /// sums), the projection's GEMV pushing its output and one kernel for the sum, the add and
+    /// the norm, or that kernel after the projection; else the sum, then the add + norm.
     pub fn add_unsummed(&self, x: &Tensor, r: Unsummed) -> candle_core::Result<(Tensor, Tensor)> {
-        if let (Some(reduce), Some(b)) = (&r.reduce, self.ln.bias()) {
-            let w = self.ln.weight();
-            if let Some(out) = reduce.sum_add_layer_norm(&r.y, x, w, b, self.eps)? {
+        let (Some(reduce), Some(b)) = (&r.reduce, self.ln.bias()) else {
+            return self.add_forward(x, &r.sum()?);
+        };
+        let norm = (self.ln.weight(), b, self.eps);
+        if let Some(gemv) = r.part.pending() {
+            if let Some(out) = reduce.gemv_sum_add_layer_norm(&gemv, x, norm)? {
                 return Ok(out);
             }
         }
-        self.add_forward(x, &r.sum()?)
+        let y = r.part.made()?;
+        if let Some(out) = reduce.sum_add_layer_norm(&y, x, norm.0, norm.1, norm.2)? {
+            return Ok(out);
+        }
+        self.add_forward(x, &reduce.all_reduce_sum(&y)?)
     }
 }
 

@@ -1,0 +1,53 @@
+// The decode GEMV's dot products (#20), shared by gemv.cu (y = act(x Wᵀ + b) to memory) and
+// oneshot.cu (the same y pushed to every rank's one-shot buffer, #34).
+// Shapes: x (M, K), W (N, K), contiguous; M <= 4; K whole 16-byte vectors (KV of them a row).
+// Output column n: W's row n read once, dotted with each row of x, sums in f32.
+#pragma once
+#include "common.cuh"
+
+// SPLIT warps a column, each over every SPLIT-th run of 32 vectors of the row (more loads in
+// flight: one warp a column read 0.5-1.4 TB/s under ncu, results/h100/gemv-run1), their sums
+// met in shared memory. Block: 32 * SPLIT * COLS threads, columns blockIdx.x * COLS + local.
+constexpr int SPLIT = 4, COLS = 2;
+
+// part[local][slice][m]: slice `slice`'s sum of row m against the block's column `local`,
+// complete for every thread after the __syncthreads() at the end.
+template <typename T, int M>
+__device__ void gemv_parts(const Vec16<T>* x, const Vec16<T>* w, int n, int kv, float (*part)[SPLIT][M]) {
+  constexpr int E = 16 / sizeof(T);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int local = warp / SPLIT, slice = warp % SPLIT, col = blockIdx.x * COLS + local;
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; m++) acc[m] = 0.f;
+  if (col < n) {
+    const Vec16<T>* row = w + (long)col * kv;
+#pragma unroll 4
+    for (int i = slice * 32 + lane; i < kv; i += 32 * SPLIT) {
+      const Vec16<T> wv = row[i];
+#pragma unroll
+      for (int m = 0; m < M; m++) {
+        const Vec16<T> xv = x[(long)m * kv + i];
+#pragma unroll
+        for (int j = 0; j < E; j++) acc[m] += to_f(wv.e[j]) * to_f(xv.e[j]);
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; m++) {
+    acc[m] = warp_sum(acc[m]);
+    if (lane == 0) part[local][slice][m] = acc[m];
+  }
+  __syncthreads();
+}
+
+// Row m of the block's column `local`, unrounded: the slices' sums, the bias, the act (0 none,
+// 1 GELU, tanh approximation).
+template <int M>
+__device__ __forceinline__ float gemv_finish(const float (*part)[SPLIT][M], int local, int m, float bias, int act) {
+  float v = bias;
+#pragma unroll
+  for (int s = 0; s < SPLIT; s++) v += part[local][s][m];
+  if (act == 1) v = 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+  return v;
+}
