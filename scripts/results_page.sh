@@ -126,6 +126,11 @@ csvs() {
   # 6ac4535 (#34): bloom-7b1 decoding at tp 1 / 2 and gpt2 dp 1 / 2 / 2 --dp-overlap with
   # --drop-last (full 8 x 1024 steps), two rounds each, after the gate (gate-run3).
   part d5 -i $H/multi-run6/multi-logs.tgz
+  # 7ca64fe (#34): tp decoding with the row-parallel GEMV pushing its output (push-sum), after
+  # the gate (gate-run4); its runs without push-sum left out (docs/perf-notes.md has them).
+  local nopush=lt,softmax,bias-act,adamw,layer-norm,dropout,cross-entropy,decode,graph,embedding
+  nopush=$nopush,heads,flash,residual,gemv,skinny,oneshot,split-head,sum-norm
+  part d6 -i $H/multi-run7/multi-logs.tgz --where "fused!=$nopush"
   host h100x2
   # One H200: decoding against compiled HF, BLOOM only (gpt2's compiled sdpa was not tried).
   part e1 -i $R/h200/gen-final-run1/gen-logs.tgz --where model=bloom-560m
@@ -225,7 +230,7 @@ intro() {
     "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
     "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
     "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..5, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, dropout-run3, train-table-run1..3, fp8-run1..3, serving-run3..5 |" \
-    "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, multi-run6, hf-probe-run1..2 |" \
+    "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, multi-run6..7, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
     "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6, multi-run12 |" \
     "| 4× H200 | [h200x4.csv](current/h200x4.csv) | h200x4/tp-run2, dp-200 |" "" \
