@@ -281,7 +281,7 @@ mod imp {
     fn norm_fits(x_dtype: DType, c: usize, bytes: usize, [r, w, b]: [&Tensor; 3]) -> bool {
         let n = 16 / x_dtype.size_in_bytes();
         let same = [r, w, b].iter().all(|t| t.dtype() == x_dtype);
-        let fits = bytes > 0 && bytes <= ONESHOT_CAP && c % n == 0 && c / n <= 1024;
+        let fits = bytes > 0 && bytes <= ONESHOT_CAP && c.is_multiple_of(n) && c / n <= 1024;
         same && fits && w.dims() == [c] && b.dims() == [c]
     }
 
@@ -297,7 +297,7 @@ mod imp {
             return Ok(None);
         }
         let ((m, k), (n, wk)) = (x.dims2()?, g.w.dims2()?);
-        let gemv_fits = m >= 1 && m <= crate::kernels::gemv::MAX_ROWS && wk == k;
+        let gemv_fits = (1..=crate::kernels::gemv::MAX_ROWS).contains(&m) && wk == k;
         let whole = (k * dt.size_in_bytes()).is_multiple_of(16) && n.is_multiple_of(2);
         let same = g.w.dtype() == dt && g.bias.dtype() == dt && g.bias.dims() == [n];
         let laid = [x, g.w, g.bias, r, w, b].iter().all(|t| t.is_contiguous());
