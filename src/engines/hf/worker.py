@@ -13,7 +13,8 @@ worker only runs the model and reports what the Rust side would have measured.
       "load_seconds": s}
      (best loads as auto does; choose then picks)
   -> {"op": "choose", "probe": [score or generate request...], "attns": ["eager", ...] (empty:
-      every attention the model supports), "compiles": [false, true], "cold_share": x}
+      every attention the model supports, and on CUDA "sdpa-nocudnn": sdpa with torch's cuDNN
+      attention off, uncompiled only), "compiles": [false, true], "cold_share": x}
   <- {"ok": true, "attn": "eager", "compile": true, "candidates": [{"attn": .., "compile": ..,
       "cold_ms": [..], "warm_ms": [..], "per_batch_ms": t, "compiles_cold": n,
       "compiles_warm": n} or {"attn": .., "compile": .., "error": "one line"}, ...],
@@ -136,6 +137,10 @@ import time
 # Under torchrun: this process's rank (only rank 0 talks to the Rust side).
 RANK = int(os.environ.get("RANK", "0"))
 DISTRIBUTED = "LOCAL_RANK" in os.environ
+
+
+# The attention candidate "sdpa with torch's cuDNN attention off" (Inference.no_cudnn_candidate).
+NO_CUDNN = "sdpa-nocudnn"
 
 
 def reply(**kw):
@@ -470,7 +475,9 @@ class Worker(Serving):
 
         cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
         supported = ["eager"] + (["sdpa"] if getattr(cls, "_supports_sdpa", False) else [])
-        self.candidates = supported  # the attentions choose may time (--hf-attn best)
+        # The attentions choose may time (--hf-attn best); see no_cudnn_candidate.
+        self.candidates = supported + self.no_cudnn_candidate(supported)
+        self.cudnn_sdp = self.device.type == "cuda" and torch.backends.cuda.cudnn_sdp_enabled()
         attn = req["attn"]
         if attn in ("auto", "best"):
             attn = supported[-1]
@@ -512,14 +519,29 @@ class Worker(Serving):
         reply(ok=True, versions=info, attn=attn, max_positions=max_positions,
               n_parameters=model.num_parameters(), load_seconds=load_seconds)
 
+    def no_cudnn_candidate(self, supported):
+        """On CUDA, sdpa with torch's cuDNN attention off (NO_CUDNN) as a candidate of its own,
+        uncompiled: torch 2.11 puts cuDNN attention first on sm90 and builds a graph on the host
+        for each new (batch, key length), ~40 ms on an H100, so a generate call whose prompt
+        length the warm-up did not meet pays it at every decode step; flash and
+        memory-efficient attention have no per-shape cost. Compiled generation runs a static
+        cache (one key length), so only the uncompiled path is offered without cuDNN."""
+        cuda = self.device.type == "cuda" and torch.backends.cuda.cudnn_sdp_enabled()
+        return [NO_CUDNN] if cuda and "sdpa" in supported else []
+
     def configure(self, attn, compiled):
         """Inference with attention `attn`, under torch.compile or not. Scoring: the body (the
         hidden states) compiled with dynamic shapes; generation: a static KV cache, with which
         generate() compiles its decoding forward itself (transformers' fastest generation path;
-        it compiles again for each new batch shape)."""
+        it compiles again for each new batch shape). NO_CUDNN: sdpa, torch's cuDNN attention
+        off while it runs (no_cudnn_candidate)."""
         if attn != self.attn:
-            self.model.set_attn_implementation(attn)
+            impl = "sdpa" if attn == NO_CUDNN else attn
+            if impl != ("sdpa" if self.attn == NO_CUDNN else self.attn):
+                self.model.set_attn_implementation(impl)
             self.attn = attn
+        if self.device.type == "cuda":
+            torch.backends.cuda.enable_cudnn_sdp(self.cudnn_sdp and attn != NO_CUDNN)
         self.compiled = compiled
         body = self.model.base_model
         self.body = torch.compile(body, dynamic=True) if compiled else body
@@ -530,7 +552,7 @@ class Worker(Serving):
         keeps the one whose predicted cost of a timed batch is lowest (see the module's
         docstring for the prediction)."""
         attns = [a for a in (req.get("attns") or self.candidates) if a in self.candidates]
-        candidates = [(a, c) for a in attns for c in req["compiles"]]
+        candidates = [(a, c) for a in attns for c in req["compiles"] if not (a == NO_CUDNN and c)]
         if len(candidates) == 1:
             attn, comp = candidates[0]
             self.configure(attn, comp)
