@@ -19,6 +19,7 @@
 pub mod continuous;
 pub mod load;
 pub mod queue;
+pub mod ranks;
 pub mod replay;
 
 use super::generate::special_ids;
