@@ -47,6 +47,8 @@
 #                  decode speed of $FP8_MODELS at batch 1 / 16                   -> fp8.txt, fp8-logs.tgz
 #   serving        the serving suite, candle and HF (scripts/serving_measure.sh): an HF smoke run,
 #                  then a rate sweep an engine for $SERVE_MODELS              -> serving.txt, serving-logs.tgz
+#                  ($SERVE_ENGINES: candle candle-static hf-static hf, and candle-tp2 /
+#                  candle-static-tp2: candle over --tp 2, two GPUs, one run a rate)
 #   multi-tp, multi-tp-decode, multi-dp, multi-strategies
 #                  two-GPU measurements (scripts/multi_measure.sh tp|tp-decode|dp|strategies) -> multi-logs.tgz
 #   dp             data-parallel fine-tuning of $DP_MODEL (gpt2), batch $DP_BATCH (8) per rank, block 1024, on $DP_SIZES

@@ -3,11 +3,14 @@
 # root on the GPU host (scripts/gpu_checks.sh serving): $B the bench binary, $OUT the folder that
 # comes back. For each model of $SERVE_MODELS (gpt2): a smoke run of HF alone (which batching
 # its worker chose, and why), then per engine of $SERVE_ENGINES (candle candle-static hf; -static:
-# --batching static, else each engine's default, continuous batching) a rate sweep
+# --batching static, else each engine's default, continuous batching; -tpN: candle over --tp N
+# ranks, candle-tp2 or candle-static-tp2, one GPU a rank) a rate sweep
 # ($SERVE_RATES, default 4,8,16,32,64,inf) of $SERVE_N (64) requests, prompts 64..256 tokens,
 # outputs $SERVE_OUT (128), goodput under a 200 ms TTFT / 20 ms TPOT SLO, $SERVE_FLAGS added. Each sweep's logs -> serving-logs.tgz (refreshed after each
-# sweep), the console -> serving.txt.
+# sweep), the console -> serving.txt. A -tpN engine runs one `bench --tp N` a rate (a sweep
+# takes no --tp), its logs in sweep-MODEL-ENGINE/rate-R/, each named ..._tpN_... by bench.
 set -u
+export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on shared hosts (KINDS.md)
 L=/tmp/serving-logs
 mkdir -p $L
 say() { tee -a "$OUT/serving.txt"; }
@@ -31,11 +34,23 @@ for m in ${SERVE_MODELS:-gpt2}; do
   grep -ho '"serving_batching":"[^"]*"' "$L/smoke-hf-$m"/*.jsonl 2>/dev/null | head -1 | say
   fi
   for e in ${SERVE_ENGINES:-candle candle-static hf}; do
-    # ENGINE or ENGINE-static (--batching static; else each engine's default, continuous)
-    local_flags=(--engine "${e%-static}")
-    [ "$e" != "${e%-static}" ] && local_flags+=(--batching static)
-    # shellcheck disable=SC2086  # SERVE_FLAGS: several flags
-    run sweep-$m-$e "${LOAD[@]}" --model "$m" "${local_flags[@]}" --num-requests "${SERVE_N:-64}" \
-      --output-len "${SERVE_OUT:-128}" --request-rate "${SERVE_RATES:-4,8,16,32,64,inf}" ${SERVE_FLAGS:-}
+    # ENGINE[-static][-tpN]: --batching static (else each engine's default, continuous);
+    # --tp N (candle only)
+    base=${e%-tp*} tp=
+    [ "$base" != "$e" ] && tp=${e##*-tp}
+    local_flags=(--engine "${base%-static}")
+    [ "$base" != "${base%-static}" ] && local_flags+=(--batching static)
+    rates=${SERVE_RATES:-4,8,16,32,64,inf}
+    if [ -z "$tp" ]; then
+      # shellcheck disable=SC2086  # SERVE_FLAGS: several flags
+      run sweep-$m-$e "${LOAD[@]}" --model "$m" "${local_flags[@]}" --num-requests "${SERVE_N:-64}" \
+        --output-len "${SERVE_OUT:-128}" --request-rate "$rates" ${SERVE_FLAGS:-}
+      continue
+    fi
+    for r in ${rates//,/ }; do
+      # shellcheck disable=SC2086  # SERVE_FLAGS: several flags
+      run sweep-$m-$e/rate-$r "${LOAD[@]}" --model "$m" "${local_flags[@]}" --tp "$tp" \
+        --num-requests "${SERVE_N:-64}" --output-len "${SERVE_OUT:-128}" --request-rate "$r" ${SERVE_FLAGS:-}
+    done
   done
 done

@@ -1,8 +1,8 @@
 //! The serving suite as a user runs it (`--suite serving`, issue #39), on the CPU with the
 //! tiny random GPT-2, continuous and static batching: one record per request with its times
 //! in order, a summary whose counts match, goodput against the SLO, the closed loop's cap, the
-//! seed's schedule, one-line errors, and extract-metrics' row. Behaviour only: no assertion on
-//! the machine's speed.
+//! seed's schedule, two tensor-parallel ranks, one-line errors, and extract-metrics' row.
+//! Behaviour only: no assertion on the machine's speed.
 
 mod common;
 
@@ -67,7 +67,11 @@ fn short_run_checks(recs: &[Value], batching: &str) {
     let info = &header["serving"];
     let said = info["batching"].as_str().unwrap();
     match batching {
-        "static" => assert_eq!(said, "static: the arrived requests, then generate"),
+        // Its first clause: a --tp run adds how the ranks share each operation.
+        "static" => assert_eq!(
+            said.split(';').next(),
+            Some("static: the arrived requests, then generate")
+        ),
         _ => assert!(said.starts_with("continuous: a slot KV cache"), "{said}"),
     }
     assert_eq!(
@@ -153,6 +157,62 @@ fn summary_checks(reqs: &[&Value], s: &Value, batching: &str) {
         s.get("goodput_requests_per_second").is_none(),
         "no --slo, no goodput"
     );
+}
+
+/// `--tp 2` on two CPU ranks (rank 0 schedules, rank 1 performs each operation it sends): one
+/// log, rank 0's, with every request and the summary, its header naming the ranks and the
+/// broadcast, the load of the one-process run. The tokens the ranks make are compared with one
+/// process's in src/scenarios/serving/tp_tests.rs (the log holds times, not ids).
+#[test]
+fn tp_ranks_serve_the_load_of_one_process_and_rank_0_logs_it() {
+    for batching in ["continuous", "static"] {
+        let args = [
+            "--device",
+            "cpu",
+            "--request-rate",
+            "1000",
+            "--batch-size",
+            "4",
+        ];
+        let args = [&args[..], &["--batching", batching]].concat();
+        let one = tempfile::tempdir().unwrap();
+        let want = serve(one.path(), &args);
+        let dir = tempfile::tempdir().unwrap();
+        let recs = serve(dir.path(), &[&args[..], &["--tp", "2"]].concat());
+        let log = common::only_file(dir.path());
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "rank 0 logs alone"
+        );
+        assert!(log.to_string_lossy().contains("_tp2_"), "{log:?}");
+        short_run_checks(&recs, batching);
+        let h = &recs[0];
+        assert_eq!(h["tp"]["size"], 2);
+        assert_eq!(h["tp"]["ranks"].as_array().map(Vec::len), Some(2));
+        let said = h["serving"]["batching"].as_str().unwrap();
+        let alone = want[0]["serving"]["batching"].as_str().unwrap();
+        assert!(said.starts_with(alone), "{said}");
+        assert!(said.contains("rank 0 schedules"), "{said}");
+        assert_eq!(
+            h["data"]["sha256"], want[0]["data"]["sha256"],
+            "the same prompts"
+        );
+        let load = |recs: &[Value]| {
+            let mut v: Vec<(u64, u64, u64)> = requests(recs)
+                .iter()
+                .map(|r| {
+                    let n = |k: &str| r[k].as_u64().unwrap();
+                    (n("request"), n("input_len"), n("output_len"))
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(load(&recs), load(&want), "{batching}");
+        let tokens = |recs: &[Value]| recs.last().unwrap()["total_output_tokens"].clone();
+        assert_eq!(tokens(&recs), tokens(&want));
+    }
 }
 
 #[test]
@@ -266,6 +326,18 @@ fn bad_serving_flags_are_one_line_errors() {
             "--batching 'dynamic': give continuous or static",
         ),
         (&["--batching", "static"], "applies to --suite serving"),
+        (
+            &["--suite", "serving", "--dp", "2"],
+            "--dp is not supported for --suite serving",
+        ),
+        (
+            &["--suite", "serving", "--tp", "2", "--engine", "hf"],
+            "the candle engine only",
+        ),
+        (
+            &["--suite", "serving", "--tp", "2", "--request-rate", "1,2"],
+            "--tp is not supported in a sweep",
+        ),
     ];
     for (args, want) in cases {
         let o = bench().args(*args).output().unwrap();

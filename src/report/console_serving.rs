@@ -10,7 +10,7 @@ use std::path::Path;
 
 /// The serving run's summary, as printed.
 pub fn serving_table(h: &Header, s: &ServingSummary, log_path: &Path) -> String {
-    // Serving runs have no --tp: the heading is the line and `auto`'s choice.
+    // The heading: the line, `auto`'s choice, and the ranks of a --tp run.
     let mut t = summary_heading(h, "batch ≤");
     let mut rows: Vec<(&str, String)> = vec![];
     if let Some(i) = &h.serving {

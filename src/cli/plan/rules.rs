@@ -150,9 +150,10 @@ pub fn parallel(args: &RunArgs, plan: &Plan) -> Result<Option<Parallel>> {
         return not_with("for training suites (LAMBADA only; data parallelism is --dp)");
     }
     if matches!(par, Parallel::Data { .. }) && !training {
-        return not_with(
-            "for LAMBADA (it is for training suites: --suite wikitext2; for inference use --tp)",
-        );
+        return not_with(&format!(
+            "for --suite {} (it is for training suites: --suite wikitext2; for inference use --tp)",
+            plan.suite.name
+        ));
     }
     if zero != 0 && !matches!(par, Parallel::Data { .. }) {
         return Err(Error::Config("--zero is for --dp runs".into()));

@@ -157,8 +157,8 @@ fn refuse_other_flags(args: &RunArgs) -> Result<()> {
             "--min-time and --min-batches: a serving run serves --num-requests requests",
         ),
         (
-            args.tp > 1 || args.dp > 1,
-            "--tp and --dp: the serving suite runs in one process (not built for ranks yet)",
+            args.dp > 1,
+            "--dp: the serving suite runs no data parallelism (it serves one load): use --tp N",
         ),
     ];
     match refused.iter().find(|(given, _)| *given) {

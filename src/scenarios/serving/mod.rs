@@ -15,11 +15,16 @@
 //! continuous batching where the model supports it, else (or with `--batching static`) the
 //! same static batching. One [`RequestRecord`] per request, then a [`ServingSummary`]
 //! ([`crate::metrics::serving`]: TTFT, TPOT, ITL, E2E, throughput, goodput under `--slo`).
+//! Over `--tp N` ranks (candle), rank 0 schedules and the other ranks perform each engine
+//! operation it broadcasts ([`ranks`]).
 
 pub mod continuous;
 pub mod load;
 pub mod queue;
+pub mod ranks;
 pub mod replay;
+#[cfg(test)]
+mod tp_tests;
 
 use super::generate::special_ids;
 use super::skeleton::{base_header, Padding, Scenario};
@@ -39,6 +44,7 @@ use crate::trackers::{MemoryReading, StepClock};
 use continuous::{serve_continuous, Stepper};
 use load::{prompts, schedule, LoadSpec, Planned};
 use queue::{serve, Clock, Policy, Served, WallClock};
+use ranks::{end, follow, Channel, Op, Role};
 use std::time::Instant;
 
 /// How the log header names static batching (`--batching static`, and the HF worker's where
@@ -61,6 +67,8 @@ pub struct Started {
     /// How it serves (the header's `batching`).
     batching: Batching,
     job: Job,
+    /// This rank's part: alone, or rank 0 or another rank of a tensor-parallel group.
+    role: Role,
 }
 
 /// The requests and how each call is made.
@@ -73,6 +81,40 @@ struct Job {
     /// (pad id, EOS ids never generated).
     special: (u32, Vec<u32>),
     padding: Padding,
+}
+
+impl Job {
+    /// The load's schedule and random prompts for `arch` (its pad and EOS ids excluded), and
+    /// the warm-up's `batch_size` prompts of the longest input, padded as `padding` says.
+    fn new(
+        load: &LoadSpec,
+        arch: &Architecture,
+        batch_size: usize,
+        padding: Padding,
+    ) -> Result<Self> {
+        let plan = schedule(load)?;
+        let special = special_ids(arch);
+        let mut banned = special.1.clone();
+        banned.push(special.0);
+        let vocab = vocab_size(arch);
+        let lens: Vec<usize> = plan.iter().map(|p| p.input_len).collect();
+        let prompts = prompts(&lens, vocab, &banned, load.seed);
+        let n_warm = batch_size.min(load.num_requests).max(1);
+        // Another seed than the timed prompts': the warm-up does not see them first.
+        let warm = load::prompts(
+            &vec![load.input_len.max; n_warm],
+            vocab,
+            &banned,
+            !load.seed,
+        );
+        Ok(Self {
+            plan,
+            prompts,
+            warm,
+            special,
+            padding,
+        })
+    }
 }
 
 impl Scenario for Serving<'_> {
@@ -88,25 +130,21 @@ impl Scenario for Serving<'_> {
         let load = &self.0.load;
         let tokenizer =
             TextTokenizer::for_model(spec.tokenizer_dir.as_deref(), spec.model.architecture())?;
+        let tp = spec.tp.as_ref().map(|t| (&t.group, &t.device));
+        let role = Role::of(tp, spec.batch_size, load.num_requests)?;
         let mut engine = registry::open_serve(kind, args)?;
-        let special = special_ids(&spec.model.arch);
-        let mode = choose_batching(&mut engine, self.0.batching, spec.batch_size, &special)?;
         let max_pos = engine.generate().max_positions();
         crate::models::generate::check_lengths(load.input_len.max, load.output_len.max, max_pos)?;
-        let plan = schedule(load)?;
-        let mut banned = special.1.clone();
-        banned.push(special.0);
-        let vocab = vocab_size(&spec.model.arch);
-        let lens: Vec<usize> = plan.iter().map(|p| p.input_len).collect();
-        let prompts = prompts(&lens, vocab, &banned, load.seed);
-        let n_warm = spec.batch_size.min(load.num_requests).max(1);
-        // Another seed than the timed prompts': the warm-up does not see them first.
-        let warm = load::prompts(
-            &vec![load.input_len.max; n_warm],
-            vocab,
-            &banned,
-            !load.seed,
-        );
+        let padding = Padding {
+            multiple: spec.pad_multiple,
+            cap: max_pos.saturating_sub(load.output_len.max),
+        };
+        let job = Job::new(load, &spec.model.arch, spec.batch_size, padding)?;
+        let mut mode =
+            choose_batching(&mut engine, self.0.batching, spec.batch_size, &job.special)?;
+        if let Some(t) = &spec.tp {
+            mode.said += &ranks::describe(t.group.size);
+        }
         let host = EnvReport::collect();
         let e = engine.generate();
         let header = Header {
@@ -116,23 +154,19 @@ impl Scenario for Serving<'_> {
             serving: Some(Box::new(info(self.0, &mode))),
             // Each call's prompts are left-padded to their longest, rounded up to this.
             pad_multiple: Some(spec.pad_multiple),
-            ..base_header(spec, args.weights, &tokenizer, host, data_info(&prompts))
-        };
-        let padding = Padding {
-            multiple: spec.pad_multiple,
-            cap: max_pos.saturating_sub(load.output_len.max),
-        };
-        let job = Job {
-            plan,
-            prompts,
-            warm,
-            special,
-            padding,
+            ..base_header(
+                spec,
+                args.weights,
+                &tokenizer,
+                host,
+                data_info(&job.prompts),
+            )
         };
         let started = Started {
             engine,
             batching: mode.batching,
             job,
+            role,
         };
         Ok((started, header))
     }
@@ -146,8 +180,17 @@ impl Scenario for Serving<'_> {
         wall: Instant,
     ) -> Result<(ServingSummary, Option<Error>)> {
         let served = match &mut s.engine {
-            Server::Calls(e) => self.serve_calls(spec, e.as_mut(), s.batching, &s.job, log)?,
-            Server::Replays(e) => self.serve_replay(spec, e.as_mut(), &s.job, log)?,
+            Server::Calls(e) => {
+                self.serve_calls(spec, e.as_mut(), (s.batching, &s.role), &s.job, log)?
+            }
+            Server::Replays(e) => match s.role {
+                Role::Alone => self.serve_replay(spec, e.as_mut(), &s.job, log)?,
+                // The plan refuses it first (the candle engine only).
+                _ => return Err(Error::Config(format!(
+                    "--tp: the {} engine replays the load in its own process: drop --tp or use --engine candle",
+                    e.name()
+                ))),
+            },
         };
         let memory = match served.failure.is_some() {
             true => MemoryReading::default(),
@@ -236,12 +279,13 @@ fn no_slots(engine: &str) -> Error {
 type Write<'a> = dyn FnMut(&[RequestRecord]) -> Result<()> + 'a;
 
 impl Serving<'_> {
-    /// Serves the load from this process, on its clock: by the engine's slots or by calls.
+    /// Serves the load from this process, on its clock: by the engine's slots or by calls;
+    /// over tensor-parallel ranks, as `role` says.
     fn serve_calls(
         &self,
         spec: &RunSpec,
         engine: &mut dyn Generate,
-        batching: Batching,
+        (batching, role): (Batching, &Role),
         j: &Job,
         log: &mut RankLog,
     ) -> Result<Served> {
@@ -252,8 +296,14 @@ impl Serving<'_> {
         let (warmup, load) = (spec.warmup_batches, &self.0.load);
         let mut write = |records: &[RequestRecord]| write_records(log, records);
         match batching {
-            Batching::Static => serve_static(engine, j, policy, warmup, load, &mut write),
-            Batching::Continuous => serve_slots(engine, j, policy, warmup, load, &mut write),
+            Batching::Static => serve_static(engine, j, policy, warmup, load, role, &mut write),
+            Batching::Continuous => {
+                let name = engine.name().to_string();
+                let Some(slots) = engine.in_flight() else {
+                    return Err(no_slots(&name));
+                };
+                serve_slots(slots, j, policy, warmup, load, role, &mut write)
+            }
         }
     }
 
@@ -307,13 +357,16 @@ fn write_records(log: &mut RankLog, records: &[RequestRecord]) -> Result<()> {
 
 /// Static batching ([`queue::serve`]) after the untimed warm-up calls: CUDA loads candle's PTX
 /// kernels, cuBLAS creates handles, the memory pools and the KV cache grow; none of that is
-/// the engine's serving speed.
+/// the engine's serving speed. The warm-up is the same on every rank; then rank 0 of a
+/// tensor-parallel group sends each call's requests before it makes the call, and the other
+/// ranks make the calls it sends ([`ranks`]).
 fn serve_static(
     engine: &mut dyn Generate,
     j: &Job,
     policy: Policy,
     warmup: usize,
     load: &LoadSpec,
+    role: &Role,
     write: &mut Write,
 ) -> Result<Served> {
     let out_max = load.output_len.max;
@@ -325,33 +378,49 @@ fn serve_static(
     if let Some(e) = warm_failure {
         return Ok(Served::failed(e));
     }
+    if let Role::Follower(channel) = role {
+        return follow(channel, &mut |op| match op {
+            Op::Call(ids) => static_call(engine, j, &ids).map(drop),
+            other => Err(unexpected(&other, Batching::Static)),
+        });
+    }
     let mut clock = WallClock::start();
-    let plan = &j.plan;
+    let mut failed = false;
+    let leader = role.leader();
     let mut call = |ids: &[usize], _: &mut dyn Clock| {
-        let prompts: Vec<Vec<u32>> = ids.iter().map(|&i| j.prompts[i].clone()).collect();
-        let new = ids.iter().map(|&i| plan[i].output_len).max().unwrap_or(1);
-        let req = request((&j.padding, &j.special), &prompts, new);
-        call_engine(engine, &req)
+        let sent = leader.map_or(Ok(()), |c| c.send(&Op::Call(ids.to_vec())));
+        let laps = sent.and_then(|()| static_call(engine, j, ids));
+        failed |= laps.is_err();
+        laps
     };
-    serve(plan, policy, &mut clock, &mut call, write)
+    let served = serve(&j.plan, policy, &mut clock, &mut call, write);
+    end(leader, failed, served)
+}
+
+/// Static batching's call of requests `ids` (their prompts, the longest output asked): its
+/// laps.
+fn static_call(engine: &mut dyn Generate, j: &Job, ids: &[usize]) -> Result<Vec<f64>> {
+    let prompts: Vec<Vec<u32>> = ids.iter().map(|&i| j.prompts[i].clone()).collect();
+    let new = ids.iter().map(|&i| j.plan[i].output_len).max().unwrap_or(1);
+    let req = request((&j.padding, &j.special), &prompts, new);
+    call_engine(engine, &req)
 }
 
 /// Continuous batching ([`continuous::serve_continuous`]) over the engine's slots, after the
 /// untimed warm-up rounds: the warm-up prompts join the slots, step to the longest output
 /// and leave (the kernels, the handles, the pools, as for static batching). A failure to
-/// make the slots (the memory) ends the run as a failed call does.
+/// make the slots (the memory) ends the run as a failed call does. The warm-up is the same
+/// on every rank; then rank 0 of a tensor-parallel group sends each join, step and leave
+/// before it makes it, and the other ranks make those it sends ([`ranks`]).
 fn serve_slots(
-    engine: &mut dyn Generate,
+    engine: &mut dyn InFlight,
     j: &Job,
     policy: Policy,
     warmup: usize,
     load: &LoadSpec,
+    role: &Role,
     write: &mut Write,
 ) -> Result<Served> {
-    let name = engine.name().to_string();
-    let Some(engine) = engine.in_flight() else {
-        return Err(no_slots(&name));
-    };
     let longest = load.input_len.max + load.output_len.max;
     let opened = engine.open_slots(policy.max_batch, longest, j.special.0, &j.special.1);
     let warm = |engine: &mut dyn InFlight| -> Result<()> {
@@ -367,32 +436,65 @@ fn serve_slots(
     if let Err(e) = ready {
         return Ok(Served::failed(e));
     }
-    let mut clock = WallClock::start();
     let mut slots = EngineSlots {
         engine,
         prompts: &j.prompts,
+        leader: role.leader(),
+        failed: false,
     };
-    serve_continuous(&j.plan, policy, &mut clock, &mut slots, write)
+    if let Role::Follower(channel) = role {
+        return follow(channel, &mut |op| slots.perform(op).map(drop));
+    }
+    let mut clock = WallClock::start();
+    let served = serve_continuous(&j.plan, policy, &mut clock, &mut slots, write);
+    end(slots.leader, slots.failed, served)
 }
 
 /// The engine's slots as the scheduler drives them: request i's prompt is `prompts[i]`.
 struct EngineSlots<'a> {
     engine: &'a mut dyn InFlight,
     prompts: &'a [Vec<u32>],
+    /// Rank 0 of a tensor-parallel group: each operation goes to the other ranks first.
+    leader: Option<&'a Channel>,
+    /// An operation failed on this rank (then no End is sent: [`ranks::end`]).
+    failed: bool,
+}
+
+impl EngineSlots<'_> {
+    /// `op` on the engine, sent to the other ranks first where this rank leads them: the
+    /// tokens it made (a join's first token; a step's, one an occupied slot).
+    fn perform(&mut self, op: Op) -> Result<usize> {
+        let sent = self.leader.map_or(Ok(()), |c| c.send(&op));
+        let made = sent.and_then(|()| match op {
+            Op::Join { slot, request } => self.engine.join(slot, &self.prompts[request]).map(|_| 1),
+            Op::Step => self.engine.step().map(|made| made.len()),
+            Op::Leave { slot } => self.engine.leave(slot).map(|()| 0),
+            other => Err(unexpected(&other, Batching::Continuous)),
+        });
+        self.failed |= made.is_err();
+        made
+    }
 }
 
 impl Stepper for EngineSlots<'_> {
     fn join(&mut self, slot: usize, request: usize, _: &mut dyn Clock) -> Result<()> {
-        self.engine.join(slot, &self.prompts[request]).map(drop)
+        self.perform(Op::Join { slot, request }).map(drop)
     }
 
     fn step(&mut self, _: &mut dyn Clock) -> Result<usize> {
-        Ok(self.engine.step()?.len())
+        self.perform(Op::Step)
     }
 
     fn leave(&mut self, slot: usize) -> Result<()> {
-        self.engine.leave(slot)
+        self.perform(Op::Leave { slot }).map(drop)
     }
+}
+
+/// A follower's error for an operation its batching does not make (the ranks disagree).
+fn unexpected(op: &Op, batching: Batching) -> Error {
+    Error::Engine(format!(
+        "--tp serving: rank 0 sent {op:?}, no operation of {batching:?} batching (the ranks disagree)"
+    ))
 }
 
 /// One engine call, every token timed; its laps (ms after the call's start), checked: a row
