@@ -113,6 +113,13 @@ csvs() {
     --where "run!=${cut}1222Z" --where "run!=${cut}1256Z" --where "run!=${cut}1333Z"
   # bloom-7b1's sweeps, the next call (another machine).
   part s2 -i $M/serving-run5/serving-logs.tgz
+  # bd3958f (the HF probe with its sdpa-nocudnn candidate): gpt2 FT mode at pad 64 on GPU 0
+  # of a 2× H100 host (HF chose sdpa with cuDNN attention off); the next call, on a one-GPU
+  # machine where HF's compiled runs were 1.4-1.9x slower than on the earlier machines (scoring
+  # 7.50 ms a batch against 4.05, the probe too; candle the same): gpt2 decoding at batch 16
+  # and 1, FT mode at pad 1 and scoring, on the page, not in README's ranges.
+  part a6 -i $M/remeasure-run6/remeasure-logs.tgz
+  part a7 -i $M/remeasure-run7/remeasure-logs.tgz
   host h100
   # 2× H100 (#34, #40): tp on 76b0da8 (multi-run1's own logs, not its smoke stage's tiny
   # models), dp on 7c35eef without the withdrawn bf16 gradient sum, the strategies, and HF's
@@ -131,6 +138,11 @@ csvs() {
   local nopush=lt,softmax,bias-act,adamw,layer-norm,dropout,cross-entropy,decode,graph,embedding
   nopush=$nopush,heads,flash,residual,gemv,skinny,oneshot,split-head,sum-norm
   part d6 -i $H/multi-run7/multi-logs.tgz --where "fused!=$nopush"
+  # bd3958f (#34, #39): every tp and dp figure of #34 in one call after the gate (gate-run5):
+  # the card's command, bloom-7b1 scoring, generation and decoding at tp 1 / 2, gpt2 dp 1 / 2
+  # / 2 --dp-overlap; then the serving suite over --tp 2 against one GPU (bloom-7b1).
+  part d7 -i $H/multi-run8/multi-logs.tgz
+  part d8 -i $H/serving-run1/serving-logs.tgz
   host h100x2
   # One H200: decoding against compiled HF, BLOOM only (gpt2's compiled sdpa was not tried).
   part e1 -i $R/h200/gen-final-run1/gen-logs.tgz --where model=bloom-560m
@@ -204,6 +216,7 @@ TP_SCORE="$TP_SCORE,ratio_vs_1gpu:.2=× 1 GPU,scaling_efficiency:.3=efficiency,g
 SERVE="model,engine,batching_mode=batching,request_rate=offered req/s,requests_per_second:.2=req/s"
 SERVE="$SERVE,ttft_ms_p99:.1=TTFT p99 ms,tpot_ms_p99:.2=TPOT p99 ms,goodput_requests_per_second:.2=goodput req/s"
 SERVE="$SERVE,git_commit=commit"
+SERVE_TP="${SERVE/engine,/engine,tp,}"
 DP="model,dtype,batch_size=batch a rank,dp,zero=ZeRO,dp_overlap=overlap,dropout,gpu=GPU"
 DP="$DP,train_samples_per_second:.1=train samples/s,tokens_per_second:.0=tokens/s"
 DP="$DP,peak_memory_bytes:GiB.2=peak GiB,ratio_vs_1gpu:.2=× 1 GPU,scaling_efficiency:.3=efficiency"
@@ -214,7 +227,7 @@ STRAT="$STRAT,peak_memory_bytes:GiB.2=peak GiB,status,git_commit=commit"
 # One GPU against HF: the runs with an HF ratio; several GPUs against one (on 2× H100, whose
 # CSV holds HF's probe too: the runs without an HF ratio).
 VS_HF=(--where "ratio_vs_hf_best!=" --sort model,batch_size,time_utc)
-PAR=(--where suite!=wikitext2 --where suite!=shakespeare)
+PAR=(--where suite!=wikitext2 --where suite!=shakespeare --where suite!=serving)
 BY_MODE=(--sort suite,mode,model,batch_size,git_commit,tp,time_utc)
 DPS=(--where suite=wikitext2 --sort model,dtype,git_commit,dropout,dp,zero,dp_overlap,time_utc)
 
@@ -229,8 +242,8 @@ intro() {
     "its log's header holds the command line, GPU, driver, CUDA version and the binary's commit." \
     "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
     "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
-    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..5, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, dropout-run3, train-table-run1..3, fp8-run1..3, serving-run3..5 |" \
-    "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, multi-run6..7, hf-probe-run1..2 |" \
+    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..7, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, dropout-run3, train-table-run1..3, fp8-run1..3, serving-run3..5 |" \
+    "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, multi-run6..8, serving-run1, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
     "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6, multi-run12 |" \
     "| 4× H200 | [h200x4.csv](current/h200x4.csv) | h200x4/tp-run2, dp-200 |" "" \
@@ -305,6 +318,13 @@ serving() {
       -i $C/h100.csv --where suite=serving --where model=$m --curve --x requests_per_second \
       --metric ttft_ms_p99 --log-y --title "$m serving, one H100: p99 TTFT by achieved req/s (a line an engine and batching)"
   done
+  say "### 2× H100: candle over \`--tp 2\` against one GPU" "" \
+    "Rank 0 schedules and broadcasts each engine operation to the other rank (one small" \
+    "all-reduce an operation, inside the times); each rank one GPU of the pair." ""
+  table h100x2 --where suite=serving --sort model,tp,requests_per_second --columns "$SERVE_TP"
+  chart "h100x2_serving_bloom-7b1" "bloom-7b1 serving on 2× H100, tp 1 and tp 2: p99 TTFT against achieved requests/s" \
+    -i $C/h100x2.csv --where suite=serving --where model=bloom-7b1 --curve --x requests_per_second \
+    --metric ttft_ms_p99 --log-y --title "bloom-7b1 serving, 2× H100: p99 TTFT by achieved req/s, tp 1 and tp 2"
 }
 
 parallel() {
@@ -314,7 +334,7 @@ parallel() {
   say "### 2× H100" ""
   table h100x2 "${PAR[@]}" --where "ratio_vs_hf_best=" "${BY_MODE[@]}" --columns "$TP"
   table h100x2 "${DPS[@]}" --columns "$DP"
-  say "6ac4535's dp rows ran \`--drop-last\` (every timed step 8 × 1024 a rank; docs/perf-notes.md," \
+  say "6ac4535's and bd3958f's dp rows ran \`--drop-last\` (every timed step 8 × 1024 a rank; docs/perf-notes.md," \
     "\"dp 2 with full batches\"); 7c35eef's kept each epoch's 2-row last batch." ""
   table h100x2 --where suite=shakespeare --sort model,engine,zero,recompute,batch_size --columns "$STRAT"
   chart h100x2_strategies "gpt2-xl training strategies on 2× H100: tokens/s by batch" \
