@@ -7,8 +7,8 @@
 # ranks, candle-tp2 or candle-static-tp2, one GPU a rank) a rate sweep
 # ($SERVE_RATES, default 4,8,16,32,64,inf) of $SERVE_N (64) requests, prompts 64..256 tokens,
 # outputs $SERVE_OUT (128), goodput under a 200 ms TTFT / 20 ms TPOT SLO, $SERVE_FLAGS added. Each sweep's logs -> serving-logs.tgz (refreshed after each
-# sweep), the console -> serving.txt. A -tpN engine runs one `bench --tp N` a rate (a sweep
-# takes no --tp), its logs in sweep-MODEL-ENGINE/rate-R/, each named ..._tpN_... by bench.
+# sweep), the console -> serving.txt. A -tpN engine's sweep launches the N ranks of each rate
+# (serving-run1 ran one `bench --tp N` a rate instead, before sweeps took --tp).
 set -u
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on shared hosts (KINDS.md)
 L=/tmp/serving-logs
@@ -41,16 +41,9 @@ for m in ${SERVE_MODELS:-gpt2}; do
     local_flags=(--engine "${base%-static}")
     [ "$base" != "${base%-static}" ] && local_flags+=(--batching static)
     rates=${SERVE_RATES:-4,8,16,32,64,inf}
-    if [ -z "$tp" ]; then
-      # shellcheck disable=SC2086  # SERVE_FLAGS: several flags
-      run sweep-$m-$e "${LOAD[@]}" --model "$m" "${local_flags[@]}" --num-requests "${SERVE_N:-64}" \
-        --output-len "${SERVE_OUT:-128}" --request-rate "$rates" ${SERVE_FLAGS:-}
-      continue
-    fi
-    for r in ${rates//,/ }; do
-      # shellcheck disable=SC2086  # SERVE_FLAGS: several flags
-      run sweep-$m-$e/rate-$r "${LOAD[@]}" --model "$m" "${local_flags[@]}" --tp "$tp" \
-        --num-requests "${SERVE_N:-64}" --output-len "${SERVE_OUT:-128}" --request-rate "$r" ${SERVE_FLAGS:-}
-    done
+    [ -n "$tp" ] && local_flags+=(--tp "$tp")
+    # shellcheck disable=SC2086  # SERVE_FLAGS: several flags
+    run sweep-$m-$e "${LOAD[@]}" --model "$m" "${local_flags[@]}" --num-requests "${SERVE_N:-64}" \
+      --output-len "${SERVE_OUT:-128}" --request-rate "$rates" ${SERVE_FLAGS:-}
   done
 done

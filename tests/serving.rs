@@ -334,10 +334,6 @@ fn bad_serving_flags_are_one_line_errors() {
             &["--suite", "serving", "--tp", "2", "--engine", "hf"],
             "the candle engine only",
         ),
-        (
-            &["--suite", "serving", "--tp", "2", "--request-rate", "1,2"],
-            "--tp is not supported in a sweep",
-        ),
     ];
     for (args, want) in cases {
         let o = bench().args(*args).output().unwrap();

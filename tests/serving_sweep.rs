@@ -1,7 +1,8 @@
 //! A rate sweep of the serving suite (`--request-rate 50,200,inf`, #39 item 4) on the CPU with
 //! the tiny random GPT-2: one child and one log per rate, the sweep's table of rates,
-//! `--resume` running only the rate that is missing, extract-metrics' row per rate, and
-//! one-line errors for a bad list. Behaviour only: no assertion on the machine's speed.
+//! `--resume` running only the rate that is missing, a sweep over `--tp 2` CPU ranks (each
+//! rate's child launching its ranks), extract-metrics' row per rate, and one-line errors for a
+//! bad list. Behaviour only: no assertion on the machine's speed.
 
 mod common;
 
@@ -58,6 +59,24 @@ fn table_rates(stdout: &str) -> Vec<String> {
     rows.skip(1)
         .filter_map(|l| l.split_whitespace().next().map(str::to_string))
         .collect()
+}
+
+/// `--tp 2` with a list of rates: each rate's child launches its two ranks, rank 0 logs.
+#[test]
+fn a_rate_sweep_over_tp_ranks_logs_each_rate_from_rank_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = sweep(dir.path(), "200,inf", &["--device", "cpu", "--tp", "2"]);
+    assert!(out.contains("sweep: 2 runs (2 ok"), "{out}");
+    assert_eq!(table_rates(&out), ["200", "inf"], "{out}");
+    let sd = sweep_dir(dir.path());
+    assert_eq!(logged_rates(&sd), [Some(200.), None], "one log a rate");
+    for log in std::fs::read_dir(&sd).unwrap().map(|e| e.unwrap().path()) {
+        let name = log.file_name().unwrap().to_string_lossy().into_owned();
+        if name.ends_with(".jsonl") && name != "sweep.jsonl" {
+            assert!(name.contains("_tp2_"), "{name}");
+            assert_eq!(records(&log)[0]["tp"]["size"], 2, "{name}");
+        }
+    }
 }
 
 #[test]

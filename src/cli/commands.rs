@@ -78,11 +78,14 @@ fn sweep(args: RunArgs, plan: Plan, command_line: Vec<String>) -> Result<ExitCod
             "--save-weights writes one model: run it without a sweep".into(),
         ));
     }
-    // --tp / --dp runs one configuration, unless --strategies makes each a group of ranks.
-    if (args.tp > 1 || args.dp > 1) && args.strategies.is_empty() {
+    // --tp / --dp runs one configuration, unless --strategies makes each a group of ranks,
+    // or the serving suite's rates do (each child launches its --tp ranks, as --strategies';
+    // its own checks refuse --dp).
+    let serving = plan.suite.serving.is_some();
+    if (args.tp > 1 || args.dp > 1) && args.strategies.is_empty() && !serving {
         let flag = if args.tp > 1 { "--tp" } else { "--dp" };
         return Err(Error::Config(format!(
-            "{flag} is not supported in a sweep (one configuration at a time; --repeat and --isolate included); --strategies sweeps --dp runs"
+            "{flag} is not supported in a sweep (one configuration at a time; --repeat and --isolate included); --strategies sweeps --dp runs, the serving suite's rates --tp runs"
         )));
     }
     // Every configuration, so that a missing llm.c binary fails before candle trains.
