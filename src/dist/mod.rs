@@ -17,6 +17,8 @@ mod pair_sum;
 #[cfg(feature = "nccl")]
 mod peer_sum;
 pub mod rendezvous;
+#[cfg(test)]
+pub(crate) mod test_ranks;
 pub mod world;
 
 pub use collective::{part, AllReduce, Tp};

@@ -273,39 +273,8 @@ fn ban_bias(banned: &[u32], logits: &Tensor) -> Result<Option<Tensor>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dist::collective::TcpAllReduce;
-    use crate::dist::AllReduce;
-    use crate::dist::Tp;
+    use crate::dist::test_ranks::on_ranks;
     use crate::models::{ModelSpec, WeightSource};
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    /// `f(tp)` on `size` tensor-parallel ranks, threads joined by a TCP all-reduce.
-    fn on_ranks<T: Send + 'static>(
-        size: usize,
-        f: impl Fn(Tp) -> T + Send + Sync + 'static,
-    ) -> Vec<T> {
-        let listener = TcpAllReduce::listen([127, 0, 0, 1].into()).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let f = Arc::new(f);
-        let ranks: Vec<_> = (0..size)
-            .map(|rank| {
-                let f = f.clone();
-                let listener = (rank == 0).then(|| listener.try_clone().unwrap());
-                std::thread::spawn(move || {
-                    let reduce: Option<Arc<dyn AllReduce>> = match (size, listener) {
-                        (1, _) => None,
-                        (_, Some(l)) => Some(Arc::new(
-                            TcpAllReduce::serve(l, size, Duration::from_secs(30)).unwrap(),
-                        )),
-                        (_, None) => Some(Arc::new(TcpAllReduce::connect(addr, rank).unwrap())),
-                    };
-                    f(Tp { rank, size, reduce })
-                })
-            })
-            .collect();
-        ranks.into_iter().map(|r| r.join().unwrap()).collect()
-    }
 
     /// Each rank of a tensor-parallel group caches its own heads and generates the ids of
     /// the single-rank model (3 ranks split 4 heads 1, 1, 2).

@@ -3,15 +3,13 @@
 
 use super::shard::*;
 use super::weights::{save_checkpoint, RandomInit};
-use crate::dist::collective::TcpAllReduce;
 use crate::dist::part;
-use crate::dist::{AllReduce, Tp};
+use crate::dist::test_ranks::on_ranks;
 use crate::models::{ModelSpec, WeightSource};
 use candle_core::{DType, Device, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::Init;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Logits of every position, (B·T, V), of `spec` split over `size` ranks (threads with a
 /// TCP all-reduce), as each rank sees them.
@@ -29,38 +27,21 @@ fn logits_per_rank(spec: &ModelSpec, source: &WeightSource, size: usize) -> Vec<
         &Device::Cpu,
     )
     .unwrap();
-    let listener = TcpAllReduce::listen([127, 0, 0, 1].into()).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let ranks: Vec<_> = (0..size)
-        .map(|rank| {
-            let (spec, source, ids, mask) =
-                (spec.clone(), source.clone(), ids.clone(), mask.clone());
-            let listener = (rank == 0).then(|| listener.try_clone().unwrap());
-            std::thread::spawn(move || {
-                let reduce: Option<Arc<dyn AllReduce>> = match (size, listener) {
-                    (1, _) => None,
-                    (_, Some(l)) => Some(Arc::new(
-                        TcpAllReduce::serve(l, size, Duration::from_secs(30)).unwrap(),
-                    )),
-                    (_, None) => Some(Arc::new(TcpAllReduce::connect(addr, rank).unwrap())),
-                };
-                let tp = Tp { rank, size, reduce };
-                let model = spec
-                    .load_shard(&source, DType::F32, &Device::Cpu, &tp)
-                    .unwrap();
-                let h = model.hidden_states(&ids, &mask).unwrap(); // (B, T, C)
-                let h = h.flatten_to(1).unwrap();
-                model
-                    .logits(&h)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap()
-            })
-        })
-        .collect();
-    ranks.into_iter().map(|r| r.join().unwrap()).collect()
+    let (spec, source) = (spec.clone(), source.clone());
+    on_ranks(size, move |tp| {
+        let model = spec
+            .load_shard(&source, DType::F32, &Device::Cpu, &tp)
+            .unwrap();
+        let h = model.hidden_states(&ids, &mask).unwrap(); // (B, T, C)
+        let h = h.flatten_to(1).unwrap();
+        model
+            .logits(&h)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    })
 }
 
 fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {

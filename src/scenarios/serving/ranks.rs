@@ -222,37 +222,9 @@ pub fn end(leader: Option<&Channel>, failed: bool, served: Result<Served>) -> Re
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
-    use crate::dist::collective::TcpAllReduce;
-    use std::time::Duration;
-
-    /// `f(tp)` on `size` ranks, threads joined by a TCP all-reduce; each rank's answer.
-    pub(crate) fn on_ranks<T: Send + 'static>(
-        size: usize,
-        f: impl Fn(Tp) -> T + Send + Sync + 'static,
-    ) -> Vec<T> {
-        let listener = TcpAllReduce::listen([127, 0, 0, 1].into()).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let f = Arc::new(f);
-        let ranks: Vec<_> = (0..size)
-            .map(|rank| {
-                let f = f.clone();
-                let listener = (rank == 0).then(|| listener.try_clone().unwrap());
-                std::thread::spawn(move || {
-                    let reduce: Option<Arc<dyn AllReduce>> = match (size, listener) {
-                        (1, _) => None,
-                        (_, Some(l)) => Some(Arc::new(
-                            TcpAllReduce::serve(l, size, Duration::from_secs(30)).unwrap(),
-                        )),
-                        (_, None) => Some(Arc::new(TcpAllReduce::connect(addr, rank).unwrap())),
-                    };
-                    f(Tp { rank, size, reduce })
-                })
-            })
-            .collect();
-        ranks.into_iter().map(|r| r.join().unwrap()).collect()
-    }
+    use crate::dist::test_ranks::on_ranks;
 
     fn ops() -> Vec<Op> {
         vec![

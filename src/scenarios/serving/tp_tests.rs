@@ -5,10 +5,10 @@
 
 use super::load::{LenRange, LoadSpec};
 use super::queue::Policy;
-use super::ranks::tests::on_ranks;
 use super::ranks::Role;
 use super::{serve_slots, serve_static, Job};
 use crate::device::Precision;
+use crate::dist::test_ranks::on_ranks;
 use crate::engines::candle::{CandleEngine, LoadFrom};
 use crate::engines::{Engine, Generate, GenerateRequest, InFlight};
 use crate::error::Result;
