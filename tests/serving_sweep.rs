@@ -79,6 +79,29 @@ fn a_rate_sweep_over_tp_ranks_logs_each_rate_from_rank_0() {
     }
 }
 
+/// A `--tp` sweep's ranks are checked before any child starts: the same one-line errors as a
+/// single run's, not one failed child a rate.
+#[test]
+fn a_tp_sweep_that_cannot_launch_its_ranks_is_a_one_line_error() {
+    let cases: [(&[&str], &str); 3] = [
+        (&["--tp", "2", "--engine", "both"], "the candle engine only"),
+        (&["--tp", "8", "--model", "gpt2-tiny"], "use 1 to 4 ranks"),
+        (&["--tp", "2", "--zero", "1"], "--zero is for --dp runs"),
+    ];
+    for (extra, want) in cases {
+        let o = bench()
+            .args(["--suite", "serving", "--device", "cpu"])
+            .args(["--request-rate", "50,inf"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "{extra:?}: {err}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+    }
+}
+
 #[test]
 fn a_rate_sweep_runs_a_child_per_rate_and_resumes_the_missing_one() {
     let dir = tempfile::tempdir().unwrap();

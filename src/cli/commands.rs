@@ -88,9 +88,15 @@ fn sweep(args: RunArgs, plan: Plan, command_line: Vec<String>) -> Result<ExitCod
             "{flag} is not supported in a sweep (one configuration at a time; --repeat and --isolate included); --strategies sweeps --dp runs, the serving suite's rates --tp runs"
         )));
     }
-    // Every configuration, so that a missing llm.c binary fails before candle trains.
+    // Every configuration, so that a missing llm.c binary fails before candle trains; a serving
+    // sweep over --tp also checks each child's ranks (engine, model split, device) up front.
     for config in &plan.configs {
-        resolve_config(&args, &plan, config, None, vec![])?;
+        let spec = resolve_config(&args, &plan, config, None, vec![])?;
+        if serving && args.tp > 1 {
+            if let Some(par) = parallel(&args, &plan.one_of(config))? {
+                check_parallel(par, &spec)?;
+            }
+        }
     }
     let outcome = run_sweep(SweepOptions {
         suite: plan.suite.name.clone(),

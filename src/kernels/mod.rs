@@ -127,7 +127,8 @@ pub enum Fused {
     SumNorm,
     /// Tensor parallelism, decoding at 1–4 rows: a row-parallel nn.Linear projection's GEMV
     /// pushes its output into every rank's one-shot buffer as its blocks finish, and the
-    /// sum + add + norm kernel only receives (needs `sum-norm` and `gemv`), instead of the GEMV
+    /// sum + add + norm kernel only receives (needs `sum-norm`, `oneshot`, `decode` and
+    /// `gemv`), instead of the GEMV
     /// writing its output and the next kernel pushing it.
     PushSum,
     /// Data parallelism on two GPUs of one host with `--dp-overlap`: each gradient group

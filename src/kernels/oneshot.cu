@@ -12,7 +12,8 @@
 // two slots (even and odd epochs) of [MAX_RANKS senders][2 · cap bytes of lines].
 // Every kernel here runs a grid of exactly MAX_BLOCKS blocks, each of which advances its epoch
 // once, so all counters move together: kernel k of a stream runs at epoch k + 1 in every
-// block. (A grid sized to the tensor let the counters drift apart, and a block could then write
+// block. (gemv_push, below, is the exception: it pushes at the next kernel's epoch and leaves
+// the counters to that kernel, oneshot_add_layer_norm with pushed = 1.) (A grid sized to the tensor let the counters drift apart, and a block could then write
 // lines another rank was still reading from an older epoch of the same parity.)
 // Why two slots suffice without a barrier: a rank running kernel k has finished kernel k − 1,
 // so it received every rank's lines of k − 1, which each rank sent after it had finished kernel

@@ -303,8 +303,12 @@ mod imp {
         let laid = [x, g.w, g.bias, r, w, b].iter().all(|t| t.is_contiguous());
         let aligned = [x, g.w, r, w, b].into_iter().all(aligned16);
         let bytes = m * n * dt.size_in_bytes();
-        let norm = norm_fits(dt, n, bytes, [r, w, b]) && r.elem_count() == m * n;
-        if !(gemv_fits && whole && same && laid && aligned && norm) {
+        // The receiver takes its rows and width from r: (…, n) holding the m rows.
+        let r_fits = r.elem_count() == m * n && r.dim(candle_core::D::Minus1)? == n;
+        let norm = norm_fits(dt, n, bytes, [r, w, b]) && r_fits;
+        // Inference only: this GEMV has no backward (as kernels::linear refuses tracked ops).
+        let inference = ![x, g.w, g.bias].iter().any(|t| t.track_op());
+        if !(gemv_fits && whole && same && laid && aligned && norm && inference) {
             return Ok(None);
         }
         push_gemv(g, peers)?;

@@ -278,6 +278,19 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The plan a sweep's child will run for `config` (see [`Plan::only`]), made beside this one
+    /// so that the sweep can check it before any child starts.
+    pub fn one_of(&self, config: &RunConfig) -> Self {
+        Self {
+            suite: self.suite.clone(),
+            device: self.device,
+            auto: self.auto.clone(),
+            configs: vec![config.clone()],
+            repeat: 1,
+            sweep: false,
+        }
+    }
+
     /// The plan of a sweep's child: its one configuration, run as a single run (or its ranks).
     pub fn only(self, config: RunConfig) -> Self {
         Self {

@@ -248,7 +248,7 @@ class Serving:
                 raise RuntimeError(f"a probe of 2 new tokens returned {len(out.generated_tokens)}")
         except Exception as e:  # noqa: BLE001 - any failure means static batching, said in the header
             self.stop_manager()
-            self.model.set_attn_implementation(self.attn)
+            self.model.set_attn_implementation("sdpa" if self.attn == NO_CUDNN else self.attn)
             return "static", f"{name}: continuous batching failed ({type(e).__name__}: {e})".splitlines()[0]
         return "continuous", f"{name}, attention {self.model.config._attn_implementation}" + notes
 

@@ -93,11 +93,23 @@ fn decode(m: &[f32], (max_batch, num_requests): (usize, usize)) -> Result<Op> {
     }
 }
 
+/// f32 values a message of up to `max_batch` request ids has: 2 + `max_batch`, one more where
+/// that would make whole 16-byte vectors. The one-shot sum (`kernels::oneshot_sum`) takes only
+/// those, and its receive traps after 60 s; a follower waits for rank 0's next message as long
+/// as the load's longest gap between arrivals, so the messages go through NCCL, which waits.
+fn message_len(max_batch: usize) -> usize {
+    let n = 2 + max_batch.max(1);
+    match (n * 4).is_multiple_of(16) {
+        true => n + 1,
+        false => n,
+    }
+}
+
 /// This rank's end of the broadcast: the group's all-reduce, on the rank's device.
 pub struct Channel {
     reduce: Arc<dyn AllReduce>,
     device: Device,
-    /// Values a message has: 2 + `--batch-size`.
+    /// Values a message has ([`message_len`]).
     len: usize,
     /// (`--batch-size`, `--num-requests`): a message's slots and requests are below them.
     limits: (usize, usize),
@@ -117,7 +129,7 @@ impl Channel {
                 "--tp serving passes slots and request ids as f32, exact below 2^24: --batch-size {max_batch} and --num-requests {num_requests} must be smaller"
             )));
         }
-        let (len, limits) = (2 + max_batch.max(1), (max_batch.max(1), num_requests));
+        let (len, limits) = (message_len(max_batch), (max_batch.max(1), num_requests));
         Ok(Self {
             reduce,
             device,
@@ -225,6 +237,17 @@ pub fn end(leader: Option<&Channel>, failed: bool, served: Result<Served>) -> Re
 mod tests {
     use super::*;
     use crate::dist::test_ranks::on_ranks;
+
+    /// Every batch size's message fits its operations and is no whole number of 16-byte
+    /// vectors (the one-shot sum's receive would trap during a long gap between arrivals).
+    #[test]
+    fn messages_stay_off_the_one_shot_sum() {
+        for b in 0..200 {
+            let n = message_len(b);
+            assert!(n >= 2 + b.max(1), "{b}: {n}");
+            assert!(!(n * 4).is_multiple_of(16), "{b}: {n} f32 values");
+        }
+    }
 
     fn ops() -> Vec<Op> {
         vec![
