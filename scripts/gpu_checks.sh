@@ -72,6 +72,8 @@
 #                  gpt2 training step; scripts/kernel_breakdown.py sums them by op -> perf-profile.tgz
 #                  ($PROF_ENGINES: candle hf; $PROF_CASES: those five; $PROF_FLAGS go to the
 #                  training run, e.g. PROF_ENGINES=candle PROF_FLAGS="--backward autograd")
+#   gemv-ncu       ncu sections of one layer's decode GEMVs, $GEMV_NCU_MODEL (bloom-7b1) batch 1 at
+#                  fp8 and bf16, and the fp8 GEMV's SASS          -> gemv-ncu.txt, gemv-sass.txt
 #   flash-profile  ncu sections of the fused attention's kernels in a gpt2 training step -> flash-ncu.txt
 #   kernels        the fused kernels against candle's composed ops (src/gpu_tests/) and
 #                  the NCCL collectives on one rank (src/dist/gpu_tests.rs): the tests whose names
@@ -201,7 +203,7 @@ NCU="ncu --profile-from-start off --clock-control none --cache-control none --ta
 profile() { # name call-index bench-args...: one call's kernels, as CSV in /tmp/prof/$name.csv
   local name=$1 at=$2; shift 2
   mkdir -p /tmp/prof
-  TB_CUDA_PROFILE=$at $NCU -f -o /tmp/prof/$name $B --weights random --seed 0 --device cuda --dtype bf16 \
+  TB_CUDA_PROFILE=$at $NCU -f -o /tmp/prof/$name $B --weights random --seed 0 --device cuda --dtype "${PROF_DTYPE:-bf16}" \
     --log-dir /tmp/prof-logs --no-progress "$@" > /tmp/prof/$name.txt 2>&1
   echo "$name: exit $? $(grep -c . /tmp/prof/$name.txt) lines"
   ncu -i /tmp/prof/$name.ncu-rep --csv --page raw --print-units base --metrics gpu__time_duration.sum > /tmp/prof/$name.csv
@@ -448,6 +450,26 @@ for stage in "$@"; do
         --log-dir /tmp/prof-logs --no-progress >> "$OUT/decode-ncu.txt" 2>&1
       echo "decode-ncu $k: exit $?"
     done
+    ;;
+  gemv-ncu)
+    # ncu's sections (throughput, pipes, stalls, instruction mix) for one layer's four decode GEMVs,
+    # $GEMV_NCU_MODEL (bloom-7b1) batch 1, graphed, at each dtype of $GEMV_NCU_DTYPES (fp8 bf16);
+    # the fp8 kernel's SASS from the host's nvcc                   -> gemv-ncu.txt, gemv-sass.txt
+    for dt in ${GEMV_NCU_DTYPES:-fp8 bf16}; do
+      k=tb_gemv_fp8_1_; [ "$dt" = fp8 ] || k=tb_gemv1_
+      TB_CUDA_PROFILE=2 ncu --profile-from-start off --clock-control none --target-processes all \
+        -k regex:$k --launch-skip 240 --launch-count 4 --section SpeedOfLight --section Occupancy \
+        --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis \
+        --section ComputeWorkloadAnalysis --section InstructionStats --section SchedulerStats \
+        $B --suite generation --prompt-lens 128 --new-tokens 16 --batch-size 1 --limit 1 $ONE_PASS \
+        --model "${GEMV_NCU_MODEL:-bloom-7b1}" --weights random --seed 0 --device cuda --dtype "$dt" \
+        --log-dir /tmp/prof-logs --no-progress >> "$OUT/gemv-ncu.txt" 2>&1
+      echo "gemv-ncu $dt: exit $?"
+    done
+    { nvcc --cubin -O3 -std=c++17 -arch=sm_90 src/kernels/fp8.cu -o /tmp/fp8.cubin &&
+      cuobjdump -sass /tmp/fp8.cubin | awk '/Function : tb_gemv_fp8_1_bf16/,/Function : tb_gemv_fp8_2/'; } \
+      > "$OUT/gemv-sass.txt" 2>&1
+    echo "gemv-sass: exit $?"
     ;;
   flash-profile)
     # ncu's sections (throughput, occupancy, warp stalls) for the fused attention's kernels in
