@@ -18,6 +18,7 @@
 // row sums and lse stay those of the undropped probabilities, dsum = Σ dy·y holds as is.
 #include "dropout.cuh"
 #include "flash_tiles.cuh"
+#include "mma.cuh"
 
 #define HS 64
 #define LD tile_ld<HS>()  // shared row stride of a 16-bit tile
@@ -38,44 +39,48 @@ struct Drop {
   }
 };
 
-// The operand tiles: two buffers of two tiles (the one in use, the next one arriving), each
-// warp's 16-bit probabilities (or score gradients), and 64 rows' lse and dsum in two buffers.
-// After the loops the tiles hold the warps' f32 staging (4 × 16 × stage_ld floats ≤ 2 tiles).
+// The operand tiles: two buffers of two tiles (the one in use, the next one arriving) and 64
+// rows' lse and dsum in two buffers (the dk/dv kernel's).
 template <typename T> struct Shared {
   T x[2][TILE_ELEMS], y[2][TILE_ELEMS];
-  T p[WARPS][16 * LDP];
   float lse[2][TILE], dsum[2][TILE];
-  __device__ float* stage(int w) { return reinterpret_cast<float*>(&x[0][0]) + w * 16 * LDF; }
 };
+
+// Accumulator element e of tile j: row g + 8·(e / 2), column 8j + 2t + e % 2 of the warp's
+// 16 × 64 (g = lane / 4, t = lane % 4; mma.cuh).
+__device__ __forceinline__ int acc_row(int e) { return ((threadIdx.x & 31) >> 2) + 8 * (e >> 1); }
+__device__ __forceinline__ int acc_col(int j, int e) { return 8 * j + 2 * (threadIdx.x & 3) + (e & 1); }
+
+__device__ __forceinline__ void zero(float (&a)[8][4]) {
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) a[j][e] = 0.f;
+}
 
 // y = softmax(q kᵀ·scale, causal) v, and lse. Grid (⌈T/64⌉, B·nh), 128 threads; the query
 // tiles run longest first. Each lane keeps the max and sum of its two rows (g, g + 8).
 template <typename T>
 __device__ void flash_fwd(const T* qkv, T* y, float* lse, int T_, int nh, float scale2, Drop drop) {
   __shared__ __align__(128) Shared<T> sh;
-  const int w = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane / 4;
+  const int w = threadIdx.x / 32, g = (threadIdx.x & 31) / 4;
   const int qt = gridDim.x - 1 - blockIdx.x, bh = blockIdx.y, b = bh / nh, h = bh % nh;
   const int C = nh * HS, q0 = qt * TILE, qw = q0 + w * 16;
   const long stride = 3L * C;
   const T* q_src = qkv + (long)b * T_ * stride + h * HS;
-  int rc[8];
-  fragment_map(rc, sh.stage(w));
-  __syncthreads();
   load_tile<HS>(sh.x[1], q_src, stride, q0, T_);  // q, staged where tile 1 goes later
   load_tile<HS>(sh.x[0], q_src + C, stride, 0, T_);
   load_tile<HS>(sh.y[0], q_src + 2 * C, stride, 0, T_);
   cp_async_commit();
   cp_async_wait();
   __syncthreads();
-  FragA<T> qa[4];
-  load_rows_a<HS / 16, LD>(qa, sh.x[1] + w * 16 * LD);
-  Acc s[4], o[4];
-  #pragma unroll
-  for (int n = 0; n < 4; n++) wmma::fill_fragment(o[n], 0.f);
+  uint32_t qa[4][4], pa[4][4];
+  load_a<LD>(qa, sh.x[1], w * 16);
+  float s[8][4], o[8][4];
+  zero(o);
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
   // The flat index of the lane's rows g and g + 8 in the probabilities (dropout only).
   const unsigned int rb0 = (unsigned int)(bh * T_ + qw + g) * (unsigned int)T_, rb1 = rb0 + 8u * T_;
-  T* p = sh.p[w];
   for (int kt = 0; kt <= qt; kt++) {
     const int k0 = kt * TILE, buf = kt & 1;
     cp_async_wait();
@@ -85,46 +90,51 @@ __device__ void flash_fwd(const T* qkv, T* y, float* lse, int T_, int nh, float 
       load_tile<HS>(sh.y[buf ^ 1], q_src + 2 * C, stride, k0 + TILE, T_);
       cp_async_commit();
     }
-    mul_transposed<HS>(s, qa, sh.x[buf]);
+    zero(s);
+    mma_abt<LD>(s, qa, sh.x[buf]);
+    const bool edge = kt == qt || k0 + TILE > T_;  // some key past a row or past T
     float x0 = -INFINITY, x1 = -INFINITY;
-    #pragma unroll
-    for (int n = 0; n < 4; n++)
-      #pragma unroll
-      for (int e = 0; e < 8; e++) {
-        const int r = rc[e] >> 4, key = k0 + n * 16 + (rc[e] & 15);
-        const float v = (key > qw + r || key >= T_) ? -INFINITY : s[n].x[e] * scale2;
-        s[n].x[e] = v;
-        if (r < 8) x0 = fmaxf(x0, v); else x1 = fmaxf(x1, v);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int key = k0 + acc_col(j, e);
+        const float v = edge && (key > qw + acc_row(e) || key >= T_) ? -INFINITY : s[j][e] * scale2;
+        s[j][e] = v;
+        if (e < 2) x0 = fmaxf(x0, v); else x1 = fmaxf(x1, v);
       }
     // Tile kt ≤ qt holds key k0 ≤ every row's position: each max is finite.
     const float n0 = fmaxf(m0, quad_max(x0)), n1 = fmaxf(m1, quad_max(x1));
     const float a0 = exp2f(m0 - n0), a1 = exp2f(m1 - n1);  // 0 on the first tile
     m0 = n0, m1 = n1;
     float s0 = 0.f, s1 = 0.f;
-    #pragma unroll
-    for (int n = 0; n < 4; n++) {
-      unsigned int wd = 0;
-      #pragma unroll
-      for (int e = 0; e < 8; e++) {
-        const int r = rc[e] >> 4, c = n * 16 + (rc[e] & 15);
-        const float v = exp2f(s[n].x[e] - (r < 8 ? n0 : n1));
-        if (r < 8) s0 += v; else s1 += v;
-        if (drop.thresh && e % 2 == 0) wd = drop.word((r < 8 ? rb0 : rb1) + k0 + c);
-        p[r * LDP + c] = from_f<T>(drop.thresh && !drop.keeps(wd, e % 2) ? 0.f : v);
-        o[n].x[e] *= r < 8 ? a0 : a1;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const float v = exp2f(s[j][e] - (e < 2 ? n0 : n1));
+        if (e < 2) s0 += v; else s1 += v;
+        s[j][e] = v;
+        o[j][e] *= e < 2 ? a0 : a1;
       }
+      if (drop.thresh)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {  // row g (elements 0, 1), row g + 8 (2, 3): a word each
+          const unsigned int wd = drop.word((hh ? rb1 : rb0) + k0 + acc_col(j, 0));
+          if (!drop.keeps(wd, 0)) s[j][2 * hh] = 0.f;
+          if (!drop.keeps(wd, 1)) s[j][2 * hh + 1] = 0.f;
+        }
     }
     l0 = l0 * a0 + quad_sum(s0), l1 = l1 * a1 + quad_sum(s1);
-    __syncwarp();
-    mul_acc<HS>(o, p, sh.y[buf]);
+    to_a<T>(pa, s);
+    mma_ab<LD>(o, pa, sh.y[buf]);
   }
-  #pragma unroll
-  for (int n = 0; n < 4; n++)
-    #pragma unroll
-    for (int e = 0; e < 8; e++) o[n].x[e] /= (rc[e] >> 4) < 8 ? l0 : l1;
-  __syncthreads();  // the tiles become the staging
-  store_rows<HS>(o, drop.scale, sh.stage(w), y + (long)b * T_ * C + h * HS, C, qw, T_);
-  if (lane % 4 == 0) {
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) o[j][e] /= e < 2 ? l0 : l1;
+  store_acc<T>(o, drop.scale, y + (long)b * T_ * C + h * HS, C, qw, T_);
+  if ((threadIdx.x & 3) == 0) {
     float* out = lse + (long)bh * T_ + qw;
     if (qw + g < T_) out[g] = m0 + log2f(l0);
     if (qw + g + 8 < T_) out[g + 8] = m1 + log2f(l1);
@@ -157,8 +167,9 @@ __device__ void load_row_stats(Shared<T>& sh, int buf, const float* lse, const f
 }
 
 // dk and dv of one 64-key tile: for every query tile at or past it (q in x, dO in y), sᵀ = k qᵀ,
-// pᵀ from lse, dv += pᵀ dO, dpᵀ = v dOᵀ, dsᵀ = pᵀ ⊙ (dpᵀ − dsum), dk += dsᵀ q · scale.
-// Grid (⌈T/64⌉, B·nh), 128 threads; block 0 has the most query tiles.
+// pᵀ from lse, dv += pᵀ dO, dpᵀ = v dOᵀ, dsᵀ = pᵀ ⊙ (dpᵀ − dsum), dk += dsᵀ q · scale; a warp's
+// 16 keys are the rows of each product. Grid (⌈T/64⌉, B·nh), 128 threads; block 0 has the most
+// query tiles.
 template <typename T>
 __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv, int T_,
                               int nh, float scale, float scale2, Drop drop) {
@@ -170,9 +181,6 @@ __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const
   const T* q_src = qkv + row0 * stride + h * HS;
   const T* dy_src = dy + row0 * C + h * HS;
   lse += (long)bh * T_, dsum += (long)bh * T_;
-  int rc[8];
-  fragment_map(rc, sh.stage(w));
-  __syncthreads();
   load_tile<HS>(sh.x[1], q_src + C, stride, k0, T_);  // k and v, staged where the second buffer goes
   load_tile<HS>(sh.y[1], q_src + 2 * C, stride, k0, T_);
   load_tile<HS>(sh.x[0], q_src, stride, k0, T_);
@@ -181,13 +189,12 @@ __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const
   load_row_stats(sh, 0, lse, dsum, k0, T_);
   cp_async_wait();
   __syncthreads();
-  FragA<T> ka[4], va[4];
-  load_rows_a<HS / 16, LD>(ka, sh.x[1] + w * 16 * LD);
-  load_rows_a<HS / 16, LD>(va, sh.y[1] + w * 16 * LD);
-  Acc s[4], dp[4], dk[4], dv[4];
-  #pragma unroll
-  for (int n = 0; n < 4; n++) wmma::fill_fragment(dk[n], 0.f), wmma::fill_fragment(dv[n], 0.f);
-  T* p = sh.p[w];
+  uint32_t ka[4][4], va[4][4], pa[4][4];
+  load_a<LD>(ka, sh.x[1], w * 16);
+  load_a<LD>(va, sh.y[1], w * 16);
+  float s[8][4], dp[8][4], dk[8][4], dv[8][4];
+  zero(dk), zero(dv);
+  const unsigned int odd = g & 1;
   for (int qt = kt; qt < nq; qt++) {
     const int q0 = qt * TILE, buf = (qt - kt) & 1;
     cp_async_wait();
@@ -200,53 +207,58 @@ __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const
     }
     const float* lse_s = sh.lse[buf];
     const float* dsum_s = sh.dsum[buf];
-    mul_transposed<HS>(s, ka, sh.x[buf]);  // sᵀ (16 keys × 64 queries)
+    zero(s);
+    mma_abt<LD>(s, ka, sh.x[buf]);  // sᵀ (16 keys × 64 queries)
+    const bool edge = qt == kt || q0 + TILE > T_;
     // A lane's neighbours in the flat index (keys k, k + 1) sit in lanes g, g ^ 1 (lane ^ 4):
     // each of the two hashes the words of one of its two rows and they swap. A dropped
-    // probability is kept negated in s for the second pass (p ≥ 0): no mask registers.
-    const unsigned int qb = (unsigned int)(bh * T_ + q0), odd = g & 1;
-    #pragma unroll
-    for (int n = 0; n < 4; n++) {
-      unsigned int wd[8] = {};  // the words of this fragment's elements
-      #pragma unroll
-      for (int e = 0; e < 8; e++) {
-        if (!drop.thresh || (e & 2)) continue;  // e and e + 2: one column, rows g and g + 8
-        const unsigned int c = n * 16 + (rc[e] & 15);
-        const unsigned int mine = drop.word((qb + c) * (unsigned int)T_ + kw + g + (odd ? 8 : 0));
-        const unsigned int other = __shfl_xor_sync(0xffffffff, mine, 4);
-        wd[e] = odd ? other : mine, wd[e + 2] = odd ? mine : other;
+    // probability is kept negated in s for dsᵀ (p ≥ 0): no mask registers.
+    const unsigned int qb = (unsigned int)(bh * T_ + q0);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int c = acc_col(j, e);
+        const bool seen = !edge || (kw + acc_row(e) <= q0 + c && q0 + c < T_);
+        s[j][e] = seen ? exp2f(s[j][e] * scale2 - lse_s[c]) : 0.f;
       }
-      #pragma unroll
-      for (int e = 0; e < 8; e++) {
-        const int r = rc[e] >> 4, c = n * 16 + (rc[e] & 15);
-        const bool seen = kw + r <= q0 + c && q0 + c < T_;
-        const float pv = seen ? exp2f(s[n].x[e] * scale2 - lse_s[c]) : 0.f;
-        s[n].x[e] = drop.thresh && !drop.keeps(wd[e], odd) ? -pv : pv;
-        p[r * LDP + c] = from_f<T>(fmaxf(s[n].x[e], 0.f));
-      }
+    if (drop.thresh)
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {  // e: column 2t + e, rows g (element e) and g + 8 (e + 2)
+          const unsigned int c = acc_col(j, e);
+          const unsigned int mine = drop.word((qb + c) * (unsigned int)T_ + kw + g + (odd ? 8 : 0));
+          const unsigned int other = __shfl_xor_sync(0xffffffff, mine, 4);
+          if (!drop.keeps(odd ? other : mine, odd)) s[j][e] = -s[j][e];
+          if (!drop.keeps(odd ? mine : other, odd)) s[j][e + 2] = -s[j][e + 2];
+        }
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {  // pᵀ with the dropped ones zero
+      pa[kk][0] = pack2<T>(fmaxf(s[2 * kk][0], 0.f), fmaxf(s[2 * kk][1], 0.f));
+      pa[kk][1] = pack2<T>(fmaxf(s[2 * kk][2], 0.f), fmaxf(s[2 * kk][3], 0.f));
+      pa[kk][2] = pack2<T>(fmaxf(s[2 * kk + 1][0], 0.f), fmaxf(s[2 * kk + 1][1], 0.f));
+      pa[kk][3] = pack2<T>(fmaxf(s[2 * kk + 1][2], 0.f), fmaxf(s[2 * kk + 1][3], 0.f));
     }
-    __syncwarp();
-    mul_acc<HS>(dv, p, sh.y[buf]);
-    mul_transposed<HS>(dp, va, sh.y[buf]);  // dpᵀ (16 keys × 64 queries)
-    __syncwarp();                       // every lane has read p
-    #pragma unroll
-    for (int n = 0; n < 4; n++)
-      #pragma unroll
-      for (int e = 0; e < 8; e++) {
-        const int r = rc[e] >> 4, c = n * 16 + (rc[e] & 15);
-        const float pv = s[n].x[e], dpk = pv > 0.f ? dp[n].x[e] * drop.scale : 0.f;
-        p[r * LDP + c] = from_f<T>(fabsf(pv) * (dpk - dsum_s[c]));
+    mma_ab<LD>(dv, pa, sh.y[buf]);
+    zero(dp);
+    mma_abt<LD>(dp, va, sh.y[buf]);  // dpᵀ (16 keys × 64 queries)
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const float pv = s[j][e], dpk = pv > 0.f ? dp[j][e] * drop.scale : 0.f;
+        dp[j][e] = fabsf(pv) * (dpk - dsum_s[acc_col(j, e)]);
       }
-    __syncwarp();
-    mul_acc<HS>(dk, p, sh.x[buf]);
+    to_a<T>(pa, dp);
+    mma_ab<LD>(dk, pa, sh.x[buf]);
   }
-  __syncthreads();  // the tiles become the staging
   T* out = dqkv + row0 * stride + h * HS;
-  store_rows<HS>(dk, scale, sh.stage(w), out + C, stride, kw, T_);
-  store_rows<HS>(dv, drop.scale, sh.stage(w), out + 2 * C, stride, kw, T_);
+  store_acc<T>(dk, scale, out + C, stride, kw, T_);
+  store_acc<T>(dv, drop.scale, out + 2 * C, stride, kw, T_);
 }
 
-// dq of one 64-query tile (its q and dO held as fragments, its rows' lse and dsum in
+// dq of one 64-query tile (its q and dO held as A operands, its rows' lse and dsum in
 // registers): for every key tile up to the diagonal (k in x, v in y), s = q kᵀ, p from lse,
 // dp = dO vᵀ, ds = p ⊙ (dp − dsum), dq += ds k · scale. Grid (⌈T/64⌉, B·nh), longest first.
 template <typename T>
@@ -258,9 +270,6 @@ __device__ void flash_bwd_dq(const T* qkv, const T* dy, const float* lse, const 
   const int C = nh * HS, q0 = qt * TILE, qw = q0 + w * 16;
   const long stride = 3L * C, row0 = (long)b * T_;
   const T* q_src = qkv + row0 * stride + h * HS;
-  int rc[8];
-  fragment_map(rc, sh.stage(w));
-  __syncthreads();
   load_tile<HS>(sh.x[1], q_src, stride, q0, T_);  // q and dO, staged where the second buffer goes
   load_tile<HS>(sh.y[1], dy + row0 * C + h * HS, C, q0, T_);
   load_tile<HS>(sh.x[0], q_src + C, stride, 0, T_);
@@ -274,13 +283,11 @@ __device__ void flash_bwd_dq(const T* qkv, const T* dy, const float* lse, const 
   const float ds0 = in0 ? dsum[at] : 0.f, ds1 = in1 ? dsum[at + 8] : 0.f;
   cp_async_wait();
   __syncthreads();
-  FragA<T> qa[4], doa[4];
-  load_rows_a<HS / 16, LD>(qa, sh.x[1] + w * 16 * LD);
-  load_rows_a<HS / 16, LD>(doa, sh.y[1] + w * 16 * LD);
-  Acc s[4], dp[4], dq[4];
-  #pragma unroll
-  for (int n = 0; n < 4; n++) wmma::fill_fragment(dq[n], 0.f);
-  T* p = sh.p[w];
+  uint32_t qa[4][4], doa[4][4], pa[4][4];
+  load_a<LD>(qa, sh.x[1], w * 16);
+  load_a<LD>(doa, sh.y[1], w * 16);
+  float s[8][4], dp[8][4], dq[8][4];
+  zero(dq);
   for (int kt = 0; kt <= qt; kt++) {
     const int k0 = kt * TILE, buf = kt & 1;
     cp_async_wait();
@@ -290,26 +297,27 @@ __device__ void flash_bwd_dq(const T* qkv, const T* dy, const float* lse, const 
       load_tile<HS>(sh.y[buf ^ 1], q_src + 2 * C, stride, k0 + TILE, T_);
       cp_async_commit();
     }
-    mul_transposed<HS>(s, qa, sh.x[buf]);
-    mul_transposed<HS>(dp, doa, sh.y[buf]);
-    #pragma unroll
-    for (int n = 0; n < 4; n++) {
-      unsigned int wd = 0;
-      #pragma unroll
-      for (int e = 0; e < 8; e++) {
-        const int r = rc[e] >> 4, key = k0 + n * 16 + (rc[e] & 15);
-        const bool seen = key <= qw + r && key < T_;
-        const float pr = seen ? exp2f(s[n].x[e] * scale2 - (r < 8 ? lse0 : lse1)) : 0.f;
-        if (drop.thresh && e % 2 == 0) wd = drop.word((r < 8 ? rb0 : rb1) + key);
-        const float dpk = drop.thresh ? (drop.keeps(wd, e % 2) ? dp[n].x[e] * drop.scale : 0.f) : dp[n].x[e];
-        p[r * LDP + n * 16 + (rc[e] & 15)] = from_f<T>(pr * (dpk - (r < 8 ? ds0 : ds1)));
+    zero(s), zero(dp);
+    mma_abt<LD>(s, qa, sh.x[buf]);
+    mma_abt<LD>(dp, doa, sh.y[buf]);
+    const bool edge = kt == qt || k0 + TILE > T_;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      unsigned int wd[2] = {0u, 0u};
+      if (drop.thresh) wd[0] = drop.word(rb0 + k0 + acc_col(j, 0)), wd[1] = drop.word(rb1 + k0 + acc_col(j, 0));
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int key = k0 + acc_col(j, e);
+        const bool seen = !edge || (key <= qw + acc_row(e) && key < T_);
+        const float pr = seen ? exp2f(s[j][e] * scale2 - (e < 2 ? lse0 : lse1)) : 0.f;
+        const float dpk = drop.thresh ? (drop.keeps(wd[e >> 1], e & 1) ? dp[j][e] * drop.scale : 0.f) : dp[j][e];
+        s[j][e] = pr * (dpk - (e < 2 ? ds0 : ds1));
       }
     }
-    __syncwarp();
-    mul_acc<HS>(dq, p, sh.x[buf]);
+    to_a<T>(pa, s);
+    mma_ab<LD>(dq, pa, sh.x[buf]);
   }
-  __syncthreads();  // the tiles become the staging
-  store_rows<HS>(dq, scale, sh.stage(w), dqkv + row0 * stride + h * HS, stride, qw, T_);
+  store_acc<T>(dq, scale, dqkv + row0 * stride + h * HS, stride, qw, T_);
 }
 
 // The dropout arguments every kernel but dsum takes last: the hash key, the threshold (0: no
