@@ -69,7 +69,7 @@
 #                  of $DP_CTAS (auto 16 8 4 2)                               -> dp-logs.tgz
 #   perf-profile   ncu kernel times of one forward / one training step, candle and HF, same call
 #                  index (TB_CUDA_PROFILE): gpt2 bs16 and bs1, bloom-560m and bloom-7b1 bs16,
-#                  gpt2 training step; scripts/kernel_breakdown.py sums them by op -> perf-profile.tgz
+#                  gpt2 training step (train-gpt2-medium, train-gpt2-large: theirs, HF compiled); scripts/kernel_breakdown.py sums them by op -> perf-profile.tgz
 #                  ($PROF_ENGINES: candle hf; $PROF_CASES: those five; $PROF_FLAGS go to the
 #                  training run, e.g. PROF_ENGINES=candle PROF_FLAGS="--backward autograd")
 #   gemv-ncu       ncu sections of one layer's decode GEMVs, $GEMV_NCU_MODEL (bloom-7b1) batch 1 at
@@ -431,6 +431,10 @@ for stage in "$@"; do
         bloom-560m-bs16) profile $c-$e 10 $L --engine $e --model bloom-560m --batch-size 16 --limit 400 ;;
         bloom-7b1-bs16) profile $c-$e 6 $L --engine $e --model bloom-7b1 --batch-size 16 --limit 160 ;;
         train-gpt2) profile $c-$e 2 $W --engine $e --model gpt2 ${PROF_FLAGS:-} ;;
+        # The larger GPT-2s' step; HF compiled (Trainer's torch_compile), its best for #36.
+        train-gpt2-medium | train-gpt2-large)
+          hf=(); [ "$e" = hf ] && hf=(--hf-compile)
+          profile $c-$e 2 $W --engine $e --model "${c#train-}" "${hf[@]}" ${PROF_FLAGS:-} ;;
         esac
       done
     done
