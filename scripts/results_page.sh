@@ -66,38 +66,25 @@ csvs() {
   # ranges): bloom-560m on d5e65b8 (the call's c0ee17b runs were its "before"), bloom-7b1.
   part b1 -i $M/gen-final-run1/gen-logs.tgz --where model=bloom-560m --where git_commit=d5e65b89a468
   part b2 -i $M/gen-7b1-hf-run1/gen-logs.tgz
-  # WikiText-2 fine-tuning of gpt2 at batch 8 on the binaries before 0c8e9fe (train-run8,
-  # train-run8-repeat, train-run10: README's old 1.06–1.19× spread) is no longer read: the
-  # three engines on 9d8602b (c7) replace it; HISTORY.md keeps those calls.
+  # WikiText-2 fine-tuning: the calls on binaries before c28dda5 (train-run8..10, remeasure-run5's
+  # training, dropout-run3 and train-table-run1..2) are no longer read: the three engines on
+  # c28dda5 (c8, c9) measured every configuration they had again; HISTORY.md keeps those calls.
   # 0c8e9fe (#40, the remaining re-measure), two calls on one machine, one after the other:
   # FT mode padded to 64 (compiled HF candidates on buckets) and bloom-7b1's FT mode (run4),
-  # then FT mode at pad 1 and the training engines (run5). run5's archive holds run4's logs
-  # too (the same /tmp on the same machine), so its ratios are against HF's fastest at either
-  # padding; run4's own archive is not read again. Its training call stays beside c7 as the
-  # binary before 9d8602b, with HF uncompiled (which c7 did not run): README quotes both.
+  # then FT mode at pad 1 (run5). run5's archive holds run4's logs too (the same /tmp on the
+  # same machine), so its ratios are against HF's fastest at either padding; run4's own archive
+  # is not read again.
   part a5 -i $M/remeasure-run5/remeasure-logs.tgz
-  part c4 -i $M/remeasure-run5/train-compare-logs.tgz
-  # 2709757 (#36): dropout inside the fused attention and the residual adds — the three engines
-  # with dropout 0.1, then candle alone on and off three times (dropout-run3); the next call on
-  # the same machine: the three engines without dropout at gpt2 batch 16 and 32 and gpt2-medium
-  # and gpt2-large batch 8, 30 timed steps (train-table-run1). The second call's archive holds
-  # the first's logs too (the same /tmp), so it is read alone. llm.c has no dropout, but the
-  # header of its run in the dropout sweep says on: left out. Its gpt2 batch 16 and 32 runs
-  # are left out too: c7 measured them again on 9d8602b.
-  part c5 -i $M/train-table-run1/train-compare-logs.tgz \
-    --where run!=wikitext2_gpt2_llmc_bf16_bs8_cuda0_20261126T043607Z \
-    --where run!=wikitext2_gpt2_candle_bf16_bs16_cuda0_20261126T044233Z \
-    --where run!=wikitext2_gpt2_hf-compile_bf16_bs16_cuda0_20261126T044259Z \
-    --where run!=wikitext2_gpt2_llmc_bf16_bs16_cuda0_20261126T044336Z \
-    --where run!=wikitext2_gpt2_candle_bf16_bs32_cuda0_20261126T044345Z \
-    --where run!=wikitext2_gpt2_hf-compile_bf16_bs32_cuda0_20261126T044414Z \
-    --where run!=wikitext2_gpt2_llmc_bf16_bs32_cuda0_20261126T044452Z
-  # 739a545: the three engines at gpt2-medium batch 16 and 32, gpt2-large batch 16, 20 timed
-  # steps (a fresh machine).
-  part c6 -i $M/train-table-run2/train-compare-logs.tgz
   # 9d8602b (#36, after ab-run5's faster step): the three engines at gpt2 batch 16, 8, 32, 30
-  # timed steps, one call (one archive: the same /tmp).
+  # timed steps, one call (one archive: the same /tmp): the binary before c28dda5, README quotes
+  # its batch 8.
   part c7 -i $M/train-table-run3/train-compare-logs.tgz
+  # c28dda5 (#36, the attention on mma.sync): the three engines at gpt2 batch 8, with dropout
+  # 0.1 (candle and HF: llm.c has none), batch 16 and 32, gpt2-medium and gpt2-large batch 8,
+  # 30 timed steps, one call; then gpt2-medium batch 16 and 32 and gpt2-large batch 16, 20
+  # timed steps, the next call on another machine.
+  part c8 -i $M/train-table-run4/train-compare-logs.tgz
+  part c9 -i $M/train-table-run5/train-compare-logs.tgz
   # fp8 weights (#37 item 3) against bf16 in the same call, the generation suite: batch 1 and
   # 16 on eed7753 (the first GEMV), batch 1 on a8ad4c6 (four columns a block) and f709a2b
   # (weights streamed). Their LAMBADA runs (the self-trained gpt2's checkpoint) are
@@ -146,6 +133,10 @@ csvs() {
   # bd3958f: gpt2-xl dp against zero3 + recompute, the batch doubled to out of memory (two calls
   # on one machine, one archive).
   part d9 -i $H/multi-run9/multi-logs.tgz --where suite=shakespeare
+  # c28dda5 (#34, #36: the faster training step): gpt2 dp 1 / 2 / 2 --dp-overlap after the
+  # two-GPU smoke stage (gate-run7), then gpt2-xl dp against zero3 + recompute (multi-run10, the
+  # next call on the same machine: its archive holds both calls' logs, the same /tmp).
+  part d10 -i $H/multi-run10/multi-logs.tgz
   host h100x2
   # One H200: decoding against compiled HF, BLOOM only (gpt2's compiled sdpa was not tried).
   part e1 -i $R/h200/gen-final-run1/gen-logs.tgz --where model=bloom-560m
@@ -245,8 +236,8 @@ intro() {
     "its log's header holds the command line, GPU, driver, CUDA version and the binary's commit." \
     "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
     "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
-    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..7, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, dropout-run3, train-table-run1..3, fp8-run1..3, serving-run3..5 |" \
-    "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, multi-run6..9, serving-run1, hf-probe-run1..2 |" \
+    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..7, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, train-table-run3..5, fp8-run1..3, serving-run3..5 |" \
+    "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, multi-run6..10, serving-run1, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
     "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6, multi-run12 |" \
     "| 4× H200 | [h200x4.csv](current/h200x4.csv) | h200x4/tp-run2, dp-200 |" "" \

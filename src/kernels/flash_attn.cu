@@ -1,5 +1,5 @@
 // Fused causal attention for training (#21 item 2), launched by flash_attn.rs: FlashAttention-2's
-// tiling on tensor cores (wmma 16×16×16, bf16/f16 in, f32 accumulate). The (T, T) scores never
+// tiling on tensor cores (mma.sync m16n8k16, bf16/f16 in, f32 accumulate; mma.cuh). The (T, T) scores never
 // reach memory: the forward keeps one log-sum-exp a row, the backward recomputes the
 // probabilities from it. The composed path (two batched matmuls + attn_softmax.cu, and five
 // matmuls + its backward) wrote and read them at 201 MB a layer for gpt2 at 8 × 1024.
@@ -10,8 +10,10 @@
 // A block of 4 warps takes 64 rows of one (b, h): each warp 16 rows; a loop walks the 64-row
 // tiles of the other side up to the diagonal (causal), the next tile copied in (cp.async)
 // while this one is used. Every product is warp-local; the shared tiles are the operands all
-// four warps read.
-// The tile helpers (fragment map, loads, products, stores) are flash_tiles.cuh's.
+// four warps read (ldmatrix), and a product's accumulators are the next product's A operand,
+// so P, Pᵀ, dSᵀ and dS stay in registers (FlashAttention-2's layout; the wmma kernels before
+// c28dda5 stored them to shared memory and took 2× as long, docs/perf-notes.md).
+// The tile loads are flash_tiles.cuh's, the products and stores mma.cuh's.
 // lse is kept in base 2 (m·log2 e + log2 l): the scores are scaled by scale·log2 e once.
 // Dropout on the probabilities (#36): the mask of dropout.cuh's hash over the (B, nh, T, T)
 // probabilities' flat index, drawn in the forward and redrawn in both backward kernels; the

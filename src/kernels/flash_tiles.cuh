@@ -1,6 +1,7 @@
 // The tile machinery FlashAttention-2's tiling needs on tensor cores (wmma 16×16×16, bf16/f16
-// in, f32 accumulate), shared by the training kernels (flash_attn.cu, head size 64) and the
-// inference forward (flash_prefill.cu, head sizes 64 and 128).
+// in, f32 accumulate), for the inference forward (flash_prefill.cu, head sizes 64 and 128); the
+// training kernels (flash_attn.cu, head size 64, on mma.cuh's products) share its tile loads
+// and quad reductions.
 // A block of WARPS warps takes TILE rows: each warp 16 of them. Tiles of 16-bit rows sit in
 // shared memory at stride H + 8 (H the head size: skews banks, a 16-byte multiple); a warp's
 // 16 × TILE probabilities at stride TILE + 8; its f32 staging at stride H + 4.
