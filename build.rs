@@ -47,7 +47,13 @@ const KERNELS: [&str; 18] = [
     "skinny",
 ];
 /// The headers those `.cu` files include.
-const HEADERS: [&str; 5] = ["common.cuh", "dropout.cuh", "flash_tiles.cuh", "gemv.cuh", "mma.cuh"];
+const HEADERS: [&str; 5] = [
+    "common.cuh",
+    "dropout.cuh",
+    "flash_tiles.cuh",
+    "gemv.cuh",
+    "mma.cuh",
+];
 
 /// PTX for the compute capability in CUDA_COMPUTE_CAP (as candle's kernels; default 80, the
 /// first with bf16), compiled by the driver at first use.
