@@ -10,7 +10,8 @@
 #     passages, where the fp8 GEMV runs); scripts/fp8_agreement.py compares the
 #     generated ids and the perplexities                                   -> fp8.txt
 #  2. speed: the generation suite (prompt 128 + 128, $FP8_CALLS calls) at $FP8_BATCHES (1 16), bf16
-#     then fp8, for $FP8_MODELS (random weights)                           -> fp8.txt
+#     then fp8 ($FP8_DTYPES), for $FP8_MODELS (random weights); $FP8_VARIANTS / $FP8_ROUNDS: flag
+#     sets run after each default run, and rounds of it all (an A/B in one call) -> fp8.txt
 # Every log in -> fp8-logs.tgz (refreshed after each run: a time-out keeps what finished).
 set -u
 L=/tmp/fp8-logs CK=/tmp/fp8-ckpt
@@ -42,12 +43,22 @@ for part in ${FP8_PARTS:-accuracy speed}; do
     python3 scripts/fp8_agreement.py $L/gen1-bf16 $L/gen1-fp8 2>&1 | say
     ;;
   speed)
-    for m in ${FP8_MODELS:-gpt2 bloom-560m bloom-7b1}; do
-      for bs in ${FP8_BATCHES:-1 16}; do
-        for dt in bf16 fp8; do
-          run dec-$m-bs$bs-$dt --suite generation --model "$m" --weights random --seed 0 \
-            --device cuda --dtype $dt --batch-size $bs --prompt-lens 128 --new-tokens 128 \
-            --limit "${FP8_CALLS:-10}"
+    # $FP8_VARIANTS: ";"-separated flag sets, each run after the default one (the same binary's
+    # A/B, e.g. a --fused list without one path); $FP8_ROUNDS (1) rounds of it all.
+    IFS=';' read -ra variants <<< "${FP8_VARIANTS:-}"
+    for r in $(seq "${FP8_ROUNDS:-1}"); do
+      for m in ${FP8_MODELS:-gpt2 bloom-560m bloom-7b1}; do
+        for bs in ${FP8_BATCHES:-1 16}; do
+          for dt in ${FP8_DTYPES:-bf16 fp8}; do
+            G=(--suite generation --model "$m" --weights random --seed 0 --device cuda --dtype $dt
+               --batch-size $bs --prompt-lens 128 --new-tokens 128 --limit "${FP8_CALLS:-10}")
+            run dec-$m-bs$bs-$dt-r$r "${G[@]}"
+            for v in "${variants[@]}"; do
+              tag=$(echo "$v" | tr -c 'a-zA-Z0-9=\n' '-' | sed 's/^-*//' | cut -c1-40)
+              # shellcheck disable=SC2086  # a variant is several flags
+              run dec-$m-bs$bs-$dt-r$r-$tag "${G[@]}" $v
+            done
+          done
         done
       done
     done
