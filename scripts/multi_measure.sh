@@ -72,7 +72,7 @@ for stage in "$@"; do
     if [ -x /tmp/unit-tests ]; then
       /tmp/unit-tests sum_latency_over_two_gpus --ignored --nocapture --test-threads 1 2>&1 | tee -a "$CON"
     fi
-    ALL=lt,softmax,bias-act,adamw,layer-norm,dropout,cross-entropy,decode,graph,embedding,heads,flash,residual,gemv,skinny,cluster
+    ALL=lt,softmax,bias-act,adamw,layer-norm,dropout,cross-entropy,decode,graph,embedding,heads,flash,residual,gemv,skinny
     for round in $(seq 1 "${TPD_ROUNDS:-2}"); do
       for bs in 1 16; do
         G=("${R[@]}" --suite generation --model bloom-7b1 --prompt-lens 128 --new-tokens 128 --batch-size $bs --limit 5)

@@ -86,14 +86,11 @@ __device__ void decode_attention(const T* qkv, long qkv_stride, int head_stride,
 // probabilities are not rounded to T before p·v here (the merge needs the sums first).
 //   part_m, part_l: (B·nh, S); part_acc: (B·nh, S, HS); other arguments as decode_attention
 #define SPLIT_KEYS 64
-// One split block's share: keys [s·SPLIT_KEYS, ...) of (row b, head h) = (bh / nh, bh % nh),
-// s = blockIdx.y: its max score *mx, exp-sum *l (every thread) and unnormalised p·v in res[HS]
-// (shared, complete for every thread on return). A split past the cache's end gives −∞, 0, 0.
 template <typename T, int HS>
-__device__ void split_attend(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
-                             const float* key_mask, const float* slopes, const float* key_pos, float scale, int nh,
-                             int t_max, int pos_arg, const uint32_t* cursor, float* res, float* mx_out,
-                             float* l_out) {
+__device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
+                                      const float* key_mask, const float* slopes, const float* key_pos,
+                                      float* part_m, float* part_l, float* part_acc, float scale, int nh, int t_max,
+                                      int pos_arg, const uint32_t* cursor) {
   constexpr int DPL = HS / 32;
   constexpr int WARPS = 8;  // blockDim.x == 256
   __shared__ float q[HS];
@@ -105,11 +102,13 @@ __device__ void split_attend(const T* qkv, long qkv_stride, int head_stride, int
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int bh = blockIdx.x, b = bh / nh, h = bh % nh, s = blockIdx.y;
   const int lo = s * SPLIT_KEYS, n = min(tk - lo, SPLIT_KEYS);
+  const long o = (long)bh * gridDim.y + s;
   if (n <= 0) {  // past the cache's end: nothing to merge
-    for (int d = threadIdx.x; d < HS; d += blockDim.x) res[d] = 0.f;
-    *mx_out = -INFINITY;
-    *l_out = 0.f;
-    __syncthreads();
+    if (threadIdx.x == 0) {
+      part_m[o] = -INFINITY;
+      part_l[o] = 0.f;
+    }
+    for (int d = threadIdx.x; d < HS; d += blockDim.x) part_acc[o * HS + d] = 0.f;
     return;
   }
   const T* qr = qkv + b * qkv_stride + (long)h * head_stride;
@@ -187,71 +186,13 @@ __device__ void split_attend(const T* qkv, long qkv_stride, int head_stride, int
     float acc = 0.f;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) acc += sums[w][d];
-    res[d] = acc;
+    part_acc[o * HS + d] = acc;
   }
-  *mx_out = mx;
-  *l_out = l;
-  __syncthreads();
-}
-
-// The split blocks' partials to memory, for tb_decode_combine.
-//   part_m, part_l: (B·nh, S); part_acc: (B·nh, S, HS); other arguments as decode_attention
-template <typename T, int HS>
-__device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
-                                      const float* key_mask, const float* slopes, const float* key_pos,
-                                      float* part_m, float* part_l, float* part_acc, float scale, int nh, int t_max,
-                                      int pos_arg, const uint32_t* cursor) {
-  __shared__ float res[HS];
-  float mx, l;
-  split_attend<T, HS>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, scale, nh, t_max,
-                      pos_arg, cursor, res, &mx, &l);
-  const long o = (long)blockIdx.x * gridDim.y + blockIdx.y;
-  for (int d = threadIdx.x; d < HS; d += blockDim.x) part_acc[o * HS + d] = res[d];
   if (threadIdx.x == 0) {
     part_m[o] = mx;
     part_l[o] = l;
   }
 }
-
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-#include <cooperative_groups.h>
-// Every split of a head in one thread-block cluster of CS blocks (Hopper, grid (B·nh, CS)):
-// the splits' partials stay in their blocks' shared memory and the cluster's first block
-// merges them over distributed shared memory into out (B, nh·hs), as tb_decode_combine
-// would from memory, without its launch (#37: 30 of a bloom-7b1 step's 248 launches).
-template <typename T, int HS, int CS>
-__device__ void decode_attention_cluster(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
-                                         const float* key_mask, const float* slopes, const float* key_pos, T* out,
-                                         float scale, int nh, int t_max, int pos_arg, const uint32_t* cursor) {
-  namespace cg = cooperative_groups;
-  __shared__ float res[HS];
-  __shared__ float ml[2];
-  float mx, l;
-  split_attend<T, HS>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, scale, nh, t_max,
-                      pos_arg, cursor, res, &mx, &l);
-  if (threadIdx.x == 0) ml[0] = mx, ml[1] = l;
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every split's res and (m, l) written
-  if (cluster.block_rank() == 0) {
-    float m[CS], w[CS];
-    float top = -INFINITY, den = 0.f;
-#pragma unroll
-    for (int r = 0; r < CS; ++r) top = fmaxf(top, m[r] = cluster.map_shared_rank(ml, r)[0]);
-#pragma unroll
-    for (int r = 0; r < CS; ++r) {
-      w[r] = m[r] == -INFINITY ? 0.f : expf(m[r] - top);
-      den += w[r] * cluster.map_shared_rank(ml, r)[1];
-    }
-    for (int d = threadIdx.x; d < HS; d += blockDim.x) {
-      float num = 0.f;
-#pragma unroll
-      for (int r = 0; r < CS; ++r) num += w[r] * cluster.map_shared_rank(res, r)[d];
-      out[(long)blockIdx.x * HS + d] = from_f<T>(num / den);
-    }
-  }
-  cluster.sync();  // the other blocks' shared memory stays until the first has read it
-}
-#endif
 
 // Merges a head's split blocks: out = Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s, M the
 // largest m_s; one block (hs threads) per (row, head), heads merged on the way out.
@@ -316,22 +257,3 @@ extern "C" __global__ void tb_decode_begin(float* mask, float* key_pos, float* s
     decode_combine<T>(part_m, part_l, part_acc, out, splits, hs);                                             \
   }
 FOR_TYPES(INSTANTIATE)
-
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-// tb_decode_attention_c<CS>_<type>: the split attention and its merge in one launch, a cluster
-// of CS blocks a (row, head), for caches of at most CS·SPLIT_KEYS keys.
-#define CLUSTER(T, S, CS)                                                                                     \
-  extern "C" __global__ void __cluster_dims__(1, CS, 1) tb_decode_attention_c##CS##_##S(                     \
-      const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc, const float* key_mask,          \
-      const float* slopes, const float* key_pos, T* out, float scale, int nh, int hs, int t_max, int pos,     \
-      const uint32_t* cursor) {                                                                               \
-    if (hs == 64)                                                                                             \
-      decode_attention_cluster<T, 64, CS>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes,       \
-                                          key_pos, out, scale, nh, t_max, pos, cursor);                       \
-    else                                                                                                      \
-      decode_attention_cluster<T, 128, CS>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes,      \
-                                           key_pos, out, scale, nh, t_max, pos, cursor);                      \
-  }
-#define CLUSTERS(T, S) CLUSTER(T, S, 2) CLUSTER(T, S, 4) CLUSTER(T, S, 8)
-FOR_TYPES(CLUSTERS)
-#endif

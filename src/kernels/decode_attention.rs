@@ -94,10 +94,8 @@ mod imp {
 mod imp {
     use super::{CacheSlot, QkvLayout};
     use crate::kernels::launch::{
-        alloc, cuda, float_dtype, kernel, launch, ptx, storage, suffix, view, with_dtype, wrap,
-        Ptx, NULL,
+        alloc, cuda, float_dtype, kernel, launch, ptx, storage, view, with_dtype, wrap, Ptx, NULL,
     };
-    use crate::kernels::{enabled, Fused};
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{
         CudaSlice, CudaView, LaunchArgs, LaunchConfig, PushKernelArg as _,
@@ -335,32 +333,6 @@ mod imp {
             return Ok(None);
         };
         let dev = storage(&g.all[0].0).device().clone();
-        // Hopper's PTX only: where the kernel is missing (built for an older GPU), the split
-        // kernel and the combine run.
-        let clustered = cluster_size(&p).and_then(|cs| {
-            let name = format!("tb_decode_attention_c{cs}_{}", suffix(qkv.dtype()).ok()?);
-            let func = dev
-                .get_or_load_custom_func(&name, PTX.module, PTX.text)
-                .ok()?;
-            Some((func, cs))
-        });
-        if let Some((func, cs)) = clustered {
-            let out = with_dtype!(qkv.dtype(), T => {
-                let views = g.views::<T>()?;
-                let out = alloc::<T>(&dev, p.rows * hs)?;
-                let mut args = func.builder();
-                push_args(&mut args, &p, &views, None, &out);
-                let cfg = LaunchConfig {
-                    grid_dim: (p.rows as u32, cs, 1),
-                    ..p.config()
-                };
-                // SAFETY: as the split launch below; the cluster's first block writes out's
-                // rows·hs values, every split of a head in its cluster (splits ≤ cs).
-                unsafe { args.launch(cfg) }.w()?;
-                wrap(out, &dev, (p.b, 1, nh * hs))
-            });
-            return Ok(Some(out));
-        }
         let func = match p.split {
             true => kernel!(dev, PTX, "tb_decode_attention_part", qkv.dtype())?,
             false => kernel!(dev, PTX, "tb_decode_attention", qkv.dtype())?,
@@ -401,13 +373,6 @@ mod imp {
             wrap(out, &dev, (p.b, 1, nh * hs))
         });
         Ok(Some(out))
-    }
-
-    /// The cluster size of a split call whose splits fit one cluster (`--fused cluster`); None
-    /// elsewhere (the split kernel and the combine run).
-    fn cluster_size(p: &Plan) -> Option<u32> {
-        let cs: u32 = [2, 4, 8].into_iter().find(|&c| p.splits <= c as usize)?;
-        (p.split && enabled(Fused::Cluster)).then_some(cs)
     }
 
     pub fn decode_begin(

@@ -141,10 +141,6 @@ pub enum Fused {
     /// right padding), instead of the head split, the matmuls, the softmax over a (B, nh, T, T)
     /// bias and the head merge.
     Prefill,
-    /// Generation on Hopper: a head's split decode attention and their merge in one launch, the
-    /// splits a thread-block cluster merging over distributed shared memory (needs `decode`;
-    /// caches of at most 512 keys), instead of the split kernel and `tb_decode_combine`.
-    Cluster,
 }
 
 const LT: u32 = 1;
@@ -168,7 +164,6 @@ const SUM_NORM: u32 = 131072;
 const COPY_SUM: u32 = 262144;
 const PREFILL: u32 = 524288;
 const PUSH_SUM: u32 = 1048576;
-const CLUSTER: u32 = 2097152;
 const ALL: u32 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -189,8 +184,7 @@ const ALL: u32 = LT
     | SUM_NORM
     | COPY_SUM
     | PREFILL
-    | PUSH_SUM
-    | CLUSTER;
+    | PUSH_SUM;
 
 static ENABLED: AtomicU32 = AtomicU32::new(ALL);
 
@@ -219,7 +213,6 @@ fn bit(f: Fused) -> u32 {
         Fused::CopySum => COPY_SUM,
         Fused::Prefill => PREFILL,
         Fused::PushSum => PUSH_SUM,
-        Fused::Cluster => CLUSTER,
     }
 }
 
@@ -264,7 +257,6 @@ pub fn describe() -> String {
         (COPY_SUM, "copy-sum"),
         (PREFILL, "prefill"),
         (PUSH_SUM, "push-sum"),
-        (CLUSTER, "cluster"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))
