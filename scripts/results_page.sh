@@ -85,6 +85,13 @@ csvs() {
   # timed steps, the next call on another machine.
   part c8 -i $M/train-table-run4/train-compare-logs.tgz
   part c9 -i $M/train-table-run5/train-compare-logs.tgz
+  # 945be75 (its training code the submitted head's: the optimizer's 16-byte accesses):
+  # gpt2-medium and gpt2-large batch 8, the three engines, 20 timed steps (ab-run6; its decode
+  # A/B of the reverted cluster merge is docs/perf-notes.md's, not rows here).
+  # The archive holds cluster-run1's candle-alone pair too (the same /tmp): left out.
+  part c10 -i $M/ab-run6/train-compare-logs.tgz \
+    --where run!=wikitext2_gpt2-medium_candle_bf16_bs8_cuda0_20261126T154412Z \
+    --where run!=wikitext2_gpt2-medium_candle_bf16_bs8_cuda0_20261126T154416Z
   # fp8 weights (#37 item 3) against bf16 in the same call, the generation suite: batch 1 and
   # 16 on eed7753 (the first GEMV), batch 1 on a8ad4c6 (four columns a block) and f709a2b
   # (weights streamed). Their LAMBADA runs (the self-trained gpt2's checkpoint) are
@@ -236,7 +243,7 @@ intro() {
     "its log's header holds the command line, GPU, driver, CUDA version and the binary's commit." \
     "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
     "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
-    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..7, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, train-table-run3..5, fp8-run1..3, serving-run3..5 |" \
+    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..7, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, train-table-run3..5, ab-run6, fp8-run1..3, serving-run3..5 |" \
     "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, multi-run6..10, serving-run1, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
     "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6, multi-run12 |" \
