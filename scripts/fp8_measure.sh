@@ -14,6 +14,7 @@
 #     sets run after each default run, and rounds of it all (an A/B in one call) -> fp8.txt
 # Every log in -> fp8-logs.tgz (refreshed after each run: a time-out keeps what finished).
 set -u
+: "${B:?the bench binary: run this through scripts/gpu_checks.sh fp8}"
 L=/tmp/fp8-logs CK=/tmp/fp8-ckpt
 mkdir -p $L
 say() { tee -a "$OUT/fp8.txt"; }
@@ -53,8 +54,11 @@ for part in ${FP8_PARTS:-accuracy speed}; do
             G=(--suite generation --model "$m" --weights random --seed 0 --device cuda --dtype $dt
                --batch-size $bs --prompt-lens 128 --new-tokens 128 --limit "${FP8_CALLS:-10}")
             run dec-$m-bs$bs-$dt-r$r "${G[@]}"
-            for v in "${variants[@]}"; do
-              tag=$(echo "$v" | tr -c 'a-zA-Z0-9=\n' '-' | sed 's/^-*//' | cut -c1-40)
+            for i in "${!variants[@]}"; do
+              v=${variants[$i]}
+              [ -n "$v" ] || continue
+              # The variant's index first: two --fused lists may share their first 40 characters.
+              tag=v$i-$(echo "$v" | tr -c 'a-zA-Z0-9=\n' '-' | sed 's/^-*//' | cut -c1-40)
               # shellcheck disable=SC2086  # a variant is several flags
               run dec-$m-bs$bs-$dt-r$r-$tag "${G[@]}" $v
             done

@@ -69,7 +69,9 @@
 #                  of $DP_CTAS (auto 16 8 4 2)                               -> dp-logs.tgz
 #   perf-profile   ncu kernel times of one forward / one training step, candle and HF, same call
 #                  index (TB_CUDA_PROFILE): gpt2 bs16 and bs1, bloom-560m and bloom-7b1 bs16,
-#                  gpt2 training step (train-gpt2-medium, train-gpt2-large: theirs, HF compiled); scripts/kernel_breakdown.py sums them by op -> perf-profile.tgz
+#                  gpt2 training step; scripts/kernel_breakdown.py sums them by op -> perf-profile.tgz
+#                  (opt-in cases train-gpt2-medium, train-gpt2-large: those models' training
+#                  step, HF compiled for the hf engine)
 #                  ($PROF_ENGINES: candle hf; $PROF_CASES: those five; $PROF_FLAGS go to the
 #                  training run, e.g. PROF_ENGINES=candle PROF_FLAGS="--backward autograd")
 #   gemv-ncu       ncu sections of one layer's decode GEMVs, $GEMV_NCU_MODEL (bloom-7b1) batch 1 at

@@ -77,8 +77,8 @@ csvs() {
   part a5 -i $M/remeasure-run5/remeasure-logs.tgz
   # 9d8602b (#36, after ab-run5's faster step): the three engines at gpt2 batch 16, 8, 32, 30
   # timed steps, one call (one archive: the same /tmp): the binary before c28dda5, README quotes
-  # its batch 8.
-  part c7 -i $M/train-table-run3/train-compare-logs.tgz
+  # its batch 8 (its batch 16 and 32 left out: c8 measured them again).
+  part c7 -i $M/train-table-run3/train-compare-logs.tgz --where batch_size=8
   # c28dda5 (#36, the attention on mma.sync): the three engines at gpt2 batch 8, with dropout
   # 0.1 (candle and HF: llm.c has none), batch 16 and 32, gpt2-medium and gpt2-large batch 8,
   # 30 timed steps, one call; then gpt2-medium batch 16 and 32 and gpt2-large batch 16, 20
@@ -141,7 +141,7 @@ csvs() {
   # on one machine, one archive).
   part d9 -i $H/multi-run9/multi-logs.tgz --where suite=shakespeare
   # c28dda5 (#34, #36: the faster training step): gpt2 dp 1 / 2 / 2 --dp-overlap after the
-  # two-GPU smoke stage (gate-run7), then gpt2-xl dp against zero3 + recompute (multi-run10, the
+  # two-GPU smoke stage (gate-run7, whose own archive is not read), then gpt2-xl dp against zero3 + recompute (multi-run10, the
   # next call on the same machine: its archive holds both calls' logs, the same /tmp).
   part d10 -i $H/multi-run10/multi-logs.tgz
   host h100x2
@@ -244,7 +244,7 @@ intro() {
     "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
     "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
     "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..7, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, train-table-run3..5, ab-run6, fp8-run1..3, serving-run3..5 |" \
-    "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, multi-run6..10, serving-run1, hf-probe-run1..2 |" \
+    "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, multi-run6..10, gate-run7, serving-run1, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
     "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6, multi-run12 |" \
     "| 4× H200 | [h200x4.csv](current/h200x4.csv) | h200x4/tp-run2, dp-200 |" "" \

@@ -12,7 +12,7 @@
 // while this one is used. Every product is warp-local; the shared tiles are the operands all
 // four warps read (ldmatrix), and a product's accumulators are the next product's A operand,
 // so P, Pᵀ, dSᵀ and dS stay in registers (FlashAttention-2's layout; the wmma kernels before
-// c28dda5 stored them to shared memory and took 2× as long, docs/perf-notes.md).
+// c28dda5 stored them to shared memory and took 1.9× as long, dq 1.4×: docs/perf-notes.md).
 // The tile loads are flash_tiles.cuh's, the products and stores mma.cuh's.
 // lse is kept in base 2 (m·log2 e + log2 l): the scores are scaled by scale·log2 e once.
 // Dropout on the probabilities (#36): the mask of dropout.cuh's hash over the (B, nh, T, T)

@@ -52,7 +52,8 @@ __device__ void load_tile(T* dst, const T* src, long stride, int t0, int T_) {
 // (scratch: the warp's 16 × LDF floats); traps unless a lane's rows are lane/4 and lane/4 + 8,
 // elements e, e + 1 (e even) are neighbours in a row, the first at an even column (one dropout
 // word serves both), element e + 2 (e = 0, 1, 4, 5) is e's column eight rows down, and lane ^ 4
-// holds the same columns (the dk/dv kernel shares words between them).
+// holds the same columns (the last three served the wmma training kernels before c28dda5, whose
+// dropout shared words between lanes; they cost nothing at start and stay).
 __device__ void fragment_map(int (&rc)[8], float* scratch) {
   const int lane = threadIdx.x & 31;
   for (int i = lane; i < 256; i += 32) scratch[(i / 16) * LDF + i % 16] = (float)i;
