@@ -3,7 +3,7 @@
 //! outside launcher, a rank killed mid-run, and the errors for what --tp does not do.
 
 mod common;
-use common::{bench_logging_to as bench, records, text};
+use common::{bench_logging_to as bench, finished_records, records, text};
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -175,7 +175,7 @@ fn a_rank_killed_mid_run_stops_the_group_and_rank_0_keeps_its_batches() {
         let Some(log) = logs(dir.path()).pop() else {
             continue;
         };
-        let recs = records(&log);
+        let recs = finished_records(&log);
         if recs.iter().filter(|r| r["record"] == "batch").count() >= 2 {
             break (log, recs[0]["tp"]["ranks"][1]["pid"].as_u64().unwrap());
         }
@@ -191,7 +191,7 @@ fn a_rank_killed_mid_run_stops_the_group_and_rank_0_keeps_its_batches() {
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("rank 1 was killed"), "{err}");
-    let recs = records(&log);
+    let recs = finished_records(&log);
     assert_eq!(recs[0]["record"], "header");
     let batches = recs.iter().filter(|r| r["record"] == "batch").count();
     assert!((2..60).contains(&batches), "{batches} batches kept");

@@ -55,6 +55,21 @@ pub fn records(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// The finished records of a JSONL run log that may still be written, or was killed mid-write:
+/// a last line without its newline is skipped (a reader can see a write half-done), as the
+/// product's `read_log` does; a bad line anywhere else still fails.
+pub fn finished_records(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let finished = match text.rfind('\n') {
+        Some(end) => &text[..end],
+        None => "",
+    };
+    finished
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// The one file a run wrote into `dir` (its log).
 pub fn only_file(dir: &Path) -> PathBuf {
     std::fs::read_dir(dir)
