@@ -15,9 +15,11 @@ use crate::env::EnvReport;
 use crate::models::ModelInfo;
 use serde::{Deserialize, Serialize};
 
+pub mod recompute;
 pub mod serving;
 mod status;
 pub mod sweep;
+pub use recompute::Recompute;
 pub use serving::{Percentiles, RequestRecord, ServingInfo, ServingSummary};
 pub use status::RunStatus;
 pub use sweep::{

@@ -61,9 +61,9 @@ fn wikitext2_trains_on_the_builtin_sample_and_logs_hf_metric_names() {
     assert!(s.train_samples_per_second > 0. && s.warmup_steps == 1);
 }
 
-/// `--recompute` trains GPT-2's manual step with checkpointed blocks: the same losses as
-/// without it (dropout off), and the log says so; BLOOM (autograd) and the HF engine refuse it
-/// in one line before anything loads.
+/// `--recompute` (blocks) and `--recompute mlp` train GPT-2's manual step with checkpointed
+/// blocks: the same losses as without it (dropout off), and the log says which; BLOOM
+/// (autograd), llm.c and (for mlp) the HF engine refuse it in one line before anything loads.
 #[test]
 fn recompute_trains_with_the_same_losses_and_is_refused_where_it_does_not_apply() {
     let losses = |extra: &[&str]| {
@@ -110,8 +110,13 @@ fn recompute_trains_with_the_same_losses_and_is_refused_where_it_does_not_apply(
     };
     let (off, plain) = losses(&[]);
     let (on, checkpointed) = losses(&["--recompute"]);
-    assert_eq!((off.as_str(), on.as_str()), ("off", "blocks"));
+    let (mlp, half_kept) = losses(&["--recompute", "mlp"]);
+    assert_eq!(
+        (off.as_str(), on.as_str(), mlp.as_str()),
+        ("off", "blocks", "mlp")
+    );
     assert_eq!(plain, checkpointed);
+    assert_eq!(plain, half_kept);
     let e = error_of(&[
         "--suite",
         "wikitext2",
@@ -125,6 +130,15 @@ fn recompute_trains_with_the_same_losses_and_is_refused_where_it_does_not_apply(
     );
     let e = error_of(&["--suite", "wikitext2", "--engine", "llmc", "--recompute"]);
     assert!(e.contains("use it with --engine candle or hf"), "{e}");
+    let e = error_of(&[
+        "--suite",
+        "wikitext2",
+        "--engine",
+        "hf",
+        "--recompute",
+        "mlp",
+    ]);
+    assert!(e.contains("--recompute on, or --engine candle"), "{e}");
 }
 
 /// `--drop-last` with fewer blocks than one batch would train on nothing: one line that says

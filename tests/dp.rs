@@ -132,24 +132,31 @@ fn dp2_follows_one_process_with_twice_the_accumulation() {
 }
 
 /// ZeRO-3 gathers blocks in the forward and again in the backward, and --recompute runs each
-/// block's forward a second time in between: with two micro-batches a rank it still follows one
-/// process accumulating all four.
+/// block's forward (mlp: its MLP's first half) a second time in between: with two micro-batches
+/// a rank it still follows one process accumulating all four.
 #[test]
 fn zero3_with_recompute_and_accumulation_follows_one_process() {
     let (one, ..) = run(&["--grad-accum", "4", "--recompute"]);
-    let (two, sum, header, _) = run(&[
-        "--dp",
-        "2",
-        "--zero",
-        "3",
-        "--grad-accum",
-        "2",
-        "--recompute",
-    ]);
+    let zero3 = |recompute: &str| {
+        let args = [
+            "--dp",
+            "2",
+            "--zero",
+            "3",
+            "--grad-accum",
+            "2",
+            "--recompute",
+        ];
+        run(&[&args[..], &[recompute]].concat())
+    };
+    let (two, sum, header, _) = zero3("on");
     assert_eq!(header["dp"]["zero_stage"], 3);
     assert_eq!(header["engine_info"]["recompute"], "blocks");
     same_curve(&two, &one, 1e-3, "zero 3 + recompute");
     assert!(sum["eval_loss"].as_f64().unwrap().is_finite());
+    let (mlp, _, header, _) = zero3("mlp");
+    assert_eq!(header["engine_info"]["recompute"], "mlp");
+    same_curve(&mlp, &one, 1e-3, "zero 3 + recompute mlp");
 }
 
 /// BLOOM trains through autograd: ZeRO-2 reduce-scatters its gradients after each

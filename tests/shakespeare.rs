@@ -117,8 +117,8 @@ fn shakespeare_bad_input_is_a_one_line_error() {
     }
 }
 
-/// Four configurations (dp and ZeRO-3, recompute off and on), each a child launching two
-/// ranks; one table with a column each, and four logs naming their strategy. Every strategy
+/// Six configurations (dp and ZeRO-3, recompute off, on and mlp), each a child launching two
+/// ranks; one table with a column each, and six logs naming their strategy. Every strategy
 /// takes the same steps, so the losses agree across the columns.
 #[test]
 fn strategies_sweep_lays_dp_and_zero3_side_by_side() {
@@ -131,7 +131,7 @@ fn strategies_sweep_lays_dp_and_zero3_side_by_side() {
             "--strategies",
             "dp,zero3",
             "--recompute",
-            "off,on",
+            "off,on,mlp",
         ])
         .output()
         .unwrap();
@@ -142,6 +142,8 @@ fn strategies_sweep_lays_dp_and_zero3_side_by_side() {
         "candle dp+rc",
         "candle zero3",
         "candle zero3+rc",
+        "candle dp+rc-mlp",
+        "candle zero3+rc-mlp",
     ] {
         assert!(out.contains(label), "{label}: {out}");
     }
@@ -150,7 +152,7 @@ fn strategies_sweep_lays_dp_and_zero3_side_by_side() {
         "{out}"
     );
     let runs: Vec<Vec<Value>> = logs(dir.path()).iter().map(|p| records(p)).collect();
-    assert_eq!(runs.len(), 4, "{out}");
+    assert_eq!(runs.len(), 6, "{out}");
     let mut seen: Vec<(u64, String)> = runs
         .iter()
         .map(|r| {
@@ -162,7 +164,14 @@ fn strategies_sweep_lays_dp_and_zero3_side_by_side() {
         })
         .collect();
     seen.sort();
-    let want = [(0, "blocks"), (0, "off"), (3, "blocks"), (3, "off")];
+    let want = [
+        (0, "blocks"),
+        (0, "mlp"),
+        (0, "off"),
+        (3, "blocks"),
+        (3, "mlp"),
+        (3, "off"),
+    ];
     assert_eq!(seen, want.map(|(z, r)| (z, r.to_string())));
     let losses: Vec<f64> = runs
         .iter()

@@ -446,13 +446,6 @@ pub struct RunArgs {
     pub serve: ServeArgs,
 }
 
-/// `--recompute off,on`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Toggle {
-    Off,
-    On,
-}
-
 /// `--strategies`: how the `--dp` ranks share the model, each a configuration of the sweep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Strategy {
@@ -512,12 +505,14 @@ pub struct TrainArgs {
     /// between them, which costs a little throughput); logged per step, medians in the summary.
     #[arg(long)]
     pub phase_times: bool,
-    /// candle engine, GPT-2's manual step: activation checkpointing. The forward keeps each
-    /// block's input (and its dropout masks) only; the backward runs the block's forward again
-    /// before its backward. Less memory (peak memory is logged) for about one more forward a
-    /// step; the same gradients. `--recompute` alone is `on`; a list (`off,on`) is a sweep axis.
-    #[arg(long, value_enum, value_name = "on|off", num_args = 0..=1, default_missing_value = "on", value_delimiter = ',')]
-    pub recompute: Vec<Toggle>,
+    /// Activation checkpointing (candle's manual GPT-2 step; HF: `on` only, its gradient
+    /// checkpointing). on (= blocks): each block keeps its input only and runs its whole
+    /// forward again in the backward, about a third more compute a step. mlp: each block keeps
+    /// its attention half (6 of 16 activations a token) and runs its LayerNorms and the MLP's
+    /// first matmul again, about a ninth more. The same gradients either way; peak memory is
+    /// logged. `--recompute` alone is `on`; a list (`off,on,mlp`) is a sweep axis.
+    #[arg(long, value_enum, value_name = "off|on|mlp", num_args = 0..=1, default_missing_value = "on", value_delimiter = ',')]
+    pub recompute: Vec<crate::train::Recompute>,
     /// Drop each epoch's last partial batch (HF's dataloader_drop_last), for every engine of
     /// the run: every step then has one shape, so a compiled engine does not recompile in a
     /// timed step [default: on with --hf-compile, else off].

@@ -7,7 +7,7 @@ pub mod plan;
 
 pub use args::{
     Cli, Command, DeviceArg, DistCheckArgs, DtypeArg, EnvArgs, Mode, RunArgs, ServeArgs, Strategy,
-    Toggle, TrainArgs, VerifyArgs, WeightsKind,
+    TrainArgs, VerifyArgs, WeightsKind,
 };
 use clap::Parser;
 use std::process::ExitCode;

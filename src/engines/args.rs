@@ -36,7 +36,7 @@ pub struct TrainArgs<'a> {
     pub hyper: &'a Hyper,
     pub dropout: bool,
     pub backward: Option<Backward>,
-    pub recompute: bool,
+    pub recompute: crate::train::Recompute,
     pub phase_times: bool,
     /// In-process data parallelism (`--dp`): this rank's group.
     pub dp: Option<DataParallel>,

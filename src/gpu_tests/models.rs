@@ -2,7 +2,7 @@
 //! manual backward against autograd, recomputed activations.
 
 use super::*;
-use crate::train::Backward;
+use crate::train::{Backward, Recompute};
 
 /// gpt2-tiny and bloom-tiny hidden states in fp32 on the GPU: every fused path against
 /// `--fused none` (candle's ops; the same random weights, which differ between CPU and GPU).
@@ -115,8 +115,9 @@ fn manual_vs_autograd_of(spec: ModelSpec, dtype: DType, dropout: bool) -> f32 {
     worst
 }
 
-/// `--recompute` on the GPU: bf16, dropout on (hashed masks, the same seed), every gradient
-/// equal to the kept-activation step's but for the embedding gradient's atomic order.
+/// `--recompute` blocks and mlp on the GPU: bf16, dropout on (hashed masks, the same seed),
+/// every gradient equal to the kept-activation step's but for the embedding gradient's
+/// atomic order.
 #[test]
 fn recompute_matches_the_kept_activations_on_cuda() {
     let (dev, _one_at_a_time) = gpu();
@@ -126,12 +127,14 @@ fn recompute_matches_the_kept_activations_on_cuda() {
         set_dropout_seed(7);
         trainer.gradients(std::slice::from_ref(&ids)).unwrap()
     };
-    let (loss, grads) = run(false);
-    let (loss_r, grads_r) = run(true);
-    assert_eq!(loss, loss_r);
-    for ((name, g), (_, g_r)) in grads.iter().zip(&grads_r) {
-        let r = rel(g_r, g);
-        assert!(r < 1e-5, "{name}: {r}");
+    let (loss, grads) = run(Recompute::Off);
+    for kind in [Recompute::Blocks, Recompute::Mlp] {
+        let (loss_r, grads_r) = run(kind);
+        assert_eq!(loss, loss_r, "{kind:?}");
+        for ((name, g), (_, g_r)) in grads.iter().zip(&grads_r) {
+            let r = rel(g_r, g);
+            assert!(r < 1e-5, "{kind:?} {name}: {r}");
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! its repeats are done; and what a sweep returns ([`SweepOutcome`]), which the launcher
 //! (`crate::launch::sweep`) makes and the console tables print.
 
+use super::Recompute;
 use super::RunStatus;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -26,9 +27,13 @@ pub struct SweepConfig {
     /// `--strategies`: the ZeRO level of the configuration's `--dp` ranks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zero: Option<u8>,
-    /// Training: `--recompute` on (absent: off).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub recompute: Option<bool>,
+    /// Training: `--recompute` blocks or mlp (absent: off; `true` in logs before mlp).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "recompute_or_bool"
+    )]
+    pub recompute: Option<Recompute>,
     /// The serving suite: `--request-rate`, requests/s as written (`4`, `0.5`, `inf`); text,
     /// so that a configuration stays comparable and ordered (and `inf` needs no JSON number).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -44,9 +49,11 @@ impl SweepConfig {
             .map(|n| format!(" new={n}"))
             .unwrap_or_default();
         let zero = self.zero.map(|z| format!(" zero={z}")).unwrap_or_default();
+        // Blocks keeps the key it had when it was the only kind (`--resume` of older sweeps).
         let recompute = match self.recompute {
-            Some(true) => " recompute=on",
-            _ => "",
+            Some(Recompute::Blocks) => " recompute=on",
+            Some(Recompute::Mlp) => " recompute=mlp",
+            Some(Recompute::Off) | None => "",
         };
         let rate = self
             .request_rate
@@ -154,5 +161,56 @@ impl SweepOutcome {
     /// How many of this invocation's runs ended `status`.
     pub fn count(&self, status: &RunStatus) -> usize {
         self.runs.iter().filter(|r| r.status == *status).count()
+    }
+}
+
+/// A sweep configuration's `recompute`: its name, or the `true` / `false` of logs written
+/// when blocks were the only kind.
+fn recompute_or_bool<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Recompute>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Written {
+        Bool(bool),
+        Kind(Recompute),
+    }
+    Ok(match Option::<Written>::deserialize(d)? {
+        None | Some(Written::Bool(false)) => None,
+        Some(Written::Bool(true)) => Some(Recompute::Blocks),
+        Some(Written::Kind(k)) => Some(k),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sweep log from before `--recompute mlp` (`true`) reads as blocks, with the key it had
+    /// (so `--resume` finds its runs); mlp round-trips under a key of its own.
+    #[test]
+    fn recompute_reads_old_booleans_and_keys_each_kind_apart() {
+        let config = |recompute: &str| -> SweepConfig {
+            serde_json::from_str(&format!(
+                r#"{{"model":"gpt2","dtype":"bf16","batch_size":8,"seq_len":null,"engine":"candle","zero":3{recompute}}}"#
+            ))
+            .unwrap()
+        };
+        let old = config(r#","recompute":true"#);
+        assert_eq!(old.recompute, Some(Recompute::Blocks));
+        assert!(
+            old.key().ends_with("zero=3 recompute=on engine=candle"),
+            "{}",
+            old.key()
+        );
+        assert_eq!(config(r#","recompute":false"#).recompute, None);
+        assert_eq!(config("").recompute, None);
+        let mlp = config(r#","recompute":"mlp""#);
+        assert_eq!(mlp.recompute, Some(Recompute::Mlp));
+        assert!(mlp.key().contains(" recompute=mlp "), "{}", mlp.key());
+        let again: SweepConfig =
+            serde_json::from_str(&serde_json::to_string(&mlp).unwrap()).unwrap();
+        assert_eq!(again.recompute, Some(Recompute::Mlp));
+        assert_ne!(old.key(), mlp.key());
     }
 }

@@ -602,6 +602,7 @@ fn run_labels(runs: &[(Header, TrainSummary)]) -> Vec<String> {
     let strategy = |h: &Header| {
         let recompute = match h.engine_info.get("recompute").map(String::as_str) {
             Some("blocks") => "+rc",
+            Some("mlp") => "+rc-mlp",
             _ => "",
         };
         match &h.dp {

@@ -138,8 +138,8 @@ pub struct TrainOptions {
     pub phase_times: bool,
     /// Drop each epoch's last partial batch (HF's dataloader_drop_last).
     pub drop_last: bool,
-    /// Checkpoint each block of candle's manual step (`--recompute`).
-    pub recompute: bool,
+    /// What candle's manual step keeps of each block (`--recompute`).
+    pub recompute: crate::train::Recompute,
     /// Write the trained weights (fp32 masters) as an HF checkpoint here.
     pub save: Option<PathBuf>,
     /// The HF engine over `--dp N` GPUs (torchrun, DDP or FSDP), else None.

@@ -19,11 +19,12 @@
 //!   owns, then every parameter is shared from its owner. ZeRO-2/3 ([`zero`]) shard the
 //!   gradients and masters (and, at 3, the weights) unit by unit, as FSDP does.
 //!
-//! Files: [`trainer`] (the [`Trainer`]'s state and setup, [`Backward`]), [`step`] (one optimizer
-//! step, [`StepOutcome`]), [`gradients`] (a step's gradients and the loss), [`data_parallel`]
-//! (the sums over ranks, ZeRO-1's owners), [`zero`] (ZeRO-2/3), [`optim`] (AdamW, schedule,
-//! clipping, loss scale), `params` (the fp32 masters and the backend serving them), `clock`
-//! (phase and collective timing), [`gpt2_manual`] (GPT-2's hand-written backward).
+//! Files: [`trainer`] (the [`Trainer`]'s state and setup, [`Backward`], `--recompute`'s
+//! [`Recompute`] from the log schema), [`step`] (one optimizer step, [`StepOutcome`]),
+//! [`gradients`] (a step's gradients and the loss), [`data_parallel`] (the sums over ranks,
+//! ZeRO-1's owners), [`zero`] (ZeRO-2/3), [`optim`] (AdamW, schedule, clipping, loss scale),
+//! `params` (the fp32 masters and the backend serving them), `clock` (phase and collective
+//! timing), [`gpt2_manual`] (GPT-2's hand-written backward).
 
 mod clock;
 pub mod data_parallel;
@@ -36,6 +37,7 @@ pub mod trainer;
 pub mod zero;
 
 pub use crate::record::Hyper;
+pub use crate::record::Recompute;
 pub use data_parallel::DataParallel;
 pub use gradients::lm_loss;
 pub use optim::{clip_coefficient, global_grad_norm, AdamW, Clip, GradScaler, LinearSchedule};

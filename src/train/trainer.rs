@@ -8,7 +8,7 @@ use super::optim::{AdamW, GradScaler, LinearSchedule};
 use super::params::{ParamBackend, Params};
 use super::zero::{Sharded, ZeroStage};
 use crate::models::{Architecture, CausalLm, ModelSpec, WeightSource};
-use crate::record::Hyper;
+use crate::record::{Hyper, Recompute};
 use candle_core::{DType, Device, Result, Tensor, Var};
 use std::sync::{Arc, Mutex};
 
@@ -63,8 +63,8 @@ pub struct Trainer {
     pub(super) device: Device,
     pub(super) dropout: bool,
     pub(super) backward: Backward,
-    /// `--recompute`: the manual step checkpoints each block.
-    pub(super) recompute: bool,
+    /// `--recompute`: what the manual step keeps of each block.
+    pub(super) recompute: Recompute,
     pub(super) scaler: Option<GradScaler>,
     /// Optimizer steps taken (skipped fp16 steps not counted), the schedule's position.
     pub step: usize,
@@ -111,7 +111,7 @@ impl Trainer {
             device: device.clone(),
             dropout,
             backward: Backward::default_for(spec),
-            recompute: false,
+            recompute: Recompute::Off,
             scaler: (compute == DType::F16).then(GradScaler::default),
             step: 0,
             phase_times: false,
@@ -133,11 +133,12 @@ impl Trainer {
         self.backward
     }
 
-    /// `--recompute`: keep each block's input only and run the block's forward again in the
-    /// backward (activation checkpointing). The manual step's (GPT-2); call after
+    /// `--recompute`: keep each block's input only ([`Recompute::Blocks`]) or its attention
+    /// half ([`Recompute::Mlp`]) and run the rest of its forward again in the backward
+    /// (activation checkpointing). The manual step's (GPT-2); call after
     /// [`Trainer::set_backward`].
-    pub fn set_recompute(&mut self, recompute: bool) -> crate::error::Result<()> {
-        if recompute && self.backward != Backward::Manual {
+    pub fn set_recompute(&mut self, recompute: Recompute) -> crate::error::Result<()> {
+        if recompute != Recompute::Off && self.backward != Backward::Manual {
             return Err(crate::error::Error::Unsupported(format!(
                 "--recompute checkpoints the blocks of the manual step (GPT-2, --backward manual); {} trains with --backward {}",
                 self.spec.name,
@@ -148,8 +149,8 @@ impl Trainer {
         Ok(())
     }
 
-    /// Whether blocks are checkpointed (`--recompute`).
-    pub fn recompute(&self) -> bool {
+    /// What the manual step keeps of each block (`--recompute`).
+    pub fn recompute(&self) -> Recompute {
         self.recompute
     }
 

@@ -9,6 +9,7 @@ use crate::engines::EngineKind;
 use crate::error::{Error, Result};
 use crate::record::SweepConfig;
 use crate::scenarios::suite_file::SuiteFile;
+use crate::train::Recompute;
 use clap::ValueEnum;
 
 pub(super) fn parse_precision(s: &str) -> Result<Precision> {
@@ -38,7 +39,7 @@ pub struct Axes {
     pub batch_sizes: Vec<usize>,
     /// `--strategies` as ZeRO levels ([None] without it), then `--recompute`'s values.
     pub zeros: Vec<Option<u8>>,
-    pub recomputes: Vec<bool>,
+    pub recomputes: Vec<Recompute>,
     /// The serving suite's `--request-rate` list ([None] for the other suites).
     pub request_rates: Vec<Option<f64>>,
     pub engines: Vec<EngineKind>,
@@ -63,7 +64,7 @@ pub fn expand(a: &Axes) -> Vec<RunConfig> {
                                 engine: EngineKind::Candle,
                                 new_tokens,
                                 zero: None,
-                                recompute: false,
+                                recompute: Recompute::Off,
                                 request_rate,
                             };
                             out.extend(training_configs(a, base));
@@ -76,16 +77,30 @@ pub fn expand(a: &Axes) -> Vec<RunConfig> {
     out
 }
 
+/// [`expand`], refusing a product that HF's gaps leave empty.
+pub fn expand_some(a: &Axes) -> Result<Vec<RunConfig>> {
+    let configs = expand(a);
+    if configs.is_empty() {
+        // `training_configs` leaves out what HF cannot run; nothing else is left.
+        return Err(Error::Config(
+            "HF runs neither ZeRO-1 nor --recompute mlp (its gradient checkpointing recomputes whole blocks): use --strategies dp,zero2,zero3, --recompute on, or --engine candle".into(),
+        ));
+    }
+    Ok(configs)
+}
+
 /// `base` at each strategy, recompute setting and engine of `a`.
 pub(super) fn training_configs(a: &Axes, base: RunConfig) -> Vec<RunConfig> {
     let mut out = vec![];
     for &zero in &a.zeros {
         for &recompute in &a.recomputes {
-            // HF has no ZeRO-1 (FSDP shards gradients with the state): candle runs it alone.
+            // HF has no ZeRO-1 (FSDP shards gradients with the state) and checkpoints whole
+            // blocks only: candle runs those alone.
+            let hf_lacks = zero == Some(1) || recompute == Recompute::Mlp;
             let engines = a
                 .engines
                 .iter()
-                .filter(|&&e| !(e == EngineKind::Hf && zero == Some(1)));
+                .filter(|&&e| !(e == EngineKind::Hf && hf_lacks));
             for &engine in engines {
                 out.push(RunConfig {
                     zero,
@@ -125,16 +140,11 @@ pub(super) fn parse_all<T>(
 pub(super) fn training_axes(
     args: &RunArgs,
     suite: &SuiteFile,
-) -> Result<(Vec<Option<u8>>, Vec<bool>)> {
-    let mut recomputes: Vec<bool> = args
-        .train
-        .recompute
-        .iter()
-        .map(|&t| t == crate::cli::Toggle::On)
-        .collect();
+) -> Result<(Vec<Option<u8>>, Vec<Recompute>)> {
+    let mut recomputes = args.train.recompute.clone();
     recomputes.dedup();
     if recomputes.is_empty() {
-        recomputes.push(false);
+        recomputes.push(Recompute::Off);
     }
     if args.strategies.is_empty() {
         return Ok((vec![None], recomputes));
@@ -219,7 +229,7 @@ pub struct RunConfig {
     /// `--strategies`: the `--zero` level of this configuration's `--dp` ranks.
     pub zero: Option<u8>,
     /// Training: `--recompute` (a sweep axis when given a list).
-    pub recompute: bool,
+    pub recompute: Recompute,
     /// The serving suite: requests/s (infinite: all at 0); None for the other suites.
     pub request_rate: Option<f64>,
 }
@@ -235,7 +245,7 @@ impl RunConfig {
             engine: self.engine.as_str().into(),
             new_tokens: self.new_tokens,
             zero: self.zero,
-            recompute: self.recompute.then_some(true),
+            recompute: (self.recompute != Recompute::Off).then_some(self.recompute),
             request_rate: self.request_rate.map(super::serve::show_rate),
         }
     }
@@ -250,7 +260,7 @@ impl RunConfig {
             engine: parse_engine(&c.engine)?,
             new_tokens: c.new_tokens,
             zero: c.zero,
-            recompute: c.recompute == Some(true),
+            recompute: c.recompute.unwrap_or_default(),
             request_rate: c
                 .request_rate
                 .as_deref()

@@ -115,7 +115,7 @@ pub fn plan(args: &RunArgs) -> Result<Plan> {
     } else {
         engines
     };
-    let configs = expand(&Axes {
+    let configs = expand_some(&Axes {
         models,
         precisions,
         seq_lens,
@@ -125,7 +125,7 @@ pub fn plan(args: &RunArgs) -> Result<Plan> {
         recomputes,
         request_rates,
         engines,
-    });
+    })?;
     Ok(Plan {
         suite,
         device,
@@ -150,10 +150,11 @@ pub fn resolve(args: RunArgs, command_line: Vec<String>) -> Result<RunSpec> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::train::Recompute;
 
     /// `--strategies dp,zero1 --engine candle,hf`: HF has no ZeRO-1, so candle runs it alone.
     #[test]
-    fn strategies_leave_out_zero1_for_hf() {
+    fn strategies_leave_out_zero1_and_mlp_recompute_for_hf() {
         let c = expand(&Axes {
             models: vec!["gpt2".into()],
             precisions: vec![Precision::Bf16],
@@ -161,21 +162,23 @@ mod tests {
             new_tokens: vec![None],
             batch_sizes: vec![8],
             zeros: vec![Some(0), Some(1)],
-            recomputes: vec![false, true],
+            recomputes: vec![Recompute::Off, Recompute::Blocks, Recompute::Mlp],
             request_rates: vec![None],
             engines: vec![EngineKind::Candle, EngineKind::Hf],
         });
-        let got: Vec<(Option<u8>, bool, &str)> = c
+        let got: Vec<(Option<u8>, &str, &str)> = c
             .iter()
-            .map(|c| (c.zero, c.recompute, c.engine.as_str()))
+            .map(|c| (c.zero, c.recompute.as_str(), c.engine.as_str()))
             .collect();
         let want = [
-            (Some(0), false, "candle"),
-            (Some(0), false, "hf"),
-            (Some(0), true, "candle"),
-            (Some(0), true, "hf"),
-            (Some(1), false, "candle"),
-            (Some(1), true, "candle"),
+            (Some(0), "off", "candle"),
+            (Some(0), "off", "hf"),
+            (Some(0), "blocks", "candle"),
+            (Some(0), "blocks", "hf"),
+            (Some(0), "mlp", "candle"),
+            (Some(1), "off", "candle"),
+            (Some(1), "blocks", "candle"),
+            (Some(1), "mlp", "candle"),
         ];
         assert_eq!(got, want);
     }
@@ -189,7 +192,7 @@ mod tests {
             new_tokens: vec![None],
             batch_sizes: vec![1, 2],
             zeros: vec![None],
-            recomputes: vec![false],
+            recomputes: vec![Recompute::Off],
             request_rates: vec![None],
             engines: vec![EngineKind::Candle, EngineKind::Hf],
         });

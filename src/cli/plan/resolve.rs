@@ -19,6 +19,7 @@ use crate::scenarios::train::shakespeare;
 use crate::scenarios::{
     GenerateOptions, GenerateSource, HfParallel, RunSpec, TrainOptions, Workload,
 };
+use crate::train::Recompute;
 use std::path::PathBuf;
 
 /// `--data`: the embedded sample (none given), the suite's full file found locally (`full`),
@@ -278,7 +279,7 @@ fn check_training(config: &RunConfig, model: &ModelSpec, workload: &Workload) ->
         .unwrap_or(crate::train::Backward::default_for(model));
     backward.check(model)?;
     let candle = config.engine == EngineKind::Candle;
-    if candle && opts.recompute && backward != crate::train::Backward::Manual {
+    if candle && opts.recompute != Recompute::Off && backward != crate::train::Backward::Manual {
         return Err(Error::Config(format!(
             "--recompute checkpoints the blocks of the manual step (GPT-2, --backward manual); {} trains with --backward {}",
             model.name,
@@ -339,7 +340,7 @@ pub(super) fn resolve_train(
             "--backward picks how the candle engine computes gradients: use it with --engine candle or both".into(),
         ));
     }
-    if engine == EngineKind::Llmc && config.recompute {
+    if engine == EngineKind::Llmc && config.recompute != Recompute::Off {
         return Err(Error::Config(
             "--recompute checkpoints candle's manual step or HF's blocks (llm.c's recompute is not wired in): use it with --engine candle or hf".into(),
         ));

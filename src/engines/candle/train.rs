@@ -37,8 +37,8 @@ pub struct TrainSetup<'a> {
     pub dropout: bool,
     /// `--backward`; None: the model's default ([`Backward::default_for`]).
     pub backward: Option<Backward>,
-    /// `--recompute`: checkpoint each block of the manual step.
-    pub recompute: bool,
+    /// `--recompute`: what the manual step keeps of each block.
+    pub recompute: crate::train::Recompute,
     pub seed: u64,
     /// This rank's data-parallel group (`--dp`).
     pub dp: Option<DataParallel>,
@@ -70,8 +70,7 @@ impl CandleTrainer {
         let load_seconds = load.elapsed().as_secs_f64();
         let mut info = engine_info(&device);
         info.insert("backward".into(), trainer.backward().as_str().into());
-        let recompute = if trainer.recompute() { "blocks" } else { "off" };
-        info.insert("recompute".into(), recompute.into());
+        info.insert("recompute".into(), trainer.recompute().as_str().into());
         Ok(Self {
             trainer,
             spec: setup.model.clone(),

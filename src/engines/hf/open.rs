@@ -44,7 +44,8 @@ impl HfEngine {
         train["dropout"] = Value::Bool(t.dropout);
         train["seed"] = json!(a.seed);
         train["phase_times"] = Value::Bool(t.phase_times);
-        train["recompute"] = Value::Bool(t.recompute);
+        // HF checkpoints whole blocks only (the plan refuses `--recompute mlp` for it).
+        train["recompute"] = Value::Bool(t.recompute != crate::train::Recompute::Off);
         if let Some((size, strategy)) = t.child_parallel {
             train["parallel"] = json!({ "size": size, "strategy": strategy });
         }

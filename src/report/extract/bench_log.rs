@@ -340,11 +340,7 @@ fn sweep_rows(base: &RunRow, header: Option<&SweepHeader>, runs: &[SweepRun]) ->
             // `--strategies`: the configuration's strategy and recompute, as a run log names them.
             if let Some(z) = c.zero {
                 m.insert("strategy".into(), crate::record::strategy_name(z));
-                let recompute = if c.recompute == Some(true) {
-                    "blocks"
-                } else {
-                    "off"
-                };
+                let recompute = c.recompute.unwrap_or_default().as_str();
                 m.insert("recompute".into(), recompute.into());
                 m.entry("run".into()).and_modify(|run| {
                     run.push_str(&format!("_zero{z}_{recompute}"));
@@ -379,6 +375,7 @@ fn sweep_rows(base: &RunRow, header: Option<&SweepHeader>, runs: &[SweepRun]) ->
 mod tests {
     use super::*;
     use crate::record::SweepConfig;
+    use crate::train::Recompute;
 
     /// A `--strategies` configuration that never ran (out of memory at a smaller batch) keeps
     /// its strategy and recompute in its row, and a run name of its own.
@@ -410,7 +407,15 @@ mod tests {
             samples_per_second: None,
             latency_ms_p50: None,
         };
-        let rows = sweep_rows(&base, None, &[run(config(0, false)), run(config(3, true))]);
+        let rows = sweep_rows(
+            &base,
+            None,
+            &[
+                run(config(0, Recompute::Off)),
+                run(config(3, Recompute::Blocks)),
+                run(config(3, Recompute::Mlp)),
+            ],
+        );
         let meta = |i: usize, k: &str| rows[i].meta[k].clone();
         assert_eq!(
             (meta(0, "strategy"), meta(0, "recompute")),
@@ -420,7 +425,9 @@ mod tests {
             (meta(1, "strategy"), meta(1, "recompute")),
             ("zero3".into(), "blocks".into())
         );
+        assert_eq!(meta(2, "recompute"), "mlp");
         assert_ne!(meta(0, "run"), meta(1, "run"));
+        assert_ne!(meta(1, "run"), meta(2, "run"));
         assert_eq!(meta(1, "status"), "oom");
     }
 }

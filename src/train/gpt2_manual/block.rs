@@ -44,11 +44,23 @@ pub struct Acts {
     drop_mlp: Option<Keep>,
 }
 
-/// What `--recompute` keeps of a block's forward: its input and the dropout masks it drew,
+/// What `--recompute blocks` keeps of a block's forward: its input and the dropout masks it drew,
 /// from which [`recompute`] rebuilds [`Acts`] for the backward.
 pub struct Checkpoint {
     x: Tensor, // (N, C)
     masks: Masks,
+}
+
+/// What `--recompute mlp` keeps of a block's forward: all but h1 and the MLP's inner
+/// activations (h2, fc, a), which [`recompute_mlp`] rebuilds from x and x_mid. 6 C a row
+/// with the fused attention (x, qkv, y, x_mid) against [`Acts`]' 16 C.
+pub struct AttentionHalf {
+    x: Tensor,
+    attn: Kept,
+    y: Tensor,
+    drop_attn: Option<Keep>,
+    x_mid: Tensor,
+    drop_mlp: Option<Keep>,
 }
 
 /// A block's three dropout masks (probabilities, attention residual, MLP residual).
@@ -71,6 +83,19 @@ impl Acts {
             x: self.x,
         }
     }
+
+    /// h1, h2, fc and a dropped (they are made again from x and x_mid, the same ops on the
+    /// same inputs: bit for bit what the forward made).
+    pub fn attention_half(self) -> AttentionHalf {
+        AttentionHalf {
+            x: self.x,
+            attn: self.attn,
+            y: self.y,
+            drop_attn: self.drop_attn,
+            x_mid: self.x_mid,
+            drop_mlp: self.drop_mlp,
+        }
+    }
 }
 
 /// The block's output (N, C) and its activations; `scale`: the layer's attention scale.
@@ -82,6 +107,34 @@ pub fn forward(p: &Block, x: Tensor, ctx: &Ctx, scale: f64) -> Result<(Tensor, A
 /// to what [`forward`] kept.
 pub fn recompute(p: &Block, cp: Checkpoint, ctx: &Ctx, scale: f64) -> Result<Acts> {
     Ok(forward_with(p, cp.x, ctx, scale, Some(cp.masks))?.1)
+}
+
+/// The activations of a block that kept its attention half, its LayerNorms and the MLP's
+/// first matmul and activation run again: equal to what [`forward`] kept.
+pub fn recompute_mlp(p: &Block, half: AttentionHalf, ctx: &Ctx) -> Result<Acts> {
+    let h1 = layer_norm(&half.x, &p.ln_1.weight, &p.ln_1.bias, ctx.eps)?;
+    let (h2, fc, a) = mlp_inputs(p, &half.x_mid, ctx)?;
+    Ok(Acts {
+        x: half.x,
+        h1,
+        attn: half.attn,
+        y: half.y,
+        drop_attn: half.drop_attn,
+        x_mid: half.x_mid,
+        h2,
+        fc,
+        a,
+        drop_mlp: half.drop_mlp,
+    })
+}
+
+/// The MLP's activations before its output projection, from x_mid (N, C): (h2 = ln_2(x_mid)
+/// (N, C), fc = h2 W_fc (N, F), a = act(fc + b_fc) (N, F)).
+fn mlp_inputs(p: &Block, x_mid: &Tensor, ctx: &Ctx) -> Result<(Tensor, Tensor, Tensor)> {
+    let h2 = layer_norm(x_mid, &p.ln_2.weight, &p.ln_2.bias, ctx.eps)?;
+    let fc = h2.matmul(&p.c_fc.weight)?;
+    let a = bias_act(&fc, &p.c_fc.bias, Some(ctx.act))?;
+    Ok((h2, fc, a))
 }
 
 /// [`forward`], drawing the dropout masks, or with `masks` an earlier forward drew.
@@ -111,9 +164,7 @@ fn forward_with(
     )?;
     let proj = linear(&y, &p.attn_proj.weight, &p.attn_proj.bias)?;
     let (x_mid, drop_attn) = add_dropout(&x, &proj, p_resid, masks.as_ref().map(|m| &m.0))?;
-    let h2 = layer_norm(&x_mid, &p.ln_2.weight, &p.ln_2.bias, ctx.eps)?;
-    let fc = h2.matmul(&p.c_fc.weight)?; // (N, F)
-    let a = bias_act(&fc, &p.c_fc.bias, Some(ctx.act))?;
+    let (h2, fc, a) = mlp_inputs(p, &x_mid, ctx)?;
     let mlp = linear(&a, &p.mlp_proj.weight, &p.mlp_proj.bias)?;
     let (out, drop_mlp) = add_dropout(&x_mid, &mlp, p_resid, masks.as_ref().map(|m| &m.1))?;
     let acts = Acts {
@@ -204,10 +255,9 @@ mod tests {
         Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
     }
 
-    /// With dropout on (the CPU's stored masks), a checkpointed block's recomputed activations
-    /// are the first forward's exactly: the masks are reused, not drawn again.
-    #[test]
-    fn recompute_reuses_the_dropout_masks() {
+    /// A block of random weights (C = 8, F = 16) and its context: B = 2, T = 5, two heads,
+    /// dropout 0.3 on the probabilities and both residuals.
+    fn block_and_ctx() -> (Block, Ctx) {
         let (b, t, c, f) = (2, 5, 8, 16);
         let norm = |s| Norm {
             weight: (randn(&[c], s) + 1.).unwrap(),
@@ -238,22 +288,44 @@ mod tests {
             },
             bias: LazyBias::new(b, t, &Device::Cpu),
         };
-        let x = randn(&[b * t, c], 7.);
+        (p, ctx)
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        let d = (a - b).unwrap().abs().unwrap().max_all().unwrap();
+        d.to_scalar::<f32>().unwrap()
+    }
+
+    /// With dropout on (the CPU's stored masks), a checkpointed block's recomputed activations
+    /// are the first forward's exactly: the masks are reused, not drawn again.
+    #[test]
+    fn recompute_reuses_the_dropout_masks() {
+        let (p, ctx) = block_and_ctx();
+        let x = randn(&[10, 8], 7.);
         let (out, acts) = forward(&p, x, &ctx, 0.5).unwrap();
         let kept = [&acts.y, &acts.x_mid, &acts.a].map(|t| t.clone());
         let again = recompute(&p, acts.checkpoint(), &ctx, 0.5).unwrap();
         let mlp = linear(&again.a, &p.mlp_proj.weight, &p.mlp_proj.bias).unwrap();
         let (out_again, _) = add_dropout(&again.x_mid, &mlp, 0.3, Some(&again.drop_mlp)).unwrap();
         for (k, a) in kept.iter().zip([&again.y, &again.x_mid, &again.a]) {
-            let d = (k - a).unwrap().abs().unwrap().max_all().unwrap();
-            assert_eq!(d.to_scalar::<f32>().unwrap(), 0.);
+            assert_eq!(max_diff(k, a), 0.);
         }
-        let d = (&out - &out_again)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap();
-        assert_eq!(d.to_scalar::<f32>().unwrap(), 0.);
+        assert_eq!(max_diff(&out, &out_again), 0.);
+    }
+
+    /// `--recompute mlp`, dropout on: the activations it drops (h1, h2, fc, a), made again,
+    /// are the forward's exactly (the rest it keeps; the step's gradients: tests.rs).
+    #[test]
+    fn recompute_mlp_rebuilds_what_it_dropped() {
+        let (p, ctx) = block_and_ctx();
+        let (_, acts) = forward(&p, randn(&[10, 8], 7.), &ctx, 0.5).unwrap();
+        let dropped = [&acts.h1, &acts.h2, &acts.fc, &acts.a].map(|t| t.clone());
+        let again = recompute_mlp(&p, acts.attention_half(), &ctx).unwrap();
+        for (k, a) in dropped
+            .iter()
+            .zip([&again.h1, &again.h2, &again.fc, &again.a])
+        {
+            assert_eq!(max_diff(k, a), 0.);
+        }
     }
 }

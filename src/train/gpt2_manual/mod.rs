@@ -24,6 +24,7 @@ use crate::kernels::{self, Keep};
 use crate::models::gpt2::Config;
 use crate::models::layers::{Activation, Dropout};
 use crate::models::loss::{cross_entropy_rows, cross_entropy_rows_grad, head_padding};
+use crate::train::Recompute;
 use attention::LazyBias;
 use candle_core::{DType, Device, Result, Tensor};
 use params::{Block, Gpt2Params, Group, Norm};
@@ -43,15 +44,17 @@ pub struct Gpt2Step {
     head: Tensor,
     act: Activation,
     dropout: Dropout,
-    /// `--recompute`: keep each block's input only and run its forward again in the backward.
-    recompute: bool,
+    /// `--recompute`: what each block's forward keeps; the backward runs the rest again.
+    recompute: Recompute,
 }
 
 /// What a block's forward leaves for its backward.
 enum Kept {
     Acts(block::Acts),
-    /// `--recompute`: the input and the dropout masks.
+    /// `--recompute blocks`: the input and the dropout masks.
     Checkpoint(block::Checkpoint),
+    /// `--recompute mlp`: all but the MLP's inner activations.
+    AttentionHalf(block::AttentionHalf),
 }
 
 /// A forward's activations, which its backward consumes.
@@ -68,8 +71,13 @@ pub struct Forward {
 
 impl Gpt2Step {
     /// `weights`: every parameter in the compute dtype; `dropout`: the config's, else none;
-    /// `recompute`: checkpoint each block (its forward runs again in the backward).
-    pub fn new(cfg: &Config, weights: Gpt2Params, dropout: bool, recompute: bool) -> Result<Self> {
+    /// `recompute`: what each block keeps (the rest of its forward runs again in the backward).
+    pub fn new(
+        cfg: &Config,
+        weights: Gpt2Params,
+        dropout: bool,
+        recompute: Recompute,
+    ) -> Result<Self> {
         let act = Activation::parse(&cfg.activation_function).map_err(candle_core::Error::wrap)?;
         let dropout = match dropout {
             true => Dropout {
@@ -98,7 +106,7 @@ impl Gpt2Step {
         root: Gpt2Params,
         gather: GatherBlock,
         dropout: bool,
-        recompute: bool,
+        recompute: Recompute,
     ) -> Result<Self> {
         let mut step = Self::new(cfg, root, dropout, recompute)?;
         step.w.h.clear();
@@ -137,8 +145,9 @@ impl Gpt2Step {
             let p = self.block(i)?;
             let (out, acts) = block::forward(&p, x, &ctx, self.cfg.attn_scale(i))?;
             blocks.push(match self.recompute {
-                true => Kept::Checkpoint(acts.checkpoint()),
-                false => Kept::Acts(acts),
+                Recompute::Off => Kept::Acts(acts),
+                Recompute::Blocks => Kept::Checkpoint(acts.checkpoint()),
+                Recompute::Mlp => Kept::AttentionHalf(acts.attention_half()),
             });
             x = out;
         }
@@ -208,6 +217,7 @@ impl Gpt2Step {
             let acts = match kept {
                 Kept::Acts(acts) => acts,
                 Kept::Checkpoint(cp) => block::recompute(&p, cp, &f.ctx, scale)?,
+                Kept::AttentionHalf(half) => block::recompute_mlp(&p, half, &f.ctx)?,
             };
             let (d, grads) = block::backward(&p, acts, dx, &f.ctx, scale)?;
             h.push(Block::from_vec(ready(Group::Block(i), grads.into_vec())?)?);

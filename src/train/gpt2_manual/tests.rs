@@ -7,6 +7,7 @@ use crate::models::gpt2::Config;
 use crate::models::{Architecture, ModelSpec, WeightSource};
 use crate::record::Hyper;
 use crate::train::trainer::{Backward, Trainer};
+use crate::train::Recompute;
 use candle_core::{DType, Device, Tensor};
 
 /// max |a − b| / max |b|.
@@ -194,9 +195,10 @@ fn attention_backward_applies_the_forward_mask() {
     );
 }
 
-/// `--recompute` checkpoints every block and runs its forward again in the backward: the same
-/// loss and the same gradients, bit for bit on the CPU (the same ops in the same order), for
-/// gpt2-tiny and the odd config, over two micro-batches.
+/// `--recompute blocks` runs each block's forward again in the backward, `--recompute mlp` its
+/// LayerNorms and the MLP's first matmul: the same loss and the same gradients, bit for bit on
+/// the CPU (the same ops in the same order), for gpt2-tiny and the odd config, over two
+/// micro-batches.
 #[test]
 fn recompute_gives_the_same_gradients() {
     for spec in [
@@ -210,12 +212,14 @@ fn recompute_gives_the_same_gradients() {
         let batch = [ids(2, 13, vocab, 1), ids(2, 13, vocab, 2)];
         let t = trainer(&spec, 1e-3, false);
         let (loss, grads) = t.gradients(&batch).unwrap();
-        let mut r = trainer(&spec, 1e-3, false);
-        r.set_recompute(true).unwrap();
-        let (loss_r, grads_r) = r.gradients(&batch).unwrap();
-        assert_eq!(loss, loss_r, "{}", spec.name);
-        for ((name, g), (_, g_r)) in grads.iter().zip(&grads_r) {
-            assert_eq!(rel(g_r, g), 0., "{} {name}", spec.name);
+        for kind in [Recompute::Blocks, Recompute::Mlp] {
+            let mut r = trainer(&spec, 1e-3, false);
+            r.set_recompute(kind).unwrap();
+            let (loss_r, grads_r) = r.gradients(&batch).unwrap();
+            assert_eq!(loss, loss_r, "{} {kind:?}", spec.name);
+            for ((name, g), (_, g_r)) in grads.iter().zip(&grads_r) {
+                assert_eq!(rel(g_r, g), 0., "{} {kind:?} {name}", spec.name);
+            }
         }
     }
 }
@@ -225,7 +229,7 @@ fn recompute_gives_the_same_gradients() {
 fn recompute_is_refused_for_autograd() {
     let spec = ModelSpec::preset("bloom-tiny").unwrap();
     let mut t = trainer(&spec, 1e-3, false);
-    let err = t.set_recompute(true).unwrap_err().to_string();
+    let err = t.set_recompute(Recompute::Mlp).unwrap_err().to_string();
     assert!(
         err.contains("--recompute") && err.contains("--backward autograd"),
         "{err}"
@@ -268,7 +272,7 @@ fn backward_hands_each_gradient_group_to_ready_in_order() {
     let Architecture::Gpt2(cfg) = &spec.arch else {
         unreachable!()
     };
-    let step = super::Gpt2Step::new(cfg, random_weights(cfg), false, false).unwrap();
+    let step = super::Gpt2Step::new(cfg, random_weights(cfg), false, Recompute::Off).unwrap();
     let batch = ids(2, 9, cfg.vocab_size, 0);
     let (_, f) = step.forward(&batch).unwrap();
     let plain = step.backward(f, 1.).unwrap().into_named();
