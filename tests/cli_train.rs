@@ -138,7 +138,7 @@ fn recompute_trains_with_the_same_losses_and_is_refused_where_it_does_not_apply(
         "--recompute",
         "mlp",
     ]);
-    assert!(e.contains("--recompute on, or --engine candle"), "{e}");
+    assert!(e.contains("use --recompute on with --engine hf"), "{e}");
 }
 
 /// `--drop-last` with fewer blocks than one batch would train on nothing: one line that says

@@ -145,7 +145,9 @@ fn strategies_sweep_lays_dp_and_zero3_side_by_side() {
         "candle dp+rc-mlp",
         "candle zero3+rc-mlp",
     ] {
-        assert!(out.contains(label), "{label}: {out}");
+        // A whole column name: `+rc` is a prefix of `+rc-mlp`.
+        let column = [' ', '\n'].map(|end| format!("{label}{end}"));
+        assert!(column.iter().any(|c| out.contains(c)), "{label}: {out}");
     }
     assert!(
         out.contains("time per epoch s") && out.contains("peak memory MiB"),

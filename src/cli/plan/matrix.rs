@@ -80,13 +80,14 @@ pub fn expand(a: &Axes) -> Vec<RunConfig> {
 /// [`expand`], refusing a product that HF's gaps leave empty.
 pub fn expand_some(a: &Axes) -> Result<Vec<RunConfig>> {
     let configs = expand(a);
-    if configs.is_empty() {
-        // `training_configs` leaves out what HF cannot run; nothing else is left.
-        return Err(Error::Config(
-            "HF runs neither ZeRO-1 nor --recompute mlp (its gradient checkpointing recomputes whole blocks): use --strategies dp,zero2,zero3, --recompute on, or --engine candle".into(),
-        ));
+    if !configs.is_empty() {
+        return Ok(configs);
     }
-    Ok(configs)
+    // `training_configs` leaves out what HF cannot run, and nothing else is left.
+    Err(Error::Config(match a.recomputes.contains(&Recompute::Mlp) {
+        true => "HF's gradient checkpointing recomputes whole blocks: --recompute mlp is the candle engine's; use --recompute on with --engine hf".into(),
+        false => "HF has no ZeRO-1 (FSDP shards the gradients with the state): use --strategies dp,zero2,zero3 with --engine hf".into(),
+    }))
 }
 
 /// `base` at each strategy, recompute setting and engine of `a`.
@@ -141,8 +142,19 @@ pub(super) fn training_axes(
     args: &RunArgs,
     suite: &SuiteFile,
 ) -> Result<(Vec<Option<u8>>, Vec<Recompute>)> {
-    let mut recomputes = args.train.recompute.clone();
-    recomputes.dedup();
+    // Each kind once, in the order given (a repeated kind would repeat a sweep key). Outside
+    // the training suites no axis: the flag itself is refused as a training option.
+    let mut recomputes: Vec<Recompute> = vec![];
+    for &r in args
+        .train
+        .recompute
+        .iter()
+        .filter(|_| suite.train.is_some())
+    {
+        if !recomputes.contains(&r) {
+            recomputes.push(r);
+        }
+    }
     if recomputes.is_empty() {
         recomputes.push(Recompute::Off);
     }

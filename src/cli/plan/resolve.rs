@@ -341,9 +341,13 @@ pub(super) fn resolve_train(
         ));
     }
     if engine == EngineKind::Llmc && config.recompute != Recompute::Off {
-        return Err(Error::Config(
-            "--recompute checkpoints candle's manual step or HF's blocks (llm.c's recompute is not wired in): use it with --engine candle or hf".into(),
-        ));
+        let engines = match config.recompute {
+            Recompute::Mlp => "--engine candle",
+            _ => "--engine candle or hf",
+        };
+        return Err(Error::Config(format!(
+            "--recompute checkpoints candle's manual step or HF's blocks (llm.c's recompute is not wired in): use it with {engines}"
+        )));
     }
     let hf_parallel = match (engine, args.dp) {
         (EngineKind::Hf, n) if n > 1 => Some(hf_parallel(args, config, n)?),

@@ -337,13 +337,17 @@ fn sweep_rows(base: &RunRow, header: Option<&SweepHeader>, runs: &[SweepRun]) ->
                 m.insert("device".into(), h.device.clone());
                 m.insert("git_commit".into(), h.git_commit.clone());
             }
-            // `--strategies`: the configuration's strategy and recompute, as a run log names them.
-            if let Some(z) = c.zero {
-                m.insert("strategy".into(), crate::record::strategy_name(z));
+            // `--strategies` / `--recompute` axes: the configuration's strategy and recompute, as
+            // a run log names them (a run that wrote no log still has them).
+            if c.zero.is_some() || c.recompute.is_some() {
                 let recompute = c.recompute.unwrap_or_default().as_str();
                 m.insert("recompute".into(), recompute.into());
+                let zero = c.zero.map(|z| {
+                    m.insert("strategy".into(), crate::record::strategy_name(z));
+                    format!("_zero{z}")
+                });
                 m.entry("run".into()).and_modify(|run| {
-                    run.push_str(&format!("_zero{z}_{recompute}"));
+                    run.push_str(&format!("{}_{recompute}", zero.unwrap_or_default()));
                 });
             }
             // A serving sweep's rate: its column as a run log's header gives it (none for inf).
@@ -377,8 +381,8 @@ mod tests {
     use crate::record::SweepConfig;
     use crate::train::Recompute;
 
-    /// A `--strategies` configuration that never ran (out of memory at a smaller batch) keeps
-    /// its strategy and recompute in its row, and a run name of its own.
+    /// A `--strategies` or `--recompute` configuration that never ran (out of memory at a
+    /// smaller batch) keeps its strategy and recompute in its row, and a run name of its own.
     #[test]
     fn a_strategy_run_without_a_log_keeps_its_strategy() {
         let base = RunRow {
@@ -392,8 +396,8 @@ mod tests {
             seq_len: None,
             engine: "candle".into(),
             new_tokens: None,
-            zero: Some(zero),
-            recompute: Some(recompute),
+            zero,
+            recompute,
             request_rate: None,
         };
         let run = |c: SweepConfig| SweepRun {
@@ -411,9 +415,11 @@ mod tests {
             &base,
             None,
             &[
-                run(config(0, Recompute::Off)),
-                run(config(3, Recompute::Blocks)),
-                run(config(3, Recompute::Mlp)),
+                run(config(Some(0), None)),
+                run(config(Some(3), Some(Recompute::Blocks))),
+                run(config(Some(3), Some(Recompute::Mlp))),
+                run(config(None, Some(Recompute::Mlp))),
+                run(config(None, None)),
             ],
         );
         let meta = |i: usize, k: &str| rows[i].meta[k].clone();
@@ -426,8 +432,14 @@ mod tests {
             ("zero3".into(), "blocks".into())
         );
         assert_eq!(meta(2, "recompute"), "mlp");
-        assert_ne!(meta(0, "run"), meta(1, "run"));
-        assert_ne!(meta(1, "run"), meta(2, "run"));
+        // A recompute axis alone: its kind, no strategy.
+        assert_eq!(meta(3, "recompute"), "mlp");
+        assert!(!rows[3].meta.contains_key("strategy"));
+        assert!(!rows[4].meta.contains_key("recompute"));
+        let runs: Vec<String> = (0..4).map(|i| meta(i, "run")).collect();
+        for (i, r) in runs.iter().enumerate() {
+            assert!(!runs[..i].contains(r), "{runs:?}");
+        }
         assert_eq!(meta(1, "status"), "oom");
     }
 }

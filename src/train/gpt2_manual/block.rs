@@ -52,7 +52,7 @@ pub struct Checkpoint {
 }
 
 /// What `--recompute mlp` keeps of a block's forward: all but h1 and the MLP's inner
-/// activations (h2, fc, a), which [`recompute_mlp`] rebuilds from x and x_mid. 6 C a row
+/// activations (h2, fc, a), which [`recompute_mlp`] rebuilds from x and x_mid. 6 C a token
 /// with the fused attention (x, qkv, y, x_mid) against [`Acts`]' 16 C.
 pub struct AttentionHalf {
     x: Tensor,
