@@ -60,12 +60,7 @@ pub fn spawn_ranks(n: usize, args: &[OsString]) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    // The culprit: the first failure that is not a rank its watchdog stopped after it.
-    let culprit = failures
-        .iter()
-        .find(|(_, s)| s.code() != Some(STOPPED_BY_PEER))
-        .or(failures.first());
-    match culprit.copied() {
+    match culprit(&failures) {
         None => Ok(()),
         Some((rank, status)) => Err(Error::Config(format!(
             "rank {rank} {}; the other ranks were stopped",
@@ -92,6 +87,24 @@ pub fn die_with_parent(cmd: &mut Command) {
     }
 }
 
+/// The rank to blame among `failures` (in the order seen): one SIGKILLed (by hand or the
+/// out-of-memory killer, never in answer to a peer; the launcher's own kills are not
+/// failures), else the first that is not a rank its watchdog stopped after a peer. A peer of
+/// a killed rank can fail on its own (a broken connection) and be seen dead in the same poll,
+/// before the killed one in rank order.
+fn culprit(failures: &[(usize, ExitStatus)]) -> Option<(usize, ExitStatus)> {
+    failures
+        .iter()
+        .find(|(_, s)| s.signal() == Some(libc::SIGKILL))
+        .or_else(|| {
+            failures
+                .iter()
+                .find(|(_, s)| s.code() != Some(STOPPED_BY_PEER))
+        })
+        .or(failures.first())
+        .copied()
+}
+
 fn describe(status: ExitStatus) -> String {
     match (status.code(), status.signal()) {
         (Some(c), _) => format!("exited with status {c}"),
@@ -107,4 +120,34 @@ fn kill_all(children: &mut Vec<(usize, Child)>) {
         let _ = c.wait();
     }
     children.clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exited(code: i32) -> ExitStatus {
+        ExitStatus::from_raw(code << 8)
+    }
+
+    fn killed(signal: i32) -> ExitStatus {
+        ExitStatus::from_raw(signal)
+    }
+
+    /// Rank 1 killed by hand, rank 0 failing on the broken connection and seen first: rank 1
+    /// is named; without a signal, the first rank its watchdog did not stop.
+    #[test]
+    fn the_culprit_is_the_killed_rank_else_the_first_not_stopped_by_a_peer() {
+        let seen = [(0, exited(2)), (1, killed(libc::SIGKILL))];
+        assert_eq!(culprit(&seen).map(|(r, _)| r), Some(1));
+        // A rank that aborts is no proof of being first: the order seen decides.
+        let seen = [(0, exited(2)), (1, killed(libc::SIGABRT))];
+        assert_eq!(culprit(&seen).map(|(r, _)| r), Some(0));
+        let seen = [(0, exited(STOPPED_BY_PEER)), (1, exited(2))];
+        assert_eq!(culprit(&seen).map(|(r, _)| r), Some(1));
+        let seen = [(1, exited(STOPPED_BY_PEER))];
+        assert_eq!(culprit(&seen).map(|(r, _)| r), Some(1));
+        assert_eq!(culprit(&[]), None);
+        assert!(describe(killed(libc::SIGKILL)).starts_with("was killed"));
+    }
 }

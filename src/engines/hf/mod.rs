@@ -188,6 +188,8 @@ pub struct HfEngine {
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    /// Says when the stderr thread has read the pipe to its end.
+    stderr_done: std::sync::mpsc::Receiver<()>,
     info: BTreeMap<String, String>,
     pub(crate) max_positions: usize,
     load_seconds: f64,
@@ -358,6 +360,7 @@ impl HfEngine {
         let stderr = child.stderr.take().expect("piped stderr");
         let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
         let tail = stderr_tail.clone();
+        let (done, stderr_done) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
                 let mut t = tail.lock().expect("stderr tail lock");
@@ -366,12 +369,14 @@ impl HfEngine {
                 }
                 t.push_back(line);
             }
+            let _ = done.send(());
         });
         Ok(Self {
             child,
             stdin,
             stdout,
             stderr_tail,
+            stderr_done,
             info: BTreeMap::new(),
             max_positions: 0,
             load_seconds: 0.,
@@ -479,8 +484,11 @@ impl HfEngine {
             .wait()
             .map(|s| s.to_string())
             .unwrap_or_else(|e| e.to_string());
-        // The stderr thread may still be draining the pipe.
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        // The stderr thread may still be draining the pipe: wait for its end, bounded (under
+        // torchrun a grandchild can hold the pipe open after the worker is gone).
+        let _ = self
+            .stderr_done
+            .recv_timeout(std::time::Duration::from_secs(5));
         let tail = self.stderr_tail.lock().expect("stderr tail lock");
         // Under torchrun a failing rank says `rank N: why` (worker.py) before torchrun's summary.
         let rank_said = tail
