@@ -509,8 +509,8 @@ pub struct TrainArgs {
     /// checkpointing). on (= blocks): each block keeps its input only and runs its whole
     /// forward again in the backward, about a third more compute a step. mlp: each block keeps
     /// its attention half (6 C of 16 C a token, C the width) and runs its LayerNorms and the
-    /// MLP's first matmul again, about a ninth more matmul work. The same gradients either way; peak memory is
-    /// logged. `--recompute` alone is `on`; a list (`off,on,mlp`) is a sweep axis.
+    /// MLP's first matmul again, about a ninth more matmul work. The same gradients either way;
+    /// peak memory is logged. `--recompute` alone is `on`; a list (`off,on,mlp`) is a sweep axis.
     #[arg(long, value_enum, value_name = "off|on|blocks|mlp", num_args = 0..=1, default_missing_value = "on", value_delimiter = ',')]
     pub recompute: Vec<crate::train::Recompute>,
     /// Drop each epoch's last partial batch (HF's dataloader_drop_last), for every engine of

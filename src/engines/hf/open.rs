@@ -44,17 +44,14 @@ impl HfEngine {
         train["dropout"] = Value::Bool(t.dropout);
         train["seed"] = json!(a.seed);
         train["phase_times"] = Value::Bool(t.phase_times);
-        let recompute =
-            match t.recompute {
-                crate::train::Recompute::Off => false,
-                crate::train::Recompute::Blocks => true,
-                // The plan leaves HF out of mlp configurations; this is the engine's own guard.
-                crate::train::Recompute::Mlp => return Err(crate::error::Error::Unsupported(
-                    "HF's gradient checkpointing recomputes whole blocks: --recompute on, not mlp"
-                        .into(),
-                )),
-            };
-        train["recompute"] = Value::Bool(recompute);
+        // The plan leaves HF out of mlp configurations; this is the engine's own guard.
+        if t.recompute == crate::train::Recompute::Mlp {
+            return Err(crate::error::Error::Unsupported(
+                "HF's gradient checkpointing recomputes whole blocks: --recompute on, not mlp"
+                    .into(),
+            ));
+        }
+        train["recompute"] = Value::Bool(t.recompute == crate::train::Recompute::Blocks);
         if let Some((size, strategy)) = t.child_parallel {
             train["parallel"] = json!({ "size": size, "strategy": strategy });
         }
