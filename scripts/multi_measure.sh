@@ -23,7 +23,10 @@
 #               "MODEL ENGINE STRATEGIES RECOMPUTE BATCHES"; default "gpt2-xl candle
 #               dp,zero1,zero2,zero3 off,on 4,8,16,32,64": batch doubled until out of memory, a
 #               larger batch of a configuration that ran out of memory is not run), $STRAT_STEPS
-#               (6) timed steps; HF's engine runs dp as DDP, zero2 / zero3 as FSDP
+#               (6) timed steps, --drop-last (full batches only: Tiny Shakespeare makes 2-3 steps
+#               an epoch at batch 64 a GPU, and a partial step takes a full one's time, so a large
+#               batch's tokens/s would be its epoch tail's); HF's engine runs dp as DDP, zero2 /
+#               zero3 as FSDP
 set -uo pipefail
 M=/tmp/multi
 mkdir -p "$M"
@@ -118,7 +121,7 @@ for stage in "$@"; do
     for sw in "${sweeps[@]}"; do
       read -r m e st rc bs <<< "$sw"
       run "strategies-$m-$e-$st-$rc-$bs" "${R[@]}" --suite shakespeare --model "$m" --data .gpu/input.txt \
-        --dp 2 --engine "$e" --strategies "$st" --recompute "$rc" --batch-sizes "$bs" \
+        --dp 2 --engine "$e" --strategies "$st" --recompute "$rc" --batch-sizes "$bs" --drop-last \
         --warmup 2 --max-steps $(( ${STRAT_STEPS:-6} + 2 ))
     done
     ;;
