@@ -155,6 +155,30 @@ fn swept_numbers_draw_lines_in_numeric_order() {
 }
 
 #[test]
+fn each_strategy_and_recompute_is_a_line_of_its_own() {
+    // The newer blocks run at batch 32 must not hide mlp's at 64: recompute is the workload's.
+    // One engine: the label names what sets each line apart, plain dp included.
+    let c = build(
+        "strategies.csv",
+        &["--x", "batch_size", "--metric", "tokens_per_second"],
+    );
+    assert_eq!(
+        labels(&c),
+        [
+            "ZeRO-0 recompute off",
+            "ZeRO-3 recompute blocks",
+            "ZeRO-3 recompute mlp"
+        ]
+    );
+    let at_64: Vec<f64> = c.panels[0].groups[2]
+        .points
+        .iter()
+        .map(|p| p.1.value)
+        .collect();
+    assert_eq!(at_64, [63409., 75329.]);
+}
+
+#[test]
 fn where_filters_by_any_column() {
     let c = build(
         "lambada.csv",

@@ -2,7 +2,9 @@
 //! label or the subtitle: short (`batch 16`, `tp2`, `H100 80GB HBM3`, a commit's 7 digits, a
 //! `--fused` set as its difference from all).
 
-/// Columns that name a workload: rows that differ in one are never one bar, one point.
+/// Columns that name a workload: rows that differ in one are never one bar, one point. A
+/// training strategy is one: its ZeRO stage and its recompute trade memory for speed, so a
+/// strategies chart draws each pair as a line of its own.
 pub const WORKLOAD: &[&str] = &[
     "suite",
     "mode",
@@ -17,10 +19,11 @@ pub const WORKLOAD: &[&str] = &[
     "tp",
     "dp",
     "zero",
+    "recompute",
 ];
 
 /// An engine's own settings and build: unless `--all-configs`, each bar keeps the newest.
-pub const CONFIG: &[&str] = &["attn", "fused", "backward", "recompute", "git_commit"];
+pub const CONFIG: &[&str] = &["attn", "fused", "backward", "git_commit"];
 
 /// x columns that are swept numbers: drawn as lines.
 pub const SWEPT: &[&str] = &[
@@ -103,9 +106,13 @@ pub fn show(col: &str, v: &str, all_fused: &[String]) -> String {
     }
 }
 
-/// Values a label can leave unsaid where another part names the series: one GPU, no ZeRO.
+/// Values a label can leave unsaid where another part names the series: one GPU, no ZeRO, no
+/// recompute.
 pub fn is_default(col: &str, v: &str) -> bool {
-    matches!((col, v), ("tp" | "dp", "1") | ("zero", "0"))
+    matches!(
+        (col, v),
+        ("tp" | "dp", "1") | ("zero", "0") | ("recompute", "off")
+    )
 }
 
 /// A build by its commit: 7 hex digits, `-dirty` kept.
