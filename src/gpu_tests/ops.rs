@@ -270,6 +270,28 @@ fn bias_grad_matches_a_column_sum() {
     }
 }
 
+/// The MLP backward's one pass (dx and the bias gradient's first pass in one kernel) against
+/// the two passes over dx read back: db bit for bit (the same partials in the same order) on
+/// gpt2's fc shape, rows below the chunk count, and widths of one to a few vectors.
+#[test]
+fn bias_act_bwd_sums_dx_as_the_two_pass_bias_grad_does() {
+    let (dev, _one_at_a_time) = gpu();
+    for dtype in [DType::F32, DType::BF16] {
+        for (rows, n) in [(8192, 3072), (37, 3072), (5, 96), (1000, 64)] {
+            let x = randn(&[rows, n], &dev).to_dtype(dtype).unwrap();
+            let b = randn(&[n], &dev).to_dtype(dtype).unwrap();
+            let dy = randn(&[rows, n], &dev).to_dtype(dtype).unwrap();
+            let (dx, db) = bias_act_bwd(&x, &b, &dy, Act::GeluTanh)
+                .unwrap()
+                .expect("applies");
+            assert_eq!((dx.dtype(), dx.dims()), (dtype, &[rows, n][..]));
+            assert_eq!((db.dtype(), db.dims()), (DType::F32, &[n][..]));
+            let want = bias_grad(&dx).unwrap().expect("applies");
+            assert_eq!(rel(&db, &want), 0., "{dtype:?} ({rows}, {n})");
+        }
+    }
+}
+
 /// The embedding gradient's scatter-add against candle's index_add on the CPU: gpt2's shapes
 /// with repeated ids (a 1000-token vocabulary for 8192 rows), into a non-zero gradient.
 #[test]

@@ -136,6 +136,47 @@ __device__ void col_sum_part_vec(const T* x, float* part, long rows, int n) {
   }
 }
 
+// bias_act_bwd_vec and col_sum_part_vec in one pass (the MLP's backward): grid and block as
+// col_sum_part_vec's, each thread writing dx for its vector column down its rows. The column
+// sums add dx as stored (rounded to T) in col_sum_part_vec's order, so with the same grid, part
+// is the two-pass path's bit for bit; dx is not read back.
+template <typename T>
+__device__ void bias_act_bwd_sum_vec(const T* x, const T* bias, const T* dy, T* dx, float* part, long rows,
+                                     int n, int act) {
+  constexpr int E = 16 / sizeof(T);
+  __shared__ float sh[16][32 * E + 1];
+  const int cv = blockIdx.x * 32 + threadIdx.x, per_row = n / E;
+  const long per = (rows + gridDim.y - 1) / gridDim.y, r0 = blockIdx.y * per;
+  const long r1 = r0 + per < rows ? r0 + per : rows;
+  float s[E];
+#pragma unroll
+  for (int j = 0; j < E; j++) s[j] = 0.f;
+  if (cv < per_row) {
+    const Vec16<T> bv = reinterpret_cast<const Vec16<T>*>(bias)[cv];
+    for (long r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
+      const long i = r * per_row + cv;
+      const Vec16<T> xv = reinterpret_cast<const Vec16<T>*>(x)[i];
+      const Vec16<T> dv = reinterpret_cast<const Vec16<T>*>(dy)[i];
+      Vec16<T> out;
+#pragma unroll
+      for (int j = 0; j < E; j++) {
+        out.e[j] = from_f<T>(to_f(dv.e[j]) * act_grad(to_f(xv.e[j]) + to_f(bv.e[j]), act));
+        s[j] += to_f(out.e[j]);
+      }
+      reinterpret_cast<Vec16<T>*>(dx)[i] = out;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < E; j++) sh[threadIdx.y][threadIdx.x * E + j] = s[j];
+  __syncthreads();
+  const int t = threadIdx.y * 32 + threadIdx.x, c = blockIdx.x * 32 * E + t;
+  if (t < 32 * E && c < n) {
+    float tot = 0.f;
+    for (int y = 0; y < blockDim.y; ++y) tot += sh[y][t];
+    part[blockIdx.y * (long)n + c] = tot;
+  }
+}
+
 #define INSTANTIATE(T, S)                                                                                     \
   extern "C" __global__ void tb_bias_act_fwd_##S(const T* x, const T* bias, T* y, long rows, int n, int act) { \
     bias_act_fwd<T>(x, bias, y, rows, n, act);                                                                \
@@ -157,5 +198,9 @@ __device__ void col_sum_part_vec(const T* x, float* part, long rows, int n) {
   }                                                                                                           \
   extern "C" __global__ void tb_col_sum_part_vec_##S(const T* x, float* part, long rows, int n) {             \
     col_sum_part_vec<T>(x, part, rows, n);                                                                    \
+  }                                                                                                           \
+  extern "C" __global__ void tb_bias_act_bwd_sum_vec_##S(const T* x, const T* bias, const T* dy, T* dx,       \
+                                                         float* part, long rows, int n, int act) {            \
+    bias_act_bwd_sum_vec<T>(x, bias, dy, dx, part, rows, n, act);                                             \
   }
 FOR_TYPES(INSTANTIATE)

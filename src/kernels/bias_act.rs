@@ -1,6 +1,7 @@
 //! Bias + activation in one pass, differentiable (`--fused bias-act`; kernels in bias_act.cu):
 //! forward y = act(x + b), backward dx = dy ⊙ act'(x + b) and db = Σ_rows dx (f32, two
-//! passes in a fixed order: [`bias_grad`]).
+//! passes in a fixed order: [`bias_grad`]; the backward's first pass runs inside dx's kernel,
+//! so dx is not read again).
 //!
 //! Shapes: x, y, dy, dx (N, C) with C the features; b (C,). f32, bf16 or f16, one dtype.
 
@@ -71,11 +72,12 @@ mod imp {
         with_dtype, Ptx,
     };
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
-    use candle_core::cuda_backend::CudaDType;
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig};
+    use candle_core::cuda_backend::{CudaDType, CudaDevice};
     use candle_core::{
         CudaStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
     };
+    use std::cell::RefCell;
 
     const PTX: Ptx = ptx!("bias_act");
 
@@ -123,30 +125,113 @@ mod imp {
             } else {
                 (kernel!(dev, PTX, "tb_col_sum_part", dt)?, 32)
             };
-            // At least BLOCKS blocks: the vector kernel's blocks each cover 8× the columns.
-            let col_blocks = n.div_ceil(cols);
-            let chunks = CHUNKS.max(BLOCKS / col_blocks).min(rows.max(1));
+            let (cfg, chunks) = sum_grid(rows, n, cols);
             let part = alloc::<f32>(&dev, chunks * n)?;
-            let out = alloc::<f32>(&dev, n)?;
-            let (rows_i, n_i, chunks_i) = (rows as i64, n as i32, chunks as i32);
-            let cfg = LaunchConfig {
-                grid_dim: (col_blocks as u32, chunks as u32, 1),
-                block_dim: (32, 16, 1),
-                shared_mem_bytes: 0,
-            };
+            let (rows_i, n_i) = (rows as i64, n as i32);
             with_dtype!(dy.dtype(), T => {
                 let dyv = view::<T>(dy, l)?;
                 // SAFETY: dy holds rows·n elements, part chunks·n (one row per grid row).
                 launch!(unsafe func, cfg; &dyv, &part, &rows_i, &n_i)?;
             });
-            let finish = kernel!(dev, PTX, "tb_col_sum_finish")?;
-            let cfg = LaunchConfig {
-                grid_dim: (n.div_ceil(256) as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
+            let out = finish_sum(&dev, &part, chunks, n)?;
+            Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(n)))
+        }
+    }
+
+    /// The column sums' first pass: blocks of `cols` columns by row chunks, at least BLOCKS
+    /// blocks (the vector kernels' blocks each cover 8× the columns). Returns the launch and the
+    /// chunk count.
+    fn sum_grid(rows: usize, n: usize, cols: usize) -> (LaunchConfig, usize) {
+        let col_blocks = n.div_ceil(cols);
+        let chunks = CHUNKS.max(BLOCKS / col_blocks).min(rows.max(1));
+        let cfg = LaunchConfig {
+            grid_dim: (col_blocks as u32, chunks as u32, 1),
+            block_dim: (32, 16, 1),
+            shared_mem_bytes: 0,
+        };
+        (cfg, chunks)
+    }
+
+    /// The column sums' second pass: (n,) f32, each column's chunks of `part` (chunks, n)
+    /// summed in order.
+    fn finish_sum(
+        dev: &CudaDevice,
+        part: &CudaSlice<f32>,
+        chunks: usize,
+        n: usize,
+    ) -> Result<CudaSlice<f32>> {
+        let out = alloc::<f32>(dev, n)?;
+        let finish = kernel!(dev, PTX, "tb_col_sum_finish")?;
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (chunks_i, n_i) = (chunks as i32, n as i32);
+        // SAFETY: part holds chunks·n elements, out n.
+        launch!(unsafe finish, cfg; part, &out, &chunks_i, &n_i)?;
+        Ok(out)
+    }
+
+    /// dx = dy ⊙ act'(x + b) and the first pass of db's column sums in one kernel (the vector
+    /// layout only): dx is not read back. A custom op returns one tensor, so the partials wait
+    /// here for [`TakeSum`].
+    struct BiasActGradSum {
+        act: Act,
+        part: RefCell<Option<(CudaSlice<f32>, usize)>>,
+    }
+
+    impl CustomOp3 for BiasActGradSum {
+        fn name(&self) -> &'static str {
+            "tb-bias-act-grad-sum"
+        }
+        no_cpu_fwd!(CustomOp3);
+        fn cuda_fwd(
+            &self,
+            x: &CudaStorage,
+            xl: &Layout,
+            b: &CudaStorage,
+            bl: &Layout,
+            dy: &CudaStorage,
+            dyl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
+            let dev = x.device().clone();
+            let (rows, n) = xl.shape().dims2()?;
+            let dt = x.dtype();
+            let func = kernel!(dev, PTX, "tb_bias_act_bwd_sum_vec", dt)?;
+            // The grid BiasGrad gives the vector kernel: the same partials, bit for bit.
+            let (cfg, chunks) = sum_grid(rows, n, 32 * 16 / dt.size_in_bytes());
+            let part = alloc::<f32>(&dev, chunks * n)?;
+            with_dtype!(dt, T => {
+                let (xv, bv, dyv) = (view::<T>(x, xl)?, view::<T>(b, bl)?, view::<T>(dy, dyl)?);
+                let out = alloc::<T>(&dev, rows * n)?;
+                let (rows_i, n_i, act) = (rows as i64, n as i32, self.act.code());
+                // SAFETY: x, dy and out hold rows·n elements, b n, part chunks·n; whole aligned
+                // vectors (`vectors`, checked by the caller).
+                launch!(unsafe func, cfg;
+                    &xv, &bv, &dyv, &out, &part, &rows_i, &n_i, &act)?;
+                *self.part.borrow_mut() = Some((part, chunks));
+                Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
+            })
+        }
+    }
+
+    /// db (n,) f32: the second pass over the partials a [`BiasActGradSum`] left. Applied to that
+    /// op's dx, which only brings the device.
+    struct TakeSum<'a>(&'a BiasActGradSum);
+
+    impl CustomOp1 for TakeSum<'_> {
+        fn name(&self) -> &'static str {
+            "tb-bias-act-grad-sum-finish"
+        }
+        no_cpu_fwd!(CustomOp1);
+        fn cuda_fwd(&self, dx: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+            let dev = dx.device().clone();
+            let n = l.shape().dims2()?.1;
+            let Some((part, chunks)) = self.0.part.borrow_mut().take() else {
+                candle_core::bail!("the bias gradient's partials were taken or never made")
             };
-            // SAFETY: part holds chunks·n elements, out n.
-            launch!(unsafe finish, cfg; &part, &out, &chunks_i, &n_i)?;
+            let out = finish_sum(&dev, &part, chunks, n)?;
             Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from(n)))
         }
     }
@@ -205,11 +290,25 @@ mod imp {
         }
     }
 
-    /// dx = dy ⊙ act'(x + b) and db = Σ_rows dx.
+    /// dx = dy ⊙ act'(x + b) and db = Σ_rows dx: one kernel and the sums' second pass where
+    /// the vector layout applies, else the elementwise kernel and [`BiasGrad`]'s two passes.
     fn grads(x: &Tensor, b: &Tensor, dy: &Tensor, act: Act) -> Result<(Tensor, Tensor)> {
+        let dy = dy.contiguous()?;
+        let n = dy.dim(1)?;
+        let layouts = [x.layout(), b.layout(), dy.layout()];
+        let whole = x.is_contiguous() && b.is_contiguous();
+        if act != Act::None && whole && vectors(n, x.dtype(), &layouts) {
+            let op = BiasActGradSum {
+                act,
+                part: RefCell::new(None),
+            };
+            let dx = x.apply_op3_no_bwd(b, &dy, &op)?;
+            let db = dx.apply_op1_no_bwd(&TakeSum(&op))?;
+            return Ok((dx, db));
+        }
         let dx = match act {
             Act::None => dy.clone(),
-            act => x.apply_op3_no_bwd(b, &dy.contiguous()?, &BiasActGrad(act))?,
+            act => x.apply_op3_no_bwd(b, &dy, &BiasActGrad(act))?,
         };
         // f32; the autograd path's bias (storage dtype) takes it in that dtype.
         let db = dx.contiguous()?.apply_op1_no_bwd(&BiasGrad)?;
