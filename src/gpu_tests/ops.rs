@@ -45,12 +45,14 @@ fn bias_act_forward_and_backward_match_composed_ops() {
 }
 
 /// The LayerNorm kernels against autograd of candle's layer_norm_slow: fp32 to rounding, bf16
-/// to a few ulps; 150 rows cover a partial block of the dw/db sums.
+/// to a few ulps; 150 rows cover a partial block of the dw/db sums. The backward runs in one
+/// pass where C is whole 16-byte vectors, at most 8 a lane (bf16 C 96, 768, 1600, 2048; f32 96,
+/// 100, 768), in two elsewhere (bf16 100; f32 1600, 2048).
 #[test]
 fn layer_norm_forward_and_backward_match_layer_norm_slow() {
     let (dev, _one_at_a_time) = gpu();
     for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
-        for c in [96, 768] {
+        for c in [96, 100, 768, 1600, 2048] {
             let x = Var::from_tensor(
                 &(randn(&[3, 50, c], &dev) * 3.)
                     .unwrap()

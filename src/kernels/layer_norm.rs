@@ -1,11 +1,12 @@
 //! LayerNorm (kernels in layer_norm.cu), statistics in f32:
-//! - training's (`--fused layer-norm`): one kernel forward, two backward (dx; partial sums of
-//!   dw and db over blocks of rows);
+//! - training's (`--fused layer-norm`): one kernel forward; backward one kernel (dx and partial
+//!   sums of dw and db over blocks of rows), or two (dx; the partial sums) where C is not
+//!   whole 16-byte vectors or is over 2048 (then the forward reads the row without vectors);
 //! - generation's (`--fused decode`, [`add_layer_norm`]): the residual add and the next
 //!   LayerNorm in one pass, a block a row (inference only, no backward).
 //!
 //! Shapes: x, r, y, dy, dx (…, C), seen as (rows, C); w, b, dw, db (C,); the partial sums
-//! (⌈rows / LN_ROWS⌉, 2, C) f32.
+//! (⌈rows / LN_ROWS⌉, 2, C) f32 (⌈rows / LN_BWD_ROWS⌉ from the one-pass kernel).
 
 use super::{enabled, Fused};
 use candle_core::{Result, Tensor};
@@ -80,13 +81,16 @@ mod imp {
 #[cfg(feature = "cuda")]
 mod imp {
     use crate::kernels::launch::{
-        aligned16, alloc, cuda, float_dtype, kernel, launch, no_cpu_fwd, ptx, storage, view,
-        with_dtype, wrap, Ptx,
+        aligned16, alloc, cuda, float_dtype, kernel, launch, no_cpu_fwd, ptx, storage, suffix,
+        view, with_dtype, wrap, Ptx,
     };
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig};
     use candle_core::cuda_backend::CudaDType;
-    use candle_core::{CudaStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+    use candle_core::{
+        CudaStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
+    };
+    use std::cell::RefCell;
 
     const PTX: Ptx = ptx!("layer_norm");
 
@@ -124,7 +128,13 @@ mod imp {
         ) -> Result<(CudaStorage, Shape)> {
             let dev = x.device().clone();
             let (rows, c) = xl.shape().dims2()?;
-            let func = kernel!(dev, PTX, "tb_layer_norm_fwd", x.dtype())?;
+            let func = match vector_lanes(c, x.dtype(), &[xl, wl, bl]) {
+                Some(lanes) => {
+                    let name = format!("tb_layer_norm_fwd_vec{lanes}_{}", suffix(x.dtype())?);
+                    dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?
+                }
+                None => kernel!(dev, PTX, "tb_layer_norm_fwd", x.dtype())?,
+            };
             with_dtype!(x.dtype(), T => {
                 let (xv, wv, bv) = (view::<T>(x, xl)?, view::<T>(w, wl)?, view::<T>(b, bl)?);
                 let out = alloc::<T>(&dev, rows * c)?;
@@ -151,8 +161,22 @@ mod imp {
 
     /// dx (rows, C) and dw, db (C,) f32 of x, dy (rows, C) contiguous and w (C,).
     fn grads(x: &Tensor, w: &Tensor, dy: &Tensor, eps: f32) -> Result<(Tensor, Tensor, Tensor)> {
-        let dx = x.apply_op3_no_bwd(w, dy, &LayerNormGradX { eps })?;
-        let part = x.apply_op2_no_bwd(dy, &LayerNormGradWb { eps })?; // (blocks, 2, C)
+        let (dx, part) = match one_pass_lanes(x, w, dy)? {
+            Some(lanes) => {
+                let op = LayerNormGradOnePass {
+                    eps,
+                    lanes,
+                    part: RefCell::new(None),
+                };
+                let dx = x.apply_op3_no_bwd(w, dy, &op)?;
+                let part = dx.apply_op1_no_bwd(&TakePart(&op))?;
+                (dx, part)
+            }
+            None => (
+                x.apply_op3_no_bwd(w, dy, &LayerNormGradX { eps })?,
+                x.apply_op2_no_bwd(dy, &LayerNormGradWb { eps })?,
+            ),
+        }; // part (blocks, 2, C)
         let (blocks, _, c) = part.dims3()?;
         // The blocks' partials summed in a fixed order by the bias gradient's column sum.
         let wb = match crate::kernels::bias_grad(&part.reshape((blocks, 2 * c))?)? {
@@ -193,6 +217,99 @@ mod imp {
                     &xv, &wv, &dyv, &out, &rows_i, &c_i, &self.eps)?;
                 Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
             })
+        }
+    }
+
+    /// Rows a block of the one-pass backward, and its widest C (LN_BWD_ROWS and LN_BWD_MAXC
+    /// in layer_norm.cu).
+    const LN_BWD_ROWS: usize = 32;
+    const LN_BWD_MAXC: usize = 2048;
+
+    /// The vector kernels' 16-byte vectors a lane (1..=8), where they apply: rows of C whole
+    /// vectors, C at most LN_BWD_MAXC, every operand (`layouts`, contiguous) from a 16-byte
+    /// boundary.
+    fn vector_lanes(c: usize, dtype: DType, layouts: &[&Layout]) -> Option<usize> {
+        let size = dtype.size_in_bytes();
+        let aligned = layouts
+            .iter()
+            .all(|l| (l.start_offset() * size).is_multiple_of(16));
+        if !aligned || !(c * size).is_multiple_of(16) || c > LN_BWD_MAXC {
+            return None;
+        }
+        let lanes = (c * size / 16).div_ceil(32);
+        (lanes <= 8).then_some(lanes)
+    }
+
+    /// [`vector_lanes`] for the one-pass backward's operands.
+    fn one_pass_lanes(x: &Tensor, w: &Tensor, dy: &Tensor) -> Result<Option<usize>> {
+        if ![x, w, dy].into_iter().all(aligned16) {
+            return Ok(None);
+        }
+        let layouts = [x.layout(), w.layout(), dy.layout()];
+        Ok(vector_lanes(w.dim(0)?, x.dtype(), &layouts))
+    }
+
+    /// dx and the dw / db partial sums in one kernel, a warp a row held in registers. A custom
+    /// op returns one tensor, so the partials wait here for [`TakePart`].
+    struct LayerNormGradOnePass {
+        eps: f32,
+        lanes: usize,
+        part: RefCell<Option<(CudaSlice<f32>, Shape)>>,
+    }
+
+    impl CustomOp3 for LayerNormGradOnePass {
+        fn name(&self) -> &'static str {
+            "tb-layer-norm-grad-one-pass"
+        }
+        no_cpu_fwd!(CustomOp3);
+        fn cuda_fwd(
+            &self,
+            x: &CudaStorage,
+            xl: &Layout,
+            w: &CudaStorage,
+            wl: &Layout,
+            dy: &CudaStorage,
+            dyl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
+            let dev = x.device().clone();
+            let (rows, c) = xl.shape().dims2()?;
+            let name = format!("tb_layer_norm_bwd_vec{}_{}", self.lanes, suffix(x.dtype())?);
+            let func = dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?;
+            let blocks = rows.div_ceil(LN_BWD_ROWS);
+            let part = alloc::<f32>(&dev, blocks * 2 * c)?;
+            let cfg = LaunchConfig {
+                grid_dim: (blocks as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            with_dtype!(x.dtype(), T => {
+                let (xv, wv, dyv) = (view::<T>(x, xl)?, view::<T>(w, wl)?, view::<T>(dy, dyl)?);
+                let out = alloc::<T>(&dev, rows * c)?;
+                let (rows_i, c_i) = (rows as i64, c as i32);
+                // SAFETY: x, dy and out hold rows·C elements, w C, part blocks·2·C; whole
+                // aligned vectors, at most `lanes` a lane (`one_pass_lanes`).
+                launch!(unsafe func, cfg;
+                    &xv, &wv, &dyv, &out, &part, &rows_i, &c_i, &self.eps)?;
+                *self.part.borrow_mut() = Some((part, Shape::from((blocks, 2, c))));
+                Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
+            })
+        }
+    }
+
+    /// The partials (blocks, 2, C) a [`LayerNormGradOnePass`] left; applied to its dx, which
+    /// only brings the device.
+    struct TakePart<'a>(&'a LayerNormGradOnePass);
+
+    impl CustomOp1 for TakePart<'_> {
+        fn name(&self) -> &'static str {
+            "tb-layer-norm-grad-part"
+        }
+        no_cpu_fwd!(CustomOp1);
+        fn cuda_fwd(&self, dx: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
+            let Some((part, shape)) = self.0.part.borrow_mut().take() else {
+                candle_core::bail!("the layer norm's partial sums were taken or never made")
+            };
+            Ok((CudaStorage::wrap_cuda_slice(part, dx.device().clone()), shape))
         }
     }
 
