@@ -92,6 +92,11 @@ csvs() {
   part c10 -i $M/ab-run6/train-compare-logs.tgz \
     --where run!=wikitext2_gpt2-medium_candle_bf16_bs8_cuda0_20261126T154412Z \
     --where run!=wikitext2_gpt2-medium_candle_bf16_bs8_cuda0_20261126T154416Z
+  # 65d20b7 (#36: the LayerNorm backward in one pass, the MLP's bias gradient inside its GELU
+  # backward): gpt2-medium and gpt2-large batch 8, the three engines, 20 timed steps, on GPU 0
+  # of a 2× H100 host (gate-run11); 9d78426's candle-alone runs there (the A/B's before) and
+  # train-ab1's are docs/perf-notes.md's, not rows here.
+  part c11 -i $H/gate-run11/train-compare-logs.tgz --where git_commit=65d20b7ed291
   # fp8 weights (#37 item 3) against bf16 in the same call, the generation suite: batch 1 and
   # 16 on eed7753 (the first GEMV), batch 1 on a8ad4c6 (four columns a block) and f709a2b
   # (weights streamed). Their LAMBADA runs (the self-trained gpt2's checkpoint) are
@@ -148,6 +153,9 @@ csvs() {
   # full batch (--drop-last, 382a0f6); gate-run9's same runs with the epoch's tail kept are in
   # its own archive, not read here (docs/perf-notes.md has them).
   part d11 -i $H/multi-run11/multi-logs.tgz
+  # 9d78426: the same target in one call after the gate (gate-run10): dp 16 and 32, ZeRO-3 +
+  # mlp 64 and 128.
+  part d12 -i $H/gate-run10/multi-logs.tgz
   host h100x2
   # One H200: decoding against compiled HF, BLOOM only (gpt2's compiled sdpa was not tried).
   part e1 -i $R/h200/gen-final-run1/gen-logs.tgz --where model=bloom-560m
@@ -247,8 +255,8 @@ intro() {
     "its log's header holds the command line, GPU, driver, CUDA version and the binary's commit." \
     "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
     "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
-    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..7, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, train-table-run3..5, ab-run6, fp8-run1..3, serving-run3..5 |" \
-    "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, multi-run6..10, gate-run7, serving-run1, hf-probe-run1..2 |" \
+    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..7, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, train-table-run3..5, ab-run6, h100x2/gate-run11 (GPU 0), fp8-run1..3, serving-run3..5 |" \
+    "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, multi-run6..11, gate-run7, gate-run10, serving-run1, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
     "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6, multi-run12 |" \
     "| 4× H200 | [h200x4.csv](current/h200x4.csv) | h200x4/tp-run2, dp-200 |" "" \
@@ -341,7 +349,7 @@ parallel() {
   table h100x2 "${DPS[@]}" --columns "$DP"
   say "6ac4535's and bd3958f's dp rows ran \`--drop-last\` (every timed step 8 × 1024 a rank; docs/perf-notes.md," \
     "\"dp 2 with full batches\"); 7c35eef's kept each epoch's 2-row last batch." ""
-  say "The strategies rows of ef1c9c9 ran \`--drop-last\` (every timed step a full batch: Tiny Shakespeare" \
+  say "The strategies rows of ef1c9c9 and 9d78426 ran \`--drop-last\` (every timed step a full batch: Tiny Shakespeare" \
     "holds about 2.3 steps of 2 × 64 rows, and a partial step takes a full one's time); the earlier rows kept" \
     "each epoch's last batch." ""
   table h100x2 --where suite=shakespeare --sort model,engine,zero,recompute,batch_size --columns "$STRAT"
