@@ -309,7 +309,10 @@ mod imp {
             let Some((part, shape)) = self.0.part.borrow_mut().take() else {
                 candle_core::bail!("the layer norm's partial sums were taken or never made")
             };
-            Ok((CudaStorage::wrap_cuda_slice(part, dx.device().clone()), shape))
+            Ok((
+                CudaStorage::wrap_cuda_slice(part, dx.device().clone()),
+                shape,
+            ))
         }
     }
 
