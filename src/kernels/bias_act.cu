@@ -107,6 +107,21 @@ __device__ void bias_act_bwd_vec(const T* x, const T* bias, const T* dy, T* dx, 
   }
 }
 
+// The vector kernels' block ending: each thread's E column sums s (its rows) added over
+// threadIdx.y in order, through sh, into row blockIdx.y of part (chunks, n).
+template <int E>
+__device__ __forceinline__ void col_sums_out(const float (&s)[E], float (*sh)[32 * E + 1], float* part, int n) {
+#pragma unroll
+  for (int j = 0; j < E; j++) sh[threadIdx.y][threadIdx.x * E + j] = s[j];
+  __syncthreads();
+  const int t = threadIdx.y * 32 + threadIdx.x, c = blockIdx.x * 32 * E + t;
+  if (t < 32 * E && c < n) {
+    float tot = 0.f;
+    for (int y = 0; y < blockDim.y; ++y) tot += sh[y][t];
+    part[blockIdx.y * (long)n + c] = tot;
+  }
+}
+
 // col_sum_part with a thread summing E adjacent columns: grid (⌈n / (32·E)⌉, row chunks),
 // block (32, 16); part (chunks, n) as there.
 template <typename T>
@@ -125,15 +140,7 @@ __device__ void col_sum_part_vec(const T* x, float* part, long rows, int n) {
 #pragma unroll
       for (int j = 0; j < E; j++) s[j] += to_f(v.e[j]);
     }
-#pragma unroll
-  for (int j = 0; j < E; j++) sh[threadIdx.y][threadIdx.x * E + j] = s[j];
-  __syncthreads();
-  const int t = threadIdx.y * 32 + threadIdx.x, c = blockIdx.x * 32 * E + t;
-  if (t < 32 * E && c < n) {
-    float tot = 0.f;
-    for (int y = 0; y < blockDim.y; ++y) tot += sh[y][t];
-    part[blockIdx.y * (long)n + c] = tot;
-  }
+  col_sums_out<E>(s, sh, part, n);
 }
 
 // bias_act_bwd_vec and col_sum_part_vec in one pass (the MLP's backward): grid and block as
@@ -166,15 +173,7 @@ __device__ void bias_act_bwd_sum_vec(const T* x, const T* bias, const T* dy, T* 
       reinterpret_cast<Vec16<T>*>(dx)[i] = out;
     }
   }
-#pragma unroll
-  for (int j = 0; j < E; j++) sh[threadIdx.y][threadIdx.x * E + j] = s[j];
-  __syncthreads();
-  const int t = threadIdx.y * 32 + threadIdx.x, c = blockIdx.x * 32 * E + t;
-  if (t < 32 * E && c < n) {
-    float tot = 0.f;
-    for (int y = 0; y < blockDim.y; ++y) tot += sh[y][t];
-    part[blockIdx.y * (long)n + c] = tot;
-  }
+  col_sums_out<E>(s, sh, part, n);
 }
 
 #define INSTANTIATE(T, S)                                                                                     \

@@ -31,6 +31,31 @@ __device__ void layer_norm_fwd(const T* x, const T* w, const T* b, T* y, long ro
   ln_stats(xr, c, eps, mean, rstd);
   for (int j = lane; j < c; j += 32) y[row * c + j] = from_f<T>((to_f(xr[j]) - mean) * rstd * to_f(w[j]) + to_f(b[j]));
 }
+// The mean and 1/√(σ² + ε) of a row held as V 16-byte vectors a lane of one warp (vectors
+// lane + 32·k below nv), summed in the same order in the forward and the backward.
+template <typename T, int V>
+__device__ __forceinline__ void vec_row_stats(const Vec16<T> (&xv)[V], int lane, int nv, int c, float eps,
+                                              float& mean, float& rstd) {
+  constexpr int E = 16 / sizeof(T);
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < V; k++)
+    if (lane + 32 * k < nv)
+#pragma unroll
+      for (int e = 0; e < E; e++) s += to_f(xv[k].e[e]);
+  mean = warp_sum(s) / c;
+  float var = 0.f;
+#pragma unroll
+  for (int k = 0; k < V; k++)
+    if (lane + 32 * k < nv)
+#pragma unroll
+      for (int e = 0; e < E; e++) {
+        const float d = to_f(xv[k].e[e]) - mean;
+        var += d * d;
+      }
+  rstd = 1.f / sqrtf(warp_sum(var) / c + eps);
+}
+
 // The forward with 16-byte vectors, the row in registers (read once, not three times through
 // L1 as above): V vectors a lane, C a multiple of the vector (layer_norm_bwd_vec's V).
 template <typename T, int V>
@@ -41,25 +66,11 @@ __device__ void layer_norm_fwd_vec(const T* x, const T* w, const T* b, T* y, lon
   const int lane = threadIdx.x & 31, nv = c / E;
   const Vec16<T>* xr = reinterpret_cast<const Vec16<T>*>(x + row * c);
   Vec16<T> xv[V];
-  float s = 0.f;
 #pragma unroll
   for (int k = 0; k < V; k++)
-    if (lane + 32 * k < nv) {
-      xv[k] = xr[lane + 32 * k];
-#pragma unroll
-      for (int e = 0; e < E; e++) s += to_f(xv[k].e[e]);
-    }
-  const float mean = warp_sum(s) / c;
-  float var = 0.f;
-#pragma unroll
-  for (int k = 0; k < V; k++)
-    if (lane + 32 * k < nv)
-#pragma unroll
-      for (int e = 0; e < E; e++) {
-        const float d = to_f(xv[k].e[e]) - mean;
-        var += d * d;
-      }
-  const float rstd = 1.f / sqrtf(warp_sum(var) / c + eps);
+    if (lane + 32 * k < nv) xv[k] = xr[lane + 32 * k];
+  float mean, rstd;
+  vec_row_stats<T, V>(xv, lane, nv, c, eps, mean, rstd);
   Vec16<T>* yr = reinterpret_cast<Vec16<T>*>(y + row * c);
 #pragma unroll
   for (int k = 0; k < V; k++)
@@ -154,26 +165,14 @@ __device__ void layer_norm_bwd_vec(const T* x, const T* w, const T* dy, T* dx, f
     const Vec16<T>* xr = reinterpret_cast<const Vec16<T>*>(x + (r0 + rr) * c);
     const Vec16<T>* gr = reinterpret_cast<const Vec16<T>*>(dy + (r0 + rr) * c);
     Vec16<T> xv[V], gv[V];
-    float s = 0.f;
 #pragma unroll
     for (int k = 0; k < V; k++)
       if (lane + 32 * k < nv) {
         xv[k] = xr[lane + 32 * k];
         gv[k] = gr[lane + 32 * k];
-#pragma unroll
-        for (int e = 0; e < E; e++) s += to_f(xv[k].e[e]);
       }
-    const float mean = warp_sum(s) / c;
-    float var = 0.f;
-#pragma unroll
-    for (int k = 0; k < V; k++)
-      if (lane + 32 * k < nv)
-#pragma unroll
-        for (int e = 0; e < E; e++) {
-          const float d = to_f(xv[k].e[e]) - mean;
-          var += d * d;
-        }
-    const float rstd = 1.f / sqrtf(warp_sum(var) / c + eps);
+    float mean, rstd;
+    vec_row_stats<T, V>(xv, lane, nv, c, eps, mean, rstd);
     float sg = 0.f, sgx = 0.f;
 #pragma unroll
     for (int k = 0; k < V; k++)
