@@ -1,7 +1,8 @@
-// LayerNorm: training's (#10), one kernel forward and two backward; generation's (#20), the
-// residual add and the LayerNorm in one pass. Launched by layer_norm.rs.
+// LayerNorm: training's (#10), one kernel forward and one backward where the row is whole
+// 16-byte vectors (the _vec kernels), else one forward and two backward; generation's (#20),
+// the residual add and the LayerNorm in one pass. Launched by layer_norm.rs.
 // Shapes: x, y, dy, dx, r, s (rows, C) storage type T, w and b (C,); part (⌈rows/LN_ROWS⌉, 2, C)
-// f32.
+// f32 (⌈rows/LN_BWD_ROWS⌉ from layer_norm_bwd_vec).
 #include "common.cuh"
 
 // LayerNorm over the last dim C of (rows, C), statistics in f32: y = (x − μ)·rstd·w + b with

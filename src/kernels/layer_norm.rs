@@ -1,7 +1,8 @@
 //! LayerNorm (kernels in layer_norm.cu), statistics in f32:
 //! - training's (`--fused layer-norm`): one kernel forward; backward one kernel (dx and partial
 //!   sums of dw and db over blocks of rows), or two (dx; the partial sums) where C is not
-//!   whole 16-byte vectors or is over 2048 (then the forward reads the row without vectors);
+//!   whole 16-byte vectors, over 8 vectors a lane (bf16 C > 2048, f32 C > 1024) or the rows
+//!   are unaligned (then the forward reads the row without vectors);
 //! - generation's (`--fused decode`, [`add_layer_norm`]): the residual add and the next
 //!   LayerNorm in one pass, a block a row (inference only, no backward).
 //!
@@ -226,8 +227,8 @@ mod imp {
     const LN_BWD_MAXC: usize = 2048;
 
     /// The vector kernels' 16-byte vectors a lane (1..=8), where they apply: rows of C whole
-    /// vectors, C at most LN_BWD_MAXC, every operand (`layouts`, contiguous) from a 16-byte
-    /// boundary.
+    /// vectors, C at most LN_BWD_MAXC, every operand's start (`layouts`, of contiguous
+    /// operands: the callers make them so) on a 16-byte boundary.
     fn vector_lanes(c: usize, dtype: DType, layouts: &[&Layout]) -> Option<usize> {
         let size = dtype.size_in_bytes();
         let aligned = layouts
