@@ -129,6 +129,89 @@ fn multi_tensor_adamw_matches_the_composed_step() {
     }
 }
 
+/// The update that also writes the compute copies: the same parameters and moments, bit for
+/// bit, as the update without them, and each copy the updated parameter cast (as cast_multi
+/// rounds it), from a 16-byte boundary; over two launches of tensors with bf16 and f32
+/// gradients. Parameters that are not f32 are refused, nothing updated.
+#[test]
+fn adamw_copies_are_the_updated_parameters_cast() {
+    let (gpu, _one_at_a_time) = gpu();
+    let sizes: Vec<usize> = (0..40).map(|i| [1, 7, 300, 16385][i % 4] + i).collect();
+    let h = AdamStep {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+        bc1: 0.1,
+        bc2_sqrt: 0.001f64.sqrt(),
+        grad_scale: 1.,
+    };
+    let clip = Tensor::new(&[1f32, 0.5], &gpu).unwrap();
+    for dtype in [DType::BF16, DType::F16] {
+        let init: Vec<Tensor> = sizes.iter().map(|&n| randn(&[n], &gpu)).collect();
+        let grads: Vec<Tensor> = (0..sizes.len())
+            .map(|i| match i % 3 {
+                0 => randn(&[sizes[i]], &gpu).to_dtype(DType::BF16).unwrap(),
+                _ => randn(&[sizes[i]], &gpu),
+            })
+            .collect();
+        let fresh =
+            |ts: &[Tensor]| -> Vec<Tensor> { ts.iter().map(|t| t.copy().unwrap()).collect() };
+        let zeros: Vec<Tensor> = sizes
+            .iter()
+            .map(|&n| Tensor::zeros((2, n), DType::F32, &gpu).unwrap())
+            .collect();
+        let (plain, plain_mv) = (fresh(&init), fresh(&zeros));
+        let (with, with_mv) = (fresh(&init), fresh(&zeros));
+        assert!(adamw_multi(&plain, &grads, &plain_mv, &h, &clip).unwrap());
+        let copies = adamw_multi_copies(&with, &grads, &with_mv, &h, &clip, dtype)
+            .unwrap()
+            .expect("applies to f32 parameters");
+        for i in 0..sizes.len() {
+            assert_eq!(rel(&with[i], &plain[i]), 0., "{dtype:?} parameter {i}");
+            assert_eq!(rel(&with_mv[i], &plain_mv[i]), 0., "{dtype:?} moments {i}");
+            let c = &copies[i];
+            assert_eq!((c.dtype(), c.dims()), (dtype, with[i].dims()));
+            assert_eq!(
+                rel(c, &with[i].to_dtype(dtype).unwrap()),
+                0.,
+                "{dtype:?} copy {i}"
+            );
+            assert_eq!(c.layout().start_offset() % 8, 0);
+        }
+        let half = vec![init[0].to_dtype(DType::BF16).unwrap()];
+        let refused = adamw_multi_copies(&half, &grads[..1], &zeros[..1], &h, &clip, dtype);
+        assert!(refused.unwrap().is_none(), "bf16 parameters have no copies");
+        assert_eq!(rel(&half[0], &init[0].to_dtype(DType::BF16).unwrap()), 0.);
+    }
+}
+
+/// A bf16 trainer's manual steps: after each update the copies it wrote are its masters cast
+/// to bf16, bit for bit (the next step's weights, in place of a cast pass); an fp32 trainer
+/// writes none.
+#[test]
+fn trainer_copies_equal_the_masters_cast_after_each_step() {
+    let (dev, _one_at_a_time) = gpu();
+    let (mut trainer, ids) = tiny_gpt2_trainer(&dev, DType::BF16, false);
+    for step in 0..3 {
+        trainer.step(std::slice::from_ref(&ids)).unwrap();
+        let copies = trainer
+            .written_copies()
+            .expect("the update wrote copies")
+            .to_vec();
+        let masters = trainer.named_params().unwrap();
+        assert_eq!(copies.len(), masters.len());
+        for (c, (name, m)) in copies.iter().zip(&masters) {
+            let cast = m.to_dtype(DType::BF16).unwrap();
+            assert_eq!(rel(c, &cast), 0., "step {step} {name}");
+        }
+    }
+    let (mut fp32, ids) = tiny_gpt2_trainer(&dev, DType::F32, false);
+    fp32.step(std::slice::from_ref(&ids)).unwrap();
+    assert!(fp32.written_copies().is_none(), "f32 steps use the masters");
+}
+
 /// gpt2-tiny trainer steps with the clip factor on the device (multi-tensor AdamW; in bf16 it
 /// reads the bf16 gradients) against the host's norm and candle's AdamW ops on f32 gradients:
 /// the same losses, norms and weights, fp32 and bf16.

@@ -53,7 +53,9 @@ pub use graph::{capture, param_cache, replays, Graph, ParamCache};
 pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{add_layer_norm, layer_norm, layer_norm_bwd};
 pub use linear_lt::linear;
-pub use multi_tensor::{adamw_multi, cast_multi, cast_multi_flat, grad_norm_clip};
+pub use multi_tensor::{
+    adamw_multi, adamw_multi_copies, cast_multi, cast_multi_flat, grad_norm_clip,
+};
 pub use oneshot::{
     gemv_oneshot_add_layer_norm, oneshot_add_layer_norm, oneshot_sum, PeerBuffers, PendingGemv,
     ONESHOT_CAP, ONESHOT_MAX_RANKS,

@@ -3,7 +3,7 @@
 // A launch takes up to MT_MAX tensors by value (device pointers and sizes); each block works on
 // CHUNK elements of one tensor, which it finds from block0 (the first block of each tensor).
 // Shapes: param (n_i,) storage type T, grad (n_i,) T or narrower; mv (2, n_i) f32 (first, second moment);
-// partials (blocks,) f32; clip (2,) f32 = (norm, factor).
+// copy (n_i,) bf16 / f16 or absent (null); partials (blocks,) f32; clip (2,) f32 = (norm, factor).
 #include "common.cuh"
 
 #define MT_MAX 36
@@ -14,6 +14,7 @@ struct MtTensors {
   unsigned long long param[MT_MAX];
   unsigned long long grad[MT_MAX];
   unsigned long long mv[MT_MAX];
+  unsigned long long copy[MT_MAX];
   long long n[MT_MAX];
   int block0[MT_MAX + 1];
   int count;
@@ -64,14 +65,17 @@ __device__ void mt_sum_squares(const MtTensors& t, float* partials) {
 // gscale · clip[1]: m ← m + (1 − β1)(g − m); v ← β2·v + (1 − β2)·g²;
 // p ← p·decay − step_size · m / (√v / bc2_sqrt + ε).
 // The gradient may be stored narrower than the parameter (bf16 gradients of f32 masters: the
-// cast to f32 was a pass of its own).
-template <typename T, typename G>
+// cast to f32 was a pass of its own). Where t.copy[i] is set, the updated parameter is also
+// written there in C, rounded as mt_cast rounds it: the next step's compute copy of an f32
+// master, without a cast pass that reads the masters again (#36).
+template <typename T, typename G, typename C>
 __device__ void mt_adamw(const MtTensors& t, const float* clip, float gscale, float beta1, float beta2,
                          float decay, float step_size, float bc2_sqrt, float eps) {
   long long start;
   const int i = mt_locate(t, &start);
   T* p = (T*)t.param[i];
   const G* g = (const G*)t.grad[i];
+  C* cp = (C*)t.copy[i];
   const long long n = t.n[i], end = min(start + CHUNK, n);
   float* m = (float*)t.mv[i];
   float* v = m + n;
@@ -83,7 +87,8 @@ __device__ void mt_adamw(const MtTensors& t, const float* clip, float gscale, fl
     vj = beta2 * vj + (1.f - beta2) * gj * gj;
     return pj * decay - step_size * mj / (sqrtf(vj) / bc2_sqrt + eps);
   };
-  if (n % 4 == 0 && aligned4<T>(p) && aligned4<G>(g) && aligned4<float>(m)) {  // v = m + n too
+  // v = m + n is aligned with m.
+  if (n % 4 == 0 && aligned4<T>(p) && aligned4<G>(g) && aligned4<float>(m) && aligned4<C>(cp)) {
     for (long long j = start + 4 * threadIdx.x; j < end; j += 4 * blockDim.x) {
       V4<T> pv = *reinterpret_cast<const V4<T>*>(p + j);
       const V4<G> gv = *reinterpret_cast<const V4<G>*>(g + j);
@@ -93,6 +98,12 @@ __device__ void mt_adamw(const MtTensors& t, const float* clip, float gscale, fl
       *reinterpret_cast<V4<float>*>(m + j) = mv;
       *reinterpret_cast<V4<float>*>(v + j) = vv;
       *reinterpret_cast<V4<T>*>(p + j) = pv;
+      if (cp) {
+        V4<C> cv;
+#pragma unroll
+        for (int e = 0; e < 4; e++) cv.e[e] = from_f<C>(to_f(pv.e[e]));
+        *reinterpret_cast<V4<C>*>(cp + j) = cv;
+      }
     }
     return;
   }
@@ -101,6 +112,7 @@ __device__ void mt_adamw(const MtTensors& t, const float* clip, float gscale, fl
     p[j] = from_f<T>(update(to_f(p[j]), to_f(g[j]), mj, vj));
     m[j] = mj;
     v[j] = vj;
+    if (cp) cp[j] = from_f<C>(to_f(p[j]));
   }
 }
 
@@ -159,15 +171,21 @@ FOR_TYPES(CASTS_FROM)
   }
 FOR_TYPES(INSTANTIATE)
 
-// tb_mt_adamw_<param type>_<gradient type>, every pair.
-#define INSTANTIATE_ADAMW(T, S, G, SG)                                                                   \
-  extern "C" __global__ void tb_mt_adamw_##S##_##SG(const __grid_constant__ MtTensors t, const float* clip, \
-                                                    float gscale, float beta1, float beta2, float decay,  \
-                                                    float step_size, float bc2_sqrt, float eps) {         \
-    mt_adamw<T, G>(t, clip, gscale, beta1, beta2, decay, step_size, bc2_sqrt, eps);                      \
+// tb_mt_adamw_<param type>_<gradient type>, every pair (copy slots ignored: null).
+#define ADAMW(T, S, G, SG, C, NAME)                                                                       \
+  extern "C" __global__ void NAME(const __grid_constant__ MtTensors t, const float* clip, float gscale,   \
+                                  float beta1, float beta2, float decay, float step_size, float bc2_sqrt, \
+                                  float eps) {                                                            \
+    mt_adamw<T, G, C>(t, clip, gscale, beta1, beta2, decay, step_size, bc2_sqrt, eps);                   \
   }
+#define INSTANTIATE_ADAMW(T, S, G, SG) ADAMW(T, S, G, SG, T, tb_mt_adamw_##S##_##SG)
 #define FOR_GRADS(T, S)                        \
   INSTANTIATE_ADAMW(T, S, float, f32)          \
   INSTANTIATE_ADAMW(T, S, __nv_bfloat16, bf16) \
   INSTANTIATE_ADAMW(T, S, __half, f16)
 FOR_TYPES(FOR_GRADS)
+// tb_mt_adamw_copy_f32_<gradient type>_<copy type>: f32 masters writing bf16 / f16 copies.
+#define ADAMW_COPY(G, SG)                                                            \
+  ADAMW(float, f32, G, SG, __nv_bfloat16, tb_mt_adamw_copy_f32_##SG##_bf16) \
+  ADAMW(float, f32, G, SG, __half, tb_mt_adamw_copy_f32_##SG##_f16)
+FOR_TYPES(ADAMW_COPY)

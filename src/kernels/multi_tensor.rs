@@ -37,6 +37,24 @@ pub fn adamw_multi(
     imp::adamw_multi(params, grads, moments, h, clip)
 }
 
+/// [`adamw_multi`] over f32 parameters that also writes each updated parameter in `dtype`
+/// (bf16 / f16), rounded as [`cast_multi`] rounds it: the next step's compute copies, as views
+/// of one flat buffer, without a pass that reads the masters again. None where it does not
+/// apply (nothing updated then): parameters not f32, or what [`adamw_multi`] refuses.
+pub fn adamw_multi_copies(
+    params: &[Tensor],
+    grads: &[Tensor],
+    moments: &[Tensor],
+    h: &AdamStep,
+    clip: &Tensor,
+    dtype: DType,
+) -> Result<Option<Vec<Tensor>>> {
+    if !enabled(Fused::Adamw) {
+        return Ok(None);
+    }
+    imp::adamw_multi_copies(params, grads, moments, h, clip, dtype)
+}
+
 /// Every f32 tensor of `srcs` cast to `dtype` (bf16 / f16) in a few launches, as views of one
 /// flat buffer: the training step's compute copies of the masters. None where it does not
 /// apply (CPU, switched off with `adamw`, a source that is not f32 contiguous on CUDA).
@@ -85,13 +103,25 @@ mod imp {
     ) -> Result<bool> {
         Ok(false)
     }
+
+    pub fn adamw_multi_copies(
+        _: &[Tensor],
+        _: &[Tensor],
+        _: &[Tensor],
+        _: &AdamStep,
+        _: &Tensor,
+        _: DType,
+    ) -> Result<Option<Vec<Tensor>>> {
+        Ok(None)
+    }
 }
 
 #[cfg(feature = "cuda")]
 mod imp {
     use super::AdamStep;
     use crate::kernels::launch::{
-        alloc, device_address as address, kernel, launch, no_cpu_fwd, ptx, suffix, with_dtype, Ptx,
+        alloc, device_address as address, kernel, launch, no_cpu_fwd, ptx, suffix, with_dtype,
+        wrap, Ptx,
     };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig};
@@ -104,13 +134,15 @@ mod imp {
     const MT_MAX: usize = 36;
     const CHUNK: usize = 16384;
 
-    /// multi_tensor.cu's `MtTensors`, passed by value (1304 bytes of kernel parameters).
+    /// multi_tensor.cu's `MtTensors`, passed by value (1592 bytes of kernel parameters).
     #[repr(C)]
     #[derive(Clone, Copy)]
     struct MtTensors {
         param: [u64; MT_MAX],
         grad: [u64; MT_MAX],
         mv: [u64; MT_MAX],
+        /// Where AdamW writes the updated parameter in the compute dtype; 0: nowhere.
+        copy: [u64; MT_MAX],
         n: [i64; MT_MAX],
         block0: [i32; MT_MAX + 1],
         count: i32,
@@ -134,6 +166,7 @@ mod imp {
                 param: [0; MT_MAX],
                 grad: [0; MT_MAX],
                 mv: [0; MT_MAX],
+                copy: [0; MT_MAX],
                 n: [0; MT_MAX],
                 block0: [0; MT_MAX + 1],
                 count: chunk.len() as i32,
@@ -232,12 +265,9 @@ mod imp {
         }
     }
 
-    pub fn cast_multi_flat(srcs: &[Tensor], dtype: DType) -> Result<Option<(Tensor, Vec<usize>)>> {
-        if srcs.first().and_then(cuda).is_none() || !usable(srcs) || !FLOATS.contains(&dtype) {
-            return Ok(None);
-        }
-        // Each copy starts on a 16-byte boundary (8 elements: the vector kernels and cuBLAS
-        // want it).
+    /// Where each of `srcs` starts in one flat buffer, each on a 16-byte boundary (8 elements:
+    /// the vector kernels and cuBLAS want it), and the buffer's length.
+    fn flat_starts(srcs: &[Tensor]) -> (Vec<usize>, usize) {
         let starts: Vec<usize> = srcs
             .iter()
             .scan(0, |at, t| {
@@ -247,6 +277,23 @@ mod imp {
             })
             .collect();
         let len = starts.last().unwrap_or(&0) + srcs.last().map_or(0, Tensor::elem_count);
+        (starts, len)
+    }
+
+    /// Each of `srcs` as a view of `flat` from its start, in its own shape.
+    fn views(flat: &Tensor, srcs: &[Tensor], starts: &[usize]) -> Result<Vec<Tensor>> {
+        let views = srcs
+            .iter()
+            .zip(starts)
+            .map(|(t, &start)| flat.narrow(0, start, t.elem_count())?.reshape(t.shape()));
+        views.collect()
+    }
+
+    pub fn cast_multi_flat(srcs: &[Tensor], dtype: DType) -> Result<Option<(Tensor, Vec<usize>)>> {
+        if srcs.first().and_then(cuda).is_none() || !usable(srcs) || !FLOATS.contains(&dtype) {
+            return Ok(None);
+        }
+        let (starts, len) = flat_starts(srcs);
         let mut launches = Vec::new();
         for from in FLOATS {
             let picked: Vec<usize> = (0..srcs.len())
@@ -282,11 +329,7 @@ mod imp {
         let Some((flat, starts)) = cast_multi_flat(srcs, dtype)? else {
             return Ok(None);
         };
-        let views = srcs
-            .iter()
-            .zip(&starts)
-            .map(|(t, &start)| flat.narrow(0, start, t.elem_count())?.reshape(t.shape()));
-        views.collect::<Result<Vec<_>>>().map(Some)
+        views(&flat, srcs, &starts).map(Some)
     }
 
     pub fn grad_norm_clip(
@@ -332,6 +375,76 @@ mod imp {
         Ok(Some(clip))
     }
 
+    /// The CUDA device of an AdamW update over these tensors, where the kernel applies:
+    /// parameters of one float dtype, gradients any float, moments (2, n_i) f32, every tensor
+    /// contiguous; clip (2,) f32.
+    fn adamw_device(
+        params: &[Tensor],
+        grads: &[Tensor],
+        moments: &[Tensor],
+        clip: &Tensor,
+    ) -> Option<CudaDevice> {
+        let dev = params.first().and_then(cuda)?;
+        let dtype = params[0].dtype();
+        let shapes_agree = params.len() == grads.len()
+            && params.len() == moments.len()
+            && params.iter().zip(grads).zip(moments).all(|((p, g), mv)| {
+                g.elem_count() == p.elem_count() && mv.elem_count() == 2 * p.elem_count()
+            });
+        let applies = FLOATS.contains(&dtype)
+            && shapes_agree
+            && uniform(params, dtype)
+            && usable(grads)
+            && uniform(moments, DType::F32)
+            && uniform(std::slice::from_ref(clip), DType::F32)
+            && clip.elem_count() == 2;
+        applies.then_some(dev)
+    }
+
+    /// The updates' launches, a launch group per gradient dtype; with `copies` = (their dtype,
+    /// the flat buffer's address, each copy's start), each parameter also written there.
+    fn launch_adamw(
+        dev: &CudaDevice,
+        (params, grads, moments): (&[Tensor], &[Tensor], &[Tensor]),
+        h: &AdamStep,
+        clip: &Tensor,
+        copies: Option<(DType, u64, &[usize])>,
+    ) -> Result<()> {
+        let clip_at = address(clip)?;
+        let f = |x: f64| x as f32;
+        let (gscale, beta1, beta2) = (f(h.grad_scale), f(h.beta1), f(h.beta2));
+        let (decay, step_size) = (f(1. - h.lr * h.weight_decay), f(h.lr / h.bc1));
+        let (bc2_sqrt, eps) = (f(h.bc2_sqrt), f(h.eps));
+        let dtype = params[0].dtype();
+        for gd in FLOATS {
+            let picked: Vec<usize> = (0..grads.len())
+                .filter(|&i| grads[i].dtype() == gd)
+                .collect();
+            let pick =
+                |ts: &[Tensor]| -> Vec<Tensor> { picked.iter().map(|&i| ts[i].clone()).collect() };
+            let (p, g, mv) = (pick(params), pick(grads), pick(moments));
+            // tb_mt_adamw_<parameter dtype>_<gradient dtype>, or with copies
+            // tb_mt_adamw_copy_f32_<gradient dtype>_<copy dtype>
+            let name = match copies {
+                None => format!("tb_mt_adamw_{}_{}", suffix(dtype)?, suffix(gd)?),
+                Some((cd, _, _)) => format!("tb_mt_adamw_copy_f32_{}_{}", suffix(gd)?, suffix(cd)?),
+            };
+            let func = dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?;
+            for (mut group, at) in groups(&p, &g, &mv)?.into_iter().zip(picked.chunks(MT_MAX)) {
+                if let Some((cd, base, starts)) = copies {
+                    for (j, &i) in at.iter().enumerate() {
+                        group.table.copy[j] = base + (cd.size_in_bytes() * starts[i]) as u64;
+                    }
+                }
+                // SAFETY: the table's param and grad address n_i elements, mv 2·n_i floats,
+                // copy (where set) n_i elements of the copies' buffer; clip holds two floats.
+                launch!(unsafe func, config(group.blocks); &group.table, &clip_at, &gscale,
+                    &beta1, &beta2, &decay, &step_size, &bc2_sqrt, &eps)?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn adamw_multi(
         params: &[Tensor],
         grads: &[Tensor],
@@ -339,56 +452,44 @@ mod imp {
         h: &AdamStep,
         clip: &Tensor,
     ) -> Result<bool> {
-        let Some(dev) = params.first().and_then(cuda) else {
+        let Some(dev) = adamw_device(params, grads, moments, clip) else {
             return Ok(false);
         };
-        let dtype = params[0].dtype();
-        let shapes_agree = params.len() == grads.len()
-            && params.len() == moments.len()
-            && params.iter().zip(grads).zip(moments).all(|((p, g), mv)| {
-                g.elem_count() == p.elem_count() && mv.elem_count() == 2 * p.elem_count()
-            });
-        if !FLOATS.contains(&dtype)
-            || !shapes_agree
-            || !uniform(params, dtype)
-            || !usable(grads)
-            || !uniform(moments, DType::F32)
-            || !uniform(std::slice::from_ref(clip), DType::F32)
-            || clip.elem_count() != 2
-        {
-            return Ok(false);
-        }
-        let clip_at = address(clip)?;
-        let f = |x: f64| x as f32;
-        let (gscale, beta1, beta2) = (f(h.grad_scale), f(h.beta1), f(h.beta2));
-        let (decay, step_size) = (f(1. - h.lr * h.weight_decay), f(h.lr / h.bc1));
-        let (bc2_sqrt, eps) = (f(h.bc2_sqrt), f(h.eps));
-        for gd in FLOATS {
-            let (p, g, mv) = (
-                of_dtype(params, grads, gd),
-                of_dtype(grads, grads, gd),
-                of_dtype(moments, grads, gd),
-            );
-            // tb_mt_adamw_<parameter dtype>_<gradient dtype>
-            let name = format!("tb_mt_adamw_{}_{}", suffix(dtype)?, suffix(gd)?);
-            let func = dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?;
-            for group in groups(&p, &g, &mv)? {
-                // SAFETY: the table's param and grad address n_i elements, mv 2·n_i floats;
-                // clip holds two floats.
-                launch!(unsafe func, config(group.blocks); &group.table, &clip_at, &gscale,
-                    &beta1, &beta2, &decay, &step_size, &bc2_sqrt, &eps)?;
-            }
-        }
+        launch_adamw(&dev, (params, grads, moments), h, clip, None)?;
         Ok(true)
+    }
+
+    pub fn adamw_multi_copies(
+        params: &[Tensor],
+        grads: &[Tensor],
+        moments: &[Tensor],
+        h: &AdamStep,
+        clip: &Tensor,
+        dtype: DType,
+    ) -> Result<Option<Vec<Tensor>>> {
+        let Some(dev) = adamw_device(params, grads, moments, clip) else {
+            return Ok(None);
+        };
+        if params[0].dtype() != DType::F32 || !matches!(dtype, DType::BF16 | DType::F16) {
+            return Ok(None);
+        }
+        let (starts, len) = flat_starts(params);
+        let flat = with_dtype!(dtype, T => {
+            let out = alloc::<T>(&dev, len)?;
+            let base = out.device_ptr(&dev.cuda_stream()).0;
+            launch_adamw(&dev, (params, grads, moments), h, clip, Some((dtype, base, &starts)))?;
+            wrap(out, &dev, len) // (len,): every copy, the gaps between them unwritten
+        });
+        views(&flat, params, &starts).map(Some)
     }
 
     #[cfg(test)]
     #[test]
     fn the_table_has_the_kernels_layout() {
-        // 4 pointer/size arrays of 36, 37 block starts, the count: multi_tensor.cu's struct.
+        // 5 pointer/size arrays of 36, 37 block starts, the count: multi_tensor.cu's struct.
         assert_eq!(
             std::mem::size_of::<MtTensors>(),
-            4 * 8 * MT_MAX + 4 * (MT_MAX + 1) + 4
+            5 * 8 * MT_MAX + 4 * (MT_MAX + 1) + 4
         );
     }
 }

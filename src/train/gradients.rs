@@ -90,10 +90,17 @@ impl Trainer {
             return Ok(self.gathered_step(cfg, z.clone(), &params.index, dropout)?);
         }
         let masters: Vec<Tensor> = params.vars.iter().map(|v| v.as_detached_tensor()).collect();
-        // In a few launches where the masters are f32 on CUDA (148 casts for gpt2).
-        let copies = match self.compute {
-            DType::F32 => None,
-            dtype => crate::kernels::cast_multi(&masters, dtype)?,
+        // The copies the last update wrote (CUDA), else in a few launches where the masters
+        // are f32 on CUDA (148 casts for gpt2).
+        let written = self.opt.copies().filter(|c| {
+            let like =
+                |(t, m): (&Tensor, &Tensor)| t.dims() == m.dims() && t.dtype() == self.compute;
+            c.len() == masters.len() && c.iter().zip(&masters).all(like)
+        });
+        let copies = match (self.compute, written) {
+            (DType::F32, _) => None,
+            (_, Some(c)) => Some(c.to_vec()),
+            (dtype, None) => crate::kernels::cast_multi(&masters, dtype)?,
         };
         let weights = Gpt2Params::load(cfg, |name| match params.index.get(name) {
             Some(&i) => match &copies {

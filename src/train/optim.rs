@@ -38,6 +38,10 @@ pub struct AdamW {
     beta2: f64,
     eps: f64,
     weight_decay: f64,
+    /// The parameters in the compute dtype as the last update left them (CUDA's multi-tensor
+    /// update writes them beside the f32 masters): the next step's weights. Dropped by the next
+    /// update, before it writes new ones.
+    copies: Option<Vec<Tensor>>,
 }
 
 /// A parameter's first and second moments (fp32): two tensors for candle's ops, or packed
@@ -63,7 +67,15 @@ impl AdamW {
             beta2: h.beta2,
             eps: h.eps,
             weight_decay: h.weight_decay,
+            copies: None,
         })
+    }
+
+    /// The compute-dtype copies of the parameters that the last update wrote, where it wrote
+    /// them: equal to the parameters cast to that dtype, as long as only this optimizer
+    /// changes them (the caller asks for copies only where that holds).
+    pub fn copies(&self) -> Option<&[Tensor]> {
+        self.copies.as_deref()
     }
 
     /// The hyper-parameters of update number `t` (1-based).
@@ -82,19 +94,34 @@ impl AdamW {
     }
 
     /// One update with learning rate `lr` and gradients `grads[i]` times `clip`'s factor. On
-    /// CUDA every parameter in a few launches, the factor read on the device (no sync);
-    /// elsewhere [`AdamW::step`] with the factor read back.
-    pub fn step_clipped(&mut self, grads: &[Tensor], lr: f64, clip: &Clip) -> Result<()> {
+    /// CUDA every parameter in a few launches, the factor read on the device (no sync), and
+    /// with `copies` (bf16 / f16) each updated parameter also written in that dtype for
+    /// [`AdamW::copies`]; elsewhere [`AdamW::step`] with the factor read back.
+    pub fn step_clipped(
+        &mut self,
+        grads: &[Tensor],
+        lr: f64,
+        clip: &Clip,
+        copies: Option<DType>,
+    ) -> Result<()> {
         if let Clip::Device(factor) = clip {
-            if self.step_multi(grads, lr, factor)? {
+            if self.step_multi(grads, lr, factor, copies)? {
                 return Ok(());
             }
         }
         self.step(grads, lr, clip.factor()?)
     }
 
-    /// The multi-tensor kernel's update; false where it does not apply.
-    fn step_multi(&mut self, grads: &[Tensor], lr: f64, clip: &Tensor) -> Result<bool> {
+    /// The multi-tensor kernel's update (writing the compute copies where asked and the
+    /// kernel applies); false where it does not apply.
+    fn step_multi(
+        &mut self,
+        grads: &[Tensor],
+        lr: f64,
+        clip: &Tensor,
+        copies: Option<DType>,
+    ) -> Result<bool> {
+        self.copies = None;
         if !clip.device().is_cuda() || self.params.is_empty() {
             return Ok(false);
         }
@@ -115,6 +142,14 @@ impl AdamW {
             .collect();
         let params: Vec<Tensor> = self.params.iter().map(|p| p.as_detached_tensor()).collect();
         let h = self.hyper(self.step + 1, lr, 1.);
+        if let Some(dtype) = copies {
+            let written =
+                crate::kernels::adamw_multi_copies(&params, grads, &moments, &h, clip, dtype)?;
+            if written.is_some() {
+                (self.copies, self.step) = (written, self.step + 1);
+                return Ok(true);
+            }
+        }
         let applied = crate::kernels::adamw_multi(&params, grads, &moments, &h, clip)?;
         if applied {
             self.step += 1;
@@ -125,6 +160,7 @@ impl AdamW {
     /// One update with learning rate `lr` and gradients `grads[i] · grad_scale` (`grads[i]`
     /// belongs to `params[i]`, fp32; `grad_scale`: the clip coefficient over the loss scale).
     pub fn step(&mut self, grads: &[Tensor], lr: f64, grad_scale: f64) -> Result<()> {
+        self.copies = None;
         self.step += 1;
         let h = self.hyper(self.step, lr, grad_scale);
         for (i, g) in grads.iter().enumerate() {

@@ -182,7 +182,7 @@ impl Trainer {
             None => true,
         };
         if apply {
-            self.opt.step_clipped(&grads, lr, &clip)?;
+            self.opt.step_clipped(&grads, lr, &clip, None)?;
             if dp.zero == ZeroStage::Gradients {
                 // A unit at a time: one unit's whole f32 values beside the masters, not all.
                 for u in 0..z.n_units() {
@@ -199,12 +199,26 @@ impl Trainer {
         Ok(out)
     }
 
+    /// The dtype the update writes the masters' copies in for the next step: the manual
+    /// step's compute dtype, where it is not the masters' f32 (None: no copies). Only where
+    /// the optimizer holds every master and nothing else sets them (no ZeRO).
+    fn copy_dtype(&self) -> Option<DType> {
+        let manual = self.backward == super::trainer::Backward::Manual;
+        (manual && self.compute != DType::F32).then_some(self.compute)
+    }
+
     /// The optimizer update with `grads`; with ZeRO-1 only this rank's parameters, then every
     /// parameter from its owner. Returns the milliseconds that sharing took (ZeRO-1 only).
     fn update(&mut self, grads: &[Tensor], lr: f64, clip: &Clip) -> Result<Option<CommSpan>> {
         let dp = match &self.data_parallel {
             Some(dp) if dp.zero == ZeroStage::Optimizer => dp,
-            _ => return self.opt.step_clipped(grads, lr, clip).map(|()| None),
+            _ => {
+                let copies = self.copy_dtype();
+                return self
+                    .opt
+                    .step_clipped(grads, lr, clip, copies)
+                    .map(|()| None);
+            }
         };
         let mine: Vec<Tensor> = grads
             .iter()
@@ -212,7 +226,7 @@ impl Trainer {
             .filter(|(_, &o)| o == dp.rank)
             .map(|(g, _)| g.clone())
             .collect();
-        self.opt.step_clipped(&mine, lr, clip)?;
+        self.opt.step_clipped(&mine, lr, clip, None)?;
         // Every parameter from its owner: the others contribute zeros to the sum (an all-gather
         // through the one collective we have).
         let comm = CommClock::start(&self.device)?;

@@ -223,6 +223,13 @@ impl Trainer {
         Ok(model)
     }
 
+    /// The masters in the compute dtype as the last update wrote them beside the f32 masters
+    /// (CUDA, bf16 / f16, the manual step without ZeRO), the next step's weights; None where
+    /// the next step casts them itself.
+    pub fn written_copies(&self) -> Option<&[Tensor]> {
+        self.opt.copies()
+    }
+
     /// (name, fp32 master) of every parameter, in load order (ZeRO-3: gathered).
     pub fn named_params(&self) -> Result<Vec<(String, Tensor)>> {
         let p = self.params.lock().expect("params lock");
