@@ -86,6 +86,40 @@ fn layer_norm_forward_and_backward_match_layer_norm_slow() {
     }
 }
 
+/// The LayerNorm backward that adds the residual stream's gradient to its dx: the same dw and
+/// db, and res + dx bit for bit as the backward then the residual add (f32 C = 96, 768, 1024;
+/// bf16 96, 768, 1600, 2048: 1 to 8 vectors a lane); where the one-pass kernel does not apply
+/// (bf16 C = 100, f32 C = 2048) it declines.
+#[test]
+fn layer_norm_bwd_add_is_the_backward_then_the_residual_add() {
+    let (dev, _one_at_a_time) = gpu();
+    let cases = [(DType::F32, 96), (DType::F32, 768), (DType::F32, 1024)];
+    let bf16 = [96, 768, 1600, 2048].map(|c| (DType::BF16, c));
+    for (dtype, c) in cases.into_iter().chain(bf16) {
+        let make = |scale: f64| {
+            let t = (randn(&[3, 50, c], &dev) * scale).unwrap();
+            t.to_dtype(dtype).unwrap()
+        };
+        let (x, dy, res) = (make(3.), make(1.), make(1.));
+        let w = randn(&[c], &dev).to_dtype(dtype).unwrap();
+        let (sum, dw, db) = layer_norm_bwd_add(&x, &w, &dy, &res, 1e-5)
+            .unwrap()
+            .expect("applies");
+        let (dx, dw2, db2) = layer_norm_bwd(&x, &w, &dy, 1e-5).unwrap().expect("applies");
+        let want = residual_add(&res, &dx).unwrap().expect("applies");
+        assert_eq!(sum.dims(), x.dims());
+        assert_eq!(rel(&sum, &want), 0., "{dtype:?} C={c} res + dx");
+        assert_eq!(rel(&dw, &dw2), 0., "{dtype:?} C={c} dw");
+        assert_eq!(rel(&db, &db2), 0., "{dtype:?} C={c} db");
+    }
+    for (dtype, c) in [(DType::BF16, 100), (DType::F32, 2048)] {
+        let x = randn(&[4, c], &dev).to_dtype(dtype).unwrap();
+        let w = randn(&[c], &dev).to_dtype(dtype).unwrap();
+        let declined = layer_norm_bwd_add(&x, &w, &x, &x, 1e-5).unwrap();
+        assert!(declined.is_none(), "{dtype:?} C = {c}");
+    }
+}
+
 /// The vectorised residual add against candle's: f32 exactly; bf16 within one rounding (candle
 /// adds in bf16, the kernel in f32, each rounding the exact sum once); a count that is not
 /// whole vectors is candle's.

@@ -1,7 +1,7 @@
 // LayerNorm: training's (#10), one kernel forward and one backward where the row is whole
 // 16-byte vectors (the _vec kernels), else one forward and two backward; generation's (#20),
 // the residual add and the LayerNorm in one pass. Launched by layer_norm.rs.
-// Shapes: x, y, dy, dx, r, s (rows, C) storage type T, w and b (C,); part (⌈rows/LN_ROWS⌉, 2, C)
+// Shapes: x, y, dy, dx, res, r, s (rows, C) storage type T, w and b (C,); part (⌈rows/LN_ROWS⌉, 2, C)
 // f32 (⌈rows/LN_BWD_ROWS⌉ from layer_norm_bwd_vec).
 #include "common.cuh"
 
@@ -144,12 +144,14 @@ __device__ void layer_norm_bwd_wb(const T* x, const T* dy, float* part, long row
 // (its warps' sums added in warp order: a fixed order). x and dy are read once instead of once
 // for dx and again for the partials, each with its statistics (train-prof2: the two kernels
 // at ≈ 1.4 TB/s). V: vectors a lane, ⌈C / (32·E)⌉; C a multiple of E, at most LN_BWD_MAXC.
+// With res set, dx = res + the LayerNorm's dx (that rounded to T first, as the composed add):
+// the residual stream's gradient, without an add kernel that reads both back (#36).
 #define LN_BWD_ROWS 32
 #define LN_BWD_WARPS 8
 #define LN_BWD_MAXC 2048
 template <typename T, int V>
-__device__ void layer_norm_bwd_vec(const T* x, const T* w, const T* dy, T* dx, float* part, long rows, int c,
-                                   float eps) {
+__device__ void layer_norm_bwd_vec(const T* x, const T* w, const T* dy, const T* res, T* dx, float* part, long rows,
+                                   int c, float eps) {
   constexpr int E = 16 / sizeof(T);
   __shared__ float sh[2 * LN_BWD_MAXC];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nv = c / E;
@@ -190,6 +192,7 @@ __device__ void layer_norm_bwd_vec(const T* x, const T* w, const T* dy, T* dx, f
     sg = warp_sum(sg) / c;
     sgx = warp_sum(sgx) / c;
     Vec16<T>* dr = reinterpret_cast<Vec16<T>*>(dx + (r0 + rr) * c);
+    const Vec16<T>* rs = reinterpret_cast<const Vec16<T>*>(res + (r0 + rr) * c);
 #pragma unroll
     for (int k = 0; k < V; k++)
       if (lane + 32 * k < nv) {
@@ -198,6 +201,11 @@ __device__ void layer_norm_bwd_vec(const T* x, const T* w, const T* dy, T* dx, f
         for (int e = 0; e < E; e++) {
           const float g = to_f(gv[k].e[e]) * to_f(wv[k].e[e]), xh = (to_f(xv[k].e[e]) - mean) * rstd;
           o.e[e] = from_f<T>(rstd * (g - sg - xh * sgx));
+        }
+        if (res) {
+          const Vec16<T> rv = rs[lane + 32 * k];
+#pragma unroll
+          for (int e = 0; e < E; e++) o.e[e] = from_f<T>(to_f(rv.e[e]) + to_f(o.e[e]));
         }
         dr[lane + 32 * k] = o;
       }
@@ -327,8 +335,8 @@ FOR_TYPES(INSTANTIATE)
 // tb_layer_norm_{fwd,bwd}_vec<V>_<type>: V = 1..8 vectors a lane.
 #define BWD_VEC(T, S, V)                                                                                   \
   extern "C" __global__ void __launch_bounds__(256) tb_layer_norm_bwd_vec##V##_##S(                        \
-      const T* x, const T* w, const T* dy, T* dx, float* part, long rows, int c, float eps) {              \
-    layer_norm_bwd_vec<T, V>(x, w, dy, dx, part, rows, c, eps);                                            \
+      const T* x, const T* w, const T* dy, const T* res, T* dx, float* part, long rows, int c, float eps) { \
+    layer_norm_bwd_vec<T, V>(x, w, dy, res, dx, part, rows, c, eps);                                         \
   }                                                                                                        \
   extern "C" __global__ void tb_layer_norm_fwd_vec##V##_##S(const T* x, const T* w, const T* b, T* y,      \
                                                              long rows, int c, float eps) {                \

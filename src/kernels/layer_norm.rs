@@ -35,6 +35,23 @@ pub fn layer_norm_bwd(
     imp::layer_norm_bwd(x, w, dy, eps)
 }
 
+/// [`layer_norm_bwd`] with the residual stream's gradient `res` (like x) added to dx in the
+/// same kernel, rounded as the composed add of dx rounded to x's dtype: (res + dx, dw, db).
+/// Only where the one-pass kernel applies (rows of whole 16-byte vectors, C ≤ 2048, every
+/// operand from a 16-byte boundary once contiguous); else None.
+pub fn layer_norm_bwd_add(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    res: &Tensor,
+    eps: f64,
+) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+    if !enabled(Fused::LayerNorm) {
+        return Ok(None);
+    }
+    imp::layer_norm_bwd_add(x, w, dy, res, eps)
+}
+
 /// (x + r, LayerNorm(x + r)) over the last dim, x and r (…, C), w and b (C,); the sum rounded
 /// to x's dtype first, as the composed add. None where the kernel does not apply.
 pub fn add_layer_norm(
@@ -68,6 +85,16 @@ mod imp {
         Ok(None)
     }
 
+    pub fn layer_norm_bwd_add(
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _: f64,
+    ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+        Ok(None)
+    }
+
     pub fn add_layer_norm(
         _: &Tensor,
         _: &Tensor,
@@ -82,8 +109,8 @@ mod imp {
 #[cfg(feature = "cuda")]
 mod imp {
     use crate::kernels::launch::{
-        aligned16, alloc, cuda, float_dtype, kernel, launch, no_cpu_fwd, ptx, storage, suffix,
-        view, with_dtype, wrap, Ptx,
+        aligned16, alloc, cuda, device_address, float_dtype, kernel, launch, no_cpu_fwd, ptx,
+        storage, suffix, view, with_dtype, wrap, Ptx, NULL,
     };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig};
@@ -163,28 +190,46 @@ mod imp {
     /// dx (rows, C) and dw, db (C,) f32 of x, dy (rows, C) contiguous and w (C,).
     fn grads(x: &Tensor, w: &Tensor, dy: &Tensor, eps: f32) -> Result<(Tensor, Tensor, Tensor)> {
         let (dx, part) = match one_pass_lanes(x, w, dy)? {
-            Some(lanes) => {
-                let op = LayerNormGradOnePass {
-                    eps,
-                    lanes,
-                    part: RefCell::new(None),
-                };
-                let dx = x.apply_op3_no_bwd(w, dy, &op)?;
-                let part = dx.apply_op1_no_bwd(&TakePart(&op))?;
-                (dx, part)
-            }
+            Some(lanes) => one_pass(x, w, dy, None, eps, lanes)?,
             None => (
                 x.apply_op3_no_bwd(w, dy, &LayerNormGradX { eps })?,
                 x.apply_op2_no_bwd(dy, &LayerNormGradWb { eps })?,
             ),
-        }; // part (blocks, 2, C)
+        };
+        let (dw, db) = finish_wb(&part)?;
+        Ok((dx, dw, db))
+    }
+
+    /// The one-pass kernel: (dx, or res + dx where `res` is given, (rows, C); the partial sums
+    /// (blocks, 2, C) f32).
+    fn one_pass(
+        x: &Tensor,
+        w: &Tensor,
+        dy: &Tensor,
+        res: Option<Tensor>,
+        eps: f32,
+        lanes: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        let op = LayerNormGradOnePass {
+            eps,
+            lanes,
+            res,
+            part: RefCell::new(None),
+        };
+        let dx = x.apply_op3_no_bwd(w, dy, &op)?;
+        let part = dx.apply_op1_no_bwd(&TakePart(&op))?;
+        Ok((dx, part))
+    }
+
+    /// dw and db (C,) f32 from the partial sums (blocks, 2, C).
+    fn finish_wb(part: &Tensor) -> Result<(Tensor, Tensor)> {
         let (blocks, _, c) = part.dims3()?;
         // The blocks' partials summed in a fixed order by the bias gradient's column sum.
         let wb = match crate::kernels::bias_grad(&part.reshape((blocks, 2 * c))?)? {
             Some(sum) => sum.reshape((2, c))?,
             None => part.sum(0)?,
         }; // (2, C)
-        Ok((dx, wb.get(0)?, wb.get(1)?))
+        Ok((wb.get(0)?, wb.get(1)?))
     }
 
     /// dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂)), g = dy ⊙ w.
@@ -251,10 +296,12 @@ mod imp {
     }
 
     /// dx and the dw / db partial sums in one kernel, a warp a row held in registers. A custom
-    /// op returns one tensor, so the partials wait here for [`TakePart`].
+    /// op returns one tensor, so the partials wait here for [`TakePart`]. `res` (rows, C),
+    /// contiguous from a 16-byte boundary: added to dx.
     struct LayerNormGradOnePass {
         eps: f32,
         lanes: usize,
+        res: Option<Tensor>,
         part: RefCell<Option<(CudaSlice<f32>, Shape)>>,
     }
 
@@ -283,14 +330,18 @@ mod imp {
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
+            let res = match &self.res {
+                Some(r) => device_address(r)?,
+                None => NULL,
+            };
             with_dtype!(x.dtype(), T => {
                 let (xv, wv, dyv) = (view::<T>(x, xl)?, view::<T>(w, wl)?, view::<T>(dy, dyl)?);
                 let out = alloc::<T>(&dev, rows * c)?;
                 let (rows_i, c_i) = (rows as i64, c as i32);
-                // SAFETY: x, dy and out hold rows·C elements, w C, part blocks·2·C; whole
-                // aligned vectors, at most `lanes` a lane (`one_pass_lanes`).
+                // SAFETY: x, dy, res (where set) and out hold rows·C elements, w C, part
+                // blocks·2·C; whole aligned vectors, at most `lanes` a lane (`one_pass_lanes`).
                 launch!(unsafe func, cfg;
-                    &xv, &wv, &dyv, &out, &part, &rows_i, &c_i, &self.eps)?;
+                    &xv, &wv, &dyv, &res, &out, &part, &rows_i, &c_i, &self.eps)?;
                 *self.part.borrow_mut() = Some((part, Shape::from((blocks, 2, c))));
                 Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
             })
@@ -384,6 +435,29 @@ mod imp {
         let dy2 = dy.contiguous()?.reshape(((), c))?;
         let (dx, dw, db) = grads(&x2, &w.contiguous()?, &dy2, eps as f32)?;
         Ok(Some((dx.reshape(x.shape())?, dw, db)))
+    }
+
+    pub fn layer_norm_bwd_add(
+        x: &Tensor,
+        w: &Tensor,
+        dy: &Tensor,
+        res: &Tensor,
+        eps: f64,
+    ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+        let c = x.dim(candle_core::D::Minus1)?;
+        let like_x = |t: &Tensor| t.dtype() == x.dtype() && t.dims() == x.dims();
+        let same = w.dtype() == x.dtype() && like_x(dy) && like_x(res);
+        if !x.device().is_cuda() || !float_dtype(x) || !same || w.dims() != [c] {
+            return Ok(None);
+        }
+        let rows = |t: &Tensor| t.contiguous()?.reshape(((), c)); // (rows, C)
+        let (x2, dy2, res2, w) = (rows(x)?, rows(dy)?, rows(res)?, w.contiguous()?);
+        let Some(lanes) = one_pass_lanes(&x2, &w, &dy2)?.filter(|_| aligned16(&res2)) else {
+            return Ok(None);
+        };
+        let (sum, part) = one_pass(&x2, &w, &dy2, Some(res2), eps as f32, lanes)?;
+        let (dw, db) = finish_wb(&part)?;
+        Ok(Some((sum.reshape(x.shape())?, dw, db)))
     }
 
     pub fn add_layer_norm(

@@ -8,8 +8,8 @@
 
 use super::attention::{attention, attention_bwd, Kept, LazyBias};
 use super::ops::{
-    add, add_dropout, add_then_dropout_bwd, bias_act, bias_act_bwd, dropout_bwd, layer_norm,
-    layer_norm_bwd, linear, linear_bwd, matmul_bwd,
+    add_dropout, add_then_dropout_bwd, bias_act, bias_act_bwd, dropout_bwd, layer_norm,
+    layer_norm_bwd, layer_norm_bwd_add, linear, linear_bwd, matmul_bwd,
 };
 use super::params::{Block, Linear, Norm};
 use crate::kernels::Keep;
@@ -206,13 +206,25 @@ pub fn backward(
         weight: dfc_w,
         bias: dfc_bias,
     };
-    let (dx_ln2, dw, db) = layer_norm_bwd(&acts.x_mid, &p.ln_2.weight, &dh2, ctx.eps)?;
+    // The residual passes dout straight to x_mid: dx_mid = dout + ln_2's dx (one kernel without
+    // the attention branch's dropout, whose backward is fused with the add instead).
+    let (dx_mid, dproj, (dw, db)) = match &acts.drop_attn {
+        None => {
+            let (dx_mid, dw, db) =
+                layer_norm_bwd_add(&acts.x_mid, &p.ln_2.weight, &dh2, &dout, ctx.eps)?;
+            (dx_mid.clone(), dx_mid, (dw, db))
+        }
+        keep => {
+            let (dx_ln2, dw, db) = layer_norm_bwd(&acts.x_mid, &p.ln_2.weight, &dh2, ctx.eps)?;
+            let (dx_mid, dproj) = add_then_dropout_bwd(&dout, &dx_ln2, keep, p_resid)?;
+            (dx_mid, dproj, (dw, db))
+        }
+    };
     let ln_2 = Norm {
         weight: dw,
         bias: db,
     };
     // Attention branch; the residual passes dx_mid straight to x.
-    let (dx_mid, dproj) = add_then_dropout_bwd(&dout, &dx_ln2, &acts.drop_attn, p_resid)?;
     let (dy, dw, db) = linear_bwd(&acts.y, &p.attn_proj.weight, &dproj)?;
     let attn_proj = Linear {
         weight: dw,
@@ -224,12 +236,11 @@ pub fn backward(
         weight: dw,
         bias: db,
     };
-    let (dx_ln1, dw, db) = layer_norm_bwd(&acts.x, &p.ln_1.weight, &dh1, ctx.eps)?;
+    let (dx, dw, db) = layer_norm_bwd_add(&acts.x, &p.ln_1.weight, &dh1, &dx_mid, ctx.eps)?;
     let ln_1 = Norm {
         weight: dw,
         bias: db,
     };
-    let dx = add(&dx_mid, &dx_ln1)?;
     let grads = Block {
         ln_1,
         c_attn,

@@ -52,6 +52,23 @@ pub fn layer_norm_bwd(
     Ok((dx.to_dtype(x.dtype())?, dw, db))
 }
 
+/// [`layer_norm_bwd`] whose dx joins a residual stream's gradient `res` (like x): (res + dx,
+/// dw, db), dx rounded to x's dtype before the add. One kernel where the one-pass LayerNorm
+/// backward applies (CUDA), else the backward and [`add`].
+pub fn layer_norm_bwd_add(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    res: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    if let Some(grads) = kernels::layer_norm_bwd_add(x, w, dy, res, eps)? {
+        return Ok(grads);
+    }
+    let (dx, dw, db) = layer_norm_bwd(x, w, dy, eps)?;
+    Ok((add(res, &dx)?, dw, db))
+}
+
 /// x W + b with W (in, out) (GPT-2's Conv1D): x (N, in) -> (N, out). One cuBLASLt call with the
 /// bias in its epilogue where it applies (CUDA, bf16/f16), else a matmul and the bias.
 pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
