@@ -167,12 +167,19 @@ __device__ void layer_norm_bwd_vec(const T* x, const T* w, const T* dy, const T*
   for (int rr = warp; rr < LN_BWD_ROWS && r0 + rr < rows; rr += LN_BWD_WARPS) {
     const Vec16<T>* xr = reinterpret_cast<const Vec16<T>*>(x + (r0 + rr) * c);
     const Vec16<T>* gr = reinterpret_cast<const Vec16<T>*>(dy + (r0 + rr) * c);
-    Vec16<T> xv[V], gv[V];
+    // The residual's row is loaded with x and dy (one memory latency a row, not a second one
+    // after the reductions) where its registers fit (32 elements a lane: bf16 V ≤ 4, f32 V ≤
+    // 8; more spilled), else asked into L1 now and loaded at the end.
+    constexpr bool early = V * E <= 32;
+    const Vec16<T>* rs = reinterpret_cast<const Vec16<T>*>(res + (r0 + rr) * c);
+    Vec16<T> xv[V], gv[V], rv[early ? V : 1];
 #pragma unroll
     for (int k = 0; k < V; k++)
       if (lane + 32 * k < nv) {
         xv[k] = xr[lane + 32 * k];
         gv[k] = gr[lane + 32 * k];
+        if (res && early) rv[k] = rs[lane + 32 * k];
+        if (res && !early) asm volatile("prefetch.global.L1 [%0];" ::"l"(rs + lane + 32 * k));
       }
     float mean, rstd;
     vec_row_stats<T, V>(xv, lane, nv, c, eps, mean, rstd);
@@ -192,7 +199,6 @@ __device__ void layer_norm_bwd_vec(const T* x, const T* w, const T* dy, const T*
     sg = warp_sum(sg) / c;
     sgx = warp_sum(sgx) / c;
     Vec16<T>* dr = reinterpret_cast<Vec16<T>*>(dx + (r0 + rr) * c);
-    const Vec16<T>* rs = reinterpret_cast<const Vec16<T>*>(res + (r0 + rr) * c);
 #pragma unroll
     for (int k = 0; k < V; k++)
       if (lane + 32 * k < nv) {
@@ -202,10 +208,12 @@ __device__ void layer_norm_bwd_vec(const T* x, const T* w, const T* dy, const T*
           const float g = to_f(gv[k].e[e]) * to_f(wv[k].e[e]), xh = (to_f(xv[k].e[e]) - mean) * rstd;
           o.e[e] = from_f<T>(rstd * (g - sg - xh * sgx));
         }
+        // __fadd_rn: never contracted with the product above into an FMA (f32: the composed
+        // add rounds dx first).
         if (res) {
-          const Vec16<T> rv = rs[lane + 32 * k];
+          const Vec16<T> r = early ? rv[early ? k : 0] : rs[lane + 32 * k];
 #pragma unroll
-          for (int e = 0; e < E; e++) o.e[e] = from_f<T>(to_f(rv.e[e]) + to_f(o.e[e]));
+          for (int e = 0; e < E; e++) o.e[e] = from_f<T>(__fadd_rn(to_f(r.e[e]), to_f(o.e[e])));
         }
         dr[lane + 32 * k] = o;
       }

@@ -46,7 +46,7 @@ pub fn layer_norm_bwd_add(
     res: &Tensor,
     eps: f64,
 ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
-    if !enabled(Fused::LayerNorm) {
+    if !enabled(Fused::LayerNorm) || !enabled(Fused::LnResidual) {
         return Ok(None);
     }
     imp::layer_norm_bwd_add(x, w, dy, res, eps)

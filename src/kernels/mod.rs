@@ -143,6 +143,13 @@ pub enum Fused {
     /// right padding), instead of the head split, the matmuls, the softmax over a (B, nh, T, T)
     /// bias and the head merge.
     Prefill,
+    /// Training (manual step, bf16 / f16, no ZeRO): AdamW writes the next step's compute
+    /// copies of the f32 masters as it updates them (needs `adamw`), instead of a cast pass
+    /// that reads the masters again.
+    AdamwCopies,
+    /// Training (manual step): the LayerNorm backward adds the residual stream's gradient to
+    /// its dx (needs `layer-norm`, its one-pass kernel), instead of an add kernel after it.
+    LnResidual,
 }
 
 const LT: u32 = 1;
@@ -166,6 +173,8 @@ const SUM_NORM: u32 = 131072;
 const COPY_SUM: u32 = 262144;
 const PREFILL: u32 = 524288;
 const PUSH_SUM: u32 = 1048576;
+const ADAMW_COPIES: u32 = 1 << 21;
+const LN_RESIDUAL: u32 = 1 << 22;
 const ALL: u32 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -186,7 +195,9 @@ const ALL: u32 = LT
     | SUM_NORM
     | COPY_SUM
     | PREFILL
-    | PUSH_SUM;
+    | PUSH_SUM
+    | ADAMW_COPIES
+    | LN_RESIDUAL;
 
 static ENABLED: AtomicU32 = AtomicU32::new(ALL);
 
@@ -215,6 +226,8 @@ fn bit(f: Fused) -> u32 {
         Fused::CopySum => COPY_SUM,
         Fused::Prefill => PREFILL,
         Fused::PushSum => PUSH_SUM,
+        Fused::AdamwCopies => ADAMW_COPIES,
+        Fused::LnResidual => LN_RESIDUAL,
     }
 }
 
@@ -259,6 +272,8 @@ pub fn describe() -> String {
         (COPY_SUM, "copy-sum"),
         (PREFILL, "prefill"),
         (PUSH_SUM, "push-sum"),
+        (ADAMW_COPIES, "adamw-copies"),
+        (LN_RESIDUAL, "ln-residual"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

@@ -49,7 +49,7 @@ pub fn adamw_multi_copies(
     clip: &Tensor,
     dtype: DType,
 ) -> Result<Option<Vec<Tensor>>> {
-    if !enabled(Fused::Adamw) {
+    if !enabled(Fused::Adamw) || !enabled(Fused::AdamwCopies) {
         return Ok(None);
     }
     imp::adamw_multi_copies(params, grads, moments, h, clip, dtype)
