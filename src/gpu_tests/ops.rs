@@ -88,8 +88,9 @@ fn layer_norm_forward_and_backward_match_layer_norm_slow() {
 
 /// The LayerNorm backward that adds the residual stream's gradient to its dx: the same dw and
 /// db, and res + dx bit for bit as the backward then the residual add (f32 C = 96, 768, 1024;
-/// bf16 96, 768, 1600, 2048: 1 to 8 vectors a lane); where the one-pass kernel does not apply
-/// (bf16 C = 100, f32 C = 2048) it declines.
+/// bf16 96, 768, 1600, 2048: 1 to 8 vectors a lane); Σ_rows res as the bias-gradient kernel's
+/// column sum (another order of f32 additions) where C ≤ 1536, none above; where the one-pass
+/// kernel does not apply (bf16 C = 100, f32 C = 2048) it declines.
 #[test]
 fn layer_norm_bwd_add_is_the_backward_then_the_residual_add() {
     let (dev, _one_at_a_time) = gpu();
@@ -102,15 +103,30 @@ fn layer_norm_bwd_add_is_the_backward_then_the_residual_add() {
         };
         let (x, dy, res) = (make(3.), make(1.), make(1.));
         let w = randn(&[c], &dev).to_dtype(dtype).unwrap();
-        let (sum, dw, db) = layer_norm_bwd_add(&x, &w, &dy, &res, 1e-5)
+        let got = layer_norm_bwd_add(&x, &w, &dy, &res, 1e-5)
             .unwrap()
             .expect("applies");
-        let (dx, dw2, db2) = layer_norm_bwd(&x, &w, &dy, 1e-5).unwrap().expect("applies");
+        let (dx, dw, db) = layer_norm_bwd(&x, &w, &dy, 1e-5).unwrap().expect("applies");
         let want = residual_add(&res, &dx).unwrap().expect("applies");
-        assert_eq!(sum.dims(), x.dims());
-        assert_eq!(rel(&sum, &want), 0., "{dtype:?} C={c} res + dx");
-        assert_eq!(rel(&dw, &dw2), 0., "{dtype:?} C={c} dw");
-        assert_eq!(rel(&db, &db2), 0., "{dtype:?} C={c} db");
+        assert_eq!(got.dx.dims(), x.dims());
+        assert_eq!(rel(&got.dx, &want), 0., "{dtype:?} C={c} res + dx");
+        assert_eq!(rel(&got.dw, &dw), 0., "{dtype:?} C={c} dw");
+        assert_eq!(rel(&got.db, &db), 0., "{dtype:?} C={c} db");
+        let column_sum = bias_grad(&res.reshape((150, c)).unwrap())
+            .unwrap()
+            .expect("applies");
+        match got.res_sum {
+            Some(s) if c <= 1536 => {
+                assert_eq!(s.dims(), [c]);
+                let r = rel(&s, &column_sum);
+                assert!(r < 1e-5, "{dtype:?} C={c} Σ res: rel {r}");
+            }
+            None if c > 1536 => {}
+            other => panic!(
+                "{dtype:?} C={c}: Σ res {:?}",
+                other.map(|s| s.dims().to_vec())
+            ),
+        }
     }
     for (dtype, c) in [(DType::BF16, 100), (DType::F32, 2048)] {
         let x = randn(&[4, c], &dev).to_dtype(dtype).unwrap();

@@ -2,7 +2,7 @@
 // 16-byte vectors (the _vec kernels), else one forward and two backward; generation's (#20),
 // the residual add and the LayerNorm in one pass. Launched by layer_norm.rs.
 // Shapes: x, y, dy, dx, res, r, s (rows, C) storage type T, w and b (C,); part (⌈rows/LN_ROWS⌉, 2, C)
-// f32 (⌈rows/LN_BWD_ROWS⌉ from layer_norm_bwd_vec).
+// f32 (⌈rows/LN_BWD_ROWS⌉ from layer_norm_bwd_vec, 3 rows with its Σ res).
 #include "common.cuh"
 
 // LayerNorm over the last dim C of (rows, C), statistics in f32: y = (x − μ)·rstd·w + b with
@@ -145,17 +145,22 @@ __device__ void layer_norm_bwd_wb(const T* x, const T* dy, float* part, long row
 // for dx and again for the partials, each with its statistics (train-prof2: the two kernels
 // at ≈ 1.4 TB/s). V: vectors a lane, ⌈C / (32·E)⌉; C a multiple of E, at most LN_BWD_MAXC.
 // With res set, dx = res + the LayerNorm's dx (that rounded to T first, as the composed add):
-// the residual stream's gradient, without an add kernel that reads both back (#36).
+// the residual stream's gradient, without an add kernel that reads both back (#36); with
+// rsum too, Σ_rows res as a third row of the partials (a projection's bias gradient, without
+// a column sum that reads res again), each warp's sums in its own C floats of shared memory.
+// Dynamic shared memory: 2·C floats, 8·C with rsum.
 #define LN_BWD_ROWS 32
 #define LN_BWD_WARPS 8
 #define LN_BWD_MAXC 2048
 template <typename T, int V>
-__device__ void layer_norm_bwd_vec(const T* x, const T* w, const T* dy, const T* res, T* dx, float* part, long rows,
-                                   int c, float eps) {
+__device__ void layer_norm_bwd_vec(const T* x, const T* w, const T* dy, const T* res, int rsum, T* dx, float* part,
+                                   long rows, int c, float eps) {
   constexpr int E = 16 / sizeof(T);
-  __shared__ float sh[2 * LN_BWD_MAXC];
+  extern __shared__ float sh[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nv = c / E;
   const long r0 = blockIdx.x * (long)LN_BWD_ROWS;
+  const int parts = rsum ? 3 : 2;
+  float* res_sums = sh + warp * c;  // this warp's Σ res (rsum)
   float dwa[V][E], dba[V][E];
   Vec16<T> wv[V];
 #pragma unroll
@@ -163,6 +168,9 @@ __device__ void layer_norm_bwd_vec(const T* x, const T* w, const T* dy, const T*
 #pragma unroll
     for (int e = 0; e < E; e++) dwa[k][e] = dba[k][e] = 0.f;
     if (lane + 32 * k < nv) wv[k] = reinterpret_cast<const Vec16<T>*>(w)[lane + 32 * k];
+    if (rsum && lane + 32 * k < nv)
+#pragma unroll
+      for (int e = 0; e < E; e++) res_sums[(lane + 32 * k) * E + e] = 0.f;
   }
   for (int rr = warp; rr < LN_BWD_ROWS && r0 + rr < rows; rr += LN_BWD_WARPS) {
     const Vec16<T>* xr = reinterpret_cast<const Vec16<T>*>(x + (r0 + rr) * c);
@@ -214,11 +222,24 @@ __device__ void layer_norm_bwd_vec(const T* x, const T* w, const T* dy, const T*
           const Vec16<T> r = early ? rv[early ? k : 0] : rs[lane + 32 * k];
 #pragma unroll
           for (int e = 0; e < E; e++) o.e[e] = from_f<T>(__fadd_rn(to_f(r.e[e]), to_f(o.e[e])));
+          if (rsum)
+#pragma unroll
+            for (int e = 0; e < E; e++) res_sums[(lane + 32 * k) * E + e] += to_f(r.e[e]);
         }
         dr[lane + 32 * k] = o;
       }
   }
-  // The warps' partials into (dw, db) of the block, warp 0 first: part (gridDim.x, 2, C).
+  float* out = part + (long)blockIdx.x * parts * c;
+  if (rsum) {  // Σ res of the block, the warps' sums added warp 0 first
+    __syncthreads();
+    for (int j = threadIdx.x; j < c; j += blockDim.x) {
+      float t = 0.f;
+      for (int wi = 0; wi < LN_BWD_WARPS; wi++) t += sh[wi * c + j];
+      out[2 * c + j] = t;
+    }
+    __syncthreads();
+  }
+  // The warps' partials into (dw, db) of the block, warp 0 first: part (gridDim.x, parts, C).
   for (int wi = 0; wi < LN_BWD_WARPS; wi++) {
     if (warp == wi)
 #pragma unroll
@@ -232,7 +253,7 @@ __device__ void layer_norm_bwd_vec(const T* x, const T* w, const T* dy, const T*
           }
     __syncthreads();
   }
-  for (int j = threadIdx.x; j < 2 * c; j += blockDim.x) part[(long)blockIdx.x * 2 * c + j] = sh[j];
+  for (int j = threadIdx.x; j < 2 * c; j += blockDim.x) out[j] = sh[j];
 }
 
 // Generation (`--fused decode`): the residual add and the next LayerNorm.
@@ -343,8 +364,9 @@ FOR_TYPES(INSTANTIATE)
 // tb_layer_norm_{fwd,bwd}_vec<V>_<type>: V = 1..8 vectors a lane.
 #define BWD_VEC(T, S, V)                                                                                   \
   extern "C" __global__ void __launch_bounds__(256) tb_layer_norm_bwd_vec##V##_##S(                        \
-      const T* x, const T* w, const T* dy, const T* res, T* dx, float* part, long rows, int c, float eps) { \
-    layer_norm_bwd_vec<T, V>(x, w, dy, res, dx, part, rows, c, eps);                                         \
+      const T* x, const T* w, const T* dy, const T* res, int rsum, T* dx, float* part, long rows, int c,     \
+      float eps) {                                                                                           \
+    layer_norm_bwd_vec<T, V>(x, w, dy, res, rsum, dx, part, rows, c, eps);                                   \
   }                                                                                                        \
   extern "C" __global__ void tb_layer_norm_fwd_vec##V##_##S(const T* x, const T* w, const T* b, T* y,      \
                                                              long rows, int c, float eps) {                \

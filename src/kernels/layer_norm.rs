@@ -35,17 +35,30 @@ pub fn layer_norm_bwd(
     imp::layer_norm_bwd(x, w, dy, eps)
 }
 
+/// What [`layer_norm_bwd_add`] computes.
+pub struct ResidualGrads {
+    /// res + the LayerNorm's dx (like x).
+    pub dx: Tensor,
+    /// (C,) f32.
+    pub dw: Tensor,
+    /// (C,) f32.
+    pub db: Tensor,
+    /// Σ over the rows of res, (C,) f32, where C ≤ 1536 (bf16 or f32): the bias gradient of
+    /// the projection whose output gradient res is, without a column sum of its own.
+    pub res_sum: Option<Tensor>,
+}
+
 /// [`layer_norm_bwd`] with the residual stream's gradient `res` (like x) added to dx in the
-/// same kernel, rounded as the composed add of dx rounded to x's dtype: (res + dx, dw, db).
-/// Only where the one-pass kernel applies (rows of whole 16-byte vectors, C ≤ 2048, every
-/// operand from a 16-byte boundary once contiguous); else None.
+/// same kernel, rounded as the composed add of dx rounded to x's dtype, and res summed over
+/// the rows. Only where the one-pass kernel applies (rows of whole 16-byte vectors, C ≤ 2048,
+/// every operand from a 16-byte boundary once contiguous); else None.
 pub fn layer_norm_bwd_add(
     x: &Tensor,
     w: &Tensor,
     dy: &Tensor,
     res: &Tensor,
     eps: f64,
-) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+) -> Result<Option<ResidualGrads>> {
     if !enabled(Fused::LayerNorm) || !enabled(Fused::LnResidual) {
         return Ok(None);
     }
@@ -91,7 +104,7 @@ mod imp {
         _: &Tensor,
         _: &Tensor,
         _: f64,
-    ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+    ) -> Result<Option<super::ResidualGrads>> {
         Ok(None)
     }
 
@@ -108,6 +121,7 @@ mod imp {
 
 #[cfg(feature = "cuda")]
 mod imp {
+    use super::ResidualGrads;
     use crate::kernels::launch::{
         aligned16, alloc, cuda, device_address, float_dtype, kernel, launch, no_cpu_fwd, ptx,
         storage, suffix, view, with_dtype, wrap, Ptx, NULL,
@@ -190,29 +204,31 @@ mod imp {
     /// dx (rows, C) and dw, db (C,) f32 of x, dy (rows, C) contiguous and w (C,).
     fn grads(x: &Tensor, w: &Tensor, dy: &Tensor, eps: f32) -> Result<(Tensor, Tensor, Tensor)> {
         let (dx, part) = match one_pass_lanes(x, w, dy)? {
-            Some(lanes) => one_pass(x, w, dy, None, eps, lanes)?,
+            Some(lanes) => one_pass(x, w, dy, None, false, eps, lanes)?,
             None => (
                 x.apply_op3_no_bwd(w, dy, &LayerNormGradX { eps })?,
                 x.apply_op2_no_bwd(dy, &LayerNormGradWb { eps })?,
             ),
         };
-        let (dw, db) = finish_wb(&part)?;
-        Ok((dx, dw, db))
+        let sums = finish_sums(&part)?;
+        Ok((dx, sums.get(0)?, sums.get(1)?))
     }
 
     /// The one-pass kernel: (dx, or res + dx where `res` is given, (rows, C); the partial sums
-    /// (blocks, 2, C) f32).
+    /// (blocks, 2, C) f32 of dw and db, and of Σ res (blocks, 3, C) with `rsum`).
     fn one_pass(
         x: &Tensor,
         w: &Tensor,
         dy: &Tensor,
         res: Option<Tensor>,
+        rsum: bool,
         eps: f32,
         lanes: usize,
     ) -> Result<(Tensor, Tensor)> {
         let op = LayerNormGradOnePass {
             eps,
             lanes,
+            rsum: rsum && res.is_some(),
             res,
             part: RefCell::new(None),
         };
@@ -221,15 +237,14 @@ mod imp {
         Ok((dx, part))
     }
 
-    /// dw and db (C,) f32 from the partial sums (blocks, 2, C).
-    fn finish_wb(part: &Tensor) -> Result<(Tensor, Tensor)> {
-        let (blocks, _, c) = part.dims3()?;
+    /// The partial sums (blocks, n, C) summed over the blocks: (n, C) f32 (dw, db[, Σ res]).
+    fn finish_sums(part: &Tensor) -> Result<Tensor> {
+        let (blocks, n, c) = part.dims3()?;
         // The blocks' partials summed in a fixed order by the bias gradient's column sum.
-        let wb = match crate::kernels::bias_grad(&part.reshape((blocks, 2 * c))?)? {
-            Some(sum) => sum.reshape((2, c))?,
-            None => part.sum(0)?,
-        }; // (2, C)
-        Ok((wb.get(0)?, wb.get(1)?))
+        match crate::kernels::bias_grad(&part.reshape((blocks, n * c))?)? {
+            Some(sum) => sum.reshape((n, c)),
+            None => part.sum(0),
+        }
     }
 
     /// dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂)), g = dy ⊙ w.
@@ -266,10 +281,14 @@ mod imp {
         }
     }
 
-    /// Rows a block of the one-pass backward, and its widest C (LN_BWD_ROWS and LN_BWD_MAXC
-    /// in layer_norm.cu).
+    /// Rows and warps a block of the one-pass backward, and its widest C (LN_BWD_ROWS,
+    /// LN_BWD_WARPS and LN_BWD_MAXC in layer_norm.cu).
     const LN_BWD_ROWS: usize = 32;
+    const LN_BWD_WARPS: usize = 8;
     const LN_BWD_MAXC: usize = 2048;
+    /// The widest C whose Σ res fits the 48 KiB of shared memory a launch gets without
+    /// asking: C floats a warp.
+    const RSUM_MAXC: usize = 48 * 1024 / (4 * LN_BWD_WARPS);
 
     /// The vector kernels' 16-byte vectors a lane (1..=8), where they apply: rows of C whole
     /// vectors, C at most LN_BWD_MAXC, every operand's start (`layouts`, of contiguous
@@ -297,11 +316,12 @@ mod imp {
 
     /// dx and the dw / db partial sums in one kernel, a warp a row held in registers. A custom
     /// op returns one tensor, so the partials wait here for [`TakePart`]. `res` (rows, C),
-    /// contiguous from a 16-byte boundary: added to dx.
+    /// contiguous from a 16-byte boundary: added to dx; with `rsum`, also summed over the rows.
     struct LayerNormGradOnePass {
         eps: f32,
         lanes: usize,
         res: Option<Tensor>,
+        rsum: bool,
         part: RefCell<Option<(CudaSlice<f32>, Shape)>>,
     }
 
@@ -324,11 +344,14 @@ mod imp {
             let name = format!("tb_layer_norm_bwd_vec{}_{}", self.lanes, suffix(x.dtype())?);
             let func = dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?;
             let blocks = rows.div_ceil(LN_BWD_ROWS);
-            let part = alloc::<f32>(&dev, blocks * 2 * c)?;
+            let parts = if self.rsum { 3 } else { 2 };
+            let part = alloc::<f32>(&dev, blocks * parts * c)?;
+            // C floats a warp for Σ res, else 2·C for the block's (dw, db).
+            let sh_floats = if self.rsum { LN_BWD_WARPS * c } else { 2 * c };
             let cfg = LaunchConfig {
                 grid_dim: (blocks as u32, 1, 1),
                 block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
+                shared_mem_bytes: (4 * sh_floats) as u32,
             };
             let res = match &self.res {
                 Some(r) => device_address(r)?,
@@ -338,17 +361,19 @@ mod imp {
                 let (xv, wv, dyv) = (view::<T>(x, xl)?, view::<T>(w, wl)?, view::<T>(dy, dyl)?);
                 let out = alloc::<T>(&dev, rows * c)?;
                 let (rows_i, c_i) = (rows as i64, c as i32);
+                let rsum = self.rsum as i32;
                 // SAFETY: x, dy, res (where set) and out hold rows·C elements, w C, part
-                // blocks·2·C; whole aligned vectors, at most `lanes` a lane (`one_pass_lanes`).
+                // blocks·parts·C, shared memory sh_floats; whole aligned vectors, at most
+                // `lanes` a lane (`one_pass_lanes`).
                 launch!(unsafe func, cfg;
-                    &xv, &wv, &dyv, &res, &out, &part, &rows_i, &c_i, &self.eps)?;
-                *self.part.borrow_mut() = Some((part, Shape::from((blocks, 2, c))));
+                    &xv, &wv, &dyv, &res, &rsum, &out, &part, &rows_i, &c_i, &self.eps)?;
+                *self.part.borrow_mut() = Some((part, Shape::from((blocks, parts, c))));
                 Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
             })
         }
     }
 
-    /// The partials (blocks, 2, C) a [`LayerNormGradOnePass`] left; applied to its dx, which
+    /// The partials (blocks, 2 or 3, C) a [`LayerNormGradOnePass`] left; applied to its dx, which
     /// only brings the device.
     struct TakePart<'a>(&'a LayerNormGradOnePass);
 
@@ -443,7 +468,7 @@ mod imp {
         dy: &Tensor,
         res: &Tensor,
         eps: f64,
-    ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+    ) -> Result<Option<ResidualGrads>> {
         let c = x.dim(candle_core::D::Minus1)?;
         let like_x = |t: &Tensor| t.dtype() == x.dtype() && t.dims() == x.dims();
         let same = w.dtype() == x.dtype() && like_x(dy) && like_x(res);
@@ -455,9 +480,15 @@ mod imp {
         let Some(lanes) = one_pass_lanes(&x2, &w, &dy2)?.filter(|_| aligned16(&res2)) else {
             return Ok(None);
         };
-        let (sum, part) = one_pass(&x2, &w, &dy2, Some(res2), eps as f32, lanes)?;
-        let (dw, db) = finish_wb(&part)?;
-        Ok(Some((sum.reshape(x.shape())?, dw, db)))
+        let rsum = c <= RSUM_MAXC;
+        let (sum, part) = one_pass(&x2, &w, &dy2, Some(res2), rsum, eps as f32, lanes)?;
+        let sums = finish_sums(&part)?; // (2 or 3, C)
+        Ok(Some(ResidualGrads {
+            dx: sum.reshape(x.shape())?,
+            dw: sums.get(0)?,
+            db: sums.get(1)?,
+            res_sum: if rsum { Some(sums.get(2)?) } else { None },
+        }))
     }
 
     pub fn add_layer_norm(

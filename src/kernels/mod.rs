@@ -51,7 +51,9 @@ pub use fp8::{dequant_fp8, gemv_fp8, quantize_fp8, FP8_GEMV_MAX_ROWS};
 pub use gemv::gemv;
 pub use graph::{capture, param_cache, replays, Graph, ParamCache};
 pub use heads::{merge_heads, split_heads};
-pub use layer_norm::{add_layer_norm, layer_norm, layer_norm_bwd, layer_norm_bwd_add};
+pub use layer_norm::{
+    add_layer_norm, layer_norm, layer_norm_bwd, layer_norm_bwd_add, ResidualGrads,
+};
 pub use linear_lt::linear;
 pub use multi_tensor::{
     adamw_multi, adamw_multi_copies, cast_multi, cast_multi_flat, grad_norm_clip,

@@ -8,11 +8,11 @@
 
 use super::attention::{attention, attention_bwd, Kept, LazyBias};
 use super::ops::{
-    add_dropout, add_then_dropout_bwd, bias_act, bias_act_bwd, dropout_bwd, layer_norm,
+    add_dropout, add_then_dropout_bwd, bias_act, bias_act_bwd, bias_grad, dropout_bwd, layer_norm,
     layer_norm_bwd, layer_norm_bwd_add, linear, linear_bwd, matmul_bwd,
 };
 use super::params::{Block, Linear, Norm};
-use crate::kernels::Keep;
+use crate::kernels::{Keep, ResidualGrads};
 use crate::models::layers::{Activation, Dropout};
 use candle_core::{Result, Tensor};
 
@@ -195,52 +195,45 @@ pub fn backward(
     let p_resid = ctx.dropout.resid;
     // MLP branch; the residual passes dout straight to x_mid.
     let dmlp = dropout_bwd(&dout, &acts.drop_mlp, p_resid)?;
-    let (da, dw, db) = linear_bwd(&acts.a, &p.mlp_proj.weight, &dmlp)?;
-    let mlp_proj = Linear {
-        weight: dw,
-        bias: db,
-    };
+    let (da, mlp_w) = matmul_bwd(&acts.a, &p.mlp_proj.weight, &dmlp)?;
     let (dfc, dfc_bias) = bias_act_bwd(&acts.fc, &p.c_fc.bias, &da, ctx.act)?;
     let (dh2, dfc_w) = matmul_bwd(&acts.h2, &p.c_fc.weight, &dfc)?;
     let c_fc = Linear {
         weight: dfc_w,
         bias: dfc_bias,
     };
-    // The residual passes dout straight to x_mid: dx_mid = dout + ln_2's dx (one kernel without
-    // the attention branch's dropout, whose backward is fused with the add instead).
-    let (dx_mid, dproj, (dw, db)) = match &acts.drop_attn {
-        None => {
-            let (dx_mid, dw, db) =
-                layer_norm_bwd_add(&acts.x_mid, &p.ln_2.weight, &dh2, &dout, ctx.eps)?;
-            (dx_mid.clone(), dx_mid, (dw, db))
-        }
-        keep => {
-            let (dx_ln2, dw, db) = layer_norm_bwd(&acts.x_mid, &p.ln_2.weight, &dh2, ctx.eps)?;
-            let (dx_mid, dproj) = add_then_dropout_bwd(&dout, &dx_ln2, keep, p_resid)?;
-            (dx_mid, dproj, (dw, db))
-        }
+    let (ln2, dproj) = mlp_join(p, &acts, &dh2, &dout, ctx)?; // ln2.dx = dx_mid
+                                                              // mlp_proj's bias gradient is Σ dout where no dropout stands between: ln_2's kernel summed it.
+    let summed = acts.drop_mlp.is_none().then_some(ln2.res_sum).flatten();
+    let mlp_proj = Linear {
+        weight: mlp_w,
+        bias: bias_grad(&dmlp, summed)?,
     };
     let ln_2 = Norm {
-        weight: dw,
-        bias: db,
+        weight: ln2.dw,
+        bias: ln2.db,
     };
     // Attention branch; the residual passes dx_mid straight to x.
-    let (dy, dw, db) = linear_bwd(&acts.y, &p.attn_proj.weight, &dproj)?;
-    let attn_proj = Linear {
-        weight: dw,
-        bias: db,
-    };
+    let (dy, attn_w) = matmul_bwd(&acts.y, &p.attn_proj.weight, &dproj)?;
     let dqkv = attention_bwd(&acts.attn, &dy, scale)?; // (N, 3C)
     let (dh1, dw, db) = linear_bwd(&acts.h1, &p.c_attn.weight, &dqkv)?;
     let c_attn = Linear {
         weight: dw,
         bias: db,
     };
-    let (dx, dw, db) = layer_norm_bwd_add(&acts.x, &p.ln_1.weight, &dh1, &dx_mid, ctx.eps)?;
-    let ln_1 = Norm {
-        weight: dw,
-        bias: db,
+    let ln1 = layer_norm_bwd_add(&acts.x, &p.ln_1.weight, &dh1, &ln2.dx, ctx.eps)?;
+    // attn_proj's bias gradient is Σ dx_mid without the attention branch's dropout: ln_1's
+    // kernel summed it.
+    let summed = acts.drop_attn.is_none().then_some(ln1.res_sum).flatten();
+    let attn_proj = Linear {
+        weight: attn_w,
+        bias: bias_grad(&dproj, summed)?,
     };
+    let ln_1 = Norm {
+        weight: ln1.dw,
+        bias: ln1.db,
+    };
+    let dx = ln1.dx;
     let grads = Block {
         ln_1,
         c_attn,
@@ -250,6 +243,36 @@ pub fn backward(
         mlp_proj,
     };
     Ok((dx, grads))
+}
+
+/// ln_2's backward joined with the residual: (its grads, dx_mid = dout + ln_2's dx among them,
+/// and the attention projection's output gradient: dx_mid, or dx_mid through the branch's
+/// dropout, whose backward is fused with the add instead).
+fn mlp_join(
+    p: &Block,
+    acts: &Acts,
+    dh2: &Tensor,
+    dout: &Tensor,
+    ctx: &Ctx,
+) -> Result<(ResidualGrads, Tensor)> {
+    let (x_mid, w) = (&acts.x_mid, &p.ln_2.weight);
+    if acts.drop_attn.is_none() {
+        let grads = layer_norm_bwd_add(x_mid, w, dh2, dout, ctx.eps)?;
+        let dproj = grads.dx.clone();
+        return Ok((grads, dproj));
+    }
+    let (dx_ln2, dw, db) = layer_norm_bwd(x_mid, w, dh2, ctx.eps)?;
+    let (dx, dproj) = add_then_dropout_bwd(dout, &dx_ln2, &acts.drop_attn, ctx.dropout.resid)?;
+    let res_sum = None;
+    Ok((
+        ResidualGrads {
+            dx,
+            dw,
+            db,
+            res_sum,
+        },
+        dproj,
+    ))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! Shapes: `N` rows (B·T tokens), `C` channels, `in` / `out` features, `B` batch, `T` time,
 //! `nh` heads, `hs` head size.
 
-use crate::kernels::{self, Act, Keep};
+use crate::kernels::{self, Act, Keep, ResidualGrads};
 use crate::models::layers::Activation;
 use candle_core::{DType, Result, Tensor, D};
 
@@ -52,21 +52,39 @@ pub fn layer_norm_bwd(
     Ok((dx.to_dtype(x.dtype())?, dw, db))
 }
 
-/// [`layer_norm_bwd`] whose dx joins a residual stream's gradient `res` (like x): (res + dx,
-/// dw, db), dx rounded to x's dtype before the add. One kernel where the one-pass LayerNorm
-/// backward applies (CUDA), else the backward and [`add`].
+/// [`layer_norm_bwd`] whose dx joins a residual stream's gradient `res` (like x): res + dx
+/// (dx rounded to x's dtype before the add), dw, db, and Σ_rows res where the kernel summed
+/// it. One kernel where the one-pass LayerNorm backward applies (CUDA), else the backward and
+/// [`add`].
 pub fn layer_norm_bwd_add(
     x: &Tensor,
     w: &Tensor,
     dy: &Tensor,
     res: &Tensor,
     eps: f64,
-) -> Result<(Tensor, Tensor, Tensor)> {
+) -> Result<ResidualGrads> {
     if let Some(grads) = kernels::layer_norm_bwd_add(x, w, dy, res, eps)? {
         return Ok(grads);
     }
     let (dx, dw, db) = layer_norm_bwd(x, w, dy, eps)?;
-    Ok((add(res, &dx)?, dw, db))
+    Ok(ResidualGrads {
+        dx: add(res, &dx)?,
+        dw,
+        db,
+        res_sum: None,
+    })
+}
+
+/// The gradient of a bias whose output gradient is dy (N, out): Σ_rows dy, as a kernel
+/// already summed it (`summed`) or by the bias-gradient kernel (CUDA, f32), else in dy's dtype.
+pub fn bias_grad(dy: &Tensor, summed: Option<Tensor>) -> Result<Tensor> {
+    match summed {
+        Some(db) => Ok(db),
+        None => match kernels::bias_grad(dy)? {
+            Some(db) => Ok(db),
+            None => dy.sum(0),
+        },
+    }
 }
 
 /// x W + b with W (in, out) (GPT-2's Conv1D): x (N, in) -> (N, out). One cuBLASLt call with the
@@ -82,11 +100,7 @@ pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// in f32 from the bias-gradient kernel where it applies (CUDA), else in dy's dtype.
 pub fn linear_bwd(x: &Tensor, w: &Tensor, dy: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
     let (dx, dw) = matmul_bwd(x, w, dy)?;
-    let db = match kernels::bias_grad(dy)? {
-        Some(db) => db,
-        None => dy.sum(0)?,
-    };
-    Ok((dx, dw, db))
+    Ok((dx, dw, bias_grad(dy, None)?))
 }
 
 /// (dx (N, in), dw (in, out)) of x W from x (N, in) and dy (N, out).
