@@ -97,6 +97,15 @@ csvs() {
   # of a 2× H100 host (gate-run11); 9d78426's candle-alone runs there (the A/B's before) and
   # train-ab1's are docs/perf-notes.md's, not rows here.
   part c11 -i $H/gate-run11/train-compare-logs.tgz --where git_commit=65d20b7ed291
+  # 3601ade (#36: AdamW writes the next step's bf16 copies, the LayerNorm backward adds the
+  # residual and sums it for the projections' bias gradients): the three engines on GPU 0 of
+  # a 2× H100 host (gate-run15), its sweep_* runs; the candle-alone A/B against 7572d2b in the
+  # same archive is docs/perf-notes.md's, not rows here.
+  part c12 -i $H/gate-run15/train-compare-logs.tgz --where git_commit=3601aded8d2f \
+    --where run!=wikitext2_gpt2-medium_candle_bf16_bs8_cuda0_20261126T194014Z \
+    --where run!=wikitext2_gpt2-medium_candle_bf16_bs8_cuda0_20261126T194054Z \
+    --where run!=wikitext2_gpt2-large_candle_bf16_bs8_cuda0_20261126T194034Z \
+    --where run!=wikitext2_gpt2-large_candle_bf16_bs8_cuda0_20261126T194108Z
   # fp8 weights (#37 item 3) against bf16 in the same call, the generation suite: batch 1 and
   # 16 on eed7753 (the first GEMV), batch 1 on a8ad4c6 (four columns a block) and f709a2b
   # (weights streamed). Their LAMBADA runs (the self-trained gpt2's checkpoint) are
@@ -255,7 +264,7 @@ intro() {
     "its log's header holds the command line, GPU, driver, CUDA version and the binary's commit." \
     "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
     "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
-    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..7, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, train-table-run3..5, ab-run6, fp8-run1..3, serving-run3..5; h100x2/gate-run11 (its GPU 0) |" \
+    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..7, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, train-table-run3..5, ab-run6, fp8-run1..3, serving-run3..5; h100x2/gate-run11, gate-run15 (their GPU 0) |" \
     "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, multi-run6..11, gate-run7, gate-run10, serving-run1, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
     "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6, multi-run12 |" \
