@@ -150,7 +150,8 @@ pub enum Fused {
     /// that reads the masters again.
     AdamwCopies,
     /// Training (manual step): the LayerNorm backward adds the residual stream's gradient to
-    /// its dx (needs `layer-norm`, its one-pass kernel), instead of an add kernel after it.
+    /// its dx and sums it over the rows for the projections' bias gradients (needs
+    /// `layer-norm`, its one-pass kernel), instead of an add kernel and a column sum after it.
     LnResidual,
 }
 
