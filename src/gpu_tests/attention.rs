@@ -224,7 +224,8 @@ fn attention_f32(qkv: &Tensor, nh: usize, scale: f64, keep: Option<&Tensor>) -> 
 /// The fused attention against f32 attention by autograd from the same half-precision
 /// inputs: its output and dqkv within a few ulps of the storage type, T a multiple of the
 /// 64-row tile and not, with and without dropout (the reference applies the hashed mask as
-/// `keep_mask` draws it, so the kernels' element indices are checked too).
+/// `keep_mask` draws it, so the kernels' element indices are checked too); dq both ways (its
+/// own kernel, and atomics in the dk/dv kernel), dk and dv the same from either kernel.
 #[test]
 fn flash_attention_matches_f32_attention_and_its_autograd() {
     let (dev, _one_at_a_time) = gpu();
@@ -253,9 +254,29 @@ fn flash_attention_matches_f32_attention_and_its_autograd() {
             .unwrap()
             .expect("applies");
         assert_eq!(lse.dims(), [b, nh, t]);
+        // dq by the third kernel (no atomics), then inside the dk/dv kernel (`flash-dq`).
+        set_enabled(&all_but(Fused::FlashDq));
+        let dqkv_own = flash_attention_bwd(&qkv, &y, &lse, &dy, scale, keep)
+            .unwrap()
+            .expect("applies");
+        set_enabled(&[Fused::All]);
         let dqkv = flash_attention_bwd(&qkv, &y, &lse, &dy, scale, keep)
             .unwrap()
             .expect("applies");
+        let (dq, dkv) = (
+            dqkv.narrow(2, 0, c).unwrap(),
+            dqkv.narrow(2, c, 2 * c).unwrap(),
+        );
+        let (dq_own, dkv_own) = (
+            dqkv_own.narrow(2, 0, c).unwrap(),
+            dqkv_own.narrow(2, c, 2 * c).unwrap(),
+        );
+        let (rq, rkv) = (rel(&dq, &dq_own), rel(&dkv, &dkv_own));
+        eprintln!("{dtype:?} T={t} p={p_drop:?}: dq by atomics against its kernel {rq:.2e}, dk dv {rkv:.2e}");
+        // The same f32 sums in another order, each rounded once to the storage type.
+        assert!(rq < 1e-2, "{dtype:?} T={t} p={p_drop:?}: dq rel {rq}");
+        assert!(rkv < 1e-6, "{dtype:?} T={t} p={p_drop:?}: dk dv rel {rkv}");
+        assert!(rel(&dqkv_own, &dqkv) < 1e-2);
         let x = Var::from_tensor(&qkv.to_dtype(DType::F32).unwrap()).unwrap();
         let want = attention_f32(x.as_tensor(), nh, scale, factors.as_ref());
         let dy32 = dy.to_dtype(DType::F32).unwrap();
@@ -267,9 +288,14 @@ fn flash_attention_matches_f32_attention_and_its_autograd() {
             .unwrap();
         let want_dqkv = grads.get(x.as_tensor()).unwrap();
         let (ry, rg) = (rel(&y, &want), rel(&dqkv, want_dqkv));
-        eprintln!("{dtype:?} T={t} p={p_drop:?}: y rel {ry:.2e}, dqkv rel {rg:.2e}");
+        let rg_own = rel(&dqkv_own, want_dqkv);
+        eprintln!("{dtype:?} T={t} p={p_drop:?}: y rel {ry:.2e}, dqkv rel {rg:.2e} (own dq kernel {rg_own:.2e})");
         assert!(ry < 2e-2, "{dtype:?} T={t} p={p_drop:?}: y rel {ry}");
         assert!(rg < 3e-2, "{dtype:?} T={t} p={p_drop:?}: dqkv rel {rg}");
+        assert!(
+            rg_own < 3e-2,
+            "{dtype:?} T={t} p={p_drop:?}: dqkv (own dq kernel) rel {rg_own}"
+        );
     }
     let stored = Keep::Mask(Tensor::ones((b, nh, 64, 64), DType::U8, &dev).unwrap());
     let qkv = randn(&[b, 64, 3 * c], &dev).to_dtype(DType::BF16).unwrap();

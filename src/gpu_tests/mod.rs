@@ -34,6 +34,16 @@ fn gpu() -> (Device, std::sync::MutexGuard<'static, ()>) {
     )
 }
 
+/// Every fused path but `off` (and the switchboard's All / None).
+fn all_but(off: Fused) -> Vec<Fused> {
+    use clap::ValueEnum;
+    Fused::value_variants()
+        .iter()
+        .copied()
+        .filter(|&f| !matches!(f, Fused::All | Fused::None) && f != off)
+        .collect()
+}
+
 /// max |a − b| / max |b|, both as f32.
 fn rel(a: &Tensor, b: &Tensor) -> f32 {
     let (a, b) = (

@@ -18,6 +18,10 @@
 // Dropout on the probabilities (#36): the mask of dropout.cuh's hash over the (B, nh, T, T)
 // probabilities' flat index, drawn in the forward and redrawn in both backward kernels; the
 // row sums and lse stay those of the undropped probabilities, dsum = Σ dy·y holds as is.
+// dq two ways (`--fused flash-dq`, #36): in the dk/dv kernel from its dSᵀ (through shared
+// memory), summed over the key tiles by f32 atomics into a (B, T, C) buffer the dsum kernel
+// zeroes and a cast writes into dqkv (FlashAttention-2's way); or by a third kernel that
+// recomputes s and dp for its query tile (no atomics: dq bit-reproducible).
 #include "dropout.cuh"
 #include "flash_tiles.cuh"
 #include "mma.cuh"
@@ -47,6 +51,11 @@ template <typename T> struct Shared {
   T x[2][TILE_ELEMS], y[2][TILE_ELEMS];
   float lse[2][TILE], dsum[2][TILE];
 };
+// The dk/dv kernel's with dq (dynamic shared memory: 56 KB): the block's keys kept as dq's B
+// operand, and dSᵀ (64 keys × 64 queries) as its A operand.
+template <typename T> struct SharedDq : Shared<T> {
+  T k[TILE_ELEMS], ds[TILE_ELEMS];
+};
 
 // Accumulator element e of tile j: row g + 8·(e / 2), column 8j + 2t + e % 2 of the warp's
 // 16 × 64 (g = lane / 4, t = lane % 4; mma.cuh).
@@ -58,6 +67,20 @@ __device__ __forceinline__ void zero(float (&a)[8][4]) {
   for (int j = 0; j < 8; j++)
 #pragma unroll
     for (int e = 0; e < 4; e++) a[j][e] = 0.f;
+}
+
+// out[r][:] += acc for rows r = r0 + g, r0 + g + 8 below T (row stride `stride` floats), a
+// pair of columns an atomic (sm_90's float2 atomicAdd; its result unused: a reduction).
+__device__ __forceinline__ void red_acc(const float (&acc)[8][4], float* out, long stride, int r0, int T_) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    const int r = r0 + g + 8 * hh;
+    if (r >= T_) continue;
+    float2* row = reinterpret_cast<float2*>(out + (long)r * stride + 2 * t);
+#pragma unroll
+    for (int j = 0; j < 8; j++) atomicAdd(row + 4 * j, make_float2(acc[j][2 * hh], acc[j][2 * hh + 1]));
+  }
 }
 
 // y = softmax(q kᵀ·scale, causal) v, and lse. Grid (⌈T/64⌉, B·nh), 128 threads; the query
@@ -143,9 +166,10 @@ __device__ void flash_fwd(const T* qkv, T* y, float* lse, int T_, int nh, float 
   }
 }
 
-// dsum[b, h, t] = Σ_d dy · y over a head's row: one warp a row, grid-strided.
+// dsum[b, h, t] = Σ_d dy · y over a head's row: one warp a row, grid-strided; and where dq_acc
+// is not null (dq by atomics), zeros over the row's 64 floats of dq_acc (B, T, C).
 template <typename T>
-__device__ void flash_bwd_dsum(const T* y, const T* dy, float* dsum, int B, int T_, int nh) {
+__device__ void flash_bwd_dsum(const T* y, const T* dy, float* dsum, float* dq_acc, int B, int T_, int nh) {
   const int lane = threadIdx.x & 31;
   const long rows = (long)B * T_ * nh, warps = (long)gridDim.x * blockDim.x / 32;
   for (long i = (blockIdx.x * (long)blockDim.x + threadIdx.x) / 32; i < rows; i += warps) {
@@ -155,6 +179,7 @@ __device__ void flash_bwd_dsum(const T* y, const T* dy, float* dsum, int B, int 
     for (int d = lane; d < HS; d += 32) acc += to_f(y[at + d]) * to_f(dy[at + d]);
     acc = warp_sum(acc);
     if (lane == 0) dsum[(b * nh + h) * T_ + t] = acc;
+    if (dq_acc) reinterpret_cast<float2*>(dq_acc + at)[lane] = make_float2(0.f, 0.f);
   }
 }
 
@@ -170,12 +195,13 @@ __device__ void load_row_stats(Shared<T>& sh, int buf, const float* lse, const f
 
 // dk and dv of one 64-key tile: for every query tile at or past it (q in x, dO in y), sᵀ = k qᵀ,
 // pᵀ from lse, dv += pᵀ dO, dpᵀ = v dOᵀ, dsᵀ = pᵀ ⊙ (dpᵀ − dsum), dk += dsᵀ q · scale; a warp's
-// 16 keys are the rows of each product. Grid (⌈T/64⌉, B·nh), 128 threads; block 0 has the most
-// query tiles.
-template <typename T>
-__device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv, int T_,
-                              int nh, float scale, float scale2, Drop drop) {
-  __shared__ __align__(128) Shared<T> sh;
+// 16 keys are the rows of each product. With DQ (sh a SharedDq) also dq of the query tile
+// from these keys, ds k (a warp's 16 queries, dS read back transposed from shared memory),
+// added to dq_acc (B, T, C) f32 unscaled. Grid (⌈T/64⌉, B·nh), 128 threads; block 0 has the
+// most query tiles.
+template <typename T, bool DQ, typename S>
+__device__ void flash_bwd_dkv(S& sh, const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv,
+                              float* dq_acc, int T_, int nh, float scale, float scale2, Drop drop) {
   const int w = threadIdx.x / 32, g = (threadIdx.x & 31) / 4;
   const int kt = blockIdx.x, bh = blockIdx.y, b = bh / nh, h = bh % nh;
   const int C = nh * HS, k0 = kt * TILE, kw = k0 + w * 16, nq = (T_ + TILE - 1) / TILE;
@@ -183,7 +209,9 @@ __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const
   const T* q_src = qkv + row0 * stride + h * HS;
   const T* dy_src = dy + row0 * C + h * HS;
   lse += (long)bh * T_, dsum += (long)bh * T_;
-  load_tile<HS>(sh.x[1], q_src + C, stride, k0, T_);  // k and v, staged where the second buffer goes
+  T* k_tile;  // k stays in shared memory with DQ; else staged where the second buffer goes
+  if constexpr (DQ) k_tile = sh.k; else k_tile = sh.x[1];
+  load_tile<HS>(k_tile, q_src + C, stride, k0, T_);
   load_tile<HS>(sh.y[1], q_src + 2 * C, stride, k0, T_);
   load_tile<HS>(sh.x[0], q_src, stride, k0, T_);
   load_tile<HS>(sh.y[0], dy_src, C, k0, T_);
@@ -192,7 +220,7 @@ __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const
   cp_async_wait();
   __syncthreads();
   uint32_t ka[4][4], va[4][4], pa[4][4];
-  load_a<LD>(ka, sh.x[1], w * 16);
+  load_a<LD>(ka, k_tile, w * 16);
   load_a<LD>(va, sh.y[1], w * 16);
   float s[8][4], dp[8][4], dk[8][4], dv[8][4];
   zero(dk), zero(dv);
@@ -200,7 +228,7 @@ __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const
   for (int qt = kt; qt < nq; qt++) {
     const int q0 = qt * TILE, buf = (qt - kt) & 1;
     cp_async_wait();
-    __syncthreads();
+    __syncthreads();  // tile qt is in; every warp is done with tile qt − 1 (and its dSᵀ)
     if (qt + 1 < nq) {
       load_tile<HS>(sh.x[buf ^ 1], q_src, stride, q0 + TILE, T_);
       load_tile<HS>(sh.y[buf ^ 1], dy_src, C, q0 + TILE, T_);
@@ -253,11 +281,33 @@ __device__ void flash_bwd_dkv(const T* qkv, const T* dy, const float* lse, const
         dp[j][e] = fabsf(pv) * (dpk - dsum_s[acc_col(j, e)]);
       }
     to_a<T>(pa, dp);
+    if constexpr (DQ) store_a<LD>(sh.ds, pa, w * 16);
     mma_ab<LD>(dk, pa, sh.x[buf]);
+    if constexpr (DQ) {
+      __syncthreads();  // every warp's dSᵀ rows are in
+      load_a_t<LD>(pa, sh.ds, w * 16);  // ds: the warp's 16 queries × the tile's 64 keys
+      zero(s);
+      mma_ab<LD>(s, pa, sh.k);  // (16 queries × 64 dims)
+      red_acc(s, dq_acc + row0 * C + h * HS, C, q0 + w * 16, T_);
+    }
   }
   T* out = dqkv + row0 * stride + h * HS;
   store_acc<T>(dk, scale, out + C, stride, kw, T_);
   store_acc<T>(dv, drop.scale, out + 2 * C, stride, kw, T_);
+}
+
+// dqkv's q columns = dq_acc (B, T, C) · scale in T, 4 values a thread, grid-strided.
+template <typename T>
+__device__ void flash_bwd_dq_cast(const float* dq_acc, T* dqkv, long rows, int C, float scale) {
+  const long n4 = rows * C / 4;
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n4; i += (long)gridDim.x * blockDim.x) {
+    const float4 v = reinterpret_cast<const float4*>(dq_acc)[i];
+    const long r = 4 * i / C, c = 4 * i % C;
+    uint2 out;
+    out.x = pack2<T>(v.x * scale, v.y * scale);
+    out.y = pack2<T>(v.z * scale, v.w * scale);
+    *reinterpret_cast<uint2*>(dqkv + r * 3 * C + c) = out;
+  }
 }
 
 // dq of one 64-query tile (its q and dO held as A operands, its rows' lse and dsum in
@@ -331,13 +381,26 @@ __device__ void flash_bwd_dq(const T* qkv, const T* dy, const float* lse, const 
       tb_flash_fwd_##S(const T* qkv, T* y, float* lse, int T_, int nh, float scale2, DROP_PARAMS) {          \
     flash_fwd<T>(qkv, y, lse, T_, nh, scale2, DROP);                                                         \
   }                                                                                                          \
-  extern "C" __global__ void tb_flash_bwd_dsum_##S(const T* y, const T* dy, float* dsum, int B, int T_, int nh) { \
-    flash_bwd_dsum<T>(y, dy, dsum, B, T_, nh);                                                               \
+  extern "C" __global__ void tb_flash_bwd_dsum_##S(const T* y, const T* dy, float* dsum, float* dq_acc, int B, \
+                                                   int T_, int nh) {                                         \
+    flash_bwd_dsum<T>(y, dy, dsum, dq_acc, B, T_, nh);                                                       \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(128)                                                          \
       tb_flash_bwd_dkv_##S(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv, int T_,  \
                            int nh, float scale, float scale2, DROP_PARAMS) {                                 \
-    flash_bwd_dkv<T>(qkv, dy, lse, dsum, dqkv, T_, nh, scale, scale2, DROP);                                 \
+    __shared__ __align__(128) Shared<T> sh;                                                                  \
+    flash_bwd_dkv<T, false>(sh, qkv, dy, lse, dsum, dqkv, nullptr, T_, nh, scale, scale2, DROP);             \
+  }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(128)                                                          \
+      tb_flash_bwd_dkvq_##S(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv,         \
+                            float* dq_acc, int T_, int nh, float scale, float scale2, DROP_PARAMS) {         \
+    extern __shared__ __align__(128) unsigned char smem[];                                                   \
+    flash_bwd_dkv<T, true>(*reinterpret_cast<SharedDq<T>*>(smem), qkv, dy, lse, dsum, dqkv, dq_acc, T_, nh,  \
+                           scale, scale2, DROP);                                                             \
+  }                                                                                                          \
+  extern "C" __global__ void tb_flash_bwd_dq_cast_##S(const float* dq_acc, T* dqkv, long rows, int C,          \
+                                                      float scale) {                                         \
+    flash_bwd_dq_cast<T>(dq_acc, dqkv, rows, C, scale);                                                      \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(128)                                                          \
       tb_flash_bwd_dq_##S(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv, int T_,   \

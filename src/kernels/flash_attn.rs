@@ -1,5 +1,6 @@
 //! Fused causal attention for training (`--fused flash`; kernels in flash_attn.cu):
-//! FlashAttention-2's tiling on tensor cores, one kernel forward and three backward, reading
+//! FlashAttention-2's tiling on tensor cores, one kernel forward and two or three backward
+//! (dq inside the dk/dv kernel by f32 atomics with `flash-dq`, else its own kernel), reading
 //! the projection's rows [q | k | v] in place and writing the output with the heads merged.
 //! The (B, nh, T, T) scores and probabilities are never stored: the forward keeps a
 //! log-sum-exp a row, from which the backward recomputes them.
@@ -83,11 +84,14 @@ mod imp {
     use crate::kernels::dropout::imp::KeepArgs;
     use crate::kernels::launch::{
         aligned16, alloc, device_address, flat_config, kernel, launch, no_cpu_fwd, ptx, view,
-        with_dtype, Ptx,
+        with_dtype, Ptx, NULL,
     };
     use crate::kernels::Keep;
+    use crate::kernels::{enabled, Fused};
     use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    use candle_core::cuda_backend::WrapErr;
     use candle_core::{
         bail, CudaStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor,
     };
@@ -95,6 +99,9 @@ mod imp {
     const PTX: Ptx = ptx!("flash_attn");
     const TILE: usize = 64;
     const LOG2_E: f64 = std::f64::consts::LOG2_E;
+    /// flash_attn.cu's SharedDq: six 16-bit tiles (q and dO twice, k, dSᵀ) of 64 rows at
+    /// stride 72, and two buffers of 64 rows' lse and dsum.
+    const SHARED_DQ_BYTES: u32 = (6 * TILE * (FLASH_HEAD_SIZE + 8) * 2 + 4 * TILE * 4) as u32;
 
     /// B, T, nh of a launch.
     #[derive(Clone, Copy)]
@@ -119,6 +126,10 @@ mod imp {
         }
         fn rows(&self) -> usize {
             (self.b * self.t * self.nh) as usize
+        }
+        /// B·T·C: dq's f32 sums with `flash-dq`.
+        fn elems(&self) -> usize {
+            self.rows() * FLASH_HEAD_SIZE
         }
     }
 
@@ -153,12 +164,14 @@ mod imp {
         }
     }
 
-    /// The backward: dqkv from (qkv, y, dy) and the forward's lse (at `lse`).
+    /// The backward: dqkv from (qkv, y, dy) and the forward's lse (at `lse`); dq inside the
+    /// dk/dv kernel where `dq_in_dkv` (`--fused flash-dq`).
     struct FlashBwd {
         d: Dims,
         scale: f32,
         lse: u64,
         drop: KeepArgs,
+        dq_in_dkv: bool,
     }
 
     impl CustomOp3 for FlashBwd {
@@ -180,22 +193,44 @@ mod imp {
             let (d, lse, k) = (self.d, self.lse, &self.drop);
             let scale2 = (self.scale as f64 * LOG2_E) as f32;
             let dsum_func = kernel!(dev, PTX, "tb_flash_bwd_dsum", dt)?;
-            let dkv_func = kernel!(dev, PTX, "tb_flash_bwd_dkv", dt)?;
-            let dq_func = kernel!(dev, PTX, "tb_flash_bwd_dq", dt)?;
             with_dtype!(dt, T => {
                 let (x, yv, dyv) = (view::<T>(qkv, ql)?, view::<T>(y, yl)?, view::<T>(dy, dyl)?);
                 let dsum = alloc::<f32>(&dev, d.rows())?;
                 let dqkv = alloc::<T>(&dev, ql.shape().elem_count())?;
-                // SAFETY: y and dy hold B·T·C elements (one warp a head's row), dsum B·nh·T.
-                launch!(unsafe dsum_func, flat_config(d.rows() * 32); &yv, &dyv, &dsum, &d.b,
-                    &d.t, &d.nh)?;
-                // SAFETY: qkv and dqkv hold B·T·3C elements, dy B·T·C, lse and dsum B·nh·T;
-                // the dkv blocks write the k and v columns of their rows, the dq blocks the q
-                // columns: together every element of dqkv once.
-                launch!(unsafe dkv_func, d.tiles(); &x, &dyv, &lse, &dsum, &dqkv, &d.t, &d.nh,
+                if !self.dq_in_dkv {
+                    // SAFETY: y and dy hold B·T·C elements (one warp a head's row), dsum B·nh·T.
+                    launch!(unsafe dsum_func, flat_config(d.rows() * 32); &yv, &dyv, &dsum, &NULL,
+                        &d.b, &d.t, &d.nh)?;
+                    let dkv_func = kernel!(dev, PTX, "tb_flash_bwd_dkv", dt)?;
+                    let dq_func = kernel!(dev, PTX, "tb_flash_bwd_dq", dt)?;
+                    // SAFETY: qkv and dqkv hold B·T·3C elements, dy B·T·C, lse and dsum B·nh·T;
+                    // the dkv blocks write the k and v columns of their rows, the dq blocks the
+                    // q columns: together every element of dqkv once.
+                    launch!(unsafe dkv_func, d.tiles(); &x, &dyv, &lse, &dsum, &dqkv, &d.t, &d.nh,
+                        &self.scale, &scale2, &k.key, &k.thresh, &k.scale)?;
+                    launch!(unsafe dq_func, d.tiles(); &x, &dyv, &lse, &dsum, &dqkv, &d.t, &d.nh,
+                        &self.scale, &scale2, &k.key, &k.thresh, &k.scale)?;
+                    return Ok((CudaStorage::wrap_cuda_slice(dqkv, dev), ql.shape().clone()));
+                }
+                let dq_acc = alloc::<f32>(&dev, d.elems())?;
+                // SAFETY: as above; dq_acc holds B·T·C floats, each head's row zeroed by its warp.
+                launch!(unsafe dsum_func, flat_config(d.rows() * 32); &yv, &dyv, &dsum, &dq_acc,
+                    &d.b, &d.t, &d.nh)?;
+                let dkvq_func = kernel!(dev, PTX, "tb_flash_bwd_dkvq", dt)?;
+                let max_shared =
+                    CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+                dkvq_func.set_attribute(max_shared, SHARED_DQ_BYTES as i32).w()?;
+                let cfg = LaunchConfig { shared_mem_bytes: SHARED_DQ_BYTES, ..d.tiles() };
+                // SAFETY: as the dkv kernel's, and every block adds to the rows < T of its
+                // (b, h) in dq_acc only (atomics).
+                launch!(unsafe dkvq_func, cfg; &x, &dyv, &lse, &dsum, &dqkv, &dq_acc, &d.t, &d.nh,
                     &self.scale, &scale2, &k.key, &k.thresh, &k.scale)?;
-                launch!(unsafe dq_func, d.tiles(); &x, &dyv, &lse, &dsum, &dqkv, &d.t, &d.nh,
-                    &self.scale, &scale2, &k.key, &k.thresh, &k.scale)?;
+                let cast_func = kernel!(dev, PTX, "tb_flash_bwd_dq_cast", dt)?;
+                let (bt, c) = ((d.b * d.t) as i64, d.nh * FLASH_HEAD_SIZE as i32);
+                // SAFETY: dq_acc holds B·T·C floats (C a multiple of 4), dqkv B·T·3C
+                // elements; the cast writes the q columns, the dkvq blocks the k and v ones.
+                launch!(unsafe cast_func, flat_config(d.elems() / 4); &dq_acc, &dqkv, &bt, &c,
+                    &self.scale)?;
                 Ok((CudaStorage::wrap_cuda_slice(dqkv, dev), ql.shape().clone()))
             })
         }
@@ -264,6 +299,7 @@ mod imp {
             scale: scale as f32,
             lse: device_address(lse)?,
             drop: KeepArgs::new(keep),
+            dq_in_dkv: enabled(Fused::FlashDq),
         };
         Ok(Some(qkv.apply_op3_no_bwd(&y, &dy, &op)?))
     }

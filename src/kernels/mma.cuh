@@ -91,6 +91,31 @@ __device__ __forceinline__ void to_a(uint32_t (&a)[4][4], const float (&f)[8][4]
   }
 }
 
+// The A operand a (rows r0..r0+15 of a 16 × 64 product, as to_a packs it) into rows
+// r0..r0+15 of a 64-column tile in shared memory (stride LDS), one 32-bit store a pair.
+template <int LDS, typename T>
+__device__ __forceinline__ void store_a(T* tile, const uint32_t (&a)[4][4], int r0) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  uint32_t* lo = reinterpret_cast<uint32_t*>(tile + (r0 + g) * LDS + 2 * t);
+  uint32_t* hi = reinterpret_cast<uint32_t*>(tile + (r0 + g + 8) * LDS + 2 * t);
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) {  // columns 16kk + 2t (words 8kk) and 16kk + 8 + 2t (+4)
+    lo[8 * kk] = a[kk][0], hi[8 * kk] = a[kk][1];
+    lo[8 * kk + 4] = a[kk][2], hi[8 * kk + 4] = a[kk][3];
+  }
+}
+
+// The A operand of rows c0..c0+15 of tileᵀ (tile 64 rows × 64 in shared memory, stride LDS):
+// A[i][k] = tile[k][c0 + i]. Matrix m of ldsm4_t (lanes 8m..8m+7) is rows 16kk + 8·(m / 2)..
+// from column c0 + 8·(m % 2): a0 (rows i 0..7, k 0..7), a1 (i 8..), a2 (k 8..), a3 (both).
+template <int LDS, typename T>
+__device__ __forceinline__ void load_a_t(uint32_t (&a)[4][4], const T* tile, int c0) {
+  const int lane = threadIdx.x & 31, m = lane >> 3;
+  const T* p = tile + ((lane & 7) + 8 * (m >> 1)) * LDS + c0 + 8 * (m & 1);
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) ldsm4_t(a[kk], p + 16 * kk * LDS);
+}
+
 // acc[j] (16 × 8, 64 columns) += a (16 × 64) · tile, tile 64 rows × 64 in shared memory
 // (stride LDS): B[k][n] = tile[k][n].
 template <int LDS, typename T>

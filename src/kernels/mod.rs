@@ -153,6 +153,10 @@ pub enum Fused {
     /// its dx and sums it over the rows for the projections' bias gradients (needs
     /// `layer-norm`, its one-pass kernel), instead of an add kernel and a column sum after it.
     LnResidual,
+    /// Training: the fused attention's dq inside its dk/dv kernel, from the dSᵀ it has,
+    /// summed over the key tiles by f32 atomics and cast once (needs `flash`), instead of a
+    /// third kernel that recomputes the scores and dP (that one's dq is bit-reproducible).
+    FlashDq,
 }
 
 const LT: u32 = 1;
@@ -178,6 +182,7 @@ const PREFILL: u32 = 524288;
 const PUSH_SUM: u32 = 1048576;
 const ADAMW_COPIES: u32 = 1 << 21;
 const LN_RESIDUAL: u32 = 1 << 22;
+const FLASH_DQ: u32 = 1 << 23;
 const ALL: u32 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -200,7 +205,8 @@ const ALL: u32 = LT
     | PREFILL
     | PUSH_SUM
     | ADAMW_COPIES
-    | LN_RESIDUAL;
+    | LN_RESIDUAL
+    | FLASH_DQ;
 
 static ENABLED: AtomicU32 = AtomicU32::new(ALL);
 
@@ -231,6 +237,7 @@ fn bit(f: Fused) -> u32 {
         Fused::PushSum => PUSH_SUM,
         Fused::AdamwCopies => ADAMW_COPIES,
         Fused::LnResidual => LN_RESIDUAL,
+        Fused::FlashDq => FLASH_DQ,
     }
 }
 
@@ -277,6 +284,7 @@ pub fn describe() -> String {
         (PUSH_SUM, "push-sum"),
         (ADAMW_COPIES, "adamw-copies"),
         (LN_RESIDUAL, "ln-residual"),
+        (FLASH_DQ, "flash-dq"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))
