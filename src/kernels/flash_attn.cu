@@ -69,17 +69,19 @@ __device__ __forceinline__ void zero(float (&a)[8][4]) {
     for (int e = 0; e < 4; e++) a[j][e] = 0.f;
 }
 
-// out[r][:] += acc for rows r = r0 + g, r0 + g + 8 below T (row stride `stride` floats), a
-// pair of columns an atomic (sm_90's float2 atomicAdd; its result unused: a reduction).
+// out[r][:] += acc for rows r = r0 + g, r0 + g + 8 below T (row stride `stride` floats), four
+// columns an atomic (sm_90's float4 atomicAdd; its result unused: a reduction). Lanes t, t ^ 1
+// swap halves: the even one adds row g's columns 8j + 2t..+3, the odd one row g + 8's 8j + 2t − 2..+1.
 __device__ __forceinline__ void red_acc(const float (&acc)[8][4], float* out, long stride, int r0, int T_) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, odd = t & 1;
+  const int r = r0 + g + 8 * odd;
+  float4* row = reinterpret_cast<float4*>(out + (long)r * stride + 2 * (t - odd));
 #pragma unroll
-  for (int hh = 0; hh < 2; hh++) {
-    const int r = r0 + g + 8 * hh;
-    if (r >= T_) continue;
-    float2* row = reinterpret_cast<float2*>(out + (long)r * stride + 2 * t);
-#pragma unroll
-    for (int j = 0; j < 8; j++) atomicAdd(row + 4 * j, make_float2(acc[j][2 * hh], acc[j][2 * hh + 1]));
+  for (int j = 0; j < 8; j++) {
+    const float x0 = odd ? acc[j][0] : acc[j][2], x1 = odd ? acc[j][1] : acc[j][3];
+    const float y0 = __shfl_xor_sync(0xffffffff, x0, 1), y1 = __shfl_xor_sync(0xffffffff, x1, 1);
+    const float4 v = odd ? make_float4(y0, y1, acc[j][2], acc[j][3]) : make_float4(acc[j][0], acc[j][1], y0, y1);
+    if (r < T_) atomicAdd(row + 2 * j, v);
   }
 }
 
@@ -166,20 +168,35 @@ __device__ void flash_fwd(const T* qkv, T* y, float* lse, int T_, int nh, float 
   }
 }
 
-// dsum[b, h, t] = Σ_d dy · y over a head's row: one warp a row, grid-strided; and where dq_acc
-// is not null (dq by atomics), zeros over the row's 64 floats of dq_acc (B, T, C).
+// dsum[b, h, t] = Σ_d dy · y over a head's row: 8 lanes a row (16 bytes each), 4 rows a warp,
+// grid-strided; and where dq_acc is not null (dq by atomics), zeros over the row's 64 floats of
+// dq_acc (B, T, C). y and dy 16-byte aligned.
 template <typename T>
 __device__ void flash_bwd_dsum(const T* y, const T* dy, float* dsum, float* dq_acc, int B, int T_, int nh) {
-  const int lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31, part = lane & 7;
   const long rows = (long)B * T_ * nh, warps = (long)gridDim.x * blockDim.x / 32;
-  for (long i = (blockIdx.x * (long)blockDim.x + threadIdx.x) / 32; i < rows; i += warps) {
-    const long bt = i / nh, h = i % nh, b = bt / T_, t = bt % T_;
-    const long at = bt * nh * HS + h * HS;
+  for (long i4 = (blockIdx.x * (long)blockDim.x + threadIdx.x) / 32; 4 * i4 < rows; i4 += warps) {
+    const long i = 4 * i4 + lane / 8;  // the row (b, t, h): y's elements i·64.. (rows of C = nh·64)
+    const bool in = i < rows;
     float acc = 0.f;
-    for (int d = lane; d < HS; d += 32) acc += to_f(y[at + d]) * to_f(dy[at + d]);
-    acc = warp_sum(acc);
-    if (lane == 0) dsum[(b * nh + h) * T_ + t] = acc;
-    if (dq_acc) reinterpret_cast<float2*>(dq_acc + at)[lane] = make_float2(0.f, 0.f);
+    if (in) {
+      const uint4 yv = reinterpret_cast<const uint4*>(y + i * HS)[part];
+      const uint4 dv = reinterpret_cast<const uint4*>(dy + i * HS)[part];
+      const T* ye = reinterpret_cast<const T*>(&yv);
+      const T* de = reinterpret_cast<const T*>(&dv);
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc += to_f(ye[e]) * to_f(de[e]);
+    }
+    acc += __shfl_xor_sync(0xffffffff, acc, 1);
+    acc += __shfl_xor_sync(0xffffffff, acc, 2);
+    acc += __shfl_xor_sync(0xffffffff, acc, 4);
+    if (!in) continue;
+    const long bt = i / nh, h = i % nh, b = bt / T_, t = bt % T_;
+    if (part == 0) dsum[(b * nh + h) * T_ + t] = acc;
+    if (dq_acc) {
+      float4* z = reinterpret_cast<float4*>(dq_acc + i * HS) + 2 * part;
+      z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
   }
 }
 

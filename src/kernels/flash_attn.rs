@@ -198,8 +198,9 @@ mod imp {
                 let dsum = alloc::<f32>(&dev, d.rows())?;
                 let dqkv = alloc::<T>(&dev, ql.shape().elem_count())?;
                 if !self.dq_in_dkv {
-                    // SAFETY: y and dy hold B·T·C elements (one warp a head's row), dsum B·nh·T.
-                    launch!(unsafe dsum_func, flat_config(d.rows() * 32); &yv, &dyv, &dsum, &NULL,
+                    // SAFETY: y and dy hold B·T·C elements (16-byte aligned, 8 lanes a head's
+                    // row), dsum B·nh·T.
+                    launch!(unsafe dsum_func, flat_config(d.rows() * 8); &yv, &dyv, &dsum, &NULL,
                         &d.b, &d.t, &d.nh)?;
                     let dkv_func = kernel!(dev, PTX, "tb_flash_bwd_dkv", dt)?;
                     let dq_func = kernel!(dev, PTX, "tb_flash_bwd_dq", dt)?;
@@ -214,7 +215,7 @@ mod imp {
                 }
                 let dq_acc = alloc::<f32>(&dev, d.elems())?;
                 // SAFETY: as above; dq_acc holds B·T·C floats, each head's row zeroed by its warp.
-                launch!(unsafe dsum_func, flat_config(d.rows() * 32); &yv, &dyv, &dsum, &dq_acc,
+                launch!(unsafe dsum_func, flat_config(d.rows() * 8); &yv, &dyv, &dsum, &dq_acc,
                     &d.b, &d.t, &d.nh)?;
                 let dkvq_func = kernel!(dev, PTX, "tb_flash_bwd_dkvq", dt)?;
                 let max_shared =
@@ -285,8 +286,9 @@ mod imp {
             return Ok(None);
         };
         let (dy, y) = (dy.reshape((b, t, c3 / 3))?, y.reshape((b, t, c3 / 3))?);
-        // The tiles of dy are copied in 16-byte vectors.
+        // The tiles of dy are copied in 16-byte vectors; dsum reads y and dy in them.
         let dy = if aligned16(&dy) { dy } else { dy.copy()? };
+        let y = if aligned16(&y) { y } else { y.copy()? };
         let same = |x: &Tensor| x.dtype() == qkv.dtype() && x.is_contiguous();
         if !same(&y) || !same(&dy) || lse.dims() != [b, nh, t] || lse.dtype() != DType::F32 {
             bail!(
