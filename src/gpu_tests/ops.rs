@@ -251,6 +251,35 @@ fn embedding_fwd_matches_gather_then_add() {
     );
 }
 
+/// The training step's fused cross-entropy (loss, then the gradient over the logits in place)
+/// against the forward kernel and the in-place backward: the same losses and gradient, bit
+/// for bit, at a padded vocabulary (1001 of 1024 columns: 16-byte rows) and an unpadded one
+/// (1001: the scalar path), in each storage type.
+#[test]
+fn cross_entropy_fused_is_the_forward_then_the_backward() {
+    let (dev, _one_at_a_time) = gpu();
+    let targets = Tensor::new(&[0u32, 1000, 3, 517, 999, 42, 7], &dev).unwrap();
+    let g = 0.37f32;
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        for cols in [1001, 1024] {
+            let x = (randn(&[7, cols], &dev) * 4.)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let want_loss = cross_entropy(&x, &targets, 1001).unwrap().expect("applies");
+            let want = x.copy().unwrap();
+            let gs = Tensor::full(g, 7, &dev).unwrap();
+            assert!(cross_entropy_bwd_in_place(&want, &targets, &gs, 1001).unwrap());
+            let got = x.copy().unwrap();
+            let loss = cross_entropy_fused_in_place(&got, &targets, g, 1001)
+                .unwrap()
+                .expect("applies");
+            assert_eq!(rel(&loss, &want_loss), 0., "{dtype:?} {cols}: loss");
+            assert_eq!(rel(&got, &want), 0., "{dtype:?} {cols}: gradient");
+        }
+    }
+}
+
 /// The cross-entropy kernels against the composed loss (`--fused none`), fp32 and bf16 logits,
 /// a vocabulary that is not a multiple of the block, and logits padded past the vocabulary
 /// (a padded lm head): the padded columns are ignored and get a zero gradient.
@@ -348,7 +377,8 @@ fn bias_act_bwd_sums_dx_as_the_two_pass_bias_grad_does() {
 }
 
 /// The embedding gradient's scatter-add against candle's index_add on the CPU: gpt2's shapes
-/// with repeated ids (a 1000-token vocabulary for 8192 rows), into a non-zero gradient.
+/// with repeated ids (a 1000-token vocabulary for 8192 rows), into a non-zero gradient, as a
+/// new tensor and in place.
 #[test]
 fn embedding_bwd_matches_index_add() {
     let (dev, _one_at_a_time) = gpu();
@@ -364,4 +394,14 @@ fn embedding_bwd_matches_index_add() {
     let r = rel(&got, &want);
     assert!(r < 1e-5, "{r}");
     assert_eq!(rel(&cpu(&dst), &cpu(&dst)), 0.);
+    // In place, into a view from an offset (the rows after the first): the same sums there,
+    // the rows before it untouched.
+    let whole = Tensor::cat(&[&randn(&[1, c], &dev), &dst], 0).unwrap();
+    let tail = whole.narrow(0, 1, vocab).unwrap();
+    let first = cpu(&whole.narrow(0, 0, 1).unwrap());
+    assert!(embedding_bwd_in_place(&tail, &ids, &demb).unwrap());
+    let r = rel(&tail, &want);
+    assert!(r < 1e-5, "in place: {r}");
+    assert!(!embedding_bwd_in_place(&dst.t().unwrap(), &ids, &demb).unwrap());
+    assert_eq!(rel(&whole.narrow(0, 0, 1).unwrap(), &first), 0.);
 }

@@ -58,17 +58,10 @@ __device__ void xent_fwd(const T* x, const unsigned int* targets, float* loss, i
 __device__ __forceinline__ float xent_grad(float x, int j, float lse, float g, int v, unsigned int t) {
   return j < v ? g * (expf(x - lse) - (j == (int)t ? 1.f : 0.f)) : 0.f;
 }
-// Two reads of the row (the log-sum-exp, then the gradient) and one write.
+// dr[j] = g · (softmax(xr)_j − [j = t]) from the row's lse: 16-byte vectors where `vec`.
 template <typename T>
-__device__ void xent_bwd(const T* x, const unsigned int* targets, const float* grad, T* dx, int v, int ld) {
-  __shared__ float sh[32];
+__device__ void xent_grad_row(const T* xr, T* dr, float lse, float g, unsigned int t, int v, int ld, bool vec) {
   constexpr int N = 16 / sizeof(T);
-  const long row = blockIdx.x;
-  const T* xr = x + row * ld;
-  T* dr = dx + row * ld;
-  const bool vec = vector_row<T>(xr, dr, ld);
-  const float lse = row_logsumexp(xr, v, vec, sh), g = grad[row];
-  const unsigned int t = targets[row];
   if (vec) {
     for (int k = threadIdx.x; k < ld / N; k += blockDim.x) {
       const uint4 raw = ((const uint4*)xr)[k];
@@ -82,6 +75,33 @@ __device__ void xent_bwd(const T* x, const unsigned int* targets, const float* g
     return;
   }
   for (int j = threadIdx.x; j < ld; j += blockDim.x) dr[j] = from_f<T>(xent_grad(to_f(xr[j]), j, lse, g, v, t));
+}
+// Two reads of the row (the log-sum-exp, then the gradient) and one write.
+template <typename T>
+__device__ void xent_bwd(const T* x, const unsigned int* targets, const float* grad, T* dx, int v, int ld) {
+  __shared__ float sh[32];
+  const long row = blockIdx.x;
+  const T* xr = x + row * ld;
+  T* dr = dx + row * ld;
+  const bool vec = vector_row<T>(xr, dr, ld);
+  const float lse = row_logsumexp(xr, v, vec, sh);
+  xent_grad_row(xr, dr, lse, grad[row], targets[row], v, ld, vec);
+}
+// The forward and the backward in one pass, over the logits in place (the training step, whose
+// loss gradient g is the same for every row and known before the forward): the loss, then the
+// gradient written over the row. x[t] is read before the lse's block reductions, so before any
+// thread writes. Two reads and one write, where the forward and backward kernels took three and one.
+template <typename T>
+__device__ void xent_fused(T* x, const unsigned int* targets, float* loss, float g, int v, int ld) {
+  __shared__ float sh[32];
+  const long row = blockIdx.x;
+  T* xr = x + row * ld;
+  const unsigned int t = targets[row];
+  const float xt = threadIdx.x == 0 ? to_f(xr[t]) : 0.f;
+  const bool vec = vector_row<T>(xr, xr, ld);
+  const float lse = row_logsumexp(xr, v, vec, sh);
+  if (threadIdx.x == 0) loss[row] = lse - xt;
+  xent_grad_row(xr, xr, lse, g, t, v, ld, vec);
 }
 
 #define INSTANTIATE(T, S)                                                                                     \
@@ -97,5 +117,9 @@ __device__ void xent_bwd(const T* x, const unsigned int* targets, const float* g
   extern "C" __global__ void tb_xent_bwd_inplace_##S(T* x, const unsigned int* targets, const float* grad,     \
                                                      int v, int ld) {                                         \
     xent_bwd<T>(x, targets, grad, x, v, ld);                                                                  \
+  }                                                                                                           \
+  extern "C" __global__ void tb_xent_fused_##S(T* x, const unsigned int* targets, float* loss, float g, int v, \
+                                               int ld) {                                                      \
+    xent_fused<T>(x, targets, loss, g, v, ld);                                                                \
   }
 FOR_TYPES(INSTANTIATE)

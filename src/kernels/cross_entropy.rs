@@ -48,6 +48,22 @@ pub fn cross_entropy_bwd_in_place(
     imp::cross_entropy_bwd_in_place(logits, targets, g, vocab)
 }
 
+/// The forward and backward in one pass (the training step): the per-row loss (N,) f32 of
+/// [`cross_entropy`], the logits overwritten with [`cross_entropy_bwd`]'s gradient for the
+/// same `g` on every row, bit for bit as the two kernels would give. None where it does not
+/// apply (the logits then untouched); the caller must own the logits' storage alone.
+pub fn cross_entropy_fused_in_place(
+    logits: &Tensor,
+    targets: &Tensor,
+    g: f32,
+    vocab: usize,
+) -> Result<Option<Tensor>> {
+    if !enabled(Fused::CrossEntropy) {
+        return Ok(None);
+    }
+    imp::cross_entropy_fused_in_place(logits, targets, g, vocab)
+}
+
 /// The CPU runs candle's log-softmax and gather.
 #[cfg(not(feature = "cuda"))]
 mod imp {
@@ -66,6 +82,15 @@ mod imp {
         Ok(None)
     }
 
+    pub fn cross_entropy_fused_in_place(
+        _: &Tensor,
+        _: &Tensor,
+        _: f32,
+        _: usize,
+    ) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+
     pub fn cross_entropy_bwd(
         _: &Tensor,
         _: &Tensor,
@@ -79,13 +104,14 @@ mod imp {
 #[cfg(feature = "cuda")]
 mod imp {
     use crate::kernels::launch::{
-        alloc, float_dtype, kernel, launch, no_cpu_fwd, ptx, row_config, view, with_dtype, Ptx,
+        alloc, device_address, float_dtype, kernel, launch, no_cpu_fwd, ptx, row_config, view,
+        with_dtype, Ptx,
     };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::CudaDType;
     use candle_core::{
-        bail, CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, InplaceOp3, Layout, Result,
-        Shape, Tensor,
+        bail, CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, InplaceOp2, InplaceOp3, Layout,
+        Result, Shape, Tensor,
     };
 
     const PTX: Ptx = ptx!("cross_entropy");
@@ -213,6 +239,56 @@ mod imp {
         }
     }
 
+    /// The loss (N,) f32 written at `loss` and the gradient for `g` written over the logits.
+    struct CrossEntropyFused {
+        vocab: usize,
+        g: f32,
+        loss: u64,
+    }
+
+    impl InplaceOp2 for CrossEntropyFused {
+        fn name(&self) -> &'static str {
+            "tb-cross-entropy-fused"
+        }
+        fn cpu_fwd(
+            &self,
+            _: &mut CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> Result<()> {
+            crate::kernels::launch::cpu_only(self.name())
+        }
+        fn cuda_fwd(
+            &self,
+            x: &mut CudaStorage,
+            xl: &Layout,
+            t: &CudaStorage,
+            tl: &Layout,
+        ) -> Result<()> {
+            let dev = x.device().clone();
+            let (rows, ld) = xl.shape().dims2()?;
+            if !xl.is_contiguous() || tl.shape().elem_count() != rows {
+                bail!(
+                    "cross-entropy fused: logits {:?}, targets {:?}",
+                    xl.shape(),
+                    tl.shape()
+                );
+            }
+            let func = kernel!(dev, PTX, "tb_xent_fused", x.dtype())?;
+            with_dtype!(x.dtype(), T => {
+                let tv = view::<u32>(t, tl)?;
+                let off = xl.start_offset();
+                let mut xv = T::as_cuda_slice_mut(x)?.slice_mut(off..off + rows * ld);
+                let (v_i, ld_i) = (self.vocab as i32, ld as i32);
+                // SAFETY: x holds rows·ld elements from its offset, targets and loss rows.
+                launch!(unsafe func, row_config(rows, ld); &mut xv, &tv, &self.loss, &self.g,
+                    &v_i, &ld_i)?;
+                Ok(())
+            })
+        }
+    }
+
     /// Whether the kernels take these logits (N, ld) on CUDA and targets (N,) u32; an error for
     /// a vocabulary the logits cannot hold.
     fn applies(logits: &Tensor, targets: &Tensor, vocab: usize) -> Result<bool> {
@@ -243,6 +319,26 @@ mod imp {
         let g = g.to_dtype(DType::F32)?.contiguous()?;
         logits.inplace_op3(&t, &g, &CrossEntropyGradInPlace { vocab })?;
         Ok(true)
+    }
+
+    pub fn cross_entropy_fused_in_place(
+        logits: &Tensor,
+        targets: &Tensor,
+        g: f32,
+        vocab: usize,
+    ) -> Result<Option<Tensor>> {
+        if !logits.is_contiguous() || !applies(logits, targets, vocab)? {
+            return Ok(None);
+        }
+        let t = targets.contiguous()?;
+        let loss = Tensor::zeros(t.elem_count(), DType::F32, logits.device())?;
+        let op = CrossEntropyFused {
+            vocab,
+            g,
+            loss: device_address(&loss)?,
+        };
+        logits.inplace_op2(&t, &op)?;
+        Ok(Some(loss))
     }
 
     pub fn cross_entropy(

@@ -17,6 +17,16 @@ pub fn embedding_bwd(dst: &Tensor, ids: &Tensor, demb: &Tensor) -> Result<Option
     imp::embedding_bwd(dst, ids, demb)
 }
 
+/// [`embedding_bwd`] added into `dst` itself (contiguous f32 on CUDA): no copy of the (V, C)
+/// gradient. Returns whether it applied; the caller must own `dst`'s storage alone (no other
+/// tensor sees it change), and `demb` must not share it.
+pub fn embedding_bwd_in_place(dst: &Tensor, ids: &Tensor, demb: &Tensor) -> Result<bool> {
+    if !enabled(Fused::Embedding) {
+        return Ok(false);
+    }
+    imp::embedding_bwd_in_place(dst, ids, demb)
+}
+
 /// wte[ids] + wpe[position] for ids (B, T): (B·T, C), the sum in f32 rounded once (candle's
 /// gather then broadcast add). None where it does not apply (CPU, switched off, dtypes that
 /// differ, rows not whole 16-byte vectors).
@@ -35,6 +45,9 @@ mod imp {
     pub fn embedding_bwd(_: &Tensor, _: &Tensor, _: &Tensor) -> Result<Option<Tensor>> {
         Ok(None)
     }
+    pub fn embedding_bwd_in_place(_: &Tensor, _: &Tensor, _: &Tensor) -> Result<bool> {
+        Ok(false)
+    }
     pub fn embedding_fwd(_: &Tensor, _: &Tensor, _: &Tensor) -> Result<Option<Tensor>> {
         Ok(None)
     }
@@ -48,12 +61,40 @@ mod imp {
     };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
-    use candle_core::{bail, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+    use candle_core::cuda_backend::CudaDType;
+    use candle_core::{
+        bail, CpuStorage, CudaStorage, CustomOp3, DType, InplaceOp3, Layout, Result, Shape, Tensor,
+    };
 
     const PTX: Ptx = ptx!("embedding");
 
     /// out = dst, then out[ids[i]] += demb[i].
     struct EmbeddingBwd;
+
+    /// (vocab, c, rows) of a scatter of demb (rows, c) by ids (rows,) into a (vocab, c) gradient.
+    fn scatter_dims(dl: &Layout, il: &Layout, el: &Layout) -> Result<(usize, usize, usize)> {
+        let (vocab, c) = dl.shape().dims2()?;
+        let (rows, ec) = el.shape().dims2()?;
+        if ec != c || il.shape().elem_count() != rows {
+            bail!(
+                "embedding backward: ids {:?}, rows {:?}, gradient {:?}",
+                il.shape(),
+                el.shape(),
+                dl.shape()
+            );
+        }
+        Ok((vocab, c, rows))
+    }
+
+    /// The scatter's launch shape (a block a row) and (rows, c, vocab) arguments.
+    fn scatter_launch((vocab, c, rows): (usize, usize, usize)) -> (LaunchConfig, (i64, i32, i64)) {
+        let cfg = LaunchConfig {
+            grid_dim: (rows.clamp(1, 65535) as u32, 1, 1),
+            block_dim: (c.next_power_of_two().clamp(32, 256) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        (cfg, (rows as i64, c as i32, vocab as i64))
+    }
 
     impl CustomOp3 for EmbeddingBwd {
         fn name(&self) -> &'static str {
@@ -70,40 +111,80 @@ mod imp {
             el: &Layout,
         ) -> Result<(CudaStorage, Shape)> {
             let dev = dst.device().clone();
-            let (vocab, c) = dl.shape().dims2()?;
-            let (rows, ec) = el.shape().dims2()?;
-            if ec != c || il.shape().elem_count() != rows {
-                bail!(
-                    "embedding backward: ids {:?}, rows {:?}, gradient {:?}",
-                    il.shape(),
-                    el.shape(),
-                    dl.shape()
-                );
-            }
+            let dims = scatter_dims(dl, il, el)?;
             let (dv, iv, ev) = (
                 view::<f32>(dst, dl)?,
                 view::<u32>(ids, il)?,
                 view::<f32>(demb, el)?,
             );
-            let mut out = alloc::<f32>(&dev, vocab * c)?;
-            dev.memcpy_dtod(&dv.slice(..vocab * c), &mut out)?;
+            let mut out = alloc::<f32>(&dev, dims.0 * dims.1)?;
+            dev.memcpy_dtod(&dv.slice(..dims.0 * dims.1), &mut out)?;
             let func = kernel!(dev, PTX, "tb_embedding_bwd")?;
-            let cfg = LaunchConfig {
-                grid_dim: (rows.clamp(1, 65535) as u32, 1, 1),
-                block_dim: (c.next_power_of_two().clamp(32, 256) as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let (rows_i, c_i, vocab_i) = (rows as i64, c as i32, vocab as i64);
+            let (cfg, (rows, c, vocab)) = scatter_launch(dims);
             // SAFETY: ids holds rows ids, demb rows·c elements, out vocab·c; ids ≥ vocab are
             // skipped by the kernel.
-            launch!(unsafe func, cfg; &iv, &ev, &out, &rows_i, &c_i, &vocab_i)?;
+            launch!(unsafe func, cfg; &iv, &ev, &out, &rows, &c, &vocab)?;
             Ok((CudaStorage::wrap_cuda_slice(out, dev), dl.shape().clone()))
         }
     }
 
-    pub fn embedding_bwd(dst: &Tensor, ids: &Tensor, demb: &Tensor) -> Result<Option<Tensor>> {
+    /// dst[ids[i]] += demb[i], dst contiguous f32.
+    struct EmbeddingBwdInPlace;
+
+    impl InplaceOp3 for EmbeddingBwdInPlace {
+        fn name(&self) -> &'static str {
+            "tb-embedding-bwd-in-place"
+        }
+        fn cpu_fwd(
+            &self,
+            _: &mut CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> Result<()> {
+            crate::kernels::launch::cpu_only(self.name())
+        }
+        fn cuda_fwd(
+            &self,
+            dst: &mut CudaStorage,
+            dl: &Layout,
+            ids: &CudaStorage,
+            il: &Layout,
+            demb: &CudaStorage,
+            el: &Layout,
+        ) -> Result<()> {
+            let dev = dst.device().clone();
+            let dims = scatter_dims(dl, il, el)?;
+            let (iv, ev) = (view::<u32>(ids, il)?, view::<f32>(demb, el)?);
+            let off = dl.start_offset();
+            let mut out = f32::as_cuda_slice_mut(dst)?.slice_mut(off..off + dims.0 * dims.1);
+            let func = kernel!(dev, PTX, "tb_embedding_bwd")?;
+            let (cfg, (rows, c, vocab)) = scatter_launch(dims);
+            // SAFETY: as the copying op's, out the vocab·c elements of dst from its offset.
+            launch!(unsafe func, cfg; &iv, &ev, &mut out, &rows, &c, &vocab)?;
+            Ok(())
+        }
+    }
+
+    /// Whether the scatter takes these: CUDA, f32 dst (vocab, c) and demb, u32 ids.
+    fn applies(dst: &Tensor, ids: &Tensor, demb: &Tensor) -> bool {
         let f32s = dst.dtype() == DType::F32 && demb.dtype() == DType::F32;
-        if !dst.device().is_cuda() || !f32s || ids.dtype() != DType::U32 || dst.rank() != 2 {
+        dst.device().is_cuda() && f32s && ids.dtype() == DType::U32 && dst.rank() == 2
+    }
+
+    pub fn embedding_bwd_in_place(dst: &Tensor, ids: &Tensor, demb: &Tensor) -> Result<bool> {
+        if !applies(dst, ids, demb) || !dst.is_contiguous() {
+            return Ok(false);
+        }
+        let (ids, demb) = (ids.contiguous()?, demb.contiguous()?);
+        dst.inplace_op3(&ids, &demb, &EmbeddingBwdInPlace)?;
+        Ok(true)
+    }
+
+    pub fn embedding_bwd(dst: &Tensor, ids: &Tensor, demb: &Tensor) -> Result<Option<Tensor>> {
+        if !applies(dst, ids, demb) {
             return Ok(None);
         }
         let (dst, ids, demb) = (dst.contiguous()?, ids.contiguous()?, demb.contiguous()?);

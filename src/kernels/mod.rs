@@ -41,10 +41,12 @@ pub use adamw::{adamw, sum_squares, AdamStep};
 pub use argmax::argmax;
 pub use attn_softmax::{attn_softmax, attn_softmax_bwd};
 pub use bias_act::{bias_act, bias_act_bwd, bias_grad};
-pub use cross_entropy::{cross_entropy, cross_entropy_bwd, cross_entropy_bwd_in_place};
+pub use cross_entropy::{
+    cross_entropy, cross_entropy_bwd, cross_entropy_bwd_in_place, cross_entropy_fused_in_place,
+};
 pub use decode_attention::{decode_attention, decode_begin, CacheSlot, QkvLayout};
 pub use dropout::{apply_keep, draw_keep, dropout, keep_mask, set_dropout_seed, Keep};
-pub use embedding::{embedding_bwd, embedding_fwd};
+pub use embedding::{embedding_bwd, embedding_bwd_in_place, embedding_fwd};
 pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
 pub use flash_prefill::{flash_prefill, prefill_applies, SeqRows};
 pub use fp8::{dequant_fp8, gemv_fp8, quantize_fp8, FP8_GEMV_MAX_ROWS};
@@ -89,7 +91,8 @@ pub enum Fused {
     /// Dropout masks drawn inside the kernels from a hash (nothing stored; the backward
     /// redraws them) instead of candle's f32 uniforms + compare.
     Dropout,
-    /// Training loss: cross-entropy over the logits in one kernel each way (no f32 copies).
+    /// Training loss: cross-entropy over the logits in one kernel each way (no f32 copies); in
+    /// the manual step one kernel writes the loss and its gradient over the logits.
     CrossEntropy,
     /// Generation: residual add + LayerNorm in one pass, single-query attention over the KV
     /// cache in one kernel, the greedy argmax in one block a row.

@@ -214,7 +214,7 @@ impl Trainer {
         overlap: Option<&DataParallel>,
         clock: &mut PhaseClock<'_>,
     ) -> Result<(Tensor, Vec<(usize, Tensor)>)> {
-        let (loss, forward) = step.forward(ids)?;
+        let (loss, forward) = step.forward_train(ids, loss_scale)?;
         clock.lap(|p| &mut p.forward)?;
         let grads = match overlap {
             Some(dp) => step.backward_with(forward, loss_scale, &mut |_, g| dp.start(g))?,
@@ -240,7 +240,7 @@ impl Trainer {
         shards: &mut GradShards<'_>,
         clock: &mut PhaseClock<'_>,
     ) -> Result<Tensor> {
-        let (loss, forward) = step.forward(ids)?;
+        let (loss, forward) = step.forward_train(ids, loss_scale)?;
         clock.lap(|p| &mut p.forward)?;
         let tied = self.tied();
         let index = self.params.lock().expect("params lock").index.clone();

@@ -65,8 +65,10 @@ pub struct Forward {
     blocks: Vec<Kept>,
     x_last: Tensor,  // (N, C) ln_f's input
     hidden: Tensor,  // (M, C) ln_f's output at the predicting positions: the head's input
-    logits: Tensor,  // (M, V')
+    logits: Tensor,  // (M, V'), or their gradient (see `logits_grad`)
     targets: Tensor, // (M,) u32
+    /// Some(loss scale) where the forward wrote the loss's gradient for it over the logits.
+    logits_grad: Option<f64>,
 }
 
 impl Gpt2Step {
@@ -124,6 +126,17 @@ impl Gpt2Step {
 
     /// The mean loss (scalar f32) of `ids` (B, T) u32, and what the backward needs.
     pub fn forward(&self, ids: &Tensor) -> Result<(Tensor, Forward)> {
+        self.forward_with(ids, None)
+    }
+
+    /// [`Gpt2Step::forward`] for a backward at `loss_scale`: where the fused cross-entropy
+    /// applies, the loss's gradient is written over the logits in the same pass (one read of
+    /// them fewer), and only a backward at that scale can follow.
+    pub fn forward_train(&self, ids: &Tensor, loss_scale: f64) -> Result<(Tensor, Forward)> {
+        self.forward_with(ids, Some(loss_scale))
+    }
+
+    fn forward_with(&self, ids: &Tensor, loss_scale: Option<f64>) -> Result<(Tensor, Forward)> {
         let (b, t) = ids.dims2()?;
         if t < 2 || t > self.cfg.n_positions {
             candle_core::bail!("blocks of 2 to {} tokens, not {t}", self.cfg.n_positions);
@@ -156,7 +169,18 @@ impl Gpt2Step {
         let hidden = hidden.reshape((b * (t - 1), c))?; // (M, C)
         let logits = hidden.matmul(&self.head.t()?)?; // (M, V')
         let targets = ids.narrow(1, 1, t - 1)?.flatten_all()?; // (M,)
-        let loss = cross_entropy_rows(&logits, &targets, self.cfg.vocab_size)?.mean_all()?;
+        let (v, m) = (self.cfg.vocab_size, b * (t - 1));
+        // The logits are this function's own (the matmul's output).
+        let fused = match loss_scale {
+            Some(s) => kernels::cross_entropy_fused_in_place(&logits, &targets, row_grad(s, m), v)?,
+            None => None,
+        };
+        let logits_grad = fused.as_ref().and(loss_scale);
+        let loss = match fused {
+            Some(rows) => rows,
+            None => cross_entropy_rows(&logits, &targets, v)?,
+        }
+        .mean_all()?;
         let f = Forward {
             ids: ids.clone(),
             drop_embd,
@@ -166,6 +190,7 @@ impl Gpt2Step {
             hidden,
             logits,
             targets,
+            logits_grad,
         };
         Ok((loss, f))
     }
@@ -188,15 +213,13 @@ impl Gpt2Step {
         let (b, t) = f.ids.dims2()?;
         let (c, m, v) = (self.cfg.n_embd, b * (t - 1), self.cfg.vocab_size);
         let dev = f.ids.device();
-        // The mean over M rows: each row's loss has gradient loss_scale / M.
-        let g = Tensor::full((loss_scale / m as f64) as f32, m, dev)?;
-        // The logits are not read again: their gradient is written over them where the
-        // kernel applies (the forward's `loss` holds no view of them).
-        let dlogits =
-            match crate::kernels::cross_entropy_bwd_in_place(&f.logits, &f.targets, &g, v)? {
-                true => f.logits,
-                false => cross_entropy_rows_grad(&f.logits, &f.targets, &g, v)?,
-            }; // (M, V')
+        let dlogits = match f.logits_grad {
+            Some(s) if s == loss_scale => f.logits,
+            Some(s) => candle_core::bail!(
+                "the forward wrote the loss gradient at scale {s}, not {loss_scale}"
+            ),
+            None => self.logits_grad(f.logits, &f.targets, row_grad(loss_scale, m))?,
+        }; // (M, V')
         let dhidden = dlogits.matmul(&self.head)?; // (M, C)
         let dhead = dlogits.t()?.matmul(&f.hidden)?.narrow(0, 0, v)?; // (V, C)
         drop(dlogits);
@@ -240,6 +263,17 @@ impl Gpt2Step {
         })
     }
 
+    /// The gradient of the logits (M, V') at `g` a row. The logits are not read again: it is
+    /// written over them where the kernel applies (the forward's `loss` holds no view of them).
+    fn logits_grad(&self, logits: Tensor, targets: &Tensor, g: f32) -> Result<Tensor> {
+        let (m, v) = (targets.elem_count(), self.cfg.vocab_size);
+        let g = Tensor::full(g, m, logits.device())?;
+        match kernels::cross_entropy_bwd_in_place(&logits, targets, &g, v)? {
+            true => Ok(logits),
+            false => cross_entropy_rows_grad(&logits, targets, &g, v),
+        }
+    }
+
     /// (wte, wpe, lm_head) gradients in f32 from dx (N, C), the gradient of the embeddings'
     /// sum (before dropout's backward), and the head's gradient `dhead` (V, C).
     fn embedding_grads(
@@ -251,7 +285,7 @@ impl Gpt2Step {
     ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
         let (b, t) = ids.dims2()?;
         let c = self.cfg.n_embd;
-        let demb = ops::dropout_bwd(dx, drop_embd, self.dropout.embd)?.to_dtype(DType::F32)?;
+        let demb = ops::to_f32(&ops::dropout_bwd(dx, drop_embd, self.dropout.embd)?)?;
         let dpos = demb.reshape((b, t, c))?.sum(0)?; // (T, C)
         let wpe = match self.cfg.n_positions - t {
             0 => dpos,
@@ -261,13 +295,14 @@ impl Gpt2Step {
             }
         };
         let ids = ids.flatten_all()?; // (N,)
-        let scatter = |dst: Tensor| match kernels::embedding_bwd(&dst, &ids, &demb)? {
-            Some(g) => Ok(g),
-            None => dst.index_add(&ids, &demb, 0),
+                                      // dst is this function's own (a fresh cast or zeros): the scatter adds into it.
+        let scatter = |dst: Tensor| match kernels::embedding_bwd_in_place(&dst, &ids, &demb)? {
+            true => Ok(dst),
+            false => dst.index_add(&ids, &demb, 0),
         };
         Ok(match self.w.lm_head {
             // Tied: the head's gradient and the token embeddings' in one tensor.
-            None => (scatter(dhead.to_dtype(DType::F32)?)?, wpe, None),
+            None => (scatter(ops::to_f32(&dhead)?)?, wpe, None),
             Some(_) => {
                 let wte = Tensor::zeros(dhead.shape(), DType::F32, dx.device())?;
                 (scatter(wte)?, wpe, Some(dhead))
@@ -287,6 +322,11 @@ impl Gpt2Step {
         })
     }
 }
+/// Each row's loss gradient for the mean over `m` rows at `loss_scale`.
+fn row_grad(loss_scale: f64, m: usize) -> f32 {
+    (loss_scale / m as f64) as f32
+}
+
 /// `head` (V, C) with zero rows to the loss's padding on its device ([`head_padding`]), (V', C).
 fn padded_head(head: &Tensor) -> Result<Tensor> {
     let (v, c) = head.dims2()?;
