@@ -106,6 +106,11 @@ csvs() {
     --where run!=wikitext2_gpt2-medium_candle_bf16_bs8_cuda0_20261126T194054Z \
     --where run!=wikitext2_gpt2-large_candle_bf16_bs8_cuda0_20261126T194034Z \
     --where run!=wikitext2_gpt2-large_candle_bf16_bs8_cuda0_20261126T194108Z
+  # 1684c2f (#36: dq inside the attention's dk/dv kernel, the loss and its gradient in one
+  # pass over the logits, the head's gradient cast once): the three engines at gpt2,
+  # gpt2-medium and gpt2-large batch 8 on GPU 0 of a 2× H100 host (gate-run16); the
+  # candle-alone A/Bs (its ab-logs.tgz, flashdq-run1's and -run2's) are docs/perf-notes.md's.
+  part c13 -i $H/gate-run16/table-logs.tgz
   # fp8 weights (#37 item 3) against bf16 in the same call, the generation suite: batch 1 and
   # 16 on eed7753 (the first GEMV), batch 1 on a8ad4c6 (four columns a block) and f709a2b
   # (weights streamed). Their LAMBADA runs (the self-trained gpt2's checkpoint) are
