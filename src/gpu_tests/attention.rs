@@ -221,6 +221,37 @@ fn attention_f32(qkv: &Tensor, nh: usize, scale: f64, keep: Option<&Tensor>) -> 
     y.transpose(1, 2).unwrap().reshape((b, t, nh * hs)).unwrap()
 }
 
+/// The fused attention's dqkv with dq by its own kernel (no atomics) and inside the dk/dv
+/// kernel (`flash-dq`): (the latter, the former). dq the same f32 sums in another order, each
+/// rounded once to the storage type; dk and dv the same kernel's either way.
+fn dqkv_both_ways(
+    qkv: &Tensor,
+    y: &Tensor,
+    lse: &Tensor,
+    dy: &Tensor,
+    scale: f64,
+    keep: Option<(&Keep, f32)>,
+    label: &str,
+) -> (Tensor, Tensor) {
+    let bwd = || {
+        flash_attention_bwd(qkv, y, lse, dy, scale, keep)
+            .unwrap()
+            .expect("applies")
+    };
+    set_enabled(&all_but(Fused::FlashDq));
+    let own = bwd();
+    set_enabled(&[Fused::All]);
+    let atomics = bwd();
+    let c = qkv.dim(2).unwrap() / 3;
+    let q_kv = |x: &Tensor| (x.narrow(2, 0, c).unwrap(), x.narrow(2, c, 2 * c).unwrap());
+    let ((dq, dkv), (dq_own, dkv_own)) = (q_kv(&atomics), q_kv(&own));
+    let (rq, rkv) = (rel(&dq, &dq_own), rel(&dkv, &dkv_own));
+    eprintln!("{label}: dq by atomics against its kernel {rq:.2e}, dk dv {rkv:.2e}");
+    assert!(rq < 1e-2, "{label}: dq rel {rq}");
+    assert!(rkv < 1e-6, "{label}: dk dv rel {rkv}");
+    (atomics, own)
+}
+
 /// The fused attention against f32 attention by autograd from the same half-precision
 /// inputs: its output and dqkv within a few ulps of the storage type, T a multiple of the
 /// 64-row tile and not, with and without dropout (the reference applies the hashed mask as
@@ -254,29 +285,8 @@ fn flash_attention_matches_f32_attention_and_its_autograd() {
             .unwrap()
             .expect("applies");
         assert_eq!(lse.dims(), [b, nh, t]);
-        // dq by the third kernel (no atomics), then inside the dk/dv kernel (`flash-dq`).
-        set_enabled(&all_but(Fused::FlashDq));
-        let dqkv_own = flash_attention_bwd(&qkv, &y, &lse, &dy, scale, keep)
-            .unwrap()
-            .expect("applies");
-        set_enabled(&[Fused::All]);
-        let dqkv = flash_attention_bwd(&qkv, &y, &lse, &dy, scale, keep)
-            .unwrap()
-            .expect("applies");
-        let (dq, dkv) = (
-            dqkv.narrow(2, 0, c).unwrap(),
-            dqkv.narrow(2, c, 2 * c).unwrap(),
-        );
-        let (dq_own, dkv_own) = (
-            dqkv_own.narrow(2, 0, c).unwrap(),
-            dqkv_own.narrow(2, c, 2 * c).unwrap(),
-        );
-        let (rq, rkv) = (rel(&dq, &dq_own), rel(&dkv, &dkv_own));
-        eprintln!("{dtype:?} T={t} p={p_drop:?}: dq by atomics against its kernel {rq:.2e}, dk dv {rkv:.2e}");
-        // The same f32 sums in another order, each rounded once to the storage type.
-        assert!(rq < 1e-2, "{dtype:?} T={t} p={p_drop:?}: dq rel {rq}");
-        assert!(rkv < 1e-6, "{dtype:?} T={t} p={p_drop:?}: dk dv rel {rkv}");
-        assert!(rel(&dqkv_own, &dqkv) < 1e-2);
+        let label = format!("{dtype:?} T={t} p={p_drop:?}");
+        let (dqkv, dqkv_own) = dqkv_both_ways(&qkv, &y, &lse, &dy, scale, keep, &label);
         let x = Var::from_tensor(&qkv.to_dtype(DType::F32).unwrap()).unwrap();
         let want = attention_f32(x.as_tensor(), nh, scale, factors.as_ref());
         let dy32 = dy.to_dtype(DType::F32).unwrap();
