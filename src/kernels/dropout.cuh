@@ -8,8 +8,9 @@
 // key), and is kept when that uniform is at least thresh = p·2¹⁶, as torch draws it with
 // Philox from (seed, offset). The backward redraws the same bits from the same key, so no
 // mask is written. 32-bit arithmetic and one hash for two neighbours: the fused attention
-// draws a mask element for every score, three times a step (forward, and both backward
-// kernels), where a 64-bit hash an element cost ≈ 28 integer operations.
+// draws a mask element for every score two or three times a step (forward, and each backward
+// kernel: dk/dv, and dq where dq has its own), where a 64-bit hash an element cost ≈ 28
+// integer operations.
 
 // The word of a pair index below 2³² from the key's halves: the flash kernels' form.
 __device__ __forceinline__ unsigned int keep_word32(unsigned int klo, unsigned int khi, unsigned int pair) {

@@ -71,7 +71,7 @@ mod imp {
     /// out = dst, then out[ids[i]] += demb[i].
     struct EmbeddingBwd;
 
-    /// (vocab, c, rows) of a scatter of demb (rows, c) by ids (rows,) into a (vocab, c) gradient.
+    /// (rows, c, vocab) of a scatter of demb (rows, c) by ids (rows,) into a (vocab, c) gradient.
     fn scatter_dims(dl: &Layout, il: &Layout, el: &Layout) -> Result<(usize, usize, usize)> {
         let (vocab, c) = dl.shape().dims2()?;
         let (rows, ec) = el.shape().dims2()?;
@@ -83,11 +83,11 @@ mod imp {
                 dl.shape()
             );
         }
-        Ok((vocab, c, rows))
+        Ok((rows, c, vocab))
     }
 
     /// The scatter's launch shape (a block a row) and (rows, c, vocab) arguments.
-    fn scatter_launch((vocab, c, rows): (usize, usize, usize)) -> (LaunchConfig, (i64, i32, i64)) {
+    fn scatter_launch((rows, c, vocab): (usize, usize, usize)) -> (LaunchConfig, (i64, i32, i64)) {
         let cfg = LaunchConfig {
             grid_dim: (rows.clamp(1, 65535) as u32, 1, 1),
             block_dim: (c.next_power_of_two().clamp(32, 256) as u32, 1, 1),
@@ -117,8 +117,9 @@ mod imp {
                 view::<u32>(ids, il)?,
                 view::<f32>(demb, el)?,
             );
-            let mut out = alloc::<f32>(&dev, dims.0 * dims.1)?;
-            dev.memcpy_dtod(&dv.slice(..dims.0 * dims.1), &mut out)?;
+            let n = dims.1 * dims.2; // vocab · c
+            let mut out = alloc::<f32>(&dev, n)?;
+            dev.memcpy_dtod(&dv.slice(..n), &mut out)?;
             let func = kernel!(dev, PTX, "tb_embedding_bwd")?;
             let (cfg, (rows, c, vocab)) = scatter_launch(dims);
             // SAFETY: ids holds rows ids, demb rows·c elements, out vocab·c; ids ≥ vocab are
@@ -159,7 +160,7 @@ mod imp {
             let dims = scatter_dims(dl, il, el)?;
             let (iv, ev) = (view::<u32>(ids, il)?, view::<f32>(demb, el)?);
             let off = dl.start_offset();
-            let mut out = f32::as_cuda_slice_mut(dst)?.slice_mut(off..off + dims.0 * dims.1);
+            let mut out = f32::as_cuda_slice_mut(dst)?.slice_mut(off..off + dims.1 * dims.2);
             let func = kernel!(dev, PTX, "tb_embedding_bwd")?;
             let (cfg, (rows, c, vocab)) = scatter_launch(dims);
             // SAFETY: as the copying op's, out the vocab·c elements of dst from its offset.

@@ -16,8 +16,9 @@
 // The tile loads are flash_tiles.cuh's, the products and stores mma.cuh's.
 // lse is kept in base 2 (m·log2 e + log2 l): the scores are scaled by scale·log2 e once.
 // Dropout on the probabilities (#36): the mask of dropout.cuh's hash over the (B, nh, T, T)
-// probabilities' flat index, drawn in the forward and redrawn in both backward kernels; the
-// row sums and lse stay those of the undropped probabilities, dsum = Σ dy·y holds as is.
+// probabilities' flat index, drawn in the forward and redrawn in the backward's kernels (the
+// dk/dv one, and the dq one where dq has its own); the row sums and lse stay those of the
+// undropped probabilities, dsum = Σ dy·y holds as is.
 // dq two ways (`--fused flash-dq`, #36): in the dk/dv kernel from its dSᵀ (through shared
 // memory), summed over the key tiles by f32 atomics into a (B, T, C) buffer the dsum kernel
 // zeroes and a cast writes into dqkv (FlashAttention-2's way); or by a third kernel that
@@ -70,8 +71,9 @@ __device__ __forceinline__ void zero(float (&a)[8][4]) {
 }
 
 // out[r][:] += acc for rows r = r0 + g, r0 + g + 8 below T (row stride `stride` floats), four
-// columns an atomic (sm_90's float4 atomicAdd; its result unused: a reduction). Lanes t, t ^ 1
-// swap halves: the even one adds row g's columns 8j + 2t..+3, the odd one row g + 8's 8j + 2t − 2..+1.
+// columns an atomic (sm_90's float4 atomicAdd, its result unused: a reduction; four scalar ones
+// on older GPUs). Lanes t, t ^ 1 swap halves: the even one adds row g's columns 8j + 2t..+3,
+// the odd one row g + 8's 8j + 2t − 2..+1.
 __device__ __forceinline__ void red_acc(const float (&acc)[8][4], float* out, long stride, int r0, int T_) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, odd = t & 1;
   const int r = r0 + g + 8 * odd;
@@ -81,7 +83,13 @@ __device__ __forceinline__ void red_acc(const float (&acc)[8][4], float* out, lo
     const float x0 = odd ? acc[j][0] : acc[j][2], x1 = odd ? acc[j][1] : acc[j][3];
     const float y0 = __shfl_xor_sync(0xffffffff, x0, 1), y1 = __shfl_xor_sync(0xffffffff, x1, 1);
     const float4 v = odd ? make_float4(y0, y1, acc[j][2], acc[j][3]) : make_float4(acc[j][0], acc[j][1], y0, y1);
-    if (r < T_) atomicAdd(row + 2 * j, v);
+    if (r >= T_) continue;
+#if __CUDA_ARCH__ >= 900
+    atomicAdd(row + 2 * j, v);
+#else
+    float* f = reinterpret_cast<float*>(row + 2 * j);
+    atomicAdd(f, v.x), atomicAdd(f + 1, v.y), atomicAdd(f + 2, v.z), atomicAdd(f + 3, v.w);
+#endif
   }
 }
 
@@ -210,6 +218,18 @@ __device__ void load_row_stats(Shared<T>& sh, int buf, const float* lse, const f
   }
 }
 
+// The dk/dv kernel's dq of its query tile from these keys: the warp's 16 queries' rows of ds
+// (rows r.. of dSᵀ's transpose: dSᵀ, 64 keys × 64 queries, in shared memory) times the keys,
+// added to dq_acc's rows q0 + r.. (row stride C). a and acc are the caller's registers, free here.
+template <typename T>
+__device__ __forceinline__ void dq_from_ds(const T* ds_t, const T* k, uint32_t (&a)[4][4], float (&acc)[8][4],
+                                           float* dq_acc, int C, int q0, int r, int T_) {
+  load_a_t<LD>(a, ds_t, r);  // ds: the warp's 16 queries × the tile's 64 keys
+  zero(acc);
+  mma_ab<LD>(acc, a, k);  // (16 queries × 64 dims)
+  red_acc(acc, dq_acc, C, q0 + r, T_);
+}
+
 // dk and dv of one 64-key tile: for every query tile at or past it (q in x, dO in y), sᵀ = k qᵀ,
 // pᵀ from lse, dv += pᵀ dO, dpᵀ = v dOᵀ, dsᵀ = pᵀ ⊙ (dpᵀ − dsum), dk += dsᵀ q · scale; a warp's
 // 16 keys are the rows of each product. With DQ (sh a SharedDq) also dq of the query tile
@@ -302,10 +322,7 @@ __device__ void flash_bwd_dkv(S& sh, const T* qkv, const T* dy, const float* lse
     mma_ab<LD>(dk, pa, sh.x[buf]);
     if constexpr (DQ) {
       __syncthreads();  // every warp's dSᵀ rows are in
-      load_a_t<LD>(pa, sh.ds, w * 16);  // ds: the warp's 16 queries × the tile's 64 keys
-      zero(s);
-      mma_ab<LD>(s, pa, sh.k);  // (16 queries × 64 dims)
-      red_acc(s, dq_acc + row0 * C + h * HS, C, q0 + w * 16, T_);
+      dq_from_ds<T>(sh.ds, sh.k, pa, s, dq_acc + row0 * C + h * HS, C, q0, w * 16, T_);
     }
   }
   T* out = dqkv + row0 * stride + h * HS;

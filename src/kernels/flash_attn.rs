@@ -128,7 +128,7 @@ mod imp {
             (self.b * self.t * self.nh) as usize
         }
         /// B·T·C: dq's f32 sums with `flash-dq`.
-        fn elems(&self) -> usize {
+        fn dq_elems(&self) -> usize {
             self.rows() * FLASH_HEAD_SIZE
         }
     }
@@ -213,8 +213,9 @@ mod imp {
                         &self.scale, &scale2, &k.key, &k.thresh, &k.scale)?;
                     return Ok((CudaStorage::wrap_cuda_slice(dqkv, dev), ql.shape().clone()));
                 }
-                let dq_acc = alloc::<f32>(&dev, d.elems())?;
-                // SAFETY: as above; dq_acc holds B·T·C floats, each head's row zeroed by its warp.
+                let dq_acc = alloc::<f32>(&dev, d.dq_elems())?;
+                // SAFETY: as above; dq_acc holds B·T·C floats, each head's row zeroed by its
+                // 8 lanes.
                 launch!(unsafe dsum_func, flat_config(d.rows() * 8); &yv, &dyv, &dsum, &dq_acc,
                     &d.b, &d.t, &d.nh)?;
                 let dkvq_func = kernel!(dev, PTX, "tb_flash_bwd_dkvq", dt)?;
@@ -230,7 +231,7 @@ mod imp {
                 let (bt, c) = ((d.b * d.t) as i64, d.nh * FLASH_HEAD_SIZE as i32);
                 // SAFETY: dq_acc holds B·T·C floats (C a multiple of 4), dqkv B·T·3C
                 // elements; the cast writes the q columns, the dkvq blocks the k and v ones.
-                launch!(unsafe cast_func, flat_config(d.elems() / 4); &dq_acc, &dqkv, &bt, &c,
+                launch!(unsafe cast_func, flat_config(d.dq_elems() / 4); &dq_acc, &dqkv, &bt, &c,
                     &self.scale)?;
                 Ok((CudaStorage::wrap_cuda_slice(dqkv, dev), ql.shape().clone()))
             })
@@ -286,9 +287,18 @@ mod imp {
             return Ok(None);
         };
         let (dy, y) = (dy.reshape((b, t, c3 / 3))?, y.reshape((b, t, c3 / 3))?);
-        // The tiles of dy are copied in 16-byte vectors; dsum reads y and dy in them.
-        let dy = if aligned16(&dy) { dy } else { dy.copy()? };
-        let y = if aligned16(&y) { y } else { y.copy()? };
+        // The tiles of dy are copied in 16-byte vectors; dsum reads y and dy in them. (A
+        // fresh buffer from 0: candle's `copy` keeps the layout, its offset too.)
+        let dy = if aligned16(&dy) {
+            dy
+        } else {
+            dy.force_contiguous()?
+        };
+        let y = if aligned16(&y) {
+            y
+        } else {
+            y.force_contiguous()?
+        };
         let same = |x: &Tensor| x.dtype() == qkv.dtype() && x.is_contiguous();
         if !same(&y) || !same(&dy) || lse.dims() != [b, nh, t] || lse.dtype() != DType::F32 {
             bail!(

@@ -294,8 +294,9 @@ impl Gpt2Step {
                 Tensor::cat(&[&dpos, &zeros], 0)? // (P, C)
             }
         };
+        // dst is this function's alone (the head gradient's own buffer or its f32 cast, or
+        // zeros): the scatter adds into it.
         let ids = ids.flatten_all()?; // (N,)
-                                      // dst is this function's own (a fresh cast or zeros): the scatter adds into it.
         let scatter = |dst: Tensor| match kernels::embedding_bwd_in_place(&dst, &ids, &demb)? {
             true => Ok(dst),
             false => dst.index_add(&ids, &demb, 0),

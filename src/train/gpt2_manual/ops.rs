@@ -75,15 +75,17 @@ pub fn layer_norm_bwd_add(
     })
 }
 
-/// x in f32: one vectorised pass where the kernel applies (CUDA; candle's cast ran at a third
-/// of the bandwidth on the tied head's (V, C) gradient), else candle's cast. A new buffer
-/// unless x is f32 already.
+/// x in f32: one vectorised pass where the kernel applies (CUDA, `--fused adamw`'s multi-tensor
+/// cast; candle's cast ran at a fifth of the bandwidth on the tied head's (V, C) gradient),
+/// else candle's cast. A new buffer unless x is f32 already.
 pub fn to_f32(x: &Tensor) -> Result<Tensor> {
     if x.dtype() == DType::F32 {
         return Ok(x.clone());
     }
     match kernels::cast_multi_flat(std::slice::from_ref(x), DType::F32)? {
-        Some((flat, _)) => flat.narrow(0, 0, x.elem_count())?.reshape(x.shape()),
+        Some((flat, starts)) => flat
+            .narrow(0, starts[0], x.elem_count())?
+            .reshape(x.shape()),
         None => x.to_dtype(DType::F32),
     }
 }
