@@ -60,14 +60,12 @@ mod imp {
 mod imp {
     use super::AdamStep;
     use crate::kernels::launch::{
-        alloc, cpu_only, flat_config, float_dtype, kernel, launch, no_cpu_fwd, ptx, view,
-        with_dtype, Ptx,
+        alloc, flat_config, float_dtype, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx,
     };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::CudaDType;
     use candle_core::{
-        bail, CpuStorage, CudaStorage, CustomOp1, CustomOp2, DType, InplaceOp2, Layout, Result,
-        Shape, Tensor,
+        bail, CudaStorage, CustomOp1, CustomOp2, DType, InplaceOp2, Layout, Result, Shape, Tensor,
     };
 
     const PTX: Ptx = ptx!("adamw");
@@ -118,15 +116,7 @@ mod imp {
         fn name(&self) -> &'static str {
             "tb-adamw-apply"
         }
-        fn cpu_fwd(
-            &self,
-            _: &mut CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-        ) -> Result<()> {
-            cpu_only(self.name())
-        }
+        no_cpu_fwd!(InplaceOp2);
         fn cuda_fwd(
             &self,
             p: &mut CudaStorage,

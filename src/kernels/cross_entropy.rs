@@ -110,8 +110,8 @@ mod imp {
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::CudaDType;
     use candle_core::{
-        bail, CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, InplaceOp2, InplaceOp3, Layout,
-        Result, Shape, Tensor,
+        bail, CudaStorage, CustomOp2, CustomOp3, DType, InplaceOp2, InplaceOp3, Layout, Result,
+        Shape, Tensor,
     };
 
     const PTX: Ptx = ptx!("cross_entropy");
@@ -201,17 +201,7 @@ mod imp {
         fn name(&self) -> &'static str {
             "tb-cross-entropy-grad-in-place"
         }
-        fn cpu_fwd(
-            &self,
-            _: &mut CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-        ) -> Result<()> {
-            crate::kernels::launch::cpu_only(self.name())
-        }
+        no_cpu_fwd!(InplaceOp3);
         fn cuda_fwd(
             &self,
             x: &mut CudaStorage,
@@ -250,15 +240,7 @@ mod imp {
         fn name(&self) -> &'static str {
             "tb-cross-entropy-fused"
         }
-        fn cpu_fwd(
-            &self,
-            _: &mut CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-        ) -> Result<()> {
-            crate::kernels::launch::cpu_only(self.name())
-        }
+        no_cpu_fwd!(InplaceOp2);
         fn cuda_fwd(
             &self,
             x: &mut CudaStorage,

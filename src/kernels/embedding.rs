@@ -63,7 +63,7 @@ mod imp {
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::cuda_backend::CudaDType;
     use candle_core::{
-        bail, CpuStorage, CudaStorage, CustomOp3, DType, InplaceOp3, Layout, Result, Shape, Tensor,
+        bail, CudaStorage, CustomOp3, DType, InplaceOp3, Layout, Result, Shape, Tensor,
     };
 
     const PTX: Ptx = ptx!("embedding");
@@ -136,17 +136,7 @@ mod imp {
         fn name(&self) -> &'static str {
             "tb-embedding-bwd-in-place"
         }
-        fn cpu_fwd(
-            &self,
-            _: &mut CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-        ) -> Result<()> {
-            crate::kernels::launch::cpu_only(self.name())
-        }
+        no_cpu_fwd!(InplaceOp3);
         fn cuda_fwd(
             &self,
             dst: &mut CudaStorage,

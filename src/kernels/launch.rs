@@ -123,6 +123,30 @@ macro_rules! no_cpu_fwd {
             $crate::kernels::launch::cpu_only(candle_core::CustomOp3::name(self))
         }
     };
+    (InplaceOp2) => {
+        fn cpu_fwd(
+            &self,
+            _: &mut candle_core::CpuStorage,
+            _: &candle_core::Layout,
+            _: &candle_core::CpuStorage,
+            _: &candle_core::Layout,
+        ) -> candle_core::Result<()> {
+            $crate::kernels::launch::cpu_only(candle_core::InplaceOp2::name(self))
+        }
+    };
+    (InplaceOp3) => {
+        fn cpu_fwd(
+            &self,
+            _: &mut candle_core::CpuStorage,
+            _: &candle_core::Layout,
+            _: &candle_core::CpuStorage,
+            _: &candle_core::Layout,
+            _: &candle_core::CpuStorage,
+            _: &candle_core::Layout,
+        ) -> candle_core::Result<()> {
+            $crate::kernels::launch::cpu_only(candle_core::InplaceOp3::name(self))
+        }
+    };
 }
 pub(crate) use no_cpu_fwd;
 
