@@ -26,13 +26,14 @@ fn main() {
 
 /// The kernel families of src/kernels: each `<name>.cu` -> `$OUT_DIR/<name>.ptx`, embedded by
 /// src/kernels/<name>.rs (`ptx!`) and loaded as its own module.
-const KERNELS: [&str; 18] = [
+const KERNELS: [&str; 19] = [
     "adamw",
     "argmax",
     "attn_softmax",
     "bias_act",
     "cross_entropy",
     "decode_attention",
+    "decode_step",
     "dropout",
     "embedding",
     "flash_attn",

@@ -246,6 +246,9 @@ probe_run() { # NAME bench-args: one generation-suite run (prompt 128 + 128) int
 }
 
 GEN_LIMIT=${GEN_LIMIT:-1600}
+NO_STEP=lt,softmax,bias-act,adamw,layer-norm,dropout,cross-entropy,decode,graph,embedding,heads,flash
+NO_STEP=$NO_STEP,residual,gemv,skinny,oneshot,split-head,sum-norm,copy-sum,prefill,push-sum,adamw-copies
+NO_STEP=$NO_STEP,ln-residual,flash-dq
 gen_run() { # engine model batch [extra flags]: one generation run into /tmp/gen-logs
   local e=$1 m=$2 bs=$3; shift 3
   local hf=()
@@ -257,6 +260,7 @@ gen_run() { # engine model batch [extra flags]: one generation run into /tmp/gen
   candle-nograph) e=candle; hf=(--fused lt,softmax,bias-act,layer-norm,cross-entropy,decode) ;;  # the decode kernels, eager
   candle-noskinny) e=candle; hf=(--fused lt,softmax,bias-act,layer-norm,cross-entropy,decode,graph,gemv) ;;  # cuBLAS's LM head
   before) e=candle; local B=/tmp/bench-before ;;  # the previous binary (.gpu/bench-before)
+  candle-nostep) e=candle; hf=(--fused "$NO_STEP") ;;  # every path but the one-kernel decode step
   esac
   $B --engine "$e" "${hf[@]}" --model "$m" --weights random --seed 0 --device cuda --dtype bf16 \
     --batch-size "$bs" --log-dir /tmp/gen-logs --no-progress "$@" 2>&1 | grep -v "^  |" | tee -a "$OUT/gen.txt"
@@ -344,6 +348,20 @@ for stage in "$@"; do
       for bs in 1 16; do
         for e in ${GEN_AB_ENGINES:-before candle}; do
           gen_run $e $m $bs --suite generation --prompt-lens 128 --new-tokens 128 --limit "${GEN_CALLS:-10}"
+        done
+      done
+    done
+    ;;
+  step-ab)
+    # The decode step as one kernel (`--fused step`) against the same binary without it,
+    # alternating: the generation suite (prompt 128 + 128, $GEN_CALLS calls) on $GEN_MODELS at
+    # each batch of $STEP_BATCHES (1 4), $STEP_ROUNDS (2) rounds.
+    for r in $(seq "${STEP_ROUNDS:-2}"); do
+      for m in ${GEN_MODELS:-gpt2 bloom-560m}; do
+        for bs in ${STEP_BATCHES:-1 4}; do
+          for e in candle-nostep candle; do
+            gen_run $e $m $bs --suite generation --prompt-lens 128 --new-tokens 128 --limit "${GEN_CALLS:-10}"
+          done
         done
       done
     done

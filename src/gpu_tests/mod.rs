@@ -21,6 +21,7 @@ mod models;
 mod ops;
 mod optimizer;
 mod prefill;
+mod step;
 
 /// The tests switch `--fused` process-wide (reference runs use none): one at a time.
 static SWITCH: std::sync::Mutex<()> = std::sync::Mutex::new(());

@@ -20,6 +20,7 @@ mod attn_softmax;
 mod bias_act;
 mod cross_entropy;
 mod decode_attention;
+mod decode_step;
 mod dropout;
 mod embedding;
 mod flash_attn;
@@ -45,6 +46,7 @@ pub use cross_entropy::{
     cross_entropy, cross_entropy_bwd, cross_entropy_bwd_in_place, cross_entropy_fused_in_place,
 };
 pub use decode_attention::{decode_attention, decode_begin, CacheSlot, QkvLayout};
+pub use decode_step::{step_launches, StepAttention, StepLayer, StepModel, STEP_MAX_ROWS};
 pub use dropout::{apply_keep, draw_keep, dropout, keep_mask, set_dropout_seed, Keep};
 pub use embedding::{embedding_bwd, embedding_bwd_in_place, embedding_fwd};
 pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
@@ -160,6 +162,10 @@ pub enum Fused {
     /// summed over the key tiles by f32 atomics and cast once (needs `flash`), instead of a
     /// third kernel that recomputes the scores and dP (that one's dq is bit-reproducible).
     FlashDq,
+    /// Generation at 1–4 rows: a decode step's blocks as one persistent kernel, a block an
+    /// SM, grid-wide barriers between the stages and each stage's weights streamed into
+    /// shared memory two stages ahead (needs `decode`), instead of ≈ 7 launches a layer.
+    Step,
 }
 
 const LT: u32 = 1;
@@ -186,6 +192,7 @@ const PUSH_SUM: u32 = 1048576;
 const ADAMW_COPIES: u32 = 1 << 21;
 const LN_RESIDUAL: u32 = 1 << 22;
 const FLASH_DQ: u32 = 1 << 23;
+const STEP: u32 = 1 << 24;
 const ALL: u32 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -209,7 +216,8 @@ const ALL: u32 = LT
     | PUSH_SUM
     | ADAMW_COPIES
     | LN_RESIDUAL
-    | FLASH_DQ;
+    | FLASH_DQ
+    | STEP;
 
 static ENABLED: AtomicU32 = AtomicU32::new(ALL);
 
@@ -241,6 +249,7 @@ fn bit(f: Fused) -> u32 {
         Fused::AdamwCopies => ADAMW_COPIES,
         Fused::LnResidual => LN_RESIDUAL,
         Fused::FlashDq => FLASH_DQ,
+        Fused::Step => STEP,
     }
 }
 

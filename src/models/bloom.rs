@@ -27,6 +27,7 @@ use super::layers::{
     Mode, Norm, Projection, Unsummed, WeightLayout::Linear,
 };
 use super::shard::Split;
+use super::step::{step_layer, StepKernel};
 use crate::dist::Tp;
 use crate::error::{Error, Result};
 use crate::kernels::{self, QkvLayout};
@@ -389,6 +390,8 @@ pub struct Bloom {
     mode: Mode,
     /// This rank's place, for the LM head split over the ranks when decoding.
     tp: Tp,
+    /// The decode step's blocks as one kernel (`--fused step`).
+    step: StepKernel,
 }
 
 impl Bloom {
@@ -442,6 +445,7 @@ impl Bloom {
             },
             mode: Mode::default(),
             tp: tp.clone(),
+            step: StepKernel::default(),
         })
     }
 }
@@ -455,6 +459,13 @@ impl Bloom {
         cache: &KvCache,
         step: &Step,
     ) -> candle_core::Result<Tensor> {
+        let built = || self.step_model();
+        if let Some(h) = self
+            .step
+            .forward(|| Ok(x.clone()), cache, step, self.h.len(), built)?
+        {
+            return Ok(h);
+        }
         let inference = Mode::default();
         // (B, nh, T, Tk) causal + padding + ALiBi; none for a step on the device (its shape
         // would be the capture's: the decode kernel adds ALiBi itself).
@@ -470,6 +481,39 @@ impl Bloom {
             let kv = Some(cache.layer_step(i, step)?);
             attn.forward_unsummed(h, bias.as_ref(), kv, inference)
         })
+    }
+
+    /// The weights of [`Bloom::blocks_cached`]'s one kernel; None where it does not apply
+    /// (the residual taken after the norm, tensor parallelism, fp8 weights).
+    fn step_model(&self) -> candle_core::Result<Option<kernels::StepModel>> {
+        let Some(lnf) = self.ln_f.parts() else {
+            return Ok(None);
+        };
+        let mut layers = Vec::with_capacity(self.h.len());
+        for b in &self.h {
+            let a = &b.self_attention;
+            let (ln1, ln2) = (&b.input_layernorm, &b.post_attention_layernorm);
+            let layer = match b.residual_after_norm {
+                true => None,
+                false => step_layer(ln1, &a.query_key_value, &a.dense, ln2, &b.mlp)?,
+            };
+            match layer {
+                Some(l) => layers.push(l),
+                None => return Ok(None),
+            }
+        }
+        let hs = self.head_size;
+        let attention = kernels::StepAttention {
+            nh: self.slopes.dim(0)?,
+            hs,
+            layout: QkvLayout {
+                head_stride: 3 * hs,
+                part: hs,
+            },
+            scale: 1. / (hs as f64).sqrt(),
+            slopes: Some(self.slopes.clone()),
+        };
+        kernels::StepModel::new(layers, lnf, self.ln_f.eps(), attention)
     }
 
     /// The blocks and ln_f of an inference forward from its normed embeddings x (B, T, H),

@@ -24,6 +24,7 @@ use super::layers::{
     Mode, Norm, Projection, Unsummed, WeightLayout::Conv1D,
 };
 use super::shard::Split;
+use super::step::{step_layer, StepKernel};
 use crate::dist::Tp;
 use crate::error::{Error, Result};
 use crate::kernels::{self, QkvLayout};
@@ -356,6 +357,8 @@ pub struct Gpt2 {
     mode: Mode,
     /// This rank's place, for the LM head split over the ranks when decoding.
     tp: Tp,
+    /// The decode step's blocks as one kernel (`--fused step`).
+    step: StepKernel,
 }
 
 impl Gpt2 {
@@ -400,6 +403,7 @@ impl Gpt2 {
             local_heads: tp.part(cfg.n_head).len(),
             mode: Mode::default(),
             tp: tp.clone(),
+            step: StepKernel::default(),
         })
     }
 
@@ -412,6 +416,12 @@ impl Gpt2 {
         cache: &KvCache,
         step: &Step,
     ) -> candle_core::Result<Tensor> {
+        let (tok, pos) = &embeddings;
+        let x = || tok + pos; // (B, 1, C)
+        let built = || self.step_model();
+        if let Some(h) = self.step.forward(x, cache, step, self.h.len(), built)? {
+            return Ok(h);
+        }
         let inference = Mode::default();
         // (B, 1, T, Tk); none for a step on the device (its shape would be the capture's).
         let bias = match step.on_device() {
@@ -422,6 +432,38 @@ impl Gpt2 {
             let kv = Some(cache.layer_step(i, step)?);
             attn.forward_unsummed(h, bias.as_ref(), kv, inference)
         })
+    }
+
+    /// The weights of [`Gpt2::blocks_cached`]'s one kernel; None where it does not apply
+    /// (scores scaled by the layer index, tensor parallelism, fp8 weights).
+    fn step_model(&self) -> candle_core::Result<Option<kernels::StepModel>> {
+        let cfg = &self.cfg;
+        let same_scale = (0..cfg.n_layer).all(|i| cfg.attn_scale(i) == cfg.attn_scale(0));
+        let (Some(lnf), true) = (
+            self.ln_f.parts(),
+            same_scale && self.local_heads == cfg.n_head,
+        ) else {
+            return Ok(None);
+        };
+        let mut layers = Vec::with_capacity(self.h.len());
+        for b in &self.h {
+            match step_layer(&b.ln_1, &b.attn.c_attn, &b.attn.c_proj, &b.ln_2, &b.mlp)? {
+                Some(l) => layers.push(l),
+                None => return Ok(None),
+            }
+        }
+        let hs = cfg.n_embd / cfg.n_head;
+        let attention = kernels::StepAttention {
+            nh: cfg.n_head,
+            hs,
+            layout: QkvLayout {
+                head_stride: hs,
+                part: cfg.n_embd,
+            },
+            scale: cfg.attn_scale(0),
+            slopes: None,
+        };
+        kernels::StepModel::new(layers, lnf, self.ln_f.eps(), attention)
     }
 
     /// The blocks and ln_f of an inference forward from its token and position embeddings

@@ -105,6 +105,22 @@ impl Projection {
         self.forward_act(x, None)
     }
 
+    /// The weight as nn.Linear lays it out, (out, in) contiguous (a copy of a Conv1D weight),
+    /// and the bias; None for fp8 and row-parallel weights (the decode step kernel's input).
+    pub fn linear_parts(&self) -> candle_core::Result<Option<(Tensor, Tensor)>> {
+        let Stored::Dense(w) = &self.weight else {
+            return Ok(None);
+        };
+        if self.reduce.is_some() {
+            return Ok(None);
+        }
+        let w = match self.layout {
+            WeightLayout::Linear => w.contiguous()?,
+            WeightLayout::Conv1D => w.t()?.contiguous()?, // (in, out) -> (out, in)
+        };
+        Ok(Some((w, self.bias.clone())))
+    }
+
     /// Whether a CUDA graph can record this projection: its all-reduce, if any, runs on the
     /// device (NCCL), not through the host.
     pub fn graph_capturable(&self) -> bool {
@@ -303,6 +319,16 @@ impl Norm {
             },
             _ => self.ln.forward(x),
         }
+    }
+
+    /// (weight, bias), (C,) each; None without a bias.
+    pub fn parts(&self) -> Option<(Tensor, Tensor)> {
+        let b = self.ln.bias()?;
+        Some((self.ln.weight().clone(), b.clone()))
+    }
+
+    pub fn eps(&self) -> f64 {
+        self.eps
     }
 
     /// (x + r, norm(x + r)), inference: the residual add and the next block's (or the final)

@@ -21,6 +21,7 @@ pub mod shard;
 #[cfg(test)]
 mod shard_tests;
 pub mod slots;
+mod step;
 pub mod weights;
 
 use crate::dist::Tp;

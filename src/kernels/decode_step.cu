@@ -1,0 +1,387 @@
+// The blocks of a decode step in one persistent kernel (#37, `--fused step`), launched by
+// decode_step.rs: one block an SM, the layers' stages separated by grid-wide barriers instead of
+// kernel boundaries, and each stage's weights streamed into shared memory (Hopper's bulk copy)
+// while the stages before it run, so that the weights' latency hides under the barriers.
+// A layer (GPT-2 and BLOOM, pre-LayerNorm):
+//   S1 qkv = LN1(x) Wqkvᵀ + b       S2 attention of one new query a row over the cache
+//   S3 x1 = x + (att Wprojᵀ + b)    S4 a = GELU(LN2(x1) Wfcᵀ + b)    S5 x = x1 + (a Wfc2ᵀ + b)
+// then out = LN_f(x). Each stage rounds where the kernels it replaces round (the projections'
+// outputs, the residual sums, the normed inputs, the scores): decode.rs's GPU test.
+// Shapes: M rows (batch, one new position each), C channels, I the MLP's inner size, nh heads
+// of hs, T_max cached positions; weights nn.Linear (out, in), contiguous.
+#include "common.cuh"
+
+#define MASKED (-1e9f)  // decode_attention.cu's padding score
+#define STEP_THREADS 512
+#define STEP_WARPS 16
+#define STEP_MAX_LAYERS 64
+
+// One layer's weights: the table decode_step.rs uploads, a row a layer.
+template <typename T>
+struct LayerW {
+  const T *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fc2_w, *fc2_b;
+};
+
+// Each layer's cache, (M, nh, T_max, hs) keys and values (by value: 1 KiB of parameters).
+struct StepCaches {
+  unsigned long long k[STEP_MAX_LAYERS], v[STEP_MAX_LAYERS];
+};
+
+// Sizes, the attention's layout (decode_attention.cu's head_stride and part) and the dynamic
+// shared memory's layout (byte offsets, computed once by decode_step.rs).
+struct StepDims {
+  int n_layer, c, inner, nh, hs, t_max, head_stride, part, pos;
+  float eps, scale;
+  int wbuf, off_x, off_part, off_p, off_acc, off_q;
+};
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// Reads of what other blocks wrote in this launch go through L2 (an SM's L1 is not coherent).
+template <typename T>
+__device__ __forceinline__ T ldcg(const T* p) {
+  if constexpr (sizeof(T) == 2) {
+    const unsigned short u = __ldcg(reinterpret_cast<const unsigned short*>(p));
+    return *reinterpret_cast<const T*>(&u);
+  } else {
+    return __ldcg(p);
+  }
+}
+template <typename T>
+__device__ __forceinline__ Vec16<T> ldcg16(const Vec16<T>* p) {
+  const int4 u = __ldcg(reinterpret_cast<const int4*>(p));
+  return *reinterpret_cast<const Vec16<T>*>(&u);
+}
+
+// ---- grid-wide barrier: a counter that each block's thread 0 raises, zeroed at exit ----
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Every block's writes before it are visible to every block after it. `passed` counts the
+// barriers so far times the grid; a block missing for 2 s (not resident: a grid larger than
+// the GPU holds at once) traps instead of hanging the GPU.
+__device__ void grid_sync(unsigned* count, unsigned& passed) {
+  __syncthreads();
+  passed += gridDim.x;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(count, 1u);
+    const unsigned long long t0 = global_ns();
+    while (ld_acquire(count) < passed)
+      if (global_ns() - t0 > 2000000000ull) __trap();
+  }
+  __syncthreads();
+}
+
+// After the last barrier: the last block out zeroes the counters for the next launch (every
+// block has left its last wait by then).
+__device__ void grid_exit(unsigned* sync) {
+  if (threadIdx.x == 0 && atomicAdd(sync + 1, 1u) == gridDim.x - 1) {
+    sync[0] = 0;
+    sync[1] = 0;
+    __threadfence();
+  }
+}
+
+// ---- weights into shared memory: a block's run of output columns, rows contiguous ----
+
+// The block's columns of an N-column projection: [col0, col0 + ncols).
+__device__ __forceinline__ void tile_of(int n, int& col0, int& ncols) {
+  const int per = (n + gridDim.x - 1) / gridDim.x;
+  col0 = blockIdx.x * per;
+  ncols = max(0, min(per, n - col0));
+}
+
+// Thread 0 starts the copy of the block's rows of W (N, K) into buf; `bar` completes with it.
+template <typename T>
+__device__ void fetch_tile(const T* w, int n, int k, unsigned char* buf, unsigned long long* bar) {
+#if __CUDA_ARCH__ >= 900
+  int col0, ncols;
+  tile_of(n, col0, ncols);
+  if (threadIdx.x != 0 || ncols == 0) return;
+  const unsigned bytes = (unsigned)ncols * k * sizeof(T);
+  // The block's reads of buf (generic proxy) ordered before the copy's writes (async proxy).
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+  const char* src = reinterpret_cast<const char*>(w + (long)col0 * k);
+  for (unsigned o = 0; o < bytes; o += 32768u) {
+    const unsigned len = min(32768u, bytes - o);
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(buf + o)),
+                 "l"(src + o), "r"(len), "r"(smem_u32(bar))
+                 : "memory");
+  }
+#endif
+}
+
+// Waits for fetch_tile's rows (before Hopper: copies them now, the whole block).
+template <typename T>
+__device__ void wait_tile(const T* w, int n, int k, unsigned char* buf, unsigned long long* bar, unsigned& parity) {
+  int col0, ncols;
+  tile_of(n, col0, ncols);
+  if (ncols == 0) return;
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}" ::"r"(
+          smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+  parity ^= 1u;
+#else
+  const int4* src = reinterpret_cast<const int4*>(w + (long)col0 * k);
+  int4* dst = reinterpret_cast<int4*>(buf);
+  for (int i = threadIdx.x; i < ncols * k * (int)sizeof(T) / 16; i += blockDim.x) dst[i] = src[i];
+  __syncthreads();
+#endif
+}
+
+// ---- the stages ----
+
+// xs (M, K) = rows of `in` (M, K), through LayerNorm (w, b) when w is given: decode.cu's
+// add_layer_norm without the add (two passes over the row in registers; K <= 8·512).
+template <typename T, int M>
+__device__ void stage_input(const T* in, const T* w, const T* b, T* xs, int k, float eps, float* sh) {
+  if (!w) {
+    const int kv = k * (int)sizeof(T) / 16;
+    for (int i = threadIdx.x; i < M * kv; i += blockDim.x)
+      reinterpret_cast<Vec16<T>*>(xs)[i] = ldcg16(reinterpret_cast<const Vec16<T>*>(in) + i);
+    __syncthreads();
+    return;
+  }
+  for (int m = 0; m < M; ++m) {
+    float v[8], sum = 0.f;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int j = threadIdx.x + u * STEP_THREADS;
+      v[u] = j < k ? to_f(ldcg(in + (long)m * k + j)) : 0.f;
+      sum += v[u];
+    }
+    const float mean = block_sum(sum, sh) / k;
+    float var = 0.f;
+#pragma unroll
+    for (int u = 0; u < 8; ++u)
+      if (threadIdx.x + u * STEP_THREADS < k) var += (v[u] - mean) * (v[u] - mean);
+    const float rstd = rsqrtf(block_sum(var, sh) / k + eps);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int j = threadIdx.x + u * STEP_THREADS;
+      if (j < k) xs[m * k + j] = from_f<T>((v[u] - mean) * rstd * to_f(w[j]) + to_f(b[j]));
+    }
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ float gelu_tanh(float v) {
+  return 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+}
+
+// The block's columns of y (M, N) = act(xs Wᵀ + b), W's rows for them in `wt` (shared), xs in
+// shared; with `res`, y = res + that (rounded as the branch, then as the add; res may be y).
+// Warps a column: as many as 16 warps share among the block's columns (split K), their sums
+// met in `part`.
+template <typename T, int M>
+__device__ void project(const T* wt, const T* xs, const T* bias, T* y, const T* res, int n, int k, bool gelu,
+                        float* part) {
+  int col0, ncols;
+  tile_of(n, col0, ncols);
+  if (ncols == 0) return;
+  const int kv = k * (int)sizeof(T) / 16;
+  int split = 1;
+  while (split * 2 * ncols <= STEP_WARPS) split *= 2;
+  const int groups = STEP_WARPS / split, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = warp / split, s = warp % split;
+  const Vec16<T>* xv = reinterpret_cast<const Vec16<T>*>(xs);
+  for (int j = g; j < ncols; j += groups) {
+    const Vec16<T>* row = reinterpret_cast<const Vec16<T>*>(wt) + (long)j * kv;
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[m] = 0.f;
+#pragma unroll 4
+    for (int i = s * 32 + lane; i < kv; i += 32 * split) {
+      const Vec16<T> wv = row[i];
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const Vec16<T> x = xv[m * kv + i];
+#pragma unroll
+        for (int e = 0; e < 16 / (int)sizeof(T); ++e) acc[m] += to_f(wv.e[e]) * to_f(x.e[e]);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      acc[m] = warp_sum(acc[m]);
+      if (lane == 0) part[(j * split + s) * M + m] = acc[m];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < ncols * M; idx += blockDim.x) {
+    const int j = idx / M, m = idx % M, col = col0 + j;
+    float v = to_f(bias[col]);
+    for (int t = 0; t < split; ++t) v += part[(j * split + t) * M + m];
+    if (gelu) v = gelu_tanh(v);
+    T out = from_f<T>(v);
+    if (res) out = from_f<T>(to_f(ldcg(res + (long)m * n + col)) + to_f(out));
+    y[(long)m * n + col] = out;
+  }
+}
+
+// att (M, C) of one new query a row against keys 0..pos of each layer's cache, a block a (row,
+// head): decode_attention.cu's decode_attention (the same rounding). Writes the new key and
+// value at pos first.
+template <typename T>
+__device__ void attend(const T* qkv, T* att, T* kc, T* vc, const StepDims& d, int rows, int pos, const float* key_mask,
+                       const float* key_pos, const float* slopes, unsigned char* smem, float* sh) {
+  float* q = reinterpret_cast<float*>(smem + d.off_q);
+  float* p = reinterpret_cast<float*>(smem + d.off_p);
+  float* acc = reinterpret_cast<float*>(smem + d.off_acc);
+  const int hs = d.hs, tk = pos + 1;
+  for (int unit = blockIdx.x; unit < rows * d.nh; unit += gridDim.x) {
+    const int b = unit / d.nh, h = unit % d.nh;
+    const T* qr = qkv + (long)b * 3 * d.c + (long)h * d.head_stride;
+    const long head_off = ((long)b * d.nh + h) * d.t_max * hs;
+    T* kr = kc + head_off;
+    T* vr = vc + head_off;
+    for (int j = threadIdx.x; j < hs; j += blockDim.x) {
+      q[j] = to_f(ldcg(qr + j));
+      kr[(long)pos * hs + j] = ldcg(qr + d.part + j);
+      vr[(long)pos * hs + j] = ldcg(qr + 2 * d.part + j);
+    }
+    __syncthreads();
+    const float* mrow = key_mask + (long)b * d.t_max;
+    const float slope = slopes ? slopes[h] : 0.f;
+    // Scores: a thread a key, its row in 16-byte loads all in flight (hs·sizeof(T) % 16 == 0).
+    constexpr int E = 16 / sizeof(T);
+    float mx = -INFINITY;
+    for (int kk = threadIdx.x; kk < tk; kk += blockDim.x) {
+      const Vec16<T>* ks = reinterpret_cast<const Vec16<T>*>(kr + (long)kk * hs);
+      float dot = 0.f;
+#pragma unroll 8
+      for (int i = 0; i < hs / E; ++i) {
+        const Vec16<T> kv = ldcg16(ks + i);
+#pragma unroll
+        for (int e = 0; e < E; ++e) dot += q[i * E + e] * to_f(kv.e[e]);
+      }
+      float sc = to_f(from_f<T>(dot)) * d.scale + (1.f - mrow[kk]) * MASKED;
+      if (slopes) sc += slope * key_pos[(long)b * d.t_max + kk];
+      p[kk] = sc;
+      mx = fmaxf(mx, sc);
+    }
+    mx = block_max(mx, sh);
+    float sum = 0.f;
+    for (int kk = threadIdx.x; kk < tk; kk += blockDim.x) {
+      const float e = expf(p[kk] - mx);
+      p[kk] = e;
+      sum += e;
+    }
+    const float inv = 1.f / block_sum(sum, sh);  // its __syncthreads publish p
+    const int groups = blockDim.x / hs, g = threadIdx.x / hs, j = threadIdx.x % hs;
+    float a = 0.f;
+    if (g < groups)
+#pragma unroll 8
+      for (int kk = g; kk < tk; kk += groups) a += to_f(from_f<T>(p[kk] * inv)) * to_f(ldcg(vr + (long)kk * hs + j));
+    acc[threadIdx.x] = a;
+    __syncthreads();
+    for (int jj = threadIdx.x; jj < hs; jj += blockDim.x) {
+      float o = 0.f;
+      for (int gi = 0; gi < groups; ++gi) o += acc[gi * hs + jj];
+      att[(long)b * d.c + (long)h * hs + jj] = from_f<T>(o);
+    }
+    __syncthreads();  // q, p and acc are the next unit's
+  }
+}
+
+// ---- the step ----
+
+// x_in (M, C): the residual stream entering layer 0 (GPT-2: token + position embeddings;
+// BLOOM: the embeddings' LayerNorm), not written. work: qkv (M, 3C), att (M, C), mlp (M, I),
+// resid (M, C), all scratch. out (M, C) = LN_f(the last layer's residual stream).
+// sync: 2 u32, zero between launches. Launch: grid = the SMs (all resident), STEP_THREADS.
+template <typename T, int M>
+__device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, const StepDims& d, const T* lnf_w,
+                            const T* lnf_b, const T* x_in, T* qkv, T* att, T* mlp, T* resid, T* out,
+                            const float* key_mask, const float* key_pos, const float* slopes, const uint32_t* cursor,
+                            unsigned* sync) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ __align__(8) unsigned long long bars[2];
+  __shared__ float sh[32];
+  unsigned char* buf[2] = {smem, smem + d.wbuf};
+  T* xs = reinterpret_cast<T*>(smem + d.off_x);
+  float* part = reinterpret_cast<float*>(smem + d.off_part);
+  const int pos = cursor ? (int)*cursor - 1 : d.pos;
+  const int c = d.c, ic = d.inner;
+  unsigned passed = 0, parity[2] = {0u, 0u};
+#if __CUDA_ARCH__ >= 900
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < 2; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[i])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+#endif
+  // Buffer 0 takes qkv and fc, buffer 1 proj and fc2: each copy starts two stages ahead.
+  fetch_tile(layers[0].qkv_w, 3 * c, c, buf[0], &bars[0]);
+  fetch_tile(layers[0].proj_w, c, c, buf[1], &bars[1]);
+  const T* x = x_in;
+  for (int l = 0; l < d.n_layer; ++l) {
+    const LayerW<T> w = layers[l];
+    const bool more = l + 1 < d.n_layer;
+    // S1: qkv = LN1(x) Wqkvᵀ + b
+    stage_input<T, M>(x, w.ln1_w, w.ln1_b, xs, c, d.eps, sh);
+    wait_tile(w.qkv_w, 3 * c, c, buf[0], &bars[0], parity[0]);
+    project<T, M>(reinterpret_cast<const T*>(buf[0]), xs, w.qkv_b, qkv, nullptr, 3 * c, c, false, part);
+    __syncthreads();
+    fetch_tile(w.fc_w, ic, c, buf[0], &bars[0]);
+    grid_sync(sync, passed);
+    // S2: the attention
+    attend<T>(qkv, att, reinterpret_cast<T*>(caches.k[l]), reinterpret_cast<T*>(caches.v[l]), d, M, pos, key_mask,
+              key_pos, slopes, smem, sh);
+    grid_sync(sync, passed);
+    // S3: x1 = x + (att Wprojᵀ + b)
+    stage_input<T, M>(att, nullptr, nullptr, xs, c, d.eps, sh);
+    wait_tile(w.proj_w, c, c, buf[1], &bars[1], parity[1]);
+    project<T, M>(reinterpret_cast<const T*>(buf[1]), xs, w.proj_b, resid, x, c, c, false, part);
+    __syncthreads();
+    fetch_tile(w.fc2_w, c, ic, buf[1], &bars[1]);
+    x = resid;
+    grid_sync(sync, passed);
+    // S4: a = GELU(LN2(x1) Wfcᵀ + b)
+    stage_input<T, M>(x, w.ln2_w, w.ln2_b, xs, c, d.eps, sh);
+    wait_tile(w.fc_w, ic, c, buf[0], &bars[0], parity[0]);
+    project<T, M>(reinterpret_cast<const T*>(buf[0]), xs, w.fc_b, mlp, nullptr, ic, c, true, part);
+    __syncthreads();
+    if (more) fetch_tile(layers[l + 1].qkv_w, 3 * c, c, buf[0], &bars[0]);
+    grid_sync(sync, passed);
+    // S5: x = x1 + (a Wfc2ᵀ + b)
+    stage_input<T, M>(mlp, nullptr, nullptr, xs, ic, d.eps, sh);
+    wait_tile(w.fc2_w, c, ic, buf[1], &bars[1], parity[1]);
+    project<T, M>(reinterpret_cast<const T*>(buf[1]), xs, w.fc2_b, resid, resid, c, ic, false, part);
+    __syncthreads();
+    if (more) fetch_tile(layers[l + 1].proj_w, c, c, buf[1], &bars[1]);
+    grid_sync(sync, passed);
+  }
+  // out = LN_f(x), a block a row
+  if (blockIdx.x < M) {
+    stage_input<T, M>(x, lnf_w, lnf_b, xs, c, d.eps, sh);  // every row's norm; this block's row out
+    for (int j = threadIdx.x; j < c; j += blockDim.x) out[(long)blockIdx.x * c + j] = xs[blockIdx.x * c + j];
+  }
+  grid_exit(sync);
+}
+
+#define INSTANTIATE_M(T, S, M)                                                                                       \
+  extern "C" __global__ void __launch_bounds__(STEP_THREADS, 1) tb_decode_step##M##_##S(                            \
+      const LayerW<T>* layers, StepCaches caches, StepDims d, const T* lnf_w, const T* lnf_b, const T* x_in, T* qkv, \
+      T* att, T* mlp, T* resid, T* out, const float* key_mask, const float* key_pos, const float* slopes,            \
+      const uint32_t* cursor, unsigned* sync) {                                                                      \
+    decode_step<T, M>(layers, caches, d, lnf_w, lnf_b, x_in, qkv, att, mlp, resid, out, key_mask, key_pos, slopes,   \
+                      cursor, sync);                                                                                 \
+  }
+#define INSTANTIATE(T, S) INSTANTIATE_M(T, S, 1) INSTANTIATE_M(T, S, 2) INSTANTIATE_M(T, S, 3) INSTANTIATE_M(T, S, 4)
+FOR_TYPES(INSTANTIATE)
