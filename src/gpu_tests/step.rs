@@ -135,6 +135,21 @@ fn blocks_ref(
     norm(&x, lnf)
 }
 
+/// (mask, key positions), (rows, t_max) f32 each: row 1 left-padded over its first 5 keys,
+/// positions counting real keys.
+fn padded_keys(rows: usize, t_max: usize, dev: &Device) -> (Tensor, Tensor) {
+    let (mut mask, mut key_pos) = (vec![1f32; rows * t_max], vec![0f32; rows * t_max]);
+    for m in 0..rows {
+        let pad = if m == 1 { 5 } else { 0 };
+        for t in 0..t_max {
+            mask[m * t_max + t] = if t < pad { 0. } else { 1. };
+            key_pos[m * t_max + t] = t.saturating_sub(pad) as f32;
+        }
+    }
+    let mask = Tensor::from_vec(mask, (rows, t_max), dev).unwrap();
+    (mask, Tensor::from_vec(key_pos, (rows, t_max), dev).unwrap())
+}
+
 /// GPT-2's [q | k | v] (C = 768, 12 heads) at one row, BLOOM's (nh, 3, hs) with ALiBi (C =
 /// 1024, 16 heads) at three rows, one left-padded: two layers, a cache of 40 with the step at
 /// 21, f32 and bf16, against candle's ops in f32.
@@ -170,18 +185,7 @@ fn the_step_kernel_matches_the_blocks_in_candles_ops() {
             );
             let cache = || w(&[rows, nh, t_max, hs], 1., &gpu, dtype);
             let kv: Vec<_> = (0..2).map(|_| (cache(), cache())).collect();
-            // Row 1 (of three) left-padded over its first 5 keys; positions count real keys.
-            let mut mask = vec![1f32; rows * t_max];
-            let mut key_pos = vec![0f32; rows * t_max];
-            for m in 0..rows {
-                let pad = if m == 1 { 5 } else { 0 };
-                for t in 0..t_max {
-                    mask[m * t_max + t] = if t < pad { 0. } else { 1. };
-                    key_pos[m * t_max + t] = t.saturating_sub(pad) as f32;
-                }
-            }
-            let mask = Tensor::from_vec(mask, (rows, t_max), &gpu).unwrap();
-            let key_pos = Tensor::from_vec(key_pos, (rows, t_max), &gpu).unwrap();
+            let (mask, key_pos) = padded_keys(rows, t_max, &gpu);
             let x = w(&[rows, 1, c], 1., &gpu, dtype);
             // The reference first: the kernel writes the caches.
             let cached: Vec<_> = kv.iter().map(|(k, v)| (f32s(k), f32s(v))).collect();
