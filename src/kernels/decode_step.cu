@@ -30,7 +30,7 @@ struct StepCaches {
 // Sizes, the attention's layout (decode_attention.cu's head_stride and part) and the dynamic
 // shared memory's layout (byte offsets, computed once by decode_step.rs).
 struct StepDims {
-  int n_layer, c, inner, nh, hs, t_max, head_stride, part, pos;
+  int n_layer, c, inner, nh, hs, t_max, head_stride, part, pos, splits;
   float eps, scale;
   int wbuf, off_x, off_part, off_p, off_acc, off_q;
 };
@@ -66,18 +66,21 @@ __device__ __forceinline__ unsigned long long global_ns() {
   return t;
 }
 
-// Every block's writes before it are visible to every block after it. `passed` counts the
-// barriers so far times the grid; a block missing for 2 s (not resident: a grid larger than
-// the GPU holds at once) traps instead of hanging the GPU.
-__device__ void grid_sync(unsigned* count, unsigned& passed) {
+// Every block's writes before it are visible to every block after it (CUTLASS's generic
+// barrier: a release add, acquire loads). `passed` counts the barriers so far times the grid;
+// a block missing for 2 s (not resident: a grid larger than the GPU holds at once) traps
+// instead of hanging the GPU. With `trace`, each block's arrival and departure times.
+__device__ void grid_sync(unsigned* count, unsigned& passed, unsigned long long* trace) {
   __syncthreads();
   passed += gridDim.x;
   if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(count, 1u);
+    const unsigned k = passed / gridDim.x;  // this barrier's number, from 1
+    if (trace) trace[(2 * k - 1) * gridDim.x + blockIdx.x] = global_ns();
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
     const unsigned long long t0 = global_ns();
-    while (ld_acquire(count) < passed)
-      if (global_ns() - t0 > 2000000000ull) __trap();
+    for (unsigned spins = 1; ld_acquire(count) < passed; ++spins)
+      if (spins % 1024 == 0 && global_ns() - t0 > 2000000000ull) __trap();
+    if (trace) trace[2 * k * gridDim.x + blockIdx.x] = global_ns();
   }
   __syncthreads();
 }
@@ -234,82 +237,124 @@ __device__ void project(const T* wt, const T* xs, const T* bias, T* y, const T* 
   }
 }
 
-// att (M, C) of one new query a row against keys 0..pos of each layer's cache, a block a (row,
-// head): decode_attention.cu's decode_attention (the same rounding). Writes the new key and
-// value at pos first.
+// The attention of one new query a row over keys 0..pos, split over the keys (flash-decoding)
+// so that most blocks take a part: unit (row b, head h, split s) takes keys [s·KS, (s + 1)·KS),
+// KS = ceil(T_max / splits), a thread a key, and writes its max score, its sum of
+// exp(score − max) and its unnormalised p·v (f32) to `ml` (M, nh, splits, 2) and `pv` (M,
+// nh, splits, hs); merge_heads merges them in the next stage. decode_attention.cu's
+// decode_attention_part (the same rounding). The split holding pos first writes the new key
+// and value there.
 template <typename T>
-__device__ void attend(const T* qkv, T* att, T* kc, T* vc, const StepDims& d, int rows, int pos, const float* key_mask,
-                       const float* key_pos, const float* slopes, unsigned char* smem, float* sh) {
+__device__ void attend(const T* qkv, T* kc, T* vc, float* ml, float* pv, const StepDims& d, int rows, int pos,
+                       const float* key_mask, const float* key_pos, const float* slopes, unsigned char* smem,
+                       float* sh) {
+  constexpr int E = 16 / sizeof(T);
   float* q = reinterpret_cast<float*>(smem + d.off_q);
   float* p = reinterpret_cast<float*>(smem + d.off_p);
   float* acc = reinterpret_cast<float*>(smem + d.off_acc);
-  const int hs = d.hs, tk = pos + 1;
-  for (int unit = blockIdx.x; unit < rows * d.nh; unit += gridDim.x) {
-    const int b = unit / d.nh, h = unit % d.nh;
+  const int hs = d.hs, tk = pos + 1, ks_len = (d.t_max + d.splits - 1) / d.splits;
+  for (int unit = blockIdx.x; unit < rows * d.nh * d.splits; unit += gridDim.x) {
+    const int bh = unit / d.splits, sp = unit % d.splits, b = bh / d.nh, h = bh % d.nh;
+    const int lo = sp * ks_len, n = max(0, min(ks_len, tk - lo));
+    if (n == 0) {  // past the cache's end: nothing to merge
+      if (threadIdx.x == 0) ml[2 * unit] = -INFINITY, ml[2 * unit + 1] = 0.f;
+      for (int j = threadIdx.x; j < hs; j += blockDim.x) pv[(long)unit * hs + j] = 0.f;
+      continue;
+    }
     const T* qr = qkv + (long)b * 3 * d.c + (long)h * d.head_stride;
     const long head_off = ((long)b * d.nh + h) * d.t_max * hs;
     T* kr = kc + head_off;
     T* vr = vc + head_off;
+    const bool writes = pos >= lo && pos < lo + n;
     for (int j = threadIdx.x; j < hs; j += blockDim.x) {
       q[j] = to_f(ldcg(qr + j));
-      kr[(long)pos * hs + j] = ldcg(qr + d.part + j);
-      vr[(long)pos * hs + j] = ldcg(qr + 2 * d.part + j);
+      if (writes) {
+        kr[(long)pos * hs + j] = ldcg(qr + d.part + j);
+        vr[(long)pos * hs + j] = ldcg(qr + 2 * d.part + j);
+      }
     }
     __syncthreads();
     const float* mrow = key_mask + (long)b * d.t_max;
     const float slope = slopes ? slopes[h] : 0.f;
     // Scores: a thread a key, its row in 16-byte loads all in flight (hs·sizeof(T) % 16 == 0).
-    constexpr int E = 16 / sizeof(T);
     float mx = -INFINITY;
-    for (int kk = threadIdx.x; kk < tk; kk += blockDim.x) {
-      const Vec16<T>* ks = reinterpret_cast<const Vec16<T>*>(kr + (long)kk * hs);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+      const int kk = lo + j;
+      const Vec16<T>* kv = reinterpret_cast<const Vec16<T>*>(kr + (long)kk * hs);
       float dot = 0.f;
 #pragma unroll 8
       for (int i = 0; i < hs / E; ++i) {
-        const Vec16<T> kv = ldcg16(ks + i);
+        const Vec16<T> kx = ldcg16(kv + i);
 #pragma unroll
-        for (int e = 0; e < E; ++e) dot += q[i * E + e] * to_f(kv.e[e]);
+        for (int e = 0; e < E; ++e) dot += q[i * E + e] * to_f(kx.e[e]);
       }
       float sc = to_f(from_f<T>(dot)) * d.scale + (1.f - mrow[kk]) * MASKED;
       if (slopes) sc += slope * key_pos[(long)b * d.t_max + kk];
-      p[kk] = sc;
+      p[j] = sc;
       mx = fmaxf(mx, sc);
     }
     mx = block_max(mx, sh);
     float sum = 0.f;
-    for (int kk = threadIdx.x; kk < tk; kk += blockDim.x) {
-      const float e = expf(p[kk] - mx);
-      p[kk] = e;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+      const float e = expf(p[j] - mx);
+      p[j] = e;
       sum += e;
     }
-    const float inv = 1.f / block_sum(sum, sh);  // its __syncthreads publish p
+    const float l = block_sum(sum, sh);  // its __syncthreads publish p
+    // p·v: thread (group g, dim j), the groups split the keys; coalesced reads of v rows.
     const int groups = blockDim.x / hs, g = threadIdx.x / hs, j = threadIdx.x % hs;
     float a = 0.f;
     if (g < groups)
-#pragma unroll 8
-      for (int kk = g; kk < tk; kk += groups) a += to_f(from_f<T>(p[kk] * inv)) * to_f(ldcg(vr + (long)kk * hs + j));
+#pragma unroll 4
+      for (int i = g; i < n; i += groups) a += p[i] * to_f(ldcg(vr + (long)(lo + i) * hs + j));
     acc[threadIdx.x] = a;
     __syncthreads();
     for (int jj = threadIdx.x; jj < hs; jj += blockDim.x) {
       float o = 0.f;
       for (int gi = 0; gi < groups; ++gi) o += acc[gi * hs + jj];
-      att[(long)b * d.c + (long)h * hs + jj] = from_f<T>(o);
+      pv[(long)unit * hs + jj] = o;
     }
+    if (threadIdx.x == 0) ml[2 * unit] = mx, ml[2 * unit + 1] = l;
     __syncthreads();  // q, p and acc are the next unit's
   }
+}
+
+// xs (M, C) = the attention's output, heads merged: for each (row, head) the splits' partials
+// merged as decode_attention.cu's decode_combine, Σ e^(m_s − max)·pv_s / Σ e^(m_s − max)·l_s.
+template <typename T, int M>
+__device__ void merge_heads(const float* ml, const float* pv, T* xs, const StepDims& d) {
+  const int hs = d.hs, splits = d.splits;
+  for (int idx = threadIdx.x; idx < M * d.c; idx += blockDim.x) {
+    const int bh = idx / hs, j = idx % hs;  // row-major (M, nh, hs): bh = b·nh + h
+    const float* m = ml + (long)bh * splits * 2;
+    float mx = -INFINITY;
+    for (int sp = 0; sp < splits; ++sp) mx = fmaxf(mx, __ldcg(m + 2 * sp));
+    float den = 0.f, num = 0.f;
+    for (int sp = 0; sp < splits; ++sp) {
+      const float ms = __ldcg(m + 2 * sp), w = ms == -INFINITY ? 0.f : expf(ms - mx);
+      den += w * __ldcg(m + 2 * sp + 1);
+      num += w * __ldcg(pv + ((long)bh * splits + sp) * hs + j);
+    }
+    xs[idx] = from_f<T>(num / den);
+  }
+  __syncthreads();
 }
 
 // ---- the step ----
 
 // x_in (M, C): the residual stream entering layer 0 (GPT-2: token + position embeddings;
-// BLOOM: the embeddings' LayerNorm), not written. work: qkv (M, 3C), att (M, C), mlp (M, I),
-// resid (M, C), all scratch. out (M, C) = LN_f(the last layer's residual stream).
-// sync: 2 u32, zero between launches. Launch: grid = the SMs (all resident), STEP_THREADS.
+// BLOOM: the embeddings' LayerNorm), not written. work: qkv (M, 3C), the attention's partials
+// ml (M, nh, splits, 2) and pv (M, nh, splits, hs) f32, mlp (M, I), resid (M, C), all
+// scratch. out (M, C) = LN_f(the last layer's residual stream). sync: 2 u32, zero between
+// launches. trace: null, or (2 + 10·L, grid) u64 times (ns): each block's start, its arrival
+// at and departure from each barrier, its end. Launch: grid = the SMs (all resident),
+// STEP_THREADS.
 template <typename T, int M>
 __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, const StepDims& d, const T* lnf_w,
-                            const T* lnf_b, const T* x_in, T* qkv, T* att, T* mlp, T* resid, T* out,
+                            const T* lnf_b, const T* x_in, T* qkv, float* ml, float* pv, T* mlp, T* resid, T* out,
                             const float* key_mask, const float* key_pos, const float* slopes, const uint32_t* cursor,
-                            unsigned* sync) {
+                            unsigned* sync, unsigned long long* trace) {
+  if (trace && threadIdx.x == 0) trace[blockIdx.x] = global_ns();
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ __align__(8) unsigned long long bars[2];
   __shared__ float sh[32];
@@ -339,49 +384,50 @@ __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, c
     project<T, M>(reinterpret_cast<const T*>(buf[0]), xs, w.qkv_b, qkv, nullptr, 3 * c, c, false, part);
     __syncthreads();
     fetch_tile(w.fc_w, ic, c, buf[0], &bars[0]);
-    grid_sync(sync, passed);
+    grid_sync(sync, passed, trace);
     // S2: the attention
-    attend<T>(qkv, att, reinterpret_cast<T*>(caches.k[l]), reinterpret_cast<T*>(caches.v[l]), d, M, pos, key_mask,
+    attend<T>(qkv, reinterpret_cast<T*>(caches.k[l]), reinterpret_cast<T*>(caches.v[l]), ml, pv, d, M, pos, key_mask,
               key_pos, slopes, smem, sh);
-    grid_sync(sync, passed);
+    grid_sync(sync, passed, trace);
     // S3: x1 = x + (att Wprojᵀ + b)
-    stage_input<T, M>(att, nullptr, nullptr, xs, c, d.eps, sh);
+    merge_heads<T, M>(ml, pv, xs, d);
     wait_tile(w.proj_w, c, c, buf[1], &bars[1], parity[1]);
     project<T, M>(reinterpret_cast<const T*>(buf[1]), xs, w.proj_b, resid, x, c, c, false, part);
     __syncthreads();
     fetch_tile(w.fc2_w, c, ic, buf[1], &bars[1]);
     x = resid;
-    grid_sync(sync, passed);
+    grid_sync(sync, passed, trace);
     // S4: a = GELU(LN2(x1) Wfcᵀ + b)
     stage_input<T, M>(x, w.ln2_w, w.ln2_b, xs, c, d.eps, sh);
     wait_tile(w.fc_w, ic, c, buf[0], &bars[0], parity[0]);
     project<T, M>(reinterpret_cast<const T*>(buf[0]), xs, w.fc_b, mlp, nullptr, ic, c, true, part);
     __syncthreads();
     if (more) fetch_tile(layers[l + 1].qkv_w, 3 * c, c, buf[0], &bars[0]);
-    grid_sync(sync, passed);
+    grid_sync(sync, passed, trace);
     // S5: x = x1 + (a Wfc2ᵀ + b)
     stage_input<T, M>(mlp, nullptr, nullptr, xs, ic, d.eps, sh);
     wait_tile(w.fc2_w, c, ic, buf[1], &bars[1], parity[1]);
     project<T, M>(reinterpret_cast<const T*>(buf[1]), xs, w.fc2_b, resid, resid, c, ic, false, part);
     __syncthreads();
     if (more) fetch_tile(layers[l + 1].proj_w, c, c, buf[1], &bars[1]);
-    grid_sync(sync, passed);
+    grid_sync(sync, passed, trace);
   }
   // out = LN_f(x), a block a row
   if (blockIdx.x < M) {
     stage_input<T, M>(x, lnf_w, lnf_b, xs, c, d.eps, sh);  // every row's norm; this block's row out
     for (int j = threadIdx.x; j < c; j += blockDim.x) out[(long)blockIdx.x * c + j] = xs[blockIdx.x * c + j];
   }
+  if (trace && threadIdx.x == 0) trace[(2 * passed / gridDim.x + 1) * gridDim.x + blockIdx.x] = global_ns();
   grid_exit(sync);
 }
 
 #define INSTANTIATE_M(T, S, M)                                                                                       \
   extern "C" __global__ void __launch_bounds__(STEP_THREADS, 1) tb_decode_step##M##_##S(                            \
       const LayerW<T>* layers, StepCaches caches, StepDims d, const T* lnf_w, const T* lnf_b, const T* x_in, T* qkv, \
-      T* att, T* mlp, T* resid, T* out, const float* key_mask, const float* key_pos, const float* slopes,            \
-      const uint32_t* cursor, unsigned* sync) {                                                                      \
-    decode_step<T, M>(layers, caches, d, lnf_w, lnf_b, x_in, qkv, att, mlp, resid, out, key_mask, key_pos, slopes,   \
-                      cursor, sync);                                                                                 \
+      float* ml, float* pv, T* mlp, T* resid, T* out, const float* key_mask, const float* key_pos,                   \
+      const float* slopes, const uint32_t* cursor, unsigned* sync, unsigned long long* trace) {                      \
+    decode_step<T, M>(layers, caches, d, lnf_w, lnf_b, x_in, qkv, ml, pv, mlp, resid, out, key_mask, key_pos, slopes, \
+                      cursor, sync, trace);                                                                          \
   }
 #define INSTANTIATE(T, S) INSTANTIATE_M(T, S, 1) INSTANTIATE_M(T, S, 2) INSTANTIATE_M(T, S, 3) INSTANTIATE_M(T, S, 4)
 FOR_TYPES(INSTANTIATE)

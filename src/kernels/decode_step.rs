@@ -161,6 +161,7 @@ mod imp {
         head_stride: i32,
         part: i32,
         pos: i32,
+        splits: i32,
         eps: f32,
         scale: f32,
         wbuf: i32,
@@ -242,6 +243,35 @@ mod imp {
         norm && layers
             .iter()
             .all(|l| shapes(l, c, i).iter().all(|(t, d)| ok(t, d)))
+    }
+
+    /// With TB_STEP_TRACE=<file> (an eager step, not one a graph records): a zeroed buffer
+    /// for the kernel's per-block times, (2 + 10·L, grid) u64 as u32 pairs, and the file.
+    fn trace_buffer(
+        slot: &CacheSlot,
+        grid: usize,
+        n_layer: usize,
+        x: &Tensor,
+    ) -> Result<Option<(Tensor, String)>> {
+        let Ok(path) = std::env::var("TB_STEP_TRACE") else {
+            return Ok(None);
+        };
+        if slot.cursor.is_some() {
+            return Ok(None);
+        }
+        let words = 2 * (2 + 10 * n_layer) * grid;
+        Ok(Some((Tensor::zeros(words, DType::U32, x.device())?, path)))
+    }
+
+    /// The trace as little-endian u64s after a header of two: the grid and the layers
+    /// (scripts/step_trace.py reads it); each traced step overwrites the last.
+    fn write_trace(t: &Tensor, path: &str, grid: usize, n_layer: usize) -> Result<()> {
+        let words = t.to_vec1::<u32>()?;
+        let mut bytes = Vec::with_capacity(words.len() * 4 + 16);
+        bytes.extend((grid as u64).to_le_bytes());
+        bytes.extend((n_layer as u64).to_le_bytes());
+        words.iter().for_each(|w| bytes.extend(w.to_le_bytes()));
+        std::fs::write(path, bytes).map_err(candle_core::Error::wrap)
     }
 
     impl Inner {
@@ -359,6 +389,9 @@ mod imp {
                 (caches.k[l], caches.v[l]) = (device_address(s.k)?, device_address(s.v)?);
             }
             dims.pos = first.pos as i32;
+            // Splits of a head's keys: as many as fill the grid, at least 16 keys each.
+            let units = rows * self.attention.nh;
+            dims.splits = (self.sms / units).clamp(1, t_max.div_ceil(16)) as i32;
             self.launch(x, first, caches, dims, shared).map(Some)
         }
 
@@ -400,21 +433,33 @@ mod imp {
                 .map_or(Ok(NULL), device_address)?;
             let cursor = slot.cursor.map_or(Ok(NULL), device_address)?;
             let sync = device_address(&self.sync)?;
-            with_dtype!(self.dtype, T => {
+            let units = rows * self.attention.nh * dims.splits as usize;
+            let ml = alloc::<f32>(dev, units * 2)?;
+            let pv = alloc::<f32>(dev, units * self.attention.hs)?;
+            let trace = trace_buffer(slot, self.sms, dims.n_layer as usize, x)?;
+            let trace_at = trace
+                .as_ref()
+                .map_or(Ok(NULL), |(t, _)| device_address(t))?;
+            let out = with_dtype!(self.dtype, T => {
                 let qkv = alloc::<T>(dev, rows * 3 * c)?;
-                let att = alloc::<T>(dev, rows * c)?;
                 let mlp = alloc::<T>(dev, rows * i)?;
                 let resid = alloc::<T>(dev, rows * c)?;
                 let out = alloc::<T>(dev, rows * c)?;
                 // SAFETY: the table holds L rows of 12 weights whose shapes `fits` checked; the
                 // caches (rows, nh, T_max, hs) each with pos < T_max (generate_in made room for
                 // every step); mask and key positions (rows, T_max) f32; slopes nh f32; the
-                // scratch rows·(3C, C, I, C, C); shared memory as `layout` laid it out; the
-                // grid one block an SM with one block's shared memory, all resident at once.
+                // scratch rows·(3C, I, C, C) and the partials of rows·nh·splits units; the
+                // trace (2 + 10·L)·grid u64 when not null; shared memory as `layout` laid it
+                // out; the grid one block an SM with one block's shared memory, all resident.
                 launch!(unsafe func, cfg; &table, &caches, &dims, &lnf_w, &lnf_b, &x_in, &qkv,
-                    &att, &mlp, &resid, &out, &mask, &key_pos, &slopes, &cursor, &sync)?;
-                Ok(wrap(out, dev, (rows, 1, c)))
-            })
+                    &ml, &pv, &mlp, &resid, &out, &mask, &key_pos, &slopes, &cursor, &sync,
+                    &trace_at)?;
+                wrap(out, dev, (rows, 1, c))
+            });
+            if let Some((t, path)) = trace {
+                write_trace(&t, &path, self.sms, dims.n_layer as usize)?;
+            }
+            Ok(out)
         }
     }
 }
