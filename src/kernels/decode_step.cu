@@ -32,7 +32,7 @@ struct StepCaches {
 struct StepDims {
   int n_layer, c, inner, nh, hs, t_max, head_stride, part, pos, splits;
   float eps, scale;
-  int wbuf, off_x, off_part, off_p, off_acc, off_q;
+  int wbuf, off_x, off_part, off_p, off_acc, off_q, off_w;
 };
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -321,21 +321,33 @@ __device__ void attend(const T* qkv, T* kc, T* vc, float* ml, float* pv, const S
 
 // xs (M, C) = the attention's output, heads merged: for each (row, head) the splits' partials
 // merged as decode_attention.cu's decode_combine, Σ e^(m_s − max)·pv_s / Σ e^(m_s − max)·l_s.
+// Every split's (m, l) first into `wt` (shared, 2·M·nh·splits floats), all loads in flight at
+// once rather than a chain of them, then each split's weight in its m's place.
 template <typename T, int M>
-__device__ void merge_heads(const float* ml, const float* pv, T* xs, const StepDims& d) {
-  const int hs = d.hs, splits = d.splits;
+__device__ void merge_heads(const float* ml, const float* pv, T* xs, float* wt, const StepDims& d) {
+  const int hs = d.hs, splits = d.splits, units = M * d.nh * splits;
+  for (int u = threadIdx.x; u < 2 * units; u += blockDim.x) wt[u] = __ldcg(ml + u);
+  __syncthreads();
+  for (int bh = threadIdx.x; bh < M * d.nh; bh += blockDim.x) {
+    float* m = wt + 2 * bh * splits;  // (m, l) pairs of this head's splits
+    float mx = -INFINITY, den = 0.f;
+    for (int sp = 0; sp < splits; ++sp) mx = fmaxf(mx, m[2 * sp]);
+    for (int sp = 0; sp < splits; ++sp) {
+      const float w = m[2 * sp] == -INFINITY ? 0.f : expf(m[2 * sp] - mx);
+      m[2 * sp] = w;
+      den += w * m[2 * sp + 1];
+    }
+    for (int sp = 0; sp < splits; ++sp) m[2 * sp] /= den;
+  }
+  __syncthreads();
   for (int idx = threadIdx.x; idx < M * d.c; idx += blockDim.x) {
     const int bh = idx / hs, j = idx % hs;  // row-major (M, nh, hs): bh = b·nh + h
-    const float* m = ml + (long)bh * splits * 2;
-    float mx = -INFINITY;
-    for (int sp = 0; sp < splits; ++sp) mx = fmaxf(mx, __ldcg(m + 2 * sp));
-    float den = 0.f, num = 0.f;
-    for (int sp = 0; sp < splits; ++sp) {
-      const float ms = __ldcg(m + 2 * sp), w = ms == -INFINITY ? 0.f : expf(ms - mx);
-      den += w * __ldcg(m + 2 * sp + 1);
-      num += w * __ldcg(pv + ((long)bh * splits + sp) * hs + j);
-    }
-    xs[idx] = from_f<T>(num / den);
+    const float* part = pv + (long)bh * splits * hs + j;
+    const float* w = wt + 2 * bh * splits;
+    float num = 0.f;
+#pragma unroll 8
+    for (int sp = 0; sp < splits; ++sp) num += w[2 * sp] * __ldcg(part + (long)sp * hs);
+    xs[idx] = from_f<T>(num);
   }
   __syncthreads();
 }
@@ -390,7 +402,7 @@ __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, c
               key_pos, slopes, smem, sh);
     grid_sync(sync, passed, trace);
     // S3: x1 = x + (att Wprojᵀ + b)
-    merge_heads<T, M>(ml, pv, xs, d);
+    merge_heads<T, M>(ml, pv, xs, reinterpret_cast<float*>(smem + d.off_w), d);
     wait_tile(w.proj_w, c, c, buf[1], &bars[1], parity[1]);
     project<T, M>(reinterpret_cast<const T*>(buf[1]), xs, w.proj_b, resid, x, c, c, false, part);
     __syncthreads();

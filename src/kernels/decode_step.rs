@@ -125,7 +125,7 @@ mod imp {
         alloc, device_address, kernel, launch, ptx, with_dtype, wrap, Ptx, NULL,
     };
     use candle_core::cuda_backend::cudarc::driver::sys::{
-        CUdevice_attribute, CUfunction_attribute_enum,
+        CUdevice_attribute, CUfunction_attribute_enum, CUstreamCaptureStatus,
     };
     use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
     use candle_core::cuda_backend::WrapErr as _;
@@ -170,6 +170,7 @@ mod imp {
         off_p: i32,
         off_acc: i32,
         off_q: i32,
+        off_w: i32,
     }
     // SAFETY: as StepCaches.
     unsafe impl DeviceRepr for StepDims {}
@@ -245,18 +246,17 @@ mod imp {
             .all(|l| shapes(l, c, i).iter().all(|(t, d)| ok(t, d)))
     }
 
-    /// With TB_STEP_TRACE=<file> (an eager step, not one a graph records): a zeroed buffer
+    /// With TB_STEP_TRACE=<file> (a step run now, not one a graph records): a zeroed buffer
     /// for the kernel's per-block times, (2 + 10·L, grid) u64 as u32 pairs, and the file.
-    fn trace_buffer(
-        slot: &CacheSlot,
-        grid: usize,
-        n_layer: usize,
-        x: &Tensor,
-    ) -> Result<Option<(Tensor, String)>> {
+    fn trace_buffer(grid: usize, n_layer: usize, x: &Tensor) -> Result<Option<(Tensor, String)>> {
         let Ok(path) = std::env::var("TB_STEP_TRACE") else {
             return Ok(None);
         };
-        if slot.cursor.is_some() {
+        let Device::Cuda(dev) = x.device() else {
+            return Ok(None);
+        };
+        let capturing = dev.cuda_stream().capture_status().w()?;
+        if capturing != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
             return Ok(None);
         }
         let words = 2 * (2 + 10 * n_layer) * grid;
@@ -333,10 +333,16 @@ mod imp {
             }))
         }
 
+        /// Splits of a head's keys in the attention: as many as fill the grid, at least 16
+        /// keys each.
+        fn splits(&self, rows: usize, t_max: usize) -> usize {
+            (self.sms / (rows * self.attention.nh)).clamp(1, t_max.div_ceil(16))
+        }
+
         /// The dynamic shared memory's layout for `rows` and a cache of `t_max` (byte offsets
-        /// into `dims`) and its size: two weight buffers (a block's columns of the widest
-        /// projection), the stage's input rows, the split-K sums, the scores, p·v's partial
-        /// sums, the query.
+        /// into `dims`, and the attention's splits) and its size: two weight buffers (a
+        /// block's columns of the widest projection), the stage's input rows, the split-K
+        /// sums, the scores, p·v's partial sums, the query, the splits' merge weights.
         fn layout(&self, rows: usize, t_max: usize) -> (StepDims, usize) {
             let (c, i, grid) = (self.dims.c as usize, self.dims.inner as usize, self.sms);
             let size = self.dtype.size_in_bytes();
@@ -348,15 +354,18 @@ mod imp {
                 .unwrap_or(0);
             let mut d = self.dims;
             d.wbuf = round_up(wbuf, 128) as i32;
+            d.splits = self.splits(rows, t_max) as i32;
             let off_x = 2 * round_up(wbuf, 128);
             let off_part = off_x + round_up(rows * c.max(i) * size, 16);
             let off_p = off_part + 16.max(per(c.max(i).max(3 * c))) * rows * 4;
             let off_acc = off_p + round_up(t_max * 4, 16);
             let off_q = off_acc + THREADS * 4;
+            let off_w = off_q + round_up(self.attention.hs * 4, 16);
             (d.off_x, d.off_part, d.off_p) = (off_x as i32, off_part as i32, off_p as i32);
-            (d.off_acc, d.off_q) = (off_acc as i32, off_q as i32);
+            (d.off_acc, d.off_q, d.off_w) = (off_acc as i32, off_q as i32, off_w as i32);
             d.t_max = t_max as i32;
-            (d, off_q + self.attention.hs * 4)
+            let units = rows * self.attention.nh * d.splits as usize;
+            (d, off_w + 2 * units * 4)
         }
 
         pub fn applies(&self, rows: usize, t_max: usize) -> bool {
@@ -389,9 +398,6 @@ mod imp {
                 (caches.k[l], caches.v[l]) = (device_address(s.k)?, device_address(s.v)?);
             }
             dims.pos = first.pos as i32;
-            // Splits of a head's keys: as many as fill the grid, at least 16 keys each.
-            let units = rows * self.attention.nh;
-            dims.splits = (self.sms / units).clamp(1, t_max.div_ceil(16)) as i32;
             self.launch(x, first, caches, dims, shared).map(Some)
         }
 
@@ -436,7 +442,7 @@ mod imp {
             let units = rows * self.attention.nh * dims.splits as usize;
             let ml = alloc::<f32>(dev, units * 2)?;
             let pv = alloc::<f32>(dev, units * self.attention.hs)?;
-            let trace = trace_buffer(slot, self.sms, dims.n_layer as usize, x)?;
+            let trace = trace_buffer(self.sms, dims.n_layer as usize, x)?;
             let trace_at = trace
                 .as_ref()
                 .map_or(Ok(NULL), |(t, _)| device_address(t))?;
