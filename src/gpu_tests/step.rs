@@ -150,6 +150,35 @@ fn padded_keys(rows: usize, t_max: usize, dev: &Device) -> (Tensor, Tensor) {
     (mask, Tensor::from_vec(key_pos, (rows, t_max), dev).unwrap())
 }
 
+/// GPT-2's attention ([q | k | v]) or BLOOM's ((nh, 3, hs), ALiBi slopes) at `c` channels.
+fn attention_of(c: usize, nh: usize, bloom: bool, dev: &Device) -> StepAttention {
+    let hs = c / nh;
+    let (layout, slopes) = match bloom {
+        true => {
+            let slopes = (Tensor::arange(1f32, nh as f32 + 1., dev).unwrap() * -0.05).unwrap();
+            let layout = QkvLayout {
+                head_stride: 3 * hs,
+                part: hs,
+            };
+            (layout, Some(slopes))
+        }
+        false => {
+            let layout = QkvLayout {
+                head_stride: hs,
+                part: c,
+            };
+            (layout, None)
+        }
+    };
+    StepAttention {
+        nh,
+        hs,
+        layout,
+        scale: 1. / (hs as f64).sqrt(),
+        slopes,
+    }
+}
+
 /// GPT-2's [q | k | v] (C = 768, 12 heads) at one row, BLOOM's (nh, 3, hs) with ALiBi (C =
 /// 1024, 16 heads; 768, 12 in f32) at three rows, one left-padded: two layers, a cache of 40
 /// with the step at 21, f32 and bf16, against candle's ops in f32.
@@ -166,25 +195,8 @@ fn the_step_kernel_matches_the_blocks_in_candles_ops() {
     for (dtype, tol, c, nh, rows, bloom) in cases {
         {
             let (hs, t_max, pos) = (c / nh, 40, 21);
-            let layout = match bloom {
-                true => QkvLayout {
-                    head_stride: 3 * hs,
-                    part: hs,
-                },
-                false => QkvLayout {
-                    head_stride: hs,
-                    part: c,
-                },
-            };
-            let slopes = bloom
-                .then(|| (Tensor::arange(1f32, nh as f32 + 1., &gpu).unwrap() * -0.05).unwrap());
-            let attention = || StepAttention {
-                nh,
-                hs,
-                layout,
-                scale: 1. / (hs as f64).sqrt(),
-                slopes: slopes.clone(),
-            };
+            let attention = || attention_of(c, nh, bloom, &gpu);
+            let layout = attention().layout;
             let layers: Vec<_> = (0..2).map(|_| layer(c, &gpu, dtype)).collect();
             let lnf = (
                 w(&[c], 0.2, &gpu, dtype).affine(1., 1.).unwrap(),
@@ -281,7 +293,7 @@ fn cached_decoding_with_the_step_kernel_matches_the_layers() {
                 let rows = prompts.len();
                 let prompts = left_pad(&prompts, 0, &gpu).unwrap();
                 let mut steps = Vec::new();
-                for fused in [all_but(Fused::Step), vec![Fused::All]] {
+                for fused in [all_but(Fused::Step), vec![Fused::All, Fused::Step]] {
                     set_enabled(&fused);
                     let model = spec
                         .load(&WeightSource::Random { seed: 0 }, dtype, &gpu)
@@ -297,7 +309,7 @@ fn cached_decoding_with_the_step_kernel_matches_the_layers() {
                         logits.push(model.forward_cached(&next, &real, &mut cache).unwrap());
                     }
                     let launched = step_launches() - before;
-                    let want = if fused == [Fused::All] { 4 } else { 0 };
+                    let want = if fused.contains(&Fused::Step) { 4 } else { 0 };
                     assert_eq!(
                         launched, want,
                         "{} {dtype:?}: step kernel launches",
@@ -315,5 +327,60 @@ fn cached_decoding_with_the_step_kernel_matches_the_layers() {
                 }
             }
         }
+    }
+}
+
+/// Decode steps with the step kernel replayed as a CUDA graph (its position read on the
+/// device) choose the ids of eager steps through the layers (fp32, greedy, 12 new tokens: one
+/// eager step, the capture, ten replays), GPT-2 at 768 channels cut to two layers and the
+/// tiny models, two rows left-padded.
+#[test]
+fn graph_replayed_decoding_with_the_step_kernel_matches_eager_decoding() {
+    use crate::models::generate::{generate, left_pad, Greedy};
+    use crate::models::Architecture;
+    let (gpu, _one_at_a_time) = gpu();
+    let prompts = left_pad(&[vec![5, 9, 2, 7, 1, 3], vec![4, 8, 6]], 0, &gpu).unwrap();
+    let g = Greedy {
+        new_tokens: 12,
+        banned: vec![],
+    };
+    let mut gpt2 = crate::models::gpt2::Config::gpt2_124m();
+    gpt2.n_layer = 2;
+    let specs = [
+        ModelSpec {
+            name: "gpt2-2l".into(),
+            arch: Architecture::Gpt2(gpt2),
+        },
+        ModelSpec::preset("gpt2-tiny").unwrap(),
+        ModelSpec::preset("bloom-tiny").unwrap(),
+    ];
+    for spec in &specs {
+        let mut ids = Vec::new();
+        for step in [false, true] {
+            match step {
+                true => set_enabled(&[Fused::All, Fused::Step]),
+                false => {
+                    let eager = all_but(Fused::Graph)
+                        .into_iter()
+                        .filter(|&f| f != Fused::Step);
+                    set_enabled(&eager.collect::<Vec<_>>())
+                }
+            }
+            let model = spec
+                .load(&WeightSource::Random { seed: 0 }, DType::F32, &gpu)
+                .unwrap();
+            let (replayed, launched) = (replays(), step_launches());
+            ids.push(generate(model.as_ref(), &prompts, &g, &mut |_| Ok(())).unwrap());
+            let replayed = replays() - replayed;
+            let launched = step_launches() - launched;
+            let want = if step { (10, 2) } else { (0, 0) }; // step 1 and the capture launch
+            assert_eq!(
+                (replayed, launched),
+                want,
+                "{}: replays, launches",
+                spec.name
+            );
+        }
+        assert_eq!(ids[1], ids[0], "{}", spec.name);
     }
 }

@@ -164,7 +164,8 @@ pub enum Fused {
     FlashDq,
     /// Generation at 1–4 rows: a decode step's blocks as one persistent kernel, a block an
     /// SM, grid-wide barriers between the stages and each stage's weights streamed into
-    /// shared memory two stages ahead (needs `decode`), instead of ≈ 7 launches a layer.
+    /// shared memory two stages ahead, instead of ≈ 7 launches a layer. Not in `all` (opt in:
+    /// `--fused all,step`): measured no faster than the graphed launches (docs/perf-notes.md).
     Step,
 }
 
@@ -216,8 +217,7 @@ const ALL: u32 = LT
     | PUSH_SUM
     | ADAMW_COPIES
     | LN_RESIDUAL
-    | FLASH_DQ
-    | STEP;
+    | FLASH_DQ;
 
 static ENABLED: AtomicU32 = AtomicU32::new(ALL);
 

@@ -79,6 +79,13 @@ pub trait CausalLm {
         candle_core::bail!("fp8 weights are not built for this model")
     }
 
+    /// Lays the projections' weights out for decoding, inference only, after loading: GPT-2's
+    /// Conv1D (in, out) weights as nn.Linear's (out, in), so that a decode step's 1–4 rows take
+    /// the GEMV (`--fused gemv`) instead of cuBLAS's small-M kernels. Default: nothing to do.
+    fn prepare_decode(&mut self) -> candle_core::Result<()> {
+        Ok(())
+    }
+
     /// Switches to training: differentiable ops everywhere and, `with_dropout`, the config's
     /// dropout (see [`super::layers::Mode`]). Models start in inference mode.
     fn set_training(&mut self, with_dropout: bool);

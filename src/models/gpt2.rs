@@ -650,6 +650,25 @@ impl CausalLm for Gpt2 {
         Ok(())
     }
 
+    /// Not under tensor parallelism: its row-parallel projections keep the layout their
+    /// shards were cut in.
+    fn prepare_decode(&mut self) -> candle_core::Result<()> {
+        if self.local_heads != self.cfg.n_head {
+            return Ok(());
+        }
+        for b in &mut self.h {
+            for p in [
+                &mut b.attn.c_attn,
+                &mut b.attn.c_proj,
+                &mut b.mlp.up,
+                &mut b.mlp.down,
+            ] {
+                p.to_linear()?;
+            }
+        }
+        Ok(())
+    }
+
     fn set_training(&mut self, with_dropout: bool) {
         let c = &self.cfg;
         self.mode = Mode {

@@ -62,6 +62,16 @@ impl Projection {
         })
     }
 
+    /// Lays a Conv1D weight out as nn.Linear's, (in, out) -> (out, in): the same projection
+    /// (the matmuls read either layout), and the decode GEMV's. Inference only.
+    pub fn to_linear(&mut self) -> candle_core::Result<()> {
+        if let (WeightLayout::Conv1D, Stored::Dense(w)) = (&self.layout, &self.weight) {
+            self.weight = Stored::Dense(w.t()?.contiguous()?);
+            self.layout = WeightLayout::Linear;
+        }
+        Ok(())
+    }
+
     /// Stores the weight as fp8 ([`Fp8Weight`]), laid out as nn.Linear's (out, in), the bias
     /// beside the scales. Inference only; not under tensor parallelism.
     pub fn to_fp8(&mut self) -> candle_core::Result<()> {
@@ -499,6 +509,38 @@ mod tests {
     use crate::dist::collective::TcpAllReduce;
     use candle_core::{Device, Tensor};
     use std::time::Duration;
+
+    /// A Conv1D projection laid out as nn.Linear's (`prepare_decode`) computes the same
+    /// output, with and without the GELU, at decode and prefill row counts.
+    #[test]
+    fn a_conv1d_projection_as_linear_is_the_same_projection() {
+        let dev = Device::Cpu;
+        let mut map = std::collections::HashMap::new();
+        map.insert(
+            "weight".to_string(),
+            Tensor::randn(0f32, 1., (6, 10), &dev).unwrap(),
+        );
+        map.insert(
+            "bias".to_string(),
+            Tensor::randn(0f32, 1., 10, &dev).unwrap(),
+        );
+        let vb = VarBuilder::from_tensors(map, DType::F32, &dev);
+        let mut p = Projection::load(vb, WeightLayout::Conv1D, 6, 10, 0.02).unwrap();
+        let xs = [(1, 1), (2, 5)].map(|(b, t)| Tensor::randn(0f32, 1., (b, t, 6), &dev).unwrap());
+        let acts = [None, Some(Activation::GeluTanh)];
+        let run = |p: &Projection| -> Vec<Tensor> {
+            xs.iter()
+                .flat_map(|x| acts.map(|a| p.forward_act(x, a).unwrap()))
+                .collect()
+        };
+        let before = run(&p);
+        p.to_linear().unwrap();
+        assert!(matches!(p.layout, WeightLayout::Linear));
+        for (a, b) in run(&p).iter().zip(&before) {
+            let d = (a - b).unwrap().abs().unwrap().max_all().unwrap();
+            assert!(d.to_scalar::<f32>().unwrap() < 1e-5);
+        }
+    }
 
     /// Rank `rank` of `size` CPU ranks (threads over TCP) computes its split-head logits.
     fn split_on_ranks(hidden: &Tensor, head: &Tensor, size: usize) -> Vec<Option<Tensor>> {

@@ -17,6 +17,7 @@ use crate::device::{synchronize, Precision};
 use crate::dist::Tp;
 use crate::engines::Engine;
 use crate::error::Result;
+use crate::kernels::{enabled, Fused};
 use crate::models::slots::Slots;
 use crate::models::weights::save_checkpoint;
 use crate::models::{CausalLm, KvCache, ModelSpec, Recorder, WeightSource};
@@ -154,6 +155,10 @@ impl CandleEngine {
                 "saved weights to {} (config.json + model.safetensors)",
                 dir.display()
             );
+        }
+        // After the checkpoint is saved: its tensors keep the layout they were loaded in.
+        if precision != Precision::Fp8 && device.is_cuda() && enabled(Fused::Gemv) {
+            loaded.prepare_decode()?;
         }
         let packs = crate::kernels::prefill_applies(dtype, &device, model.head_size());
         Ok(Self {
