@@ -185,6 +185,7 @@ fn attention_of(c: usize, nh: usize, bloom: bool, dev: &Device) -> StepAttention
 #[test]
 fn the_step_kernel_matches_the_blocks_in_candles_ops() {
     let (gpu, _one_at_a_time) = gpu();
+    set_enabled(&[Fused::All, Fused::Step]);
     // f32 at BLOOM's 1024 channels does not fit the kernel's shared memory: 768 there.
     let cases = [
         (DType::F32, 1e-4, 768, 12, 1, false),

@@ -52,7 +52,7 @@ pub use embedding::{embedding_bwd, embedding_bwd_in_place, embedding_fwd};
 pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
 pub use flash_prefill::{flash_prefill, prefill_applies, SeqRows};
 pub use fp8::{dequant_fp8, gemv_fp8, quantize_fp8, FP8_GEMV_MAX_ROWS};
-pub use gemv::gemv;
+pub use gemv::{gemv, MAX_ROWS as GEMV_MAX_ROWS};
 pub use graph::{capture, param_cache, replays, Graph, ParamCache};
 pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{

@@ -79,9 +79,10 @@ pub trait CausalLm {
         candle_core::bail!("fp8 weights are not built for this model")
     }
 
-    /// Lays the projections' weights out for decoding, inference only, after loading: GPT-2's
-    /// Conv1D (in, out) weights as nn.Linear's (out, in), so that a decode step's 1–4 rows take
-    /// the GEMV (`--fused gemv`) instead of cuBLAS's small-M kernels. Default: nothing to do.
+    /// Lays the projections' weights out for decoding, inference only: GPT-2's Conv1D (in,
+    /// out) weights as nn.Linear's (out, in), so that a decode step's 1–4 rows take the GEMV
+    /// (`--fused gemv`) instead of cuBLAS's small-M kernels (the matmuls read either layout;
+    /// the candle engine calls it before its first such generation). Default: nothing to do.
     fn prepare_decode(&mut self) -> candle_core::Result<()> {
         Ok(())
     }

@@ -4,8 +4,22 @@
 use super::CandleEngine;
 use crate::engines::{Generate, GenerateRequest};
 use crate::error::Result;
+use crate::kernels::{enabled, Fused, GEMV_MAX_ROWS};
 use crate::models::generate::{generate_in, left_pad_to, Greedy};
 use crate::trackers::StepClock;
+
+impl CandleEngine {
+    /// The weights laid out for decode steps of `rows` rows, once: where the decode GEMV
+    /// takes them (CUDA, `--fused gemv`, at most [`GEMV_MAX_ROWS`] rows).
+    fn lay_out_for_decode(&mut self, rows: usize) -> Result<()> {
+        let gemv = self.device.is_cuda() && enabled(Fused::Gemv) && rows <= GEMV_MAX_ROWS;
+        if gemv && !self.laid_out_for_decode {
+            self.model.prepare_decode()?;
+            self.laid_out_for_decode = true;
+        }
+        Ok(())
+    }
+}
 
 impl Generate for CandleEngine {
     fn max_positions(&self) -> usize {
@@ -13,6 +27,7 @@ impl Generate for CandleEngine {
     }
 
     fn generate(&mut self, req: &GenerateRequest, clock: &mut StepClock) -> Result<Vec<Vec<u32>>> {
+        self.lay_out_for_decode(req.prompts.len())?; // once, before the clock
         let _profiled = crate::profile::window(&self.device);
         clock.start(&self.device)?;
         let prompts = left_pad_to(req.prompts, req.pad_id, req.padded_len, &self.device)?;

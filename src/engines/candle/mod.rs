@@ -17,7 +17,6 @@ use crate::device::{synchronize, Precision};
 use crate::dist::Tp;
 use crate::engines::Engine;
 use crate::error::Result;
-use crate::kernels::{enabled, Fused};
 use crate::models::slots::Slots;
 use crate::models::weights::save_checkpoint;
 use crate::models::{CausalLm, KvCache, ModelSpec, Recorder, WeightSource};
@@ -42,6 +41,10 @@ pub struct CandleEngine {
     /// Whether scoring runs the batch's passages end to end without padding (the fused
     /// attention applies: [`crate::kernels::prefill_applies`]); the log header says so.
     pub packs: bool,
+    /// Whether the model's weights are laid out for decoding ([`CausalLm::prepare_decode`]):
+    /// at the first generation of at most [`crate::kernels::GEMV_MAX_ROWS`] rows on CUDA, so
+    /// that scoring keeps the layout its matmuls were measured in.
+    pub laid_out_for_decode: bool,
 }
 
 /// What every capability of the engine shares (scoring, generation): its name, versions,
@@ -156,10 +159,6 @@ impl CandleEngine {
                 dir.display()
             );
         }
-        // After the checkpoint is saved: its tensors keep the layout they were loaded in.
-        if precision != Precision::Fp8 && device.is_cuda() && enabled(Fused::Gemv) {
-            loaded.prepare_decode()?;
-        }
         let packs = crate::kernels::prefill_applies(dtype, &device, model.head_size());
         Ok(Self {
             model: loaded,
@@ -169,6 +168,7 @@ impl CandleEngine {
             cache: None,
             slots: None,
             packs,
+            laid_out_for_decode: false,
         })
     }
 }
