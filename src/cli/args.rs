@@ -363,8 +363,9 @@ pub struct RunArgs {
     /// in one kernel each way, GPT-2's lm head padded to 64 columns); decode (generation:
     /// residual add + LayerNorm, single-query attention over the KV cache, argmax); graph
     /// (generation: decode steps replayed as a CUDA graph); embedding (training: the token
-    /// embedding's gradient in one scatter-add kernel). docs/perf-notes.md has the effect of
-    /// each. No effect on CPU.
+    /// embedding's gradient in one scatter-add kernel); step (not in all: opt in with
+    /// all,step; a decode step of 1–4 rows as one persistent kernel, measured no faster).
+    /// docs/perf-notes.md has the effect of each. No effect on CPU.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "all")]
     pub fused: Vec<crate::kernels::Fused>,
 
