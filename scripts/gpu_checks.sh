@@ -59,6 +59,8 @@
 #                  `extract-metrics --table dp-report` makes both tables from  -> dp-logs.tgz
 #   gen-ab         .gpu/bench-before and this binary alternating (and $GEN_AB_ENGINES): candle's generation suite on
 #                  $GEN_MODELS, batch 1 and 16, prompt 128 + 128            -> gen-logs.tgz
+#   step-ab        `--fused all` and `all,step` alternating: candle's generation suite on
+#                  $GEN_MODELS, batch $STEP_BATCHES, $STEP_ROUNDS rounds      -> gen-logs.tgz
 #   gen-7b1-lambada  LAMBADA --mode generate, bloom-7b1, --engine both, batch 16, first
 #                  $GEN_LIMIT passages                                      -> hf-best-logs.tgz
 #   dp-ab          .gpu/bench-before and this binary alternating: gpt2 bf16 dp 1 and dp 2, $DP_STEPS
@@ -260,7 +262,8 @@ gen_run() { # engine model batch [extra flags]: one generation run into /tmp/gen
   candle-nograph) e=candle; hf=(--fused lt,softmax,bias-act,layer-norm,cross-entropy,decode) ;;  # the decode kernels, eager
   candle-noskinny) e=candle; hf=(--fused lt,softmax,bias-act,layer-norm,cross-entropy,decode,graph,gemv) ;;  # cuBLAS's LM head
   before) e=candle; local B=/tmp/bench-before ;;  # the previous binary (.gpu/bench-before)
-  candle-nostep) e=candle; hf=(--fused "$NO_STEP") ;;  # every path but the one-kernel decode step
+  candle-nostep) e=candle; hf=(--fused "$NO_STEP") ;;  # every path by name (step was in all before ef7240e)
+  candle-step) e=candle; hf=(--fused all,step) ;;  # all and the opt-in one-kernel decode step
   esac
   $B --engine "$e" "${hf[@]}" --model "$m" --weights random --seed 0 --device cuda --dtype bf16 \
     --batch-size "$bs" --log-dir /tmp/gen-logs --no-progress "$@" 2>&1 | grep -v "^  |" | tee -a "$OUT/gen.txt"
@@ -353,13 +356,13 @@ for stage in "$@"; do
     done
     ;;
   step-ab)
-    # The decode step as one kernel (`--fused step`) against the same binary without it,
-    # alternating: the generation suite (prompt 128 + 128, $GEN_CALLS calls) on $GEN_MODELS at
-    # each batch of $STEP_BATCHES (1 4), $STEP_ROUNDS (2) rounds.
+    # The decode step as one kernel (`--fused all,step`) against the same binary without it
+    # (`all`), alternating: the generation suite (prompt 128 + 128, $GEN_CALLS calls) on
+    # $GEN_MODELS at each batch of $STEP_BATCHES (1 4), $STEP_ROUNDS (2) rounds.
     for r in $(seq "${STEP_ROUNDS:-2}"); do
       for m in ${GEN_MODELS:-gpt2 bloom-560m}; do
         for bs in ${STEP_BATCHES:-1 4}; do
-          for e in candle-nostep candle; do
+          for e in candle candle-step; do
             gen_run $e $m $bs --suite generation --prompt-lens 128 --new-tokens 128 --limit "${GEN_CALLS:-10}"
           done
         done

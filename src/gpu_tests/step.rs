@@ -252,8 +252,8 @@ fn the_step_kernel_matches_the_blocks_in_candles_ops() {
 }
 
 /// In the models: cached decoding with the step kernel gives the logits of the layers it
-/// replaces (gpt2 and bloom-560m shapes cut to two layers, and the tiny ones), one and three
-/// rows, the kernel counted as launched (4 decode steps: the prefill is the layers').
+/// replaces (gpt2 and bloom-560m shapes cut to two layers, and the tiny ones), one to four
+/// rows (each of the kernel's instantiations), the kernel counted as launched (4 decode steps: the prefill is the layers').
 #[test]
 fn cached_decoding_with_the_step_kernel_matches_the_layers() {
     use crate::models::generate::left_pad;
@@ -290,8 +290,8 @@ fn cached_decoding_with_the_step_kernel_matches_the_layers() {
         let spec = &specs[i];
         let tol = if dtype == DType::F32 { 1e-4 } else { 4e-2 };
         {
-            for prompts in [vec![ids(30)], vec![ids(30), ids(17), ids(25)]] {
-                let rows = prompts.len();
+            for rows in 1..=4 {
+                let prompts: Vec<_> = [30, 17, 25, 9][..rows].iter().map(|&n| ids(n)).collect();
                 let prompts = left_pad(&prompts, 0, &gpu).unwrap();
                 let mut steps = Vec::new();
                 for fused in [all_but(Fused::Step), vec![Fused::All, Fused::Step]] {

@@ -6,7 +6,9 @@
 //   S1 qkv = LN1(x) Wqkvᵀ + b       S2 attention of one new query a row over the cache
 //   S3 x1 = x + (att Wprojᵀ + b)    S4 a = GELU(LN2(x1) Wfcᵀ + b)    S5 x = x1 + (a Wfc2ᵀ + b)
 // then out = LN_f(x). Each stage rounds where the kernels it replaces round (the projections'
-// outputs, the residual sums, the normed inputs, the scores): decode.rs's GPU test.
+// outputs, the residual sums, the normed inputs, the scores): gpu_tests/step.rs. Hopper
+// (sm_90: CUDA_COMPUTE_CAP=90, as the GPU build sets it) copies the weights with the bulk
+// copy; an older target's PTX copies them synchronously in the stage that reads them.
 // Shapes: M rows (batch, one new position each), C channels, I the MLP's inner size, nh heads
 // of hs, T_max cached positions; weights nn.Linear (out, in), contiguous.
 #include "common.cuh"
@@ -150,7 +152,7 @@ __device__ void wait_tile(const T* w, int n, int k, unsigned char* buf, unsigned
 
 // ---- the stages ----
 
-// xs (M, K) = rows of `in` (M, K), through LayerNorm (w, b) when w is given: decode.cu's
+// xs (M, K) = rows of `in` (M, K), through LayerNorm (w, b) when w is given: layer_norm.cu's
 // add_layer_norm without the add (two passes over the row in registers; K <= 8·512).
 template <typename T, int M>
 __device__ void stage_input(const T* in, const T* w, const T* b, T* xs, int k, float eps, float* sh) {
@@ -320,7 +322,8 @@ __device__ void attend(const T* qkv, T* kc, T* vc, float* ml, float* pv, const S
 }
 
 // xs (M, C) = the attention's output, heads merged: for each (row, head) the splits' partials
-// merged as decode_attention.cu's decode_combine, Σ e^(m_s − max)·pv_s / Σ e^(m_s − max)·l_s.
+// merged as decode_attention.cu's decode_combine merges its 64-key splits, Σ_s w_s·pv_s with
+// w_s = e^(m_s − max) / Σ e^(m_s − max)·l_s (the same terms, the division first).
 // Every split's (m, l) first into `wt` (shared, 2·M·nh·splits floats), all loads in flight at
 // once rather than a chain of them, then each split's weight in its m's place.
 template <typename T, int M>
@@ -383,7 +386,8 @@ __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, c
   }
   __syncthreads();
 #endif
-  // Buffer 0 takes qkv and fc, buffer 1 proj and fc2: each copy starts two stages ahead.
+  // Buffer 0 takes qkv and fc, buffer 1 proj and fc2: each copy starts as soon as the buffer's
+  // last reader is done, two or three stages before its own.
   fetch_tile(layers[0].qkv_w, 3 * c, c, buf[0], &bars[0]);
   fetch_tile(layers[0].proj_w, c, c, buf[1], &bars[1]);
   const T* x = x_in;

@@ -56,8 +56,9 @@ pub struct StepModel {
 
 impl StepModel {
     /// None where the kernel does not apply: the CPU, `step` switched off, a dtype other
-    /// than f32 / bf16 / f16, more than 64 layers, sizes the kernel's loads or shared memory
-    /// do not take.
+    /// than f32 / bf16 / f16, more than 64 layers, sizes the kernel's 16-byte loads or its
+    /// norms do not take (shared memory, which grows with the rows and the cache, is
+    /// [`StepModel::applies`]'s).
     pub fn new(
         layers: Vec<StepLayer>,
         lnf: (Tensor, Tensor),
@@ -129,7 +130,7 @@ mod imp {
     };
     use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig};
     use candle_core::cuda_backend::WrapErr as _;
-    use candle_core::{CudaDevice, DType, Device, Result, Tensor};
+    use candle_core::{bail, CudaDevice, DType, Device, Result, Tensor};
 
     const PTX: Ptx = ptx!("decode_step");
     /// decode_step.cu's STEP_THREADS and STEP_MAX_LAYERS.
@@ -369,8 +370,9 @@ mod imp {
         }
 
         pub fn applies(&self, rows: usize, t_max: usize) -> bool {
-            // 256 bytes of static shared memory besides (the barriers, the reductions).
-            rows <= STEP_MAX_ROWS && self.layout(rows, t_max).1 + 1024 <= self.smem_max
+            // 1 KiB left for the static shared memory (the mbarriers, the reductions: 144 B).
+            let some = rows >= 1 && t_max >= 1;
+            some && rows <= STEP_MAX_ROWS && self.layout(rows, t_max).1 + 1024 <= self.smem_max
         }
 
         pub fn forward(&self, x: &Tensor, slots: &[CacheSlot]) -> Result<Option<Tensor>> {
@@ -390,9 +392,22 @@ mod imp {
                 k: [0; MAX_LAYERS],
                 v: [0; MAX_LAYERS],
             };
+            let keys = [first.key_mask, first.key_pos];
+            if keys
+                .iter()
+                .any(|t| t.dims() != [rows, t_max] || t.dtype() != DType::F32)
+            {
+                return Ok(None);
+            }
             for (l, s) in slots.iter().enumerate() {
                 let want = [rows, self.attention.nh, t_max, self.attention.hs];
-                if s.k.dims() != want || s.v.dims() != want || s.k.dtype() != self.dtype {
+                let cache = [s.k, s.v];
+                let laid = cache.iter().all(|t| {
+                    t.dims() == want
+                        && t.dtype() == self.dtype
+                        && crate::kernels::launch::aligned16(t)
+                });
+                if !laid {
                     return Ok(None);
                 }
                 (caches.k[l], caches.v[l]) = (device_address(s.k)?, device_address(s.v)?);
@@ -420,6 +435,12 @@ mod imp {
             let max_shared =
                 CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             func.set_attribute(max_shared, shared as i32).w()?;
+            // The grid barrier needs every block resident at once: one an SM must fit.
+            let resident =
+                func.occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, shared, None);
+            if resident.w()? < 1 {
+                bail!("the decode step kernel's block does not fit an SM ({shared} B of shared memory): leave step out of --fused");
+            }
             let cfg = LaunchConfig {
                 grid_dim: (self.sms as u32, 1, 1),
                 block_dim: (THREADS as u32, 1, 1),

@@ -71,10 +71,10 @@ pub use oneshot::{pair_add_in_place, pair_signal, pair_wait};
 pub use residual::{residual_add, residual_add_dropped, residual_add_then_drop};
 pub use skinny::skinny;
 
-/// The fused paths `--fused` switches (each on by default on CUDA).
+/// The fused paths `--fused` switches (each on by default on CUDA but `step`, which is opt-in).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Fused {
-    /// Every fused path.
+    /// Every fused path but the opt-in `step`.
     All,
     /// None: candle's own ops only (the "before" of docs/perf-notes.md).
     None,
@@ -115,9 +115,9 @@ pub enum Fused {
     /// Training: the residual adds (forward and backward) in 16-byte vectors (instead of
     /// candle's add).
     Residual,
-    /// Inference at 1–4 rows (decode steps): nn.Linear projections (BLOOM) as one GEMV
-    /// kernel, four warps an output column, bias and GELU in it (instead of cuBLASLt's small-M
-    /// kernels and split-K reduces).
+    /// Inference at 1–4 rows (decode steps): nn.Linear projections (BLOOM's; GPT-2's once the
+    /// engine lays them out so) as one GEMV kernel, four warps an output column, bias and GELU
+    /// in it (instead of cuBLASLt's small-M kernels and split-K reduces).
     Gemv,
     /// Inference at 1–16 rows (decode steps): the LM head on tensor cores, all rows against
     /// each tile of the head read once, where the vocabulary is no multiple of 8 (GPT-2's;
@@ -297,6 +297,7 @@ pub fn describe() -> String {
         (ADAMW_COPIES, "adamw-copies"),
         (LN_RESIDUAL, "ln-residual"),
         (FLASH_DQ, "flash-dq"),
+        (STEP, "step"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

@@ -23,7 +23,8 @@ impl StepKernel {
         n_layer: usize,
         build: impl FnOnce() -> Result<Option<StepModel>>,
     ) -> Result<Option<Tensor>> {
-        if step.t != 1 || !kernels::enabled(Fused::Step) || !cache.device().is_cuda() {
+        let rows = cache.batch() <= kernels::STEP_MAX_ROWS;
+        if step.t != 1 || !rows || !kernels::enabled(Fused::Step) || !cache.device().is_cuda() {
             return Ok(None);
         }
         if self.0.get().is_none() {
