@@ -59,9 +59,6 @@
 #                  `extract-metrics --table dp-report` makes both tables from  -> dp-logs.tgz
 #   gen-ab         .gpu/bench-before and this binary alternating (and $GEN_AB_ENGINES): candle's generation suite on
 #                  $GEN_MODELS, batch 1 and 16, prompt 128 + 128            -> gen-logs.tgz
-#   norm-ab        `--fused all` and all but gemv-norm alternating: candle's generation suite on
-#                  $NORM_MODELS (gpt2 bloom-560m bloom-7b1), batch $NORM_BATCHES (1 4), dtype
-#                  $NORM_DTYPES (bf16 fp8), $NORM_ROUNDS (2) rounds           -> gen-logs.tgz
 #   step-ab        `--fused all` and `all,step` alternating: candle's generation suite on
 #                  $GEN_MODELS, batch $STEP_BATCHES, $STEP_ROUNDS rounds      -> gen-logs.tgz
 #   gen-7b1-lambada  LAMBADA --mode generate, bloom-7b1, --engine both, batch 16, first
@@ -254,8 +251,6 @@ GEN_LIMIT=${GEN_LIMIT:-1600}
 NO_STEP=lt,softmax,bias-act,adamw,layer-norm,dropout,cross-entropy,decode,graph,embedding,heads,flash
 NO_STEP=$NO_STEP,residual,gemv,skinny,oneshot,split-head,sum-norm,copy-sum,prefill,push-sum,adamw-copies
 NO_STEP=$NO_STEP,ln-residual,flash-dq
-NO_GEMV_NORM=$NO_STEP  # every path by name but gemv-norm (and the opt-in step)
-NO_STEP=$NO_STEP,gemv-norm
 gen_run() { # engine model batch [extra flags]: one generation run into /tmp/gen-logs
   local e=$1 m=$2 bs=$3; shift 3
   local hf=()
@@ -269,7 +264,6 @@ gen_run() { # engine model batch [extra flags]: one generation run into /tmp/gen
   before) e=candle; local B=/tmp/bench-before ;;  # the previous binary (.gpu/bench-before)
   candle-nostep) e=candle; hf=(--fused "$NO_STEP") ;;  # every path by name (step was in all before ef7240e)
   candle-step) e=candle; hf=(--fused all,step) ;;  # all and the opt-in one-kernel decode step
-  candle-nogemvnorm) e=candle; hf=(--fused "$NO_GEMV_NORM") ;;  # the add + norm kernel after each GEMV
   esac
   $B --engine "$e" "${hf[@]}" --model "$m" --weights random --seed 0 --device cuda --dtype "${GEN_DTYPE:-bf16}" \
     --batch-size "$bs" --log-dir /tmp/gen-logs --no-progress "$@" 2>&1 | grep -v "^  |" | tee -a "$OUT/gen.txt"
@@ -370,24 +364,6 @@ for stage in "$@"; do
         for bs in ${STEP_BATCHES:-1 4}; do
           for e in candle candle-step; do
             gen_run $e $m $bs --suite generation --prompt-lens 128 --new-tokens 128 --limit "${GEN_CALLS:-10}"
-          done
-        done
-      done
-    done
-    ;;
-  norm-ab)
-    # The GEMV with the residual add and the next norm (`gemv-norm`, in `all`) against the same
-    # binary without it, alternating: the generation suite (prompt 128 + 128, $GEN_CALLS calls)
-    # on $NORM_MODELS at each batch of $NORM_BATCHES (1 4) and dtype of $NORM_DTYPES (bf16 fp8),
-    # $NORM_ROUNDS (2) rounds.
-    for r in $(seq "${NORM_ROUNDS:-2}"); do
-      for m in ${NORM_MODELS:-gpt2 bloom-560m bloom-7b1}; do
-        for dt in ${NORM_DTYPES:-bf16 fp8}; do
-          for bs in ${NORM_BATCHES:-1 4}; do
-            for e in candle candle-nogemvnorm; do
-              GEN_DTYPE=$dt gen_run $e $m $bs --suite generation --prompt-lens 128 --new-tokens 128 \
-                --limit "${GEN_CALLS:-10}"
-            done
           done
         done
       done

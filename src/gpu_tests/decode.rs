@@ -1,4 +1,4 @@
-//! Generation: the decode kernels one by one (add + LayerNorm, the GEMV with them, argmax) and end to end (cached
+//! Generation: the decode kernels one by one (add + LayerNorm, argmax) and end to end (cached
 //! decoding, CUDA-graph replays, tensor parallelism over two GPUs).
 
 use super::*;
@@ -29,86 +29,6 @@ fn add_layer_norm_matches_the_add_then_the_norm() {
         let r = rel(&normed, &want);
         assert!(r < tol, "{dtype:?} C {c}: rel {r}");
     }
-}
-
-/// The decode GEMV with the residual add and the next norm in it (`gemv-norm`), bf16 / f16 and
-/// fp8 weights, 1–4 rows, GPT-2's and BLOOM's widths (the norm over N, 4096 the most): the sum
-/// bit for bit the GEMV's output added as add_layer_norm adds it, the norm within a rounding of
-/// add_layer_norm's (its statistics summed in another order); twice in a row, so the kernels'
-/// arrival counters start again at zero; refused past 4096 values, at 5 rows and in f32.
-#[test]
-fn gemv_add_layer_norm_matches_the_gemv_then_the_add_norm() {
-    use crate::models::fp8::Fp8Weight;
-    let (gpu, _one_at_a_time) = gpu();
-    for (k, n) in [
-        (768, 768),
-        (3072, 768),
-        (1024, 1024),
-        (4096, 4096),
-        (16384, 4096),
-    ] {
-        let w = (randn(&[n, k], &gpu) * 0.05).unwrap();
-        let b = randn(&[n], &gpu);
-        let fp8 = Fp8Weight::quantize(&w, Some(&b)).unwrap();
-        for (rows, dtype) in (1..=4).flat_map(|m| [DType::BF16, DType::F16].map(|d| (m, d))) {
-            let half = |t: &Tensor| t.to_dtype(dtype).unwrap();
-            let (wh, bh) = (half(&w), half(&b));
-            let x = half(&randn(&[rows, k], &gpu));
-            let r = half(&randn(&[rows, 1, n], &gpu)); // the residual, (B, T, C)
-            let (lw, lb) = (half(&randn(&[n], &gpu)), half(&randn(&[n], &gpu)));
-            let norm = (&lw, &lb, 1e-5);
-            let why = format!("{rows}x{k} -> {n} {dtype:?}");
-            for round in 0..2 {
-                let y = gemv(&x, &wh, &bh, Act::None).unwrap().unwrap();
-                let want = add_layer_norm(&r, &y.reshape(r.shape()).unwrap(), &lw, &lb, 1e-5);
-                let (want_s, want_y) = want.unwrap().expect("add_layer_norm applies");
-                let got = gemv_add_layer_norm(&x, &wh, &bh, &r, norm).unwrap();
-                let (s, normed) = got.expect("the fused GEMV applies");
-                assert_eq!(s.dims(), r.dims(), "{why}");
-                assert_eq!(rel(&s, &want_s), 0., "{why} round {round}: the sum");
-                let e = rel(&normed, &want_y);
-                assert!(e < 8e-3, "{why} round {round}: the norm, rel {e}");
-
-                let y = fp8.gemv(&x, Act::None).unwrap().unwrap();
-                let want = add_layer_norm(&r, &y.reshape(r.shape()).unwrap(), &lw, &lb, 1e-5);
-                let (want_s, want_y) = want.unwrap().expect("add_layer_norm applies");
-                let got = fp8.gemv_add_layer_norm(&x, &r, norm).unwrap();
-                let (s, normed) = got.expect("the fused fp8 GEMV applies");
-                assert_eq!(rel(&s, &want_s), 0., "{why} fp8 round {round}: the sum");
-                let e = rel(&normed, &want_y);
-                assert!(e < 8e-3, "{why} fp8 round {round}: the norm, rel {e}");
-            }
-        }
-    }
-    // Refused: a norm wider than 4096 values, 5 rows, f32.
-    let bf = |shape: &[usize]| randn(shape, &gpu).to_dtype(DType::BF16).unwrap();
-    let (x, w, b, r, l) = (
-        bf(&[1, 64]),
-        bf(&[4104, 64]),
-        bf(&[4104]),
-        bf(&[1, 4104]),
-        bf(&[4104]),
-    );
-    assert!(gemv_add_layer_norm(&x, &w, &b, &r, (&l, &l, 1e-5))
-        .unwrap()
-        .is_none());
-    let (x, w, b, r, l) = (
-        bf(&[5, 64]),
-        bf(&[64, 64]),
-        bf(&[64]),
-        bf(&[5, 64]),
-        bf(&[64]),
-    );
-    assert!(gemv_add_layer_norm(&x, &w, &b, &r, (&l, &l, 1e-5))
-        .unwrap()
-        .is_none());
-    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
-    let (x, r) = (
-        f(&x.narrow(0, 0, 1).unwrap()),
-        f(&r.narrow(0, 0, 1).unwrap()),
-    );
-    let got = gemv_add_layer_norm(&x, &f(&w), &f(&b), &r, (&f(&l), &f(&l), 1e-5));
-    assert!(got.unwrap().is_none());
 }
 
 /// The greedy pick: the first index of the maximum (as torch's argmax, which HF generate

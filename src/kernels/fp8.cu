@@ -2,7 +2,6 @@
 // one f32 scale per output row (W ≈ scale[n] · q[n, :]), activations and sums in bf16 / f16 / f32.
 // Shapes: q (N, K) bytes, K a multiple of 16 (KQ 16-byte vectors a row); x (M, K); y (M, N).
 #include "common.cuh"
-#include "last_block_norm.cuh"
 #include <cuda_fp8.h>
 
 // 16 E4M3 values (one 16-byte load, element j at byte j) to f32, two at a time (cvt e4m3x2 on
@@ -28,12 +27,12 @@ __device__ __forceinline__ void fp8x16_to_f(const uint4 v, float* f) {
 // results/h100/fp8-run1). The warps' sums meet in shared memory.
 constexpr int SPLIT = 4, COLS = 4;
 
-// part[warp][c][m]: warp `warp`'s sum of row m against column col0 + c, complete for every
-// thread after the __syncthreads() at the end.
 template <typename T, int M>
-__device__ void gemv_fp8_parts(const Vec16<T>* x, const uint4* q, int n, int kq, float (*part)[COLS][M]) {
+__device__ void gemv_fp8(const Vec16<T>* x, const uint4* q, const float2* sb, T* y, int n, int kq,
+                         int act) {
   constexpr int XV = sizeof(T);  // x vectors a weight vector: 16 values, 2 (bf16 / f16)
   constexpr int E = 16 / sizeof(T);
+  __shared__ float part[SPLIT][COLS][M];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, col0 = blockIdx.x * COLS;
   const uint4* rows[COLS];
 #pragma unroll
@@ -75,46 +74,16 @@ __device__ void gemv_fp8_parts(const Vec16<T>* x, const uint4* q, int n, int kq,
       if (lane == 0) part[warp][c][m] = v;
     }
   __syncthreads();
-}
-
-// Column c, row m of the block, unrounded: the warps' sums, the scale, the bias, the act.
-template <int M>
-__device__ __forceinline__ float gemv_fp8_finish(const float (*part)[COLS][M], int c, int m, float2 sb, int act) {
+  // Thread t < COLS·M finishes column t / M, row t % M: the warps' sums, the scale, the bias.
+  const int c = threadIdx.x / M, m = threadIdx.x % M, col = col0 + c;
+  if (threadIdx.x >= COLS * M || col >= n) return;
   float v = 0.f;
 #pragma unroll
   for (int s = 0; s < SPLIT; s++) v += part[s][c][m];
-  v = v * sb.x + sb.y;
+  const float2 a = sb[col];
+  v = v * a.x + a.y;
   if (act == 1) v = 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
-  return v;
-}
-
-template <typename T, int M>
-__device__ void gemv_fp8(const Vec16<T>* x, const uint4* q, const float2* sb, T* y, int n, int kq,
-                         int act) {
-  __shared__ float part[SPLIT][COLS][M];
-  gemv_fp8_parts<T, M>(x, q, n, kq, part);
-  // Thread t < COLS·M finishes column t / M, row t % M.
-  const int c = threadIdx.x / M, m = threadIdx.x % M, col = blockIdx.x * COLS + c;
-  if (threadIdx.x >= COLS * M || col >= n) return;
-  y[(long)m * n + col] = from_f<T>(gemv_fp8_finish<M>(part, c, m, sb[col], act));
-}
-
-// The fp8 GEMV with the residual add and the next LayerNorm (last_block_norm.cuh), as gemv.cu's
-// gemv_add_norm: s = r + (scale · (x qᵀ) + bias) rounded as the composed ops, y = LN(s). r, s, y
-// (M, n), n at most NORM_VECS vectors a thread (4096 bf16).
-constexpr int NORM_VECS = 4;
-template <typename T, int M>
-__device__ void gemv_fp8_add_norm(const Vec16<T>* x, const uint4* q, const float2* sb, const T* r, const T* lw,
-                                  const T* lb, T* s, T* y, int n, int kq, float eps) {
-  __shared__ float part[SPLIT][COLS][M];
-  gemv_fp8_parts<T, M>(x, q, n, kq, part);
-  const int c = threadIdx.x / M, m = threadIdx.x % M, col = blockIdx.x * COLS + c;
-  if (threadIdx.x < COLS * M && col < n) {
-    const long at = (long)m * n + col;
-    const float v = to_f(from_f<T>(gemv_fp8_finish<M>(part, c, m, sb[col], 0)));
-    s[at] = from_f<T>(to_f(r[at]) + v);
-  }
-  last_block_layer_norm<T, M, NORM_VECS>(s, lw, lb, y, n, eps);
+  y[(long)m * n + col] = from_f<T>(v);
 }
 
 // W back to the activations' type for the rows the GEMV does not take (prefill, scoring, more
@@ -160,11 +129,6 @@ __device__ void quantize(const T* w, __nv_fp8_storage_t* q, float* scale, int k)
                                                    const float2* sb, T* y, int n, int kq,      \
                                                    int act) {                                  \
     gemv_fp8<T, M>(x, q, sb, y, n, kq, act);                                                   \
-  }                                                                                            \
-  extern "C" __global__ void tb_gemv_fp8_add_norm_##M##_##S(                                   \
-      const Vec16<T>* x, const uint4* q, const float2* sb, const T* r, const T* lw, const T* lb, T* s, \
-      T* y, int n, int kq, float eps) {                                                        \
-    gemv_fp8_add_norm<T, M>(x, q, sb, r, lw, lb, s, y, n, kq, eps);                            \
   }
 #define INSTANTIATE(T, S)                                                                      \
   INSTANTIATE_M(T, S, 1) INSTANTIATE_M(T, S, 2) INSTANTIATE_M(T, S, 3) INSTANTIATE_M(T, S, 4)  \

@@ -22,27 +22,6 @@ pub fn gemv_fp8(x: &Tensor, q: &Tensor, sb: &Tensor, act: Act) -> Result<Option<
     imp::gemv_fp8(x, q, sb, act)
 }
 
-/// (s, LayerNorm(s)) for s = r + (scale · (x qᵀ) + bias), the norm's (weight, bias, eps) over
-/// N, in one launch (`--fused gemv-norm`; gemv.rs's [`super::gemv::gemv_add_layer_norm`] for
-/// fp8 weights): each sum rounded as [`gemv_fp8`] and then [`super::add_layer_norm`] round it.
-/// r (…, N) holds the M rows; s and the normed rows come shaped as r. None where it does not
-/// apply (as [`gemv_fp8`], and N above 4096 bf16 / f16 values or not whole 16-byte vectors).
-pub fn gemv_fp8_add_layer_norm(
-    x: &Tensor,
-    q: &Tensor,
-    sb: &Tensor,
-    r: &Tensor,
-    norm: (&Tensor, &Tensor, f64),
-) -> Result<Option<(Tensor, Tensor)>> {
-    if ![Fused::GemvNorm, Fused::Gemv, Fused::Decode]
-        .into_iter()
-        .all(enabled)
-    {
-        return Ok(None);
-    }
-    imp::gemv_fp8_add_layer_norm(x, q, sb, r, norm)
-}
-
 /// w (N, K) as (q (N, K) F8E4M3, scale (N, 1) f32), each row scaled to E4M3's 448 and rounded
 /// to nearest even (the CPU's float8 crate's rounding); None on the CPU (candle's ops there).
 pub fn quantize_fp8(w: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
@@ -63,16 +42,6 @@ mod imp {
         Ok(None)
     }
 
-    pub fn gemv_fp8_add_layer_norm(
-        _: &Tensor,
-        _: &Tensor,
-        _: &Tensor,
-        _: &Tensor,
-        _: (&Tensor, &Tensor, f64),
-    ) -> Result<Option<(Tensor, Tensor)>> {
-        Ok(None)
-    }
-
     pub fn dequant_fp8(_: &Tensor, _: &Tensor, _: DType) -> Result<Option<Tensor>> {
         Ok(None)
     }
@@ -86,8 +55,8 @@ mod imp {
 mod imp {
     use super::{Act, FP8_GEMV_MAX_ROWS};
     use crate::kernels::launch::{
-        aligned16, alloc, cuda, flat_config, kernel, launch, no_cpu_fwd, norm_applies, ptx,
-        row_config, storage, view, with_dtype, wrap, Ptx,
+        aligned16, alloc, cuda, flat_config, kernel, launch, no_cpu_fwd, ptx, row_config, storage,
+        view, with_dtype, wrap, Ptx,
     };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
@@ -146,78 +115,18 @@ mod imp {
     }
 
     pub fn gemv_fp8(x: &Tensor, q: &Tensor, sb: &Tensor, act: Act) -> Result<Option<Tensor>> {
-        if !applies(x, q, sb, act)? {
-            return Ok(None);
-        }
-        Ok(Some(x.apply_op3_no_bwd(q, sb, &GemvFp8 { act })?))
-    }
-
-    /// Whether the fp8 GEMV takes these operands (see [`super::gemv_fp8`]).
-    fn applies(x: &Tensor, q: &Tensor, sb: &Tensor, act: Act) -> Result<bool> {
         let half = matches!(x.dtype(), DType::BF16 | DType::F16);
         let fits = matches!(act, Act::None | Act::GeluTanh) && x.rank() == 2 && q.rank() == 2;
         if !x.device().is_cuda() || !half || !fits || x.dim(0)? > FP8_GEMV_MAX_ROWS {
-            return Ok(false);
+            return Ok(None);
         }
         let (k, (n, qk)) = (x.dim(1)?, q.dims2()?);
         let laid = x.is_contiguous() && aligned16(q) && sb.is_contiguous() && aligned16(x);
         let typed = q.dtype() == DType::F8E4M3 && sb.dtype() == DType::F32 && sb.dims() == [n, 2];
-        Ok(qk == k && k.is_multiple_of(16) && laid && typed)
-    }
-
-    /// 16-byte vectors of a row each thread of the fused kernel's last block holds (fp8.cu's
-    /// NORM_VECS).
-    const NORM_VECS: usize = 4;
-
-    pub fn gemv_fp8_add_layer_norm(
-        x: &Tensor,
-        q: &Tensor,
-        sb: &Tensor,
-        r: &Tensor,
-        norm: (&Tensor, &Tensor, f64),
-    ) -> Result<Option<(Tensor, Tensor)>> {
-        let threads = 32 * WARPS_PER_BLOCK as usize;
-        let inference = !x.track_op() && !r.track_op();
-        if !inference || !applies(x, q, sb, Act::None)? || x.dim(0)? == 0 {
+        if qk != k || !k.is_multiple_of(16) || !laid || !typed {
             return Ok(None);
         }
-        let (m, (n, k)) = (x.dim(0)?, q.dims2()?);
-        if !norm_applies(r, norm, (m, n), x.dtype(), NORM_VECS * threads)? {
-            return Ok(None);
-        }
-        let (Some(xs), Some(qs), Some(sbs)) = (cuda(x), cuda(q), cuda(sb)) else {
-            return Ok(None);
-        };
-        let (Some(rs), Some(lws), Some(lbs)) = (cuda(r), cuda(norm.0), cuda(norm.1)) else {
-            return Ok(None);
-        };
-        let dev = storage(&xs.0).device().clone();
-        let func = match m {
-            1 => kernel!(dev, PTX, "tb_gemv_fp8_add_norm_1", x.dtype())?,
-            2 => kernel!(dev, PTX, "tb_gemv_fp8_add_norm_2", x.dtype())?,
-            3 => kernel!(dev, PTX, "tb_gemv_fp8_add_norm_3", x.dtype())?,
-            _ => kernel!(dev, PTX, "tb_gemv_fp8_add_norm_4", x.dtype())?,
-        };
-        let (n_i, kq, eps) = (n as i32, (k / 16) as i32, norm.2 as f32);
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(COLS_PER_BLOCK) as u32, 1, 1),
-            block_dim: (threads as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let qv = view::<F8E4M3>(storage(&qs.0), qs.1)?;
-        let sbv = view::<f32>(storage(&sbs.0), sbs.1)?;
-        with_dtype!(x.dtype(), T => {
-            let xv = view::<T>(storage(&xs.0), xs.1)?;
-            let rv = view::<T>(storage(&rs.0), rs.1)?;
-            let lwv = view::<T>(storage(&lws.0), lws.1)?;
-            let lbv = view::<T>(storage(&lbs.0), lbs.1)?;
-            let (s, y) = (alloc::<T>(&dev, m * n)?, alloc::<T>(&dev, m * n)?);
-            // SAFETY: x holds m·k, q n·k and sb 2n elements as gemv_fp8 checks; r, s and y
-            // m·n, the norm's weight and bias n, r and both from 16-byte boundaries, n whole
-            // vectors, at most NORM_VECS a thread of the block (checked by norm_applies).
-            launch!(unsafe func, cfg; &xv, &qv, &sbv, &rv, &lwv, &lbv, &s, &y, &n_i, &kq, &eps)?;
-            Ok(Some((wrap(s, &dev, r.shape()), wrap(y, &dev, r.shape()))))
-        })
+        Ok(Some(x.apply_op3_no_bwd(q, sb, &GemvFp8 { act })?))
     }
 
     struct Dequant {

@@ -1,8 +1,6 @@
 //! Decode projections at 1–4 rows for nn.Linear weights (`--fused gemv`; kernel in gemv.cu):
 //! act(x Wᵀ + b) in one launch, four warps an output column reading W's row once. cuBLAS's small-M
 //! kernels read BLOOM's decode weights well under the copy bandwidth (docs/perf-notes.md).
-//! With the residual add and the next LayerNorm ([`gemv_add_layer_norm`], `--fused gemv-norm`),
-//! the GEMV's last block to finish normalises the sum (last_block_norm.cuh).
 //! Shapes: x (M, K), W (N, K), b (N,) -> (M, N); bf16 or f16.
 
 use super::{enabled, Act, Fused};
@@ -22,27 +20,6 @@ pub fn gemv(x: &Tensor, w: &Tensor, b: &Tensor, act: Act) -> Result<Option<Tenso
     imp::gemv(x, w, b, act)
 }
 
-/// (s, LayerNorm(s)) for s = r + (x Wᵀ + b), the norm's (weight, bias, eps) over N: the GEMV,
-/// the residual add and the norm in one launch, each sum rounded as [`gemv`] followed by
-/// [`super::add_layer_norm`] round it (the norm's statistics summed in another order). r (…, N)
-/// holds the M rows; s and the normed rows come shaped as r. None where it does not apply
-/// (as [`gemv`], and N above 4096 bf16 / f16 values or not whole 16-byte vectors).
-pub fn gemv_add_layer_norm(
-    x: &Tensor,
-    w: &Tensor,
-    b: &Tensor,
-    r: &Tensor,
-    norm: (&Tensor, &Tensor, f64),
-) -> Result<Option<(Tensor, Tensor)>> {
-    if ![Fused::GemvNorm, Fused::Gemv, Fused::Decode]
-        .into_iter()
-        .all(enabled)
-    {
-        return Ok(None);
-    }
-    imp::gemv_add_layer_norm(x, w, b, r, norm)
-}
-
 #[cfg(not(feature = "cuda"))]
 mod imp {
     use super::Act;
@@ -51,24 +28,13 @@ mod imp {
     pub fn gemv(_: &Tensor, _: &Tensor, _: &Tensor, _: Act) -> Result<Option<Tensor>> {
         Ok(None)
     }
-
-    pub fn gemv_add_layer_norm(
-        _: &Tensor,
-        _: &Tensor,
-        _: &Tensor,
-        _: &Tensor,
-        _: (&Tensor, &Tensor, f64),
-    ) -> Result<Option<(Tensor, Tensor)>> {
-        Ok(None)
-    }
 }
 
 #[cfg(feature = "cuda")]
 mod imp {
     use super::{Act, MAX_ROWS};
     use crate::kernels::launch::{
-        aligned16, alloc, cuda, kernel, launch, no_cpu_fwd, norm_applies, ptx, storage, view,
-        with_dtype, wrap, Ptx,
+        aligned16, alloc, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx,
     };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
@@ -126,79 +92,18 @@ mod imp {
     }
 
     pub fn gemv(x: &Tensor, w: &Tensor, b: &Tensor, act: Act) -> Result<Option<Tensor>> {
-        if !applies(x, w, b, act)? {
-            return Ok(None);
-        }
-        Ok(Some(x.apply_op3_no_bwd(w, b, &Gemv { act })?))
-    }
-
-    /// Whether the GEMV takes these operands (see [`super::gemv`]).
-    fn applies(x: &Tensor, w: &Tensor, b: &Tensor, act: Act) -> Result<bool> {
         let half = matches!(x.dtype(), DType::BF16 | DType::F16);
         let fits = matches!(act, Act::None | Act::GeluTanh) && x.rank() == 2 && w.rank() == 2;
         if !x.device().is_cuda() || !half || !fits || x.dim(0)? > MAX_ROWS {
-            return Ok(false);
+            return Ok(None);
         }
         let (k, (n, wk)) = (x.dim(1)?, w.dims2()?);
         let whole = (k * x.dtype().size_in_bytes()).is_multiple_of(16);
         let same = w.dtype() == x.dtype() && b.dtype() == x.dtype() && b.dims() == [n];
         let laid = x.is_contiguous() && w.is_contiguous() && b.is_contiguous();
-        Ok(wk == k && whole && same && laid && aligned16(x) && aligned16(w))
-    }
-
-    /// 16-byte vectors of a row each thread of the fused kernel's last block holds
-    /// (gemv.cu's NORM_VECS).
-    const NORM_VECS: usize = 2;
-
-    pub fn gemv_add_layer_norm(
-        x: &Tensor,
-        w: &Tensor,
-        b: &Tensor,
-        r: &Tensor,
-        norm: (&Tensor, &Tensor, f64),
-    ) -> Result<Option<(Tensor, Tensor)>> {
-        let threads = 32 * WARPS_PER_COL as usize * COLS_PER_BLOCK;
-        let inference = ![x, w, b, r].iter().any(|t| t.track_op());
-        if !inference || !applies(x, w, b, Act::None)? || x.dim(0)? == 0 {
+        if wk != k || !whole || !same || !laid || !aligned16(x) || !aligned16(w) {
             return Ok(None);
         }
-        let (m, n) = (x.dim(0)?, w.dim(0)?);
-        if !norm_applies(r, norm, (m, n), x.dtype(), NORM_VECS * threads)? {
-            return Ok(None);
-        }
-        let (Some(xs), Some(ws), Some(bs)) = (cuda(x), cuda(w), cuda(b)) else {
-            return Ok(None);
-        };
-        let (Some(rs), Some(lws), Some(lbs)) = (cuda(r), cuda(norm.0), cuda(norm.1)) else {
-            return Ok(None);
-        };
-        let dev = storage(&xs.0).device().clone();
-        let func = match m {
-            1 => kernel!(dev, PTX, "tb_gemv_add_norm1", x.dtype())?,
-            2 => kernel!(dev, PTX, "tb_gemv_add_norm2", x.dtype())?,
-            3 => kernel!(dev, PTX, "tb_gemv_add_norm3", x.dtype())?,
-            _ => kernel!(dev, PTX, "tb_gemv_add_norm4", x.dtype())?,
-        };
-        let kv = (x.dim(1)? * x.dtype().size_in_bytes() / 16) as i32;
-        let (n_i, eps) = (n as i32, norm.2 as f32);
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(COLS_PER_BLOCK) as u32, 1, 1),
-            block_dim: (threads as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        with_dtype!(x.dtype(), T => {
-            let xv = view::<T>(storage(&xs.0), xs.1)?;
-            let wv = view::<T>(storage(&ws.0), ws.1)?;
-            let bv = view::<T>(storage(&bs.0), bs.1)?;
-            let rv = view::<T>(storage(&rs.0), rs.1)?;
-            let lwv = view::<T>(storage(&lws.0), lws.1)?;
-            let lbv = view::<T>(storage(&lbs.0), lbs.1)?;
-            let (s, y) = (alloc::<T>(&dev, m * n)?, alloc::<T>(&dev, m * n)?);
-            // SAFETY: x holds m·k, W n·k, b n elements as gemv checks; r, s and y m·n, the
-            // norm's weight and bias n, r and both from 16-byte boundaries, n whole vectors,
-            // at most NORM_VECS a thread of the block (checked by norm_applies).
-            launch!(unsafe func, cfg; &xv, &wv, &bv, &rv, &lwv, &lbv, &s, &y, &n_i, &kv, &eps)?;
-            Ok(Some((wrap(s, &dev, r.shape()), wrap(y, &dev, r.shape()))))
-        })
+        Ok(Some(x.apply_op3_no_bwd(w, b, &Gemv { act })?))
     }
 }

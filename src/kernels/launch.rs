@@ -262,22 +262,3 @@ pub fn device_address(t: &Tensor) -> Result<u64> {
     };
     Ok(base + (layout.start_offset() * t.dtype().size_in_bytes()) as u64)
 }
-
-/// Whether a decode GEMV's fused residual add and LayerNorm (last_block_norm.cuh) takes the
-/// residual r and the norm's weight and bias for its M × N output in `dtype`: r (…, N) holding
-/// the M rows, weight and bias (N,), all contiguous from 16-byte boundaries in `dtype`, a row
-/// whole 16-byte vectors, at most `max_vectors` of them.
-pub fn norm_applies(
-    r: &Tensor,
-    (w, b, _): (&Tensor, &Tensor, f64),
-    (m, n): (usize, usize),
-    dtype: DType,
-    max_vectors: usize,
-) -> Result<bool> {
-    let per = 16 / dtype.size_in_bytes();
-    let rows = r.elem_count() == m * n && r.rank() > 0 && r.dim(candle_core::D::Minus1)? == n;
-    let typed = [r, w, b].iter().all(|t| t.dtype() == dtype);
-    let width =
-        n.is_multiple_of(per) && n / per <= max_vectors && w.dims() == [n] && b.dims() == [n];
-    Ok(rows && typed && width && [r, w, b].into_iter().all(aligned16) && !r.track_op())
-}

@@ -51,8 +51,8 @@ pub use dropout::{apply_keep, draw_keep, dropout, keep_mask, set_dropout_seed, K
 pub use embedding::{embedding_bwd, embedding_bwd_in_place, embedding_fwd};
 pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
 pub use flash_prefill::{flash_prefill, prefill_applies, SeqRows};
-pub use fp8::{dequant_fp8, gemv_fp8, gemv_fp8_add_layer_norm, quantize_fp8, FP8_GEMV_MAX_ROWS};
-pub use gemv::{gemv, gemv_add_layer_norm, MAX_ROWS as GEMV_MAX_ROWS};
+pub use fp8::{dequant_fp8, gemv_fp8, quantize_fp8, FP8_GEMV_MAX_ROWS};
+pub use gemv::{gemv, MAX_ROWS as GEMV_MAX_ROWS};
 pub use graph::{capture, param_cache, replays, Graph, ParamCache};
 pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{
@@ -167,11 +167,6 @@ pub enum Fused {
     /// shared memory two stages ahead, instead of ≈ 7 launches a layer. Not in `all` (opt in:
     /// `--fused all,step`): measured no faster than the graphed launches (docs/perf-notes.md).
     Step,
-    /// Generation at 1–4 rows: a projection's GEMV (bf16 / f16 or fp8 weights) adds its output
-    /// to the residual, and its last block to finish runs the next LayerNorm (needs `gemv` and
-    /// `decode`), instead of the GEMV and then the add + norm kernel: one launch fewer for each
-    /// norm after the first of a decode step.
-    GemvNorm,
 }
 
 const LT: u32 = 1;
@@ -199,7 +194,6 @@ const ADAMW_COPIES: u32 = 1 << 21;
 const LN_RESIDUAL: u32 = 1 << 22;
 const FLASH_DQ: u32 = 1 << 23;
 const STEP: u32 = 1 << 24;
-const GEMV_NORM: u32 = 1 << 25;
 const ALL: u32 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -223,8 +217,7 @@ const ALL: u32 = LT
     | PUSH_SUM
     | ADAMW_COPIES
     | LN_RESIDUAL
-    | FLASH_DQ
-    | GEMV_NORM;
+    | FLASH_DQ;
 
 static ENABLED: AtomicU32 = AtomicU32::new(ALL);
 
@@ -257,7 +250,6 @@ fn bit(f: Fused) -> u32 {
         Fused::LnResidual => LN_RESIDUAL,
         Fused::FlashDq => FLASH_DQ,
         Fused::Step => STEP,
-        Fused::GemvNorm => GEMV_NORM,
     }
 }
 
@@ -306,7 +298,6 @@ pub fn describe() -> String {
         (LN_RESIDUAL, "ln-residual"),
         (FLASH_DQ, "flash-dq"),
         (STEP, "step"),
-        (GEMV_NORM, "gemv-norm"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

@@ -25,7 +25,6 @@ fn quantize_composed(w: &Tensor) -> Result<(Tensor, Tensor)> {
 }
 
 /// A weight (N, K) as E4M3 with its rows' scales, and the bias that goes with it.
-#[derive(Clone)]
 pub struct Fp8Weight {
     q: Tensor,  // (N, K) F8E4M3
     sb: Tensor, // (N, 2) f32: each row's scale and bias (zero without one)
@@ -68,18 +67,6 @@ impl Fp8Weight {
     /// CUDA); None elsewhere, where the caller multiplies [`Fp8Weight::dequantize`].
     pub fn gemv(&self, x: &Tensor, act: Act) -> Result<Option<Tensor>> {
         kernels::gemv_fp8(x, &self.q, &self.sb, act)
-    }
-
-    /// (r + x Wᵀ + b, LayerNorm of that) with the norm's (weight, bias, eps), x (M, K) and r
-    /// (…, N) holding M rows, by the fp8 GEMV with the add and the norm in it where it
-    /// applies; None elsewhere.
-    pub fn gemv_add_layer_norm(
-        &self,
-        x: &Tensor,
-        r: &Tensor,
-        norm: (&Tensor, &Tensor, f64),
-    ) -> Result<Option<(Tensor, Tensor)>> {
-        kernels::gemv_fp8_add_layer_norm(x, &self.q, &self.sb, r, norm)
     }
 
     /// Bytes the weight holds (values and the (scale, bias) pairs).

@@ -5,7 +5,7 @@ use super::fp8::Fp8Weight;
 use crate::dist::AllReduce;
 use crate::dist::Tp;
 use crate::error::{Error, Result};
-use crate::kernels::{self, Act, Fused};
+use crate::kernels::{self, Act};
 use candle_core::{DType, Tensor};
 use candle_nn::{layer_norm, Init, LayerNormConfig, VarBuilder};
 use std::borrow::Cow;
@@ -183,11 +183,7 @@ impl Projection {
     /// Not row-parallel: the whole output, nothing left to sum.
     pub fn forward_unsummed(&self, x: &Tensor) -> candle_core::Result<Unsummed> {
         let Some(reduce) = &self.reduce else {
-            let part = match self.decode_gemv(x)? {
-                Some(part) => part,
-                None => Part::Made(self.forward(x)?),
-            };
-            return Ok(Unsummed { part, reduce: None });
+            return Ok(Unsummed::whole(self.forward(x)?));
         };
         let (b, t, c) = x.dims3()?;
         let x = x.reshape((b * t, c))?; // (B·T, in)
@@ -206,38 +202,6 @@ impl Projection {
         }; // (B·T, out)
         let part = Part::Made(y.reshape((b, t, ()))?);
         Ok(Unsummed { part, reduce })
-    }
-
-    /// A decode step's projection (1–4 rows on CUDA, nn.Linear or fp8 weights, inference) not
-    /// yet run, so that the norm after it can run it with the residual add and itself in one
-    /// launch (`--fused gemv-norm`, [`Norm::add_unsummed`]); None where that cannot apply.
-    fn decode_gemv(&self, x: &Tensor) -> candle_core::Result<Option<Part>> {
-        let (b, t, c) = x.dims3()?;
-        let decode = x.device().is_cuda() && b * t <= kernels::GEMV_MAX_ROWS && !x.track_op();
-        let fused = [Fused::GemvNorm, Fused::Gemv, Fused::Decode]
-            .into_iter()
-            .all(kernels::enabled);
-        if !decode || !fused || !matches!(self.layout, WeightLayout::Linear) {
-            return Ok(None);
-        }
-        let x = x.reshape((b * t, c))?; // (B·T, in)
-        let bias = self.bias.clone();
-        Ok(Some(match &self.weight {
-            Stored::Dense(w) => Part::Gemv {
-                x,
-                w: w.clone(),
-                bias,
-                b,
-                t,
-            },
-            Stored::Fp8(f) => Part::Fp8Gemv {
-                x,
-                f: f.clone(),
-                bias,
-                b,
-                t,
-            },
-        }))
     }
 
     /// x W without the bias, `w` the weight as [`Projection::dense`] gives it: (B·T, in) ->
@@ -413,15 +377,6 @@ enum Part {
         b: usize,
         t: usize,
     },
-    /// A decode step's fp8 projection not yet run (not row-parallel: fp8 refuses `--tp`):
-    /// x (B·T, in), the weight and its bias (out,), to (B, T, out).
-    Fp8Gemv {
-        x: Tensor,
-        f: Fp8Weight,
-        bias: Tensor,
-        b: usize,
-        t: usize,
-    },
 }
 
 impl Part {
@@ -430,10 +385,6 @@ impl Part {
         let (x, w, bias, b, t) = match self {
             Part::Made(y) => return Ok(y),
             Part::Gemv { x, w, bias, b, t } => (x, w, bias, b, t),
-            Part::Fp8Gemv { x, f, bias, b, t } => match f.gemv(&x, Act::None)? {
-                Some(y) => return y.reshape((b, t, ())),
-                None => (x.clone(), f.dequantize(x.dtype())?, bias, b, t),
-            },
         };
         let y = match kernels::linear(&x, &w, true, &bias, Act::None)? {
             Some(y) => y,
@@ -445,21 +396,7 @@ impl Part {
     fn pending(&self) -> Option<kernels::PendingGemv<'_>> {
         match self {
             Part::Gemv { x, w, bias, .. } => Some(kernels::PendingGemv { x, w, bias }),
-            Part::Made(_) | Part::Fp8Gemv { .. } => None,
-        }
-    }
-
-    /// (r + the output, norm(r + the output)) in one launch, for a projection not yet run and
-    /// nothing to sum (`--fused gemv-norm`); None where the kernel does not apply.
-    fn add_norm(
-        &self,
-        r: &Tensor,
-        norm: (&Tensor, &Tensor, f64),
-    ) -> candle_core::Result<Option<(Tensor, Tensor)>> {
-        match self {
-            Part::Gemv { x, w, bias, .. } => kernels::gemv_add_layer_norm(x, w, bias, r, norm),
-            Part::Fp8Gemv { x, f, .. } => f.gemv_add_layer_norm(x, r, norm),
-            Part::Made(_) => Ok(None),
+            Part::Made(_) => None,
         }
     }
 }
@@ -487,16 +424,10 @@ impl Norm {
     /// sums), the projection's GEMV pushing its output and one kernel for the sum, the add and
     /// the norm, or that kernel after the projection; else the sum, then the add + norm.
     pub fn add_unsummed(&self, x: &Tensor, r: Unsummed) -> candle_core::Result<(Tensor, Tensor)> {
-        let Some(b) = self.ln.bias() else {
+        let (Some(reduce), Some(b)) = (&r.reduce, self.ln.bias()) else {
             return self.add_forward(x, &r.sum()?);
         };
         let norm = (self.ln.weight(), b, self.eps);
-        let Some(reduce) = &r.reduce else {
-            if let Some(out) = r.part.add_norm(x, norm)? {
-                return Ok(out);
-            }
-            return self.add_forward(x, &r.sum()?);
-        };
         if let Some(gemv) = r.part.pending() {
             if let Some(out) = reduce.gemv_sum_add_layer_norm(&gemv, x, norm)? {
                 return Ok(out);
