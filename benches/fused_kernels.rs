@@ -88,7 +88,7 @@ fn norms(c: &mut Criterion) {
         "residual add + layer norm (16, 4096)",
         0.07,
         || {
-            kernels::add_layer_norm(&x, &r, &w, &b, 1e-5, None)
+            kernels::add_layer_norm(&x, &r, &w, &b, 1e-5)
                 .unwrap()
                 .expect("fused")
                 .1

@@ -59,9 +59,6 @@
 #                  `extract-metrics --table dp-report` makes both tables from  -> dp-logs.tgz
 #   gen-ab         .gpu/bench-before and this binary alternating (and $GEN_AB_ENGINES): candle's generation suite on
 #                  $GEN_MODELS, batch 1 and 16, prompt 128 + 128            -> gen-logs.tgz
-#   prefetch-ab    `--fused all` and all but l2-prefetch alternating: candle's generation suite
-#                  on $AB_MODELS (gpt2 bloom-560m bloom-7b1), dtype $AB_DTYPES (bf16 fp8), batch
-#                  $AB_BATCHES (1 16), $AB_ROUNDS (1) rounds                  -> gen-logs.tgz
 #   step-ab        `--fused all` and `all,step` alternating: candle's generation suite on
 #                  $GEN_MODELS, batch $STEP_BATCHES, $STEP_ROUNDS rounds      -> gen-logs.tgz
 #   gen-7b1-lambada  LAMBADA --mode generate, bloom-7b1, --engine both, batch 16, first
@@ -254,8 +251,6 @@ GEN_LIMIT=${GEN_LIMIT:-1600}
 NO_STEP=lt,softmax,bias-act,adamw,layer-norm,dropout,cross-entropy,decode,graph,embedding,heads,flash
 NO_STEP=$NO_STEP,residual,gemv,skinny,oneshot,split-head,sum-norm,copy-sum,prefill,push-sum,adamw-copies
 NO_STEP=$NO_STEP,ln-residual,flash-dq
-NO_PREFETCH=$NO_STEP  # every path by name but l2-prefetch (and the opt-in step)
-NO_STEP=$NO_STEP,l2-prefetch
 gen_run() { # engine model batch [extra flags]: one generation run into /tmp/gen-logs
   local e=$1 m=$2 bs=$3; shift 3
   local hf=()
@@ -269,7 +264,6 @@ gen_run() { # engine model batch [extra flags]: one generation run into /tmp/gen
   before) e=candle; local B=/tmp/bench-before ;;  # the previous binary (.gpu/bench-before)
   candle-nostep) e=candle; hf=(--fused "$NO_STEP") ;;  # every path by name (step was in all before ef7240e)
   candle-step) e=candle; hf=(--fused all,step) ;;  # all and the opt-in one-kernel decode step
-  candle-noprefetch) e=candle; hf=(--fused "$NO_PREFETCH") ;;  # no L2 prefetch of the next weight
   esac
   $B --engine "$e" "${hf[@]}" --model "$m" --weights random --seed 0 --device cuda --dtype "${GEN_DTYPE:-bf16}" \
     --batch-size "$bs" --log-dir /tmp/gen-logs --no-progress "$@" 2>&1 | grep -v "^  |" | tee -a "$OUT/gen.txt"
@@ -370,24 +364,6 @@ for stage in "$@"; do
         for bs in ${STEP_BATCHES:-1 4}; do
           for e in candle candle-step; do
             gen_run $e $m $bs --suite generation --prompt-lens 128 --new-tokens 128 --limit "${GEN_CALLS:-10}"
-          done
-        done
-      done
-    done
-    ;;
-  prefetch-ab)
-    # The add + norm kernel prefetching the next projection's weight into L2 (`l2-prefetch`, in
-    # `all`) against the same binary without it, alternating: the generation suite (prompt 128 +
-    # 128, $GEN_CALLS calls) on $AB_MODELS at each dtype of $AB_DTYPES (bf16 fp8) and batch of
-    # $AB_BATCHES (1 16), $AB_ROUNDS (1) rounds.
-    for r in $(seq "${AB_ROUNDS:-1}"); do
-      for m in ${AB_MODELS:-gpt2 bloom-560m bloom-7b1}; do
-        for dt in ${AB_DTYPES:-bf16 fp8}; do
-          for bs in ${AB_BATCHES:-1 16}; do
-            for e in candle candle-noprefetch; do
-              GEN_DTYPE=$dt gen_run $e $m $bs --suite generation --prompt-lens 128 --new-tokens 128 \
-                --limit "${GEN_CALLS:-10}"
-            done
           done
         done
       done

@@ -95,7 +95,7 @@ fn sum_add_norm_is_the_composed_ops(nccl: &NcclAllReduce, rank: usize, dev: &Dev
             let fused = nccl.sum_add_layer_norm(&base, &r, &w, &b, eps).unwrap();
             nccl.all_reduce_sum(&normal(&[8 + 8 * salt], 0.)).unwrap();
             let sum = nccl.all_reduce_sum(&base).unwrap();
-            let (s, y) = crate::kernels::add_layer_norm(&r, &sum, &w, &b, eps, None)
+            let (s, y) = crate::kernels::add_layer_norm(&r, &sum, &w, &b, eps)
                 .unwrap()
                 .expect("the add + norm kernel");
             let whole = c * dtype.size_in_bytes() % 16 == 0;

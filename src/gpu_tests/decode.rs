@@ -3,8 +3,7 @@
 
 use super::*;
 
-/// The residual add rounds like candle's add; the norm of the sum like candle's layer norm;
-/// the same bits with the next weight's prefetch (`l2-prefetch`).
+/// The residual add rounds like candle's add; the norm of the sum like candle's layer norm.
 #[test]
 fn add_layer_norm_matches_the_add_then_the_norm() {
     let (gpu, _one_at_a_time) = gpu();
@@ -12,16 +11,12 @@ fn add_layer_norm_matches_the_add_then_the_norm() {
     let cases = [(DType::F32, 1e-5), (DType::BF16, 2e-2)]
         .into_iter()
         .flat_map(|d| [768, 4096, 770].map(|c| (d, c)));
-    let big = Tensor::zeros((4096, 4096), DType::BF16, &gpu).unwrap(); // 32 MiB
-    let fp8 = big.to_dtype(DType::F32).unwrap();
-    let fp8 = crate::models::fp8::Fp8Weight::quantize(&fp8, None).unwrap();
-    let fp8 = fp8.values().clone();
     for ((dtype, tol), c) in cases {
         let x = randn(&[3, 5, c], &gpu).to_dtype(dtype).unwrap();
         let r = randn(&[3, 5, c], &gpu).to_dtype(dtype).unwrap();
         let w = randn(&[c], &gpu).to_dtype(dtype).unwrap();
         let b = randn(&[c], &gpu).to_dtype(dtype).unwrap();
-        let (sum, normed) = add_layer_norm(&x, &r, &w, &b, 1e-5, None)
+        let (sum, normed) = add_layer_norm(&x, &r, &w, &b, 1e-5)
             .unwrap()
             .expect("applies");
         let want_sum = (&x + &r).unwrap();
@@ -31,18 +26,8 @@ fn add_layer_norm_matches_the_add_then_the_norm() {
             "{dtype:?} C {c}: the sum rounds as the add"
         );
         let want = candle_nn::ops::layer_norm_slow(&want_sum, &w, &b, 1e-5).unwrap();
-        let e = rel(&normed, &want);
-        assert!(e < tol, "{dtype:?} C {c}: rel {e}");
-        // The next weight's L2 prefetch (beyond 12 MiB, and an E4M3 weight) changes no bit.
-        for next in [&big, &fp8] {
-            let got = add_layer_norm(&x, &r, &w, &b, 1e-5, Some(next)).unwrap();
-            let (s2, y2) = got.expect("applies");
-            assert_eq!(
-                (rel(&s2, &sum), rel(&y2, &normed)),
-                (0., 0.),
-                "{dtype:?} C {c}"
-            );
-        }
+        let r = rel(&normed, &want);
+        assert!(r < tol, "{dtype:?} C {c}: rel {r}");
     }
 }
 

@@ -242,7 +242,7 @@ pub fn wrap<T: CudaDType>(
 /// A null device pointer for an absent optional argument.
 pub const NULL: u64 = 0;
 
-/// The device address of a contiguous CUDA tensor's first element (a float, u32 or E4M3 tensor), for
+/// The device address of a contiguous CUDA tensor's first element (a float or u32 tensor), for
 /// kernels that take a tensor beside a custom op's inputs (or a table of them).
 pub fn device_address(t: &Tensor) -> Result<u64> {
     let (storage, layout) = t.storage_and_layout();
@@ -255,7 +255,6 @@ pub fn device_address(t: &Tensor) -> Result<u64> {
     let stream = s.device().cuda_stream();
     let base = match s.dtype() {
         DType::U32 => u32::as_cuda_slice(s)?.device_ptr(&stream).0,
-        DType::F8E4M3 => float8::F8E4M3::as_cuda_slice(s)?.device_ptr(&stream).0,
         dtype => with_dtype!(dtype, T => {
             let (ptr, _record) = T::as_cuda_slice(s)?.device_ptr(&stream);
             ptr

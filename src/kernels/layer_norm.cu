@@ -312,25 +312,6 @@ __device__ void add_layer_norm_vec(const T* x, const T* r, const T* w, const T* 
   *reinterpret_cast<Vec16<T>*>(y + off) = yv;
 }
 
-// The blocks past the rows (`--fused l2-prefetch`) bring the first `bytes` of the next
-// projection's weight into L2 and exit: HBM would idle under this kernel, and the GEMV or
-// matmul after it starts on L2 hits. cp.async.bulk.prefetch.L2 is asynchronous (nothing to
-// wait for), a lane of the first warp a 16-byte-aligned piece of the block's share; a hint:
-// the values read are the same with or without it. bytes: a multiple of 16; pf 16-byte aligned.
-__device__ void prefetch_share(const char* pf, unsigned long long bytes, int rows) {
-#if __CUDA_ARCH__ >= 900
-  const unsigned long long blocks = gridDim.x - rows, me = blockIdx.x - rows;
-  const unsigned long long share = (bytes / blocks + 15) & ~15ull;
-  const unsigned long long lo = me * share;
-  if (threadIdx.x >= 32 || lo >= bytes) return;
-  const unsigned long long hi = min(lo + share, bytes), piece = ((hi - lo) / 32 + 15) & ~15ull;
-  const unsigned long long at = lo + threadIdx.x * piece;
-  if (piece == 0 || at >= hi) return;
-  const unsigned size = (unsigned)min(piece, hi - at);
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf + at), "r"(size) : "memory");
-#endif
-}
-
 template <typename T>
 __device__ void add_layer_norm(const T* x, const T* r, const T* w, const T* b, T* s, T* y, int c, float eps) {
   __shared__ float sh[32];
@@ -372,11 +353,8 @@ __device__ void add_layer_norm(const T* x, const T* r, const T* w, const T* b, T
     layer_norm_bwd_wb<T>(x, dy, part, rows, c, eps);                                                          \
   }                                                                                                           \
   extern "C" __global__ void tb_add_layer_norm_##S(const T* x, const T* r, const T* w, const T* b, T* s, T* y, \
-                                                   int c, float eps, int vec, int rows, const char* pf,       \
-                                                   unsigned long long pf_bytes) {                             \
-    if (blockIdx.x >= rows)                                                                                   \
-      prefetch_share(pf, pf_bytes, rows);                                                                     \
-    else if (vec)                                                                                             \
+                                                   int c, float eps, int vec) {                               \
+    if (vec)                                                                                                  \
       add_layer_norm_vec<T>(x, r, w, b, s, y, c, eps);                                                        \
     else                                                                                                      \
       add_layer_norm<T>(x, r, w, b, s, y, c, eps);                                                            \

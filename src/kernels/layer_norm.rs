@@ -66,27 +66,19 @@ pub fn layer_norm_bwd_add(
 }
 
 /// (x + r, LayerNorm(x + r)) over the last dim, x and r (…, C), w and b (C,); the sum rounded
-/// to x's dtype first, as the composed add. With `next` (the weight the projection after the
-/// norm reads) and `--fused l2-prefetch`, blocks beside the rows' bring its first
-/// [`PREFETCH_BYTES`] into L2 while the norm runs. None where the kernel does not apply.
+/// to x's dtype first, as the composed add. None where the kernel does not apply.
 pub fn add_layer_norm(
     x: &Tensor,
     r: &Tensor,
     w: &Tensor,
     b: &Tensor,
     eps: f64,
-    next: Option<&Tensor>,
 ) -> Result<Option<(Tensor, Tensor)>> {
     if !enabled(Fused::Decode) {
         return Ok(None);
     }
-    let next = next.filter(|_| enabled(Fused::L2Prefetch));
-    imp::add_layer_norm(x, r, w, b, eps, next)
+    imp::add_layer_norm(x, r, w, b, eps)
 }
-
-/// Bytes of the next projection's weight [`add_layer_norm`] prefetches: about what HBM moves
-/// in the ≈ 4 µs the norm takes (H100: ≈ 3 TB/s), well inside the 50 MB L2.
-pub const PREFETCH_BYTES: usize = 12 << 20;
 
 /// The CPU runs candle's layer norm.
 #[cfg(not(feature = "cuda"))]
@@ -122,7 +114,6 @@ mod imp {
         _: &Tensor,
         _: &Tensor,
         _: f64,
-        _: Option<&Tensor>,
     ) -> Result<Option<(Tensor, Tensor)>> {
         Ok(None)
     }
@@ -500,29 +491,12 @@ mod imp {
         }))
     }
 
-    /// Blocks that prefetch the next weight, each its share (layer_norm.cu's prefetch_share).
-    const PREFETCH_BLOCKS: usize = 64;
-
-    /// The prefetch's (address, bytes, blocks): none without a weight on x's device whose
-    /// address can be read.
-    fn prefetch_of(x: &Tensor, next: Option<&Tensor>) -> (u64, u64, usize) {
-        let Some(t) = next.filter(|t| t.device().same_device(x.device())) else {
-            return (NULL, 0, 0);
-        };
-        let bytes = (t.elem_count() * t.dtype().size_in_bytes()).min(super::PREFETCH_BYTES) & !15;
-        match device_address(t) {
-            Ok(at) if at % 16 == 0 && bytes > 0 => (at, bytes as u64, PREFETCH_BLOCKS),
-            _ => (NULL, 0, 0),
-        }
-    }
-
     pub fn add_layer_norm(
         x: &Tensor,
         r: &Tensor,
         w: &Tensor,
         b: &Tensor,
         eps: f64,
-        next: Option<&Tensor>,
     ) -> Result<Option<(Tensor, Tensor)>> {
         let c = x.dim(candle_core::D::Minus1)?;
         let same = [r, w, b].iter().all(|t| t.dtype() == x.dtype());
@@ -554,18 +528,15 @@ mod imp {
             let wv = view::<T>(storage(&ws.0), ws.1)?;
             let bv = view::<T>(storage(&bs.0), bs.1)?;
             let (s, y) = (alloc::<T>(&dev, rows * c)?, alloc::<T>(&dev, rows * c)?);
-            let (c_i, eps, vec_i, rows_i) = (c as i32, eps as f32, vec as i32, rows as i32);
-            let (pf, pf_bytes, pf_blocks) = prefetch_of(x, next);
+            let (c_i, eps, vec_i) = (c as i32, eps as f32, vec as i32);
             let cfg = LaunchConfig {
-                grid_dim: ((rows + pf_blocks) as u32, 1, 1),
+                grid_dim: (rows as u32, 1, 1),
                 block_dim: (threads as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: x, r, s and y hold rows·C elements, w and b C; with `vec`, C / 8 (bf16)
             // or C / 4 (f32) vectors a row, at most one a thread, from 16-byte boundaries.
-            // The prefetch only hints (pf_bytes of a live tensor from a 16-byte boundary).
-            launch!(unsafe func, cfg; &xv, &rv, &wv, &bv, &s, &y, &c_i, &eps, &vec_i, &rows_i,
-                &pf, &pf_bytes)?;
+            launch!(unsafe func, cfg; &xv, &rv, &wv, &bv, &s, &y, &c_i, &eps, &vec_i)?;
             (wrap(s, &dev, x.shape()), wrap(y, &dev, x.shape()))
         });
         Ok(Some((sum, normed)))

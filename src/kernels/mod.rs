@@ -56,7 +56,7 @@ pub use gemv::{gemv, MAX_ROWS as GEMV_MAX_ROWS};
 pub use graph::{capture, param_cache, replays, Graph, ParamCache};
 pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{
-    add_layer_norm, layer_norm, layer_norm_bwd, layer_norm_bwd_add, ResidualGrads, PREFETCH_BYTES,
+    add_layer_norm, layer_norm, layer_norm_bwd, layer_norm_bwd_add, ResidualGrads,
 };
 pub use linear_lt::linear;
 pub use multi_tensor::{
@@ -167,11 +167,6 @@ pub enum Fused {
     /// shared memory two stages ahead, instead of ≈ 7 launches a layer. Not in `all` (opt in:
     /// `--fused all,step`): measured no faster than the graphed launches (docs/perf-notes.md).
     Step,
-    /// Inference: the residual add + LayerNorm kernel brings the first 12 MiB of the next
-    /// projection's weight (or the LM head's) into L2 from blocks beside the rows' (Hopper's
-    /// bulk L2 prefetch), so the GEMV or matmul after it starts on L2 hits instead of HBM idling
-    /// under the norm (needs `decode`).
-    L2Prefetch,
 }
 
 const LT: u32 = 1;
@@ -199,7 +194,6 @@ const ADAMW_COPIES: u32 = 1 << 21;
 const LN_RESIDUAL: u32 = 1 << 22;
 const FLASH_DQ: u32 = 1 << 23;
 const STEP: u32 = 1 << 24;
-const L2_PREFETCH: u32 = 1 << 25;
 const ALL: u32 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -223,8 +217,7 @@ const ALL: u32 = LT
     | PUSH_SUM
     | ADAMW_COPIES
     | LN_RESIDUAL
-    | FLASH_DQ
-    | L2_PREFETCH;
+    | FLASH_DQ;
 
 static ENABLED: AtomicU32 = AtomicU32::new(ALL);
 
@@ -257,7 +250,6 @@ fn bit(f: Fused) -> u32 {
         Fused::LnResidual => LN_RESIDUAL,
         Fused::FlashDq => FLASH_DQ,
         Fused::Step => STEP,
-        Fused::L2Prefetch => L2_PREFETCH,
     }
 }
 
@@ -306,7 +298,6 @@ pub fn describe() -> String {
         (LN_RESIDUAL, "ln-residual"),
         (FLASH_DQ, "flash-dq"),
         (STEP, "step"),
-        (L2_PREFETCH, "l2-prefetch"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

@@ -516,14 +516,6 @@ impl Bloom {
         kernels::StepModel::new(layers, lnf, self.ln_f.eps(), attention)
     }
 
-    /// The LM head's weight as [`CausalLm::logits`] reads it (fp8's values, or bf16 / f32).
-    fn head_weight(&self) -> &Tensor {
-        match &self.head_fp8 {
-            Some(head) => head.values(),
-            None => self.lm_head.as_ref().unwrap_or(&self.word_embeddings),
-        }
-    }
-
     /// The blocks and ln_f of an inference forward from its normed embeddings x (B, T, H),
     /// `attend` giving layer i's attention branch of its normed input. Each residual add goes
     /// with the norm after it ([`Norm::add_forward`]: one kernel on CUDA).
@@ -538,20 +530,11 @@ impl Bloom {
             // Each branch's sum over the ranks goes with the add and the norm after it.
             let a = attend(i, &block.self_attention, &h)?;
             let residual = if block.residual_after_norm { &h } else { &x };
-            let up = Some(block.mlp.up.stored_weight());
-            let (x1, h2) = block
-                .post_attention_layernorm
-                .add_unsummed(residual, a, up)?;
+            let (x1, h2) = block.post_attention_layernorm.add_unsummed(residual, a)?;
             let residual = if block.residual_after_norm { &h2 } else { &x1 };
             let m = block.mlp.forward_unsummed(&h2)?;
-            let (next, read) = match self.h.get(i + 1) {
-                Some(b) => (
-                    &b.input_layernorm,
-                    b.self_attention.query_key_value.stored_weight(),
-                ),
-                None => (&self.ln_f, self.head_weight()),
-            };
-            (x, h) = next.add_unsummed(residual, m, Some(read))?;
+            let next = self.h.get(i + 1).map_or(&self.ln_f, |b| &b.input_layernorm);
+            (x, h) = next.add_unsummed(residual, m)?;
         }
         Ok(h)
     }

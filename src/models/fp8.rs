@@ -69,11 +69,6 @@ impl Fp8Weight {
         kernels::gemv_fp8(x, &self.q, &self.sb, act)
     }
 
-    /// The E4M3 values (N, K): the bytes the GEMV reads.
-    pub fn values(&self) -> &Tensor {
-        &self.q
-    }
-
     /// Bytes the weight holds (values and the (scale, bias) pairs).
     pub fn bytes(&self) -> Result<usize> {
         Ok(self.q.elem_count() + self.sb.elem_count() * 4)

@@ -466,14 +466,6 @@ impl Gpt2 {
         kernels::StepModel::new(layers, lnf, self.ln_f.eps(), attention)
     }
 
-    /// The LM head's weight as [`CausalLm::logits`] reads it (fp8's values, or bf16 / f32).
-    fn head_weight(&self) -> &Tensor {
-        match &self.head_fp8 {
-            Some(head) => head.values(),
-            None => self.lm_head.as_ref().unwrap_or(&self.wte),
-        }
-    }
-
     /// The blocks and ln_f of an inference forward from its token and position embeddings
     /// (B, T, C) each, `attend` giving layer i's attention branch of its normed input. Each
     /// add goes with the norm after it ([`Norm::add_forward`]: one kernel on CUDA, the
@@ -484,22 +476,14 @@ impl Gpt2 {
         attend: impl Fn(usize, &Attention, &Tensor) -> candle_core::Result<Unsummed>,
     ) -> candle_core::Result<Tensor> {
         let first = self.h.first().map_or(&self.ln_f, |b| &b.ln_1);
-        let read = self
-            .h
-            .first()
-            .map_or(self.head_weight(), |b| b.attn.c_attn.stored_weight());
-        let (mut x, mut h) = first.add_forward(&tok, &pos, Some(read))?;
+        let (mut x, mut h) = first.add_forward(&tok, &pos)?;
         for (i, block) in self.h.iter().enumerate() {
             // Each branch's sum over the ranks goes with the add and the norm after it.
             let a = attend(i, &block.attn, &h)?;
-            let up = Some(block.mlp.up.stored_weight());
-            let (x1, h2) = block.ln_2.add_unsummed(&x, a, up)?;
+            let (x1, h2) = block.ln_2.add_unsummed(&x, a)?;
             let m = block.mlp.forward_unsummed(&h2)?;
-            let (next, read) = match self.h.get(i + 1) {
-                Some(b) => (&b.ln_1, b.attn.c_attn.stored_weight()),
-                None => (&self.ln_f, self.head_weight()),
-            };
-            (x, h) = next.add_unsummed(&x1, m, Some(read))?;
+            let next = self.h.get(i + 1).map_or(&self.ln_f, |b| &b.ln_1);
+            (x, h) = next.add_unsummed(&x1, m)?;
         }
         Ok(h)
     }

@@ -131,15 +131,6 @@ impl Projection {
         Ok(Some((w, self.bias.clone())))
     }
 
-    /// The weight as stored (as loaded, or fp8's E4M3 values): what a forward reads from
-    /// memory, for the norm before it to prefetch ([`Norm::add_unsummed`]).
-    pub fn stored_weight(&self) -> &Tensor {
-        match &self.weight {
-            Stored::Dense(w) => w,
-            Stored::Fp8(f) => f.values(),
-        }
-    }
-
     /// Whether a CUDA graph can record this projection: its all-reduce, if any, runs on the
     /// device (NCCL), not through the host.
     pub fn graph_capturable(&self) -> bool {
@@ -352,17 +343,9 @@ impl Norm {
 
     /// (x + r, norm(x + r)), inference: the residual add and the next block's (or the final)
     /// norm; on CUDA one kernel (`--fused decode`), else the add, then [`Norm::forward`].
-    /// `next`: the weight the projection after the norm reads, which that kernel brings into
-    /// L2 as it runs (`--fused l2-prefetch`).
-    pub fn add_forward(
-        &self,
-        x: &Tensor,
-        r: &Tensor,
-        next: Option<&Tensor>,
-    ) -> candle_core::Result<(Tensor, Tensor)> {
+    pub fn add_forward(&self, x: &Tensor, r: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
         if let Some(b) = self.ln.bias() {
-            let w = self.ln.weight();
-            if let Some(out) = kernels::add_layer_norm(x, r, w, b, self.eps, next)? {
+            if let Some(out) = kernels::add_layer_norm(x, r, self.ln.weight(), b, self.eps)? {
                 return Ok(out);
             }
         }
@@ -440,14 +423,9 @@ impl Norm {
     /// [`Norm::add_forward`] of x and the sum of `r`: where the sum's backend has them (one-shot
     /// sums), the projection's GEMV pushing its output and one kernel for the sum, the add and
     /// the norm, or that kernel after the projection; else the sum, then the add + norm.
-    pub fn add_unsummed(
-        &self,
-        x: &Tensor,
-        r: Unsummed,
-        next: Option<&Tensor>,
-    ) -> candle_core::Result<(Tensor, Tensor)> {
+    pub fn add_unsummed(&self, x: &Tensor, r: Unsummed) -> candle_core::Result<(Tensor, Tensor)> {
         let (Some(reduce), Some(b)) = (&r.reduce, self.ln.bias()) else {
-            return self.add_forward(x, &r.sum()?, next);
+            return self.add_forward(x, &r.sum()?);
         };
         let norm = (self.ln.weight(), b, self.eps);
         if let Some(gemv) = r.part.pending() {
@@ -459,7 +437,7 @@ impl Norm {
         if let Some(out) = reduce.sum_add_layer_norm(&y, x, norm.0, norm.1, norm.2)? {
             return Ok(out);
         }
-        self.add_forward(x, &reduce.all_reduce_sum(&y)?, next)
+        self.add_forward(x, &reduce.all_reduce_sum(&y)?)
     }
 }
 
