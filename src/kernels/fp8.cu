@@ -24,10 +24,12 @@ __device__ __forceinline__ void fp8x16_to_f(const uint4 v, float* f) {
 // scale and bias. A block: COLS columns, SPLIT warps over K; each lane loads its x vectors once
 // and the COLS columns' weight vectors beside them (COLS loads in flight a step: with one column
 // a warp, bloom-7b1's K = 4096 rows left a lane two loads and the step at 2.1 TB/s,
-// results/h100/fp8-run1). The warps' sums meet in shared memory.
-constexpr int SPLIT = 4, COLS = 4;
+// results/h100/fp8-run1). The warps' sums meet in shared memory. SPLIT: 4, or 8 for one row
+// whose K gives each lane of 8 warps a vector a column (bloom-7b1's step 3.063 → 2.988 ms,
+// results/h100x2/fp8-sweep1; at 2–4 rows the registers would leave one 256-thread block an SM).
+constexpr int COLS = 4;
 
-template <typename T, int M>
+template <typename T, int M, int SPLIT>
 __device__ void gemv_fp8(const Vec16<T>* x, const uint4* q, const float2* sb, T* y, int n, int kq,
                          int act) {
   constexpr int XV = sizeof(T);  // x vectors a weight vector: 16 values, 2 (bf16 / f16)
@@ -128,10 +130,14 @@ __device__ void quantize(const T* w, __nv_fp8_storage_t* q, float* scale, int k)
   extern "C" __global__ void tb_gemv_fp8_##M##_##S(const Vec16<T>* x, const uint4* q,          \
                                                    const float2* sb, T* y, int n, int kq,      \
                                                    int act) {                                  \
-    gemv_fp8<T, M>(x, q, sb, y, n, kq, act);                                                   \
+    gemv_fp8<T, M, 4>(x, q, sb, y, n, kq, act);                                                \
   }
 #define INSTANTIATE(T, S)                                                                      \
   INSTANTIATE_M(T, S, 1) INSTANTIATE_M(T, S, 2) INSTANTIATE_M(T, S, 3) INSTANTIATE_M(T, S, 4)  \
+  extern "C" __global__ void tb_gemv_fp8_1w8_##S(const Vec16<T>* x, const uint4* q,            \
+                                                 const float2* sb, T* y, int n, int kq, int act) { \
+    gemv_fp8<T, 1, 8>(x, q, sb, y, n, kq, act);                                                \
+  }                                                                                            \
   extern "C" __global__ void tb_fp8_dequant_##S(const uint4* q, const float2* sb, Vec16<T>* out, \
                                                 int kq, long vectors) {                        \
     dequant<T>(q, sb, out, kq, vectors);                                                       \

@@ -65,9 +65,11 @@ mod imp {
 
     const PTX: Ptx = ptx!("fp8");
 
-    /// Output columns a block computes, and warps over K (fp8.cu's COLS and SPLIT).
+    /// Output columns a block computes (fp8.cu's COLS), and warps over K (its SPLIT): four, or
+    /// eight for one row whose K gives every lane of eight a 16-byte vector a column.
     const COLS_PER_BLOCK: usize = 4;
     const WARPS_PER_BLOCK: u32 = 4;
+    const WARPS_ONE_LONG_ROW: u32 = 8;
 
     struct GemvFp8 {
         act: Act,
@@ -90,16 +92,33 @@ mod imp {
             let dev = x.device().clone();
             let m = xl.shape().dims2()?.0;
             let (n, k) = ql.shape().dims2()?;
-            let func = match m {
-                1 => kernel!(dev, PTX, "tb_gemv_fp8_1", x.dtype())?,
-                2 => kernel!(dev, PTX, "tb_gemv_fp8_2", x.dtype())?,
-                3 => kernel!(dev, PTX, "tb_gemv_fp8_3", x.dtype())?,
-                _ => kernel!(dev, PTX, "tb_gemv_fp8_4", x.dtype())?,
+            let long_row = m == 1 && k / 16 >= 32 * WARPS_ONE_LONG_ROW as usize;
+            let (func, warps) = match m {
+                _ if long_row => (
+                    kernel!(dev, PTX, "tb_gemv_fp8_1w8", x.dtype())?,
+                    WARPS_ONE_LONG_ROW,
+                ),
+                1 => (
+                    kernel!(dev, PTX, "tb_gemv_fp8_1", x.dtype())?,
+                    WARPS_PER_BLOCK,
+                ),
+                2 => (
+                    kernel!(dev, PTX, "tb_gemv_fp8_2", x.dtype())?,
+                    WARPS_PER_BLOCK,
+                ),
+                3 => (
+                    kernel!(dev, PTX, "tb_gemv_fp8_3", x.dtype())?,
+                    WARPS_PER_BLOCK,
+                ),
+                _ => (
+                    kernel!(dev, PTX, "tb_gemv_fp8_4", x.dtype())?,
+                    WARPS_PER_BLOCK,
+                ),
             };
             let (n_i, kq, act) = (n as i32, (k / 16) as i32, self.act.code());
             let cfg = LaunchConfig {
                 grid_dim: (n.div_ceil(COLS_PER_BLOCK) as u32, 1, 1),
-                block_dim: (32 * WARPS_PER_BLOCK, 1, 1),
+                block_dim: (32 * warps, 1, 1),
                 shared_mem_bytes: 0,
             };
             let (qv, sbv) = (view::<F8E4M3>(q, ql)?, view::<f32>(sb, sbl)?);
