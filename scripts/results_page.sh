@@ -118,6 +118,11 @@ csvs() {
   part h1 -i $M/fp8-run1/fp8-logs.tgz --where suite=generation
   part h2 -i $M/fp8-run2/fp8-logs.tgz --where suite=generation
   part h3 -i $M/fp8-run3/fp8-logs.tgz --where suite=generation
+  # d2dc14c (#37: the one-row fp8 GEMV with eight warps where K >= 4096), fp8 alone, batch 1,
+  # on GPU 0 of a 2x H100 host (gate-run21, its binary reporting -dirty: results/ was out of
+  # git's index at the build), alternating with the binary before (045ded2-dirty: fp8-sweep1's,
+  # its sweep variable unset, so 8dd84f1's kernels).
+  part h4 -i $H/gate-run21/ab-logs.tgz
   # The serving suite (#39) on 6ac4535 (HF's worker without cuDNN attention): serving-run4's
   # archive holds serving-run3's logs too (the same /tmp on the same machine); of HF's two
   # bloom-560m static sweeps the first, cut at its fifth rate by the call's time, is left out.
@@ -269,7 +274,7 @@ intro() {
     "its log's header holds the command line, GPU, driver, CUDA version and the binary's commit." \
     "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
     "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
-    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..7, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, train-table-run3..5, ab-run6, fp8-run1..3, serving-run3..5; h100x2/gate-run11, gate-run15 (their GPU 0) |" \
+    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..7, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, train-table-run3..5, ab-run6, fp8-run1..3, serving-run3..5; h100x2/gate-run11, gate-run15, gate-run21 (their GPU 0) |" \
     "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, multi-run6..11, gate-run7, gate-run10, serving-run1, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
     "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6, multi-run12 |" \
@@ -312,7 +317,9 @@ one_gpu() {
     --metric decode_tokens_per_second --title "Generation suite 128 + 128, one H100: decode tokens/s (newest call a bar)"
   say "### fp8 weights against bf16, one H100" "" \
     "\`--dtype fp8\` (#37): the projections' and LM head's weights as E4M3, a scale per output row," \
-    "activations bf16; each call ran bf16, then fp8 (docs/perf-notes.md, fp8)." ""
+    "activations bf16; each call ran bf16, then fp8 (docs/perf-notes.md, fp8), but gate-run21," \
+    "which ran fp8 alone: d2dc14c (the one-row GEMV with eight warps where K ≥ 4096) against" \
+    "045ded2-dirty (8dd84f1's kernels), alternating." ""
   table h100 --where suite=generation --where engine=candle --where "ratio_vs_hf_best=" \
     --sort model,batch_size,git_commit,dtype --columns "$FP8"
   chart h100_fp8 "Generation suite on one H100: decode tokens/s in bf16 and fp8" \
