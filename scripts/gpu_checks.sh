@@ -265,7 +265,7 @@ gen_run() { # engine model batch [extra flags]: one generation run into /tmp/gen
   candle-nostep) e=candle; hf=(--fused "$NO_STEP") ;;  # every path by name (step was in all before ef7240e)
   candle-step) e=candle; hf=(--fused all,step) ;;  # all and the opt-in one-kernel decode step
   esac
-  $B --engine "$e" "${hf[@]}" --model "$m" --weights random --seed 0 --device cuda --dtype "${GEN_DTYPE:-bf16}" \
+  $B --engine "$e" "${hf[@]}" --model "$m" --weights random --seed 0 --device cuda --dtype bf16 \
     --batch-size "$bs" --log-dir /tmp/gen-logs --no-progress "$@" 2>&1 | grep -v "^  |" | tee -a "$OUT/gen.txt"
   echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/gen.txt"
   (cd /tmp && tar czf "$OUT/gen-logs.tgz" gen-logs)  # after every run: a time-out keeps what finished

@@ -5,11 +5,20 @@ use super::*;
 use crate::models::fp8::Fp8Weight;
 
 /// The fp8 GEMV (1–4 rows, bias, tanh-GELU) against the f32 product with the dequantized weight,
-/// in bf16 and f16, for BLOOM's and GPT-2's decode shapes.
+/// in bf16 and f16, for BLOOM's and GPT-2's decode shapes; one row of K ≥ 4096 takes the
+/// eight-warp kernel, over several steps a lane at bloom-7b1's K = 16384, with a partial last
+/// block of columns.
 #[test]
 fn fp8_gemv_matches_the_dequantized_projection() {
     let (dev, _one_at_a_time) = gpu();
-    for (k, n) in [(1024, 3072), (4096, 1024), (768, 50257), (64, 40)] {
+    let shapes = [
+        (1024, 3072),
+        (4096, 1024),
+        (16384, 4099),
+        (768, 50257),
+        (64, 40),
+    ];
+    for (k, n) in shapes {
         let w = (randn(&[n, k], &dev) * 0.05).unwrap();
         let b = randn(&[n], &dev);
         let fp8 = Fp8Weight::quantize(&w, Some(&b)).unwrap();

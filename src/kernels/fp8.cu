@@ -26,7 +26,8 @@ __device__ __forceinline__ void fp8x16_to_f(const uint4 v, float* f) {
 // a warp, bloom-7b1's K = 4096 rows left a lane two loads and the step at 2.1 TB/s,
 // results/h100/fp8-run1). The warps' sums meet in shared memory. SPLIT: 4, or 8 for one row
 // whose K gives each lane of 8 warps a vector a column (bloom-7b1's step 3.063 → 2.988 ms,
-// results/h100x2/fp8-sweep1; at 2–4 rows the registers would leave one 256-thread block an SM).
+// results/h100x2/fp8-sweep1; not tried at 2–4 rows, whose 96–162 registers a thread would
+// leave 256-thread blocks one to two an SM).
 constexpr int COLS = 4;
 
 template <typename T, int M, int SPLIT>
