@@ -323,6 +323,16 @@ struct Block {
 }
 
 impl Block {
+    /// The block's four projections (fp8 quantization and the decode layout change them all).
+    fn projections(&mut self) -> [&mut Projection; 4] {
+        [
+            &mut self.attn.c_attn,
+            &mut self.attn.c_proj,
+            &mut self.mlp.up,
+            &mut self.mlp.down,
+        ]
+    }
+
     fn load(vb: VarBuilder, cfg: &Config, layer_idx: usize, tp: &Tp) -> candle_core::Result<Self> {
         let eps = cfg.layer_norm_epsilon;
         Ok(Self {
@@ -635,15 +645,8 @@ impl CausalLm for Gpt2 {
     }
 
     fn quantize_fp8(&mut self) -> candle_core::Result<()> {
-        for b in &mut self.h {
-            for p in [
-                &mut b.attn.c_attn,
-                &mut b.attn.c_proj,
-                &mut b.mlp.up,
-                &mut b.mlp.down,
-            ] {
-                p.to_fp8()?;
-            }
+        for p in self.h.iter_mut().flat_map(Block::projections) {
+            p.to_fp8()?;
         }
         let head = self.lm_head.as_ref().unwrap_or(&self.wte); // (V, C)
         self.head_fp8 = Some(Fp8Weight::quantize(head, None)?);
@@ -656,15 +659,8 @@ impl CausalLm for Gpt2 {
         if self.local_heads != self.cfg.n_head {
             return Ok(());
         }
-        for b in &mut self.h {
-            for p in [
-                &mut b.attn.c_attn,
-                &mut b.attn.c_proj,
-                &mut b.mlp.up,
-                &mut b.mlp.down,
-            ] {
-                p.to_linear()?;
-            }
+        for p in self.h.iter_mut().flat_map(Block::projections) {
+            p.to_linear()?;
         }
         Ok(())
     }
