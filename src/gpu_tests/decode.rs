@@ -285,3 +285,134 @@ fn tp2_graph_replayed_decoding_matches_one_gpu_eager_decoding() {
         assert_eq!(replays() - before, 20, "{name}: ten replays a rank");
     }
 }
+
+/// The split decode attention against candle's ops over the same cache: split over 64-key
+/// blocks and merged (few heads), and one block a head taking every key (128 (row, head)
+/// pairs or more); head sizes 64 and 128, GPT-2's and BLOOM's qkv layouts, ALiBi, padding
+/// keys, a position past several splits; the new key and value land in the cache at `pos`.
+#[test]
+fn split_decode_attention_matches_the_composed_attention() {
+    let (gpu, _one_at_a_time) = gpu();
+    // (rows, heads, head size, T_max, pos, BLOOM's layout with ALiBi)
+    let cases = [
+        (1, 4, 128, 300, 257, true),
+        (2, 3, 64, 200, 130, false),
+        (16, 8, 64, 256, 200, false),
+        (4, 32, 128, 160, 99, true),
+        (16, 16, 64, 96, 0, true),
+    ];
+    for dtype in [DType::F32, DType::BF16] {
+        let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
+        for (b, nh, hs, t_max, pos, bloom) in cases {
+            let what = format!("{dtype:?} B {b} nh {nh} hs {hs} pos {pos}");
+            let (got, want, cache_ok) =
+                split_attention_case(&gpu, dtype, (b, nh, hs, t_max, pos), bloom);
+            let r = rel(&got, &want);
+            assert!(r < tol, "{what}: rel {r}");
+            assert!(cache_ok, "{what}: the new key and value in the cache");
+        }
+    }
+}
+
+/// One case of the test above: (the kernel's output, the composed one, whether the cache holds
+/// the new key and value at `pos`), both (B, 1, nh·hs).
+fn split_attention_case(
+    gpu: &Device,
+    dtype: DType,
+    (b, nh, hs, t_max, pos): (usize, usize, usize, usize, usize),
+    bloom: bool,
+) -> (Tensor, Tensor, bool) {
+    let c = nh * hs;
+    let qkv = randn(&[b, 1, 3 * c], gpu).to_dtype(dtype).unwrap();
+    let k = randn(&[b, nh, t_max, hs], gpu).to_dtype(dtype).unwrap();
+    let v = randn(&[b, nh, t_max, hs], gpu).to_dtype(dtype).unwrap();
+    // Row r's first r·3 keys are padding; positions count the real ones.
+    let mut mask = vec![1f32; b * t_max];
+    let mut kpos = vec![0f32; b * t_max];
+    for r in 0..b {
+        let pad = (r * 3).min(pos);
+        for t in 0..t_max {
+            mask[r * t_max + t] = if t < pad { 0. } else { 1. };
+            kpos[r * t_max + t] = t.saturating_sub(pad) as f32;
+        }
+    }
+    let mask = Tensor::from_vec(mask, (b, t_max), gpu).unwrap();
+    let kpos = Tensor::from_vec(kpos, (b, t_max), gpu).unwrap();
+    let slopes: Vec<f32> = (0..nh).map(|h| 0.5f32.powi(h as i32 + 1)).collect();
+    let slopes = Tensor::from_vec(slopes, nh, gpu).unwrap();
+    let layout = match bloom {
+        true => QkvLayout {
+            head_stride: 3 * hs,
+            part: hs,
+        },
+        false => QkvLayout {
+            head_stride: hs,
+            part: c,
+        },
+    };
+    // q, the new k and v, (B, nh, 1, hs) each, from the layout.
+    let part = |i: usize| -> Tensor {
+        let x = match bloom {
+            true => qkv
+                .reshape((b, nh, 3, hs))
+                .unwrap()
+                .narrow(2, i, 1)
+                .unwrap(),
+            false => qkv
+                .reshape((b, 3, nh, hs))
+                .unwrap()
+                .narrow(1, i, 1)
+                .unwrap()
+                .transpose(1, 2)
+                .unwrap(),
+        };
+        x.reshape((b, nh, 1, hs)).unwrap().contiguous().unwrap()
+    };
+    let (q, k_new, v_new) = (part(0), part(1), part(2));
+    let with_new = |cache: &Tensor, new: &Tensor| {
+        let before = cache.narrow(2, 0, pos).unwrap();
+        Tensor::cat(&[&before, new], 2).unwrap() // (B, nh, pos + 1, hs)
+    };
+    let (keys, values) = (with_new(&k, &k_new), with_new(&v, &v_new));
+    let slot = CacheSlot {
+        k: &k,
+        v: &v,
+        key_mask: &mask,
+        key_pos: &kpos,
+        pos,
+        cursor: None,
+    };
+    let scale = 1. / (hs as f64).sqrt();
+    let alibi = bloom.then_some(&slopes);
+    let got = decode_attention(&qkv, layout, (nh, hs), &slot, alibi, scale)
+        .unwrap()
+        .expect("applies");
+    // Scores round through the dtype as the composed q·kᵀ; the rest in f32.
+    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    let scores = q.matmul(&keys.t().unwrap()).unwrap(); // (B, nh, 1, pos + 1)
+    let mut scores = (f(&scores) * scale).unwrap();
+    let real = mask
+        .narrow(1, 0, pos + 1)
+        .unwrap()
+        .reshape((b, 1, 1, pos + 1))
+        .unwrap();
+    let padding = ((real - 1.).unwrap() * 1e9).unwrap();
+    scores = scores.broadcast_add(&padding).unwrap();
+    if bloom {
+        let kp = kpos
+            .narrow(1, 0, pos + 1)
+            .unwrap()
+            .reshape((b, 1, 1, pos + 1))
+            .unwrap();
+        let bias = kp
+            .broadcast_mul(&slopes.reshape((1, nh, 1, 1)).unwrap())
+            .unwrap();
+        scores = scores.broadcast_add(&bias).unwrap();
+    }
+    let p = candle_nn::ops::softmax_last_dim(&scores).unwrap();
+    let want = p.matmul(&f(&values)).unwrap(); // (B, nh, 1, hs)
+    let want = want.reshape((b, 1, c)).unwrap();
+    let at_pos = |cache: &Tensor| f(&cache.narrow(2, pos, 1).unwrap());
+    let cache_ok = rel(&at_pos(&k), &f(&k_new)) == 0. && rel(&at_pos(&v), &f(&v_new)) == 0.;
+    (got, want, cache_ok)
+}

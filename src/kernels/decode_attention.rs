@@ -94,7 +94,8 @@ mod imp {
 mod imp {
     use super::{CacheSlot, QkvLayout};
     use crate::kernels::launch::{
-        alloc, cuda, float_dtype, kernel, launch, ptx, storage, view, with_dtype, wrap, Ptx, NULL,
+        aligned16, alloc, cuda, float_dtype, kernel, launch, ptx, storage, view, with_dtype, wrap,
+        Ptx, NULL,
     };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{
@@ -108,10 +109,13 @@ mod imp {
     /// Threads of a decode-attention block: a key each for the scores (≤ 512 keys in one
     /// sweep), 512 / hs groups of keys for p·v.
     const ATTN_THREADS: usize = 512;
-    /// Keys a block of `tb_decode_attention_part` takes (SPLIT_KEYS of decode_attention.cu),
-    /// its threads.
+    /// Keys a block of `tb_decode_attention_split<hs>` takes where the heads alone leave SMs
+    /// idle, and its threads (decode_attention.cu's SPLIT_WARPS).
     const SPLIT_KEYS: usize = 64;
     const SPLIT_THREADS: u32 = 256;
+    /// (row, head) pairs from which a block a head takes all its keys: no merge kernel, and
+    /// about a block for each of an H100's 132 SMs (gpt2 at batch 16 has 192 pairs).
+    const WHOLE_HEADS: usize = 128;
     /// The dynamic shared memory a block may take without opting in (48 KiB).
     const SHARED_LIMIT: usize = 48 * 1024;
 
@@ -126,10 +130,12 @@ mod imp {
         /// Rows of qkv (B), and (row, head) pairs (B·nh).
         b: usize,
         rows: usize,
-        /// Head sizes 64 and 128 split the keys over `splits` blocks of SPLIT_KEYS (any
-        /// length); the others take one block with `shared` bytes for every key.
+        /// Head sizes 64 and 128 split the keys over `splits` blocks of `kpb` keys (any
+        /// length; one block a head where there are WHOLE_HEADS pairs); the others take one
+        /// block with `shared` bytes for every key.
         split: bool,
         splits: usize,
+        kpb: i32,
         shared: u32,
         /// qkv's row stride; the layout's head stride and part; nh, hs, T_max, pos.
         stride: i64,
@@ -155,9 +161,14 @@ mod imp {
         } else {
             cache.pos + 1
         };
-        // Head sizes 64 and 128 split the keys over blocks, at any length; the others need one
-        // block's shared memory for every key.
-        let split = matches!(hs, 64 | 128);
+        // Head sizes 64 and 128 split the keys over blocks, at any length, reading q, k and v
+        // in 16-byte vectors; the others need one block's shared memory for every key.
+        let size = qkv.dtype().size_in_bytes();
+        let vectors = [width, layout.head_stride, layout.part]
+            .iter()
+            .all(|e| (e * size).is_multiple_of(16))
+            && [qkv, cache.k, cache.v].into_iter().all(aligned16);
+        let split = matches!(hs, 64 | 128) && vectors;
         let shared = match (split, attention_shared(hs, longest)) {
             (true, _) => 0,
             (false, Some(bytes)) => bytes,
@@ -184,11 +195,17 @@ mod imp {
         if cache.k.dims4()? != (b, nh, t_max, hs) || cache.key_mask.dims2()? != (b, t_max) {
             return Ok(None);
         }
+        let rows = b * nh;
+        let (splits, kpb) = match rows >= WHOLE_HEADS {
+            true => (1, longest),
+            false => (longest.div_ceil(SPLIT_KEYS), SPLIT_KEYS),
+        };
         Ok(Some(Plan {
             b,
-            rows: b * nh,
+            rows,
             split,
-            splits: longest.div_ceil(SPLIT_KEYS),
+            splits,
+            kpb: kpb as i32,
             shared,
             stride: width as i64,
             ints: [layout.head_stride, layout.part].map(|v| v as i32),
@@ -304,18 +321,23 @@ mod imp {
             None => args.arg(&NULL),
         };
         args.arg(&v.key_pos);
-        match parts {
-            Some(parts) => args.arg(&parts.m).arg(&parts.l).arg(&parts.acc),
-            None => args.arg(out),
+        match (p.split, parts) {
+            (true, Some(parts)) => args.arg(&parts.m).arg(&parts.l).arg(&parts.acc).arg(&NULL),
+            (true, None) => args.arg(&NULL).arg(&NULL).arg(&NULL).arg(out),
+            (false, _) => args.arg(out),
         };
-        args.arg(&p.scale);
-        for d in &p.dims {
-            args.arg(d);
+        args.arg(&p.scale).arg(&p.dims[0]);
+        if !p.split {
+            args.arg(&p.dims[1]); // hs: the split kernels have it in their names
         }
+        args.arg(&p.dims[2]).arg(&p.dims[3]);
         match &v.cursor {
             Some(c) => args.arg(c),
             None => args.arg(&NULL),
         };
+        if p.split {
+            args.arg(&p.kpb);
+        }
     }
 
     pub fn decode_attention(
@@ -333,12 +355,13 @@ mod imp {
             return Ok(None);
         };
         let dev = storage(&g.all[0].0).device().clone();
-        let func = match p.split {
-            true => kernel!(dev, PTX, "tb_decode_attention_part", qkv.dtype())?,
-            false => kernel!(dev, PTX, "tb_decode_attention", qkv.dtype())?,
+        let func = match (p.split, hs) {
+            (true, 64) => kernel!(dev, PTX, "tb_decode_attention_split64", qkv.dtype())?,
+            (true, _) => kernel!(dev, PTX, "tb_decode_attention_split128", qkv.dtype())?,
+            (false, _) => kernel!(dev, PTX, "tb_decode_attention", qkv.dtype())?,
         };
         // The split blocks' partial results and the kernel that merges them.
-        let parts = match p.split {
+        let parts = match p.split && p.splits > 1 {
             true => Some((
                 Partials {
                     m: alloc::<f32>(&dev, p.rows * p.splits)?,

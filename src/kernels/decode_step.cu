@@ -243,9 +243,8 @@ __device__ void project(const T* wt, const T* xs, const T* bias, T* y, const T* 
 // so that most blocks take a part: unit (row b, head h, split s) takes keys [s·KS, (s + 1)·KS),
 // KS = ceil(T_max / splits), a thread a key, and writes its max score, its sum of
 // exp(score − max) and its unnormalised p·v (f32) to `ml` (M, nh, splits, 2) and `pv` (M,
-// nh, splits, hs); merge_heads merges them in the next stage. decode_attention.cu's
-// decode_attention_part (the same rounding). The split holding pos first writes the new key
-// and value there.
+// nh, splits, hs); merge_heads merges them in the next stage. As decode_attention.cu's split
+// attention (the same rounding). The split holding pos first writes the new key and value there.
 template <typename T>
 __device__ void attend(const T* qkv, T* kc, T* vc, float* ml, float* pv, const StepDims& d, int rows, int pos,
                        const float* key_mask, const float* key_pos, const float* slopes, unsigned char* smem,
