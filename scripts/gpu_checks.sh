@@ -250,7 +250,7 @@ probe_run() { # NAME bench-args: one generation-suite run (prompt 128 + 128) int
 GEN_LIMIT=${GEN_LIMIT:-1600}
 NO_STEP=lt,softmax,bias-act,adamw,layer-norm,dropout,cross-entropy,decode,graph,embedding,heads,flash
 NO_STEP=$NO_STEP,residual,gemv,skinny,oneshot,split-head,sum-norm,copy-sum,prefill,push-sum,adamw-copies
-NO_STEP=$NO_STEP,ln-residual,flash-dq,norm-gemv
+NO_STEP=$NO_STEP,ln-residual,flash-dq
 gen_run() { # engine model batch [extra flags]: one generation run into /tmp/gen-logs
   local e=$1 m=$2 bs=$3; shift 3
   local hf=()

@@ -143,47 +143,6 @@ fn cached_decoding_on_the_decode_kernels_matches_candles_ops() {
     }
 }
 
-/// One row's decode steps with the add + norm inside the next projection's GEMV (`--fused
-/// norm-gemv`, which takes one row only) against the add + norm kernel before the GEMV: the
-/// logits of a cached prefill and five steps of gpt2 (its weights laid out for decoding) and
-/// BLOOM, bf16, at the presets' widths and at head sizes 64 / 128.
-#[test]
-fn one_row_decoding_with_the_norm_in_the_gemv_matches_the_norm_kernel() {
-    let (gpu, _one_at_a_time) = gpu();
-    let prompt = Tensor::new(&[[3u32, 9, 4, 1, 7, 2, 8]], &gpu).unwrap();
-    let mask = Tensor::ones((1, 7), DType::U32, &gpu).unwrap();
-    let mut specs = vec![
-        ModelSpec::preset("gpt2-tiny").unwrap(),
-        ModelSpec::preset("bloom-tiny").unwrap(),
-    ];
-    specs.extend(wide_head_specs());
-    for spec in &specs {
-        let mut steps = Vec::new();
-        for paths in [all_but(Fused::NormGemv), vec![Fused::All]] {
-            set_enabled(&paths);
-            let launched = gemv_norm_launches();
-            let src = WeightSource::Random { seed: 0 };
-            let mut model = spec.load(&src, DType::BF16, &gpu).unwrap();
-            model.prepare_decode().unwrap();
-            let mut cache = model.new_cache(1, 16).unwrap();
-            let mut logits = vec![model.forward_cached(&prompt, &mask, &mut cache).unwrap()];
-            let real = Tensor::ones((1, 1), DType::U32, &gpu).unwrap();
-            for id in [11u32, 12, 13, 14, 15] {
-                let next = Tensor::new(&[[id]], &gpu).unwrap();
-                logits.push(model.forward_cached(&next, &real, &mut cache).unwrap());
-            }
-            let fused = paths == [Fused::All];
-            let took = gemv_norm_launches() > launched;
-            assert_eq!(took, fused, "{}: the norm taken by the GEMV", spec.name);
-            steps.push(logits);
-        }
-        for (i, (fused, kernel)) in steps[1].iter().zip(&steps[0]).enumerate() {
-            let r = rel(fused, kernel);
-            assert!(r < 3e-2, "{} step {i}: rel {r}", spec.name);
-        }
-    }
-}
-
 /// Decode steps replayed as a CUDA graph choose the same ids as the eager steps (fp32, greedy,
 /// 12 new tokens: one eager step, the capture, ten replays), for both models at their head
 /// size and at 64 / 128.

@@ -66,56 +66,6 @@ fn gemv_matches_the_f32_projection() {
     assert!(gemv(&x, &w, &b, Act::None).unwrap().is_none());
 }
 
-/// The GEMV with the residual add and LayerNorm in its prologue against the add + norm kernel
-/// then the GEMV: the sum bit for bit, the output within about a bf16 rounding of the normed
-/// row (the norm's statistics are summed in another order); GPT-2's K = 768 (lanes without a
-/// vector), K = 1000 (a partial run of lanes), BLOOM's 4096 (four vectors a lane), an odd N.
-#[test]
-fn gemv_norm_matches_the_add_norm_then_the_gemv() {
-    let (dev, _one_at_a_time) = gpu();
-    for (k, n) in [(768, 2304), (1000, 40), (4096, 4099)] {
-        for dtype in [DType::BF16, DType::F16] {
-            for act in [Act::None, Act::GeluTanh] {
-                let x = randn(&[1, k], &dev).to_dtype(dtype).unwrap();
-                let r = randn(&[1, k], &dev).to_dtype(dtype).unwrap();
-                let lw = (randn(&[k], &dev) + 1.).unwrap().to_dtype(dtype).unwrap();
-                let lb = randn(&[k], &dev).to_dtype(dtype).unwrap();
-                let w = (randn(&[n, k], &dev) * 0.05)
-                    .unwrap()
-                    .to_dtype(dtype)
-                    .unwrap();
-                let b = randn(&[n], &dev).to_dtype(dtype).unwrap();
-                let (y, s) = gemv_norm(&x, &r, (&lw, &lb, 1e-5), &w, &b, act)
-                    .unwrap()
-                    .expect("applies");
-                let (want_s, normed) = add_layer_norm(&x, &r, &lw, &lb, 1e-5)
-                    .unwrap()
-                    .expect("applies");
-                let want = gemv(&normed, &w, &b, act).unwrap().expect("applies");
-                let why = format!("K {k} N {n} {dtype:?} {act:?}");
-                assert_eq!(rel(&s, &want_s), 0., "{why}: the sum");
-                assert_eq!(y.dims(), [1, n], "{why}");
-                assert!(rel(&y, &want) < 1e-2, "{why}: rel {}", rel(&y, &want));
-            }
-        }
-    }
-    // Two rows, and a row longer than a column's lanes hold (4104 halves), are not its.
-    let norm = |k: usize| {
-        (
-            randn(&[k], &dev).to_dtype(DType::BF16).unwrap(),
-            randn(&[k], &dev).to_dtype(DType::BF16).unwrap(),
-        )
-    };
-    for (rows, k) in [(2, 1024), (1, 4104)] {
-        let x = randn(&[rows, k], &dev).to_dtype(DType::BF16).unwrap();
-        let w = randn(&[40, k], &dev).to_dtype(DType::BF16).unwrap();
-        let b = randn(&[40], &dev).to_dtype(DType::BF16).unwrap();
-        let (lw, lb) = norm(k);
-        let got = gemv_norm(&x, &x, (&lw, &lb, 1e-5), &w, &b, Act::None).unwrap();
-        assert!(got.is_none(), "{rows} x {k}");
-    }
-}
-
 /// The tensor-core LM head against the f32 product: 1–16 rows, bf16 and f16, GPT-2's head
 /// (V = 50257, no multiple of 8, nor of the 16-column tiles), BLOOM's widths, a K of one slice.
 #[test]

@@ -6,9 +6,6 @@
 use super::{enabled, Act, Fused};
 use candle_core::{Result, Tensor};
 
-/// A LayerNorm's weight, bias and epsilon.
-pub type NormParams<'a> = (&'a Tensor, &'a Tensor, f64);
-
 /// Rows this kernel takes (one dot product of W's row per row of x).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub const MAX_ROWS: usize = 4;
@@ -23,62 +20,21 @@ pub fn gemv(x: &Tensor, w: &Tensor, b: &Tensor, act: Act) -> Result<Option<Tenso
     imp::gemv(x, w, b, act)
 }
 
-/// (act(norm(x + r) Wᵀ + b), x + r) for one row (`--fused norm-gemv`): the residual add and
-/// the LayerNorm before a projection inside its GEMV, each block normalising the row itself.
-/// x, r (1, K); W (out, K); b (out,). None where it does not apply (as [`gemv`], and more than
-/// one row, K over 4096 halves).
-pub fn gemv_norm(
-    x: &Tensor,
-    r: &Tensor,
-    norm: NormParams,
-    w: &Tensor,
-    b: &Tensor,
-    act: Act,
-) -> Result<Option<(Tensor, Tensor)>> {
-    if !enabled(Fused::Gemv) || !enabled(Fused::NormGemv) {
-        return Ok(None);
-    }
-    let out = imp::gemv_norm(x, r, norm, w, b, act)?;
-    if out.is_some() {
-        NORM_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-    Ok(out)
-}
-
-static NORM_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// [`gemv_norm`]'s launches in this process (the tests check that a path took it).
-pub fn gemv_norm_launches() -> usize {
-    NORM_LAUNCHES.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 #[cfg(not(feature = "cuda"))]
 mod imp {
-    use super::{Act, NormParams};
+    use super::Act;
     use candle_core::{Result, Tensor};
 
     pub fn gemv(_: &Tensor, _: &Tensor, _: &Tensor, _: Act) -> Result<Option<Tensor>> {
-        Ok(None)
-    }
-
-    pub fn gemv_norm(
-        _: &Tensor,
-        _: &Tensor,
-        _: NormParams,
-        _: &Tensor,
-        _: &Tensor,
-        _: Act,
-    ) -> Result<Option<(Tensor, Tensor)>> {
         Ok(None)
     }
 }
 
 #[cfg(feature = "cuda")]
 mod imp {
-    use super::{Act, NormParams, MAX_ROWS};
+    use super::{Act, MAX_ROWS};
     use crate::kernels::launch::{
-        aligned16, alloc, cuda, kernel, launch, no_cpu_fwd, ptx, storage, view, with_dtype, wrap,
-        Ptx,
+        aligned16, alloc, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx,
     };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
@@ -149,61 +105,5 @@ mod imp {
             return Ok(None);
         }
         Ok(Some(x.apply_op3_no_bwd(w, b, &Gemv { act })?))
-    }
-
-    /// 16-byte vectors of the row a lane of [`gemv_norm`]'s column holds (gemv.cu's NV), and
-    /// the blocks a multiprocessor keeps of it (its `__launch_bounds__`).
-    const NORM_ROW_VECTORS: usize = 4;
-
-    pub fn gemv_norm(
-        x: &Tensor,
-        r: &Tensor,
-        (lw, lb, eps): NormParams,
-        w: &Tensor,
-        b: &Tensor,
-        act: Act,
-    ) -> Result<Option<(Tensor, Tensor)>> {
-        let half = matches!(x.dtype(), DType::BF16 | DType::F16);
-        let fits = matches!(act, Act::None | Act::GeluTanh) && x.rank() == 2 && w.rank() == 2;
-        if !x.device().is_cuda() || !half || !fits || x.dim(0)? != 1 {
-            return Ok(None);
-        }
-        let (k, (n, wk)) = (x.dim(1)?, w.dims2()?);
-        let kv = k * x.dtype().size_in_bytes() / 16;
-        let whole = (k * x.dtype().size_in_bytes()).is_multiple_of(16);
-        let held = kv <= 32 * WARPS_PER_COL as usize * NORM_ROW_VECTORS;
-        let same = [r, lw, lb, w, b].iter().all(|t| t.dtype() == x.dtype());
-        let shapes =
-            r.dims() == x.dims() && lw.dims() == [k] && lb.dims() == [k] && b.dims() == [n];
-        let laid = [x, r, lw, lb, w, b].into_iter().all(aligned16);
-        if wk != k || !whole || !held || !same || !shapes || !laid {
-            return Ok(None);
-        }
-        let guards = [x, r, lw, lb, w, b]
-            .into_iter()
-            .map(cuda)
-            .collect::<Option<Vec<_>>>();
-        let Some(g) = guards else {
-            return Ok(None);
-        };
-        let dev = storage(&g[0].0).device().clone();
-        let func = kernel!(dev, PTX, "tb_gemv_norm", x.dtype())?;
-        let (n_i, kv_i, eps, act) = (n as i32, kv as i32, eps as f32, act.code());
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(COLS_PER_BLOCK) as u32, 1, 1),
-            block_dim: (32 * WARPS_PER_COL * COLS_PER_BLOCK as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let out = with_dtype!(x.dtype(), T => {
-            let v = |i: usize| view::<T>(storage(&g[i].0), g[i].1);
-            let (xv, rv, lwv, lbv, wv, bv) = (v(0)?, v(1)?, v(2)?, v(3)?, v(4)?, v(5)?);
-            let (y, s) = (alloc::<T>(&dev, n)?, alloc::<T>(&dev, k)?);
-            // SAFETY: x, r, s and the norm's weight and bias hold K elements, W n·K and b n, all
-            // contiguous from 16-byte boundaries in whole vectors, at most NORM_ROW_VECTORS a
-            // lane of a column (checked above); y holds n.
-            launch!(unsafe func, cfg; &xv, &rv, &lwv, &lbv, &eps, &wv, &bv, &y, &s, &n_i, &kv_i, &act)?;
-            (wrap(y, &dev, (1, n)), wrap(s, &dev, (1, k)))
-        });
-        Ok(Some(out))
     }
 }

@@ -52,7 +52,7 @@ pub use embedding::{embedding_bwd, embedding_bwd_in_place, embedding_fwd};
 pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
 pub use flash_prefill::{flash_prefill, prefill_applies, SeqRows};
 pub use fp8::{dequant_fp8, gemv_fp8, quantize_fp8, FP8_GEMV_MAX_ROWS};
-pub use gemv::{gemv, gemv_norm, gemv_norm_launches, MAX_ROWS as GEMV_MAX_ROWS};
+pub use gemv::{gemv, MAX_ROWS as GEMV_MAX_ROWS};
 pub use graph::{capture, param_cache, replays, Graph, ParamCache};
 pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{
@@ -162,10 +162,6 @@ pub enum Fused {
     /// summed over the key tiles by f32 atomics and cast once (needs `flash`), instead of a
     /// third kernel that recomputes the scores and dP (that one's dq is bit-reproducible).
     FlashDq,
-    /// Generation at one row: the residual add and the LayerNorm before a block's first
-    /// projections (qkv, the MLP's first) inside that projection's GEMV, each block of it
-    /// normalising the row it reads (needs `gemv`), instead of the add + norm kernel before it.
-    NormGemv,
     /// Generation at 1–4 rows: a decode step's blocks as one persistent kernel, a block an
     /// SM, grid-wide barriers between the stages and each stage's weights streamed into
     /// shared memory two stages ahead, instead of ≈ 7 launches a layer. Not in `all` (opt in:
@@ -198,7 +194,6 @@ const ADAMW_COPIES: u32 = 1 << 21;
 const LN_RESIDUAL: u32 = 1 << 22;
 const FLASH_DQ: u32 = 1 << 23;
 const STEP: u32 = 1 << 24;
-const NORM_GEMV: u32 = 1 << 25;
 const ALL: u32 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -222,8 +217,7 @@ const ALL: u32 = LT
     | PUSH_SUM
     | ADAMW_COPIES
     | LN_RESIDUAL
-    | FLASH_DQ
-    | NORM_GEMV;
+    | FLASH_DQ;
 
 static ENABLED: AtomicU32 = AtomicU32::new(ALL);
 
@@ -256,7 +250,6 @@ fn bit(f: Fused) -> u32 {
         Fused::LnResidual => LN_RESIDUAL,
         Fused::FlashDq => FLASH_DQ,
         Fused::Step => STEP,
-        Fused::NormGemv => NORM_GEMV,
     }
 }
 
@@ -305,7 +298,6 @@ pub fn describe() -> String {
         (LN_RESIDUAL, "ln-residual"),
         (FLASH_DQ, "flash-dq"),
         (STEP, "step"),
-        (NORM_GEMV, "norm-gemv"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

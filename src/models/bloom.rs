@@ -24,7 +24,7 @@ use super::causal_lm::CausalLm;
 use super::fp8::Fp8Weight;
 use super::layers::{
     dropout, fp8_lm_head, lm_head, load_layer_norm, split_head_logits, Activation, Dropout, Mlp,
-    Mode, Norm, NormIn, Projection, Unsummed, WeightLayout::Linear,
+    Mode, Norm, Projection, Unsummed, WeightLayout::Linear,
 };
 use super::shard::Split;
 use super::step::{step_layer, StepKernel};
@@ -262,32 +262,8 @@ impl Attention {
         kv: Option<LayerStep>,
         mode: Mode,
     ) -> candle_core::Result<Unsummed> {
-        let qkv = self.query_key_value.forward(x)?;
-        self.qkv_unsummed(&qkv, bias, kv, mode)
-    }
-
-    /// [`Attention::forward_unsummed`] of a block's normed input ([`Projection::forward_in`]:
-    /// the add and norm in the qkv GEMV where it takes them), and the input's residual sum.
-    fn forward_in(
-        &self,
-        input: NormIn,
-        bias: Option<&Tensor>,
-        kv: Option<LayerStep>,
-        mode: Mode,
-    ) -> candle_core::Result<(Unsummed, Tensor)> {
-        let (qkv, sum) = self.query_key_value.forward_in(input, None)?;
-        Ok((self.qkv_unsummed(&qkv, bias, kv, mode)?, sum))
-    }
-
-    /// [`Attention::forward_unsummed`] from the qkv projection's output (B, T, nh·3·hs).
-    fn qkv_unsummed(
-        &self,
-        qkv: &Tensor,
-        bias: Option<&Tensor>,
-        kv: Option<LayerStep>,
-        mode: Mode,
-    ) -> candle_core::Result<Unsummed> {
         let hs = self.head_size;
+        let qkv = self.query_key_value.forward(x)?; // (B, T, nh·3·hs)
         let nh = qkv.dim(2)? / (3 * hs);
         if let Some(kv) = kv.filter(|kv| kv.is_decode() && !mode.train) {
             let layout = QkvLayout {
@@ -296,7 +272,7 @@ impl Attention {
             };
             let slopes = Some(&self.slopes);
             let y =
-                kernels::decode_attention(qkv, layout, (nh, hs), &kv.slot(), slopes, self.scale)?;
+                kernels::decode_attention(&qkv, layout, (nh, hs), &kv.slot(), slopes, self.scale)?;
             if let Some(y) = y {
                 return self.dense.forward_unsummed(&y); // (B, 1, nh·hs) -> (B, 1, H)
             }
@@ -305,37 +281,29 @@ impl Attention {
         // Only a step the decode kernel must serve comes without one (LayerStep::check_kernel_served).
         let bias =
             bias.ok_or_else(|| candle_core::Error::Msg("attention needs its bias".into()))?;
-        self.attend_unsummed(qkv, bias, kv, mode)
+        self.attend_unsummed(&qkv, bias, kv, mode)
     }
 
     /// [`Attention::forward_unsummed`] over whole right-padded sequences (scoring): one fused
     /// kernel where it applies (`--fused prefill`, ALiBi in it), else the composed path under
     /// the bias (causal + padding + ALiBi).
-    fn whole_in(
-        &self,
-        input: NormIn,
-        whole: &WholeSequences,
-    ) -> candle_core::Result<(Unsummed, Tensor)> {
-        let (qkv, sum) = self.query_key_value.forward_in(input, None)?; // (B, T, nh·3·hs)
-        Ok((self.whole_qkv(&qkv, whole)?, sum))
-    }
-
-    fn whole_qkv(&self, qkv: &Tensor, whole: &WholeSequences) -> candle_core::Result<Unsummed> {
+    fn whole_unsummed(&self, x: &Tensor, whole: &WholeSequences) -> candle_core::Result<Unsummed> {
         let hs = self.head_size;
+        let qkv = self.query_key_value.forward(x)?; // (B, T, nh·3·hs)
         let nh = qkv.dim(2)? / (3 * hs);
         let layout = QkvLayout {
             head_stride: 3 * hs,
             part: hs,
         };
         let (rows, slopes) = (whole.rows(), Some(&self.slopes));
-        if let Some(y) = kernels::flash_prefill(qkv, layout, (nh, hs), rows, slopes, self.scale)? {
+        if let Some(y) = kernels::flash_prefill(&qkv, layout, (nh, hs), rows, slopes, self.scale)? {
             return self.dense.forward_unsummed(&y); // (B, T, nh·hs) -> (B, T, H)
         }
         let bias = whole.bias(|mask| {
             let causal = causal_padding_bias(mask)?; // (B, 1, T, T)
             causal.broadcast_add(&alibi_bias(mask, &self.slopes)?) // (B, nh, T, T)
         })?;
-        self.attend_unsummed(qkv, &bias, None, Mode::default())
+        self.attend_unsummed(&qkv, &bias, None, Mode::default())
     }
 
     /// The composed attention of qkv (B, T, nh·3·hs) under `bias`, through the dense
@@ -511,7 +479,7 @@ impl Bloom {
         };
         self.blocks_inference(x, |i, attn, h| {
             let kv = Some(cache.layer_step(i, step)?);
-            attn.forward_in(h, bias.as_ref(), kv, inference)
+            attn.forward_unsummed(h, bias.as_ref(), kv, inference)
         })
     }
 
@@ -549,33 +517,26 @@ impl Bloom {
     }
 
     /// The blocks and ln_f of an inference forward from its normed embeddings x (B, T, H),
-    /// `attend` giving layer i's attention branch of its normed input and that input's residual
-    /// sum. Each residual add goes with the norm after it: one kernel on CUDA
-    /// ([`Norm::add_forward`]), or inside the next projection's one-row GEMV
-    /// ([`Norm::add_in`]).
+    /// `attend` giving layer i's attention branch of its normed input. Each residual add goes
+    /// with the norm after it ([`Norm::add_forward`]: one kernel on CUDA).
     fn blocks_inference(
         &self,
         x: Tensor,
-        attend: impl Fn(usize, &Attention, NormIn) -> candle_core::Result<(Unsummed, Tensor)>,
+        attend: impl Fn(usize, &Attention, &Tensor) -> candle_core::Result<Unsummed>,
     ) -> candle_core::Result<Tensor> {
         let first = self.h.first().map_or(&self.ln_f, |b| &b.input_layernorm);
-        let normed = first.forward(&x, Mode::default())?;
-        let mut input = NormIn::Made { sum: x, normed };
+        let (mut x, mut h) = (x.clone(), first.forward(&x, Mode::default())?);
         for (i, block) in self.h.iter().enumerate() {
-            if block.residual_after_norm {
-                input = input.normed_residual()?;
-            }
             // Each branch's sum over the ranks goes with the add and the norm after it.
-            let (a, residual) = attend(i, &block.self_attention, input)?;
-            let mut mid = block.post_attention_layernorm.add_in(&residual, a)?;
-            if block.residual_after_norm {
-                mid = mid.normed_residual()?;
-            }
-            let (m, residual) = block.mlp.forward_in(mid)?;
+            let a = attend(i, &block.self_attention, &h)?;
+            let residual = if block.residual_after_norm { &h } else { &x };
+            let (x1, h2) = block.post_attention_layernorm.add_unsummed(residual, a)?;
+            let residual = if block.residual_after_norm { &h2 } else { &x1 };
+            let m = block.mlp.forward_unsummed(&h2)?;
             let next = self.h.get(i + 1).map_or(&self.ln_f, |b| &b.input_layernorm);
-            input = next.add_in(&residual, m)?;
+            (x, h) = next.add_unsummed(residual, m)?;
         }
-        Ok(input.made()?.1)
+        Ok(h)
     }
 }
 
@@ -594,7 +555,7 @@ impl CausalLm for Bloom {
             .forward(&x.reshape((b, t, ()))?, self.mode)?; // (B, T, H)
         if !self.mode.train {
             let whole = WholeSequences::new(attention_mask)?;
-            return self.blocks_inference(x, |_, attn, h| attn.whole_in(h, &whole));
+            return self.blocks_inference(x, |_, attn, h| attn.whole_unsummed(h, &whole));
         }
         let causal = causal_padding_bias(attention_mask)?; // (B, 1, T, T)
         let bias = causal.broadcast_add(&alibi_bias(attention_mask, &self.slopes)?)?; // (B, nh, T, T)
@@ -622,7 +583,7 @@ impl CausalLm for Bloom {
             .forward(&x.reshape((1, n, ()))?, self.mode)?; // (1, N, H)
                                                            // No positions: the kernel adds ALiBi from each key's index in its sequence.
         let whole = WholeSequences::packed(lens, device)?;
-        let h = self.blocks_inference(x, |_, attn, h| attn.whole_in(h, &whole))?;
+        let h = self.blocks_inference(x, |_, attn, h| attn.whole_unsummed(h, &whole))?;
         Ok(Some(h))
     }
 

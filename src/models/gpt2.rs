@@ -21,7 +21,7 @@ use super::causal_lm::CausalLm;
 use super::fp8::Fp8Weight;
 use super::layers::{
     dropout, fp8_lm_head, lm_head, load_layer_norm, split_head_logits, Activation, Dropout, Mlp,
-    Mode, Norm, NormIn, Projection, Unsummed, WeightLayout::Conv1D,
+    Mode, Norm, Projection, Unsummed, WeightLayout::Conv1D,
 };
 use super::shard::Split;
 use super::step::{step_layer, StepKernel};
@@ -235,31 +235,7 @@ impl Attention {
         kv: Option<LayerStep>,
         mode: Mode,
     ) -> candle_core::Result<Unsummed> {
-        let qkv = self.c_attn.forward(x)?;
-        self.qkv_unsummed(&qkv, bias, kv, mode)
-    }
-
-    /// [`Attention::forward_unsummed`] of a block's normed input ([`Projection::forward_in`]:
-    /// the add and norm in the qkv GEMV where it takes them), and the input's residual sum.
-    fn forward_in(
-        &self,
-        input: NormIn,
-        bias: Option<&Tensor>,
-        kv: Option<LayerStep>,
-        mode: Mode,
-    ) -> candle_core::Result<(Unsummed, Tensor)> {
-        let (qkv, sum) = self.c_attn.forward_in(input, None)?;
-        Ok((self.qkv_unsummed(&qkv, bias, kv, mode)?, sum))
-    }
-
-    /// [`Attention::forward_unsummed`] from the qkv projection's output (B, T, 3c).
-    fn qkv_unsummed(
-        &self,
-        qkv: &Tensor,
-        bias: Option<&Tensor>,
-        kv: Option<LayerStep>,
-        mode: Mode,
-    ) -> candle_core::Result<Unsummed> {
+        let qkv = self.c_attn.forward(x)?; // (B, T, 3c), c = C without tensor parallelism
         let c = qkv.dim(2)? / 3;
         let nh = c / self.head_size;
         if let Some(kv) = kv.filter(|kv| kv.is_decode() && !mode.train) {
@@ -268,7 +244,8 @@ impl Attention {
                 part: c,
             };
             let hs = self.head_size;
-            let y = kernels::decode_attention(qkv, layout, (nh, hs), &kv.slot(), None, self.scale)?;
+            let y =
+                kernels::decode_attention(&qkv, layout, (nh, hs), &kv.slot(), None, self.scale)?;
             if let Some(y) = y {
                 return self.c_proj.forward_unsummed(&y); // (B, 1, c) -> (B, 1, C)
             }
@@ -277,33 +254,25 @@ impl Attention {
         // Only a step the decode kernel must serve comes without one (LayerStep::check_kernel_served).
         let bias =
             bias.ok_or_else(|| candle_core::Error::Msg("attention needs its bias".into()))?;
-        self.attend_unsummed(qkv, bias, kv, mode)
+        self.attend_unsummed(&qkv, bias, kv, mode)
     }
 
     /// [`Attention::forward_unsummed`] over whole right-padded sequences (scoring): one fused
     /// kernel where it applies (`--fused prefill`), else the composed path under the bias.
-    fn whole_in(
-        &self,
-        input: NormIn,
-        whole: &WholeSequences,
-    ) -> candle_core::Result<(Unsummed, Tensor)> {
-        let (qkv, sum) = self.c_attn.forward_in(input, None)?; // (B, T, 3c)
-        Ok((self.whole_qkv(&qkv, whole)?, sum))
-    }
-
-    fn whole_qkv(&self, qkv: &Tensor, whole: &WholeSequences) -> candle_core::Result<Unsummed> {
+    fn whole_unsummed(&self, x: &Tensor, whole: &WholeSequences) -> candle_core::Result<Unsummed> {
+        let qkv = self.c_attn.forward(x)?; // (B, T, 3c)
         let (c, hs) = (qkv.dim(2)? / 3, self.head_size);
         let layout = QkvLayout {
             head_stride: hs,
             part: c,
         };
         let rows = whole.rows();
-        if let Some(y) = kernels::flash_prefill(qkv, layout, (c / hs, hs), rows, None, self.scale)?
+        if let Some(y) = kernels::flash_prefill(&qkv, layout, (c / hs, hs), rows, None, self.scale)?
         {
             return self.c_proj.forward_unsummed(&y); // (B, T, c) -> (B, T, C)
         }
         let bias = whole.bias(causal_padding_bias)?; // (B, 1, T, T)
-        self.attend_unsummed(qkv, &bias, None, Mode::default())
+        self.attend_unsummed(&qkv, &bias, None, Mode::default())
     }
 
     /// The composed attention of qkv (B, T, 3c) under `bias`, through c_proj before its sum.
@@ -471,7 +440,7 @@ impl Gpt2 {
         };
         self.blocks_inference(embeddings, |i, attn, h| {
             let kv = Some(cache.layer_step(i, step)?);
-            attn.forward_in(h, bias.as_ref(), kv, inference)
+            attn.forward_unsummed(h, bias.as_ref(), kv, inference)
         })
     }
 
@@ -508,26 +477,25 @@ impl Gpt2 {
     }
 
     /// The blocks and ln_f of an inference forward from its token and position embeddings
-    /// (B, T, C) each, `attend` giving layer i's attention branch of its normed input and that
-    /// input's residual sum. Each add goes with the norm after it: one kernel on CUDA
-    /// ([`Norm::add_forward`], the embeddings' sum too), or inside the next projection's
-    /// one-row GEMV ([`Norm::add_in`]).
+    /// (B, T, C) each, `attend` giving layer i's attention branch of its normed input. Each
+    /// add goes with the norm after it ([`Norm::add_forward`]: one kernel on CUDA, the
+    /// embeddings' sum too).
     fn blocks_inference(
         &self,
         (tok, pos): (Tensor, Tensor),
-        attend: impl Fn(usize, &Attention, NormIn) -> candle_core::Result<(Unsummed, Tensor)>,
+        attend: impl Fn(usize, &Attention, &Tensor) -> candle_core::Result<Unsummed>,
     ) -> candle_core::Result<Tensor> {
         let first = self.h.first().map_or(&self.ln_f, |b| &b.ln_1);
-        let (sum, normed) = first.add_forward(&tok, &pos)?;
-        let mut input = NormIn::Made { sum, normed };
+        let (mut x, mut h) = first.add_forward(&tok, &pos)?;
         for (i, block) in self.h.iter().enumerate() {
             // Each branch's sum over the ranks goes with the add and the norm after it.
-            let (a, x) = attend(i, &block.attn, input)?;
-            let (m, x1) = block.mlp.forward_in(block.ln_2.add_in(&x, a)?)?;
+            let a = attend(i, &block.attn, &h)?;
+            let (x1, h2) = block.ln_2.add_unsummed(&x, a)?;
+            let m = block.mlp.forward_unsummed(&h2)?;
             let next = self.h.get(i + 1).map_or(&self.ln_f, |b| &b.ln_1);
-            input = next.add_in(&x1, m)?;
+            (x, h) = next.add_unsummed(&x1, m)?;
         }
-        Ok(input.made()?.1)
+        Ok(h)
     }
 
     /// Token and position embeddings of the new positions, (B, T, C) each; positions: (B, T)
@@ -565,7 +533,7 @@ impl CausalLm for Gpt2 {
                 .repeat((b, 1))?;
             let embeddings = self.embed_at(input_ids, &positions)?; // (B, T, C) twice
             let whole = WholeSequences::new(attention_mask)?;
-            return self.blocks_inference(embeddings, |_, attn, h| attn.whole_in(h, &whole));
+            return self.blocks_inference(embeddings, |_, attn, h| attn.whole_unsummed(h, &whole));
         }
         let pos = self
             .wpe
@@ -601,7 +569,7 @@ impl CausalLm for Gpt2 {
         let positions = Tensor::from_vec(positions, input_ids.dims(), device)?; // (1, N)
         let embeddings = self.embed_at(input_ids, &positions)?; // (1, N, C) twice
         let whole = WholeSequences::packed(lens, device)?;
-        let h = self.blocks_inference(embeddings, |_, attn, h| attn.whole_in(h, &whole))?;
+        let h = self.blocks_inference(embeddings, |_, attn, h| attn.whole_unsummed(h, &whole))?;
         Ok(Some(h))
     }
 

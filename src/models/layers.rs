@@ -178,48 +178,6 @@ impl Projection {
 }
 
 impl Projection {
-    /// (act(normed W + b), sum) of a block's normed input: where the input's add and norm
-    /// are still to run and this projection's one-row GEMV takes them (`--fused norm-gemv`),
-    /// in its prologue; else the add + norm, then [`Projection::forward_act`].
-    pub fn forward_in(
-        &self,
-        input: NormIn,
-        act: Option<Activation>,
-    ) -> candle_core::Result<(Tensor, Tensor)> {
-        if let NormIn::Pending { x, r, norm } = &input {
-            if let Some(out) = self.gemv_norm(x, r, norm, act)? {
-                return Ok(out);
-            }
-        }
-        let (sum, normed) = input.made()?;
-        Ok((self.forward_act(&normed, act)?, sum))
-    }
-
-    /// [`Projection::forward_in`]'s fused path: x, r (B, T, in) with B·T = 1; None where
-    /// the kernel does not take it (a row-parallel or fp8 weight, GPT-2's layout, ...).
-    fn gemv_norm(
-        &self,
-        x: &Tensor,
-        r: &Tensor,
-        norm: &Norm,
-        act: Option<Activation>,
-    ) -> candle_core::Result<Option<(Tensor, Tensor)>> {
-        let (WeightLayout::Linear, Stored::Dense(w), None) =
-            (&self.layout, &self.weight, &self.reduce)
-        else {
-            return Ok(None);
-        };
-        let Some((lw, lb)) = norm.parts() else {
-            return Ok(None);
-        };
-        let (b, t, c) = x.dims3()?;
-        let (x2, r2) = (x.reshape((b * t, c))?, r.reshape((b * t, c))?);
-        let kact = act.map_or(Act::None, Activation::kernel);
-        let out = kernels::gemv_norm(&x2, &r2, (&lw, &lb, norm.eps), w, &self.bias, kact)?;
-        out.map(|(y, s)| Ok((y.reshape((b, t, ()))?, s.reshape((b, t, c))?)))
-            .transpose()
-    }
-
     /// x W + b before a row-parallel projection's sum over the ranks, (B, T, in) -> (B, T,
     /// out): this rank's share, the (rank-0) bias in it, so each rank keeps the fused matmul.
     /// Not row-parallel: the whole output, nothing left to sum.
@@ -318,13 +276,6 @@ impl Mlp {
     pub fn forward_unsummed(&self, x: &Tensor) -> candle_core::Result<Unsummed> {
         self.down
             .forward_unsummed(&self.up.forward_act(x, Some(self.act))?)
-    }
-
-    /// [`Mlp::forward_unsummed`] of a block's normed input ([`Projection::forward_in`]),
-    /// and the input's residual sum.
-    pub fn forward_in(&self, input: NormIn) -> candle_core::Result<(Unsummed, Tensor)> {
-        let (up, sum) = self.up.forward_in(input, Some(self.act))?;
-        Ok((self.down.forward_unsummed(&up)?, sum))
     }
 }
 
@@ -487,59 +438,6 @@ impl Norm {
             return Ok(out);
         }
         self.add_forward(x, &reduce.all_reduce_sum(&y)?)
-    }
-}
-
-/// The normed input of a block's first projections: made, or the residual add and the norm
-/// still to run, which a one-row decode GEMV runs in its prologue ([`Projection::forward_in`]).
-pub enum NormIn<'a> {
-    /// The residual sum and its norm.
-    Made { sum: Tensor, normed: Tensor },
-    /// norm(x + r), (B, T, C) each.
-    Pending {
-        x: Tensor,
-        r: Tensor,
-        norm: &'a Norm,
-    },
-}
-
-impl NormIn<'_> {
-    /// (sum, normed), running the add + norm if it is pending.
-    pub fn made(self) -> candle_core::Result<(Tensor, Tensor)> {
-        match self {
-            NormIn::Made { sum, normed } => Ok((sum, normed)),
-            NormIn::Pending { x, r, norm } => norm.add_forward(&x, &r),
-        }
-    }
-
-    /// The input made, with its norm as the residual (BLOOM's
-    /// `apply_residual_connection_post_layernorm`).
-    pub fn normed_residual(self) -> candle_core::Result<Self> {
-        let (_, normed) = self.made()?;
-        Ok(NormIn::Made {
-            sum: normed.clone(),
-            normed,
-        })
-    }
-}
-
-impl Norm {
-    /// norm(x + sum of `r`) as a block's input: pending where the sum has nothing left to sum
-    /// over ranks and `--fused norm-gemv` is on (the next projection may take it), else made
-    /// by [`Norm::add_unsummed`].
-    pub fn add_in(&self, x: &Tensor, r: Unsummed) -> candle_core::Result<NormIn<'_>> {
-        if r.reduce.is_some()
-            || !kernels::enabled(kernels::Fused::NormGemv)
-            || self.ln.bias().is_none()
-        {
-            let (sum, normed) = self.add_unsummed(x, r)?;
-            return Ok(NormIn::Made { sum, normed });
-        }
-        Ok(NormIn::Pending {
-            x: x.clone(),
-            r: r.sum()?,
-            norm: self,
-        })
     }
 }
 
