@@ -7,10 +7,11 @@
 
 template <typename T, int M>
 __device__ void gemv(const Vec16<T>* x, const Vec16<T>* w, const T* b, T* y, int n, int kv, int act) {
-  __shared__ float part[COLS][SPLIT][M];
-  gemv_parts<T, M>(x, w, n, kv, part);
+  constexpr int C = M == 1 ? 1 : COLS;  // columns a block (gemv.cuh)
+  __shared__ float part[C][SPLIT][M];
+  gemv_parts<T, M, C>(x, w, n, kv, part);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int local = warp / SPLIT, slice = warp % SPLIT, col = blockIdx.x * COLS + local;
+  const int local = warp / SPLIT, slice = warp % SPLIT, col = blockIdx.x * C + local;
   if (col >= n || slice != 0 || lane >= M) return;
   // Lane m of the column's first warp finishes row m.
   y[(long)lane * n + col] = from_f<T>(gemv_finish<M>(part, local, lane, to_f(b[col]), act));

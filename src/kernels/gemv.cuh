@@ -7,16 +7,18 @@
 
 // SPLIT warps a column, each over every SPLIT-th run of 32 vectors of the row (more loads in
 // flight: one warp a column read 0.5-1.4 TB/s under ncu, results/h100/gemv-run1), their sums
-// met in shared memory. Block: 32 * SPLIT * COLS threads, columns blockIdx.x * COLS + local.
+// met in shared memory. Block: 32 * SPLIT * C threads, columns blockIdx.x * C + local; C is
+// COLS but for one row, where a column a block stepped bloom-7b1 5.228 -> 5.198 ms
+// (results/h100x2/ablate1, its sweep).
 constexpr int SPLIT = 4, COLS = 2;
 
 // part[local][slice][m]: slice `slice`'s sum of row m against the block's column `local`,
 // complete for every thread after the __syncthreads() at the end.
-template <typename T, int M>
+template <typename T, int M, int C = COLS>
 __device__ void gemv_parts(const Vec16<T>* x, const Vec16<T>* w, int n, int kv, float (*part)[SPLIT][M]) {
   constexpr int E = 16 / sizeof(T);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int local = warp / SPLIT, slice = warp % SPLIT, col = blockIdx.x * COLS + local;
+  const int local = warp / SPLIT, slice = warp % SPLIT, col = blockIdx.x * C + local;
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; m++) acc[m] = 0.f;

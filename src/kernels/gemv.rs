@@ -42,7 +42,8 @@ mod imp {
 
     const PTX: Ptx = ptx!("gemv");
 
-    /// Output columns a block computes, and warps a column (gemv.cu's COLS and SPLIT).
+    /// Output columns a block computes (gemv.cu's COLS; one for one row), and warps a column
+    /// (its SPLIT).
     const COLS_PER_BLOCK: usize = 2;
     const WARPS_PER_COL: u32 = 4;
 
@@ -75,9 +76,10 @@ mod imp {
             };
             let kv = (k * x.dtype().size_in_bytes() / 16) as i32;
             let (n_i, act) = (n as i32, self.act.code());
+            let cols = if m == 1 { 1 } else { COLS_PER_BLOCK };
             let cfg = LaunchConfig {
-                grid_dim: (n.div_ceil(COLS_PER_BLOCK) as u32, 1, 1),
-                block_dim: (32 * WARPS_PER_COL * COLS_PER_BLOCK as u32, 1, 1),
+                grid_dim: (n.div_ceil(cols) as u32, 1, 1),
+                block_dim: (32 * WARPS_PER_COL * cols as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
             with_dtype!(x.dtype(), T => {
