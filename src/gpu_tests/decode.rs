@@ -326,18 +326,7 @@ fn split_attention_case(
     let qkv = randn(&[b, 1, 3 * c], gpu).to_dtype(dtype).unwrap();
     let k = randn(&[b, nh, t_max, hs], gpu).to_dtype(dtype).unwrap();
     let v = randn(&[b, nh, t_max, hs], gpu).to_dtype(dtype).unwrap();
-    // Row r's first r·3 keys are padding; positions count the real ones.
-    let mut mask = vec![1f32; b * t_max];
-    let mut kpos = vec![0f32; b * t_max];
-    for r in 0..b {
-        let pad = (r * 3).min(pos);
-        for t in 0..t_max {
-            mask[r * t_max + t] = if t < pad { 0. } else { 1. };
-            kpos[r * t_max + t] = t.saturating_sub(pad) as f32;
-        }
-    }
-    let mask = Tensor::from_vec(mask, (b, t_max), gpu).unwrap();
-    let kpos = Tensor::from_vec(kpos, (b, t_max), gpu).unwrap();
+    let (mask, kpos) = padded_rows(gpu, b, t_max, pos);
     let slopes: Vec<f32> = (0..nh).map(|h| 0.5f32.powi(h as i32 + 1)).collect();
     let slopes = Tensor::from_vec(slopes, nh, gpu).unwrap();
     let layout = match bloom {
@@ -383,36 +372,66 @@ fn split_attention_case(
         cursor: None,
     };
     let scale = 1. / (hs as f64).sqrt();
-    let alibi = bloom.then_some(&slopes);
-    let got = decode_attention(&qkv, layout, (nh, hs), &slot, alibi, scale)
-        .unwrap()
-        .expect("applies");
-    // Scores round through the dtype as the composed q·kᵀ; the rest in f32.
-    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
-    let scores = q.matmul(&keys.t().unwrap()).unwrap(); // (B, nh, 1, pos + 1)
-    let mut scores = (f(&scores) * scale).unwrap();
-    let real = mask
-        .narrow(1, 0, pos + 1)
-        .unwrap()
-        .reshape((b, 1, 1, pos + 1))
-        .unwrap();
-    let padding = ((real - 1.).unwrap() * 1e9).unwrap();
-    scores = scores.broadcast_add(&padding).unwrap();
-    if bloom {
-        let kp = kpos
-            .narrow(1, 0, pos + 1)
-            .unwrap()
-            .reshape((b, 1, 1, pos + 1))
-            .unwrap();
-        let bias = kp
-            .broadcast_mul(&slopes.reshape((1, nh, 1, 1)).unwrap())
-            .unwrap();
-        scores = scores.broadcast_add(&bias).unwrap();
-    }
-    let p = candle_nn::ops::softmax_last_dim(&scores).unwrap();
-    let want = p.matmul(&f(&values)).unwrap(); // (B, nh, 1, hs)
+    let got = decode_attention(
+        &qkv,
+        layout,
+        (nh, hs),
+        &slot,
+        bloom.then_some(&slopes),
+        scale,
+    )
+    .unwrap()
+    .expect("applies");
+    let alibi = bloom.then_some((&kpos, &slopes));
+    let want = composed_attention(&q, &keys, &values, &mask, alibi, scale); // (B, nh, 1, hs)
     let want = want.reshape((b, 1, c)).unwrap();
+    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
     let at_pos = |cache: &Tensor| f(&cache.narrow(2, pos, 1).unwrap());
     let cache_ok = rel(&at_pos(&k), &f(&k_new)) == 0. && rel(&at_pos(&v), &f(&v_new)) == 0.;
     (got, want, cache_ok)
+}
+
+/// (B, T_max) f32 key mask and key positions: row r's first r·3 keys (at most `pos`) are
+/// padding; positions count the real ones.
+fn padded_rows(gpu: &Device, b: usize, t_max: usize, pos: usize) -> (Tensor, Tensor) {
+    let mut mask = vec![1f32; b * t_max];
+    let mut kpos = vec![0f32; b * t_max];
+    for r in 0..b {
+        let pad = (r * 3).min(pos);
+        for t in 0..t_max {
+            mask[r * t_max + t] = if t < pad { 0. } else { 1. };
+            kpos[r * t_max + t] = t.saturating_sub(pad) as f32;
+        }
+    }
+    let mask = Tensor::from_vec(mask, (b, t_max), gpu).unwrap();
+    (mask, Tensor::from_vec(kpos, (b, t_max), gpu).unwrap())
+}
+
+/// softmax(q·kᵀ · scale + padding (+ ALiBi: key positions × slopes)) · v over the Tk keys:
+/// q (B, nh, 1, hs), keys and values (B, nh, Tk, hs), mask (B, ≥ Tk); scores round through
+/// the dtype as the composed q·kᵀ, the rest in f32. (B, nh, 1, hs) f32.
+fn composed_attention(
+    q: &Tensor,
+    keys: &Tensor,
+    values: &Tensor,
+    mask: &Tensor,
+    alibi: Option<(&Tensor, &Tensor)>,
+    scale: f64,
+) -> Tensor {
+    let (b, nh, tk, _) = keys.dims4().unwrap();
+    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    let per_key = |t: &Tensor| t.narrow(1, 0, tk).unwrap().reshape((b, 1, 1, tk)).unwrap();
+    let scores = q.matmul(&keys.t().unwrap()).unwrap(); // (B, nh, 1, Tk)
+    let padding = ((per_key(mask) - 1.).unwrap() * 1e9).unwrap();
+    let mut scores = (f(&scores) * scale)
+        .unwrap()
+        .broadcast_add(&padding)
+        .unwrap();
+    if let Some((kpos, slopes)) = alibi {
+        let slopes = slopes.reshape((1, nh, 1, 1)).unwrap();
+        let bias = per_key(kpos).broadcast_mul(&slopes).unwrap();
+        scores = scores.broadcast_add(&bias).unwrap();
+    }
+    let p = candle_nn::ops::softmax_last_dim(&scores).unwrap();
+    p.matmul(&f(values)).unwrap()
 }
