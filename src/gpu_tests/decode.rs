@@ -329,16 +329,7 @@ fn split_attention_case(
     let (mask, kpos) = padded_rows(gpu, b, t_max, pos);
     let slopes: Vec<f32> = (0..nh).map(|h| 0.5f32.powi(h as i32 + 1)).collect();
     let slopes = Tensor::from_vec(slopes, nh, gpu).unwrap();
-    let layout = match bloom {
-        true => QkvLayout {
-            head_stride: 3 * hs,
-            part: hs,
-        },
-        false => QkvLayout {
-            head_stride: hs,
-            part: c,
-        },
-    };
+    let layout = qkv_layout(bloom, hs, c);
     // q, the new k and v, (B, nh, 1, hs) each, from the layout.
     let part = |i: usize| -> Tensor {
         let x = match bloom {

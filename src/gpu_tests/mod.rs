@@ -59,6 +59,21 @@ fn rel(a: &Tensor, b: &Tensor) -> f32 {
     d / m.to_scalar::<f32>().unwrap().max(1e-12)
 }
 
+/// Where a head's q, k and v sit in a qkv row: BLOOM's (nh, 3, hs), or GPT-2's [q | k | v] of
+/// `c` channels each.
+fn qkv_layout(bloom: bool, hs: usize, c: usize) -> QkvLayout {
+    match bloom {
+        true => QkvLayout {
+            head_stride: 3 * hs,
+            part: hs,
+        },
+        false => QkvLayout {
+            head_stride: hs,
+            part: c,
+        },
+    }
+}
+
 fn randn(shape: &[usize], dev: &Device) -> Tensor {
     Tensor::randn(0f32, 1., shape, dev).unwrap()
 }

@@ -76,16 +76,7 @@ fn flash_prefill_matches_f32_attention_on_right_padded_rows() {
     ];
     for (hs, bloom, dtype) in cases {
         let c = nh * hs;
-        let layout = match bloom {
-            true => QkvLayout {
-                head_stride: 3 * hs,
-                part: hs,
-            },
-            false => QkvLayout {
-                head_stride: hs,
-                part: c,
-            },
-        };
+        let layout = qkv_layout(bloom, hs, c);
         let slopes: Vec<f32> = alibi_slopes(nh).iter().map(|&s| s as f32).collect();
         let slopes = bloom.then(|| Tensor::new(slopes, &dev).unwrap());
         let qkv = randn(&[b, t, 3 * c], &dev).to_dtype(dtype).unwrap();
