@@ -80,7 +80,8 @@ fn argmax_picks_the_first_maximum_and_skips_banned_ids() {
 }
 
 /// The tiny presets with wider heads: gpt2-tiny at head size 64 and bloom-tiny at 128, the
-/// sizes the warp-a-key decode attention takes (the presets' 16 take the thread-a-key one).
+/// sizes the split (warp-a-key) decode attention takes, and at 128 (row, head) pairs the
+/// head kernel (the presets' 16 take the thread-a-key one).
 pub(super) fn wide_head_specs() -> Vec<ModelSpec> {
     use crate::models::Architecture;
     let (mut gpt2, mut bloom) = (
@@ -286,27 +287,31 @@ fn tp2_graph_replayed_decoding_matches_one_gpu_eager_decoding() {
     }
 }
 
-/// The split decode attention against candle's ops over the same cache: split over 64-key
-/// blocks and merged (few heads), and one block a head taking every key (128 (row, head)
-/// pairs or more); head sizes 64 and 128, GPT-2's and BLOOM's qkv layouts, ALiBi, padding
-/// keys, a position past several splits; the new key and value land in the cache at `pos`.
+/// The decode attention against candle's ops over the same cache: split over 64-key blocks and
+/// merged (few heads, or caches past 256 keys), and a block a head over every key (128 (row,
+/// head) pairs or more); head sizes 64 and 128, GPT-2's and BLOOM's qkv layouts, ALiBi,
+/// padding keys, f32 / bf16 / f16; with a device cursor (a graph's step: every position's
+/// room, splits past the last key) and without; the new key and value land in the cache.
 #[test]
-fn split_decode_attention_matches_the_composed_attention() {
+fn decode_attention_matches_the_composed_attention() {
     let (gpu, _one_at_a_time) = gpu();
-    // (rows, heads, head size, T_max, pos, BLOOM's layout with ALiBi)
+    // (rows, heads, head size, T_max, pos, BLOOM's layout with ALiBi, cursor)
     let cases = [
-        (1, 4, 128, 300, 257, true),
-        (2, 3, 64, 200, 130, false),
-        (16, 8, 64, 256, 200, false),
-        (4, 32, 128, 160, 99, true),
-        (16, 16, 64, 96, 0, true),
+        (1, 4, 128, 300, 257, true, false),
+        (2, 3, 64, 200, 130, false, false),
+        (16, 8, 64, 256, 200, false, false),
+        (4, 32, 128, 160, 99, true, false),
+        (16, 16, 64, 96, 0, true, false),
+        (1, 4, 128, 300, 100, true, true),
+        (16, 8, 64, 256, 70, false, true),
+        (16, 8, 128, 320, 150, true, true),
     ];
-    for dtype in [DType::F32, DType::BF16] {
-        let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
-        for (b, nh, hs, t_max, pos, bloom) in cases {
-            let what = format!("{dtype:?} B {b} nh {nh} hs {hs} pos {pos}");
-            let (got, want, cache_ok) =
-                split_attention_case(&gpu, dtype, (b, nh, hs, t_max, pos), bloom);
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2), (DType::F16, 1e-2)] {
+        for (b, nh, hs, t_max, pos, bloom, cursor) in cases {
+            let what =
+                format!("{dtype:?} B {b} nh {nh} hs {hs} T_max {t_max} pos {pos} cursor {cursor}");
+            let shape = (b, nh, hs, t_max, pos);
+            let (got, want, cache_ok) = attention_case(&gpu, dtype, shape, bloom, cursor);
             let r = rel(&got, &want);
             assert!(r < tol, "{what}: rel {r}");
             assert!(cache_ok, "{what}: the new key and value in the cache");
@@ -316,11 +321,12 @@ fn split_decode_attention_matches_the_composed_attention() {
 
 /// One case of the test above: (the kernel's output, the composed one, whether the cache holds
 /// the new key and value at `pos`), both (B, 1, nh·hs).
-fn split_attention_case(
+fn attention_case(
     gpu: &Device,
     dtype: DType,
     (b, nh, hs, t_max, pos): (usize, usize, usize, usize, usize),
     bloom: bool,
+    cursor: bool,
 ) -> (Tensor, Tensor, bool) {
     let c = nh * hs;
     let qkv = randn(&[b, 1, 3 * c], gpu).to_dtype(dtype).unwrap();
@@ -354,13 +360,14 @@ fn split_attention_case(
         Tensor::cat(&[&before, new], 2).unwrap() // (B, nh, pos + 1, hs)
     };
     let (keys, values) = (with_new(&k, &k_new), with_new(&v, &v_new));
+    let at = Tensor::new(&[pos as u32 + 1], gpu).unwrap(); // positions written after this step
     let slot = CacheSlot {
         k: &k,
         v: &v,
         key_mask: &mask,
         key_pos: &kpos,
         pos,
-        cursor: None,
+        cursor: cursor.then_some(&at),
     };
     let scale = 1. / (hs as f64).sqrt();
     let got = decode_attention(

@@ -77,26 +77,142 @@ __device__ void decode_attention(const T* qkv, long qkv_stride, int head_stride,
   }
 }
 
-// decode_attention over a block's share of the keys (flash-decoding), for head sizes 64 and
-// 128: block (row·head, s) takes keys [s·kpb, (s + 1)·kpb). With one block a head (gridDim.y
-// 1) it writes the output; else its max score, its sum of exp(score − max) and its
-// unnormalised p·v, which tb_decode_combine merges. Every load a round needs (q, keys, values,
-// mask, positions) is issued at once, and the next round's before this round's arithmetic:
-// the kernel before this one (8 warps a key each, q through shared memory, the mask read after
-// the scores) waited on three dependent rounds of loads and cost 5.2–7.2 µs a layer at batch 1
-// and 11–14 at batch 16 inside the graph (results/h100x2/ablate1), for 1–8 MB of cache.
+// decode_attention split over the keys (flash-decoding), for head sizes 64 and 128: block
+// (row·head, s) takes keys [s·SPLIT_KEYS, (s + 1)·SPLIT_KEYS) with a warp a key, and writes its
+// max score, its sum of exp(score − max) and its unnormalised p·v; tb_decode_combine merges a
+// head's blocks. One block per head (a thread a key; then a warp a key) kept a dozen SMs busy
+// and waited on a chain of loads (ncu, bloom-560m: 16 blocks, 11–13 µs, 55–60 % of the cycles
+// stalled on L1TEX). The
+// probabilities are not rounded to T before p·v here (the merge needs the sums first).
+//   part_m, part_l: (B·nh, S); part_acc: (B·nh, S, HS); other arguments as decode_attention
+#define SPLIT_KEYS 64
+template <typename T, int HS>
+__device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
+                                      const float* key_mask, const float* slopes, const float* key_pos,
+                                      float* part_m, float* part_l, float* part_acc, float scale, int nh, int t_max,
+                                      int pos_arg, const uint32_t* cursor) {
+  constexpr int DPL = HS / 32;
+  constexpr int WARPS = 8;  // blockDim.x == 256
+  __shared__ float q[HS];
+  __shared__ float p[SPLIT_KEYS];
+  __shared__ float sums[WARPS][HS];
+  __shared__ float sh[32];
+  const int pos = cursor ? (int)*cursor - 1 : pos_arg;
+  const int tk = pos + 1;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int bh = blockIdx.x, b = bh / nh, h = bh % nh, s = blockIdx.y;
+  const int lo = s * SPLIT_KEYS, n = min(tk - lo, SPLIT_KEYS);
+  const long o = (long)bh * gridDim.y + s;
+  if (n <= 0) {  // past the cache's end: nothing to merge
+    if (threadIdx.x == 0) {
+      part_m[o] = -INFINITY;
+      part_l[o] = 0.f;
+    }
+    for (int d = threadIdx.x; d < HS; d += blockDim.x) part_acc[o * HS + d] = 0.f;
+    return;
+  }
+  const T* qr = qkv + b * qkv_stride + (long)h * head_stride;
+  const long head_off = ((long)b * nh + h) * t_max * HS;
+  T* kr = kc + head_off;
+  T* vr = vc + head_off;
+  const bool writes = pos >= lo && pos < lo + n;  // this block holds the new position
+  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
+    q[d] = to_f(qr[d]);
+    if (writes) {
+      kr[(long)pos * HS + d] = qr[part + d];
+      vr[(long)pos * HS + d] = qr[2 * part + d];
+    }
+  }
+  __syncthreads();
+  float qd[DPL];
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) qd[i] = q[lane * DPL + i];
+  const float* mrow = key_mask + (long)b * t_max;
+  const float slope = slopes ? slopes[h] : 0.f;
+  constexpr int PER_WARP = SPLIT_KEYS / WARPS;  // 8 keys a warp, all in flight
+  // Each key's value is loaded with its key, before the softmax needs the block: one round of
+  // loads instead of two (decode-prof2: 11.3 µs a layer at bloom-560m batch 16).
+  float dot[PER_WARP];
+  T val[PER_WARP][DPL];
+#pragma unroll
+  for (int u = 0; u < PER_WARP; ++u) {
+    const int j = warp + u * WARPS;
+    dot[u] = 0.f;
+    if (j < n) {
+      const T* ks = kr + (long)(lo + j) * HS + lane * DPL;
+      const T* vs = vr + (long)(lo + j) * HS + lane * DPL;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) {
+        dot[u] += qd[i] * to_f(ks[i]);
+        val[u][i] = vs[i];
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < PER_WARP; ++u) dot[u] = warp_sum(dot[u]);
+  if (lane == 0)
+#pragma unroll
+    for (int u = 0; u < PER_WARP; ++u) {
+      const int j = warp + u * WARPS;
+      if (j < n) {
+        const int k = lo + j;
+        float sc = to_f(from_f<T>(dot[u])) * scale + (1.f - mrow[k]) * MASKED;
+        if (slopes) sc += slope * key_pos[(long)b * t_max + k];
+        p[j] = sc;
+      }
+    }
+  __syncthreads();
+  const float mx = block_max(threadIdx.x < n ? p[threadIdx.x] : -INFINITY, sh);
+  float e = 0.f;
+  if (threadIdx.x < n) {
+    e = expf(p[threadIdx.x] - mx);
+    p[threadIdx.x] = e;
+  }
+  const float l = block_sum(e, sh);  // its __syncthreads publish p
+  float a[DPL];
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) a[i] = 0.f;
+#pragma unroll
+  for (int u = 0; u < PER_WARP; ++u) {
+    const int j = warp + u * WARPS;
+    if (j < n)
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) a[i] += p[j] * to_f(val[u][i]);
+  }
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) sums[warp][lane * DPL + i] = a[i];
+  __syncthreads();
+  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
+    float acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) acc += sums[w][d];
+    part_acc[o * HS + d] = acc;
+  }
+  if (threadIdx.x == 0) {
+    part_m[o] = mx;
+    part_l[o] = l;
+  }
+}
+
+// decode_attention with a block a (row, head) over all its keys, for head sizes 64 and 128
+// where the heads alone fill the GPU (batch 16: decode_attention.rs picks it): no merge kernel.
+// Every load a round needs (q, keys, values, mask, positions) is issued at once, and the next
+// round's before this round's arithmetic. At batch 16 the split kernel above and its merge
+// cost 11–14 µs a layer inside the graph (results/h100x2/ablate1); this one took gpt2's step
+// 0.503 → 0.478 ms and bloom-560m's 1.220 → 1.120 (attn1). At batch 1 (few heads) it took the
+// split kernel's place too, with 64-key blocks and the merge: 1–10 µs a step slower; the split
+// kernel stays there.
 // Lanes: a group of G = HS / EV lanes reads a key's row in 16-byte vectors (EV elements each);
 // a warp holds KPW = 32 / G keys at a time, R of them a lane a round, and keeps a running max, sum
 // and p·v (online softmax) for its keys; the warps' results meet in shared memory. The new
 // position's key and value are read from qkv (and written to the cache by their block), so no
-// block waits for its own write. Probabilities are not rounded to T before p·v (the merge
-// needs the sums first); scores round through T as the composed q·kᵀ's output.
-//   part_m, part_l: (B·nh, S); part_acc: (B·nh, S, HS); out (B, nh·HS) where S = 1; other
-//   arguments as decode_attention
-constexpr int SPLIT_WARPS = 8;  // blockDim.x == 256
+// block waits for its own write. Probabilities are not rounded to T before p·v (as the split
+// kernel's); scores round through T as the composed q·kᵀ's output. Arguments as
+// decode_attention's (hs in the kernel's name).
+constexpr int HEAD_WARPS = 8;  // blockDim.x == 256
 
 template <typename T, int HS>
-struct SplitRound {
+struct HeadRound {
   static constexpr int EV = 16 / sizeof(T), G = HS / EV, KPW = 32 / G;
   static constexpr int R = 2;  // keys a lane a round
   Vec16<T> k[R], v[R];
@@ -106,16 +222,16 @@ struct SplitRound {
 // The key of slot u of round `base` for this lane's group.
 template <typename T, int HS>
 __device__ __forceinline__ int round_key(int base, int u) {
-  using S = SplitRound<T, HS>;
-  return base + (u * SPLIT_WARPS + (threadIdx.x >> 5)) * S::KPW + (threadIdx.x & 31) / S::G;
+  using S = HeadRound<T, HS>;
+  return base + (u * HEAD_WARPS + (threadIdx.x >> 5)) * S::KPW + (threadIdx.x & 31) / S::G;
 }
 
 // Round `base`'s loads for this lane (keys by round_key).
 template <typename T, int HS>
-__device__ __forceinline__ void load_round(SplitRound<T, HS>& r, int base, int hi, int pos, const T* kr,
+__device__ __forceinline__ void load_round(HeadRound<T, HS>& r, int base, int hi, int pos, const T* kr,
                                            const T* vr, const T* qr, int part, const float* mrow,
                                            const float* prow, bool alibi) {
-  using S = SplitRound<T, HS>;
+  using S = HeadRound<T, HS>;
   const int gl = (threadIdx.x & 31) % S::G;
 #pragma unroll
   for (int u = 0; u < S::R; ++u) {
@@ -136,18 +252,16 @@ __device__ __forceinline__ void load_round(SplitRound<T, HS>& r, int base, int h
 __device__ __forceinline__ float rescale(float a, float b) { return a == -INFINITY ? 0.f : expf(a - b); }
 
 template <typename T, int HS>
-__device__ void decode_attention_split(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
-                                       const float* key_mask, const float* slopes, const float* key_pos,
-                                       float* part_m, float* part_l, float* part_acc, T* out, float scale, int nh,
-                                       int t_max, int pos_arg, const uint32_t* cursor, int kpb) {
-  using S = SplitRound<T, HS>;
-  constexpr int EV = S::EV, G = S::G, KPR = SPLIT_WARPS * S::KPW * S::R;
-  __shared__ float wm[SPLIT_WARPS], wl[SPLIT_WARPS], wacc[SPLIT_WARPS][HS];
+__device__ void decode_attention_head(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
+                                      const float* key_mask, const float* slopes, const float* key_pos, T* out,
+                                      float scale, int nh, int t_max, int pos_arg, const uint32_t* cursor) {
+  using S = HeadRound<T, HS>;
+  constexpr int EV = S::EV, G = S::G, KPR = HEAD_WARPS * S::KPW * S::R;
+  __shared__ float wm[HEAD_WARPS], wl[HEAD_WARPS], wacc[HEAD_WARPS][HS];
   const int pos = cursor ? (int)*cursor - 1 : pos_arg;
   const int tk = pos + 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gl = lane % G;
-  const int bh = blockIdx.x, b = bh / nh, h = bh % nh, s = blockIdx.y;
-  const int lo = s * kpb, hi = min(lo + kpb, tk);
+  const int bh = blockIdx.x, b = bh / nh, h = bh % nh;
   const T* qr = qkv + b * qkv_stride + (long)h * head_stride;
   const long head_off = ((long)b * nh + h) * t_max * HS;
   T* kr = kc + head_off;
@@ -155,10 +269,10 @@ __device__ void decode_attention_split(const T* qkv, long qkv_stride, int head_s
   const float* mrow = key_mask + (long)b * t_max;
   const float* prow = key_pos + (long)b * t_max;
   const float slope = slopes ? slopes[h] : 0.f;
-  SplitRound<T, HS> cur, next;
-  if (lo < hi) load_round<T, HS>(cur, lo, hi, pos, kr, vr, qr, part, mrow, prow, slopes != nullptr);
+  HeadRound<T, HS> cur, next;
+  load_round<T, HS>(cur, 0, tk, pos, kr, vr, qr, part, mrow, prow, slopes != nullptr);
   const Vec16<T> qv = reinterpret_cast<const Vec16<T>*>(qr)[gl];
-  if (pos >= lo && pos < hi && threadIdx.x < 2 * G) {  // the new key and value into the cache
+  if (threadIdx.x < 2 * G) {  // the new key and value into the cache
     const int t = threadIdx.x % G, which = threadIdx.x / G;
     const Vec16<T>* src = reinterpret_cast<const Vec16<T>*>(qr + (which + 1) * part);
     reinterpret_cast<Vec16<T>*>((which ? vr : kr) + (long)pos * HS)[t] = src[t];
@@ -166,8 +280,8 @@ __device__ void decode_attention_split(const T* qkv, long qkv_stride, int head_s
   float m = -INFINITY, l = 0.f, acc[EV];
 #pragma unroll
   for (int e = 0; e < EV; ++e) acc[e] = 0.f;
-  for (int base = lo; base < hi; base += KPR) {
-    if (base + KPR < hi) load_round<T, HS>(next, base + KPR, hi, pos, kr, vr, qr, part, mrow, prow, slopes != nullptr);
+  for (int base = 0; base < tk; base += KPR) {
+    if (base + KPR < tk) load_round<T, HS>(next, base + KPR, tk, pos, kr, vr, qr, part, mrow, prow, slopes != nullptr);
     float sc[S::R], mx = m;
 #pragma unroll
     for (int u = 0; u < S::R; ++u) {
@@ -177,7 +291,7 @@ __device__ void decode_attention_split(const T* qkv, long qkv_stride, int head_s
 #pragma unroll
       for (int o = G / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffff, dot, o);
       sc[u] = -INFINITY;
-      if (round_key<T, HS>(base, u) < hi) sc[u] = to_f(from_f<T>(dot)) * scale + (1.f - cur.mask[u]) * MASKED + slope * cur.kpos[u];
+      if (round_key<T, HS>(base, u) < tk) sc[u] = to_f(from_f<T>(dot)) * scale + (1.f - cur.mask[u]) * MASKED + slope * cur.kpos[u];
       mx = fmaxf(mx, sc[u]);
     }
     if (mx != -INFINITY) {
@@ -217,25 +331,16 @@ __device__ void decode_attention_split(const T* qkv, long qkv_stride, int head_s
   __syncthreads();
   float mm = -INFINITY;
 #pragma unroll
-  for (int w = 0; w < SPLIT_WARPS; ++w) mm = fmaxf(mm, wm[w]);
-  const long o = (long)bh * gridDim.y + s;
+  for (int w = 0; w < HEAD_WARPS; ++w) mm = fmaxf(mm, wm[w]);
   for (int d = threadIdx.x; d < HS; d += blockDim.x) {
     float num = 0.f, den = 0.f;
 #pragma unroll
-    for (int w = 0; w < SPLIT_WARPS; ++w) {
+    for (int w = 0; w < HEAD_WARPS; ++w) {
       const float c = rescale(wm[w], mm);
       num += c * wacc[w][d];
       den += c * wl[w];
     }
-    if (gridDim.y == 1) {
-      out[(long)bh * HS + d] = from_f<T>(num / den);
-    } else {
-      part_acc[o * HS + d] = num;
-      if (d == 0) {
-        part_m[o] = mm;
-        part_l[o] = den;
-      }
-    }
+    out[(long)bh * HS + d] = from_f<T>(num / den);  // den ≥ 1: key pos is real
   }
 }
 
@@ -279,13 +384,13 @@ extern "C" __global__ void tb_decode_begin(float* mask, float* key_pos, float* s
 }
 
 // One kernel a head size, each with its own register allocation.
-#define SPLIT_KERNEL(T, S, HS)                                                                                 \
-  extern "C" __global__ void __launch_bounds__(256, 2) tb_decode_attention_split##HS##_##S(                  \
+#define HEAD_KERNEL(T, S, HS)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(256, 2) tb_decode_attention_head##HS##_##S(                   \
       const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc, const float* key_mask,          \
-      const float* slopes, const float* key_pos, float* part_m, float* part_l, float* part_acc, T* out,       \
-      float scale, int nh, int t_max, int pos, const uint32_t* cursor, int kpb) {                             \
-    decode_attention_split<T, HS>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos,      \
-                                  part_m, part_l, part_acc, out, scale, nh, t_max, pos, cursor, kpb);         \
+      const float* slopes, const float* key_pos, T* out, float scale, int nh, int t_max, int pos,             \
+      const uint32_t* cursor) {                                                                               \
+    decode_attention_head<T, HS>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, out,  \
+                                 scale, nh, t_max, pos, cursor);                                              \
   }
 #define INSTANTIATE(T, S)                                                                                     \
   extern "C" __global__ void tb_decode_attention_##S(const T* qkv, long qkv_stride, int head_stride, int part, \
@@ -295,7 +400,18 @@ extern "C" __global__ void tb_decode_begin(float* mask, float* key_pos, float* s
     decode_attention<T>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, out, scale, nh, \
                         hs, t_max, pos, cursor);                                                              \
   }                                                                                                           \
-  SPLIT_KERNEL(T, S, 64) SPLIT_KERNEL(T, S, 128)                                                              \
+  extern "C" __global__ void tb_decode_attention_part_##S(                                                    \
+      const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc, const float* key_mask,          \
+      const float* slopes, const float* key_pos, float* part_m, float* part_l, float* part_acc, float scale,  \
+      int nh, int hs, int t_max, int pos, const uint32_t* cursor) {                                           \
+    if (hs == 64)                                                                                             \
+      decode_attention_part<T, 64>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos,     \
+                                   part_m, part_l, part_acc, scale, nh, t_max, pos, cursor);                  \
+    else                                                                                                      \
+      decode_attention_part<T, 128>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos,    \
+                                    part_m, part_l, part_acc, scale, nh, t_max, pos, cursor);                 \
+  }                                                                                                           \
+  HEAD_KERNEL(T, S, 64) HEAD_KERNEL(T, S, 128)                                                                \
   extern "C" __global__ void tb_decode_combine_##S(const float* part_m, const float* part_l,                  \
                                                    const float* part_acc, T* out, int splits, int hs) {       \
     decode_combine<T>(part_m, part_l, part_acc, out, splits, hs);                                             \

@@ -110,13 +110,17 @@ mod imp {
     /// Threads of a decode-attention block: a key each for the scores (≤ 512 keys in one
     /// sweep), 512 / hs groups of keys for p·v.
     const ATTN_THREADS: usize = 512;
-    /// Keys a block of `tb_decode_attention_split<hs>` takes where the heads alone leave SMs
-    /// idle, and its threads (decode_attention.cu's SPLIT_WARPS).
+    /// Keys a block of `tb_decode_attention_part` takes (SPLIT_KEYS of decode_attention.cu),
+    /// its threads; those of `tb_decode_attention_head<hs>` (its HEAD_WARPS).
     const SPLIT_KEYS: usize = 64;
     const SPLIT_THREADS: u32 = 256;
-    /// (row, head) pairs from which a block a head takes all its keys: no merge kernel, and
-    /// about a block for each of an H100's 132 SMs (gpt2 at batch 16 has 192 pairs).
-    const WHOLE_HEADS: usize = 128;
+    const HEAD_THREADS: u32 = 256;
+    /// Where `tb_decode_attention_head<hs>` takes a call: from this many (row, head) pairs,
+    /// about a block for each of an H100's 132 SMs (gpt2 at batch 16 has 192), and caches of
+    /// at most HEAD_KEYS positions (a block walks them one round after another; measured at
+    /// 129–256 keys: results/h100x2/attn1).
+    const HEAD_PAIRS: usize = 128;
+    const HEAD_KEYS: usize = 256;
     /// The dynamic shared memory a block may take without opting in (48 KiB).
     const SHARED_LIMIT: usize = 48 * 1024;
 
@@ -126,17 +130,27 @@ mod imp {
         (bytes <= SHARED_LIMIT).then_some(bytes as u32)
     }
 
+    /// Which kernel takes a call.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Kind {
+        /// `tb_decode_attention`: a block a head, `shared` bytes for every key (head sizes
+        /// other than 64 and 128).
+        Whole,
+        /// `tb_decode_attention_part` over `splits` blocks of SPLIT_KEYS keys (any length),
+        /// then `tb_decode_combine`: head sizes 64 and 128 where the heads leave SMs idle.
+        Split,
+        /// `tb_decode_attention_head<hs>`: a block a head over all its keys, in 16-byte vectors
+        /// (HEAD_PAIRS pairs or more, at most HEAD_KEYS keys), no merge kernel.
+        Head,
+    }
+
     /// A call the kernels take: its shapes and the kernel's scalar arguments.
     struct Plan {
         /// Rows of qkv (B), and (row, head) pairs (B·nh).
         b: usize,
         rows: usize,
-        /// Head sizes 64 and 128 split the keys over `splits` blocks of `kpb` keys (any
-        /// length; one block a head where there are WHOLE_HEADS pairs); the others take one
-        /// block with `shared` bytes for every key.
-        split: bool,
+        kind: Kind,
         splits: usize,
-        kpb: i32,
         shared: u32,
         /// qkv's row stride; the layout's head stride and part; nh, hs, T_max, pos.
         stride: i64,
@@ -162,18 +176,24 @@ mod imp {
         } else {
             cache.pos + 1
         };
-        // Head sizes 64 and 128 split the keys over blocks, at any length, reading q, k and v
-        // in 16-byte vectors; the others need one block's shared memory for every key.
+        // Head sizes 64 and 128 split the keys over blocks at any length, or take a block a
+        // head reading q, k and v in 16-byte vectors; the others need one block's shared
+        // memory for every key.
         let size = qkv.dtype().size_in_bytes();
         let vectors = [width, layout.head_stride, layout.part]
             .iter()
             .all(|e| (e * size).is_multiple_of(16))
             && [qkv, cache.k, cache.v].into_iter().all(aligned16);
-        let split = matches!(hs, 64 | 128) && vectors;
-        let shared = match (split, attention_shared(hs, longest)) {
-            (true, _) => 0,
-            (false, Some(bytes)) => bytes,
-            (false, None) => return Ok(None), // longer than one block's shared memory holds
+        let rows = b * nh;
+        let kind = match matches!(hs, 64 | 128) {
+            true if vectors && rows >= HEAD_PAIRS && longest <= HEAD_KEYS => Kind::Head,
+            true => Kind::Split,
+            false => Kind::Whole,
+        };
+        let shared = match (kind, attention_shared(hs, longest)) {
+            (Kind::Whole, Some(bytes)) => bytes,
+            (Kind::Whole, None) => return Ok(None), // longer than one block's shared memory holds
+            _ => 0,
         };
         let fits = t == 1 && hs <= ATTN_THREADS && cache.pos < t_max;
         let cursor_ok = cache
@@ -196,17 +216,11 @@ mod imp {
         if cache.k.dims4()? != (b, nh, t_max, hs) || cache.key_mask.dims2()? != (b, t_max) {
             return Ok(None);
         }
-        let rows = b * nh;
-        let (splits, kpb) = match rows >= WHOLE_HEADS {
-            true => (1, longest),
-            false => (longest.div_ceil(SPLIT_KEYS), SPLIT_KEYS),
-        };
         Ok(Some(Plan {
             b,
             rows,
-            split,
-            splits,
-            kpb: kpb as i32,
+            kind,
+            splits: longest.div_ceil(SPLIT_KEYS),
             shared,
             stride: width as i64,
             ints: [layout.head_stride, layout.part].map(|v| v as i32),
@@ -218,17 +232,15 @@ mod imp {
     impl Plan {
         /// The attention kernel's grid: a block a (row, head), and a split of its keys.
         fn config(&self) -> LaunchConfig {
-            match self.split {
-                true => LaunchConfig {
-                    grid_dim: (self.rows as u32, self.splits as u32, 1),
-                    block_dim: (SPLIT_THREADS, 1, 1),
-                    shared_mem_bytes: 0,
-                },
-                false => LaunchConfig {
-                    grid_dim: (self.rows as u32, 1, 1),
-                    block_dim: (ATTN_THREADS as u32, 1, 1),
-                    shared_mem_bytes: self.shared,
-                },
+            let (splits, threads) = match self.kind {
+                Kind::Split => (self.splits as u32, SPLIT_THREADS),
+                Kind::Head => (1, HEAD_THREADS),
+                Kind::Whole => (1, ATTN_THREADS as u32),
+            };
+            LaunchConfig {
+                grid_dim: (self.rows as u32, splits, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: self.shared,
             }
         }
     }
@@ -322,23 +334,19 @@ mod imp {
             None => args.arg(&NULL),
         };
         args.arg(&v.key_pos);
-        match (p.split, parts) {
-            (true, Some(parts)) => args.arg(&parts.m).arg(&parts.l).arg(&parts.acc).arg(&NULL),
-            (true, None) => args.arg(&NULL).arg(&NULL).arg(&NULL).arg(out),
-            (false, _) => args.arg(out),
+        match parts {
+            Some(parts) => args.arg(&parts.m).arg(&parts.l).arg(&parts.acc),
+            None => args.arg(out),
         };
         args.arg(&p.scale).arg(&p.dims[0]);
-        if !p.split {
-            args.arg(&p.dims[1]); // hs: the split kernels have it in their names
+        if p.kind != Kind::Head {
+            args.arg(&p.dims[1]); // hs: the head kernels have it in their names
         }
         args.arg(&p.dims[2]).arg(&p.dims[3]);
         match &v.cursor {
             Some(c) => args.arg(c),
             None => args.arg(&NULL),
         };
-        if p.split {
-            args.arg(&p.kpb);
-        }
     }
 
     pub fn decode_attention(
@@ -356,13 +364,14 @@ mod imp {
             return Ok(None);
         };
         let dev = storage(&g.all[0].0).device().clone();
-        let func = match (p.split, hs) {
-            (true, 64) => kernel!(dev, PTX, "tb_decode_attention_split64", qkv.dtype())?,
-            (true, _) => kernel!(dev, PTX, "tb_decode_attention_split128", qkv.dtype())?,
-            (false, _) => kernel!(dev, PTX, "tb_decode_attention", qkv.dtype())?,
+        let func = match (p.kind, hs) {
+            (Kind::Split, _) => kernel!(dev, PTX, "tb_decode_attention_part", qkv.dtype())?,
+            (Kind::Head, 64) => kernel!(dev, PTX, "tb_decode_attention_head64", qkv.dtype())?,
+            (Kind::Head, _) => kernel!(dev, PTX, "tb_decode_attention_head128", qkv.dtype())?,
+            (Kind::Whole, _) => kernel!(dev, PTX, "tb_decode_attention", qkv.dtype())?,
         };
         // The split blocks' partial results and the kernel that merges them.
-        let parts = match p.split && p.splits > 1 {
+        let parts = match p.kind == Kind::Split {
             true => Some((
                 Partials {
                     m: alloc::<f32>(&dev, p.rows * p.splits)?,
@@ -382,7 +391,9 @@ mod imp {
             // caches (B, nh, T_max, hs) with pos < T_max (a cursor's too: generate_in made
             // the cache with room for every step); mask and positions (B, T_max); out B·nh·hs;
             // slopes nh; shared memory for every key, or the partials for every split of
-            // SPLIT_KEYS keys of the longest cache. The kernel writes the caches only at `pos`.
+            // SPLIT_KEYS keys of the longest cache; the head kernel's 16-byte vectors start at
+            // 16-byte boundaries (qkv, k and v aligned, width, head stride and part whole
+            // vectors: plan). The kernel writes the caches only at `pos`.
             unsafe { args.launch(p.config()) }.w()?;
             if let Some((m, combine)) = &parts {
                 let (splits_i, hs_i) = (p.splits as i32, hs as i32);

@@ -8,8 +8,8 @@
 // SPLIT warps a column, each over every SPLIT-th run of 32 vectors of the row (more loads in
 // flight: one warp a column read 0.5-1.4 TB/s under ncu, results/h100/gemv-run1), their sums
 // met in shared memory. Block: 32 * SPLIT * C threads, columns blockIdx.x * C + local; C is
-// COLS but for one row, where a column a block stepped bloom-7b1 5.228 -> 5.198 ms
-// (results/h100x2/ablate1, its sweep).
+// COLS, but gemv.cu takes C = 1 for one row, where a column a block stepped bloom-7b1 5.228 ->
+// 5.198 ms (results/h100x2/ablate1, its sweep); oneshot.cu's pushing GEMV keeps COLS.
 constexpr int SPLIT = 4, COLS = 2;
 
 // part[local][slice][m]: slice `slice`'s sum of row m against the block's column `local`,

@@ -42,8 +42,8 @@ mod imp {
 
     const PTX: Ptx = ptx!("gemv");
 
-    /// Output columns a block computes (gemv.cu's COLS; one for one row), and warps a column
-    /// (its SPLIT).
+    /// Output columns a block computes (gemv.cuh's COLS; gemv.cu takes one for one row), and
+    /// warps a column (its SPLIT).
     const COLS_PER_BLOCK: usize = 2;
     const WARPS_PER_COL: u32 = 4;
 

@@ -97,7 +97,8 @@ pub enum Fused {
     /// the manual step one kernel writes the loss and its gradient over the logits.
     CrossEntropy,
     /// Generation: residual add + LayerNorm in one pass, single-query attention over the KV
-    /// cache in one kernel, the greedy argmax in one block a row.
+    /// cache in one kernel (and a merge kernel where it splits the keys), the greedy argmax in
+    /// one block a row.
     Decode,
     /// Generation: each decode step after the first recorded once as a CUDA graph and
     /// replayed (needs `decode`).
