@@ -332,8 +332,8 @@ one_gpu() {
     "binary with the one before: attn1, bddef16 (8dae5c8's kernels) against 51667c7 (the decode" \
     "attention's loads in one round, one block a head from 128 (row, head) pairs), batch 1 and" \
     "16; gate-run23, 51667c7 against 4f61c08 (the one-row GEMV a column a block), batch 1;" \
-    "gate-run24, 51667c7 against a7663d0 (the split attention back below 128 pairs), batch 1" \
-    "and 16." ""
+    "gate-run24, 51667c7 against a7663d0 (the split attention back below 128 pairs or past 256" \
+    "keys), batch 1 and 16." ""
   table h100 --where suite=generation --where engine=candle --where "ratio_vs_hf_best=" \
     --sort model,batch_size,git_commit,dtype --columns "$FP8"
   chart h100_fp8 "Generation suite on one H100: decode tokens/s in bf16 and fp8" \

@@ -80,8 +80,9 @@ fn argmax_picks_the_first_maximum_and_skips_banned_ids() {
 }
 
 /// The tiny presets with wider heads: gpt2-tiny at head size 64 and bloom-tiny at 128, the
-/// sizes the split (warp-a-key) decode attention takes, and at 128 (row, head) pairs the
-/// head kernel (the presets' 16 take the thread-a-key one).
+/// sizes the split (warp-a-key) decode attention takes (the presets' 16 take the thread-a-key
+/// one). Their batches have too few (row, head) pairs for the head kernel, which
+/// `decode_attention_matches_the_composed_attention` checks.
 pub(super) fn wide_head_specs() -> Vec<ModelSpec> {
     use crate::models::Architecture;
     let (mut gpt2, mut bloom) = (

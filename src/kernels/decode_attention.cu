@@ -195,12 +195,13 @@ __device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_st
 }
 
 // decode_attention with a block a (row, head) over all its keys, for head sizes 64 and 128
-// where the heads alone fill the GPU (batch 16: decode_attention.rs picks it): no merge kernel.
+// where the heads alone fill the GPU and the cache holds at most 256 positions (batch 16:
+// decode_attention.rs picks it): no merge kernel.
 // Every load a round needs (q, keys, values, mask, positions) is issued at once, and the next
 // round's before this round's arithmetic. At batch 16 the split kernel above and its merge
 // cost 11–14 µs a layer inside the graph (results/h100x2/ablate1); this one took gpt2's step
 // 0.503 → 0.478 ms and bloom-560m's 1.220 → 1.120 (attn1). At batch 1 (few heads) it took the
-// split kernel's place too, with 64-key blocks and the merge: 1–10 µs a step slower; the split
+// split kernel's place too, with 64-key blocks and the merge: 1–11 µs a step slower; the split
 // kernel stays there.
 // Lanes: a group of G = HS / EV lanes reads a key's row in 16-byte vectors (EV elements each);
 // a warp holds KPW = 32 / G keys at a time, R of them a lane a round, and keeps a running max, sum

@@ -1,8 +1,8 @@
 //! Single-query attention over the KV cache (`--fused decode`; kernels in decode_attention.cu):
 //! one new query per row against the cache, writing its own key and value into the cache,
 //! heads merged on the way out ([`decode_attention`]); head sizes 64 and 128 take a block a
-//! head where the heads fill the GPU, else split the keys over blocks and merge the blocks'
-//! partial results (flash-decoding). And the cache's
+//! head where the heads fill the GPU and the cache holds at most 256 positions, else split
+//! the keys over blocks and merge the blocks' partial results (flash-decoding). And the cache's
 //! bookkeeping of a decode step replayed as a CUDA graph, at a position kept on the device
 //! ([`decode_begin`]).
 //!
