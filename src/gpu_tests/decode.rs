@@ -105,14 +105,12 @@ pub(super) fn wide_head_specs() -> Vec<ModelSpec> {
 
 /// The decode kernels end to end: a cached prefill and decode steps of gpt2-tiny and
 /// bloom-tiny (GPT-2's [q | k | v] and BLOOM's per-head qkv with ALiBi), at their head size
-/// and at 64 / 128, a left-padded batch whose keys span two of the attention's 64-key splits,
-/// fp32 and bf16, logits of every step with `--fused all` against `--fused none`.
+/// and at 64 / 128, left-padded batches of 2 rows (the GEMV) and 6 (the tensor-core
+/// projections) whose keys span two of the attention's 64-key splits, fp32 and bf16, logits of
+/// every step with `--fused all` against `--fused none`.
 #[test]
 fn cached_decoding_on_the_decode_kernels_matches_candles_ops() {
-    use crate::models::generate::left_pad;
     let (gpu, _one_at_a_time) = gpu();
-    let ids = |n: u32| (0..n).map(|i| 1 + i * 7 % 50).collect::<Vec<u32>>();
-    let prompts = left_pad(&[ids(70), ids(41)], 0, &gpu).unwrap();
     let mut specs = vec![
         ModelSpec::preset("gpt2-tiny").unwrap(),
         ModelSpec::preset("bloom-tiny").unwrap(),
@@ -120,29 +118,54 @@ fn cached_decoding_on_the_decode_kernels_matches_candles_ops() {
     specs.extend(wide_head_specs());
     for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 3e-2)] {
         for spec in &specs {
-            let name = &spec.name;
-            let src = WeightSource::Random { seed: 0 };
-            let mut steps = Vec::new();
-            for fused in [Fused::None, Fused::All] {
-                set_enabled(&[fused]);
-                let model = spec.load(&src, dtype, &gpu).unwrap();
-                let mut cache = model.new_cache(2, 80).unwrap();
-                let mut logits = vec![model
-                    .forward_cached(&prompts.ids, &prompts.mask, &mut cache)
-                    .unwrap()];
-                let real = Tensor::ones((2, 1), DType::U32, &gpu).unwrap();
-                for id in [11u32, 12, 13, 14, 15] {
-                    let next = Tensor::new(&[[id], [id + 7]], &gpu).unwrap();
-                    logits.push(model.forward_cached(&next, &real, &mut cache).unwrap());
+            for rows in [2, 6] {
+                let why = format!("{} {dtype:?} {rows} rows", spec.name);
+                let steps =
+                    [Fused::None, Fused::All].map(|f| decode_steps(&gpu, spec, dtype, rows, f));
+                for (i, (fused, none)) in steps[1].iter().zip(&steps[0]).enumerate() {
+                    let r = rel(fused, none);
+                    assert!(r < tol, "{why} step {i}: rel {r}");
                 }
-                steps.push(logits);
-            }
-            for (i, (fused, none)) in steps[1].iter().zip(&steps[0]).enumerate() {
-                let r = rel(fused, none);
-                assert!(r < tol, "{name} {dtype:?} step {i}: rel {r}");
             }
         }
     }
+}
+
+/// The logits of a cached prefill of `rows` left-padded prompts (70, 41, 5, 33, 64, 20 tokens)
+/// and five decode steps after it, with only `fused` on (and, with `all`, the weights laid out
+/// for decoding as the engine lays them: GPT-2's as nn.Linear's).
+fn decode_steps(
+    gpu: &Device,
+    spec: &ModelSpec,
+    dtype: DType,
+    rows: usize,
+    fused: Fused,
+) -> Vec<Tensor> {
+    use crate::models::generate::left_pad;
+    let ids = |n: u32| (0..n).map(|i| 1 + i * 7 % 50).collect::<Vec<u32>>();
+    let prompts: Vec<Vec<u32>> = [70, 41, 5, 33, 64, 20][..rows]
+        .iter()
+        .map(|&n| ids(n))
+        .collect();
+    let prompts = left_pad(&prompts, 0, gpu).unwrap();
+    set_enabled(&[fused]);
+    let mut model = spec
+        .load(&WeightSource::Random { seed: 0 }, dtype, gpu)
+        .unwrap();
+    if fused == Fused::All {
+        model.prepare_decode().unwrap();
+    }
+    let mut cache = model.new_cache(rows, 80).unwrap();
+    let mut logits = vec![model
+        .forward_cached(&prompts.ids, &prompts.mask, &mut cache)
+        .unwrap()];
+    let real = Tensor::ones((rows, 1), DType::U32, gpu).unwrap();
+    for id in [11u32, 12, 13, 14, 15] {
+        let next: Vec<u32> = (0..rows as u32).map(|r| id + 7 * r).collect();
+        let next = Tensor::from_vec(next, (rows, 1), gpu).unwrap();
+        logits.push(model.forward_cached(&next, &real, &mut cache).unwrap());
+    }
+    logits
 }
 
 /// Decode steps replayed as a CUDA graph choose the same ids as the eager steps (fp32, greedy,

@@ -4,10 +4,10 @@
 use super::*;
 use crate::models::fp8::Fp8Weight;
 
-/// The fp8 GEMV (1–4 rows, bias, tanh-GELU) against the f32 product with the dequantized weight,
-/// in bf16 and f16, for BLOOM's and GPT-2's decode shapes; one row of K ≥ 4096 takes the
-/// eight-warp kernel, over several steps a lane at bloom-7b1's K = 16384, with a partial last
-/// block of columns.
+/// The fp8 GEMV (1–4 rows) and the tensor-core kernel (5–16 rows), bias and tanh-GELU, against
+/// the f32 product with the dequantized weight, in bf16 and f16, for BLOOM's and GPT-2's decode
+/// shapes; one row of K ≥ 4096 takes the eight-warp kernel, over several steps a lane at
+/// bloom-7b1's K = 16384, with a partial last block of columns (of 8 and of 16 at 5–16 rows).
 #[test]
 fn fp8_gemv_matches_the_dequantized_projection() {
     let (dev, _one_at_a_time) = gpu();
@@ -17,17 +17,18 @@ fn fp8_gemv_matches_the_dequantized_projection() {
         (16384, 4099),
         (768, 50257),
         (64, 40),
+        (64, 4100),
     ];
     for (k, n) in shapes {
         let w = (randn(&[n, k], &dev) * 0.05).unwrap();
         let b = randn(&[n], &dev);
         let fp8 = Fp8Weight::quantize(&w, Some(&b)).unwrap();
         let wf = fp8.dequantize(DType::F32).unwrap();
-        for rows in 1..=4 {
+        for rows in [1, 2, 3, 4, 5, 8, 16] {
             for dtype in [DType::BF16, DType::F16] {
                 for act in [Act::None, Act::GeluTanh] {
                     let x = randn(&[rows, k], &dev).to_dtype(dtype).unwrap();
-                    let y = fp8.gemv(&x, act).unwrap().expect("the fp8 GEMV applies");
+                    let y = fp8.gemv(&x, act).unwrap().expect("an fp8 kernel applies");
                     let xf = x.to_dtype(DType::F32).unwrap();
                     let r = xf
                         .matmul(&wf.t().unwrap())
@@ -42,10 +43,14 @@ fn fp8_gemv_matches_the_dequantized_projection() {
             }
         }
     }
-    // Five rows, and fp32 rows, are the dequantized weight's.
+    // Seventeen rows, K off the 64-wide slices at 5 rows, and fp32 rows are the dequantized
+    // weight's.
     let fp8 = Fp8Weight::quantize(&randn(&[40, 64], &dev), None).unwrap();
-    let x = randn(&[5, 64], &dev).to_dtype(DType::BF16).unwrap();
+    let x = randn(&[17, 64], &dev).to_dtype(DType::BF16).unwrap();
     assert!(fp8.gemv(&x, Act::None).unwrap().is_none());
+    let fp8_k32 = Fp8Weight::quantize(&randn(&[40, 32], &dev), None).unwrap();
+    let x = randn(&[5, 32], &dev).to_dtype(DType::BF16).unwrap();
+    assert!(fp8_k32.gemv(&x, Act::None).unwrap().is_none());
     assert!(fp8
         .gemv(&randn(&[1, 64], &dev), Act::None)
         .unwrap()

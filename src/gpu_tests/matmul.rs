@@ -66,6 +66,58 @@ fn gemv_matches_the_f32_projection() {
     assert!(gemv(&x, &w, &b, Act::None).unwrap().is_none());
 }
 
+/// The tensor-core projections (`skinny-proj`, 1–16 rows, bias and tanh-GELU) against the f32
+/// product, in bf16 and f16: BLOOM's and GPT-2's decode shapes, one and two 8-column tiles a
+/// block (N below and from 4096), partial tiles, a K of one slice, and through `linear`'s
+/// dispatch at 5–16 rows.
+#[test]
+fn skinny_linear_matches_the_f32_projection() {
+    let (dev, _one_at_a_time) = gpu();
+    let shapes = [
+        (1024, 3072),
+        (4096, 1024),
+        (768, 2304),
+        (1024, 4096),
+        (64, 4100),
+        (32, 40),
+    ];
+    for (k, n) in shapes {
+        for rows in [1, 3, 5, 8, 16] {
+            for dtype in [DType::BF16, DType::F16] {
+                for act in [Act::None, Act::GeluTanh] {
+                    let x = randn(&[rows, k], &dev).to_dtype(dtype).unwrap();
+                    let w = (randn(&[n, k], &dev) * 0.05)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap();
+                    let b = randn(&[n], &dev).to_dtype(dtype).unwrap();
+                    let why = format!("{rows}x{k} -> {n} {dtype:?} {act:?}");
+                    let y = skinny_linear(&x, &w, &b, act).unwrap().expect(&why);
+                    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+                    let r = f(&x).matmul(&f(&w).t().unwrap()).unwrap();
+                    let r = act_ref(&r.broadcast_add(&f(&b)).unwrap(), act);
+                    assert_eq!((y.dims(), y.dtype()), (&[rows, n][..], dtype), "{why}");
+                    assert!(rel(&y, &r) < 1e-2, "{why}: {}", rel(&y, &r));
+                    if rows > GEMV_MAX_ROWS {
+                        let via = linear(&x, &w, true, &b, act).unwrap().expect(&why);
+                        let same = (&via - &y).unwrap().abs().unwrap().max_all().unwrap();
+                        assert_eq!(f(&same).to_scalar::<f32>().unwrap(), 0.0, "{why}");
+                    }
+                }
+            }
+        }
+    }
+    // Seventeen rows, a K off the 32-wide slices and erf-GELU are cuBLASLt's.
+    let bf = |dims: &[usize]| randn(dims, &dev).to_dtype(DType::BF16).unwrap();
+    let none = |x: &Tensor, w: &Tensor, act| {
+        let b = bf(&[w.dim(0).unwrap()]);
+        skinny_linear(x, w, &b, act).unwrap().is_none()
+    };
+    assert!(none(&bf(&[17, 64]), &bf(&[40, 64]), Act::None));
+    assert!(none(&bf(&[8, 48]), &bf(&[40, 48]), Act::None));
+    assert!(none(&bf(&[8, 64]), &bf(&[40, 64]), Act::GeluErf));
+}
+
 /// The tensor-core LM head against the f32 product: 1–16 rows, bf16 and f16, GPT-2's head
 /// (V = 50257, no multiple of 8, nor of the 16-column tiles), BLOOM's widths, a K of one slice.
 #[test]

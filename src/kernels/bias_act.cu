@@ -7,7 +7,7 @@
 // the bias through the generic strided path, and the activation is a second pass.
 __device__ __forceinline__ float act_f(float x, int act) {
   switch (act) {
-    case 1: return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    case 1: return gelu_tanh(x);
     case 2: return 0.5f * x * (1.f + erff(x * 0.7071067811865476f));
     case 3: return fmaxf(x, 0.f);
     default: return x;

@@ -186,9 +186,6 @@ __device__ void stage_input(const T* in, const T* w, const T* b, T* xs, int k, f
   __syncthreads();
 }
 
-__device__ __forceinline__ float gelu_tanh(float v) {
-  return 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
-}
 
 // The block's columns of y (M, N) = act(xs Wᵀ + b), W's rows for them in `wt` (shared), xs in
 // shared; with `res`, y = res + that (rounded as the branch, then as the add; res may be y).

@@ -85,7 +85,7 @@ __device__ void gemv_fp8(const Vec16<T>* x, const uint4* q, const float2* sb, T*
   for (int s = 0; s < SPLIT; s++) v += part[s][c][m];
   const float2 a = sb[col];
   v = v * a.x + a.y;
-  if (act == 1) v = 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+  if (act == 1) v = gelu_tanh(v);
   y[(long)m * n + col] = from_f<T>(v);
 }
 

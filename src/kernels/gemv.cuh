@@ -50,6 +50,6 @@ __device__ __forceinline__ float gemv_finish(const float (*part)[SPLIT][M], int 
   float v = bias;
 #pragma unroll
   for (int s = 0; s < SPLIT; s++) v += part[local][s][m];
-  if (act == 1) v = 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+  if (act == 1) v = gelu_tanh(v);
   return v;
 }

@@ -12,7 +12,7 @@ use candle_core::{Result, Tensor};
 /// Inference only (no backward): `None` when x or W is tracked by autograd, and for fp32
 /// (cudarc's cuBLASLt computes fp32 as TF32), for ReLU and erf-GELU (no exact epilogue).
 /// A decode step's 1–4 rows of nn.Linear weights go to the GEMV first (`--fused gemv`, its own
-/// switch).
+/// switch), 5–16 rows to the tensor-core kernel (`--fused skinny-proj`).
 pub fn linear(
     x: &Tensor,
     w: &Tensor,
@@ -25,6 +25,9 @@ pub fn linear(
     }
     if w_out_in {
         if let Some(y) = super::gemv(x, w, b, act)? {
+            return Ok(Some(y));
+        }
+        if let Some(y) = super::skinny_linear(x, w, b, act)? {
             return Ok(Some(y));
         }
     }

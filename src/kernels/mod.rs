@@ -69,7 +69,7 @@ pub use oneshot::{
 #[cfg(feature = "cuda")]
 pub use oneshot::{pair_add_in_place, pair_signal, pair_wait};
 pub use residual::{residual_add, residual_add_dropped, residual_add_then_drop};
-pub use skinny::skinny;
+pub use skinny::{skinny, skinny_fp8, skinny_linear, MAX_ROWS as SKINNY_MAX_ROWS};
 
 /// The fused paths `--fused` switches (each on by default on CUDA but `step`, which is opt-in).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -124,6 +124,12 @@ pub enum Fused {
     /// each tile of the head read once, where the vocabulary is no multiple of 8 (GPT-2's;
     /// cuBLAS falls back to a slow kernel there).
     Skinny,
+    /// Inference at 5–16 rows (decode steps of a batch): nn.Linear projections (BLOOM's;
+    /// GPT-2's once the engine lays them out so), bf16 / f16 or fp8 weights, and the fp8 LM
+    /// head, on the tensor cores with the bias and GELU in the kernel (the LM head's kernel,
+    /// software-pipelined), instead of cuBLASLt's small-M kernels (bf16 / f16) or a weight
+    /// turned back into bf16 a step (fp8).
+    SkinnyProj,
     /// Tensor parallelism on GPUs of one host: sums of at most 512 KiB (a decode step's) as
     /// one kernel that writes each rank's values into the others' memory over NVLink (CUDA
     /// IPC) instead of NCCL's all-reduce, whose latency floor is ≈ 18 µs.
@@ -195,6 +201,7 @@ const ADAMW_COPIES: u32 = 1 << 21;
 const LN_RESIDUAL: u32 = 1 << 22;
 const FLASH_DQ: u32 = 1 << 23;
 const STEP: u32 = 1 << 24;
+const SKINNY_PROJ: u32 = 1 << 25;
 const ALL: u32 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -218,7 +225,8 @@ const ALL: u32 = LT
     | PUSH_SUM
     | ADAMW_COPIES
     | LN_RESIDUAL
-    | FLASH_DQ;
+    | FLASH_DQ
+    | SKINNY_PROJ;
 
 static ENABLED: AtomicU32 = AtomicU32::new(ALL);
 
@@ -241,6 +249,7 @@ fn bit(f: Fused) -> u32 {
         Fused::Residual => RESIDUAL,
         Fused::Gemv => GEMV,
         Fused::Skinny => SKINNY,
+        Fused::SkinnyProj => SKINNY_PROJ,
         Fused::Oneshot => ONESHOT,
         Fused::SplitHead => SPLIT_HEAD,
         Fused::SumNorm => SUM_NORM,
@@ -289,6 +298,7 @@ pub fn describe() -> String {
         (RESIDUAL, "residual"),
         (GEMV, "gemv"),
         (SKINNY, "skinny"),
+        (SKINNY_PROJ, "skinny-proj"),
         (ONESHOT, "oneshot"),
         (SPLIT_HEAD, "split-head"),
         (SUM_NORM, "sum-norm"),

@@ -1,20 +1,32 @@
-// A decode step's LM head at 1-16 rows on tensor cores (#20), launched by skinny.rs ("skinny"
-// GEMM: M far smaller than N and K): logits = x Wᵀ for W (V, C) in nn.Linear's layout. Where V is
-// no multiple of 8 (GPT-2's 50257) cuBLAS falls back to an sm75 kernel that reads W at 0.8 TB/s
-// (docs/perf-notes.md); one mma.sync m16n8k16 takes all 16 rows of x against an 8-column W
-// tile, so W is read once, in 16-byte vectors.
+// Decode projections and LM heads at 1-16 rows on tensor cores, launched by skinny.rs ("skinny"
+// GEMM: M far smaller than N and K): y = act(x Wᵀ + b) for W (N, K) in nn.Linear's layout, its
+// elements bf16 / f16 like x, or E4M3 with one f32 scale and bias a row (fp8.cu's weights:
+// y = act(scale[n] · x q[n]ᵀ + bias[n])). One mma.sync m16n8k16 takes all 16 rows of x against
+// an 8-column W tile, so W is read once, in 16-byte vectors.
 //
-// Shapes: x (M, K), W (N, K), y (M, N), contiguous; M <= 16; K % 32 == 0; any N (rows of W past
-// N read as zeros). Block: WARPS warps, one COLS-column tile of y; warp w takes every WARPS-th
-// 32-wide slice of K; their sums meet in shared memory.
+// Shapes: x (M, K), W (N, K), y (M, N), contiguous; M <= 16; K a multiple of the slice (32
+// elements, 64 for E4M3); any N (rows of W past N read as zeros). Block: WARPS warps, one
+// COLS = 8 NT column tile of y; warp w takes every WARPS-th slice of K, U slices a round, and
+// issues the next round's loads before this round's mmas (a kernel that waited for each round
+// lost to cuBLAS at these sizes: docs/perf-notes.md); the warps' sums meet in shared memory.
+// NT 1 spreads a 1024-wide output over 128 blocks; NT 2 halves the x a W byte brings.
 //
 // The order of k inside a slice is free (a dot product), and is chosen so that every operand is
-// one 16-byte load a lane: lane (g, t) = (lane / 4, lane % 4) holds elements 8t..8t+7 of its
-// x rows (g, g + 8) and of its W row, and mma j (0, 1) takes elements 4j..4j+3 of them as the
-// fragment's k = 2t, 2t+1 (4j, 4j+1) and 2t+8, 2t+9 (4j+2, 4j+3).
+// one 16-byte load a lane: lane (g, t) = (lane / 4, lane % 4) holds elements E t .. E t + E - 1
+// of its x rows (g, g + 8) and of its W row (E = 8, or 16 for E4M3), and mma j takes elements
+// 4j..4j+3 of them as the fragment's k = 2t, 2t+1 (4j, 4j+1) and 2t+8, 2t+9 (4j+2, 4j+3).
 #include "common.cuh"
+#include <cuda_fp8.h>
 
-constexpr int WARPS = 8, U = 4, NT = 2, COLS = 8 * NT;  // U: slices a warp loads before its mmas
+constexpr int WARPS = 8;
+
+struct Words { uint32_t w[4]; };  // a 16-byte vector as four pairs of 16-bit elements
+
+// W is read once: streamed past L1, which keeps x.
+__device__ __forceinline__ Words stream(const Words* p) {
+  const uint4 v = __ldcs((const uint4*)p);
+  return {{v.x, v.y, v.z, v.w}};
+}
 
 template <typename T> __device__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1);
 template <>
@@ -30,44 +42,89 @@ __device__ __forceinline__ void mma<__half>(float* c, const uint32_t* a, uint32_
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-struct Words { uint32_t w[4]; };  // a 16-byte vector as four pairs of 16-bit elements
+// Two E4M3 values (the low byte first) as a pair of T, exactly: E4M3 fits f16 and bf16.
+template <typename T> __device__ uint32_t pair_of(uint32_t two);
+template <> __device__ __forceinline__ uint32_t pair_of<__half>(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
+  return (uint32_t)h.x | ((uint32_t)h.y << 16);
+}
+template <> __device__ __forceinline__ uint32_t pair_of<__nv_bfloat16>(uint32_t two) {
+  const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3)));
+  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+  return *(const uint32_t*)&b;
+}
 
-template <typename T>
-__device__ void skinny(const T* x, const T* w, T* y, int m, int n, int k) {
+// One round's operands of a lane: U slices of its two x rows (XW vectors a slice: 1, or 2 for
+// E4M3 weights) and of its NT W rows (a vector a slice).
+template <int NT, int XW, int U> struct Round { Words xa[U][XW], xb[U][XW], w[U][NT]; };
+
+// Loads round s0 (slices s0, s0 + WARPS, ...); zeros past K, M and N.
+template <int NT, int XW, int U>
+__device__ __forceinline__ void load(Round<NT, XW, U>& r, const Words* x, const Words* w, int s0, int slices, int m, int n,
+                                     int xv, int wv) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, n0 = blockIdx.x * 8 * NT;
+  const Words zero = {{0, 0, 0, 0}};
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    const int s = s0 + u * WARPS;
+    const bool live = s < slices;
+#pragma unroll
+    for (int v = 0; v < XW; v++) {  // x row g, vectors (slice s, lane t)
+      const long at = (long)s * 4 * XW + t * XW + v;
+      r.xa[u][v] = live && g < m ? x[(long)g * xv + at] : zero;
+      r.xb[u][v] = live && g + 8 < m ? x[(long)(g + 8) * xv + at] : zero;
+    }
+#pragma unroll
+    for (int i = 0; i < NT; i++) {  // W row n0 + 8i + g, vector (slice s, lane t)
+      const int col = n0 + 8 * i + g;
+      r.w[u][i] = live && col < n ? stream(&w[(long)col * wv + s * 4 + t]) : zero;
+    }
+  }
+}
+
+template <typename T, int NT, int XW, int U>
+__device__ __forceinline__ void multiply(float (*c)[4], const Round<NT, XW, U>& r, int s0, int slices) {
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    if (s0 + u * WARPS >= slices) break;  // the same for the whole warp
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+      uint32_t b[4 * XW];  // W's pairs, in element order
+#pragma unroll
+      for (int p = 0; p < 4 * XW; p++) {
+        if constexpr (XW == 2) b[p] = pair_of<T>(r.w[u][i].w[p / 2] >> (16 * (p % 2)));
+        else b[p] = r.w[u][i].w[p];
+      }
+#pragma unroll
+      for (int j = 0; j < 2 * XW; j++) {
+        const int v = j / 2, q = 2 * (j % 2);
+        const uint32_t a[4] = {r.xa[u][v].w[q], r.xb[u][v].w[q], r.xa[u][v].w[q + 1], r.xb[u][v].w[q + 1]};
+        mma<T>(c[i], a, b[2 * j], b[2 * j + 1]);
+      }
+    }
+  }
+}
+
+// y = act(scale · x Wᵀ + bias): sb[n] = (scale, bias) for E4M3, else (1, b[n] or 0).
+template <typename T, typename W, int NT>
+__device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, T* y, int m, int n, int k, int act) {
+  constexpr bool FP8 = sizeof(W) == 1;
+  constexpr int XW = FP8 ? 2 : 1, U = FP8 ? 2 : 4, COLS = 8 * NT;  // U: the same x bytes a round
   __shared__ float part[WARPS][16][COLS];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int n0 = blockIdx.x * COLS, slices = k / 32;
-  const Words zero = {{0, 0, 0, 0}};
+  const int n0 = blockIdx.x * COLS, slices = k / (32 * XW);
+  const int xv = k * (int)sizeof(T) / 16, wv = k * (int)sizeof(W) / 16;  // vectors a row
   float c[NT][4];
 #pragma unroll
   for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.f;
-  const Words* xa = (const Words*)(x + (long)g * k) + t;        // row g, elements 8t.. of slice 0
-  const Words* xb = (const Words*)(x + (long)(g + 8) * k) + t;  // row g + 8
+  const Words *xw = (const Words*)x, *ww = (const Words*)w;
+  Round<NT, XW, U> cur;
+  load(cur, xw, ww, warp, slices, m, n, xv, wv);
   for (int s0 = warp; s0 < slices; s0 += WARPS * U) {
-    Words va[U], vb[U], wv[U][NT];
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int s = s0 + u * WARPS;
-      const bool live = s < slices;
-      va[u] = live && g < m ? xa[s * 4] : zero;
-      vb[u] = live && g + 8 < m ? xb[s * 4] : zero;
-#pragma unroll
-      for (int i = 0; i < NT; i++) {  // W row n0 + 8i + g, elements 32s + 8t..
-        const int col = n0 + 8 * i + g;
-        wv[u][i] = live && col < n ? *((const Words*)(w + (long)col * k + s * 32) + t) : zero;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      if (s0 + u * WARPS >= slices) break;  // the same for the whole warp
-#pragma unroll
-      for (int i = 0; i < NT; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-          const uint32_t a[4] = {va[u].w[2 * j], vb[u].w[2 * j], va[u].w[2 * j + 1], vb[u].w[2 * j + 1]};
-          mma<T>(c[i], a, wv[u][i].w[2 * j], wv[u][i].w[2 * j + 1]);
-        }
-    }
+    Round<NT, XW, U> next;
+    load(next, xw, ww, s0 + WARPS * U, slices, m, n, xv, wv);
+    multiply<T>(c, cur, s0, slices);
+    cur = next;
   }
   // Accumulator of lane (g, t): rows g and g + 8, columns 2t and 2t + 1 of each tile.
 #pragma unroll
@@ -84,14 +141,24 @@ __device__ void skinny(const T* x, const T* w, T* y, int m, int n, int k) {
     float v = 0.f;
 #pragma unroll
     for (int s = 0; s < WARPS; s++) v += part[s][r][e % COLS];
+    const float2 f = FP8 ? sb[col] : make_float2(1.f, b ? to_f(b[col]) : 0.f);
+    v = v * f.x + f.y;
+    if (act == 1) v = gelu_tanh(v);
     y[(long)r * n + col] = from_f<T>(v);
   }
 }
 
-#define SKINNY(T, S)                                                                                   \
-  extern "C" __global__ void __launch_bounds__(32 * WARPS) tb_skinny_##S(const T* x, const T* w, T* y, \
-                                                                        int m, int n, int k) {       \
-    skinny<T>(x, w, y, m, n, k);                                                                       \
+// b: the bias (N,), or null; act: 0 none, 1 GELU (tanh approximation).
+#define SKINNY(T, S, NT)                                                                               \
+  extern "C" __global__ void __launch_bounds__(32 * WARPS)                                             \
+      tb_skinny##NT##_##S(const T* x, const T* w, const T* b, T* y, int m, int n, int k, int act) {    \
+    skinny<T, T, NT>(x, w, b, nullptr, y, m, n, k, act);                                               \
+  }                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(32 * WARPS) tb_skinny_fp8_##NT##_##S(                   \
+      const T* x, const uint8_t* q, const float2* sb, T* y, int m, int n, int k, int act) {            \
+    skinny<T, uint8_t, NT>(x, q, nullptr, sb, y, m, n, k, act);                                        \
   }
-SKINNY(__nv_bfloat16, bf16)
-SKINNY(__half, f16)
+SKINNY(__nv_bfloat16, bf16, 1)
+SKINNY(__nv_bfloat16, bf16, 2)
+SKINNY(__half, f16, 1)
+SKINNY(__half, f16, 2)

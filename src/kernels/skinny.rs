@@ -1,53 +1,137 @@
-//! A decode step's LM head at 1–16 rows on tensor cores (`--fused skinny`; kernel in
-//! skinny.cu): logits = x Wᵀ in one launch that reads W (V, C) once in 16-byte vectors. For a
-//! vocabulary that is no multiple of 8 (GPT-2's 50257) cuBLAS falls back to a kernel reading the
-//! head at 0.8 TB/s (docs/perf-notes.md); elsewhere cuBLAS is faster and keeps it.
-//! Shapes: x (M, C), W (V, C) -> (M, V); bf16 or f16.
+//! Decode steps' products at 1–16 rows on tensor cores (kernel in skinny.cu): act(x Wᵀ + b) in
+//! one launch that reads W (N, K) once in 16-byte vectors, its loads a round ahead of its
+//! mmas. The LM head where the vocabulary is no multiple of 8 (`--fused skinny`: GPT-2's 50257,
+//! where cuBLAS falls back to a kernel reading the head at 0.8 TB/s); the projections at 5–16
+//! rows, bf16 / f16 or fp8 weights, and the fp8 head (`--fused skinny-proj`: cuBLASLt's
+//! small-M kernels, or an fp8 weight turned back into bf16 every step, otherwise).
+//! Shapes: x (M, K), W (N, K) -> (M, N); bf16 or f16 x.
 
-use super::{enabled, Fused};
+use super::{enabled, Act, Fused};
 use candle_core::{Result, Tensor};
 
 /// Rows this kernel takes: the M of one m16n8k16 tensor-core tile.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub const MAX_ROWS: usize = 16;
 
-/// x Wᵀ for W (V, C) and at most [`MAX_ROWS`] rows, inference only (no backward); None where it
-/// does not apply (CPU, switched off, a tensor tracked by autograd, more rows, fp32, C not a
-/// multiple of 32, operands that are not contiguous from 16-byte boundaries).
+/// x Wᵀ for an LM head W (V, C) and at most [`MAX_ROWS`] rows, inference only (no backward);
+/// None where it does not apply (CPU, `skinny` off, a tensor tracked by autograd, more rows,
+/// fp32, C not a multiple of 32, operands that are not contiguous from 16-byte boundaries).
 pub fn skinny(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     if !enabled(Fused::Skinny) || x.track_op() || w.track_op() {
         return Ok(None);
     }
-    imp::skinny(x, w)
+    imp::skinny(x, w, None, Act::None)
+}
+
+/// act(x Wᵀ + b) for a projection W (out, in) at most [`MAX_ROWS`] rows, inference only; None
+/// where it does not apply (as [`skinny`], `skinny-proj` off, an activation other than none /
+/// tanh-GELU).
+pub fn skinny_linear(x: &Tensor, w: &Tensor, b: &Tensor, act: Act) -> Result<Option<Tensor>> {
+    let tracked = x.track_op() || w.track_op() || b.track_op();
+    if !enabled(Fused::SkinnyProj) || tracked || !matches!(act, Act::None | Act::GeluTanh) {
+        return Ok(None);
+    }
+    imp::skinny(x, w, Some(b), act)
+}
+
+/// act(scale · x qᵀ + bias) for fp8 weights q (N, K) E4M3 with `sb` (N, 2) f32 (each row's
+/// scale and bias, [`super::quantize_fp8`]'s) at most [`MAX_ROWS`] rows of bf16 / f16 x; None
+/// where it does not apply (as [`skinny_linear`], K not a multiple of 64).
+pub fn skinny_fp8(x: &Tensor, q: &Tensor, sb: &Tensor, act: Act) -> Result<Option<Tensor>> {
+    if !enabled(Fused::SkinnyProj) || !matches!(act, Act::None | Act::GeluTanh) {
+        return Ok(None);
+    }
+    imp::skinny_fp8(x, q, sb, act)
 }
 
 #[cfg(not(feature = "cuda"))]
 mod imp {
+    use super::Act;
     use candle_core::{Result, Tensor};
 
-    pub fn skinny(_: &Tensor, _: &Tensor) -> Result<Option<Tensor>> {
+    pub fn skinny(_: &Tensor, _: &Tensor, _: Option<&Tensor>, _: Act) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+
+    pub fn skinny_fp8(_: &Tensor, _: &Tensor, _: &Tensor, _: Act) -> Result<Option<Tensor>> {
         Ok(None)
     }
 }
 
 #[cfg(feature = "cuda")]
 mod imp {
-    use super::MAX_ROWS;
+    use super::{Act, MAX_ROWS};
     use crate::kernels::launch::{
         aligned16, alloc, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx,
     };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
-    use candle_core::{CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+    use candle_core::{CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
+    use float8::F8E4M3;
 
     const PTX: Ptx = ptx!("skinny");
-    /// Warps a block and output columns a block (skinny.cu's WARPS and COLS).
+    /// Warps a block (skinny.cu's WARPS).
     const WARPS: u32 = 8;
-    const COLS: usize = 16;
 
-    struct Skinny;
+    /// 8-column tiles a block: two (16 columns, half the x a W byte brings) where that still
+    /// leaves at least 256 blocks, else one (a 1024-wide output over 128 blocks, not 64).
+    /// `TB_SKINNY_NT` (1 or 2) forces it: the sweep of results/h100x2/skinny-run3.
+    fn tiles(n: usize) -> usize {
+        static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+        let forced = FORCED.get_or_init(|| {
+            let v = std::env::var("TB_SKINNY_NT").ok()?.parse().ok()?;
+            (v == 1 || v == 2).then_some(v)
+        });
+        forced.unwrap_or(if n >= 256 * 16 { 2 } else { 1 })
+    }
 
-    impl CustomOp2 for Skinny {
+    fn config(n: usize, nt: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (n.div_ceil(8 * nt) as u32, 1, 1),
+            block_dim: (32 * WARPS, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// The launch shared by the 16-bit ops: `b` None for a head without bias.
+    fn run16(
+        x: (&CudaStorage, &Layout),
+        w: (&CudaStorage, &Layout),
+        b: Option<(&CudaStorage, &Layout)>,
+        act: Act,
+    ) -> Result<(CudaStorage, Shape)> {
+        let dev = x.0.device().clone();
+        let (m, k) = x.1.shape().dims2()?;
+        let n = w.1.shape().dims2()?.0;
+        let nt = tiles(n);
+        let func = match nt {
+            1 => kernel!(dev, PTX, "tb_skinny1", x.0.dtype())?,
+            _ => kernel!(dev, PTX, "tb_skinny2", x.0.dtype())?,
+        };
+        let (m_i, n_i, k_i, act) = (m as i32, n as i32, k as i32, act.code());
+        with_dtype!(x.0.dtype(), T => {
+            let (xv, wv) = (view::<T>(x.0, x.1)?, view::<T>(w.0, w.1)?);
+            let out = alloc::<T>(&dev, m * n)?;
+            let cfg = config(n, nt);
+            // SAFETY: x holds m·k and W n·k elements, contiguous from 16-byte boundaries, k a
+            // multiple of 32 (checked by `skinny`); b n elements or null; out holds m·n.
+            match b {
+                Some((bs, bl)) => {
+                    let bv = view::<T>(bs, bl)?;
+                    launch!(unsafe func, cfg; &xv, &wv, &bv, &out, &m_i, &n_i, &k_i, &act)?;
+                }
+                None => {
+                    launch!(unsafe func, cfg; &xv, &wv, &0u64, &out, &m_i, &n_i, &k_i, &act)?;
+                }
+            }
+            Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((m, n))))
+        })
+    }
+
+    /// An LM head: no bias, no activation.
+    struct Head;
+
+    impl CustomOp2 for Head {
         fn name(&self) -> &'static str {
             "tb-skinny"
         }
@@ -59,38 +143,108 @@ mod imp {
             w: &CudaStorage,
             wl: &Layout,
         ) -> Result<(CudaStorage, Shape)> {
+            run16((x, xl), (w, wl), None, Act::None)
+        }
+    }
+
+    struct Linear {
+        act: Act,
+    }
+
+    impl CustomOp3 for Linear {
+        fn name(&self) -> &'static str {
+            "tb-skinny-linear"
+        }
+        no_cpu_fwd!(CustomOp3);
+        fn cuda_fwd(
+            &self,
+            x: &CudaStorage,
+            xl: &Layout,
+            w: &CudaStorage,
+            wl: &Layout,
+            b: &CudaStorage,
+            bl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
+            run16((x, xl), (w, wl), Some((b, bl)), self.act)
+        }
+    }
+
+    struct Fp8 {
+        act: Act,
+    }
+
+    impl CustomOp3 for Fp8 {
+        fn name(&self) -> &'static str {
+            "tb-skinny-fp8"
+        }
+        no_cpu_fwd!(CustomOp3);
+        fn cuda_fwd(
+            &self,
+            x: &CudaStorage,
+            xl: &Layout,
+            q: &CudaStorage,
+            ql: &Layout,
+            sb: &CudaStorage,
+            sbl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
             let dev = x.device().clone();
             let (m, k) = xl.shape().dims2()?;
-            let n = wl.shape().dims2()?.0;
-            let func = kernel!(dev, PTX, "tb_skinny", x.dtype())?;
-            let (m_i, n_i, k_i) = (m as i32, n as i32, k as i32);
-            let cfg = LaunchConfig {
-                grid_dim: (n.div_ceil(COLS) as u32, 1, 1),
-                block_dim: (32 * WARPS, 1, 1),
-                shared_mem_bytes: 0,
+            let n = ql.shape().dims2()?.0;
+            let nt = tiles(n);
+            let func = match nt {
+                1 => kernel!(dev, PTX, "tb_skinny_fp8_1", x.dtype())?,
+                _ => kernel!(dev, PTX, "tb_skinny_fp8_2", x.dtype())?,
             };
+            let (m_i, n_i, k_i, act) = (m as i32, n as i32, k as i32, self.act.code());
+            let (qv, sbv) = (view::<F8E4M3>(q, ql)?, view::<f32>(sb, sbl)?);
             with_dtype!(x.dtype(), T => {
-                let (xv, wv) = (view::<T>(x, xl)?, view::<T>(w, wl)?);
+                let xv = view::<T>(x, xl)?;
                 let out = alloc::<T>(&dev, m * n)?;
-                // SAFETY: x holds m·k and W n·k elements, contiguous from 16-byte boundaries,
-                // k a multiple of 32 (checked by skinny); out holds m·n.
-                launch!(unsafe func, cfg; &xv, &wv, &out, &m_i, &n_i, &k_i)?;
+                // SAFETY: x holds m·k elements and q n·k bytes, contiguous from 16-byte
+                // boundaries, k a multiple of 64 (checked by `skinny_fp8`); sb holds n
+                // (scale, bias) pairs; out holds m·n.
+                launch!(unsafe func, config(n, nt); &xv, &qv, &sbv, &out, &m_i, &n_i, &k_i, &act)?;
                 Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((m, n))))
             })
         }
     }
 
-    pub fn skinny(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    /// Whether x (M, K) is bf16 / f16 on CUDA, at most [`MAX_ROWS`] rows, contiguous from a
+    /// 16-byte boundary.
+    fn takes(x: &Tensor) -> Result<bool> {
         let half = matches!(x.dtype(), DType::BF16 | DType::F16);
-        let ranks = x.rank() == 2 && w.rank() == 2;
-        if !x.device().is_cuda() || !half || !ranks || x.dim(0)? > MAX_ROWS {
+        let laid = x.rank() == 2 && x.is_contiguous() && aligned16(x);
+        Ok(x.device().is_cuda() && half && laid && x.dim(0)? <= MAX_ROWS)
+    }
+
+    pub fn skinny(x: &Tensor, w: &Tensor, b: Option<&Tensor>, act: Act) -> Result<Option<Tensor>> {
+        if !takes(x)? || w.rank() != 2 {
             return Ok(None);
         }
-        let k = x.dim(1)?;
-        let laid = x.is_contiguous() && w.is_contiguous() && aligned16(x) && aligned16(w);
-        if w.dim(1)? != k || !k.is_multiple_of(32) || w.dtype() != x.dtype() || !laid {
+        let (k, (n, wk)) = (x.dim(1)?, w.dims2()?);
+        let laid = w.is_contiguous() && aligned16(w) && w.dtype() == x.dtype();
+        if wk != k || !k.is_multiple_of(32) || !laid {
             return Ok(None);
         }
-        Ok(Some(x.apply_op2_no_bwd(w, &Skinny)?))
+        match b {
+            None => Ok(Some(x.apply_op2_no_bwd(w, &Head)?)),
+            Some(b) if b.dims() == [n] && b.dtype() == x.dtype() && b.is_contiguous() => {
+                Ok(Some(x.apply_op3_no_bwd(w, b, &Linear { act })?))
+            }
+            Some(_) => Ok(None),
+        }
+    }
+
+    pub fn skinny_fp8(x: &Tensor, q: &Tensor, sb: &Tensor, act: Act) -> Result<Option<Tensor>> {
+        if !takes(x)? || q.rank() != 2 {
+            return Ok(None);
+        }
+        let (k, (n, qk)) = (x.dim(1)?, q.dims2()?);
+        let laid = q.is_contiguous() && aligned16(q) && sb.is_contiguous();
+        let typed = q.dtype() == DType::F8E4M3 && sb.dtype() == DType::F32 && sb.dims() == [n, 2];
+        if qk != k || !k.is_multiple_of(64) || !laid || !typed {
+            return Ok(None);
+        }
+        Ok(Some(x.apply_op3_no_bwd(q, sb, &Fp8 { act })?))
     }
 }

@@ -64,9 +64,13 @@ impl Fp8Weight {
     }
 
     /// act(x Wᵀ + b), x (M, K), by the fp8 GEMV where it applies (1–4 rows of bf16 / f16 on
-    /// CUDA); None elsewhere, where the caller multiplies [`Fp8Weight::dequantize`].
+    /// CUDA), else by the tensor-core kernel (5–16 rows); None elsewhere, where the caller
+    /// multiplies [`Fp8Weight::dequantize`].
     pub fn gemv(&self, x: &Tensor, act: Act) -> Result<Option<Tensor>> {
-        kernels::gemv_fp8(x, &self.q, &self.sb, act)
+        if let Some(y) = kernels::gemv_fp8(x, &self.q, &self.sb, act)? {
+            return Ok(Some(y));
+        }
+        kernels::skinny_fp8(x, &self.q, &self.sb, act)
     }
 
     /// Bytes the weight holds (values and the (scale, bias) pairs).

@@ -467,8 +467,8 @@ pub fn lm_head(hidden: &Tensor, head: &Tensor) -> candle_core::Result<Tensor> {
     hidden.matmul(&head.t()?) // (N, C) @ (C, V)
 }
 
-/// [`lm_head`] against an fp8 head (V, C): the fp8 GEMV at 1–4 rows, else the head turned back
-/// into the hidden states' dtype.
+/// [`lm_head`] against an fp8 head (V, C): the fp8 GEMV at 1–4 rows, the tensor-core kernel at
+/// 5–16, else the head turned back into the hidden states' dtype.
 pub fn fp8_lm_head(hidden: &Tensor, head: &Fp8Weight) -> candle_core::Result<Tensor> {
     if let Some(y) = head.gemv(hidden, Act::None)? {
         return Ok(y);

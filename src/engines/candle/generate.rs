@@ -4,16 +4,18 @@
 use super::CandleEngine;
 use crate::engines::{Generate, GenerateRequest};
 use crate::error::Result;
-use crate::kernels::{enabled, Fused, GEMV_MAX_ROWS};
+use crate::kernels::{enabled, Fused, GEMV_MAX_ROWS, SKINNY_MAX_ROWS};
 use crate::models::generate::{generate_in, left_pad_to, Greedy};
 use crate::trackers::StepClock;
 
 impl CandleEngine {
     /// The weights laid out for decode steps of `rows` rows, once: where the decode GEMV
-    /// takes them (CUDA, `--fused gemv`, at most [`GEMV_MAX_ROWS`] rows).
+    /// takes them (CUDA, `--fused gemv`, at most [`GEMV_MAX_ROWS`] rows) or the tensor-core
+    /// kernel (`--fused skinny-proj`, at most [`SKINNY_MAX_ROWS`]).
     fn lay_out_for_decode(&mut self, rows: usize) -> Result<()> {
-        let gemv = self.device.is_cuda() && enabled(Fused::Gemv) && rows <= GEMV_MAX_ROWS;
-        if gemv && !self.laid_out_for_decode {
+        let gemv = enabled(Fused::Gemv) && rows <= GEMV_MAX_ROWS;
+        let skinny = enabled(Fused::SkinnyProj) && rows <= SKINNY_MAX_ROWS;
+        if self.device.is_cuda() && (gemv || skinny) && !self.laid_out_for_decode {
             self.model.prepare_decode()?;
             self.laid_out_for_decode = true;
         }
