@@ -69,7 +69,7 @@ fn gemv_matches_the_f32_projection() {
 /// The tensor-core projections (`skinny-proj`, 1–16 rows, bias and tanh-GELU) against the f32
 /// product, in bf16 and f16: BLOOM's and GPT-2's decode shapes, one and two 8-column tiles a
 /// block (N below and from 4096), partial tiles, a K of one slice, and through `linear`'s
-/// dispatch at 5–16 rows.
+/// dispatch at 5–16 rows; bloom-7b1's weights stay cuBLASLt's ([`SKINNY_MAX_WEIGHT`]).
 #[test]
 fn skinny_linear_matches_the_f32_projection() {
     let (dev, _one_at_a_time) = gpu();
@@ -107,7 +107,8 @@ fn skinny_linear_matches_the_f32_projection() {
             }
         }
     }
-    // Seventeen rows, a K off the 32-wide slices and erf-GELU are cuBLASLt's.
+    // Seventeen rows, a K off the 32-wide slices, erf-GELU and a weight of more than
+    // MAX_WEIGHT elements are cuBLASLt's.
     let bf = |dims: &[usize]| randn(dims, &dev).to_dtype(DType::BF16).unwrap();
     let none = |x: &Tensor, w: &Tensor, act| {
         let b = bf(&[w.dim(0).unwrap()]);
@@ -116,6 +117,7 @@ fn skinny_linear_matches_the_f32_projection() {
     assert!(none(&bf(&[17, 64]), &bf(&[40, 64]), Act::None));
     assert!(none(&bf(&[8, 48]), &bf(&[40, 48]), Act::None));
     assert!(none(&bf(&[8, 64]), &bf(&[40, 64]), Act::GeluErf));
+    assert!(none(&bf(&[8, 4096]), &bf(&[2049, 4096]), Act::None));
 }
 
 /// The tensor-core LM head against the f32 product: 1–16 rows, bf16 and f16, GPT-2's head

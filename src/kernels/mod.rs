@@ -69,7 +69,9 @@ pub use oneshot::{
 #[cfg(feature = "cuda")]
 pub use oneshot::{pair_add_in_place, pair_signal, pair_wait};
 pub use residual::{residual_add, residual_add_dropped, residual_add_then_drop};
-pub use skinny::{skinny, skinny_fp8, skinny_linear, MAX_ROWS as SKINNY_MAX_ROWS};
+pub use skinny::{
+    skinny, skinny_fp8, skinny_linear, MAX_ROWS as SKINNY_MAX_ROWS, MAX_WEIGHT as SKINNY_MAX_WEIGHT,
+};
 
 /// The fused paths `--fused` switches (each on by default on CUDA but `step`, which is opt-in).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -125,10 +127,10 @@ pub enum Fused {
     /// cuBLAS falls back to a slow kernel there).
     Skinny,
     /// Inference at 5–16 rows (decode steps of a batch): nn.Linear projections (BLOOM's;
-    /// GPT-2's once the engine lays them out so), bf16 / f16 or fp8 weights, and the fp8 LM
-    /// head, on the tensor cores with the bias and GELU in the kernel (the LM head's kernel,
-    /// software-pipelined), instead of cuBLASLt's small-M kernels (bf16 / f16) or a weight
-    /// turned back into bf16 a step (fp8).
+    /// GPT-2's once the engine lays them out so) with bf16 / f16 weights of at most 16 MB, fp8
+    /// projections and the fp8 LM head, on the tensor cores with the bias and GELU in the
+    /// kernel, instead of cuBLASLt's small-M kernels (bf16 / f16) or a weight turned back into
+    /// bf16 every step (fp8).
     SkinnyProj,
     /// Tensor parallelism on GPUs of one host: sums of at most 512 KiB (a decode step's) as
     /// one kernel that writes each rank's values into the others' memory over NVLink (CUDA

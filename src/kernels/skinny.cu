@@ -6,9 +6,12 @@
 //
 // Shapes: x (M, K), W (N, K), y (M, N), contiguous; M <= 16; K a multiple of the slice (32
 // elements, 64 for E4M3); any N (rows of W past N read as zeros). Block: WARPS warps, one
-// COLS = 8 NT column tile of y; warp w takes every WARPS-th slice of K, U slices a round, and
-// issues the next round's loads before this round's mmas (a kernel that waited for each round
-// lost to cuBLAS at these sizes: docs/perf-notes.md); the warps' sums meet in shared memory.
+// COLS = 8 NT column tile of y; warp w takes every WARPS-th slice of K, U slices a round; the
+// warps' sums meet in shared memory. Projections (PIPE): two slices a round (one of E4M3), the
+// next round's loads issued before this round's mmas; LM heads: four slices a round, each
+// round loaded then multiplied. The six shapes swept (results/h100x2/skinny-run4) gave these:
+// the pipelined rounds of four needed 117-156 registers a thread and lost everywhere; rounds of
+// two pipelined were the fastest projections, the head's four-slice rounds the fastest head.
 // NT 1 spreads a 1024-wide output over 128 blocks; NT 2 halves the x a W byte brings.
 //
 // The order of k inside a slice is free (a dot product), and is chosen so that every operand is
@@ -106,10 +109,11 @@ __device__ __forceinline__ void multiply(float (*c)[4], const Round<NT, XW, U>& 
 }
 
 // y = act(scale · x Wᵀ + bias): sb[n] = (scale, bias) for E4M3, else (1, b[n] or 0).
-template <typename T, typename W, int NT>
+// U16: slices a round of 16-bit W (half as many of E4M3: the same x bytes a round).
+template <typename T, typename W, int NT, int U16, bool PIPE>
 __device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, T* y, int m, int n, int k, int act) {
   constexpr bool FP8 = sizeof(W) == 1;
-  constexpr int XW = FP8 ? 2 : 1, U = FP8 ? 2 : 4, COLS = 8 * NT;  // U: the same x bytes a round
+  constexpr int XW = FP8 ? 2 : 1, U = FP8 ? (U16 + 1) / 2 : U16, COLS = 8 * NT;
   __shared__ float part[WARPS][16][COLS];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int n0 = blockIdx.x * COLS, slices = k / (32 * XW);
@@ -118,13 +122,21 @@ __device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, T* 
 #pragma unroll
   for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.f;
   const Words *xw = (const Words*)x, *ww = (const Words*)w;
-  Round<NT, XW, U> cur;
-  load(cur, xw, ww, warp, slices, m, n, xv, wv);
-  for (int s0 = warp; s0 < slices; s0 += WARPS * U) {
-    Round<NT, XW, U> next;
-    load(next, xw, ww, s0 + WARPS * U, slices, m, n, xv, wv);
-    multiply<T>(c, cur, s0, slices);
-    cur = next;
+  if constexpr (PIPE) {
+    Round<NT, XW, U> cur;
+    load(cur, xw, ww, warp, slices, m, n, xv, wv);
+    for (int s0 = warp; s0 < slices; s0 += WARPS * U) {
+      Round<NT, XW, U> next;
+      load(next, xw, ww, s0 + WARPS * U, slices, m, n, xv, wv);
+      multiply<T>(c, cur, s0, slices);
+      cur = next;
+    }
+  } else {
+    for (int s0 = warp; s0 < slices; s0 += WARPS * U) {
+      Round<NT, XW, U> cur;
+      load(cur, xw, ww, s0, slices, m, n, xv, wv);
+      multiply<T>(c, cur, s0, slices);
+    }
   }
   // Accumulator of lane (g, t): rows g and g + 8, columns 2t and 2t + 1 of each tile.
 #pragma unroll
@@ -152,13 +164,20 @@ __device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, T* 
 #define SKINNY(T, S, NT)                                                                               \
   extern "C" __global__ void __launch_bounds__(32 * WARPS)                                             \
       tb_skinny##NT##_##S(const T* x, const T* w, const T* b, T* y, int m, int n, int k, int act) {    \
-    skinny<T, T, NT>(x, w, b, nullptr, y, m, n, k, act);                                               \
+    skinny<T, T, NT, 2, true>(x, w, b, nullptr, y, m, n, k, act);                                      \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(32 * WARPS) tb_skinny_fp8_##NT##_##S(                   \
       const T* x, const uint8_t* q, const float2* sb, T* y, int m, int n, int k, int act) {            \
-    skinny<T, uint8_t, NT>(x, q, nullptr, sb, y, m, n, k, act);                                        \
+    skinny<T, uint8_t, NT, 2, true>(x, q, nullptr, sb, y, m, n, k, act);                               \
+  }
+#define SKINNY_HEAD(T, S)                                                                              \
+  extern "C" __global__ void __launch_bounds__(32 * WARPS) tb_skinny_head_##S(const T* x, const T* w, T* y, \
+                                                                             int m, int n, int k) {    \
+    skinny<T, T, 2, 4, false>(x, w, nullptr, nullptr, y, m, n, k, 0);                                  \
   }
 SKINNY(__nv_bfloat16, bf16, 1)
 SKINNY(__nv_bfloat16, bf16, 2)
 SKINNY(__half, f16, 1)
 SKINNY(__half, f16, 2)
+SKINNY_HEAD(__nv_bfloat16, bf16)
+SKINNY_HEAD(__half, f16)

@@ -1,9 +1,10 @@
 //! Decode steps' products at 1–16 rows on tensor cores (kernel in skinny.cu): act(x Wᵀ + b) in
-//! one launch that reads W (N, K) once in 16-byte vectors, its loads a round ahead of its
-//! mmas. The LM head where the vocabulary is no multiple of 8 (`--fused skinny`: GPT-2's 50257,
-//! where cuBLAS falls back to a kernel reading the head at 0.8 TB/s); the projections at 5–16
-//! rows, bf16 / f16 or fp8 weights, and the fp8 head (`--fused skinny-proj`: cuBLASLt's
-//! small-M kernels, or an fp8 weight turned back into bf16 every step, otherwise).
+//! one launch that reads W (N, K) once in 16-byte vectors. The LM head where the vocabulary is
+//! no multiple of 8 (`--fused skinny`: GPT-2's 50257, where cuBLAS falls back to a kernel
+//! reading the head at 0.8 TB/s); the projections at 5–16 rows with bf16 / f16 weights of at
+//! most [`MAX_WEIGHT`] elements, and fp8 projections and heads of any size (`--fused
+//! skinny-proj`: cuBLASLt's small-M kernels, or an fp8 weight turned back into bf16 every step,
+//! otherwise).
 //! Shapes: x (M, K), W (N, K) -> (M, N); bf16 or f16 x.
 
 use super::{enabled, Act, Fused};
@@ -12,6 +13,12 @@ use candle_core::{Result, Tensor};
 /// Rows this kernel takes: the M of one m16n8k16 tensor-core tile.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub const MAX_ROWS: usize = 16;
+
+/// The largest bf16 / f16 projection weight (N·K elements, 16 MB) the kernel takes: GPT-2's and
+/// bloom-560m's (at most 4096 × 1024) were faster than cuBLASLt, bloom-7b1's (4096 × 4096 and
+/// up) slower, 6.40 → 6.77 ms a step (results/h100x2/skinny-run4).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub const MAX_WEIGHT: usize = 8 << 20;
 
 /// x Wᵀ for an LM head W (V, C) and at most [`MAX_ROWS`] rows, inference only (no backward);
 /// None where it does not apply (CPU, `skinny` off, a tensor tracked by autograd, more rows,
@@ -24,8 +31,8 @@ pub fn skinny(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
 }
 
 /// act(x Wᵀ + b) for a projection W (out, in) at most [`MAX_ROWS`] rows, inference only; None
-/// where it does not apply (as [`skinny`], `skinny-proj` off, an activation other than none /
-/// tanh-GELU).
+/// where it does not apply (as [`skinny`], `skinny-proj` off, a weight of more than
+/// [`MAX_WEIGHT`] elements, an activation other than none / tanh-GELU).
 pub fn skinny_linear(x: &Tensor, w: &Tensor, b: &Tensor, act: Act) -> Result<Option<Tensor>> {
     let tracked = x.track_op() || w.track_op() || b.track_op();
     if !enabled(Fused::SkinnyProj) || tracked || !matches!(act, Act::None | Act::GeluTanh) {
@@ -60,7 +67,7 @@ mod imp {
 
 #[cfg(feature = "cuda")]
 mod imp {
-    use super::{Act, MAX_ROWS};
+    use super::{Act, MAX_ROWS, MAX_WEIGHT};
     use crate::kernels::launch::{
         aligned16, alloc, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx,
     };
@@ -70,19 +77,18 @@ mod imp {
     use float8::F8E4M3;
 
     const PTX: Ptx = ptx!("skinny");
+
     /// Warps a block (skinny.cu's WARPS).
     const WARPS: u32 = 8;
 
-    /// 8-column tiles a block: two (16 columns, half the x a W byte brings) where that still
-    /// leaves at least 256 blocks, else one (a 1024-wide output over 128 blocks, not 64).
-    /// `TB_SKINNY_NT` (1 or 2) forces it: the sweep of results/h100x2/skinny-run3.
+    /// 8-column tiles a block: two (16 columns, half the x a W byte brings) from 4096 columns,
+    /// else one (a 1024-wide output over 128 blocks, not 64). LM heads: two.
     fn tiles(n: usize) -> usize {
-        static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-        let forced = FORCED.get_or_init(|| {
-            let v = std::env::var("TB_SKINNY_NT").ok()?.parse().ok()?;
-            (v == 1 || v == 2).then_some(v)
-        });
-        forced.unwrap_or(if n >= 256 * 16 { 2 } else { 1 })
+        if n >= 4096 {
+            2
+        } else {
+            1
+        }
     }
 
     fn config(n: usize, nt: usize) -> LaunchConfig {
@@ -93,11 +99,11 @@ mod imp {
         }
     }
 
-    /// The launch shared by the 16-bit ops: `b` None for a head without bias.
-    fn run16(
+    /// A projection's launch: act(x Wᵀ + b).
+    fn linear(
         x: (&CudaStorage, &Layout),
         w: (&CudaStorage, &Layout),
-        b: Option<(&CudaStorage, &Layout)>,
+        b: (&CudaStorage, &Layout),
         act: Act,
     ) -> Result<(CudaStorage, Shape)> {
         let dev = x.0.device().clone();
@@ -110,20 +116,11 @@ mod imp {
         };
         let (m_i, n_i, k_i, act) = (m as i32, n as i32, k as i32, act.code());
         with_dtype!(x.0.dtype(), T => {
-            let (xv, wv) = (view::<T>(x.0, x.1)?, view::<T>(w.0, w.1)?);
+            let (xv, wv, bv) = (view::<T>(x.0, x.1)?, view::<T>(w.0, w.1)?, view::<T>(b.0, b.1)?);
             let out = alloc::<T>(&dev, m * n)?;
-            let cfg = config(n, nt);
-            // SAFETY: x holds m·k and W n·k elements, contiguous from 16-byte boundaries, k a
-            // multiple of 32 (checked by `skinny`); b n elements or null; out holds m·n.
-            match b {
-                Some((bs, bl)) => {
-                    let bv = view::<T>(bs, bl)?;
-                    launch!(unsafe func, cfg; &xv, &wv, &bv, &out, &m_i, &n_i, &k_i, &act)?;
-                }
-                None => {
-                    launch!(unsafe func, cfg; &xv, &wv, &0u64, &out, &m_i, &n_i, &k_i, &act)?;
-                }
-            }
+            // SAFETY: x holds m·k, W n·k and b n elements, contiguous from 16-byte boundaries, k
+            // a multiple of 32 (checked by `skinny`); out holds m·n.
+            launch!(unsafe func, config(n, nt); &xv, &wv, &bv, &out, &m_i, &n_i, &k_i, &act)?;
             Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((m, n))))
         })
     }
@@ -143,7 +140,19 @@ mod imp {
             w: &CudaStorage,
             wl: &Layout,
         ) -> Result<(CudaStorage, Shape)> {
-            run16((x, xl), (w, wl), None, Act::None)
+            let dev = x.device().clone();
+            let (m, k) = xl.shape().dims2()?;
+            let n = wl.shape().dims2()?.0;
+            let func = kernel!(dev, PTX, "tb_skinny_head", x.dtype())?;
+            let (m_i, n_i, k_i) = (m as i32, n as i32, k as i32);
+            with_dtype!(x.dtype(), T => {
+                let (xv, wv) = (view::<T>(x, xl)?, view::<T>(w, wl)?);
+                let out = alloc::<T>(&dev, m * n)?;
+                // SAFETY: x holds m·k and W n·k elements, contiguous from 16-byte boundaries, k
+                // a multiple of 32 (checked by `skinny`); out holds m·n.
+                launch!(unsafe func, config(n, 2); &xv, &wv, &out, &m_i, &n_i, &k_i)?;
+                Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((m, n))))
+            })
         }
     }
 
@@ -165,7 +174,7 @@ mod imp {
             b: &CudaStorage,
             bl: &Layout,
         ) -> Result<(CudaStorage, Shape)> {
-            run16((x, xl), (w, wl), Some((b, bl)), self.act)
+            linear((x, xl), (w, wl), (b, bl), self.act)
         }
     }
 
@@ -229,7 +238,10 @@ mod imp {
         match b {
             None => Ok(Some(x.apply_op2_no_bwd(w, &Head)?)),
             Some(b) if b.dims() == [n] && b.dtype() == x.dtype() && b.is_contiguous() => {
-                Ok(Some(x.apply_op3_no_bwd(w, b, &Linear { act })?))
+                let small = n * k <= MAX_WEIGHT;
+                Ok(small
+                    .then(|| x.apply_op3_no_bwd(w, b, &Linear { act }))
+                    .transpose()?)
             }
             Some(_) => Ok(None),
         }
