@@ -7,7 +7,7 @@ use crate::models::fp8::Fp8Weight;
 /// The fp8 GEMV (1–4 rows) and the tensor-core kernel (5–16 rows), bias and tanh-GELU, against
 /// the f32 product with the dequantized weight, in bf16 and f16, for BLOOM's and GPT-2's decode
 /// shapes; one row of K ≥ 4096 takes the eight-warp kernel, over several steps a lane at
-/// bloom-7b1's K = 16384, with a partial last block of columns (of 8 and of 16 at 5–16 rows).
+/// bloom-7b1's K = 16384, with a partial last block of columns (of 8 and of 32 at 5–16 rows).
 #[test]
 fn fp8_gemv_matches_the_dequantized_projection() {
     let (dev, _one_at_a_time) = gpu();

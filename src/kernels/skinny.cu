@@ -12,7 +12,9 @@
 // round loaded then multiplied. The six shapes swept (results/h100x2/skinny-run4) gave these:
 // the pipelined rounds of four needed 117-156 registers a thread and lost everywhere; rounds of
 // two pipelined were the fastest projections, the head's four-slice rounds the fastest head.
-// NT 1 spreads a 1024-wide output over 128 blocks; NT 2 halves the x a W byte brings.
+// NT 1 spreads a 1024-wide output over 128 blocks; from 4096 columns NT 4 brings a quarter of
+// the x a W byte brings at NT 1 (a lane's x loads are 2 / NT of its W bytes, 4 / NT for E4M3):
+// fp8 bloom-7b1 at 16 rows 5.80 -> 4.82 ms against NT 2 (results/h100x2/skinny-run5).
 //
 // The order of k inside a slice is free (a dot product), and is chosen so that every operand is
 // one 16-byte load a lane: lane (g, t) = (lane / 4, lane % 4) holds elements E t .. E t + E - 1
@@ -176,8 +178,8 @@ __device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, T* 
     skinny<T, T, 2, 4, false>(x, w, nullptr, nullptr, y, m, n, k, 0);                                  \
   }
 SKINNY(__nv_bfloat16, bf16, 1)
-SKINNY(__nv_bfloat16, bf16, 2)
+SKINNY(__nv_bfloat16, bf16, 4)
 SKINNY(__half, f16, 1)
-SKINNY(__half, f16, 2)
+SKINNY(__half, f16, 4)
 SKINNY_HEAD(__nv_bfloat16, bf16)
 SKINNY_HEAD(__half, f16)

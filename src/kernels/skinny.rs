@@ -16,7 +16,8 @@ pub const MAX_ROWS: usize = 16;
 
 /// The largest bf16 / f16 projection weight (N·K elements, 16 MB) the kernel takes: GPT-2's and
 /// bloom-560m's (at most 4096 × 1024) were faster than cuBLASLt, bloom-7b1's (4096 × 4096 and
-/// up) slower, 6.40 → 6.77 ms a step (results/h100x2/skinny-run4).
+/// up) slower at every tiling swept, 6.40 → 6.60–7.36 ms a step (results/h100x2/skinny-run4,
+/// skinny-run5).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub const MAX_WEIGHT: usize = 8 << 20;
 
@@ -81,11 +82,11 @@ mod imp {
     /// Warps a block (skinny.cu's WARPS).
     const WARPS: u32 = 8;
 
-    /// 8-column tiles a block: two (16 columns, half the x a W byte brings) from 4096 columns,
-    /// else one (a 1024-wide output over 128 blocks, not 64). LM heads: two.
+    /// 8-column tiles a block: four (32 columns, a quarter of the x a W byte brings at one)
+    /// from 4096 columns, else one (a 1024-wide output over 128 blocks, not 32). LM heads: two.
     fn tiles(n: usize) -> usize {
         if n >= 4096 {
-            2
+            4
         } else {
             1
         }
@@ -112,7 +113,7 @@ mod imp {
         let nt = tiles(n);
         let func = match nt {
             1 => kernel!(dev, PTX, "tb_skinny1", x.0.dtype())?,
-            _ => kernel!(dev, PTX, "tb_skinny2", x.0.dtype())?,
+            _ => kernel!(dev, PTX, "tb_skinny4", x.0.dtype())?,
         };
         let (m_i, n_i, k_i, act) = (m as i32, n as i32, k as i32, act.code());
         with_dtype!(x.0.dtype(), T => {
@@ -202,7 +203,7 @@ mod imp {
             let nt = tiles(n);
             let func = match nt {
                 1 => kernel!(dev, PTX, "tb_skinny_fp8_1", x.dtype())?,
-                _ => kernel!(dev, PTX, "tb_skinny_fp8_2", x.dtype())?,
+                _ => kernel!(dev, PTX, "tb_skinny_fp8_4", x.dtype())?,
             };
             let (m_i, n_i, k_i, act) = (m as i32, n as i32, k as i32, self.act.code());
             let (qv, sbv) = (view::<F8E4M3>(q, ql)?, view::<f32>(sb, sbl)?);
