@@ -85,8 +85,8 @@ fn fp8_dequantization_is_candles_cast_times_the_scale() {
 
 /// gpt2 and BLOOM at head sizes 64 / 128 (fp8's 16-byte rows) in bf16 with fp8 weights: the
 /// cached prefill and five decode steps on the fp8 GEMV against `--fused none` (the weights
-/// dequantized, candle's matmuls); then greedy ids of graph-replayed decoding against eager,
-/// at 2 rows (the GEMV) and 6 (the dequantized weights inside the graph).
+/// dequantized, candle's matmuls); then greedy ids of graph-replayed decoding against eager on
+/// the same kernels, at 2 rows (the fp8 GEMV) and 6 (the tensor-core kernel, `skinny-proj`).
 #[test]
 fn fp8_decoding_matches_the_dequantized_weights() {
     use crate::models::generate::{generate, left_pad, Greedy};
@@ -120,7 +120,13 @@ fn fp8_decoding_matches_the_dequantized_weights() {
             new_tokens: 8,
             banned: vec![],
         };
-        let eager = [Fused::Lt, Fused::LayerNorm, Fused::Decode, Fused::Gemv];
+        let eager = [
+            Fused::Lt,
+            Fused::LayerNorm,
+            Fused::Decode,
+            Fused::Gemv,
+            Fused::SkinnyProj,
+        ];
         for rows in [2usize, 6] {
             let prompts: Vec<Vec<u32>> = (0..rows as u32).map(|r| ids(9 + 5 * r)).collect();
             let prompts = left_pad(&prompts, 0, &gpu).unwrap();
