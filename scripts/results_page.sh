@@ -132,6 +132,12 @@ csvs() {
   part h5 -i $H/attn1/logs.tgz
   part h6 -i $H/gate-run23/ab-logs.tgz
   part h7 -i $H/gate-run24/ab-logs.tgz
+  # The sixteenth session's projections at 5-16 rows on tensor cores (skinny-proj): gate-run25
+  # alternates a7663d0 with 74a3901, batch 16 bf16 / fp8 (GPU 1), batch 1 and 8 bf16 and gpt2
+  # batch 16 fp8 (GPU 0); gate-run26 a7663d0 with db3de2a (74a3901's code), batch 16 (GPU 1).
+  # The experiment binaries' sweeps (skinny-run3..5) are docs/perf-notes.md's, not rows here.
+  part h8 -i $H/gate-run25/ab-logs.tgz
+  part h9 -i $H/gate-run26/ab-logs.tgz
   # The serving suite (#39) on 6ac4535 (HF's worker without cuDNN attention): serving-run4's
   # archive holds serving-run3's logs too (the same /tmp on the same machine); of HF's two
   # bloom-560m static sweeps the first, cut at its fifth rate by the call's time, is left out.
@@ -283,7 +289,7 @@ intro() {
     "its log's header holds the command line, GPU, driver, CUDA version and the binary's commit." \
     "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
     "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
-    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..7, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, train-table-run3..5, ab-run6, fp8-run1..3, serving-run3..5; h100x2/gate-run11, gate-run15, gate-run16, gate-run21 (their GPU 0), attn1 (GPU 0 and 1), gate-run23 (GPU 1), gate-run24 (GPU 0 and 1) |" \
+    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..7, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, train-table-run3..5, ab-run6, fp8-run1..3, serving-run3..5; h100x2/gate-run11, gate-run15, gate-run16, gate-run21 (their GPU 0), attn1 (GPU 0 and 1), gate-run23 (GPU 1), gate-run24 (GPU 0 and 1), gate-run25 (GPU 0 and 1), gate-run26 (GPU 1) |" \
     "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, multi-run6..11, gate-run7, gate-run10, serving-run1, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
     "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6, multi-run12 |" \
@@ -333,13 +339,15 @@ one_gpu() {
     "attention's loads in one round, one block a head from 128 (row, head) pairs), batch 1 and" \
     "16; gate-run23, 51667c7 against 4f61c08 (the one-row GEMV a column a block), batch 1;" \
     "gate-run24, 51667c7 against a7663d0 (the split attention back below 128 pairs or past 256" \
-    "keys), batch 1 and 16." ""
+    "keys), batch 1 and 16; gate-run25 and gate-run26, a7663d0 against 74a3901 / db3de2a (the" \
+    "projections at 5–16 rows and fp8 weights at 5–16 rows on tensor cores, \`skinny-proj\`)," \
+    "batch 1, 8 and 16." ""
   table h100 --where suite=generation --where engine=candle --where "ratio_vs_hf_best=" \
     --sort model,batch_size,git_commit,dtype --columns "$FP8"
   chart h100_fp8 "Generation suite on one H100: decode tokens/s in bf16 and fp8" \
     -i $C/h100.csv --where suite=generation --where engine=candle --where "ratio_vs_hf_best=" --where batch_size=1 \
     --where "git_commit!=bddef16ec5ab" --where "git_commit!=51667c755774" --where "git_commit!=4f61c081fc36" \
-    --where "git_commit!=a7663d0b089d" \
+    --where "git_commit!=a7663d0b089d" --where "git_commit!=74a3901e0d64" \
     --metric decode_tokens_per_second --title "Generation suite 128 + 128, batch 1, one H100: decode tokens/s across precisions"
   say "## Training" "" "WikiText-2 fine-tuning, blocks of 1024 tokens (batch: blocks a step), one" \
     "GPU: candle against HF Trainer (compiled or not) and llm.c (which has no dropout)." ""
