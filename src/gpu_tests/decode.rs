@@ -120,8 +120,8 @@ fn cached_decoding_on_the_decode_kernels_matches_candles_ops() {
         for spec in &specs {
             for rows in [2, 6] {
                 let why = format!("{} {dtype:?} {rows} rows", spec.name);
-                let steps =
-                    [Fused::None, Fused::All].map(|f| decode_steps(&gpu, spec, dtype, rows, f));
+                let steps = [Fused::None, Fused::All]
+                    .map(|f| decode_steps(&gpu, spec, dtype, rows, f, false));
                 for (i, (fused, none)) in steps[1].iter().zip(&steps[0]).enumerate() {
                     let r = rel(fused, none);
                     assert!(r < tol, "{why} step {i}: rel {r}");
@@ -133,13 +133,14 @@ fn cached_decoding_on_the_decode_kernels_matches_candles_ops() {
 
 /// The logits of a cached prefill of `rows` left-padded prompts (70, 41, 5, 33, 64, 20 tokens)
 /// and five decode steps after it, with only `fused` on (and, with `all`, the weights laid out
-/// for decoding as the engine lays them: GPT-2's as nn.Linear's).
-fn decode_steps(
+/// for decoding as the engine lays them: GPT-2's as nn.Linear's), the weights fp8 if `fp8`.
+pub(super) fn decode_steps(
     gpu: &Device,
     spec: &ModelSpec,
     dtype: DType,
     rows: usize,
     fused: Fused,
+    fp8: bool,
 ) -> Vec<Tensor> {
     use crate::models::generate::left_pad;
     let ids = |n: u32| (0..n).map(|i| 1 + i * 7 % 50).collect::<Vec<u32>>();
@@ -152,6 +153,9 @@ fn decode_steps(
     let mut model = spec
         .load(&WeightSource::Random { seed: 0 }, dtype, gpu)
         .unwrap();
+    if fp8 {
+        model.quantize_fp8().unwrap();
+    }
     if fused == Fused::All {
         model.prepare_decode().unwrap();
     }

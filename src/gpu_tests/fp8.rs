@@ -7,7 +7,8 @@ use crate::models::fp8::Fp8Weight;
 /// The fp8 GEMV (1–4 rows) and the tensor-core kernel (5–16 rows), bias and tanh-GELU, against
 /// the f32 product with the dequantized weight, in bf16 and f16, for BLOOM's and GPT-2's decode
 /// shapes; one row of K ≥ 4096 takes the eight-warp kernel, over several steps a lane at
-/// bloom-7b1's K = 16384, with a partial last block of columns (of 8 and of 32 at 5–16 rows).
+/// bloom-7b1's K = 16384, with a partial last block of columns (of 8 and of 32 at 5–16 rows);
+/// with the GEMV off, the tensor-core kernel at 1–4 rows.
 #[test]
 fn fp8_gemv_matches_the_dequantized_projection() {
     let (dev, _one_at_a_time) = gpu();
@@ -18,13 +19,14 @@ fn fp8_gemv_matches_the_dequantized_projection() {
         (768, 50257),
         (64, 40),
         (64, 4100),
+        (1280, 1001),
     ];
     for (k, n) in shapes {
         let w = (randn(&[n, k], &dev) * 0.05).unwrap();
         let b = randn(&[n], &dev);
         let fp8 = Fp8Weight::quantize(&w, Some(&b)).unwrap();
         let wf = fp8.dequantize(DType::F32).unwrap();
-        for rows in [1, 2, 3, 4, 5, 8, 16] {
+        for rows in [1, 2, 3, 4, 5, 8, 12, 16] {
             for dtype in [DType::BF16, DType::F16] {
                 for act in [Act::None, Act::GeluTanh] {
                     let x = randn(&[rows, k], &dev).to_dtype(dtype).unwrap();
@@ -43,6 +45,21 @@ fn fp8_gemv_matches_the_dequantized_projection() {
             }
         }
     }
+    // The GEMV off: 1–4 rows on the tensor-core kernel.
+    set_enabled(&all_but(Fused::Gemv));
+    let w = (randn(&[1001, 1280], &dev) * 0.05).unwrap();
+    let fp8 = Fp8Weight::quantize(&w, None).unwrap();
+    let wf = fp8.dequantize(DType::F32).unwrap().t().unwrap();
+    for rows in 1..=4 {
+        let x = randn(&[rows, 1280], &dev).to_dtype(DType::BF16).unwrap();
+        let y = fp8
+            .gemv(&x, Act::None)
+            .unwrap()
+            .expect("the tensor-core kernel applies");
+        let r = rel(&y, &x.to_dtype(DType::F32).unwrap().matmul(&wf).unwrap());
+        assert!(r < 1e-2, "{rows} rows, the GEMV off: rel {r}");
+    }
+    set_enabled(&[Fused::All]);
     // Seventeen rows, K off the 64-wide slices at 5 rows, and fp32 rows are the dequantized
     // weight's.
     let fp8 = Fp8Weight::quantize(&randn(&[40, 64], &dev), None).unwrap();
@@ -84,37 +101,24 @@ fn fp8_dequantization_is_candles_cast_times_the_scale() {
 }
 
 /// gpt2 and BLOOM at head sizes 64 / 128 (fp8's 16-byte rows) in bf16 with fp8 weights: the
-/// cached prefill and five decode steps on the fp8 GEMV against `--fused none` (the weights
-/// dequantized, candle's matmuls); then greedy ids of graph-replayed decoding against eager on
-/// the same kernels, at 2 rows (the fp8 GEMV) and 6 (the tensor-core kernel, `skinny-proj`).
+/// cached prefill and five decode steps of 2 rows (the fp8 GEMV) and 6 (the tensor-core
+/// kernel) against `--fused none` (the weights dequantized, candle's matmuls); then greedy ids
+/// of graph-replayed decoding against eager on the same kernels, at 2 rows and 6.
 #[test]
 fn fp8_decoding_matches_the_dequantized_weights() {
     use crate::models::generate::{generate, left_pad, Greedy};
     let (gpu, _one_at_a_time) = gpu();
     let ids = |n: u32| (0..n).map(|i| 1 + i * 7 % 50).collect::<Vec<u32>>();
-    let prompts = left_pad(&[ids(70), ids(41)], 0, &gpu).unwrap();
     let src = WeightSource::Random { seed: 0 };
     for spec in super::decode::wide_head_specs() {
         let name = &spec.name;
-        let mut steps = Vec::new();
-        for fused in [Fused::None, Fused::All] {
-            set_enabled(&[fused]);
-            let mut model = spec.load(&src, DType::BF16, &gpu).unwrap();
-            model.quantize_fp8().unwrap();
-            let mut cache = model.new_cache(2, 80).unwrap();
-            let mut logits = vec![model
-                .forward_cached(&prompts.ids, &prompts.mask, &mut cache)
-                .unwrap()];
-            let real = Tensor::ones((2, 1), DType::U32, &gpu).unwrap();
-            for id in [11u32, 12, 13, 14, 15] {
-                let next = Tensor::new(&[[id], [id + 7]], &gpu).unwrap();
-                logits.push(model.forward_cached(&next, &real, &mut cache).unwrap());
+        for rows in [2, 6] {
+            let steps = [Fused::None, Fused::All]
+                .map(|f| super::decode::decode_steps(&gpu, &spec, DType::BF16, rows, f, true));
+            for (i, (fused, none)) in steps[1].iter().zip(&steps[0]).enumerate() {
+                let r = rel(fused, none);
+                assert!(r < 3e-2, "{name} fp8 {rows} rows step {i}: rel {r}");
             }
-            steps.push(logits);
-        }
-        for (i, (fused, none)) in steps[1].iter().zip(&steps[0]).enumerate() {
-            let r = rel(fused, none);
-            assert!(r < 3e-2, "{name} fp8 step {i}: rel {r}");
         }
         let g = Greedy {
             new_tokens: 8,

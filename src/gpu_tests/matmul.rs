@@ -1,5 +1,5 @@
 //! The projections: cuBLASLt with the bias and GELU in its epilogue, the decode GEMV, the
-//! tensor-core LM head at a few rows.
+//! tensor-core projections and LM head at a few rows.
 
 use super::*;
 
@@ -29,36 +29,68 @@ fn lt_linear_matches_matmul_plus_bias_and_gelu() {
     }
 }
 
+/// A projection test's case: x (rows, k), W (n, k) and b (n,) in `dtype`, and the f32 reference
+/// act(x Wᵀ + b).
+struct Case {
+    x: Tensor,
+    w: Tensor,
+    b: Tensor,
+    act: Act,
+    want: Tensor,
+    why: String,
+}
+
+/// Every case of `shapes` (k, n) × `rows` × bf16 / f16 × no activation / tanh-GELU.
+fn projection_cases(
+    dev: &Device,
+    shapes: &[(usize, usize)],
+    rows: &[usize],
+    check: impl Fn(&Case),
+) {
+    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    for &(k, n) in shapes {
+        for &m in rows {
+            for dtype in [DType::BF16, DType::F16] {
+                for act in [Act::None, Act::GeluTanh] {
+                    let x = randn(&[m, k], dev).to_dtype(dtype).unwrap();
+                    let w = (randn(&[n, k], dev) * 0.05)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap();
+                    let b = randn(&[n], dev).to_dtype(dtype).unwrap();
+                    let y = f(&x).matmul(&f(&w).t().unwrap()).unwrap();
+                    let want = act_ref(&y.broadcast_add(&f(&b)).unwrap(), act);
+                    let why = format!("{m}x{k} -> {n} {dtype:?} {act:?}");
+                    check(&Case {
+                        x,
+                        w,
+                        b,
+                        act,
+                        want,
+                        why,
+                    });
+                }
+            }
+        }
+    }
+}
+
 /// The decode GEMV (nn.Linear weights, 1–4 rows) against the f32 product with bias and
 /// tanh-GELU, in bf16 and f16, for BLOOM's decode shapes (1024 -> 3072, 4096 -> 1024).
 #[test]
 fn gemv_matches_the_f32_projection() {
     let (dev, _one_at_a_time) = gpu();
-    for (k, n) in [(1024, 3072), (4096, 1024), (64, 40)] {
-        for rows in 1..=4 {
-            for dtype in [DType::BF16, DType::F16] {
-                for act in [Act::None, Act::GeluTanh] {
-                    let x = randn(&[rows, k], &dev).to_dtype(dtype).unwrap();
-                    let w = (randn(&[n, k], &dev) * 0.05)
-                        .unwrap()
-                        .to_dtype(dtype)
-                        .unwrap();
-                    let b = randn(&[n], &dev).to_dtype(dtype).unwrap();
-                    let y = gemv(&x, &w, &b, act).unwrap().expect("the GEMV applies");
-                    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
-                    let r = f(&x).matmul(&f(&w).t().unwrap()).unwrap();
-                    let r = r.broadcast_add(&f(&b)).unwrap();
-                    let r = match act {
-                        Act::GeluTanh => r.gelu().unwrap(),
-                        _ => r,
-                    };
-                    let why = format!("{rows}x{k} -> {n} {dtype:?} {act:?}");
-                    assert_eq!(y.dims(), [rows, n], "{why}");
-                    assert!(rel(&y, &r) < 1e-2, "{why}: {}", rel(&y, &r));
-                }
-            }
-        }
-    }
+    let shapes = [(1024, 3072), (4096, 1024), (64, 40)];
+    projection_cases(&dev, &shapes, &[1, 2, 3, 4], |c| {
+        let y = gemv(&c.x, &c.w, &c.b, c.act).unwrap().expect(&c.why);
+        assert_eq!(
+            y.dims(),
+            [c.x.dim(0).unwrap(), c.w.dim(0).unwrap()],
+            "{}",
+            c.why
+        );
+        assert!(rel(&y, &c.want) < 1e-2, "{}: {}", c.why, rel(&y, &c.want));
+    });
     // Five rows are cuBLASLt's.
     let x = randn(&[5, 64], &dev).to_dtype(DType::BF16).unwrap();
     let w = randn(&[40, 64], &dev).to_dtype(DType::BF16).unwrap();
@@ -68,7 +100,8 @@ fn gemv_matches_the_f32_projection() {
 
 /// The tensor-core projections (`skinny-proj`, 1–16 rows, bias and tanh-GELU) against the f32
 /// product, in bf16 and f16: BLOOM's and GPT-2's decode shapes, one and four 8-column tiles a
-/// block (N below and from 4096), partial tiles, a K of one slice, and through `linear`'s
+/// block (N below and from 4096), partial tiles and partial last rounds of slices at both, a K
+/// of one slice, rows 9–15 (row g + 8 of a fragment partly there), and through `linear`'s
 /// dispatch at 5–16 rows; bloom-7b1's weights stay cuBLASLt's ([`SKINNY_MAX_WEIGHT`]).
 #[test]
 fn skinny_linear_matches_the_f32_projection() {
@@ -78,35 +111,30 @@ fn skinny_linear_matches_the_f32_projection() {
         (4096, 1024),
         (768, 2304),
         (1024, 4096),
-        (64, 4100),
+        (800, 4100),
+        (1280, 1001),
         (32, 40),
     ];
-    for (k, n) in shapes {
-        for rows in [1, 3, 5, 8, 16] {
-            for dtype in [DType::BF16, DType::F16] {
-                for act in [Act::None, Act::GeluTanh] {
-                    let x = randn(&[rows, k], &dev).to_dtype(dtype).unwrap();
-                    let w = (randn(&[n, k], &dev) * 0.05)
-                        .unwrap()
-                        .to_dtype(dtype)
-                        .unwrap();
-                    let b = randn(&[n], &dev).to_dtype(dtype).unwrap();
-                    let why = format!("{rows}x{k} -> {n} {dtype:?} {act:?}");
-                    let y = skinny_linear(&x, &w, &b, act).unwrap().expect(&why);
-                    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
-                    let r = f(&x).matmul(&f(&w).t().unwrap()).unwrap();
-                    let r = act_ref(&r.broadcast_add(&f(&b)).unwrap(), act);
-                    assert_eq!((y.dims(), y.dtype()), (&[rows, n][..], dtype), "{why}");
-                    assert!(rel(&y, &r) < 1e-2, "{why}: {}", rel(&y, &r));
-                    if rows > GEMV_MAX_ROWS {
-                        let via = linear(&x, &w, true, &b, act).unwrap().expect(&why);
-                        let same = (&via - &y).unwrap().abs().unwrap().max_all().unwrap();
-                        assert_eq!(f(&same).to_scalar::<f32>().unwrap(), 0.0, "{why}");
-                    }
-                }
-            }
+    projection_cases(&dev, &shapes, &[1, 3, 5, 8, 12, 16], |c| {
+        let y = skinny_linear(&c.x, &c.w, &c.b, c.act)
+            .unwrap()
+            .expect(&c.why);
+        let dims = [c.x.dim(0).unwrap(), c.w.dim(0).unwrap()];
+        assert_eq!((y.dims(), y.dtype()), (&dims[..], c.x.dtype()), "{}", c.why);
+        assert!(rel(&y, &c.want) < 1e-2, "{}: {}", c.why, rel(&y, &c.want));
+        if dims[0] > GEMV_MAX_ROWS {
+            let via = linear(&c.x, &c.w, true, &c.b, c.act)
+                .unwrap()
+                .expect(&c.why);
+            let same = (&via - &y).unwrap().abs().unwrap().max_all().unwrap();
+            let same = same
+                .to_dtype(DType::F32)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert_eq!(same, 0.0, "{}: through linear", c.why);
         }
-    }
+    });
     // Seventeen rows, a K off the 32-wide slices, erf-GELU and a weight of more than
     // MAX_WEIGHT elements are cuBLASLt's.
     let bf = |dims: &[usize]| randn(dims, &dev).to_dtype(DType::BF16).unwrap();

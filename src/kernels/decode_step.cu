@@ -186,7 +186,6 @@ __device__ void stage_input(const T* in, const T* w, const T* b, T* xs, int k, f
   __syncthreads();
 }
 
-
 // The block's columns of y (M, N) = act(xs Wᵀ + b), W's rows for them in `wt` (shared), xs in
 // shared; with `res`, y = res + that (rounded as the branch, then as the add; res may be y).
 // Warps a column: as many as 16 warps share among the block's columns (split K), their sums

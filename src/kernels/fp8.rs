@@ -1,6 +1,7 @@
 //! fp8 weights (`--dtype fp8`; kernels in fp8.cu): E4M3 values with one f32 scale per output
-//! row, read by a decode GEMV at 1–4 rows (half the bf16 GEMV's bytes) and turned back into the
-//! activations' dtype for the rows it does not take. The quantization itself is candle's ops
+//! row, read by a decode GEMV at 1–4 rows (half the bf16 GEMV's bytes; 5–16 rows: the
+//! tensor-core kernel, [`super::skinny_fp8`]) and turned back into the activations' dtype for
+//! the rows neither takes. The quantization itself is candle's ops
 //! ([`crate::models::fp8`]), so the CPU has the same weights.
 //! Shapes: q (N, K) F8E4M3, K a multiple of 16; sb (N, 2) f32: each row's scale and bias;
 //! x (M, K) -> (M, N).

@@ -1,7 +1,8 @@
 //! Decode steps' products at 1–16 rows on tensor cores (kernel in skinny.cu): act(x Wᵀ + b) in
 //! one launch that reads W (N, K) once in 16-byte vectors. The LM head where the vocabulary is
 //! no multiple of 8 (`--fused skinny`: GPT-2's 50257, where cuBLAS falls back to a kernel
-//! reading the head at 0.8 TB/s); the projections at 5–16 rows with bf16 / f16 weights of at
+//! reading the head at 0.8 TB/s); the projections at 5–16 rows (1–4 where the GEMV is off)
+//! with bf16 / f16 weights of at
 //! most [`MAX_WEIGHT`] elements, and fp8 projections and heads of any size (`--fused
 //! skinny-proj`: cuBLASLt's small-M kernels, or an fp8 weight turned back into bf16 every step,
 //! otherwise).
@@ -14,12 +15,13 @@ use candle_core::{Result, Tensor};
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub const MAX_ROWS: usize = 16;
 
-/// The largest bf16 / f16 projection weight (N·K elements, 16 MB) the kernel takes: GPT-2's and
+/// The largest bf16 / f16 projection weight (N·K elements, 8 MB) the kernel takes: GPT-2's and
 /// bloom-560m's (at most 4096 × 1024) were faster than cuBLASLt, bloom-7b1's (4096 × 4096 and
-/// up) slower at every tiling swept, 6.40 → 6.60–7.36 ms a step (results/h100x2/skinny-run4,
-/// skinny-run5).
+/// up) slower at every shape and tiling swept, 6.40 → 6.60–8.08 ms a step
+/// (results/h100x2/skinny-run4, skinny-run5); larger weights (tensor-parallel shards of
+/// bloom-7b1's, gpt2-large's) were not timed and stay cuBLASLt's.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub const MAX_WEIGHT: usize = 8 << 20;
+pub const MAX_WEIGHT: usize = 4 << 20;
 
 /// x Wᵀ for an LM head W (V, C) and at most [`MAX_ROWS`] rows, inference only (no backward);
 /// None where it does not apply (CPU, `skinny` off, a tensor tracked by autograd, more rows,
@@ -42,9 +44,11 @@ pub fn skinny_linear(x: &Tensor, w: &Tensor, b: &Tensor, act: Act) -> Result<Opt
     imp::skinny(x, w, Some(b), act)
 }
 
-/// act(scale · x qᵀ + bias) for fp8 weights q (N, K) E4M3 with `sb` (N, 2) f32 (each row's
-/// scale and bias, [`super::quantize_fp8`]'s) at most [`MAX_ROWS`] rows of bf16 / f16 x; None
-/// where it does not apply (as [`skinny_linear`], K not a multiple of 64).
+/// act(scale · x qᵀ + bias) for fp8 weights q (N, K) E4M3 of any size with `sb` (N, 2) f32
+/// (each row's scale and bias, [`super::quantize_fp8`]'s) at most [`MAX_ROWS`] rows of bf16 /
+/// f16 x, inference only (fp8 weights are); None where it does not apply (CPU, `skinny-proj`
+/// off, more rows, an activation other than none / tanh-GELU, K not a multiple of 64,
+/// operands that are not contiguous from 16-byte boundaries).
 pub fn skinny_fp8(x: &Tensor, q: &Tensor, sb: &Tensor, act: Act) -> Result<Option<Tensor>> {
     if !enabled(Fused::SkinnyProj) || !matches!(act, Act::None | Act::GeluTanh) {
         return Ok(None);

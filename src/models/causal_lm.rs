@@ -81,8 +81,9 @@ pub trait CausalLm {
 
     /// Lays the projections' weights out for decoding, inference only: GPT-2's Conv1D (in,
     /// out) weights as nn.Linear's (out, in), so that a decode step's 1–4 rows take the GEMV
-    /// (`--fused gemv`) instead of cuBLAS's small-M kernels (the matmuls read either layout;
-    /// the candle engine calls it before its first such generation). Default: nothing to do.
+    /// (`--fused gemv`) and 5–16 rows the tensor-core kernel (`--fused skinny-proj`) instead of
+    /// cuBLAS's small-M kernels (the matmuls read either layout; the candle engine calls it
+    /// before its first such generation). Default: nothing to do.
     fn prepare_decode(&mut self) -> candle_core::Result<()> {
         Ok(())
     }

@@ -1,9 +1,9 @@
 //! fp8 weights (`--dtype fp8`, #37 item 3): a projection's or LM head's weight as E4M3 values
 //! with one f32 scale per output row (per-channel, the scale taking the row's largest |w| to
 //! E4M3's 448), activations and sums staying bf16 / f32. Quantized once after loading, with
-//! candle's ops, so CPU and CUDA hold the same values; the decode GEMV reads the bytes
-//! ([`kernels::gemv_fp8`]), every other shape multiplies the weight turned back into the
-//! activations' dtype.
+//! candle's ops, so CPU and CUDA hold the same values; the decode GEMV ([`kernels::gemv_fp8`],
+//! 1–4 rows) and the tensor-core kernel ([`kernels::skinny_fp8`], up to 16) read the bytes,
+//! every other shape multiplies the weight turned back into the activations' dtype.
 //! Shapes: W (N, K) = (out, in), nn.Linear's; x (M, K) -> (M, N).
 
 use crate::kernels::{self, Act};

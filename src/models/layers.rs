@@ -63,7 +63,8 @@ impl Projection {
     }
 
     /// Lays a Conv1D weight out as nn.Linear's, (in, out) -> (out, in): the same projection
-    /// (the matmuls read either layout), and the decode GEMV's. Inference only.
+    /// (the matmuls read either layout), and the decode GEMV's and tensor-core kernel's.
+    /// Inference only.
     pub fn to_linear(&mut self) -> candle_core::Result<()> {
         if let (WeightLayout::Conv1D, Stored::Dense(w)) = (&self.layout, &self.weight) {
             self.weight = Stored::Dense(w.t()?.contiguous()?);

@@ -42,8 +42,9 @@ pub struct CandleEngine {
     /// attention applies: [`crate::kernels::prefill_applies`]); the log header says so.
     pub packs: bool,
     /// Whether the model's weights are laid out for decoding ([`CausalLm::prepare_decode`]):
-    /// at the first generation of at most [`crate::kernels::GEMV_MAX_ROWS`] rows on CUDA, so
-    /// that scoring keeps the layout its matmuls were measured in.
+    /// at the first generation that the GEMV or the tensor-core projections take on CUDA (at
+    /// most [`crate::kernels::GEMV_MAX_ROWS`] or [`crate::kernels::SKINNY_MAX_ROWS`] rows), so
+    /// that scoring before it keeps the layout its matmuls were measured in.
     pub laid_out_for_decode: bool,
 }
 
