@@ -1,5 +1,6 @@
-//! fp8 weights (`--dtype fp8`): the GEMV reading E4M3 bytes and the dequantization kernel
-//! against candle's cast of the same values, then whole models decoding on them.
+//! fp8 weights (`--dtype fp8`): the GEMV and the tensor-core kernel reading E4M3 bytes and the
+//! dequantization kernel against candle's cast of the same values, then whole models decoding
+//! on them.
 
 use super::*;
 use crate::models::fp8::Fp8Weight;

@@ -127,7 +127,7 @@ pub enum Fused {
     /// cuBLAS falls back to a slow kernel there).
     Skinny,
     /// Inference at 5–16 rows (decode steps of a batch): nn.Linear projections (BLOOM's;
-    /// GPT-2's once the engine lays them out so) with bf16 / f16 weights of at most 8 MB, fp8
+    /// GPT-2's once the engine lays them out so) with bf16 / f16 weights of at most 8 MiB, fp8
     /// projections and the fp8 LM head, on the tensor cores with the bias and GELU in the
     /// kernel, instead of cuBLASLt's small-M kernels (bf16 / f16) or a weight turned back into
     /// bf16 every step (fp8).

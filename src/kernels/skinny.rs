@@ -2,10 +2,9 @@
 //! one launch that reads W (N, K) once in 16-byte vectors. The LM head where the vocabulary is
 //! no multiple of 8 (`--fused skinny`: GPT-2's 50257, where cuBLAS falls back to a kernel
 //! reading the head at 0.8 TB/s); the projections at 5–16 rows (1–4 where the GEMV is off)
-//! with bf16 / f16 weights of at
-//! most [`MAX_WEIGHT`] elements, and fp8 projections and heads of any size (`--fused
-//! skinny-proj`: cuBLASLt's small-M kernels, or an fp8 weight turned back into bf16 every step,
-//! otherwise).
+//! with bf16 / f16 weights of at most [`MAX_WEIGHT`] elements, and fp8 projections and heads
+//! of any size (`--fused skinny-proj`: cuBLASLt's small-M kernels, or an fp8 weight turned back
+//! into bf16 every step, otherwise).
 //! Shapes: x (M, K), W (N, K) -> (M, N); bf16 or f16 x.
 
 use super::{enabled, Act, Fused};
@@ -15,11 +14,12 @@ use candle_core::{Result, Tensor};
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub const MAX_ROWS: usize = 16;
 
-/// The largest bf16 / f16 projection weight (N·K elements, 8 MB) the kernel takes: GPT-2's and
-/// bloom-560m's (at most 4096 × 1024) were faster than cuBLASLt, bloom-7b1's (4096 × 4096 and
-/// up) slower at every shape and tiling swept, 6.40 → 6.60–8.08 ms a step
-/// (results/h100x2/skinny-run4, skinny-run5); larger weights (tensor-parallel shards of
-/// bloom-7b1's, gpt2-large's) were not timed and stay cuBLASLt's.
+/// The largest bf16 / f16 projection weight (N·K elements: 4 Mi, 8 MiB) the kernel takes, the
+/// largest of a model whose step got faster (bloom-560m's 4096 × 1024; GPT-2's are smaller);
+/// bloom-7b1's (4096 × 4096 and up) made its step slower at every shape and tiling swept, 6.40
+/// → 6.60–8.08 ms (results/h100x2/skinny-run4, skinny-run5). Larger weights, never timed on
+/// the kernel (bloom-7b1's tp-2 attention-output shard, 4096 × 2048; gpt2-large's QKV and MLP
+/// weights), stay cuBLASLt's.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub const MAX_WEIGHT: usize = 4 << 20;
 
@@ -34,8 +34,9 @@ pub fn skinny(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
 }
 
 /// act(x Wᵀ + b) for a projection W (out, in) at most [`MAX_ROWS`] rows, inference only; None
-/// where it does not apply (as [`skinny`], `skinny-proj` off, a weight of more than
-/// [`MAX_WEIGHT`] elements, an activation other than none / tanh-GELU).
+/// where it does not apply (CPU, `skinny-proj` off, a tensor tracked by autograd, more rows,
+/// fp32, K not a multiple of 32, operands that are not contiguous from 16-byte boundaries, a
+/// weight of more than [`MAX_WEIGHT`] elements, an activation other than none / tanh-GELU).
 pub fn skinny_linear(x: &Tensor, w: &Tensor, b: &Tensor, act: Act) -> Result<Option<Tensor>> {
     let tracked = x.track_op() || w.track_op() || b.track_op();
     if !enabled(Fused::SkinnyProj) || tracked || !matches!(act, Act::None | Act::GeluTanh) {

@@ -64,8 +64,8 @@ impl Fp8Weight {
     }
 
     /// act(x Wᵀ + b), x (M, K), by the fp8 GEMV where it applies (1–4 rows of bf16 / f16 on
-    /// CUDA), else by the tensor-core kernel (5–16 rows); None elsewhere, where the caller
-    /// multiplies [`Fp8Weight::dequantize`].
+    /// CUDA), else by the tensor-core kernel (5–16 rows; 1–16 with the GEMV off); None
+    /// elsewhere, where the caller multiplies [`Fp8Weight::dequantize`].
     pub fn gemv(&self, x: &Tensor, act: Act) -> Result<Option<Tensor>> {
         if let Some(y) = kernels::gemv_fp8(x, &self.q, &self.sb, act)? {
             return Ok(Some(y));
