@@ -131,6 +131,75 @@ fn cached_decoding_on_the_decode_kernels_matches_candles_ops() {
     }
 }
 
+/// A generation's prefill run packed (`prefill_packed`: the prompts' real tokens end to end
+/// through the prefill kernel, their keys and values written where left padding puts them)
+/// against the padded prefill (`forward_cached`, the composed attention over every column):
+/// the first logits and those of three decode steps after each within bf16 rounding, for
+/// GPT-2 at head size 64 and BLOOM (ALiBi) at 64 and 128, six prompts of 5–70 tokens (across
+/// two of the kernel's 64-row tiles), bf16 and f16. No packed prefill into a cache that holds
+/// positions, nor in f32.
+#[test]
+fn packed_prefill_matches_the_padded_prefill() {
+    use crate::models::generate::left_pad;
+    let (gpu, _one_at_a_time) = gpu();
+    let ids = |n: u32| (0..n).map(|i| 1 + i * 7 % 50).collect::<Vec<u32>>();
+    let lens = [70, 41, 5, 33, 64, 20];
+    let prompts: Vec<Vec<u32>> = lens.iter().map(|&n| ids(n)).collect();
+    let prompts = left_pad(&prompts, 0, &gpu).unwrap();
+    let mut bloom64 = crate::models::bloom::Config::bloom_tiny();
+    (bloom64.hidden_size, bloom64.n_head) = (128, 2);
+    let mut specs = wide_head_specs();
+    specs.push(ModelSpec {
+        name: "bloom-tiny-hs64".into(),
+        arch: crate::models::Architecture::Bloom(bloom64),
+    });
+    let src = WeightSource::Random { seed: 0 };
+    for (spec, dtype) in specs
+        .iter()
+        .flat_map(|s| [DType::BF16, DType::F16].map(|d| (s, d)))
+    {
+        let model = spec.load(&src, dtype, &gpu).unwrap();
+        let (p, rows) = (&prompts, lens.len());
+        let steps = |packed: bool| -> Vec<Tensor> {
+            let mut cache = model.new_cache(rows, 80).unwrap();
+            let first = match packed {
+                true => model.prefill_packed(&p.ids, &p.mask, &p.lens, &mut cache),
+                false => model.forward_cached(&p.ids, &p.mask, &mut cache).map(Some),
+            };
+            let first = first.unwrap().expect("bf16 / f16 on CUDA prefills packed");
+            assert_eq!(cache.len(), p.len(), "every padded column written");
+            let real = Tensor::ones((rows, 1), DType::U32, &gpu).unwrap();
+            let mut logits = vec![first];
+            for id in [11u32, 12, 13] {
+                let next: Vec<u32> = (0..rows as u32).map(|r| id + 7 * r).collect();
+                let next = Tensor::from_vec(next, (rows, 1), &gpu).unwrap();
+                logits.push(model.forward_cached(&next, &real, &mut cache).unwrap());
+            }
+            logits
+        };
+        let (padded, packed) = (steps(false), steps(true));
+        for (i, (a, b)) in packed.iter().zip(&padded).enumerate() {
+            let r = rel(a, b);
+            eprintln!("{} {dtype:?} step {i}: rel {r:.2e}", spec.name);
+            assert!(r < 3e-2, "{} {dtype:?} step {i}: rel {r}", spec.name);
+        }
+        // A cache that holds positions is the padded forward's (the packed attention attends
+        // the prompts' own tokens only).
+        let mut cache = model.new_cache(rows, 80).unwrap();
+        model.forward_cached(&p.ids, &p.mask, &mut cache).unwrap();
+        let again = model.prefill_packed(&p.ids, &p.mask, &p.lens, &mut cache);
+        assert!(
+            again.unwrap().is_none(),
+            "{}: a cache with positions",
+            spec.name
+        );
+    }
+    let model = specs[0].load(&src, DType::F32, &gpu).unwrap();
+    let mut cache = model.new_cache(lens.len(), 80).unwrap();
+    let f32_packed = model.prefill_packed(&prompts.ids, &prompts.mask, &prompts.lens, &mut cache);
+    assert!(f32_packed.unwrap().is_none(), "f32 is the padded forward's");
+}
+
 /// The logits of a cached prefill of `rows` left-padded prompts (70, 41, 5, 33, 64, 20 tokens)
 /// and five decode steps after it, with only `fused` on (and, with `all`, the weights laid out
 /// for decoding as the engine lays them: GPT-2's as nn.Linear's), the weights fp8 if `fp8`.

@@ -131,6 +131,7 @@ fn fp8_decoding_matches_the_dequantized_weights() {
             Fused::Decode,
             Fused::Gemv,
             Fused::SkinnyProj,
+            Fused::Prefill,
         ];
         for rows in [2usize, 6] {
             let prompts: Vec<Vec<u32>> = (0..rows as u32).map(|r| ids(9 + 5 * r)).collect();

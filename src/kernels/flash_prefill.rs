@@ -52,12 +52,43 @@ pub fn flash_prefill(
     imp::flash_prefill(qkv, layout, (nh, hs), rows, slopes, scale)
 }
 
+/// A generation's prefill run packed: writes the keys and values of qkv (1, N, 3C) (laid out
+/// as `layout`, `nh` heads of `hs`; `rows` packed) into a layer's KV cache k, v (B, nh, T_max,
+/// hs) where the left-padded prompts put them: sequence b's row j at column `end − lens[b] + j`
+/// (`end`: the padded prompts' length). Returns false where the kernel does not apply
+/// ([`prefill_applies`], a CPU tensor, rows not 16-byte aligned); the caller then has no
+/// packed prefill.
+pub fn prefill_kv(
+    qkv: &Tensor,
+    layout: QkvLayout,
+    (nh, hs): (usize, usize),
+    rows: SeqRows,
+    (k, v): (&Tensor, &Tensor),
+    end: usize,
+) -> Result<bool> {
+    if !prefill_applies(qkv.dtype(), qkv.device(), hs) {
+        return Ok(false);
+    }
+    imp::prefill_kv(qkv, layout, (nh, hs), rows, (k, v), end)
+}
+
 /// The CPU runs the matmuls and candle's softmax.
 #[cfg(not(feature = "cuda"))]
 mod imp {
     use super::SeqRows;
     use crate::kernels::QkvLayout;
     use candle_core::{Result, Tensor};
+
+    pub fn prefill_kv(
+        _: &Tensor,
+        _: QkvLayout,
+        _: (usize, usize),
+        _: SeqRows,
+        _: (&Tensor, &Tensor),
+        _: usize,
+    ) -> Result<bool> {
+        Ok(false)
+    }
 
     pub fn flash_prefill(
         _: &Tensor,
@@ -75,7 +106,8 @@ mod imp {
 mod imp {
     use super::SeqRows;
     use crate::kernels::launch::{
-        aligned16, device_address, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx, NULL,
+        aligned16, cuda, device_address, kernel, launch, no_cpu_fwd, ptx, storage, view,
+        with_dtype, Ptx, NULL,
     };
     use crate::kernels::QkvLayout;
     use candle_core::backend::BackendStorage;
@@ -196,5 +228,78 @@ mod imp {
             slopes: slopes.map(Tensor::contiguous).transpose()?,
         };
         Ok(Some(qkv.apply_op1_no_bwd(&op)?))
+    }
+
+    pub fn prefill_kv(
+        qkv: &Tensor,
+        layout: QkvLayout,
+        (nh, hs): (usize, usize),
+        rows: SeqRows,
+        (k, v): (&Tensor, &Tensor),
+        end: usize,
+    ) -> Result<bool> {
+        let (one, _, c3) = qkv.dims3()?;
+        let (b, nh_k, t_max, hs_k) = k.dims4()?;
+        let Some(starts) = rows.starts else {
+            bail!("prefill kv: the rows come packed")
+        };
+        let u32_of = |x: &Tensor| x.dims() == [b] && x.dtype() == DType::U32;
+        let fits =
+            one == 1 && c3 == 3 * nh * hs && (nh_k, hs_k) == (nh, hs) && v.dims() == k.dims();
+        let kinds = k.dtype() == qkv.dtype() && v.dtype() == qkv.dtype();
+        if !fits
+            || !kinds
+            || !u32_of(rows.lens)
+            || !u32_of(starts)
+            || rows.longest > end
+            || end > t_max
+        {
+            bail!(
+                "prefill kv: qkv {:?} ({nh} heads of {hs}) into caches {:?} / {:?} of {:?} at {end}, lens {:?}",
+                qkv.shape(),
+                k.shape(),
+                v.shape(),
+                k.dtype(),
+                rows.lens.shape()
+            );
+        }
+        // 16-byte vectors of 2-byte elements (bf16 / f16: prefill_applies).
+        let whole = [layout.head_stride, layout.part, hs]
+            .iter()
+            .all(|n| n.is_multiple_of(8));
+        if !whole || ![qkv, k, v].into_iter().all(aligned16) {
+            return Ok(false);
+        }
+        let Some((s, _)) = cuda(qkv) else {
+            return Ok(false);
+        };
+        let dev = storage(&s).device().clone();
+        drop(s);
+        let func = kernel!(dev, PTX, "tb_prefill_kv")?;
+        let (lens, starts) = (device_address(rows.lens)?, device_address(starts)?);
+        let (qkv_p, k_p, v_p) = (device_address(qkv)?, device_address(k)?, device_address(v)?);
+        let vectors = rows.longest * nh * hs / 8;
+        let cfg = LaunchConfig {
+            grid_dim: (vectors.div_ceil(256).clamp(1, 1024) as u32, b as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let ints = [
+            nh,
+            hs / 8,
+            layout.head_stride / 8,
+            layout.part / 8,
+            c3 / 8,
+            t_max,
+            end,
+        ]
+        .map(|n| n as i32);
+        // SAFETY: qkv holds N rows of 3C (N = the packed rows: starts[b] + lens[b] ≤ N, the
+        // caller's packing), the caches B·nh·T_max·hs elements each, lens and starts B u32
+        // (checked above); a thread writes columns end − lens[b] .. end < T_max of its
+        // sequence's row only, 16-byte aligned (checked above).
+        launch!(unsafe func, cfg; &qkv_p, &k_p, &v_p, &lens, &starts, &ints[0], &ints[1],
+            &ints[2], &ints[3], &ints[4], &ints[5], &ints[6])?;
+        Ok(true)
     }
 }

@@ -50,7 +50,7 @@ pub use decode_step::{step_launches, StepAttention, StepLayer, StepModel, STEP_M
 pub use dropout::{apply_keep, draw_keep, dropout, keep_mask, set_dropout_seed, Keep};
 pub use embedding::{embedding_bwd, embedding_bwd_in_place, embedding_fwd};
 pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
-pub use flash_prefill::{flash_prefill, prefill_applies, SeqRows};
+pub use flash_prefill::{flash_prefill, prefill_applies, prefill_kv, SeqRows};
 pub use fp8::{dequant_fp8, gemv_fp8, quantize_fp8, FP8_GEMV_MAX_ROWS};
 pub use gemv::{gemv, MAX_ROWS as GEMV_MAX_ROWS};
 pub use graph::{capture, param_cache, replays, Graph, ParamCache};

@@ -286,8 +286,14 @@ impl Attention {
 
     /// [`Attention::forward_unsummed`] over whole right-padded sequences (scoring): one fused
     /// kernel where it applies (`--fused prefill`, ALiBi in it), else the composed path under
-    /// the bias (causal + padding + ALiBi).
-    fn whole_unsummed(&self, x: &Tensor, whole: &WholeSequences) -> candle_core::Result<Unsummed> {
+    /// the bias (causal + padding + ALiBi). With `kv` (a packed prefill) the keys and values
+    /// go into the cache first.
+    fn whole_unsummed(
+        &self,
+        x: &Tensor,
+        whole: &WholeSequences,
+        kv: Option<LayerStep>,
+    ) -> candle_core::Result<Unsummed> {
         let hs = self.head_size;
         let qkv = self.query_key_value.forward(x)?; // (B, T, nh·3·hs)
         let nh = qkv.dim(2)? / (3 * hs);
@@ -296,6 +302,9 @@ impl Attention {
             part: hs,
         };
         let (rows, slopes) = (whole.rows(), Some(&self.slopes));
+        if let Some(kv) = kv {
+            kv.write_packed(&qkv, layout, (nh, hs), rows)?;
+        }
         if let Some(y) = kernels::flash_prefill(&qkv, layout, (nh, hs), rows, slopes, self.scale)? {
             return self.dense.forward_unsummed(&y); // (B, T, nh·hs) -> (B, T, H)
         }
@@ -519,6 +528,38 @@ impl Bloom {
     /// The blocks and ln_f of an inference forward from its normed embeddings x (B, T, H),
     /// `attend` giving layer i's attention branch of its normed input. Each residual add goes
     /// with the norm after it ([`Norm::add_forward`]: one kernel on CUDA).
+    /// The blocks and ln_f over sequences packed end to end, ids (N) or (1, N) ->
+    /// (1, N, H); with `kv` (a packed prefill) each layer's keys and values go into the cache.
+    fn blocks_packed(
+        &self,
+        ids: &Tensor,
+        whole: &WholeSequences,
+        kv: Option<(&KvCache, &Step)>,
+    ) -> candle_core::Result<Tensor> {
+        let n = ids.elem_count();
+        let x = self.word_embeddings.index_select(&ids.flatten_all()?, 0)?; // (N, H)
+        let x = self
+            .word_embeddings_layernorm
+            .forward(&x.reshape((1, n, ()))?, Mode::default())?; // (1, N, H)
+                                                                 // No positions: the kernel adds ALiBi from each key's index in its sequence.
+        self.blocks_inference(x, |i, attn, h| {
+            let kv = kv
+                .map(|(cache, step)| cache.layer_step(i, step))
+                .transpose()?;
+            attn.whole_unsummed(h, whole, kv)
+        })
+    }
+
+    /// The logits of each row's last hidden state, (B, H) -> (B, V); under tensor parallelism
+    /// the head split over the ranks.
+    fn last_logits(&self, last: &Tensor) -> candle_core::Result<Tensor> {
+        let head = self.lm_head.as_ref().unwrap_or(&self.word_embeddings);
+        if let Some(logits) = split_head_logits(last, head, &self.tp)? {
+            return Ok(logits); // (B, V)
+        }
+        self.logits(last) // (B, V)
+    }
+
     fn blocks_inference(
         &self,
         x: Tensor,
@@ -555,7 +596,7 @@ impl CausalLm for Bloom {
             .forward(&x.reshape((b, t, ()))?, self.mode)?; // (B, T, H)
         if !self.mode.train {
             let whole = WholeSequences::new(attention_mask)?;
-            return self.blocks_inference(x, |_, attn, h| attn.whole_unsummed(h, &whole));
+            return self.blocks_inference(x, |_, attn, h| attn.whole_unsummed(h, &whole, None));
         }
         let causal = causal_padding_bias(attention_mask)?; // (B, 1, T, T)
         let bias = causal.broadcast_add(&alibi_bias(attention_mask, &self.slopes)?)?; // (B, nh, T, T)
@@ -574,17 +615,31 @@ impl CausalLm for Bloom {
         if self.mode.train || !kernels::prefill_applies(dtype, device, self.head_size) {
             return Ok(None);
         }
-        let n = input_ids.elem_count();
-        let x = self
-            .word_embeddings
-            .index_select(&input_ids.flatten_all()?, 0)?; // (N, H)
-        let x = self
-            .word_embeddings_layernorm
-            .forward(&x.reshape((1, n, ()))?, self.mode)?; // (1, N, H)
-                                                           // No positions: the kernel adds ALiBi from each key's index in its sequence.
         let whole = WholeSequences::packed(lens, device)?;
-        let h = self.blocks_inference(x, |_, attn, h| attn.whole_unsummed(h, &whole))?;
-        Ok(Some(h))
+        Ok(Some(self.blocks_packed(input_ids, &whole, None)?))
+    }
+
+    fn prefill_packed(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        lens: &[usize],
+        cache: &mut KvCache,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let (dtype, device) = (self.word_embeddings.dtype(), input_ids.device());
+        if !kernels::prefill_applies(dtype, device, self.head_size) {
+            return Ok(None);
+        }
+        let Some(packed) = cache.packed_prompts(lens, input_ids.dim(1)?)? else {
+            return Ok(None);
+        };
+        let step = cache.begin(attention_mask, self.h.len())?;
+        let ids = input_ids.flatten_all()?.index_select(&packed.gather, 0)?; // (N,)
+        let whole = WholeSequences::packed(lens, device)?;
+        let h = self.blocks_packed(&ids, &whole, Some((cache, &step)))?; // (1, N, H)
+        cache.commit(step);
+        let last = h.squeeze(0)?.index_select(&packed.last, 0)?; // (B, H)
+        self.last_logits(&last).map(Some)
     }
 
     fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
@@ -618,11 +673,7 @@ impl CausalLm for Bloom {
         let h = self.blocks_cached(x, cache, &step)?; // (B, T, H), after ln_f
         cache.commit(step);
         let last = h.narrow(1, t - 1, 1)?.squeeze(1)?.contiguous()?; // (B, H)
-        let head = self.lm_head.as_ref().unwrap_or(&self.word_embeddings);
-        if let Some(logits) = split_head_logits(&last, head, &self.tp)? {
-            return Ok(logits); // (B, V)
-        }
-        self.logits(&last) // (B, V)
+        self.last_logits(&last)
     }
 
     fn max_positions(&self) -> usize {

@@ -10,7 +10,7 @@
 //! Shapes: `B` batch, `nh` heads (of this rank), `T_max` positions the cache holds, `T` new
 //! positions of a forward, `Tk` = `len` + `T` keys, `hs` head size.
 
-use crate::kernels::CacheSlot;
+use crate::kernels::{CacheSlot, QkvLayout, SeqRows};
 use candle_core::{DType, Device, Result, Tensor};
 
 /// Keys and values of one layer, each (B, nh, T_max, hs) in the model dtype; positions
@@ -60,6 +60,27 @@ impl<'a> LayerStep<'a> {
             candle_core::bail!(
                 "the decode attention kernel does not apply to this KV cache (it takes head sizes up to 512 and about 11k positions): leave graph out of --fused"
             );
+        }
+        Ok(())
+    }
+
+    /// A packed prefill's keys and values (qkv (1, N, 3C) laid out as `layout`, `rows` the
+    /// prompts end to end) into this layer's cache where left padding puts them: each prompt
+    /// ends at this forward's last column. An error where the kernel does not apply (callers
+    /// of [`KvCache::packed_prompts`] check [`crate::kernels::prefill_applies`] first).
+    pub fn write_packed(
+        &self,
+        qkv: &Tensor,
+        layout: QkvLayout,
+        heads: (usize, usize),
+        rows: SeqRows,
+    ) -> Result<()> {
+        let end = self.step.start + self.step.t;
+        let caches = (&self.kv.k, &self.kv.v);
+        if !crate::kernels::prefill_kv(qkv, layout, heads, rows, caches, end)? {
+            return Err(candle_core::Error::Msg(
+                "a packed prefill writes its KV cache with a CUDA kernel (bf16 / f16, --fused prefill): run forward_cached instead".into(),
+            ));
         }
         Ok(())
     }
@@ -123,6 +144,18 @@ pub struct Step {
     key_pos_all: Tensor,
     /// The cache's device-side cursor, when the step reads its position there.
     cursor: Option<Tensor>,
+}
+
+/// Left-padded prompts (B, T) prefilled packed into an empty cache: their real tokens end to
+/// end, no padding rows ([`KvCache::packed_prompts`]). N = Σ lens.
+pub struct PackedPrompts {
+    /// (N,) u32: each real token's index in the prompts' flattened (B·T) ids.
+    pub gather: Tensor,
+    /// (1, N) u32: each token's position in its prompt, from 0 (GPT-2's position ids; what
+    /// the cache's positions hold for left padding).
+    pub positions: Tensor,
+    /// (B,) u32: each prompt's last token among the N rows (whose logits generation reads).
+    pub last: Tensor,
 }
 
 impl Step {
@@ -239,6 +272,39 @@ impl KvCache {
             self.len = c.to_vec1::<u32>()?[0] as usize;
         }
         Ok(())
+    }
+
+    /// The packed rows of a prefill of left-padded prompts of `t` positions, row b's last
+    /// `lens[b]` real (padding first); None unless the cache is empty (the packed attention
+    /// attends the prompts' own tokens only).
+    pub fn packed_prompts(&self, lens: &[usize], t: usize) -> Result<Option<PackedPrompts>> {
+        if self.len != 0 || self.cursor.is_some() {
+            return Ok(None);
+        }
+        if lens.len() != self.batch() || lens.iter().any(|&n| n == 0 || n > t) {
+            return Err(candle_core::Error::Msg(format!(
+                "a packed prefill of {} prompts of lengths {lens:?} (padded to {t}) into a KV cache of {} rows: every prompt needs 1 to {t} tokens, one a row",
+                lens.len(),
+                self.batch()
+            )));
+        }
+        let dev = self.device();
+        let gather: Vec<u32> = (lens.iter().enumerate())
+            .flat_map(|(b, &n)| (b * t + t - n..(b + 1) * t).map(|i| i as u32))
+            .collect();
+        let n = gather.len();
+        let positions: Vec<u32> = lens.iter().flat_map(|&n| 0..n as u32).collect();
+        let last: Vec<u32> = (lens.iter())
+            .scan(0, |end, &n| {
+                *end += n;
+                Some(*end as u32 - 1)
+            })
+            .collect();
+        Ok(Some(PackedPrompts {
+            gather: Tensor::from_vec(gather, n, dev)?,
+            positions: Tensor::from_vec(positions, (1, n), dev)?,
+            last: Tensor::from_vec(last, lens.len(), dev)?,
+        }))
     }
 
     /// Layer `i`'s keys and values.
@@ -481,6 +547,32 @@ mod tests {
         let flat = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<f32>());
         assert_eq!(flat(&all_k)?, flat(&want)?);
         assert_eq!(flat(&all_v)?, flat(&want)?);
+        Ok(())
+    }
+
+    /// Left-padded rows of 3, 1 and 4 real tokens at T = 4: their tokens end to end, each
+    /// from position 0, the last of each; none once the cache holds positions; a one-line
+    /// error for lengths that do not fit the rows.
+    #[test]
+    fn packed_prompts_gather_the_real_tokens_of_left_padded_rows() -> Result<()> {
+        let dev = Device::Cpu;
+        let mut cache = KvCache::new(1, 3, 8, (1, 2), DType::F32, &dev)?;
+        let p = cache
+            .packed_prompts(&[3, 1, 4], 4)?
+            .expect("an empty cache");
+        assert_eq!(p.gather.to_vec1::<u32>()?, [1, 2, 3, 7, 8, 9, 10, 11]);
+        assert_eq!(p.positions.to_vec2::<u32>()?, [[0, 1, 2, 0, 0, 1, 2, 3]]);
+        assert_eq!(p.last.to_vec1::<u32>()?, [2, 3, 7]);
+        for bad in [&[3, 1][..], &[3, 0, 4], &[3, 5, 4]] {
+            let err = cache.packed_prompts(bad, 4).err().map(|e| e.to_string());
+            let err = err.unwrap_or_default();
+            assert!(err.contains("every prompt needs 1 to 4 tokens"), "{err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+        let mask = Tensor::new(&[[0u32, 1, 1, 1], [0, 0, 0, 1], [1, 1, 1, 1]], &dev)?;
+        let step = cache.begin(&mask, 1)?;
+        cache.commit(step);
+        assert!(cache.packed_prompts(&[3, 1, 4], 4)?.is_none());
         Ok(())
     }
 

@@ -67,6 +67,23 @@ pub trait CausalLm {
         cache: &mut KvCache,
     ) -> candle_core::Result<Tensor>;
 
+    /// [`CausalLm::forward_cached`] of left-padded prompts into an empty cache, only their
+    /// real tokens through the layers, end to end (the fused attention, `--fused prefill`), the
+    /// cache written as the padded forward writes it. `lens`: each row's real tokens, the
+    /// `attention_mask` row sums (padding first). Returns the last positions' logits (B, V), or
+    /// None where there is no packed prefill (the kernel does not apply, the cache is not
+    /// empty): the caller runs forward_cached.
+    fn prefill_packed(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        lens: &[usize],
+        cache: &mut KvCache,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let _ = (input_ids, attention_mask, lens, cache);
+        Ok(None)
+    }
+
     /// Whether a decode step's launches can be recorded as a CUDA graph: not under tensor
     /// parallelism whose all-reduce goes through the host (TCP); NCCL's can be recorded.
     fn graph_capturable(&self) -> bool {

@@ -3,8 +3,9 @@
 //! tokens per row (no stop at EOS, so the work is fixed), each the argmax of the last logits
 //! (EOS banned, as `min_new_tokens` does, when the caller names it).
 //!
-//! One prefill (the padded prompts into an empty cache, giving the first new token), then N − 1
-//! decode steps of one token each. The generated ids stay on the device until the end, so the
+//! One prefill (the padded prompts into an empty cache, giving the first new token; on the GPU
+//! only their real tokens, end to end: [`CausalLm::prefill_packed`]), then N − 1 decode steps
+//! of one token each. The generated ids stay on the device until the end, so the
 //! loop never waits for the device; an engine that times the phases passes a hook, called after
 //! each phase is queued, that synchronises and reads its clock (time to first token,
 //! inter-token latency) without this loop knowing about timing.
@@ -153,7 +154,11 @@ pub fn generate_in(
         )));
     }
     cache.reset()?;
-    let logits = model.forward_cached(&prompts.ids, &prompts.mask, cache)?; // (B, V)
+    let (ids, mask) = (&prompts.ids, &prompts.mask);
+    let logits = match model.prefill_packed(ids, mask, &prompts.lens, cache)? {
+        Some(logits) => logits, // (B, V): the real tokens only, end to end
+        None => model.forward_cached(ids, mask, cache)?, // (B, V)
+    };
     let picker = Picker::new(&g.banned, &logits)?;
     let pick = |logits: Tensor| picker.pick(&logits);
     let mut next = pick(logits)?;

@@ -259,7 +259,13 @@ impl Attention {
 
     /// [`Attention::forward_unsummed`] over whole right-padded sequences (scoring): one fused
     /// kernel where it applies (`--fused prefill`), else the composed path under the bias.
-    fn whole_unsummed(&self, x: &Tensor, whole: &WholeSequences) -> candle_core::Result<Unsummed> {
+    /// With `kv` (a packed prefill) the keys and values go into the cache first.
+    fn whole_unsummed(
+        &self,
+        x: &Tensor,
+        whole: &WholeSequences,
+        kv: Option<LayerStep>,
+    ) -> candle_core::Result<Unsummed> {
         let qkv = self.c_attn.forward(x)?; // (B, T, 3c)
         let (c, hs) = (qkv.dim(2)? / 3, self.head_size);
         let layout = QkvLayout {
@@ -267,6 +273,9 @@ impl Attention {
             part: c,
         };
         let rows = whole.rows();
+        if let Some(kv) = kv {
+            kv.write_packed(&qkv, layout, (c / hs, hs), rows)?;
+        }
         if let Some(y) = kernels::flash_prefill(&qkv, layout, (c / hs, hs), rows, None, self.scale)?
         {
             return self.c_proj.forward_unsummed(&y); // (B, T, c) -> (B, T, C)
@@ -498,6 +507,34 @@ impl Gpt2 {
         Ok(h)
     }
 
+    /// The blocks and ln_f over sequences packed end to end, ids and positions (1, N) ->
+    /// (1, N, C); with `kv` (a packed prefill) each layer's keys and values go into the cache.
+    fn blocks_packed(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        whole: &WholeSequences,
+        kv: Option<(&KvCache, &Step)>,
+    ) -> candle_core::Result<Tensor> {
+        let embeddings = self.embed_at(ids, positions)?; // (1, N, C) twice
+        self.blocks_inference(embeddings, |i, attn, h| {
+            let kv = kv
+                .map(|(cache, step)| cache.layer_step(i, step))
+                .transpose()?;
+            attn.whole_unsummed(h, whole, kv)
+        })
+    }
+
+    /// The logits of each row's last hidden state, (B, C) -> (B, V); under tensor parallelism
+    /// the head split over the ranks.
+    fn last_logits(&self, last: &Tensor) -> candle_core::Result<Tensor> {
+        let head = self.lm_head.as_ref().unwrap_or(&self.wte);
+        if let Some(logits) = split_head_logits(last, head, &self.tp)? {
+            return Ok(logits); // (B, V)
+        }
+        self.logits(last) // (B, V)
+    }
+
     /// Token and position embeddings of the new positions, (B, T, C) each; positions: (B, T)
     /// f32 or u32.
     fn embed_at(
@@ -533,7 +570,9 @@ impl CausalLm for Gpt2 {
                 .repeat((b, 1))?;
             let embeddings = self.embed_at(input_ids, &positions)?; // (B, T, C) twice
             let whole = WholeSequences::new(attention_mask)?;
-            return self.blocks_inference(embeddings, |_, attn, h| attn.whole_unsummed(h, &whole));
+            return self.blocks_inference(embeddings, |_, attn, h| {
+                attn.whole_unsummed(h, &whole, None)
+            });
         }
         let pos = self
             .wpe
@@ -567,10 +606,37 @@ impl CausalLm for Gpt2 {
         // Each sequence's positions from 0.
         let positions: Vec<u32> = lens.iter().flat_map(|&n| 0..n as u32).collect();
         let positions = Tensor::from_vec(positions, input_ids.dims(), device)?; // (1, N)
-        let embeddings = self.embed_at(input_ids, &positions)?; // (1, N, C) twice
         let whole = WholeSequences::packed(lens, device)?;
-        let h = self.blocks_inference(embeddings, |_, attn, h| attn.whole_unsummed(h, &whole))?;
-        Ok(Some(h))
+        Ok(Some(
+            self.blocks_packed(input_ids, &positions, &whole, None)?,
+        ))
+    }
+
+    fn prefill_packed(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        lens: &[usize],
+        cache: &mut KvCache,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let hs = self.cfg.n_embd / self.cfg.n_head;
+        let (dtype, device) = (self.wte.dtype(), input_ids.device());
+        let t = input_ids.dim(1)?;
+        if !kernels::prefill_applies(dtype, device, hs) || t > self.cfg.n_positions {
+            return Ok(None); // forward_cached says what is too long
+        }
+        let Some(packed) = cache.packed_prompts(lens, t)? else {
+            return Ok(None);
+        };
+        let step = cache.begin(attention_mask, self.h.len())?;
+        let ids = input_ids.flatten_all()?.index_select(&packed.gather, 0)?; // (N,)
+        let ids = ids.unsqueeze(0)?; // (1, N)
+        let whole = WholeSequences::packed(lens, device)?;
+        let kv = Some((&*cache, &step));
+        let h = self.blocks_packed(&ids, &packed.positions, &whole, kv)?; // (1, N, C)
+        cache.commit(step);
+        let last = h.squeeze(0)?.index_select(&packed.last, 0)?; // (B, C)
+        self.last_logits(&last).map(Some)
     }
 
     fn logits(&self, hidden: &Tensor) -> candle_core::Result<Tensor> {
@@ -628,11 +694,7 @@ impl CausalLm for Gpt2 {
         let h = self.blocks_cached(embeddings, cache, &step)?; // (B, T, C), after ln_f
         cache.commit(step);
         let last = h.narrow(1, t - 1, 1)?.squeeze(1)?.contiguous()?; // (B, C)
-        let head = self.lm_head.as_ref().unwrap_or(&self.wte);
-        if let Some(logits) = split_head_logits(&last, head, &self.tp)? {
-            return Ok(logits); // (B, V)
-        }
-        self.logits(&last) // (B, V)
+        self.last_logits(&last)
     }
 
     fn max_positions(&self) -> usize {
