@@ -136,16 +136,16 @@ fn cached_decoding_on_the_decode_kernels_matches_candles_ops() {
 /// against the padded prefill (`forward_cached`, the composed attention over every column):
 /// the first logits and those of three decode steps after each within bf16 rounding, for
 /// GPT-2 at head size 64 and BLOOM (ALiBi) at 64 and 128, six prompts of 5–70 tokens (across
-/// two of the kernel's 64-row tiles), bf16 and f16. No packed prefill into a cache that holds
-/// positions, nor in f32.
+/// two of the kernel's 64-row tiles) left-padded to 72 (`--pad-multiple`), bf16, f16 and fp8
+/// weights. No packed prefill into a cache that holds positions, nor in f32.
 #[test]
 fn packed_prefill_matches_the_padded_prefill() {
-    use crate::models::generate::left_pad;
+    use crate::models::generate::left_pad_to;
     let (gpu, _one_at_a_time) = gpu();
     let ids = |n: u32| (0..n).map(|i| 1 + i * 7 % 50).collect::<Vec<u32>>();
     let lens = [70, 41, 5, 33, 64, 20];
     let prompts: Vec<Vec<u32>> = lens.iter().map(|&n| ids(n)).collect();
-    let prompts = left_pad(&prompts, 0, &gpu).unwrap();
+    let prompts = left_pad_to(&prompts, 0, 72, &gpu).unwrap();
     let mut bloom64 = crate::models::bloom::Config::bloom_tiny();
     (bloom64.hidden_size, bloom64.n_head) = (128, 2);
     let mut specs = wide_head_specs();
@@ -154,20 +154,30 @@ fn packed_prefill_matches_the_padded_prefill() {
         arch: crate::models::Architecture::Bloom(bloom64),
     });
     let src = WeightSource::Random { seed: 0 };
-    for (spec, dtype) in specs
-        .iter()
-        .flat_map(|s| [DType::BF16, DType::F16].map(|d| (s, d)))
-    {
-        let model = spec.load(&src, dtype, &gpu).unwrap();
+    let weights = [
+        (DType::BF16, false),
+        (DType::F16, false),
+        (DType::BF16, true),
+    ];
+    for (spec, (dtype, fp8)) in specs.iter().flat_map(|s| weights.map(|w| (s, w))) {
+        let mut model = spec.load(&src, dtype, &gpu).unwrap();
+        if fp8 {
+            model.quantize_fp8().unwrap();
+        }
+        let model = model;
         let (p, rows) = (&prompts, lens.len());
         let steps = |packed: bool| -> Vec<Tensor> {
             let mut cache = model.new_cache(rows, 80).unwrap();
             let first = match packed {
-                true => model.prefill_packed(&p.ids, &p.mask, &p.lens, &mut cache),
+                true => model.prefill_packed(&p.ids, &p.lens, &mut cache),
                 false => model.forward_cached(&p.ids, &p.mask, &mut cache).map(Some),
             };
             let first = first.unwrap().expect("bf16 / f16 on CUDA prefills packed");
-            assert_eq!(cache.len(), p.len(), "every padded column written");
+            assert_eq!(
+                cache.len(),
+                p.len(),
+                "the cache holds the padded prompts' columns"
+            );
             let real = Tensor::ones((rows, 1), DType::U32, &gpu).unwrap();
             let mut logits = vec![first];
             for id in [11u32, 12, 13] {
@@ -180,14 +190,18 @@ fn packed_prefill_matches_the_padded_prefill() {
         let (padded, packed) = (steps(false), steps(true));
         for (i, (a, b)) in packed.iter().zip(&padded).enumerate() {
             let r = rel(a, b);
-            eprintln!("{} {dtype:?} step {i}: rel {r:.2e}", spec.name);
-            assert!(r < 3e-2, "{} {dtype:?} step {i}: rel {r}", spec.name);
+            eprintln!("{} {dtype:?} fp8 {fp8} step {i}: rel {r:.2e}", spec.name);
+            assert!(
+                r < 3e-2,
+                "{} {dtype:?} fp8 {fp8} step {i}: rel {r}",
+                spec.name
+            );
         }
         // A cache that holds positions is the padded forward's (the packed attention attends
         // the prompts' own tokens only).
         let mut cache = model.new_cache(rows, 80).unwrap();
         model.forward_cached(&p.ids, &p.mask, &mut cache).unwrap();
-        let again = model.prefill_packed(&p.ids, &p.mask, &p.lens, &mut cache);
+        let again = model.prefill_packed(&p.ids, &p.lens, &mut cache);
         assert!(
             again.unwrap().is_none(),
             "{}: a cache with positions",
@@ -196,7 +210,7 @@ fn packed_prefill_matches_the_padded_prefill() {
     }
     let model = specs[0].load(&src, DType::F32, &gpu).unwrap();
     let mut cache = model.new_cache(lens.len(), 80).unwrap();
-    let f32_packed = model.prefill_packed(&prompts.ids, &prompts.mask, &prompts.lens, &mut cache);
+    let f32_packed = model.prefill_packed(&prompts.ids, &prompts.lens, &mut cache);
     assert!(f32_packed.unwrap().is_none(), "f32 is the padded forward's");
 }
 

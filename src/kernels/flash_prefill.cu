@@ -16,6 +16,7 @@
 // launcher zeroes y); no real row reads a padded key, so padding never reaches real rows.
 // ALiBi adds slope_h · s to the score of key s (HF's relative bias up to a per-row constant,
 // which the softmax cancels).
+// At the end: a generation's packed prefill's keys and values into its KV cache (tb_prefill_kv).
 #include "flash_tiles.cuh"
 
 // The operand tiles in dynamic shared memory (over 48 KiB at H = 128): keys and values in two
@@ -127,19 +128,25 @@ PREFILL(__half, f16, 128)
 
 // A generation's prefill run packed (#37 item 2): the real tokens' keys and values from qkv
 // (N, 3C) into the KV caches k, v (B, nh, t_max, H) at the columns left padding gives them:
-// sequence b's row j at column end − lens[b] + j. Type-agnostic 16-byte copies: every size here
-// (V = H / 8, head_stride, part, width = 3C) counts 16-byte vectors. Grid (x, B), one sequence a
-// grid row; a thread a vector of a head's key and its value.
+// sequence b's row j at column end − lens[b] + j; its padding columns (before end − lens[b])
+// zeroed, so that no earlier batch's values stay in a reused cache. Columns from end on are
+// not touched. Type-agnostic 16-byte copies: every size here (V = H / 8, head_stride, part,
+// width = 3C) counts 16-byte vectors. Grid (x, B), one sequence a grid row; a thread a vector of
+// a head's key and its value at one column.
 extern "C" __global__ void tb_prefill_kv(const uint4* qkv, uint4* k, uint4* v, const unsigned int* lens,
                                          const unsigned int* starts, int nh, int V, int head_stride, int part,
                                          int width, int t_max, int end) {
   const int b = blockIdx.y;
-  const long len = lens[b], start = starts[b], total = len * nh * V;
+  const long pad = end - (long)lens[b], start = starts[b], total = (long)end * nh * V;
   for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < total; i += (long)gridDim.x * blockDim.x) {
-    const long j = i / (nh * V), h = (i / V) % nh, e = i % V;
-    const uint4* src = qkv + (start + j) * width + h * head_stride + e;
-    const long dst = (((long)b * nh + h) * t_max + end - len + j) * V + e;
-    k[dst] = src[part];
-    v[dst] = src[2 * part];
+    const long col = i / (nh * V), h = (i / V) % nh, e = i % V;
+    const long dst = (((long)b * nh + h) * t_max + col) * V + e;
+    if (col < pad) {
+      k[dst] = v[dst] = make_uint4(0, 0, 0, 0);
+    } else {
+      const uint4* src = qkv + (start + col - pad) * width + h * head_stride + e;
+      k[dst] = src[part];
+      v[dst] = src[2 * part];
+    }
   }
 }

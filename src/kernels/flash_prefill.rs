@@ -9,6 +9,9 @@
 //! at or past a sequence's length come out zero; a real row attends only real keys, so they
 //! are exact.
 //!
+//! A generation's prefill takes the same kernel over its prompts' real tokens packed; their
+//! keys and values then go into its KV cache where left padding puts them ([`prefill_kv`]).
+//!
 //! Shapes: `B` sequences, `T` padded time, `N` packed rows, `nh` heads, `hs` head size,
 //! `C` = nh·hs.
 
@@ -230,6 +233,38 @@ mod imp {
         Ok(Some(qkv.apply_op1_no_bwd(&op)?))
     }
 
+    /// The shapes prefill_kv takes: qkv (1, N, 3C) of `nh` heads of `hs`, caches (B, nh, T_max,
+    /// hs) of qkv's dtype on its device, lens and packed starts (B,) u32, `end` ≤ T_max and at
+    /// least the longest sequence. Returns (B, T_max).
+    fn check_kv(
+        qkv: &Tensor,
+        (nh, hs): (usize, usize),
+        rows: SeqRows,
+        (k, v): (&Tensor, &Tensor),
+        end: usize,
+    ) -> Result<(usize, usize)> {
+        let (one, _, c3) = qkv.dims3()?;
+        let (b, nh_k, t_max, hs_k) = k.dims4()?;
+        let u32_of = |x: &Tensor| x.dims() == [b] && x.dtype() == DType::U32;
+        let shapes =
+            one == 1 && c3 == 3 * nh * hs && (nh_k, hs_k) == (nh, hs) && v.dims() == k.dims();
+        let same_dtype = k.dtype() == qkv.dtype() && v.dtype() == qkv.dtype();
+        let same_device = [k, v].iter().all(|c| c.device().same_device(qkv.device()));
+        let packed = rows.starts.is_some_and(u32_of) && u32_of(rows.lens);
+        if !(shapes && same_dtype && same_device && packed) || rows.longest > end || end > t_max {
+            bail!(
+                "prefill kv: qkv {:?} ({nh} heads of {hs}) into caches {:?} / {:?} of {:?} up to column {end}, lens {:?}, packed {}: make the caches with the model's new_cache and the rows with WholeSequences::packed",
+                qkv.shape(),
+                k.shape(),
+                v.shape(),
+                k.dtype(),
+                rows.lens.shape(),
+                rows.starts.is_some()
+            );
+        }
+        Ok((b, t_max))
+    }
+
     pub fn prefill_kv(
         qkv: &Tensor,
         layout: QkvLayout,
@@ -238,52 +273,30 @@ mod imp {
         (k, v): (&Tensor, &Tensor),
         end: usize,
     ) -> Result<bool> {
-        let (one, _, c3) = qkv.dims3()?;
-        let (b, nh_k, t_max, hs_k) = k.dims4()?;
-        let Some(starts) = rows.starts else {
-            bail!("prefill kv: the rows come packed")
-        };
-        let u32_of = |x: &Tensor| x.dims() == [b] && x.dtype() == DType::U32;
-        let fits =
-            one == 1 && c3 == 3 * nh * hs && (nh_k, hs_k) == (nh, hs) && v.dims() == k.dims();
-        let kinds = k.dtype() == qkv.dtype() && v.dtype() == qkv.dtype();
-        if !fits
-            || !kinds
-            || !u32_of(rows.lens)
-            || !u32_of(starts)
-            || rows.longest > end
-            || end > t_max
-        {
-            bail!(
-                "prefill kv: qkv {:?} ({nh} heads of {hs}) into caches {:?} / {:?} of {:?} at {end}, lens {:?}",
-                qkv.shape(),
-                k.shape(),
-                v.shape(),
-                k.dtype(),
-                rows.lens.shape()
-            );
-        }
+        let (b, t_max) = check_kv(qkv, (nh, hs), rows, (k, v), end)?;
         // 16-byte vectors of 2-byte elements (bf16 / f16: prefill_applies).
-        let whole = [layout.head_stride, layout.part, hs]
+        let whole_vectors = [layout.head_stride, layout.part, hs]
             .iter()
             .all(|n| n.is_multiple_of(8));
-        if !whole || ![qkv, k, v].into_iter().all(aligned16) {
-            return Ok(false);
-        }
         let Some((s, _)) = cuda(qkv) else {
             return Ok(false);
         };
+        if !whole_vectors || ![qkv, k, v].into_iter().all(aligned16) {
+            return Ok(false);
+        }
         let dev = storage(&s).device().clone();
         drop(s);
         let func = kernel!(dev, PTX, "tb_prefill_kv")?;
+        let starts = rows.starts.expect("check_kv: packed");
         let (lens, starts) = (device_address(rows.lens)?, device_address(starts)?);
         let (qkv_p, k_p, v_p) = (device_address(qkv)?, device_address(k)?, device_address(v)?);
-        let vectors = rows.longest * nh * hs / 8;
+        let vectors = end * nh * hs / 8; // a sequence's, padding columns included
         let cfg = LaunchConfig {
             grid_dim: (vectors.div_ceil(256).clamp(1, 1024) as u32, b as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
+        let c3 = 3 * nh * hs;
         let ints = [
             nh,
             hs / 8,
@@ -294,10 +307,13 @@ mod imp {
             end,
         ]
         .map(|n| n as i32);
-        // SAFETY: qkv holds N rows of 3C (N = the packed rows: starts[b] + lens[b] ≤ N, the
-        // caller's packing), the caches B·nh·T_max·hs elements each, lens and starts B u32
-        // (checked above); a thread writes columns end − lens[b] .. end < T_max of its
-        // sequence's row only, 16-byte aligned (checked above).
+        // SAFETY: the caches hold B·nh·T_max·hs elements each and a thread writes only columns
+        // below end ≤ T_max of its own sequence's rows (check_kv); lens and starts hold B u32
+        // (check_kv). The rows read, starts[b] + j for j < lens[b], lie inside qkv's N rows
+        // when lens and starts are a packing of those rows (WholeSequences::packed of the
+        // lens the rows were gathered by: KvCache::packed_prompts), and lens[b] ≤ end (the
+        // longest, checked against end, comes from the same lens). Every access is a 16-byte
+        // vector at a 16-byte boundary (checked above).
         launch!(unsafe func, cfg; &qkv_p, &k_p, &v_p, &lens, &starts, &ints[0], &ints[1],
             &ints[2], &ints[3], &ints[4], &ints[5], &ints[6])?;
         Ok(true)

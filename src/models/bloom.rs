@@ -26,162 +26,14 @@ use super::layers::{
     dropout, fp8_lm_head, lm_head, load_layer_norm, split_head_logits, Activation, Dropout, Mlp,
     Mode, Norm, Projection, Unsummed, WeightLayout::Linear,
 };
-use super::shard::Split;
 use super::step::{step_layer, StepKernel};
 use crate::dist::Tp;
-use crate::error::{Error, Result};
 use crate::kernels::{self, QkvLayout};
 use candle_core::{DType, Tensor, D};
 use candle_nn::{Init, VarBuilder};
-use serde::Deserialize;
 
-fn default_eps() -> f64 {
-    1e-5
-}
-fn default_init_range() -> f64 {
-    0.02
-}
-fn default_true() -> bool {
-    true
-}
-fn default_tp() -> usize {
-    1
-}
-
-/// HF `BloomConfig`, read straight from `config.json` (HF key names; old checkpoints say
-/// `n_embed` for `hidden_size`, and `num_attention_heads` / `num_hidden_layers` are aliases).
-#[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq)]
-pub struct Config {
-    pub vocab_size: usize,
-    #[serde(alias = "n_embed")]
-    pub hidden_size: usize,
-    #[serde(alias = "num_hidden_layers")]
-    pub n_layer: usize,
-    #[serde(alias = "num_attention_heads")]
-    pub n_head: usize,
-    #[serde(default = "default_eps")]
-    pub layer_norm_epsilon: f64,
-    #[serde(default = "default_init_range")]
-    pub initializer_range: f64,
-    #[serde(default)]
-    pub apply_residual_connection_post_layernorm: bool,
-    #[serde(default = "default_true")]
-    pub tie_word_embeddings: bool,
-    /// Megatron's tensor-parallel degree at pre-training; only `slow_but_exact` uses it.
-    #[serde(default = "default_tp")]
-    pub pretraining_tp: usize,
-    #[serde(default)]
-    pub slow_but_exact: bool,
-    /// Dropout on each residual branch (training only).
-    #[serde(default)]
-    pub hidden_dropout: f32,
-    /// Dropout on the attention probabilities (training only).
-    #[serde(default)]
-    pub attention_dropout: f32,
-}
-
-impl Config {
-    fn preset(hidden_size: usize, n_layer: usize, n_head: usize) -> Self {
-        Self {
-            vocab_size: 250880,
-            hidden_size,
-            n_layer,
-            n_head,
-            layer_norm_epsilon: 1e-5,
-            initializer_range: 0.02,
-            apply_residual_connection_post_layernorm: false,
-            tie_word_embeddings: true,
-            pretraining_tp: 1,
-            slow_but_exact: false,
-            hidden_dropout: 0.,
-            attention_dropout: 0.,
-        }
-    }
-    pub fn bloom_560m() -> Self {
-        Self::preset(1024, 24, 16)
-    }
-    pub fn bloom_1b1() -> Self {
-        Self::preset(1536, 24, 16)
-    }
-    pub fn bloom_1b7() -> Self {
-        Self::preset(2048, 24, 16)
-    }
-    pub fn bloom_3b() -> Self {
-        Self::preset(2560, 30, 32)
-    }
-    pub fn bloom_7b1() -> Self {
-        Self::preset(4096, 30, 32)
-    }
-    /// The 176B model: for parameter counts and memory estimates.
-    pub fn bloom_176b() -> Self {
-        Self::preset(14336, 70, 112)
-    }
-    /// 2 layers, 64 channels, 4 heads: CI's BLOOM.
-    pub fn bloom_tiny() -> Self {
-        Self {
-            vocab_size: 50257,
-            ..Self::preset(64, 2, 4)
-        }
-    }
-
-    pub fn validate(&self) -> Result<()> {
-        if !self.hidden_size.is_multiple_of(self.n_head) {
-            return Err(Error::Config(format!(
-                "hidden_size {} is not divisible by n_head {}",
-                self.hidden_size, self.n_head
-            )));
-        }
-        if self.slow_but_exact && self.pretraining_tp > 1 {
-            return Err(Error::Unsupported(
-                "BLOOM with slow_but_exact and pretraining_tp > 1 is not supported".into(),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Stored parameters, the tied LM head counted once.
-    pub fn n_parameters(&self) -> usize {
-        let h = self.hidden_size;
-        let block = 2 * 2 * h // input_layernorm, post_attention_layernorm
-            + 3 * h * h + 3 * h // query_key_value
-            + h * h + h // dense
-            + 4 * h * h + 4 * h // dense_h_to_4h
-            + 4 * h * h + h; // dense_4h_to_h
-        let head = if self.tie_word_embeddings {
-            0
-        } else {
-            self.vocab_size * h
-        };
-        self.vocab_size * h + 2 * h + self.n_layer * block + 2 * h + head
-    }
-
-    /// What a rank of a tensor-parallel group holds of each weight (names without the
-    /// `transformer.` prefix): `query_key_value` rows are laid out per head (nh, 3, hs), so a
-    /// rank's heads are one contiguous block of 3·hs rows each; `dense_h_to_4h` split by rows
-    /// (hidden units); `dense` and `dense_4h_to_h` by columns (their inputs). Linear weights
-    /// are (out, in). Everything else is replicated.
-    pub fn tp_split(&self, name: &str) -> Option<Split> {
-        let hs = self.hidden_size / self.n_head;
-        let (dim, unit) = match name {
-            n if n.ends_with("self_attention.query_key_value.weight") => (0, 3 * hs),
-            n if n.ends_with("self_attention.query_key_value.bias") => (0, 3 * hs),
-            n if n.ends_with("self_attention.dense.weight") => (1, hs),
-            n if n.ends_with("mlp.dense_h_to_4h.weight") => (0, 1),
-            n if n.ends_with("mlp.dense_h_to_4h.bias") => (0, 1),
-            n if n.ends_with("mlp.dense_4h_to_h.weight") => (1, 1),
-            _ => return None,
-        };
-        Some(Split {
-            dim,
-            blocks: 1,
-            unit,
-        })
-    }
-
-    /// Longest input: BLOOM was trained on 2048 tokens; ALiBi itself has no limit (lm-eval's
-    /// default max_length for models whose config names none is also 2048).
-    pub const MAX_POSITIONS: usize = 2048;
-}
+mod config;
+pub use config::Config;
 
 /// ALiBi slopes of `n_head` heads, as HF `build_alibi_tensor`: a geometric sequence for the
 /// largest power of two ≤ n_head, then every other slope of the next power's sequence.
@@ -525,9 +377,6 @@ impl Bloom {
         kernels::StepModel::new(layers, lnf, self.ln_f.eps(), attention)
     }
 
-    /// The blocks and ln_f of an inference forward from its normed embeddings x (B, T, H),
-    /// `attend` giving layer i's attention branch of its normed input. Each residual add goes
-    /// with the norm after it ([`Norm::add_forward`]: one kernel on CUDA).
     /// The blocks and ln_f over sequences packed end to end, ids (N) or (1, N) ->
     /// (1, N, H); with `kv` (a packed prefill) each layer's keys and values go into the cache.
     fn blocks_packed(
@@ -560,6 +409,9 @@ impl Bloom {
         self.logits(last) // (B, V)
     }
 
+    /// The blocks and ln_f of an inference forward from its normed embeddings x (B, T, H),
+    /// `attend` giving layer i's attention branch of its normed input. Each residual add goes
+    /// with the norm after it ([`Norm::add_forward`]: one kernel on CUDA).
     fn blocks_inference(
         &self,
         x: Tensor,
@@ -622,7 +474,6 @@ impl CausalLm for Bloom {
     fn prefill_packed(
         &self,
         input_ids: &Tensor,
-        attention_mask: &Tensor,
         lens: &[usize],
         cache: &mut KvCache,
     ) -> candle_core::Result<Option<Tensor>> {
@@ -633,7 +484,7 @@ impl CausalLm for Bloom {
         let Some(packed) = cache.packed_prompts(lens, input_ids.dim(1)?)? else {
             return Ok(None);
         };
-        let step = cache.begin(attention_mask, self.h.len())?;
+        let step = cache.begin(&packed.mask, self.h.len())?;
         let ids = input_ids.flatten_all()?.index_select(&packed.gather, 0)?; // (N,)
         let whole = WholeSequences::packed(lens, device)?;
         let h = self.blocks_packed(&ids, &whole, Some((cache, &step)))?; // (1, N, H)

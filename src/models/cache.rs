@@ -79,7 +79,7 @@ impl<'a> LayerStep<'a> {
         let caches = (&self.kv.k, &self.kv.v);
         if !crate::kernels::prefill_kv(qkv, layout, heads, rows, caches, end)? {
             return Err(candle_core::Error::Msg(
-                "a packed prefill writes its KV cache with a CUDA kernel (bf16 / f16, --fused prefill): run forward_cached instead".into(),
+                "the packed prefill's KV cache kernel does not apply to these tensors (it takes bf16 / f16 on CUDA in 16-byte rows): leave prefill out of --fused".into(),
             ));
         }
         Ok(())
@@ -151,9 +151,9 @@ pub struct Step {
 pub struct PackedPrompts {
     /// (N,) u32: each real token's index in the prompts' flattened (B·T) ids.
     pub gather: Tensor,
-    /// (1, N) u32: each token's position in its prompt, from 0 (GPT-2's position ids; what
-    /// the cache's positions hold for left padding).
-    pub positions: Tensor,
+    /// (B, T) u32: the left-padded attention mask of these lengths (1 real, 0 padding), which
+    /// [`KvCache::begin`] takes; the lengths, not the caller's pad ids, place the tokens.
+    pub mask: Tensor,
     /// (B,) u32: each prompt's last token among the N rows (whose logits generation reads).
     pub last: Tensor,
 }
@@ -293,7 +293,9 @@ impl KvCache {
             .flat_map(|(b, &n)| (b * t + t - n..(b + 1) * t).map(|i| i as u32))
             .collect();
         let n = gather.len();
-        let positions: Vec<u32> = lens.iter().flat_map(|&n| 0..n as u32).collect();
+        let mask: Vec<u32> = (lens.iter())
+            .flat_map(|&n| (0..t).map(move |c| u32::from(c >= t - n)))
+            .collect();
         let last: Vec<u32> = (lens.iter())
             .scan(0, |end, &n| {
                 *end += n;
@@ -302,7 +304,7 @@ impl KvCache {
             .collect();
         Ok(Some(PackedPrompts {
             gather: Tensor::from_vec(gather, n, dev)?,
-            positions: Tensor::from_vec(positions, (1, n), dev)?,
+            mask: Tensor::from_vec(mask, (lens.len(), t), dev)?,
             last: Tensor::from_vec(last, lens.len(), dev)?,
         }))
     }
@@ -550,8 +552,8 @@ mod tests {
         Ok(())
     }
 
-    /// Left-padded rows of 3, 1 and 4 real tokens at T = 4: their tokens end to end, each
-    /// from position 0, the last of each; none once the cache holds positions; a one-line
+    /// Left-padded rows of 3, 1 and 4 real tokens at T = 4: their tokens end to end, the
+    /// left-padded mask, the last of each; none once the cache holds positions; a one-line
     /// error for lengths that do not fit the rows.
     #[test]
     fn packed_prompts_gather_the_real_tokens_of_left_padded_rows() -> Result<()> {
@@ -561,7 +563,8 @@ mod tests {
             .packed_prompts(&[3, 1, 4], 4)?
             .expect("an empty cache");
         assert_eq!(p.gather.to_vec1::<u32>()?, [1, 2, 3, 7, 8, 9, 10, 11]);
-        assert_eq!(p.positions.to_vec2::<u32>()?, [[0, 1, 2, 0, 0, 1, 2, 3]]);
+        let mask = [[0u32, 1, 1, 1], [0, 0, 0, 1], [1, 1, 1, 1]];
+        assert_eq!(p.mask.to_vec2::<u32>()?, mask);
         assert_eq!(p.last.to_vec1::<u32>()?, [2, 3, 7]);
         for bad in [&[3, 1][..], &[3, 0, 4], &[3, 5, 4]] {
             let err = cache.packed_prompts(bad, 4).err().map(|e| e.to_string());
@@ -569,8 +572,7 @@ mod tests {
             assert!(err.contains("every prompt needs 1 to 4 tokens"), "{err}");
             assert!(!err.contains('\n'), "{err}");
         }
-        let mask = Tensor::new(&[[0u32, 1, 1, 1], [0, 0, 0, 1], [1, 1, 1, 1]], &dev)?;
-        let step = cache.begin(&mask, 1)?;
+        let step = cache.begin(&p.mask, 1)?;
         cache.commit(step);
         assert!(cache.packed_prompts(&[3, 1, 4], 4)?.is_none());
         Ok(())

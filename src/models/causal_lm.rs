@@ -68,19 +68,20 @@ pub trait CausalLm {
     ) -> candle_core::Result<Tensor>;
 
     /// [`CausalLm::forward_cached`] of left-padded prompts into an empty cache, only their
-    /// real tokens through the layers, end to end (the fused attention, `--fused prefill`), the
-    /// cache written as the padded forward writes it. `lens`: each row's real tokens, the
-    /// `attention_mask` row sums (padding first). Returns the last positions' logits (B, V), or
-    /// None where there is no packed prefill (the kernel does not apply, the cache is not
-    /// empty): the caller runs forward_cached.
+    /// real tokens through the layers, end to end (the fused attention, `--fused prefill`).
+    /// input_ids: (B, T) u32, row b's last `lens[b]` real (padding first: the lengths, not
+    /// the pad ids, say where). The cache ends as the padded forward leaves it (mask,
+    /// positions, the real tokens' keys and values), but its padding columns hold zeros.
+    /// Returns the last positions' logits (B, V), or None where there is no packed prefill
+    /// (fp32, the CPU, `--fused` without prefill, head sizes but 64 and 128, a cache that is
+    /// not empty, GPT-2's T past n_positions): the caller runs forward_cached.
     fn prefill_packed(
         &self,
         input_ids: &Tensor,
-        attention_mask: &Tensor,
         lens: &[usize],
         cache: &mut KvCache,
     ) -> candle_core::Result<Option<Tensor>> {
-        let _ = (input_ids, attention_mask, lens, cache);
+        let _ = (input_ids, lens, cache);
         Ok(None)
     }
 

@@ -155,7 +155,7 @@ pub fn generate_in(
     }
     cache.reset()?;
     let (ids, mask) = (&prompts.ids, &prompts.mask);
-    let logits = match model.prefill_packed(ids, mask, &prompts.lens, cache)? {
+    let logits = match model.prefill_packed(ids, &prompts.lens, cache)? {
         Some(logits) => logits, // (B, V): the real tokens only, end to end
         None => model.forward_cached(ids, mask, cache)?, // (B, V)
     };

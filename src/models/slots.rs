@@ -127,7 +127,7 @@ impl Slots {
         self.prefill.reset()?;
         let ids = Tensor::from_slice(prompt, (1, p), &device)?; // (1, P)
         let mask = Tensor::ones((1, p), candle_core::DType::U32, &device)?; // (1, P)
-        let logits = match model.prefill_packed(&ids, &mask, &[p], &mut self.prefill)? {
+        let logits = match model.prefill_packed(&ids, &[p], &mut self.prefill)? {
             Some(logits) => logits, // (1, V)
             None => model.forward_cached(&ids, &mask, &mut self.prefill)?,
         };
