@@ -1,5 +1,6 @@
 //! The scoring forward's attention (`--fused prefill`) against f32 composed attention, alone
-//! and inside whole models.
+//! and inside whole models; and a generation's packed prefill's keys and values written into
+//! its KV cache (`prefill_kv`).
 
 use super::*;
 use crate::models::attention::causal_padding_bias;
@@ -161,14 +162,15 @@ fn packed(
 
 /// A generation's packed prefill's keys and values into its KV cache (`prefill_kv`): each
 /// sequence's rows copied bit for bit to the columns left padding gives them (ending at
-/// column 72 of 80, past the longest sequence: `--pad-multiple`), its padding columns zeroed,
-/// the columns from 72 on untouched; GPT-2's and BLOOM's layouts, head sizes 64 and 128,
-/// bf16 and f16. Not in f32 (the padded forward's), and only for packed rows.
+/// column 72 of 80, past the longest sequence: `--pad-multiple`; or at 70, the longest
+/// sequence's own length: no padding), its padding columns zeroed, the columns from the end
+/// on untouched; GPT-2's and BLOOM's layouts, head sizes 64 and 128, bf16 and f16. Not in f32
+/// (the padded forward's), and only for packed rows.
 #[test]
 fn prefill_kv_writes_each_row_where_left_padding_puts_it() {
     let (dev, _one_at_a_time) = gpu();
     let lens: [u32; 4] = [5, 1, 70, 33];
-    let (b, nh, end, t_max) = (lens.len(), 3, 72, 80);
+    let (b, nh, t_max) = (lens.len(), 3, 80);
     let n: usize = lens.iter().map(|&l| l as usize).sum();
     let starts: Vec<u32> = (0..b).map(|i| lens[..i].iter().sum()).collect();
     let (lens_t, starts_t) = (
@@ -181,12 +183,13 @@ fn prefill_kv_writes_each_row_where_left_padding_puts_it() {
         longest: 70,
     };
     let cases = [
-        (64, false, DType::BF16),
-        (64, true, DType::F16),
-        (128, true, DType::BF16),
+        (64, false, DType::BF16, 72),
+        (64, true, DType::F16, 72),
+        (128, true, DType::BF16, 70),
+        (128, false, DType::F16, 70),
     ];
-    for (hs, bloom, dtype) in cases {
-        let why = format!("hs {hs} bloom {bloom} {dtype:?}");
+    for (hs, bloom, dtype, end) in cases {
+        let why = format!("hs {hs} bloom {bloom} {dtype:?} end {end}");
         let c = nh * hs;
         let layout = qkv_layout(bloom, hs, c);
         let qkv = randn(&[1, n, 3 * c], &dev).to_dtype(dtype).unwrap();
@@ -220,6 +223,7 @@ fn prefill_kv_writes_each_row_where_left_padding_puts_it() {
     let f32_qkv = randn(&[1, n, 3 * nh * 64], &dev);
     let f32_cache = Tensor::zeros((b, nh, t_max, 64), DType::F32, &dev).unwrap();
     let layout = qkv_layout(false, 64, nh * 64);
+    let end = 72;
     let f32s = prefill_kv(
         &f32_qkv,
         layout,

@@ -58,9 +58,10 @@ pub fn flash_prefill(
 /// A generation's prefill run packed: writes the keys and values of qkv (1, N, 3C) (laid out
 /// as `layout`, `nh` heads of `hs`; `rows` packed) into a layer's KV cache k, v (B, nh, T_max,
 /// hs) where the left-padded prompts put them: sequence b's row j at column `end − lens[b] + j`
-/// (`end`: the padded prompts' length). Returns false where the kernel does not apply
-/// ([`prefill_applies`], a CPU tensor, rows not 16-byte aligned); the caller then has no
-/// packed prefill.
+/// (`end`: the padded prompts' length); its padding columns (before `end − lens[b]`) zeroed,
+/// the columns from `end` on untouched. Returns false where the kernel does not apply
+/// ([`prefill_applies`] of qkv, rows not 16-byte aligned); an error for shapes, dtypes or
+/// devices that do not fit (`check_kv`).
 pub fn prefill_kv(
     qkv: &Tensor,
     layout: QkvLayout,

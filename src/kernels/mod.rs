@@ -154,11 +154,12 @@ pub enum Fused {
     /// add after it sums (no SMs held by the transfer), instead of NCCL's all-reduce on a
     /// second stream.
     CopySum,
-    /// Inference over whole sequences (scoring, and generation's prefill): the causal
-    /// attention as one tensor-core kernel reading the qkv projection's rows in place (head
-    /// sizes 64 and 128, ALiBi), over the sequences packed end to end without padding,
-    /// instead of the head split, the matmuls, the softmax over a (B, nh, T, T) bias and the
-    /// head merge over padded rows.
+    /// Inference over whole sequences in bf16 / f16 (scoring, and generation's prefill): the
+    /// causal attention as one tensor-core kernel reading the qkv projection's rows in place
+    /// (head sizes 64 and 128, ALiBi), over right-padded rows or the sequences packed end to
+    /// end (scoring's batches, generation's prompts: their keys and values then written into
+    /// the KV cache), instead of the head split, the matmuls, the softmax over a (B, nh, T, T)
+    /// bias and the head merge over padded rows.
     Prefill,
     /// Training (manual step, bf16 / f16, no ZeRO): AdamW writes the next step's compute
     /// copies of the f32 masters as it updates them (needs `adamw`), instead of a cast pass

@@ -3,9 +3,9 @@
 //! tokens per row (no stop at EOS, so the work is fixed), each the argmax of the last logits
 //! (EOS banned, as `min_new_tokens` does, when the caller names it).
 //!
-//! One prefill (the padded prompts into an empty cache, giving the first new token; on the GPU
-//! only their real tokens, end to end: [`CausalLm::prefill_packed`]), then N − 1 decode steps
-//! of one token each. The generated ids stay on the device until the end, so the
+//! One prefill (the padded prompts into an empty cache, giving the first new token; on CUDA in
+//! bf16 / f16 with `--fused prefill` only their real tokens, end to end:
+//! [`CausalLm::prefill_packed`]), then N − 1 decode steps of one token each. The generated ids stay on the device until the end, so the
 //! loop never waits for the device; an engine that times the phases passes a hook, called after
 //! each phase is queued, that synchronises and reads its clock (time to first token,
 //! inter-token latency) without this loop knowing about timing.
