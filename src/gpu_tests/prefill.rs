@@ -255,8 +255,12 @@ fn head_part(rows: &Tensor, bloom: bool, i: usize, (nh, hs): (usize, usize)) -> 
     heads.transpose(0, 1).unwrap()
 }
 
-/// The largest |x − want| over x's elements, in f32.
+/// The largest |x − want| over x's elements, in f32; 0 for no elements (a prompt without
+/// padding: candle's cast of an empty CUDA tensor launches an empty grid, which CUDA refuses).
 fn max_abs_from(x: &Tensor, want: f64) -> f32 {
+    if x.elem_count() == 0 {
+        return 0.;
+    }
     let d = (x.to_dtype(DType::F32).unwrap() - want).unwrap();
     let d = d.abs().unwrap().flatten_all().unwrap();
     d.max(0).unwrap().to_scalar::<f32>().unwrap()
