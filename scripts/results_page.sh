@@ -153,6 +153,12 @@ csvs() {
   # and 1, FT mode at pad 1 and scoring, on the page, not in README's ranges.
   part a6 -i $M/remeasure-run6/remeasure-logs.tgz
   part a7 -i $M/remeasure-run7/remeasure-logs.tgz
+  # 07544ed (#37: generation's prefill packed): FT mode at pad 1 against HF's best, one H100
+  # (ft-run1: two calls on one machine, whose HF ran 11-50 % slower than the earlier calls'
+  # hosts'); bloom-7b1's pair on GPU 1 of a 2x H100 host too (gate-run28; its gpt2 pair, whose
+  # HF ran 2x slower than on the one-GPU host, left out).
+  part a8 -i $M/ft-run1/ft-logs.tgz
+  part a9 -i $H/gate-run28/remeasure-logs.tgz --where model=bloom-7b1
   host h100
   # 2× H100 (#34, #40): tp on 76b0da8 (multi-run1's own logs, not its smoke stage's tiny
   # models), dp on 7c35eef without the withdrawn bf16 gradient sum, the strategies, and HF's
@@ -289,7 +295,7 @@ intro() {
     "its log's header holds the command line, GPU, driver, CUDA version and the binary's commit." \
     "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
     "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
-    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..7, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, train-table-run3..5, ab-run6, fp8-run1..3, serving-run3..5; h100x2/gate-run11, gate-run15, gate-run16, gate-run21 (their GPU 0), attn1 (GPU 0 and 1), gate-run23 (GPU 1), gate-run24 (GPU 0 and 1), gate-run25 (GPU 0 and 1), gate-run26 (GPU 1) |" \
+    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..7, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, train-table-run3..5, ab-run6, fp8-run1..3, serving-run3..5, ft-run1; h100x2/gate-run11, gate-run15, gate-run16, gate-run21 (their GPU 0), attn1 (GPU 0 and 1), gate-run23 (GPU 1), gate-run24 (GPU 0 and 1), gate-run25 (GPU 0 and 1), gate-run26 (GPU 1), gate-run28 (GPU 1) |" \
     "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, multi-run6..11, gate-run7, gate-run10, serving-run1, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
     "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6, multi-run12 |" \
@@ -315,7 +321,9 @@ one_gpu() {
     --metric samples_per_second --title "LAMBADA scoring, one H100: samples/s, candle vs HF's best"
   say "## LAMBADA generation (FasterTransformer's mode)" "" \
     "\`--mode generate\`: each passage's target word generated greedily (FasterTransformer's" \
-    "\`bloom_lambada\`), on one GPU." ""
+    "\`bloom_lambada\`), on one GPU. From 07544ed candle's prefill runs only the prompts' real" \
+    "tokens, end to end (the rows before: the padded prefill). 07544ed's HF ran 11–50 % slower" \
+    "than the earlier calls' (README.md gives both readings)." ""
   say "### One H100" ""
   table h100 --where suite=lambada --where mode=generate "${VS_HF[@]}" --columns "$SCORE"
   chart h100_ft "LAMBADA --mode generate on one H100: samples/s, candle against HF's best" \
