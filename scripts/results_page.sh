@@ -326,9 +326,14 @@ one_gpu() {
     "than the earlier calls' (README.md gives both readings)." ""
   say "### One H100" ""
   table h100 --where suite=lambada --where mode=generate "${VS_HF[@]}" --columns "$SCORE"
-  chart h100_ft "LAMBADA --mode generate on one H100: samples/s, candle against HF's best" \
+  # The newest call alone (ft-run1: candle and HF's best of one call a model): the newest bar
+  # of each engine would otherwise mix calls (an older call's compiled HF beside this one's).
+  local x2=lambada_bloom-7b1_%s_bf16_bs16_cuda0_20261127T%sZ
+  chart h100_ft "LAMBADA --mode generate on one H100 (07544ed): samples/s, candle against HF's best" \
     -i $C/h100.csv --where suite=lambada --where mode=generate --where "ratio_vs_hf_best!=" \
-    --metric samples_per_second --title "LAMBADA --mode generate, one H100: samples/s, candle vs HF's best"
+    --where git_commit=07544ed341b2 --where "run!=$(printf $x2 candle 064854)" \
+    --where "run!=$(printf $x2 hf 065042)" --metric samples_per_second \
+    --title "LAMBADA --mode generate, one H100, 07544ed: samples/s, candle vs HF's best (one call)"
   say "## Generation suite" "" "Prompt 128 + 128 new tokens, one GPU: decode tokens/s and the" \
     "inter-token latency (ITL) against HF's best (compiled: a static KV cache)." ""
   for h in "h100:One H100" "h100x2:One H100 of a 2× H100 host" "h200:One H200"; do
