@@ -156,7 +156,7 @@ csvs() {
   # 07544ed (#37: generation's prefill packed): FT mode at pad 1 against HF's best, one H100
   # (ft-run1: two calls on one machine, whose HF ran 11-50 % slower than the earlier calls'
   # hosts'); bloom-7b1's pair on GPU 1 of a 2x H100 host too (gate-run28; its gpt2 pair, whose
-  # HF ran 2x slower than on the one-GPU host, left out).
+  # HF ran 1.28x slower than ft-run1's and 1.89x slower than remeasure-run5's, left out).
   part a8 -i $M/ft-run1/ft-logs.tgz
   part a9 -i $H/gate-run28/remeasure-logs.tgz --where model=bloom-7b1
   host h100
