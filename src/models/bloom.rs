@@ -379,6 +379,7 @@ impl Bloom {
 
     /// The blocks and ln_f over sequences packed end to end, ids (N) or (1, N) ->
     /// (1, N, H); with `kv` (a packed prefill) each layer's keys and values go into the cache.
+    /// No positions: the kernel adds ALiBi from each key's index in its sequence.
     fn blocks_packed(
         &self,
         ids: &Tensor,
@@ -390,7 +391,6 @@ impl Bloom {
         let x = self
             .word_embeddings_layernorm
             .forward(&x.reshape((1, n, ()))?, Mode::default())?; // (1, N, H)
-                                                                 // No positions: the kernel adds ALiBi from each key's index in its sequence.
         self.blocks_inference(x, |i, attn, h| {
             let kv = kv
                 .map(|(cache, step)| cache.layer_step(i, step))
