@@ -66,8 +66,9 @@ impl<'a> LayerStep<'a> {
 
     /// A packed prefill's keys and values (qkv (1, N, 3C) laid out as `layout`, `rows` the
     /// prompts end to end) into this layer's cache where left padding puts them: each prompt
-    /// ends at this forward's last column, its padding columns zeroed. An error where the kernel does not apply (callers
-    /// of [`KvCache::packed_prompts`] check [`crate::kernels::prefill_applies`] first).
+    /// ends at this forward's last column, its padding columns zeroed. An error where the
+    /// kernel does not apply (callers of [`KvCache::packed_prompts`] check
+    /// [`crate::kernels::prefill_applies`] first).
     pub fn write_packed(
         &self,
         qkv: &Tensor,

@@ -5,10 +5,11 @@
 //!
 //! One prefill (the padded prompts into an empty cache, giving the first new token; on CUDA in
 //! bf16 / f16 with `--fused prefill` only their real tokens, end to end:
-//! [`CausalLm::prefill_packed`]), then N − 1 decode steps of one token each. The generated ids stay on the device until the end, so the
-//! loop never waits for the device; an engine that times the phases passes a hook, called after
-//! each phase is queued, that synchronises and reads its clock (time to first token,
-//! inter-token latency) without this loop knowing about timing.
+//! [`CausalLm::prefill_packed`]), then N − 1 decode steps of one token each. The generated
+//! ids stay on the device until the end, so the loop never waits for the device; an engine
+//! that times the phases passes a hook, called after each phase is queued, that synchronises
+//! and reads its clock (time to first token, inter-token latency) without this loop knowing
+//! about timing.
 //!
 //! Shapes: `B` batch, `T` padded prompt length, `N` new tokens, `V` vocab.
 
