@@ -297,10 +297,105 @@ fn graph_replayed_decoding_matches_eager_decoding() {
                 if graph { 10 } else { 0 },
                 "{name}: graph replays"
             );
+            if graph {
+                assert!(programmatic_edges() > 0, "{name}: a programmatic edge");
+            }
         }
         assert_eq!(ids[1], ids[0], "{name}");
         assert_eq!(ids[0][0].len(), 12);
     }
+}
+
+/// Programmatic edges (`--fused pdl`) change when a decode kernel's blocks start, not what
+/// they compute: bf16 greedy ids of graph replays with and without them are identical (one
+/// row: the GEMVs; six rows: the tensor-core projections), and only the graphs captured with
+/// the path on have such edges.
+#[test]
+fn programmatic_edges_leave_graph_replayed_ids_unchanged() {
+    use crate::models::generate::{generate, left_pad, Greedy};
+    let (gpu, _one_at_a_time) = gpu();
+    let g = Greedy {
+        new_tokens: 12,
+        banned: vec![],
+    };
+    let mut specs = vec![
+        ModelSpec::preset("gpt2-tiny").unwrap(),
+        ModelSpec::preset("bloom-tiny").unwrap(),
+    ];
+    specs.extend(wide_head_specs());
+    let rows: Vec<Vec<u32>> = (0..6)
+        .map(|r| (0..3 + r).map(|t| 1 + 7 * t + r).collect())
+        .collect();
+    for (spec, n) in specs.iter().flat_map(|s| [1, 6].map(|n| (s, n))) {
+        let prompts = left_pad(&rows[..n], 0, &gpu).unwrap();
+        let mut ids = Vec::new();
+        for pdl in [false, true] {
+            match pdl {
+                true => set_enabled(&[Fused::All]),
+                false => set_enabled(&all_but(Fused::Pdl)),
+            }
+            let mut model = spec
+                .load(&WeightSource::Random { seed: 0 }, DType::BF16, &gpu)
+                .unwrap();
+            model.prepare_decode().unwrap();
+            ids.push(generate(model.as_ref(), &prompts, &g, &mut |_| Ok(())).unwrap());
+            let edges = programmatic_edges();
+            let name = &spec.name;
+            assert_eq!(
+                edges > 0,
+                pdl,
+                "{name}, {n} rows, pdl {pdl}: {edges} programmatic edges"
+            );
+        }
+        assert_eq!(ids[1], ids[0], "{}, {n} rows", spec.name);
+    }
+}
+
+/// Every kernel that a programmatic edge may start early (kernels::pdl::waits_first) waits for
+/// the kernel before it first: in its PTX, `griddepcontrol.wait` comes before any load from
+/// memory (but the kernel's parameters), store, atomic or asynchronous copy.
+#[test]
+fn the_kernels_started_early_wait_before_any_memory_access() {
+    use crate::kernels::pdl::waits_first;
+    let families = [
+        include_str!(concat!(env!("OUT_DIR"), "/gemv.ptx")),
+        include_str!(concat!(env!("OUT_DIR"), "/fp8.ptx")),
+        include_str!(concat!(env!("OUT_DIR"), "/skinny.ptx")),
+        include_str!(concat!(env!("OUT_DIR"), "/argmax.ptx")),
+        include_str!(concat!(env!("OUT_DIR"), "/layer_norm.ptx")),
+        include_str!(concat!(env!("OUT_DIR"), "/decode_attention.ptx")),
+    ];
+    let mut checked = 0;
+    for entry in families.iter().flat_map(|ptx| ptx.split(".entry ").skip(1)) {
+        let name = entry.split('(').next().unwrap().trim();
+        if !waits_first(name) {
+            continue;
+        }
+        let wait = entry
+            .find("griddepcontrol.wait")
+            .unwrap_or_else(|| panic!("{name}: no wait"));
+        let before = &entry[..wait];
+        let accesses = before.lines().map(str::trim).filter(|l| {
+            // An instruction after its predicate, if any ("@%p1 ld.global…").
+            let op = match l.strip_prefix('@') {
+                Some(rest) => rest.split_once(char::is_whitespace).map_or("", |(_, r)| r),
+                None => l,
+            };
+            (op.starts_with("ld.") && !op.starts_with("ld.param"))
+                || ["st.", "atom.", "red.", "cp.async"]
+                    .iter()
+                    .any(|p| op.starts_with(p))
+        });
+        assert_eq!(
+            accesses.count(),
+            0,
+            "{name}: memory accessed before the wait"
+        );
+        checked += 1;
+    }
+    // Four GEMV row counts, the fp8 GEMVs, the tensor-core kernels, argmax, the norms and the
+    // decode attention, each in two or three dtypes.
+    assert!(checked >= 40, "{checked} kernels checked");
 }
 
 /// Continuous batching (`models::slots`) on the decode kernels (`--fused all`; its steps are

@@ -73,6 +73,7 @@ __device__ void argmax_part(const T* x, const T* ban, float* part_v, int* part_i
 }
 
 extern "C" __global__ void tb_argmax_final(const float* part_v, const int* part_i, uint32_t* out, int chunks) {
+  pdl_begin();
   float best = -INFINITY;
   int idx = 0x7fffffff;
   for (int c = threadIdx.x; c < chunks; c += blockDim.x)
@@ -83,10 +84,12 @@ extern "C" __global__ void tb_argmax_final(const float* part_v, const int* part_
 
 #define INSTANTIATE(T, S)                                                                                     \
   extern "C" __global__ void tb_argmax_##S(const T* x, const T* ban, uint32_t* out, int v) {                  \
+    pdl_begin();                                                                                              \
     argmax_rows<T>(x, ban, out, v);                                                                           \
   }                                                                                                           \
   extern "C" __global__ void tb_argmax_part_##S(const T* x, const T* ban, float* part_v, int* part_i, int v,  \
                                                 int chunk) {                                                  \
+    pdl_begin();                                                                                              \
     argmax_part<T>(x, ban, part_v, part_i, v, chunk);                                                         \
   }
 FOR_TYPES(INSTANTIATE)

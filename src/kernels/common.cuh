@@ -63,3 +63,17 @@ template <typename T> struct alignas(16) Vec16 { T e[16 / sizeof(T)]; };
 
 // M(T, S) for each storage type T with its kernel-name suffix S.
 #define FOR_TYPES(M) M(float, f32) M(__nv_bfloat16, bf16) M(__half, f16)
+
+// Programmatic dependent launch (`--fused pdl`, src/kernels/pdl.rs): a decode graph's edge into a
+// kernel that calls this first may let the kernel's blocks start while the kernel before it
+// still runs. The wait holds every block until that kernel has finished and its writes are
+// visible, so nothing after it (every load and store of the kernel) can race; the trigger then
+// lets the next kernel's blocks start the same way. Both are no-ops in a kernel launched the
+// usual way. Every kernel that calls it calls it first, in every block, before any memory
+// access: pdl.rs's list of such kernels relies on that (a GPU test reads their PTX).
+__device__ __forceinline__ void pdl_begin() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}

@@ -372,6 +372,7 @@ __device__ void decode_combine(const float* part_m, const float* part_l, const f
 //   advanced; positions: (B,) f32 out, the new tokens' positions; cursor: (1,) u32, advanced.
 extern "C" __global__ void tb_decode_begin(float* mask, float* key_pos, float* seen, float* positions,
                                            uint32_t* cursor, int b, int t_max) {
+  pdl_begin();
   const uint32_t pos = *cursor;
   for (int r = threadIdx.x; r < b; r += blockDim.x) {
     const float p = seen[r];
@@ -390,6 +391,7 @@ extern "C" __global__ void tb_decode_begin(float* mask, float* key_pos, float* s
       const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc, const float* key_mask,          \
       const float* slopes, const float* key_pos, T* out, float scale, int nh, int t_max, int pos,             \
       const uint32_t* cursor) {                                                                               \
+    pdl_begin();                                                                                              \
     decode_attention_head<T, HS>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, out,  \
                                  scale, nh, t_max, pos, cursor);                                              \
   }
@@ -398,6 +400,7 @@ extern "C" __global__ void tb_decode_begin(float* mask, float* key_pos, float* s
                                                      T* kc, T* vc, const float* key_mask, const float* slopes, \
                                                      const float* key_pos, T* out, float scale, int nh, int hs, \
                                                      int t_max, int pos, const uint32_t* cursor) {            \
+    pdl_begin();                                                                                              \
     decode_attention<T>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, out, scale, nh, \
                         hs, t_max, pos, cursor);                                                              \
   }                                                                                                           \
@@ -405,6 +408,7 @@ extern "C" __global__ void tb_decode_begin(float* mask, float* key_pos, float* s
       const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc, const float* key_mask,          \
       const float* slopes, const float* key_pos, float* part_m, float* part_l, float* part_acc, float scale,  \
       int nh, int hs, int t_max, int pos, const uint32_t* cursor) {                                           \
+    pdl_begin();                                                                                              \
     if (hs == 64)                                                                                             \
       decode_attention_part<T, 64>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos,     \
                                    part_m, part_l, part_acc, scale, nh, t_max, pos, cursor);                  \
@@ -415,6 +419,7 @@ extern "C" __global__ void tb_decode_begin(float* mask, float* key_pos, float* s
   HEAD_KERNEL(T, S, 64) HEAD_KERNEL(T, S, 128)                                                                \
   extern "C" __global__ void tb_decode_combine_##S(const float* part_m, const float* part_l,                  \
                                                    const float* part_acc, T* out, int splits, int hs) {       \
+    pdl_begin();                                                                                              \
     decode_combine<T>(part_m, part_l, part_acc, out, splits, hs);                                             \
   }
 FOR_TYPES(INSTANTIATE)

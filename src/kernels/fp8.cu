@@ -131,12 +131,14 @@ __device__ void quantize(const T* w, __nv_fp8_storage_t* q, float* scale, int k)
   extern "C" __global__ void tb_gemv_fp8_##M##_##S(const Vec16<T>* x, const uint4* q,          \
                                                    const float2* sb, T* y, int n, int kq,      \
                                                    int act) {                                  \
+    pdl_begin();                                                                               \
     gemv_fp8<T, M, 4>(x, q, sb, y, n, kq, act);                                                \
   }
 #define INSTANTIATE(T, S)                                                                      \
   INSTANTIATE_M(T, S, 1) INSTANTIATE_M(T, S, 2) INSTANTIATE_M(T, S, 3) INSTANTIATE_M(T, S, 4)  \
   extern "C" __global__ void tb_gemv_fp8_1w8_##S(const Vec16<T>* x, const uint4* q,            \
                                                  const float2* sb, T* y, int n, int kq, int act) { \
+    pdl_begin();                                                                               \
     gemv_fp8<T, 1, 8>(x, q, sb, y, n, kq, act);                                                \
   }                                                                                            \
   extern "C" __global__ void tb_fp8_dequant_##S(const uint4* q, const float2* sb, Vec16<T>* out, \

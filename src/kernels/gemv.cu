@@ -20,6 +20,7 @@ __device__ void gemv(const Vec16<T>* x, const Vec16<T>* w, const T* b, T* y, int
 #define INSTANTIATE_M(T, S, M)                                                                  \
   extern "C" __global__ void tb_gemv##M##_##S(const Vec16<T>* x, const Vec16<T>* w, const T* b, \
                                               T* y, int n, int kv, int act) {                   \
+    pdl_begin();                                                                                \
     gemv<T, M>(x, w, b, y, n, kv, act);                                                         \
   }
 #define INSTANTIATE(T, S) INSTANTIATE_M(T, S, 1) INSTANTIATE_M(T, S, 2) INSTANTIATE_M(T, S, 3) INSTANTIATE_M(T, S, 4)

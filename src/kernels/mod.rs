@@ -35,6 +35,8 @@ mod layer_norm;
 mod linear_lt;
 mod multi_tensor;
 mod oneshot;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // graph.rs's CUDA build uses it
+pub(crate) mod pdl;
 mod residual;
 mod skinny;
 
@@ -53,7 +55,7 @@ pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
 pub use flash_prefill::{flash_prefill, prefill_applies, prefill_kv, SeqRows};
 pub use fp8::{dequant_fp8, gemv_fp8, quantize_fp8, FP8_GEMV_MAX_ROWS};
 pub use gemv::{gemv, MAX_ROWS as GEMV_MAX_ROWS};
-pub use graph::{capture, param_cache, replays, Graph, ParamCache};
+pub use graph::{capture, param_cache, programmatic_edges, replays, Graph, ParamCache};
 pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{
     add_layer_norm, layer_norm, layer_norm_bwd, layer_norm_bwd_add, ResidualGrads,
@@ -178,6 +180,11 @@ pub enum Fused {
     /// shared memory two stages ahead, instead of ≈ 7 launches a layer. Not in `all` (opt in:
     /// `--fused all,step`): measured no faster than the graphed launches (docs/perf-notes.md).
     Step,
+    /// Decoding under a CUDA graph on Hopper (needs `graph`): each edge between two decode
+    /// kernels made programmatic, so that a kernel's blocks are launched while the kernel
+    /// before it runs and wait for it on the device, instead of being launched once it has
+    /// finished (the graph's memory nodes moved off the kernels' chain to allow it).
+    Pdl,
 }
 
 const LT: u32 = 1;
@@ -206,6 +213,7 @@ const LN_RESIDUAL: u32 = 1 << 22;
 const FLASH_DQ: u32 = 1 << 23;
 const STEP: u32 = 1 << 24;
 const SKINNY_PROJ: u32 = 1 << 25;
+const PDL: u32 = 1 << 26;
 const ALL: u32 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -230,7 +238,8 @@ const ALL: u32 = LT
     | ADAMW_COPIES
     | LN_RESIDUAL
     | FLASH_DQ
-    | SKINNY_PROJ;
+    | SKINNY_PROJ
+    | PDL;
 
 static ENABLED: AtomicU32 = AtomicU32::new(ALL);
 
@@ -264,6 +273,7 @@ fn bit(f: Fused) -> u32 {
         Fused::LnResidual => LN_RESIDUAL,
         Fused::FlashDq => FLASH_DQ,
         Fused::Step => STEP,
+        Fused::Pdl => PDL,
     }
 }
 
@@ -313,6 +323,7 @@ pub fn describe() -> String {
         (LN_RESIDUAL, "ln-residual"),
         (FLASH_DQ, "flash-dq"),
         (STEP, "step"),
+        (PDL, "pdl"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

@@ -166,15 +166,18 @@ __device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, T* 
 #define SKINNY(T, S, NT)                                                                               \
   extern "C" __global__ void __launch_bounds__(32 * WARPS)                                             \
       tb_skinny##NT##_##S(const T* x, const T* w, const T* b, T* y, int m, int n, int k, int act) {    \
+    pdl_begin();                                                                                       \
     skinny<T, T, NT, 2, true>(x, w, b, nullptr, y, m, n, k, act);                                      \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(32 * WARPS) tb_skinny_fp8_##NT##_##S(                   \
       const T* x, const uint8_t* q, const float2* sb, T* y, int m, int n, int k, int act) {            \
+    pdl_begin();                                                                                       \
     skinny<T, uint8_t, NT, 2, true>(x, q, nullptr, sb, y, m, n, k, act);                               \
   }
 #define SKINNY_HEAD(T, S)                                                                              \
   extern "C" __global__ void __launch_bounds__(32 * WARPS) tb_skinny_head_##S(const T* x, const T* w, T* y, \
                                                                              int m, int n, int k) {    \
+    pdl_begin();                                                                                       \
     skinny<T, T, 2, 4, false>(x, w, nullptr, nullptr, y, m, n, k, 0);                                  \
   }
 SKINNY(__nv_bfloat16, bf16, 1)
