@@ -13,7 +13,9 @@
 // kernel waits first and then triggers its dependents); PDL with each GEMV loading its weights
 // before the wait. On a created stream and on the per-thread default stream (candle's); and
 // with a stream-ordered allocation before each launch and its free after it, as candle's
-// tensors make (graph memory nodes between the kernels).
+// tensors make (graph memory nodes between the kernels); and with those allocations made roots
+// of the graph during the capture and each kernel's programmatic edge drawn from the last
+// operation (cudaStreamUpdateCaptureDependencies: what src/kernels/pdl.rs does).
 //
 // Build (here): nvcc -O3 -std=c++17 -arch=sm_90 -cudart static scripts/probes/pdl_probe.cu -o pdl_probe
 #include <cuda_runtime.h>
@@ -21,6 +23,7 @@
 #include <cstdlib>
 #include <vector>
 #include <algorithm>
+#include <cstring>
 
 #define CHECK(x)                                                                   \
   do {                                                                             \
@@ -97,14 +100,55 @@ __global__ void gemv(const float* x, const uint4* w, float* y, int kv) {
   if (threadIdx.x == 0) y[col] = s[0] + s[1] + s[2] + s[3];
 }
 
+// The capture's last operation: its current dependency, walked back past memory nodes.
+static cudaGraphNode_t last_operation(cudaStream_t s) {
+  cudaStreamCaptureStatus st;
+  const cudaGraphNode_t* deps = nullptr;
+  size_t n = 0;
+  CHECK(cudaStreamGetCaptureInfo(s, &st, nullptr, nullptr, &deps, nullptr, &n));
+  cudaGraphNode_t at = n == 1 ? deps[0] : nullptr;
+  while (at) {
+    cudaGraphNodeType t;
+    CHECK(cudaGraphNodeGetType(at, &t));
+    if (t != cudaGraphNodeTypeMemAlloc && t != cudaGraphNodeTypeMemFree) return at;
+    size_t m = 0;
+    CHECK(cudaGraphNodeGetDependencies(at, nullptr, nullptr, &m));
+    if (m != 1) return nullptr;
+    CHECK(cudaGraphNodeGetDependencies(at, &at, nullptr, &m));
+  }
+  return nullptr;
+}
+
 struct Launcher {
   cudaStream_t stream;
   bool pdl;
   bool alloc;  // a stream-ordered allocation and free around every launch (candle's pattern)
+  bool hoist;  // the allocation made a root of the graph, the kernel after the last operation
   template <typename... A>
   void operator()(void (*k)(A...), int grid, int block, A... args) {
     void* scratch = nullptr;
+    cudaGraphNode_t prev = nullptr;
+    if (hoist) {
+      prev = last_operation(stream);
+      CHECK(cudaStreamUpdateCaptureDependencies(stream, nullptr, nullptr, 0, cudaStreamSetCaptureDependencies));
+    }
     if (alloc) CHECK(cudaMallocAsync(&scratch, 4096, stream));
+    if (hoist && prev) {
+      cudaStreamCaptureStatus st;
+      const cudaGraphNode_t* deps = nullptr;
+      size_t n = 0;
+      CHECK(cudaStreamGetCaptureInfo(stream, &st, nullptr, nullptr, &deps, nullptr, &n));
+      std::vector<cudaGraphNode_t> nodes(deps, deps + n);
+      std::vector<cudaGraphEdgeData> data(n + 1);
+      memset(data.data(), 0, sizeof(cudaGraphEdgeData) * data.size());
+      nodes.push_back(prev);
+      if (pdl) {
+        data[n].from_port = cudaGraphKernelNodePortProgrammatic;
+        data[n].type = cudaGraphDependencyTypeProgrammatic;
+      }
+      CHECK(cudaStreamUpdateCaptureDependencies(stream, nodes.data(), data.data(), nodes.size(),
+                                                cudaStreamSetCaptureDependencies));
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(grid);
     cfg.blockDim = dim3(block);
@@ -113,7 +157,7 @@ struct Launcher {
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cfg.numAttrs = pdl && !hoist ? 1 : 0;
     CHECK(cudaLaunchKernelEx(&cfg, k, args...));
     if (alloc) CHECK(cudaFreeAsync(scratch, stream));
   }
@@ -155,7 +199,7 @@ int main() {
 
   cudaStream_t created;
   CHECK(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking));
-  struct Variant { const char* name; cudaStream_t s; bool pdl, preload, alloc = false; };
+  struct Variant { const char* name; cudaStream_t s; bool pdl, preload, alloc = false, hoist = false; };
   const Variant variants[] = {
       {"created stream, plain", created, false, false},
       {"created stream, pdl", created, true, false},
@@ -166,11 +210,13 @@ int main() {
       {"per-thread stream, pdl + weights before the wait", cudaStreamPerThread, true, true},
       {"per-thread stream, plain, alloc + free a launch", cudaStreamPerThread, false, false, true},
       {"per-thread stream, pdl, alloc + free a launch", cudaStreamPerThread, true, false, true},
+      {"per-thread stream, pdl, alloc + free, alloc hoisted", cudaStreamPerThread, true, false, true, true},
+      {"per-thread stream, plain, alloc + free, alloc hoisted", cudaStreamPerThread, false, false, true, true},
   };
   printf("kernels a step: %d (12 layers x 8 + head)\n", L * 8 + 1);
-  for (int round = 0; round < 3; round++)
+  for (int round = 0; round < 2; round++)
     for (const auto& v : variants) {
-      Launcher go{v.s, v.pdl, v.alloc};
+      Launcher go{v.s, v.pdl, v.alloc, v.hoist};
       cudaGraph_t graph;
       cudaGraphExec_t exec;
       CHECK(cudaStreamBeginCapture(v.s, cudaStreamCaptureModeThreadLocal));
