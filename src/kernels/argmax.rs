@@ -31,6 +31,7 @@ mod imp {
     use crate::kernels::launch::{
         alloc, cuda, float_dtype, kernel, launch, ptx, storage, view, with_dtype, wrap, Ptx, NULL,
     };
+    use crate::kernels::pdl::Early;
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg as _};
     use candle_core::cuda_backend::WrapErr as _;
@@ -64,6 +65,7 @@ mod imp {
         let out = with_dtype!(x.dtype(), T => {
             let xv = view::<T>(storage(&xs.0), xs.1)?;
             let bv = bs.as_ref().map(|(s, l)| view::<T>(storage(s), l)).transpose()?;
+            let early = Early::begin(&dev)?;
             let out = alloc::<u32>(&dev, b)?;
             let v_i = v as i32;
             let mut args = func.builder();
@@ -79,6 +81,7 @@ mod imp {
                 shared_mem_bytes: 0,
             };
             // SAFETY: x holds B·V elements, ban V, out B.
+            early.launch()?;
             unsafe { args.launch(cfg) }.w()?;
             wrap(out, &dev, (b, 1))
         });
@@ -102,6 +105,7 @@ mod imp {
         let part = kernel!(dev, PTX, "tb_argmax_part", x.dtype())?;
         let fin = dev.get_or_load_custom_func("tb_argmax_final", PTX.module, PTX.text)?;
         let chunks = v.div_ceil(ARGMAX_CHUNK);
+        let early = Early::begin(&dev)?;
         let (part_v, part_i) = (
             alloc::<f32>(&dev, b * chunks)?,
             alloc::<i32>(&dev, b * chunks)?,
@@ -124,6 +128,7 @@ mod imp {
                 shared_mem_bytes: 0,
             };
             // SAFETY: x holds B·V elements, ban V, the partials B·chunks.
+            early.launch()?;
             unsafe { args.launch(cfg) }.w()?;
         });
         let chunks_i = chunks as i32;
@@ -133,6 +138,7 @@ mod imp {
             shared_mem_bytes: 0,
         };
         // SAFETY: the partials hold B·chunks values, out B.
+        Early::begin(&dev)?.launch()?;
         launch!(unsafe fin, cfg; &part_v, &part_i, &out, &chunks_i)?;
         Ok(wrap(out, &dev, (b, 1)))
     }

@@ -98,6 +98,7 @@ mod imp {
         aligned16, alloc, cuda, float_dtype, kernel, launch, ptx, storage, view, with_dtype, wrap,
         Ptx, NULL,
     };
+    use crate::kernels::pdl::Early;
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{
         CudaSlice, CudaView, LaunchArgs, LaunchConfig, PushKernelArg as _,
@@ -371,6 +372,7 @@ mod imp {
             (Kind::Whole, _) => kernel!(dev, PTX, "tb_decode_attention", qkv.dtype())?,
         };
         // The split blocks' partial results and the kernel that merges them.
+        let early = Early::begin(&dev)?;
         let parts = match p.kind == Kind::Split {
             true => Some((
                 Partials {
@@ -394,6 +396,7 @@ mod imp {
             // SPLIT_KEYS keys of the longest cache; the head kernel's 16-byte vectors start at
             // 16-byte boundaries (qkv, k and v aligned, width, head stride and part whole
             // vectors: plan). The kernel writes the caches only at `pos`.
+            early.launch()?;
             unsafe { args.launch(p.config()) }.w()?;
             if let Some((m, combine)) = &parts {
                 let (splits_i, hs_i) = (p.splits as i32, hs as i32);
@@ -403,6 +406,7 @@ mod imp {
                     shared_mem_bytes: 0,
                 };
                 // SAFETY: the partials hold rows·splits (·hs) values, out rows·hs.
+                Early::begin(&dev)?.launch()?;
                 launch!(unsafe combine, cfg; &m.m, &m.l, &m.acc, &out, &splits_i, &hs_i)?;
             }
             wrap(out, &dev, (p.b, 1, nh * hs))
@@ -442,6 +446,7 @@ mod imp {
         let pv = view::<f32>(storage(&g[1].0), g[1].1)?;
         let sv = view::<f32>(storage(&g[2].0), g[2].1)?;
         let cv = view::<u32>(storage(&g[3].0), g[3].1)?;
+        let early = Early::begin(&dev)?;
         let positions = alloc::<f32>(&dev, b)?;
         let (b_i, t_i) = (b as i32, t_max as i32);
         let cfg = LaunchConfig {
@@ -451,6 +456,7 @@ mod imp {
         };
         // SAFETY: mask and key_pos hold B·T_max elements, seen and positions B, the cursor one,
         // below T_max: generate_in made the cache with room for every step it replays.
+        early.launch()?;
         launch!(unsafe func, cfg; &mv, &pv, &sv, &positions, &cv, &b_i, &t_i)?;
         Ok(Some(wrap(positions, &dev, (b, 1))))
     }

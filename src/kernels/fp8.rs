@@ -59,6 +59,7 @@ mod imp {
         aligned16, alloc, cuda, flat_config, kernel, launch, no_cpu_fwd, ptx, row_config, storage,
         view, with_dtype, wrap, Ptx,
     };
+    use crate::kernels::pdl::Early;
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::{CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
@@ -125,9 +126,11 @@ mod imp {
             let (qv, sbv) = (view::<F8E4M3>(q, ql)?, view::<f32>(sb, sbl)?);
             with_dtype!(x.dtype(), T => {
                 let xv = view::<T>(x, xl)?;
+                let early = Early::begin(&dev)?;
                 let out = alloc::<T>(&dev, m * n)?;
                 // SAFETY: x holds m·k, q n·k and sb 2n elements, contiguous from 16-byte
                 // boundaries, k a multiple of 16 (checked by gemv_fp8); out holds m·n.
+                early.launch()?;
                 launch!(unsafe func, cfg; &xv, &qv, &sbv, &out, &n_i, &kq, &act)?;
                 Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((m, n))))
             })

@@ -36,6 +36,7 @@ mod imp {
     use crate::kernels::launch::{
         aligned16, alloc, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx,
     };
+    use crate::kernels::pdl::Early;
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::{CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
@@ -84,9 +85,11 @@ mod imp {
             };
             with_dtype!(x.dtype(), T => {
                 let (xv, wv, bv) = (view::<T>(x, xl)?, view::<T>(w, wl)?, view::<T>(b, bl)?);
+                let early = Early::begin(&dev)?;
                 let out = alloc::<T>(&dev, m * n)?;
                 // SAFETY: x holds m·k, W n·k and b n elements, contiguous from 16-byte
                 // boundaries in whole vectors (checked by gemv); out holds m·n.
+                early.launch()?;
                 launch!(unsafe func, cfg; &xv, &wv, &bv, &out, &n_i, &kv, &act)?;
                 Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((m, n))))
             })

@@ -47,7 +47,7 @@ pub fn param_cache(device: &Device) -> ParamCache {
 /// A recorded sequence of launches, replayed on the stream it was captured on.
 pub struct Graph {
     #[cfg(feature = "cuda")]
-    inner: imp::Exec,
+    inner: candle_core::cuda_backend::cudarc::driver::CudaGraph,
 }
 
 impl Graph {
@@ -85,39 +85,14 @@ mod imp {
 #[cfg(feature = "cuda")]
 mod imp {
     use super::Graph;
-    use crate::kernels::{enabled, pdl, Fused};
     use candle_core::cuda_backend::cudarc::driver::sys::{
-        CUgraph, CUgraphExec, CUgraphInstantiate_flags, CUstreamCaptureMode,
+        CUgraphInstantiate_flags, CUstreamCaptureMode,
     };
-    use candle_core::cuda_backend::cudarc::driver::{result, CudaStream};
     use candle_core::cuda_backend::WrapErr as _;
     use candle_core::{Device, Result};
-    use std::sync::Arc;
-
-    /// The captured graph, its executable form and the stream both belong to (cudarc's
-    /// `CudaGraph` instantiates at the end of the capture, before [`pdl::rewire`] could edit
-    /// the edges).
-    pub struct Exec {
-        graph: CUgraph,
-        exec: CUgraphExec,
-        stream: Arc<CudaStream>,
-    }
-
-    impl Drop for Exec {
-        fn drop(&mut self) {
-            // SAFETY: both handles are this struct's, destroyed once; errors are recorded
-            // on the context as cudarc's own graph does.
-            let ctx = self.stream.context();
-            ctx.record_err(unsafe { result::graph::exec_destroy(self.exec) });
-            ctx.record_err(unsafe { result::graph::destroy(self.graph) });
-        }
-    }
 
     pub fn launch(g: &Graph) -> Result<()> {
-        let s = &g.inner.stream;
-        s.context().bind_to_thread().w()?;
-        // SAFETY: a live executable graph, launched on the stream it was captured on.
-        unsafe { result::graph::launch(g.inner.exec, s.cu_stream()) }.w()
+        g.inner.launch().w()
     }
 
     pub fn capture(device: &Device, f: impl FnOnce() -> Result<()>) -> Result<Option<Graph>> {
@@ -132,42 +107,13 @@ mod imp {
             .w()?;
         let recorded = f();
         // Ended whatever f did, so that the stream leaves capture mode.
-        // SAFETY: the stream is capturing (begun above, on this thread).
-        let graph = unsafe { result::stream::end_capture(stream.cu_stream()) };
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
         recorded?;
-        let graph = graph.w()?;
-        if graph.is_null() {
-            return Ok(None);
+        let graph = graph.w()?.map(|inner| Graph { inner });
+        if let Some(g) = &graph {
+            let made = crate::kernels::pdl::programmatic_edges(g.inner.cu_graph())?;
+            super::PROGRAMMATIC.store(made, super::Ordering::Relaxed);
         }
-        let exec = pdl_edges(graph).and_then(|()| {
-            // SAFETY: a graph the capture returned.
-            unsafe { result::graph::instantiate(graph, CUgraphInstantiate_flags(0)) }.w()
-        });
-        let exec = match exec {
-            Ok(exec) => exec,
-            Err(e) => {
-                // SAFETY: the graph is ours and not instantiated.
-                stream
-                    .context()
-                    .record_err(unsafe { result::graph::destroy(graph) });
-                return Err(e);
-            }
-        };
-        let inner = Exec {
-            graph,
-            exec,
-            stream,
-        };
-        Ok(Some(Graph { inner }))
-    }
-
-    /// With `--fused pdl`, the edges between the decode kernels made programmatic.
-    fn pdl_edges(graph: CUgraph) -> Result<()> {
-        let made = match enabled(Fused::Pdl) {
-            true => pdl::rewire(graph)?,
-            false => 0,
-        };
-        super::PROGRAMMATIC.store(made, super::Ordering::Relaxed);
-        Ok(())
+        Ok(graph)
     }
 }

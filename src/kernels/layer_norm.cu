@@ -342,6 +342,7 @@ __device__ void add_layer_norm(const T* x, const T* r, const T* w, const T* b, T
 #define INSTANTIATE(T, S)                                                                                     \
   extern "C" __global__ void tb_layer_norm_fwd_##S(const T* x, const T* w, const T* b, T* y, long rows, int c, \
                                                    float eps) {                                               \
+    pdl_begin();                                                                                              \
     layer_norm_fwd<T>(x, w, b, y, rows, c, eps);                                                              \
   }                                                                                                           \
   extern "C" __global__ void tb_layer_norm_bwd_x_##S(const T* x, const T* w, const T* dy, T* dx, long rows,   \

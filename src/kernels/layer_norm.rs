@@ -126,6 +126,7 @@ mod imp {
         aligned16, alloc, cuda, device_address, float_dtype, kernel, launch, no_cpu_fwd, ptx,
         storage, suffix, view, with_dtype, wrap, Ptx, NULL,
     };
+    use crate::kernels::pdl::Early;
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig};
     use candle_core::cuda_backend::CudaDType;
@@ -179,9 +180,11 @@ mod imp {
             };
             with_dtype!(x.dtype(), T => {
                 let (xv, wv, bv) = (view::<T>(x, xl)?, view::<T>(w, wl)?, view::<T>(b, bl)?);
+                let early = Early::begin(&dev)?;
                 let out = alloc::<T>(&dev, rows * c)?;
                 let (rows_i, c_i) = (rows as i64, c as i32);
                 // SAFETY: x and out hold rows·C elements, w and b C.
+                early.launch()?;
                 launch!(unsafe func, warp_rows_config(rows);
                     &xv, &wv, &bv, &out, &rows_i, &c_i, &self.eps)?;
                 Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
@@ -527,6 +530,7 @@ mod imp {
             let rv = view::<T>(storage(&rs.0), rs.1)?;
             let wv = view::<T>(storage(&ws.0), ws.1)?;
             let bv = view::<T>(storage(&bs.0), bs.1)?;
+            let early = Early::begin(&dev)?;
             let (s, y) = (alloc::<T>(&dev, rows * c)?, alloc::<T>(&dev, rows * c)?);
             let (c_i, eps, vec_i) = (c as i32, eps as f32, vec as i32);
             let cfg = LaunchConfig {
@@ -536,6 +540,7 @@ mod imp {
             };
             // SAFETY: x, r, s and y hold rows·C elements, w and b C; with `vec`, C / 8 (bf16)
             // or C / 4 (f32) vectors a row, at most one a thread, from 16-byte boundaries.
+            early.launch()?;
             launch!(unsafe func, cfg; &xv, &rv, &wv, &bv, &s, &y, &c_i, &eps, &vec_i)?;
             (wrap(s, &dev, x.shape()), wrap(y, &dev, x.shape()))
         });

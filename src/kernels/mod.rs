@@ -35,7 +35,6 @@ mod layer_norm;
 mod linear_lt;
 mod multi_tensor;
 mod oneshot;
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // graph.rs's CUDA build uses it
 pub(crate) mod pdl;
 mod residual;
 mod skinny;
@@ -183,7 +182,7 @@ pub enum Fused {
     /// Decoding under a CUDA graph on Hopper (needs `graph`): each edge between two decode
     /// kernels made programmatic, so that a kernel's blocks are launched while the kernel
     /// before it runs and wait for it on the device, instead of being launched once it has
-    /// finished (the graph's memory nodes moved off the kernels' chain to allow it).
+    /// finished (each kernel's output allocations made roots of the graph to allow it).
     Pdl,
 }
 
