@@ -65,7 +65,7 @@ mod imp {
         let out = with_dtype!(x.dtype(), T => {
             let xv = view::<T>(storage(&xs.0), xs.1)?;
             let bv = bs.as_ref().map(|(s, l)| view::<T>(storage(s), l)).transpose()?;
-            let early = Early::begin(&dev)?;
+            let early = Early::begin(&dev, b)?;
             let out = alloc::<u32>(&dev, b)?;
             let v_i = v as i32;
             let mut args = func.builder();
@@ -105,7 +105,7 @@ mod imp {
         let part = kernel!(dev, PTX, "tb_argmax_part", x.dtype())?;
         let fin = dev.get_or_load_custom_func("tb_argmax_final", PTX.module, PTX.text)?;
         let chunks = v.div_ceil(ARGMAX_CHUNK);
-        let early = Early::begin(&dev)?;
+        let early = Early::begin(&dev, b)?;
         let (part_v, part_i) = (
             alloc::<f32>(&dev, b * chunks)?,
             alloc::<i32>(&dev, b * chunks)?,
@@ -138,7 +138,7 @@ mod imp {
             shared_mem_bytes: 0,
         };
         // SAFETY: the partials hold B·chunks values, out B.
-        Early::begin(&dev)?.launch()?;
+        Early::begin(&dev, b)?.launch()?;
         launch!(unsafe fin, cfg; &part_v, &part_i, &out, &chunks_i)?;
         Ok(wrap(out, &dev, (b, 1)))
     }

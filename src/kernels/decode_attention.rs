@@ -372,7 +372,7 @@ mod imp {
             (Kind::Whole, _) => kernel!(dev, PTX, "tb_decode_attention", qkv.dtype())?,
         };
         // The split blocks' partial results and the kernel that merges them.
-        let early = Early::begin(&dev)?;
+        let early = Early::begin(&dev, p.b)?;
         let parts = match p.kind == Kind::Split {
             true => Some((
                 Partials {
@@ -406,7 +406,7 @@ mod imp {
                     shared_mem_bytes: 0,
                 };
                 // SAFETY: the partials hold rows·splits (·hs) values, out rows·hs.
-                Early::begin(&dev)?.launch()?;
+                Early::begin(&dev, p.b)?.launch()?;
                 launch!(unsafe combine, cfg; &m.m, &m.l, &m.acc, &out, &splits_i, &hs_i)?;
             }
             wrap(out, &dev, (p.b, 1, nh * hs))
@@ -446,7 +446,7 @@ mod imp {
         let pv = view::<f32>(storage(&g[1].0), g[1].1)?;
         let sv = view::<f32>(storage(&g[2].0), g[2].1)?;
         let cv = view::<u32>(storage(&g[3].0), g[3].1)?;
-        let early = Early::begin(&dev)?;
+        let early = Early::begin(&dev, b)?;
         let positions = alloc::<f32>(&dev, b)?;
         let (b_i, t_i) = (b as i32, t_max as i32);
         let cfg = LaunchConfig {

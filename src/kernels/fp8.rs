@@ -126,7 +126,7 @@ mod imp {
             let (qv, sbv) = (view::<F8E4M3>(q, ql)?, view::<f32>(sb, sbl)?);
             with_dtype!(x.dtype(), T => {
                 let xv = view::<T>(x, xl)?;
-                let early = Early::begin(&dev)?;
+                let early = Early::begin(&dev, m)?;
                 let out = alloc::<T>(&dev, m * n)?;
                 // SAFETY: x holds m·k, q n·k and sb 2n elements, contiguous from 16-byte
                 // boundaries, k a multiple of 16 (checked by gemv_fp8); out holds m·n.

@@ -85,7 +85,7 @@ mod imp {
             };
             with_dtype!(x.dtype(), T => {
                 let (xv, wv, bv) = (view::<T>(x, xl)?, view::<T>(w, wl)?, view::<T>(b, bl)?);
-                let early = Early::begin(&dev)?;
+                let early = Early::begin(&dev, m)?;
                 let out = alloc::<T>(&dev, m * n)?;
                 // SAFETY: x holds m·k, W n·k and b n elements, contiguous from 16-byte
                 // boundaries in whole vectors (checked by gemv); out holds m·n.

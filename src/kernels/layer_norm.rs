@@ -180,7 +180,7 @@ mod imp {
             };
             with_dtype!(x.dtype(), T => {
                 let (xv, wv, bv) = (view::<T>(x, xl)?, view::<T>(w, wl)?, view::<T>(b, bl)?);
-                let early = Early::begin(&dev)?;
+                let early = Early::begin(&dev, rows)?;
                 let out = alloc::<T>(&dev, rows * c)?;
                 let (rows_i, c_i) = (rows as i64, c as i32);
                 // SAFETY: x and out hold rows·C elements, w and b C.
@@ -530,7 +530,7 @@ mod imp {
             let rv = view::<T>(storage(&rs.0), rs.1)?;
             let wv = view::<T>(storage(&ws.0), ws.1)?;
             let bv = view::<T>(storage(&bs.0), bs.1)?;
-            let early = Early::begin(&dev)?;
+            let early = Early::begin(&dev, rows)?;
             let (s, y) = (alloc::<T>(&dev, rows * c)?, alloc::<T>(&dev, rows * c)?);
             let (c_i, eps, vec_i) = (c as i32, eps as f32, vec as i32);
             let cfg = LaunchConfig {

@@ -179,10 +179,11 @@ pub enum Fused {
     /// shared memory two stages ahead, instead of ≈ 7 launches a layer. Not in `all` (opt in:
     /// `--fused all,step`): measured no faster than the graphed launches (docs/perf-notes.md).
     Step,
-    /// Decoding under a CUDA graph on Hopper (needs `graph`): each edge between two decode
-    /// kernels made programmatic, so that a kernel's blocks are launched while the kernel
-    /// before it runs and wait for it on the device, instead of being launched once it has
-    /// finished (each kernel's output allocations made roots of the graph to allow it).
+    /// Decoding at 1–4 rows under a CUDA graph on Hopper (needs `graph`): each edge into a
+    /// decode kernel from the kernel before it made programmatic, so that the kernel's blocks
+    /// are launched while the kernel before it runs and wait for it on the device, instead of
+    /// being launched once it has finished (its output allocations made roots of the graph to
+    /// allow it).
     Pdl,
 }
 

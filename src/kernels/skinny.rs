@@ -124,7 +124,7 @@ mod imp {
         let (m_i, n_i, k_i, act) = (m as i32, n as i32, k as i32, act.code());
         with_dtype!(x.0.dtype(), T => {
             let (xv, wv, bv) = (view::<T>(x.0, x.1)?, view::<T>(w.0, w.1)?, view::<T>(b.0, b.1)?);
-            let early = Early::begin(&dev)?;
+            let early = Early::begin(&dev, m)?;
             let out = alloc::<T>(&dev, m * n)?;
             // SAFETY: x holds m·k, W n·k and b n elements, contiguous from 16-byte boundaries, k
             // a multiple of 32 (checked by `skinny`); out holds m·n.
@@ -156,7 +156,7 @@ mod imp {
             let (m_i, n_i, k_i) = (m as i32, n as i32, k as i32);
             with_dtype!(x.dtype(), T => {
                 let (xv, wv) = (view::<T>(x, xl)?, view::<T>(w, wl)?);
-                let early = Early::begin(&dev)?;
+                let early = Early::begin(&dev, m)?;
                 let out = alloc::<T>(&dev, m * n)?;
                 // SAFETY: x holds m·k and W n·k elements, contiguous from 16-byte boundaries, k
                 // a multiple of 32 (checked by `skinny`); out holds m·n.
@@ -219,7 +219,7 @@ mod imp {
             let (qv, sbv) = (view::<F8E4M3>(q, ql)?, view::<f32>(sb, sbl)?);
             with_dtype!(x.dtype(), T => {
                 let xv = view::<T>(x, xl)?;
-                let early = Early::begin(&dev)?;
+                let early = Early::begin(&dev, m)?;
                 let out = alloc::<T>(&dev, m * n)?;
                 // SAFETY: x holds m·k elements and q n·k bytes, contiguous from 16-byte
                 // boundaries, k a multiple of 64 (checked by `skinny_fp8`); sb holds n
