@@ -5,8 +5,9 @@
 //
 // The chain has the shape of GPT-2 small's decode step at one row (bf16 bytes as u16): per
 // layer a norm (one block), the qkv GEMV (768 -> 2304), an attention stand-in (12 blocks), the
-// projection (768 -> 768), a norm, fc (768 -> 3072), fc2 (3072 -> 768); then the LM head (768 ->
-// 50257). Each GEMV has a column a 128-thread block, as gemv.cu at one row; the weights are
+// projection (768 -> 768), a norm, fc (768 -> 3072), fc2 (3072 -> 768), a third one-block norm
+// (standing for the attention's merge: eight kernels a layer, as the engine's step); then the
+// LM head (768 -> 50257). Each GEMV has a column a 128-thread block, as gemv.cu at one row; the weights are
 // distinct buffers (170 MB + 77 MB, past L2). Values are not meaningful; only time is.
 //
 // Variants, each a captured graph replayed: plain launches; PDL (the launch attribute, every
