@@ -64,6 +64,8 @@ fn compile_fused_kernels() {
     }
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "80".into());
+    // pdl.rs starts kernels early only where their PTX has the wait (compute 90 and up).
+    println!("cargo:rustc-env=TB_PTX_CAP={cap}");
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap());
     for name in KERNELS {
         let src = format!("src/kernels/{name}.cu");

@@ -80,8 +80,8 @@ mod imp {
                 block_dim: (1024, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: x holds B·V elements, ban V, out B.
             early.launch()?;
+            // SAFETY: x holds B·V elements, ban V, out B.
             unsafe { args.launch(cfg) }.w()?;
             wrap(out, &dev, (b, 1))
         });
@@ -127,8 +127,8 @@ mod imp {
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: x holds B·V elements, ban V, the partials B·chunks.
             early.launch()?;
+            // SAFETY: x holds B·V elements, ban V, the partials B·chunks.
             unsafe { args.launch(cfg) }.w()?;
         });
         let chunks_i = chunks as i32;
@@ -137,8 +137,8 @@ mod imp {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: the partials hold B·chunks values, out B.
         Early::begin(&dev, b)?.launch()?;
+        // SAFETY: the partials hold B·chunks values, out B.
         launch!(unsafe fin, cfg; &part_v, &part_i, &out, &chunks_i)?;
         Ok(wrap(out, &dev, (b, 1)))
     }

@@ -389,6 +389,7 @@ mod imp {
             let out = alloc::<T>(&dev, p.rows * hs)?;
             let mut args = func.builder();
             push_args(&mut args, &p, &views, parts.as_ref().map(|(m, _)| m), &out);
+            early.launch()?;
             // SAFETY: qkv holds B rows of `width` ≥ every head's q, k and v (the layout); the
             // caches (B, nh, T_max, hs) with pos < T_max (a cursor's too: generate_in made
             // the cache with room for every step); mask and positions (B, T_max); out B·nh·hs;
@@ -396,7 +397,6 @@ mod imp {
             // SPLIT_KEYS keys of the longest cache; the head kernel's 16-byte vectors start at
             // 16-byte boundaries (qkv, k and v aligned, width, head stride and part whole
             // vectors: plan). The kernel writes the caches only at `pos`.
-            early.launch()?;
             unsafe { args.launch(p.config()) }.w()?;
             if let Some((m, combine)) = &parts {
                 let (splits_i, hs_i) = (p.splits as i32, hs as i32);
@@ -405,8 +405,8 @@ mod imp {
                     block_dim: (hs as u32, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                // SAFETY: the partials hold rows·splits (·hs) values, out rows·hs.
                 Early::begin(&dev, p.b)?.launch()?;
+                // SAFETY: the partials hold rows·splits (·hs) values, out rows·hs.
                 launch!(unsafe combine, cfg; &m.m, &m.l, &m.acc, &out, &splits_i, &hs_i)?;
             }
             wrap(out, &dev, (p.b, 1, nh * hs))
@@ -454,9 +454,9 @@ mod imp {
             block_dim: (b.next_power_of_two().clamp(32, 1024) as u32, 1, 1),
             shared_mem_bytes: 0,
         };
+        early.launch()?;
         // SAFETY: mask and key_pos hold B·T_max elements, seen and positions B, the cursor one,
         // below T_max: generate_in made the cache with room for every step it replays.
-        early.launch()?;
         launch!(unsafe func, cfg; &mv, &pv, &sv, &positions, &cv, &b_i, &t_i)?;
         Ok(Some(wrap(positions, &dev, (b, 1))))
     }

@@ -128,9 +128,9 @@ mod imp {
                 let xv = view::<T>(x, xl)?;
                 let early = Early::begin(&dev, m)?;
                 let out = alloc::<T>(&dev, m * n)?;
+                early.launch()?;
                 // SAFETY: x holds m·k, q n·k and sb 2n elements, contiguous from 16-byte
                 // boundaries, k a multiple of 16 (checked by gemv_fp8); out holds m·n.
-                early.launch()?;
                 launch!(unsafe func, cfg; &xv, &qv, &sbv, &out, &n_i, &kq, &act)?;
                 Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((m, n))))
             })

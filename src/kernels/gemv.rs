@@ -87,9 +87,9 @@ mod imp {
                 let (xv, wv, bv) = (view::<T>(x, xl)?, view::<T>(w, wl)?, view::<T>(b, bl)?);
                 let early = Early::begin(&dev, m)?;
                 let out = alloc::<T>(&dev, m * n)?;
+                early.launch()?;
                 // SAFETY: x holds m·k, W n·k and b n elements, contiguous from 16-byte
                 // boundaries in whole vectors (checked by gemv); out holds m·n.
-                early.launch()?;
                 launch!(unsafe func, cfg; &xv, &wv, &bv, &out, &n_i, &kv, &act)?;
                 Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((m, n))))
             })

@@ -21,12 +21,16 @@ pub fn replays() -> usize {
     REPLAYS.load(Ordering::Relaxed)
 }
 
-/// Programmatic edges in the graph captured last (`--fused pdl`; the GPU tests read it).
-static PROGRAMMATIC: AtomicUsize = AtomicUsize::new(0);
+/// The kernels at the end of the last captured graph's programmatic edges (`--fused pdl`),
+/// by name: the GPU tests read them.
+static PROGRAMMATIC: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
-/// How many edges of the last captured graph are programmatic.
-pub fn programmatic_edges() -> usize {
-    PROGRAMMATIC.load(Ordering::Relaxed)
+/// The kernels the last captured graph starts early (one name an edge; empty without any).
+pub fn programmatic_targets() -> Vec<String> {
+    PROGRAMMATIC
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
 }
 
 /// While alive (on a CUDA device), candle keeps the layout parameters its kernels upload
@@ -85,6 +89,7 @@ mod imp {
 #[cfg(feature = "cuda")]
 mod imp {
     use super::Graph;
+    use crate::kernels::pdl;
     use candle_core::cuda_backend::cudarc::driver::sys::{
         CUgraphInstantiate_flags, CUstreamCaptureMode,
     };
@@ -102,17 +107,22 @@ mod imp {
         let stream = dev.cuda_stream();
         // Thread-local: only this thread's unsafe calls would invalidate the capture (the
         // GPU watch thread reads NVML, which is not CUDA).
+        let targets = |names| {
+            *super::PROGRAMMATIC
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = names
+        };
+        targets(Vec::new());
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .w()?;
-        let recorded = f();
+        let recorded = pdl::during_capture(f);
         // Ended whatever f did, so that the stream leaves capture mode.
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-        recorded?;
+        recorded??;
         let graph = graph.w()?.map(|inner| Graph { inner });
         if let Some(g) = &graph {
-            let made = crate::kernels::pdl::programmatic_edges(g.inner.cu_graph())?;
-            super::PROGRAMMATIC.store(made, super::Ordering::Relaxed);
+            targets(pdl::programmatic_targets(g.inner.cu_graph())?);
         }
         Ok(graph)
     }

@@ -183,8 +183,8 @@ mod imp {
                 let early = Early::begin(&dev, rows)?;
                 let out = alloc::<T>(&dev, rows * c)?;
                 let (rows_i, c_i) = (rows as i64, c as i32);
-                // SAFETY: x and out hold rows·C elements, w and b C.
                 early.launch()?;
+                // SAFETY: x and out hold rows·C elements, w and b C.
                 launch!(unsafe func, warp_rows_config(rows);
                     &xv, &wv, &bv, &out, &rows_i, &c_i, &self.eps)?;
                 Ok((T::wrap_cuda_slice(out, dev), xl.shape().clone()))
@@ -538,9 +538,9 @@ mod imp {
                 block_dim: (threads as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
+            early.launch()?;
             // SAFETY: x, r, s and y hold rows·C elements, w and b C; with `vec`, C / 8 (bf16)
             // or C / 4 (f32) vectors a row, at most one a thread, from 16-byte boundaries.
-            early.launch()?;
             launch!(unsafe func, cfg; &xv, &rv, &wv, &bv, &s, &y, &c_i, &eps, &vec_i)?;
             (wrap(s, &dev, x.shape()), wrap(y, &dev, x.shape()))
         });

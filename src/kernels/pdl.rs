@@ -19,7 +19,7 @@
 /// The kernels whose launchers go through `Early` (name prefixes, all dtypes): each calls
 /// `pdl_begin` first (a GPU test reads their PTX).
 #[cfg(test)]
-const WAITS_FIRST: &[&str] = &[
+pub const WAITS_FIRST: &[&str] = &[
     "tb_gemv1_",
     "tb_gemv2_",
     "tb_gemv3_",
@@ -41,75 +41,102 @@ pub fn waits_first(name: &str) -> bool {
 }
 
 #[cfg(feature = "cuda")]
-pub use imp::{programmatic_edges, Early};
+pub use imp::{during_capture, programmatic_targets, Early};
 
 #[cfg(feature = "cuda")]
 mod imp {
     use crate::kernels::{enabled, Fused};
     use candle_core::cuda_backend::cudarc::driver::sys::{
-        self, CUgraph, CUgraphDependencyType, CUgraphEdgeData, CUgraphNode, CUgraphNodeType,
-        CUstream, CUstreamCaptureStatus, CUstreamUpdateCaptureDependencies_flags,
+        self, CUdevice_attribute, CUgraph, CUgraphDependencyType, CUgraphEdgeData, CUgraphNode,
+        CUgraphNodeType, CUstream, CUstreamCaptureStatus, CUstreamUpdateCaptureDependencies_flags,
     };
     use candle_core::cuda_backend::{CudaDevice, WrapErr as _};
-    use candle_core::Result;
-
-    /// Around a decode kernel's output allocations and launch while a graph is captured with
-    /// `--fused pdl` (nothing otherwise): [`Early::begin`] before the allocations, then
-    /// [`Early::launch`] just before the launch. Dropped without `launch` (an early return),
-    /// the stream's next node follows both the allocations and the last operation in full.
-    pub struct Early {
-        stream: CUstream,
-        /// The last operation before `begin` and whether it is a kernel.
-        last: Option<(CUgraphNode, bool)>,
-        /// Allocations between it and `begin` (made outside an [`Early`]): kept as dependencies.
-        allocs: Vec<CUgraphNode>,
-    }
+    use candle_core::{bail, Result};
+    use std::cell::Cell;
+    use std::ffi::CStr;
 
     /// Rows (a batch's sequences) up to which a decode kernel starts early. At 16 rows the
     /// graphed step was 19–23 % slower with the programmatic edges (gpt2 0.449 → 0.533 ms,
     /// bloom-560m 1.097 → 1.347; one row 6 % and 5 % faster: results/h100x2/gate-run30).
     const MAX_ROWS: usize = 4;
 
+    #[derive(Clone, Copy, PartialEq)]
+    enum Capture {
+        Off,
+        On,
+        /// An [`Early`] could not restore the stream's dependencies: the graph is not used.
+        Broken,
+    }
+
+    thread_local! {
+        /// Whether this thread is inside [`during_capture`] (eager launches skip the driver's
+        /// capture query: a decode kernel is launched eagerly far more often than captured).
+        static CAPTURE: Cell<Capture> = const { Cell::new(Capture::Off) };
+    }
+
+    /// Runs `f`, a graph capture's launches, with [`Early`] active on this thread; Err where
+    /// an `Early` left the stream's dependencies broken (the caller then drops the graph).
+    pub fn during_capture<R>(f: impl FnOnce() -> R) -> Result<R> {
+        CAPTURE.set(Capture::On);
+        let r = f();
+        let state = CAPTURE.replace(Capture::Off);
+        if state == Capture::Broken {
+            bail!("a programmatic edge could not be drawn: the capture is not used");
+        }
+        Ok(r)
+    }
+
+    /// Whether the decode kernels' PTX holds `pdl_begin`'s wait (built for compute 90 and up;
+    /// below, a kernel started early would not wait for the one before it).
+    fn ptx_waits() -> bool {
+        let cap = env!("TB_PTX_CAP").trim_end_matches(|c: char| !c.is_ascii_digit());
+        cap.parse::<u32>().is_ok_and(|c| c >= 90)
+    }
+
+    /// Around a decode kernel's output allocations and launch while a graph is captured with
+    /// `--fused pdl` on Hopper (inert otherwise): [`Early::begin`] before the allocations,
+    /// [`Early::launch`] just before the launch, nothing but allocations between them (checked:
+    /// anything else would have become a root of the graph). Dropped without `launch` (an
+    /// early return), the stream's next node follows the allocations and the last operation in
+    /// full.
+    #[must_use = "Early::launch must come just before the kernel's launch"]
+    pub struct Early {
+        stream: CUstream,
+        /// The last operation before `begin` and whether it is a kernel.
+        last: Option<(CUgraphNode, bool)>,
+        /// Allocations between it and `begin` made outside an [`Early`]: kept as dependencies
+        /// (in full: that kernel then waits for the operation's end, correct if slower).
+        allocs: Vec<CUgraphNode>,
+    }
+
     impl Early {
         /// For a kernel over `rows` rows (sequences), launched on `dev`'s stream.
         pub fn begin(dev: &CudaDevice, rows: usize) -> Result<Early> {
             let stream = dev.cuda_stream().cu_stream();
-            let mut early = Early {
+            let inert = Early {
                 stream,
                 last: None,
                 allocs: Vec::new(),
             };
-            if !enabled(Fused::Pdl) || rows > MAX_ROWS {
-                return Ok(early);
+            let applies = CAPTURE.get() == Capture::On && rows <= MAX_ROWS;
+            if !applies || !enabled(Fused::Pdl) || !ptx_waits() || !hopper(dev)? {
+                return Ok(inert);
             }
             let Some(deps) = capture_deps(stream)? else {
-                return Ok(early);
+                return Ok(inert);
             };
-            let [mut at] = deps[..] else {
-                return Ok(early);
+            let [head] = deps[..] else {
+                return Ok(inert);
             };
-            // Back past memory nodes to the last operation.
-            loop {
-                match node_type(at)? {
-                    CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC => early.allocs.push(at),
-                    CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE => {}
-                    t => {
-                        early.last = Some((at, t == CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL));
-                        break;
-                    }
-                }
-                match &dependencies(at)?[..] {
-                    [one] => at = *one,
-                    _ => {
-                        return Ok(Early {
-                            allocs: Vec::new(),
-                            ..early
-                        })
-                    }
-                }
-            }
+            let Some((last, allocs)) = last_operation(head)? else {
+                return Ok(inert);
+            };
             set_deps(stream, &[], &[])?;
-            Ok(early)
+            Ok(Early {
+                stream,
+                last: Some(last),
+                allocs,
+            })
         }
 
         /// The stream's next node (the kernel) follows the allocations made since `begin`,
@@ -119,11 +146,14 @@ mod imp {
         }
 
         fn join(&mut self, programmatic: bool) -> Result<()> {
-            let Some((last, kernel)) = self.last.take() else {
+            let Some((last, kernel)) = self.last else {
                 return Ok(());
             };
             let mut nodes = capture_deps(self.stream)?.unwrap_or_default();
-            nodes.append(&mut self.allocs);
+            if programmatic && !only_allocations(&nodes)? {
+                bail!("Early: an operation was captured between begin and launch");
+            }
+            nodes.extend_from_slice(&self.allocs);
             // SAFETY: a zeroed edge is the default one (ports 0, type default).
             let mut data: Vec<CUgraphEdgeData> = vec![unsafe { std::mem::zeroed() }; nodes.len()];
             // SAFETY: as above.
@@ -134,15 +164,62 @@ mod imp {
             }
             nodes.push(last);
             data.push(edge);
-            set_deps(self.stream, &nodes, &data)
+            set_deps(self.stream, &nodes, &data)?;
+            self.last = None;
+            Ok(())
         }
     }
 
     impl Drop for Early {
         fn drop(&mut self) {
-            // The capture fails at its end if this does (the stream's state is the driver's).
-            let _ = self.join(false);
+            if self.join(false).is_err() {
+                CAPTURE.set(Capture::Broken);
+            }
         }
+    }
+
+    /// Whether `dev` is Hopper or later (programmatic edges need compute capability 9.0).
+    fn hopper(dev: &CudaDevice) -> Result<bool> {
+        let major = CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR;
+        Ok(dev.cuda_stream().context().attribute(major).w()? >= 9)
+    }
+
+    /// From the capture's head back past memory nodes: the last operation and whether it is a
+    /// kernel, with the allocations passed; None where a node on the way has two parents.
+    #[allow(clippy::type_complexity)]
+    fn last_operation(
+        mut at: CUgraphNode,
+    ) -> Result<Option<((CUgraphNode, bool), Vec<CUgraphNode>)>> {
+        let mut allocs = Vec::new();
+        loop {
+            match node_type(at)? {
+                CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC => allocs.push(at),
+                CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE => {}
+                t => {
+                    return Ok(Some((
+                        (at, t == CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL),
+                        allocs,
+                    )))
+                }
+            }
+            match dependencies(at)?[..] {
+                [one] => at = one,
+                _ => return Ok(None),
+            }
+        }
+    }
+
+    /// Whether `heads` and everything before them back to the graph's roots are allocations
+    /// (what an [`Early`] may have captured since `begin` emptied the dependencies).
+    fn only_allocations(heads: &[CUgraphNode]) -> Result<bool> {
+        let mut todo = heads.to_vec();
+        while let Some(n) = todo.pop() {
+            if node_type(n)? != CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC {
+                return Ok(false);
+            }
+            todo.extend(dependencies(n)?);
+        }
+        Ok(true)
     }
 
     /// The stream's current dependencies while it captures, else None.
@@ -174,16 +251,16 @@ mod imp {
 
     fn set_deps(stream: CUstream, nodes: &[CUgraphNode], data: &[CUgraphEdgeData]) -> Result<()> {
         let flags = CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES;
+        let (nodes_ptr, data_ptr) = match nodes.is_empty() {
+            true => (std::ptr::null_mut(), std::ptr::null()),
+            false => (nodes.as_ptr() as *mut CUgraphNode, data.as_ptr()),
+        };
         // SAFETY: nodes of the capture's graph, one edge datum each; the driver copies both.
         unsafe {
             sys::cuStreamUpdateCaptureDependencies_v2(
                 stream,
-                nodes.as_ptr() as *mut CUgraphNode,
-                if nodes.is_empty() {
-                    std::ptr::null()
-                } else {
-                    data.as_ptr()
-                },
+                nodes_ptr,
+                data_ptr,
                 nodes.len(),
                 flags as u32,
             )
@@ -201,8 +278,9 @@ mod imp {
 
     fn dependencies(n: CUgraphNode) -> Result<Vec<CUgraphNode>> {
         let mut count = 0usize;
-        let data = std::ptr::null_mut(); // the edges' data: not asked
-                                         // SAFETY: null arrays ask for the count only.
+        // The edges' data is not asked for: null.
+        let data = std::ptr::null_mut();
+        // SAFETY: a null node array asks for the count only.
         unsafe { sys::cuGraphNodeGetDependencies_v2(n, std::ptr::null_mut(), data, &mut count) }
             .result()
             .w()?;
@@ -214,8 +292,8 @@ mod imp {
         Ok(deps)
     }
 
-    /// How many of `graph`'s edges are programmatic.
-    pub fn programmatic_edges(graph: CUgraph) -> Result<usize> {
+    /// The kernels at the end of `graph`'s programmatic edges, by name.
+    pub fn programmatic_targets(graph: CUgraph) -> Result<Vec<String>> {
         let (nodes, data) = (std::ptr::null_mut(), std::ptr::null_mut());
         let mut n = 0usize;
         // SAFETY: null arrays ask for the count only.
@@ -226,20 +304,39 @@ mod imp {
         let mut to = vec![std::ptr::null_mut(); n];
         // SAFETY: a zeroed edge datum is a valid value to overwrite.
         let mut data: Vec<CUgraphEdgeData> = vec![unsafe { std::mem::zeroed() }; n];
+        let (f, t, d) = (from.as_mut_ptr(), to.as_mut_ptr(), data.as_mut_ptr());
         // SAFETY: the arrays hold n entries, the count the driver gave.
-        unsafe {
-            sys::cuGraphGetEdges_v2(
-                graph,
-                from.as_mut_ptr(),
-                to.as_mut_ptr(),
-                data.as_mut_ptr(),
-                &mut n,
-            )
-        }
-        .result()
-        .w()?;
+        unsafe { sys::cuGraphGetEdges_v2(graph, f, t, d, &mut n) }
+            .result()
+            .w()?;
         let programmatic = CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8;
-        Ok(data.iter().filter(|d| d.type_ == programmatic).count())
+        let targets = to
+            .iter()
+            .zip(&data)
+            .filter(|(_, d)| d.type_ == programmatic);
+        targets.map(|(&node, _)| kernel_name(node)).collect()
+    }
+
+    /// A kernel node's function name ("?" where the node holds no function handle).
+    fn kernel_name(node: CUgraphNode) -> Result<String> {
+        // SAFETY: a zeroed parameter struct is a valid value to overwrite.
+        let mut p: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        // SAFETY: node is a kernel node (the end of a programmatic edge).
+        unsafe { sys::cuGraphKernelNodeGetParams_v2(node, &mut p) }
+            .result()
+            .w()?;
+        if p.func.is_null() {
+            return Ok("?".into());
+        }
+        let mut name = std::ptr::null();
+        // SAFETY: func is the node's function; the driver owns the returned string.
+        unsafe { sys::cuFuncGetName(&mut name, p.func) }
+            .result()
+            .w()?;
+        // SAFETY: a NUL-terminated string the driver keeps alive with the function.
+        Ok(unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned())
     }
 }
 

@@ -126,9 +126,9 @@ mod imp {
             let (xv, wv, bv) = (view::<T>(x.0, x.1)?, view::<T>(w.0, w.1)?, view::<T>(b.0, b.1)?);
             let early = Early::begin(&dev, m)?;
             let out = alloc::<T>(&dev, m * n)?;
+            early.launch()?;
             // SAFETY: x holds m·k, W n·k and b n elements, contiguous from 16-byte boundaries, k
             // a multiple of 32 (checked by `skinny`); out holds m·n.
-            early.launch()?;
             launch!(unsafe func, config(n, nt); &xv, &wv, &bv, &out, &m_i, &n_i, &k_i, &act)?;
             Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((m, n))))
         })
@@ -158,9 +158,9 @@ mod imp {
                 let (xv, wv) = (view::<T>(x, xl)?, view::<T>(w, wl)?);
                 let early = Early::begin(&dev, m)?;
                 let out = alloc::<T>(&dev, m * n)?;
+                early.launch()?;
                 // SAFETY: x holds m·k and W n·k elements, contiguous from 16-byte boundaries, k
                 // a multiple of 32 (checked by `skinny`); out holds m·n.
-                early.launch()?;
                 launch!(unsafe func, config(n, 2); &xv, &wv, &out, &m_i, &n_i, &k_i)?;
                 Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((m, n))))
             })
@@ -221,10 +221,10 @@ mod imp {
                 let xv = view::<T>(x, xl)?;
                 let early = Early::begin(&dev, m)?;
                 let out = alloc::<T>(&dev, m * n)?;
+                early.launch()?;
                 // SAFETY: x holds m·k elements and q n·k bytes, contiguous from 16-byte
                 // boundaries, k a multiple of 64 (checked by `skinny_fp8`); sb holds n
                 // (scale, bias) pairs; out holds m·n.
-                early.launch()?;
                 launch!(unsafe func, config(n, nt); &xv, &qv, &sbv, &out, &m_i, &n_i, &k_i, &act)?;
                 Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((m, n))))
             })
