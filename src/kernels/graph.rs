@@ -21,16 +21,12 @@ pub fn replays() -> usize {
     REPLAYS.load(Ordering::Relaxed)
 }
 
-/// The kernels at the end of the last captured graph's programmatic edges (`--fused pdl`),
-/// by name: the GPU tests read them.
-static PROGRAMMATIC: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+/// Programmatic edges in the graph captured last (`--fused pdl`; the GPU tests read it).
+static PROGRAMMATIC: AtomicUsize = AtomicUsize::new(0);
 
-/// The kernels the last captured graph starts early (one name an edge; empty without any).
-pub fn programmatic_targets() -> Vec<String> {
-    PROGRAMMATIC
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone()
+/// How many edges of the last captured graph are programmatic.
+pub fn programmatic_edges() -> usize {
+    PROGRAMMATIC.load(Ordering::Relaxed)
 }
 
 /// While alive (on a CUDA device), candle keeps the layout parameters its kernels upload
@@ -107,12 +103,7 @@ mod imp {
         let stream = dev.cuda_stream();
         // Thread-local: only this thread's unsafe calls would invalidate the capture (the
         // GPU watch thread reads NVML, which is not CUDA).
-        let targets = |names| {
-            *super::PROGRAMMATIC
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = names
-        };
-        targets(Vec::new());
+        super::PROGRAMMATIC.store(0, super::Ordering::Relaxed);
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .w()?;
@@ -122,7 +113,8 @@ mod imp {
         recorded??;
         let graph = graph.w()?.map(|inner| Graph { inner });
         if let Some(g) = &graph {
-            targets(pdl::programmatic_targets(g.inner.cu_graph())?);
+            let made = pdl::programmatic_edges(g.inner.cu_graph())?;
+            super::PROGRAMMATIC.store(made, super::Ordering::Relaxed);
         }
         Ok(graph)
     }

@@ -54,7 +54,7 @@ pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
 pub use flash_prefill::{flash_prefill, prefill_applies, prefill_kv, SeqRows};
 pub use fp8::{dequant_fp8, gemv_fp8, quantize_fp8, FP8_GEMV_MAX_ROWS};
 pub use gemv::{gemv, MAX_ROWS as GEMV_MAX_ROWS};
-pub use graph::{capture, param_cache, programmatic_targets, replays, Graph, ParamCache};
+pub use graph::{capture, param_cache, programmatic_edges, replays, Graph, ParamCache};
 pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{
     add_layer_norm, layer_norm, layer_norm_bwd, layer_norm_bwd_add, ResidualGrads,
