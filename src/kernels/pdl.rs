@@ -178,9 +178,17 @@ mod imp {
     }
 
     /// Whether `dev` is Hopper or later (programmatic edges need compute capability 9.0).
+    /// (The driver is asked directly: cudarc's `attribute` first returns any error an earlier
+    /// drop recorded on the context, which would fail the capture here.)
     fn hopper(dev: &CudaDevice) -> Result<bool> {
-        let major = CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR;
-        Ok(dev.cuda_stream().context().attribute(major).w()? >= 9)
+        let attribute = CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR;
+        let device = dev.cuda_stream().context().cu_device();
+        let mut major = 0i32;
+        // SAFETY: an out-pointer to a local; the device of a live context.
+        unsafe { sys::cuDeviceGetAttribute(&mut major, attribute, device) }
+            .result()
+            .w()?;
+        Ok(major >= 9)
     }
 
     /// From the capture's head back past memory nodes: the last operation and whether it is a
