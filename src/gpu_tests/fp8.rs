@@ -9,7 +9,8 @@ use crate::models::fp8::Fp8Weight;
 /// the f32 product with the dequantized weight, in bf16 and f16, for BLOOM's and GPT-2's decode
 /// shapes; one row of K ≥ 4096 takes the eight-warp kernel, over several steps a lane at
 /// bloom-7b1's K = 16384, with a partial last block of columns (of 8 and of 32 at 5–16 rows);
-/// with the GEMV off, the tensor-core kernel at 1–4 rows.
+/// with the GEMV off, the tensor-core kernel at 1–4 rows; the GEMV's `early-weights` kernels
+/// bit for bit as the plain ones.
 #[test]
 fn fp8_gemv_matches_the_dequantized_projection() {
     let (dev, _one_at_a_time) = gpu();
@@ -42,6 +43,21 @@ fn fp8_gemv_matches_the_dequantized_projection() {
                     assert_eq!((y.dims(), y.dtype()), (&[rows, n][..], dtype), "{why}");
                     let r = rel(&y, &act_ref(&r, act));
                     assert!(r < 1e-2, "{why}: rel {r}");
+                    if rows <= FP8_GEMV_MAX_ROWS {
+                        // The early kernels (weights before the wait) give the plain ones' bits.
+                        set_enabled(&all_but(Fused::EarlyWeights));
+                        let p = fp8.gemv(&x, act).unwrap().expect("the plain GEMV applies");
+                        set_enabled(&[Fused::All]);
+                        let d = (y.to_dtype(DType::F32).unwrap() - p.to_dtype(DType::F32).unwrap())
+                            .unwrap()
+                            .abs()
+                            .unwrap()
+                            .max_all()
+                            .unwrap()
+                            .to_scalar::<f32>()
+                            .unwrap();
+                        assert_eq!(d, 0.0, "{why}: early against plain");
+                    }
                 }
             }
         }

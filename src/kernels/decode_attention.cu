@@ -419,7 +419,7 @@ extern "C" __global__ void tb_decode_begin(float* mask, float* key_pos, float* s
   HEAD_KERNEL(T, S, 64) HEAD_KERNEL(T, S, 128)                                                                \
   extern "C" __global__ void tb_decode_combine_##S(const float* part_m, const float* part_l,                  \
                                                    const float* part_acc, T* out, int splits, int hs) {       \
-    pdl_begin();                                                                                              \
+    pdl_begin_trigger_first();                                                                                \
     decode_combine<T>(part_m, part_l, part_acc, out, splits, hs);                                             \
   }
 FOR_TYPES(INSTANTIATE)

@@ -30,11 +30,38 @@ __device__ __forceinline__ void fp8x16_to_f(const uint4 v, float* f) {
 // leave 256-thread blocks one to two an SM).
 constexpr int COLS = 4;
 
-template <typename T, int M, int SPLIT>
-__device__ void gemv_fp8(const Vec16<T>* x, const uint4* q, const float2* sb, T* y, int n, int kq,
-                         int act) {
+// acc[c][m] += row m of x · column c's weight vector wv[c], at the vector i of q's rows.
+template <typename T, int M>
+__device__ __forceinline__ void fp8_dot(const uint4 (&wv)[COLS], const Vec16<T>* x, int kq, int i,
+                                        float (&acc)[COLS][M]) {
   constexpr int XV = sizeof(T);  // x vectors a weight vector: 16 values, 2 (bf16 / f16)
   constexpr int E = 16 / sizeof(T);
+  float xf[M][16];
+#pragma unroll
+  for (int m = 0; m < M; m++)
+#pragma unroll
+    for (int v = 0; v < XV; v++) {
+      const Vec16<T> xv = x[((long)m * kq + i) * XV + v];
+#pragma unroll
+      for (int j = 0; j < E; j++) xf[m][v * E + j] = to_f(xv.e[j]);
+    }
+#pragma unroll
+  for (int c = 0; c < COLS; c++) {
+    float wf[16];
+    fp8x16_to_f(wv[c], wf);
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+      for (int j = 0; j < 16; j++) acc[c][m] += wf[j] * xf[m][j];
+  }
+}
+
+// EARLY (`--fused early-weights`, the tb_early_gemv_fp8* kernels): a lane's first COLS weight
+// vectors loaded before the kernel's pdl_begin(), at clamped in-range addresses (no branch
+// before the wait; only q is read early, a weight no decode step writes).
+template <typename T, int M, int SPLIT, bool EARLY = false>
+__device__ void gemv_fp8(const Vec16<T>* x, const uint4* q, const float2* sb, T* y, int n, int kq,
+                         int act) {
   __shared__ float part[SPLIT][COLS][M];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, col0 = blockIdx.x * COLS;
   const uint4* rows[COLS];
@@ -45,29 +72,21 @@ __device__ void gemv_fp8(const Vec16<T>* x, const uint4* q, const float2* sb, T*
   for (int c = 0; c < COLS; c++)
 #pragma unroll
     for (int m = 0; m < M; m++) acc[c][m] = 0.f;
+  int i = warp * 32 + lane;
+  if constexpr (EARLY) {
+    uint4 wv[COLS];
+#pragma unroll
+    for (int c = 0; c < COLS; c++) wv[c] = __ldcs(rows[c] + min(i, kq - 1));
+    pdl_begin();
+    if (i < kq) fp8_dot<T, M>(wv, x, kq, i, acc);
+    i += 32 * SPLIT;
+  }
 #pragma unroll 2
-  for (int i = warp * 32 + lane; i < kq; i += 32 * SPLIT) {
+  for (; i < kq; i += 32 * SPLIT) {
     uint4 wv[COLS];
 #pragma unroll
     for (int c = 0; c < COLS; c++) wv[c] = __ldcs(rows[c] + i);  // streamed: x keeps L1
-    float xf[M][16];
-#pragma unroll
-    for (int m = 0; m < M; m++)
-#pragma unroll
-      for (int v = 0; v < XV; v++) {
-        const Vec16<T> xv = x[((long)m * kq + i) * XV + v];
-#pragma unroll
-        for (int j = 0; j < E; j++) xf[m][v * E + j] = to_f(xv.e[j]);
-      }
-#pragma unroll
-    for (int c = 0; c < COLS; c++) {
-      float wf[16];
-      fp8x16_to_f(wv[c], wf);
-#pragma unroll
-      for (int m = 0; m < M; m++)
-#pragma unroll
-        for (int j = 0; j < 16; j++) acc[c][m] += wf[j] * xf[m][j];
-    }
+    fp8_dot<T, M>(wv, x, kq, i, acc);
   }
 #pragma unroll
   for (int c = 0; c < COLS; c++)
@@ -133,6 +152,11 @@ __device__ void quantize(const T* w, __nv_fp8_storage_t* q, float* scale, int k)
                                                    int act) {                                  \
     pdl_begin();                                                                               \
     gemv_fp8<T, M, 4>(x, q, sb, y, n, kq, act);                                                \
+  }                                                                                            \
+  extern "C" __global__ void tb_early_gemv_fp8_##M##_##S(const Vec16<T>* x, const uint4* q,    \
+                                                         const float2* sb, T* y, int n, int kq, \
+                                                         int act) {                            \
+    gemv_fp8<T, M, 4, true>(x, q, sb, y, n, kq, act);                                          \
   }
 #define INSTANTIATE(T, S)                                                                      \
   INSTANTIATE_M(T, S, 1) INSTANTIATE_M(T, S, 2) INSTANTIATE_M(T, S, 3) INSTANTIATE_M(T, S, 4)  \
@@ -140,6 +164,11 @@ __device__ void quantize(const T* w, __nv_fp8_storage_t* q, float* scale, int k)
                                                  const float2* sb, T* y, int n, int kq, int act) { \
     pdl_begin();                                                                               \
     gemv_fp8<T, 1, 8>(x, q, sb, y, n, kq, act);                                                \
+  }                                                                                            \
+  extern "C" __global__ void tb_early_gemv_fp8_1w8_##S(const Vec16<T>* x, const uint4* q,      \
+                                                       const float2* sb, T* y, int n, int kq,  \
+                                                       int act) {                              \
+    gemv_fp8<T, 1, 8, true>(x, q, sb, y, n, kq, act);                                          \
   }                                                                                            \
   extern "C" __global__ void tb_fp8_dequant_##S(const uint4* q, const float2* sb, Vec16<T>* out, \
                                                 int kq, long vectors) {                        \

@@ -57,9 +57,10 @@ mod imp {
     use super::{Act, FP8_GEMV_MAX_ROWS};
     use crate::kernels::launch::{
         aligned16, alloc, cuda, flat_config, kernel, launch, no_cpu_fwd, ptx, row_config, storage,
-        view, with_dtype, wrap, Ptx,
+        suffix, view, with_dtype, wrap, Ptx,
     };
     use crate::kernels::pdl::Early;
+    use crate::kernels::{enabled, Fused};
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::{CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
@@ -95,28 +96,21 @@ mod imp {
             let m = xl.shape().dims2()?.0;
             let (n, k) = ql.shape().dims2()?;
             let long_row = m == 1 && k / 16 >= 32 * WARPS_ONE_LONG_ROW as usize;
-            let (func, warps) = match m {
-                _ if long_row => (
-                    kernel!(dev, PTX, "tb_gemv_fp8_1w8", x.dtype())?,
-                    WARPS_ONE_LONG_ROW,
-                ),
-                1 => (
-                    kernel!(dev, PTX, "tb_gemv_fp8_1", x.dtype())?,
-                    WARPS_PER_BLOCK,
-                ),
-                2 => (
-                    kernel!(dev, PTX, "tb_gemv_fp8_2", x.dtype())?,
-                    WARPS_PER_BLOCK,
-                ),
-                3 => (
-                    kernel!(dev, PTX, "tb_gemv_fp8_3", x.dtype())?,
-                    WARPS_PER_BLOCK,
-                ),
-                _ => (
-                    kernel!(dev, PTX, "tb_gemv_fp8_4", x.dtype())?,
-                    WARPS_PER_BLOCK,
-                ),
+            let (name, warps) = match m {
+                _ if long_row => ("1w8", WARPS_ONE_LONG_ROW),
+                1 => ("1", WARPS_PER_BLOCK),
+                2 => ("2", WARPS_PER_BLOCK),
+                3 => ("3", WARPS_PER_BLOCK),
+                _ => ("4", WARPS_PER_BLOCK),
             };
+            // tb_early_gemv_fp8_* load their first weight vectors before the wait.
+            let early = if enabled(Fused::EarlyWeights) {
+                "early_"
+            } else {
+                ""
+            };
+            let name = format!("tb_{early}gemv_fp8_{name}_{}", suffix(x.dtype())?);
+            let func = dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?;
             let (n_i, kq, act) = (n as i32, (k / 16) as i32, self.act.code());
             let cfg = LaunchConfig {
                 grid_dim: (n.div_ceil(COLS_PER_BLOCK) as u32, 1, 1),

@@ -2,26 +2,34 @@
 // y = act(x Wᵀ + b). cuBLAS's small-M kernels read BLOOM's decode weights at about a quarter of
 // the copy bandwidth (split-K plus a reduce for the 1024-wide outputs: docs/perf-notes.md).
 // Shapes: x (M, K), W (N, K), b (N,), y (M, N), contiguous; M <= 4; K whole 16-byte vectors
-// (KV of them a row); the dot products in gemv.cuh.
+// (KV of them a row); the dot products in gemv.cuh. b may be null (no bias: the LM head).
+// tb_early_gemv*: the same, the first weight vectors loaded before the wait for the kernel
+// before (gemv.cuh, EARLY_VECTORS).
 #include "gemv.cuh"
 
-template <typename T, int M>
+template <typename T, int M, bool EARLY>
 __device__ void gemv(const Vec16<T>* x, const Vec16<T>* w, const T* b, T* y, int n, int kv, int act) {
   constexpr int C = M == 1 ? 1 : COLS;  // columns a block (gemv.cuh)
   __shared__ float part[C][SPLIT][M];
-  gemv_parts<T, M, C>(x, w, n, kv, part);
+  gemv_parts<T, M, C, EARLY>(x, w, n, kv, part);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int local = warp / SPLIT, slice = warp % SPLIT, col = blockIdx.x * C + local;
   if (col >= n || slice != 0 || lane >= M) return;
   // Lane m of the column's first warp finishes row m.
-  y[(long)lane * n + col] = from_f<T>(gemv_finish<M>(part, local, lane, to_f(b[col]), act));
+  y[(long)lane * n + col] = from_f<T>(gemv_finish<M>(part, local, lane, b ? to_f(b[col]) : 0.f, act));
 }
 
+// One row: the plain kernel's 32 registers a thread, 16 blocks an SM (34 unbounded: 12).
+#define EARLY_BOUNDS(M) __launch_bounds__(M == 1 ? 128 : 256, M == 1 ? 16 : 1)
 #define INSTANTIATE_M(T, S, M)                                                                  \
   extern "C" __global__ void tb_gemv##M##_##S(const Vec16<T>* x, const Vec16<T>* w, const T* b, \
                                               T* y, int n, int kv, int act) {                   \
     pdl_begin();                                                                                \
-    gemv<T, M>(x, w, b, y, n, kv, act);                                                         \
+    gemv<T, M, false>(x, w, b, y, n, kv, act);                                                  \
+  }                                                                                             \
+  extern "C" __global__ void EARLY_BOUNDS(M) tb_early_gemv##M##_##S(                            \
+      const Vec16<T>* x, const Vec16<T>* w, const T* b, T* y, int n, int kv, int act) {         \
+    gemv<T, M, true>(x, w, b, y, n, kv, act);                                                   \
   }
 #define INSTANTIATE(T, S) INSTANTIATE_M(T, S, 1) INSTANTIATE_M(T, S, 2) INSTANTIATE_M(T, S, 3) INSTANTIATE_M(T, S, 4)
 FOR_TYPES(INSTANTIATE)

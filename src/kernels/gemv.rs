@@ -17,7 +17,17 @@ pub fn gemv(x: &Tensor, w: &Tensor, b: &Tensor, act: Act) -> Result<Option<Tenso
     if !enabled(Fused::Gemv) {
         return Ok(None);
     }
-    imp::gemv(x, w, b, act)
+    imp::gemv(x, w, Some(b), act)
+}
+
+/// x Wᵀ for an LM head W (V, C) at 1–4 rows (`--fused gemv-head`); None where [`gemv`] would
+/// not apply or the path is off.
+pub fn gemv_head(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    let tracked = x.track_op() || w.track_op(); // no backward
+    if !enabled(Fused::Gemv) || !enabled(Fused::GemvHead) || tracked {
+        return Ok(None);
+    }
+    imp::gemv(x, w, None, Act::None)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -25,7 +35,7 @@ mod imp {
     use super::Act;
     use candle_core::{Result, Tensor};
 
-    pub fn gemv(_: &Tensor, _: &Tensor, _: &Tensor, _: Act) -> Result<Option<Tensor>> {
+    pub fn gemv(_: &Tensor, _: &Tensor, _: Option<&Tensor>, _: Act) -> Result<Option<Tensor>> {
         Ok(None)
     }
 }
@@ -34,12 +44,13 @@ mod imp {
 mod imp {
     use super::{Act, MAX_ROWS};
     use crate::kernels::launch::{
-        aligned16, alloc, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx,
+        aligned16, alloc, launch, no_cpu_fwd, ptx, suffix, view, with_dtype, Ptx,
     };
     use crate::kernels::pdl::Early;
+    use crate::kernels::{enabled, Fused};
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
-    use candle_core::{CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+    use candle_core::{CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
     const PTX: Ptx = ptx!("gemv");
 
@@ -48,9 +59,11 @@ mod imp {
     const COLS_PER_BLOCK: usize = 2;
     const WARPS_PER_COL: u32 = 4;
 
+    /// act(x Wᵀ + b); [`GemvNoBias`] x Wᵀ.
     struct Gemv {
         act: Act,
     }
+    struct GemvNoBias;
 
     impl CustomOp3 for Gemv {
         fn name(&self) -> &'static str {
@@ -66,37 +79,71 @@ mod imp {
             b: &CudaStorage,
             bl: &Layout,
         ) -> Result<(CudaStorage, Shape)> {
-            let dev = x.device().clone();
-            let (m, k) = xl.shape().dims2()?;
-            let n = wl.shape().dims2()?.0;
-            let func = match m {
-                1 => kernel!(dev, PTX, "tb_gemv1", x.dtype())?,
-                2 => kernel!(dev, PTX, "tb_gemv2", x.dtype())?,
-                3 => kernel!(dev, PTX, "tb_gemv3", x.dtype())?,
-                _ => kernel!(dev, PTX, "tb_gemv4", x.dtype())?,
-            };
-            let kv = (k * x.dtype().size_in_bytes() / 16) as i32;
-            let (n_i, act) = (n as i32, self.act.code());
-            let cols = if m == 1 { 1 } else { COLS_PER_BLOCK };
-            let cfg = LaunchConfig {
-                grid_dim: (n.div_ceil(cols) as u32, 1, 1),
-                block_dim: (32 * WARPS_PER_COL * cols as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            with_dtype!(x.dtype(), T => {
-                let (xv, wv, bv) = (view::<T>(x, xl)?, view::<T>(w, wl)?, view::<T>(b, bl)?);
-                let early = Early::begin(&dev, m)?;
-                let out = alloc::<T>(&dev, m * n)?;
-                early.launch()?;
-                // SAFETY: x holds m·k, W n·k and b n elements, contiguous from 16-byte
-                // boundaries in whole vectors (checked by gemv); out holds m·n.
-                launch!(unsafe func, cfg; &xv, &wv, &bv, &out, &n_i, &kv, &act)?;
-                Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((m, n))))
-            })
+            run(x, xl, w, wl, Some((b, bl)), self.act)
         }
     }
 
-    pub fn gemv(x: &Tensor, w: &Tensor, b: &Tensor, act: Act) -> Result<Option<Tensor>> {
+    impl CustomOp2 for GemvNoBias {
+        fn name(&self) -> &'static str {
+            "tb-gemv-no-bias"
+        }
+        no_cpu_fwd!(CustomOp2);
+        fn cuda_fwd(
+            &self,
+            x: &CudaStorage,
+            xl: &Layout,
+            w: &CudaStorage,
+            wl: &Layout,
+        ) -> Result<(CudaStorage, Shape)> {
+            run(x, xl, w, wl, None, Act::None)
+        }
+    }
+
+    fn run(
+        x: &CudaStorage,
+        xl: &Layout,
+        w: &CudaStorage,
+        wl: &Layout,
+        b: Option<(&CudaStorage, &Layout)>,
+        act: Act,
+    ) -> Result<(CudaStorage, Shape)> {
+        let dev = x.device().clone();
+        let (m, k) = xl.shape().dims2()?;
+        let n = wl.shape().dims2()?.0;
+        // tb_early_gemv* load their first weight vectors before the wait.
+        let early = if enabled(Fused::EarlyWeights) {
+            "early_"
+        } else {
+            ""
+        };
+        let name = format!("tb_{early}gemv{}_{}", m.min(MAX_ROWS), suffix(x.dtype())?);
+        let func = dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?;
+        let kv = (k * x.dtype().size_in_bytes() / 16) as i32;
+        let (n_i, act) = (n as i32, act.code());
+        let cols = if m == 1 { 1 } else { COLS_PER_BLOCK };
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(cols) as u32, 1, 1),
+            block_dim: (32 * WARPS_PER_COL * cols as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        with_dtype!(x.dtype(), T => {
+            let (xv, wv) = (view::<T>(x, xl)?, view::<T>(w, wl)?);
+            let bv = b.map(|(b, bl)| view::<T>(b, bl)).transpose()?;
+            let early = Early::begin(&dev, m)?;
+            let out = alloc::<T>(&dev, m * n)?;
+            early.launch()?;
+            // SAFETY: x holds m·k, W n·k and b (where given) n elements, contiguous from
+            // 16-byte boundaries in whole vectors (checked by gemv); out holds m·n; a null b
+            // is read as no bias.
+            match &bv {
+                Some(bv) => launch!(unsafe func, cfg; &xv, &wv, bv, &out, &n_i, &kv, &act)?,
+                None => launch!(unsafe func, cfg; &xv, &wv, &0u64, &out, &n_i, &kv, &act)?,
+            };
+            Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((m, n))))
+        })
+    }
+
+    pub fn gemv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, act: Act) -> Result<Option<Tensor>> {
         let half = matches!(x.dtype(), DType::BF16 | DType::F16);
         let fits = matches!(act, Act::None | Act::GeluTanh) && x.rank() == 2 && w.rank() == 2;
         if !x.device().is_cuda() || !half || !fits || x.dim(0)? > MAX_ROWS {
@@ -104,11 +151,16 @@ mod imp {
         }
         let (k, (n, wk)) = (x.dim(1)?, w.dims2()?);
         let whole = (k * x.dtype().size_in_bytes()).is_multiple_of(16);
-        let same = w.dtype() == x.dtype() && b.dtype() == x.dtype() && b.dims() == [n];
-        let laid = x.is_contiguous() && w.is_contiguous() && b.is_contiguous();
+        let bias_fits =
+            b.is_none_or(|b| b.dtype() == x.dtype() && b.dims() == [n] && b.is_contiguous());
+        let same = w.dtype() == x.dtype() && bias_fits;
+        let laid = x.is_contiguous() && w.is_contiguous();
         if wk != k || !whole || !same || !laid || !aligned16(x) || !aligned16(w) {
             return Ok(None);
         }
-        Ok(Some(x.apply_op3_no_bwd(w, b, &Gemv { act })?))
+        Ok(Some(match b {
+            Some(b) => x.apply_op3_no_bwd(w, b, &Gemv { act })?,
+            None => x.apply_op2_no_bwd(w, &GemvNoBias)?,
+        }))
     }
 }

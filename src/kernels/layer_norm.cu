@@ -342,7 +342,7 @@ __device__ void add_layer_norm(const T* x, const T* r, const T* w, const T* b, T
 #define INSTANTIATE(T, S)                                                                                     \
   extern "C" __global__ void tb_layer_norm_fwd_##S(const T* x, const T* w, const T* b, T* y, long rows, int c, \
                                                    float eps) {                                               \
-    pdl_begin();                                                                                              \
+    pdl_begin_trigger_first();                                                                                \
     layer_norm_fwd<T>(x, w, b, y, rows, c, eps);                                                              \
   }                                                                                                           \
   extern "C" __global__ void tb_layer_norm_bwd_x_##S(const T* x, const T* w, const T* dy, T* dx, long rows,   \
@@ -355,7 +355,7 @@ __device__ void add_layer_norm(const T* x, const T* r, const T* w, const T* b, T
   }                                                                                                           \
   extern "C" __global__ void tb_add_layer_norm_##S(const T* x, const T* r, const T* w, const T* b, T* s, T* y, \
                                                    int c, float eps, int vec) {                               \
-    pdl_begin();                                                                                              \
+    pdl_begin_trigger_first();                                                                                \
     if (vec)                                                                                                  \
       add_layer_norm_vec<T>(x, r, w, b, s, y, c, eps);                                                        \
     else                                                                                                      \
@@ -372,7 +372,7 @@ FOR_TYPES(INSTANTIATE)
   }                                                                                                        \
   extern "C" __global__ void tb_layer_norm_fwd_vec##V##_##S(const T* x, const T* w, const T* b, T* y,      \
                                                              long rows, int c, float eps) {                \
-    pdl_begin();                                                                                           \
+    pdl_begin_trigger_first();                                                                             \
     layer_norm_fwd_vec<T, V>(x, w, b, y, rows, c, eps);                                                    \
   }
 #define BWD_VECS(T, S) \

@@ -53,7 +53,7 @@ pub use embedding::{embedding_bwd, embedding_bwd_in_place, embedding_fwd};
 pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
 pub use flash_prefill::{flash_prefill, prefill_applies, prefill_kv, SeqRows};
 pub use fp8::{dequant_fp8, gemv_fp8, quantize_fp8, FP8_GEMV_MAX_ROWS};
-pub use gemv::{gemv, MAX_ROWS as GEMV_MAX_ROWS};
+pub use gemv::{gemv, gemv_head, MAX_ROWS as GEMV_MAX_ROWS};
 pub use graph::{capture, param_cache, programmatic_edges, replays, Graph, ParamCache};
 pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{
@@ -185,6 +185,14 @@ pub enum Fused {
     /// being launched once it has finished (its output allocations made roots of the graph to
     /// allow it).
     Pdl,
+    /// Decoding at 1–4 rows with `pdl`: each GEMV (bf16 / f16 and fp8 weights) loads its first
+    /// weight vectors before it waits for the kernel before, and the norms and the attention's
+    /// merge let the next kernel start before they wait, so that the weights stream in while
+    /// those one-wave kernels run, instead of after they end.
+    EarlyWeights,
+    /// Decoding at 1–4 rows: the LM head (bf16 / f16, a vocabulary that is a multiple of 8:
+    /// BLOOM's) as the decode GEMV without a bias, instead of cuBLAS's matmul.
+    GemvHead,
 }
 
 const LT: u32 = 1;
@@ -214,6 +222,8 @@ const FLASH_DQ: u32 = 1 << 23;
 const STEP: u32 = 1 << 24;
 const SKINNY_PROJ: u32 = 1 << 25;
 const PDL: u32 = 1 << 26;
+const EARLY_WEIGHTS: u32 = 1 << 27;
+const GEMV_HEAD: u32 = 1 << 28;
 const ALL: u32 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -239,7 +249,9 @@ const ALL: u32 = LT
     | LN_RESIDUAL
     | FLASH_DQ
     | SKINNY_PROJ
-    | PDL;
+    | PDL
+    | EARLY_WEIGHTS
+    | GEMV_HEAD;
 
 static ENABLED: AtomicU32 = AtomicU32::new(ALL);
 
@@ -274,6 +286,8 @@ fn bit(f: Fused) -> u32 {
         Fused::FlashDq => FLASH_DQ,
         Fused::Step => STEP,
         Fused::Pdl => PDL,
+        Fused::EarlyWeights => EARLY_WEIGHTS,
+        Fused::GemvHead => GEMV_HEAD,
     }
 }
 
@@ -324,6 +338,8 @@ pub fn describe() -> String {
         (FLASH_DQ, "flash-dq"),
         (STEP, "step"),
         (PDL, "pdl"),
+        (EARLY_WEIGHTS, "early-weights"),
+        (GEMV_HEAD, "gemv-head"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

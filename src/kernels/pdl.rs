@@ -40,6 +40,17 @@ pub fn waits_first(name: &str) -> bool {
     WAITS_FIRST.iter().any(|p| name.starts_with(p))
 }
 
+/// The kernels launched through `Early` that read their weights (kernel parameter 1) before
+/// the wait, and nothing else (`--fused early-weights`; a GPU test reads their PTX).
+#[cfg(test)]
+pub const WEIGHTS_FIRST: &[&str] = &["tb_early_gemv"];
+
+/// Whether the kernel `name` is one that loads its weights before the wait.
+#[cfg(test)]
+pub fn weights_first(name: &str) -> bool {
+    WEIGHTS_FIRST.iter().any(|p| name.starts_with(p))
+}
+
 #[cfg(feature = "cuda")]
 pub use imp::{during_capture, programmatic_edges, Early};
 
@@ -328,7 +339,17 @@ mod imp {
 
 #[cfg(test)]
 mod tests {
-    use super::waits_first;
+    use super::{waits_first, weights_first};
+
+    #[test]
+    fn the_early_gemvs_are_told_apart_from_those_that_wait_first() {
+        for name in ["tb_early_gemv1_bf16", "tb_early_gemv_fp8_1w8_f16"] {
+            assert!(weights_first(name) && !waits_first(name), "{name}");
+        }
+        for name in ["tb_gemv1_bf16", "tb_gemv_fp8_1w8_f16"] {
+            assert!(!weights_first(name) && waits_first(name), "{name}");
+        }
+    }
 
     #[test]
     fn the_decode_kernels_wait_first_and_the_others_do_not() {
