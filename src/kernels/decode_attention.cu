@@ -385,6 +385,15 @@ extern "C" __global__ void tb_decode_begin(float* mask, float* key_pos, float* s
   if (threadIdx.x == 0) *cursor = pos + 1;
 }
 
+// The merge twice: waiting first and, named _tf, letting the next kernel start first
+// (`--fused trigger-first`).
+#define COMBINE(T, S, TF, BEGIN)                                                                   \
+  extern "C" __global__ void tb_decode_combine##TF##_##S(const float* part_m, const float* part_l, \
+                                                         const float* part_acc, T* out, int splits, \
+                                                         int hs) {                                 \
+    BEGIN();                                                                                       \
+    decode_combine<T>(part_m, part_l, part_acc, out, splits, hs);                                  \
+  }
 // One kernel a head size, each with its own register allocation.
 #define HEAD_KERNEL(T, S, HS)                                                                                  \
   extern "C" __global__ void __launch_bounds__(256, 2) tb_decode_attention_head##HS##_##S(                   \
@@ -417,9 +426,5 @@ extern "C" __global__ void tb_decode_begin(float* mask, float* key_pos, float* s
                                     part_m, part_l, part_acc, scale, nh, t_max, pos, cursor);                 \
   }                                                                                                           \
   HEAD_KERNEL(T, S, 64) HEAD_KERNEL(T, S, 128)                                                                \
-  extern "C" __global__ void tb_decode_combine_##S(const float* part_m, const float* part_l,                  \
-                                                   const float* part_acc, T* out, int splits, int hs) {       \
-    pdl_begin_trigger_first();                                                                                \
-    decode_combine<T>(part_m, part_l, part_acc, out, splits, hs);                                             \
-  }
+  COMBINE(T, S, , pdl_begin) COMBINE(T, S, _tf, pdl_begin_trigger_first)
 FOR_TYPES(INSTANTIATE)

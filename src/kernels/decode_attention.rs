@@ -95,10 +95,10 @@ mod imp {
 mod imp {
     use super::{CacheSlot, QkvLayout};
     use crate::kernels::launch::{
-        aligned16, alloc, cuda, float_dtype, kernel, launch, ptx, storage, view, with_dtype, wrap,
-        Ptx, NULL,
+        aligned16, alloc, cuda, float_dtype, kernel, launch, ptx, storage, suffix, view,
+        with_dtype, wrap, Ptx, NULL,
     };
-    use crate::kernels::pdl::Early;
+    use crate::kernels::pdl::{trigger_first_suffix, Early};
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{
         CudaSlice, CudaView, LaunchArgs, LaunchConfig, PushKernelArg as _,
@@ -380,7 +380,11 @@ mod imp {
                     l: alloc::<f32>(&dev, p.rows * p.splits)?,
                     acc: alloc::<f32>(&dev, p.rows * p.splits * hs)?,
                 },
-                kernel!(dev, PTX, "tb_decode_combine", qkv.dtype())?,
+                {
+                    let (tf, s) = (trigger_first_suffix(), suffix(qkv.dtype())?);
+                    let name = format!("tb_decode_combine{tf}_{s}");
+                    dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?
+                },
             )),
             false => None,
         };

@@ -20,11 +20,17 @@ pub fn gemv(x: &Tensor, w: &Tensor, b: &Tensor, act: Act) -> Result<Option<Tenso
     imp::gemv(x, w, Some(b), act)
 }
 
+/// Bytes of W's row from which the LM head takes the GEMV: four 16-byte vectors a lane of a
+/// one-row block. bloom-560m's 2 KB rows (one vector a lane, 250880 blocks) made its step
+/// 0.18 ms slower than cuBLAS's head; bloom-7b1's 8 KB rows 25 µs faster (results/h200x2/ew-run1).
+const HEAD_MIN_ROW_BYTES: usize = 8192;
+
 /// x Wᵀ for an LM head W (V, C) at 1–4 rows (`--fused gemv-head`); None where [`gemv`] would
-/// not apply or the path is off.
+/// not apply, the path is off or W's rows are shorter than [`HEAD_MIN_ROW_BYTES`].
 pub fn gemv_head(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     let tracked = x.track_op() || w.track_op(); // no backward
-    if !enabled(Fused::Gemv) || !enabled(Fused::GemvHead) || tracked {
+    let short = w.dim(1)? * w.dtype().size_in_bytes() < HEAD_MIN_ROW_BYTES;
+    if !enabled(Fused::Gemv) || !enabled(Fused::GemvHead) || tracked || short {
         return Ok(None);
     }
     imp::gemv(x, w, None, Act::None)
@@ -44,7 +50,7 @@ mod imp {
 mod imp {
     use super::{Act, MAX_ROWS};
     use crate::kernels::launch::{
-        aligned16, alloc, launch, no_cpu_fwd, ptx, suffix, view, with_dtype, Ptx,
+        aligned16, alloc, launch, no_cpu_fwd, ptx, suffix, view, with_dtype, Ptx, NULL,
     };
     use crate::kernels::pdl::Early;
     use crate::kernels::{enabled, Fused};
@@ -137,7 +143,7 @@ mod imp {
             // is read as no bias.
             match &bv {
                 Some(bv) => launch!(unsafe func, cfg; &xv, &wv, bv, &out, &n_i, &kv, &act)?,
-                None => launch!(unsafe func, cfg; &xv, &wv, &0u64, &out, &n_i, &kv, &act)?,
+                None => launch!(unsafe func, cfg; &xv, &wv, &NULL, &out, &n_i, &kv, &act)?,
             };
             Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((m, n))))
         })

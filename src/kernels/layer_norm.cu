@@ -339,12 +339,26 @@ __device__ void add_layer_norm(const T* x, const T* r, const T* w, const T* b, T
     y[off + j] = from_f<T>((to_f(src[j]) - mean) * rstd * to_f(w[j]) + to_f(b[j]));
 }
 
+// Each decode-step kernel twice: waiting first (pdl_begin) and, named _tf, letting the next
+// kernel start first (pdl_begin_trigger_first, `--fused trigger-first`).
+#define LN_FWD(T, S, TF, BEGIN)                                                                    \
+  extern "C" __global__ void tb_layer_norm_fwd##TF##_##S(const T* x, const T* w, const T* b, T* y, \
+                                                         long rows, int c, float eps) {            \
+    BEGIN();                                                                                       \
+    layer_norm_fwd<T>(x, w, b, y, rows, c, eps);                                                   \
+  }
+#define ADD_LN(T, S, TF, BEGIN)                                                                    \
+  extern "C" __global__ void tb_add_layer_norm##TF##_##S(const T* x, const T* r, const T* w,      \
+                                                         const T* b, T* s, T* y, int c, float eps, \
+                                                         int vec) {                                \
+    BEGIN();                                                                                       \
+    if (vec)                                                                                       \
+      add_layer_norm_vec<T>(x, r, w, b, s, y, c, eps);                                             \
+    else                                                                                           \
+      add_layer_norm<T>(x, r, w, b, s, y, c, eps);                                                 \
+  }
 #define INSTANTIATE(T, S)                                                                                     \
-  extern "C" __global__ void tb_layer_norm_fwd_##S(const T* x, const T* w, const T* b, T* y, long rows, int c, \
-                                                   float eps) {                                               \
-    pdl_begin_trigger_first();                                                                                \
-    layer_norm_fwd<T>(x, w, b, y, rows, c, eps);                                                              \
-  }                                                                                                           \
+  LN_FWD(T, S, , pdl_begin) LN_FWD(T, S, _tf, pdl_begin_trigger_first)                                        \
   extern "C" __global__ void tb_layer_norm_bwd_x_##S(const T* x, const T* w, const T* dy, T* dx, long rows,   \
                                                      int c, float eps) {                                      \
     layer_norm_bwd_x<T>(x, w, dy, dx, rows, c, eps);                                                          \
@@ -353,16 +367,15 @@ __device__ void add_layer_norm(const T* x, const T* r, const T* w, const T* b, T
                                                       float eps) {                                            \
     layer_norm_bwd_wb<T>(x, dy, part, rows, c, eps);                                                          \
   }                                                                                                           \
-  extern "C" __global__ void tb_add_layer_norm_##S(const T* x, const T* r, const T* w, const T* b, T* s, T* y, \
-                                                   int c, float eps, int vec) {                               \
-    pdl_begin_trigger_first();                                                                                \
-    if (vec)                                                                                                  \
-      add_layer_norm_vec<T>(x, r, w, b, s, y, c, eps);                                                        \
-    else                                                                                                      \
-      add_layer_norm<T>(x, r, w, b, s, y, c, eps);                                                            \
-  }
+  ADD_LN(T, S, , pdl_begin) ADD_LN(T, S, _tf, pdl_begin_trigger_first)
 FOR_TYPES(INSTANTIATE)
 
+#define FWD_VEC(T, S, V, TF, BEGIN)                                                                \
+  extern "C" __global__ void tb_layer_norm_fwd_vec##V##TF##_##S(const T* x, const T* w, const T* b, \
+                                                                T* y, long rows, int c, float eps) { \
+    BEGIN();                                                                                         \
+    layer_norm_fwd_vec<T, V>(x, w, b, y, rows, c, eps);                                              \
+  }
 // tb_layer_norm_{fwd,bwd}_vec<V>_<type>: V = 1..8 vectors a lane.
 #define BWD_VEC(T, S, V)                                                                                   \
   extern "C" __global__ void __launch_bounds__(256) tb_layer_norm_bwd_vec##V##_##S(                        \
@@ -370,11 +383,7 @@ FOR_TYPES(INSTANTIATE)
       float eps) {                                                                                           \
     layer_norm_bwd_vec<T, V>(x, w, dy, res, rsum, dx, part, rows, c, eps);                                   \
   }                                                                                                        \
-  extern "C" __global__ void tb_layer_norm_fwd_vec##V##_##S(const T* x, const T* w, const T* b, T* y,      \
-                                                             long rows, int c, float eps) {                \
-    pdl_begin_trigger_first();                                                                             \
-    layer_norm_fwd_vec<T, V>(x, w, b, y, rows, c, eps);                                                    \
-  }
+  FWD_VEC(T, S, V, , pdl_begin) FWD_VEC(T, S, V, _tf, pdl_begin_trigger_first)
 #define BWD_VECS(T, S) \
   BWD_VEC(T, S, 1) BWD_VEC(T, S, 2) BWD_VEC(T, S, 3) BWD_VEC(T, S, 4) BWD_VEC(T, S, 5) BWD_VEC(T, S, 6) BWD_VEC(T, S, 7) BWD_VEC(T, S, 8)
 FOR_TYPES(BWD_VECS)

@@ -126,7 +126,7 @@ mod imp {
         aligned16, alloc, cuda, device_address, float_dtype, kernel, launch, no_cpu_fwd, ptx,
         storage, suffix, view, with_dtype, wrap, Ptx, NULL,
     };
-    use crate::kernels::pdl::Early;
+    use crate::kernels::pdl::{trigger_first_suffix, Early};
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig};
     use candle_core::cuda_backend::CudaDType;
@@ -173,10 +173,15 @@ mod imp {
             let (rows, c) = xl.shape().dims2()?;
             let func = match vector_lanes(c, x.dtype(), &[xl, wl, bl]) {
                 Some(lanes) => {
-                    let name = format!("tb_layer_norm_fwd_vec{lanes}_{}", suffix(x.dtype())?);
+                    let (tf, s) = (trigger_first_suffix(), suffix(x.dtype())?);
+                    let name = format!("tb_layer_norm_fwd_vec{lanes}{tf}_{s}");
                     dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?
                 }
-                None => kernel!(dev, PTX, "tb_layer_norm_fwd", x.dtype())?,
+                None => {
+                    let (tf, s) = (trigger_first_suffix(), suffix(x.dtype())?);
+                    let name = format!("tb_layer_norm_fwd{tf}_{s}");
+                    dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?
+                }
             };
             with_dtype!(x.dtype(), T => {
                 let (xv, wv, bv) = (view::<T>(x, xl)?, view::<T>(w, wl)?, view::<T>(b, bl)?);
@@ -517,7 +522,12 @@ mod imp {
             return Ok(None);
         };
         let dev = storage(&xs.0).device().clone();
-        let func = kernel!(dev, PTX, "tb_add_layer_norm", x.dtype())?;
+        let (tf, s) = (trigger_first_suffix(), suffix(x.dtype())?);
+        let func = dev.get_or_load_custom_func(
+            &format!("tb_add_layer_norm{tf}_{s}"),
+            PTX.module,
+            PTX.text,
+        )?;
         // A 16-byte vector a thread where the rows allow it (add_layer_norm_vec).
         let n = 16 / x.dtype().size_in_bytes();
         let vec = c % n == 0 && c / n <= 1024 && [&x2, &r2, &w, &b].into_iter().all(aligned16);

@@ -186,13 +186,17 @@ pub enum Fused {
     /// allow it).
     Pdl,
     /// Decoding at 1–4 rows with `pdl`: each GEMV (bf16 / f16 and fp8 weights) loads its first
-    /// weight vectors before it waits for the kernel before, and the norms and the attention's
-    /// merge let the next kernel start before they wait, so that the weights stream in while
-    /// those one-wave kernels run, instead of after they end.
+    /// weight vectors before it waits for the kernel before, so that they stream in while that
+    /// kernel (a norm, the attention's merge) runs, instead of after it ends.
     EarlyWeights,
     /// Decoding at 1–4 rows: the LM head (bf16 / f16, a vocabulary that is a multiple of 8:
-    /// BLOOM's) as the decode GEMV without a bias, instead of cuBLAS's matmul.
+    /// BLOOM's; rows of at least 4096 values) as the decode GEMV without a bias, instead of
+    /// cuBLAS's matmul.
     GemvHead,
+    /// Decoding with `pdl`: the norms and the attention's merge let the next kernel start
+    /// before they wait for the kernel before them, instead of after. Not in `all` (opt in:
+    /// `--fused all,trigger-first`): measured slower on bloom-7b1 (docs/perf-notes.md).
+    TriggerFirst,
 }
 
 const LT: u32 = 1;
@@ -224,6 +228,7 @@ const SKINNY_PROJ: u32 = 1 << 25;
 const PDL: u32 = 1 << 26;
 const EARLY_WEIGHTS: u32 = 1 << 27;
 const GEMV_HEAD: u32 = 1 << 28;
+const TRIGGER_FIRST: u32 = 1 << 29;
 const ALL: u32 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -288,6 +293,7 @@ fn bit(f: Fused) -> u32 {
         Fused::Pdl => PDL,
         Fused::EarlyWeights => EARLY_WEIGHTS,
         Fused::GemvHead => GEMV_HEAD,
+        Fused::TriggerFirst => TRIGGER_FIRST,
     }
 }
 
@@ -340,6 +346,7 @@ pub fn describe() -> String {
         (PDL, "pdl"),
         (EARLY_WEIGHTS, "early-weights"),
         (GEMV_HEAD, "gemv-head"),
+        (TRIGGER_FIRST, "trigger-first"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

@@ -54,6 +54,17 @@ pub fn weights_first(name: &str) -> bool {
 #[cfg(feature = "cuda")]
 pub use imp::{during_capture, programmatic_edges, Early};
 
+/// The name suffix of the decode norms' and merge's kernels: `_tf` (pdl_begin_trigger_first,
+/// the next kernel let start before the wait) with `--fused trigger-first`, else none.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub fn trigger_first_suffix() -> &'static str {
+    if crate::kernels::enabled(crate::kernels::Fused::TriggerFirst) {
+        "_tf"
+    } else {
+        ""
+    }
+}
+
 #[cfg(feature = "cuda")]
 mod imp {
     use crate::kernels::{enabled, Fused};
@@ -360,6 +371,8 @@ mod tests {
             "tb_decode_attention_head64_bf16",
             "tb_decode_combine_f32",
             "tb_add_layer_norm_bf16",
+            "tb_add_layer_norm_tf_bf16",
+            "tb_layer_norm_fwd_vec3_tf_f16",
         ] {
             assert!(waits_first(name), "{name}");
         }
