@@ -78,8 +78,8 @@ fn projection_cases(
 /// The decode GEMV (nn.Linear weights, 1–4 rows) against the f32 product with bias and
 /// tanh-GELU, in bf16 and f16, for BLOOM's decode shapes (1024 -> 3072, 4096 -> 1024), a K of
 /// fewer vectors than a block's lanes and one of more than they load before the wait
-/// (`early-weights`, whose kernels give the plain kernels' bits); without a bias, as the LM head
-/// (`gemv-head`).
+/// (`early-weights`, whose one-row kernel gives the plain kernel's bits); without a bias, as
+/// the LM head (`gemv-head`, rows of 8 KB and more).
 #[test]
 fn gemv_matches_the_f32_projection() {
     let (dev, _one_at_a_time) = gpu();
@@ -100,10 +100,15 @@ fn gemv_matches_the_f32_projection() {
         assert_eq!(max_abs_diff(&y, &p), 0.0, "{}: early against plain", c.why);
         if c.act == Act::None {
             set_enabled(&[Fused::All]);
-            let head = gemv_head(&c.x, &c.w).unwrap().expect(&c.why);
-            let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
-            let want = f(&c.x).matmul(&f(&c.w).t().unwrap()).unwrap();
-            assert!(rel(&head, &want) < 1e-2, "{}: no bias", c.why);
+            let head = gemv_head(&c.x, &c.w).unwrap();
+            // Rows of 8 KB and more (bloom-7b1's head; bloom-560m's 2 KB rows stay cuBLAS's).
+            let long = c.w.dim(1).unwrap() * c.w.dtype().size_in_bytes() >= 8192;
+            assert_eq!(head.is_some(), long, "{}: the head's GEMV applies", c.why);
+            if let Some(head) = head {
+                let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+                let want = f(&c.x).matmul(&f(&c.w).t().unwrap()).unwrap();
+                assert!(rel(&head, &want) < 1e-2, "{}: no bias", c.why);
+            }
         }
     });
     set_enabled(&[Fused::All]);

@@ -3,8 +3,8 @@
 // the copy bandwidth (split-K plus a reduce for the 1024-wide outputs: docs/perf-notes.md).
 // Shapes: x (M, K), W (N, K), b (N,), y (M, N), contiguous; M <= 4; K whole 16-byte vectors
 // (KV of them a row); the dot products in gemv.cuh. b may be null (no bias: the LM head).
-// tb_early_gemv*: the same, the first weight vectors loaded before the wait for the kernel
-// before (gemv.cuh, EARLY_VECTORS).
+// tb_early_gemv1: the same at one row, the first weight vectors loaded before the wait for the
+// kernel before (gemv.cuh, EARLY_VECTORS).
 #include "gemv.cuh"
 
 template <typename T, int M, bool EARLY>
@@ -19,17 +19,26 @@ __device__ void gemv(const Vec16<T>* x, const Vec16<T>* w, const T* b, T* y, int
   y[(long)lane * n + col] = from_f<T>(gemv_finish<M>(part, local, lane, b ? to_f(b[col]) : 0.f, act));
 }
 
-// One row: the plain kernel's 32 registers a thread, 16 blocks an SM (34 unbounded: 12).
-#define EARLY_BOUNDS(M) __launch_bounds__(M == 1 ? 128 : 256, M == 1 ? 16 : 1)
+// One row: 32 registers a thread, 16 blocks an SM (34 unbounded since the optional bias: 12).
+#define ONE_ROW __launch_bounds__(128, 16)
 #define INSTANTIATE_M(T, S, M)                                                                  \
   extern "C" __global__ void tb_gemv##M##_##S(const Vec16<T>* x, const Vec16<T>* w, const T* b, \
                                               T* y, int n, int kv, int act) {                   \
     pdl_begin();                                                                                \
     gemv<T, M, false>(x, w, b, y, n, kv, act);                                                  \
-  }                                                                                             \
-  extern "C" __global__ void EARLY_BOUNDS(M) tb_early_gemv##M##_##S(                            \
-      const Vec16<T>* x, const Vec16<T>* w, const T* b, T* y, int n, int kv, int act) {         \
-    gemv<T, M, true>(x, w, b, y, n, kv, act);                                                   \
   }
-#define INSTANTIATE(T, S) INSTANTIATE_M(T, S, 1) INSTANTIATE_M(T, S, 2) INSTANTIATE_M(T, S, 3) INSTANTIATE_M(T, S, 4)
+// The early kernel at one row only (at 2-4 rows it took 68-110 registers a thread against the
+// plain kernels' 34-62).
+#define INSTANTIATE(T, S)                                                                       \
+  extern "C" __global__ void ONE_ROW tb_gemv1_##S(const Vec16<T>* x, const Vec16<T>* w,         \
+                                                  const T* b, T* y, int n, int kv, int act) {   \
+    pdl_begin();                                                                                \
+    gemv<T, 1, false>(x, w, b, y, n, kv, act);                                                  \
+  }                                                                                             \
+  extern "C" __global__ void ONE_ROW tb_early_gemv1_##S(const Vec16<T>* x, const Vec16<T>* w,   \
+                                                        const T* b, T* y, int n, int kv,        \
+                                                        int act) {                              \
+    gemv<T, 1, true>(x, w, b, y, n, kv, act);                                                   \
+  }                                                                                             \
+  INSTANTIATE_M(T, S, 2) INSTANTIATE_M(T, S, 3) INSTANTIATE_M(T, S, 4)
 FOR_TYPES(INSTANTIATE)

@@ -14,7 +14,8 @@ constexpr int SPLIT = 4, COLS = 2;
 
 // Row m of x against W's vector i, added to acc[m].
 template <typename T, int M>
-__device__ __forceinline__ void gemv_dot(const Vec16<T>& wv, const Vec16<T>* x, int kv, int i, float* acc) {
+// (wv by value: a reference into W made nvcc load it as eight 2-byte loads, results/h200x2/ew-run2.)
+__device__ __forceinline__ void gemv_dot(const Vec16<T> wv, const Vec16<T>* x, int kv, int i, float* acc) {
   constexpr int E = 16 / sizeof(T);
 #pragma unroll
   for (int m = 0; m < M; m++) {
@@ -43,7 +44,8 @@ __device__ void gemv_parts(const Vec16<T>* x, const Vec16<T>* w, int n, int kv, 
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; m++) acc[m] = 0.f;
-  const Vec16<T>* row = w + (long)min(col, n - 1) * kv;
+  // Clamped where loaded before the wait (a block's columns past n load and discard).
+  const Vec16<T>* row = w + (long)(EARLY ? min(col, n - 1) : col) * kv;
   uint4 pre[PRE > 0 ? PRE : 1];
   if constexpr (EARLY) {
     const uint4* row4 = reinterpret_cast<const uint4*>(row);

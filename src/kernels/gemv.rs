@@ -116,8 +116,8 @@ mod imp {
         let dev = x.device().clone();
         let (m, k) = xl.shape().dims2()?;
         let n = wl.shape().dims2()?.0;
-        // tb_early_gemv* load their first weight vectors before the wait.
-        let early = if enabled(Fused::EarlyWeights) {
+        // tb_early_gemv1 loads its first weight vectors before the wait (one row only).
+        let early = if m == 1 && enabled(Fused::EarlyWeights) {
             "early_"
         } else {
             ""

@@ -185,17 +185,17 @@ pub enum Fused {
     /// being launched once it has finished (its output allocations made roots of the graph to
     /// allow it).
     Pdl,
-    /// Decoding at 1–4 rows with `pdl`: each GEMV (bf16 / f16 and fp8 weights) loads its first
-    /// weight vectors before it waits for the kernel before, so that they stream in while that
-    /// kernel (a norm, the attention's merge) runs, instead of after it ends.
+    /// Decoding with `pdl`: each one-row GEMV (bf16 / f16; fp8 weights at 1–4 rows) loads its
+    /// first weight vectors before it waits for the kernel before, so that they stream in while
+    /// that kernel (a norm, the attention's merge) runs, instead of after it ends.
     EarlyWeights,
     /// Decoding at 1–4 rows: the LM head (bf16 / f16, a vocabulary that is a multiple of 8:
     /// BLOOM's; rows of at least 4096 values) as the decode GEMV without a bias, instead of
     /// cuBLAS's matmul.
     GemvHead,
-    /// Decoding with `pdl`: the norms and the attention's merge let the next kernel start
-    /// before they wait for the kernel before them, instead of after. Not in `all` (opt in:
-    /// `--fused all,trigger-first`): measured slower on bloom-7b1 (docs/perf-notes.md).
+    /// Decoding with `pdl`: the norms and the attention's merge let the next kernel (a GEMV,
+    /// which then loads its first weights) start before they wait for the kernel before them,
+    /// instead of after.
     TriggerFirst,
 }
 
@@ -256,7 +256,8 @@ const ALL: u32 = LT
     | SKINNY_PROJ
     | PDL
     | EARLY_WEIGHTS
-    | GEMV_HEAD;
+    | GEMV_HEAD
+    | TRIGGER_FIRST;
 
 static ENABLED: AtomicU32 = AtomicU32::new(ALL);
 
