@@ -308,10 +308,9 @@ fn graph_replayed_decoding_matches_eager_decoding() {
 
 /// Programmatic edges (`--fused pdl`) change when a decode kernel's blocks start, not what
 /// they compute: bf16 greedy ids of graph replays with and without them are identical (one and
-/// three rows: the GEMVs; six rows: the tensor-core projections), with the GEMVs loading their
-/// weights before the wait (`early-weights`) and without, with the norms and the merge
+/// three rows: the GEMVs; six rows: the tensor-core projections), with the norms and the merge
 /// triggering first (`trigger-first`) and waiting first, and only the graphs captured with the
-/// path on at most four rows have such edges.
+/// path on at most four rows have such edges (fp8's early GEMVs: gpu_tests::fp8).
 #[test]
 fn programmatic_edges_leave_graph_replayed_ids_unchanged() {
     use crate::models::generate::{generate, left_pad, Greedy};
@@ -338,7 +337,6 @@ fn programmatic_edges_leave_graph_replayed_ids_unchanged() {
     let arms = [
         ("without pdl", all_without(Fused::Pdl), false),
         ("all", vec![Fused::All], true),
-        ("pdl, plain GEMVs", all_without(Fused::EarlyWeights), true),
         ("pdl, waiting first", all_without(Fused::TriggerFirst), true),
     ];
     for (spec, n) in specs.iter().flat_map(|s| [1, 3, 6].map(|n| (s, n))) {

@@ -3,15 +3,13 @@
 // the copy bandwidth (split-K plus a reduce for the 1024-wide outputs: docs/perf-notes.md).
 // Shapes: x (M, K), W (N, K), b (N,), y (M, N), contiguous; M <= 4; K whole 16-byte vectors
 // (KV of them a row); the dot products in gemv.cuh. b may be null (no bias: the LM head).
-// tb_early_gemv1: the same at one row, the first weight vectors loaded before the wait for the
-// kernel before (gemv.cuh, EARLY_VECTORS).
 #include "gemv.cuh"
 
-template <typename T, int M, bool EARLY>
+template <typename T, int M>
 __device__ void gemv(const Vec16<T>* x, const Vec16<T>* w, const T* b, T* y, int n, int kv, int act) {
   constexpr int C = M == 1 ? 1 : COLS;  // columns a block (gemv.cuh)
   __shared__ float part[C][SPLIT][M];
-  gemv_parts<T, M, C, EARLY>(x, w, n, kv, part);
+  gemv_parts<T, M, C>(x, w, n, kv, part);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int local = warp / SPLIT, slice = warp % SPLIT, col = blockIdx.x * C + local;
   if (col >= n || slice != 0 || lane >= M) return;
@@ -21,24 +19,12 @@ __device__ void gemv(const Vec16<T>* x, const Vec16<T>* w, const T* b, T* y, int
 
 // One row: 32 registers a thread, 16 blocks an SM (34 unbounded since the optional bias: 12).
 #define ONE_ROW __launch_bounds__(128, 16)
-#define INSTANTIATE_M(T, S, M)                                                                  \
-  extern "C" __global__ void tb_gemv##M##_##S(const Vec16<T>* x, const Vec16<T>* w, const T* b, \
-                                              T* y, int n, int kv, int act) {                   \
+#define INSTANTIATE_M(T, S, M, BOUNDS)                                                          \
+  extern "C" __global__ void BOUNDS tb_gemv##M##_##S(const Vec16<T>* x, const Vec16<T>* w,      \
+                                                     const T* b, T* y, int n, int kv, int act) { \
     pdl_begin();                                                                                \
-    gemv<T, M, false>(x, w, b, y, n, kv, act);                                                  \
+    gemv<T, M>(x, w, b, y, n, kv, act);                                                         \
   }
-// The early kernel at one row only (at 2-4 rows it took 68-110 registers a thread against the
-// plain kernels' 34-62).
-#define INSTANTIATE(T, S)                                                                       \
-  extern "C" __global__ void ONE_ROW tb_gemv1_##S(const Vec16<T>* x, const Vec16<T>* w,         \
-                                                  const T* b, T* y, int n, int kv, int act) {   \
-    pdl_begin();                                                                                \
-    gemv<T, 1, false>(x, w, b, y, n, kv, act);                                                  \
-  }                                                                                             \
-  extern "C" __global__ void ONE_ROW tb_early_gemv1_##S(const Vec16<T>* x, const Vec16<T>* w,   \
-                                                        const T* b, T* y, int n, int kv,        \
-                                                        int act) {                              \
-    gemv<T, 1, true>(x, w, b, y, n, kv, act);                                                   \
-  }                                                                                             \
-  INSTANTIATE_M(T, S, 2) INSTANTIATE_M(T, S, 3) INSTANTIATE_M(T, S, 4)
+#define INSTANTIATE(T, S) \
+  INSTANTIATE_M(T, S, 1, ONE_ROW) INSTANTIATE_M(T, S, 2, ) INSTANTIATE_M(T, S, 3, ) INSTANTIATE_M(T, S, 4, )
 FOR_TYPES(INSTANTIATE)

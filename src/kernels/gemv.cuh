@@ -25,40 +25,20 @@ __device__ __forceinline__ void gemv_dot(const Vec16<T> wv, const Vec16<T>* x, i
   }
 }
 
-// A lane's first weight vectors loaded before the wait for the kernel before (`--fused
-// early-weights`, gemv.cu's tb_gemv*w kernels): while a norm or the attention runs under a
-// programmatic edge, memory is otherwise idle. Only W is read before the wait, as read-only
-// (ld.global.nc) loads at clamped, in-range addresses: no branch comes before it, and nothing a
-// decode step writes is read early (W is a weight: a GPU test reads the PTX).
-constexpr int EARLY_VECTORS = 4;
-
 // part[local][slice][m]: slice `slice`'s sum of row m against the block's column `local`,
-// complete for every thread after the __syncthreads() at the end. EARLY: the kernel's
-// pdl_begin() is called here, after the first EARLY_VECTORS weight vectors' loads.
-template <typename T, int M, int C = COLS, bool EARLY = false>
+// complete for every thread after the __syncthreads() at the end.
+template <typename T, int M, int C = COLS>
 __device__ void gemv_parts(const Vec16<T>* x, const Vec16<T>* w, int n, int kv, float (*part)[SPLIT][M]) {
-  constexpr int STEP = 32 * SPLIT, PRE = EARLY ? EARLY_VECTORS : 0;
+  constexpr int STEP = 32 * SPLIT;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int local = warp / SPLIT, slice = warp % SPLIT, col = blockIdx.x * C + local;
-  const int first = slice * 32 + lane;
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; m++) acc[m] = 0.f;
-  // Clamped where loaded before the wait (a block's columns past n load and discard).
-  const Vec16<T>* row = w + (long)(EARLY ? min(col, n - 1) : col) * kv;
-  uint4 pre[PRE > 0 ? PRE : 1];
-  if constexpr (EARLY) {
-    const uint4* row4 = reinterpret_cast<const uint4*>(row);
-#pragma unroll
-    for (int p = 0; p < PRE; p++) pre[p] = __ldg(row4 + min(first + p * STEP, kv - 1));
-    pdl_begin();
-  }
   if (col < n) {
-#pragma unroll
-    for (int p = 0; p < PRE; p++)
-      if (first + p * STEP < kv) gemv_dot<T, M>(*reinterpret_cast<const Vec16<T>*>(&pre[p]), x, kv, first + p * STEP, acc);
+    const Vec16<T>* row = w + (long)col * kv;
 #pragma unroll 4
-    for (int i = first + PRE * STEP; i < kv; i += STEP) gemv_dot<T, M>(row[i], x, kv, i, acc);
+    for (int i = slice * 32 + lane; i < kv; i += STEP) gemv_dot<T, M>(row[i], x, kv, i, acc);
   }
 #pragma unroll
   for (int m = 0; m < M; m++) {

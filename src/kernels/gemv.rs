@@ -53,7 +53,6 @@ mod imp {
         aligned16, alloc, launch, no_cpu_fwd, ptx, suffix, view, with_dtype, Ptx, NULL,
     };
     use crate::kernels::pdl::Early;
-    use crate::kernels::{enabled, Fused};
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::{CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
@@ -116,13 +115,7 @@ mod imp {
         let dev = x.device().clone();
         let (m, k) = xl.shape().dims2()?;
         let n = wl.shape().dims2()?.0;
-        // tb_early_gemv1 loads its first weight vectors before the wait (one row only).
-        let early = if m == 1 && enabled(Fused::EarlyWeights) {
-            "early_"
-        } else {
-            ""
-        };
-        let name = format!("tb_{early}gemv{}_{}", m.min(MAX_ROWS), suffix(x.dtype())?);
+        let name = format!("tb_gemv{}_{}", m.min(MAX_ROWS), suffix(x.dtype())?);
         let func = dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?;
         let kv = (k * x.dtype().size_in_bytes() / 16) as i32;
         let (n_i, act) = (n as i32, act.code());

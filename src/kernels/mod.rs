@@ -185,9 +185,10 @@ pub enum Fused {
     /// being launched once it has finished (its output allocations made roots of the graph to
     /// allow it).
     Pdl,
-    /// Decoding with `pdl`: each one-row GEMV (bf16 / f16; fp8 weights at 1–4 rows) loads its
-    /// first weight vectors before it waits for the kernel before, so that they stream in while
-    /// that kernel (a norm, the attention's merge) runs, instead of after it ends.
+    /// Decoding at 1–4 rows with `pdl` and fp8 weights: each fp8 GEMV loads its first weight
+    /// vectors before it waits for the kernel before, so that they stream in while that kernel
+    /// (a norm, the attention's merge) runs, instead of after it ends. (The bf16 GEMV doing the
+    /// same made bloom-7b1's step slower: docs/perf-notes.md.)
     EarlyWeights,
     /// Decoding at 1–4 rows: the LM head (bf16 / f16, a vocabulary that is a multiple of 8:
     /// BLOOM's; rows of at least 4096 values) as the decode GEMV without a bias, instead of
