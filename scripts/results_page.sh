@@ -145,6 +145,12 @@ csvs() {
   local pdl=lt,softmax,bias-act,adamw,layer-norm,dropout,cross-entropy,decode,graph,embedding
   pdl=$pdl,heads,flash,residual,gemv,skinny,skinny-proj,oneshot,split-head,sum-norm,copy-sum
   part h10 -i $H/gate-run31/ab-logs.tgz --where "fused=$pdl,prefill,push-sum,adamw-copies,ln-residual,flash-dq,pdl"
+  # The nineteenth session's db67dba (gemv-head, trigger-first, early-weights on the fp8 GEMVs)
+  # on one H100 (ew-run4), alternating with every path but those three (the same binary:
+  # docs/perf-notes.md's, not rows here), batch 1. Its 2x H200 calls (ew-run1..3, gate-run37)
+  # are docs/perf-notes.md's too.
+  local ew=$pdl,prefill,push-sum,adamw-copies,ln-residual,flash-dq,pdl,early-weights,gemv-head
+  part h11 -i $M/ew-run4/ab-logs.tgz --where "fused=$ew,trigger-first"
   # The serving suite (#39) on 6ac4535 (HF's worker without cuDNN attention): serving-run4's
   # archive holds serving-run3's logs too (the same /tmp on the same machine); of HF's two
   # bloom-560m static sweeps the first, cut at its fifth rate by the call's time, is left out.
@@ -302,7 +308,7 @@ intro() {
     "its log's header holds the command line, GPU, driver, CUDA version and the binary's commit." \
     "Every measurement before, the withdrawn figures and why: [HISTORY.md](HISTORY.md)." "" \
     "| host kind | CSV | calls (folders of results/) |" "|---|---|---|" \
-    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..7, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, train-table-run3..5, ab-run6, fp8-run1..3, serving-run3..5, ft-run1; h100x2/gate-run11, gate-run15, gate-run16, gate-run21 (their GPU 0), attn1 (GPU 0 and 1), gate-run23 (GPU 1), gate-run24 (GPU 0 and 1), gate-run25 (GPU 0 and 1), gate-run26 (GPU 1), gate-run28 (GPU 1), gate-run31 (GPU 0 and 1) |" \
+    "| one H100 80GB HBM3 | [h100.csv](current/h100.csv) | h100/remeasure-run1..2, remeasure-run4..7, prefill-run2..3, gen-final-run1, gen-7b1-hf-run1, train-table-run3..5, ab-run6, fp8-run1..3, serving-run3..5, ft-run1; h100x2/gate-run11, gate-run15, gate-run16, gate-run21 (their GPU 0), attn1 (GPU 0 and 1), gate-run23 (GPU 1), gate-run24 (GPU 0 and 1), gate-run25 (GPU 0 and 1), gate-run26 (GPU 1), gate-run28 (GPU 1), gate-run31 (GPU 0 and 1); h100/ew-run4 |" \
     "| 2× H100 80GB HBM3 (NVLink) | [h100x2.csv](current/h100x2.csv) | h100x2/multi-run1..4, multi-run6..11, gate-run7, gate-run10, serving-run1, hf-probe-run1..2 |" \
     "| one H200 | [h200.csv](current/h200.csv) | h200/gen-final-run1 |" \
     "| 2× H200 (NVLink) | [h200x2.csv](current/h200x2.csv) | h200x2/multi-run3..6, multi-run12 |" \
@@ -363,7 +369,10 @@ one_gpu() {
     "projections at 5–16 rows and fp8 weights at 5–16 rows on tensor cores, \`skinny-proj\`)," \
     "batch 1, 8 and 16; gate-run31, 88bfdd2 (programmatic edges into the decode kernels at 1–4" \
     "rows, \`--fused pdl\`) against itself without them: its rows here are those with the edges" \
-    "(batch 1 and 16; at 16 rows the path does not apply)." ""
+    "(batch 1 and 16; at 16 rows the path does not apply); ew-run4, db67dba (the LM head" \
+    "through the GEMV, the norms and the merge triggering the next kernel first, the fp8" \
+    "GEMVs loading weights before they wait) against itself without those paths: its rows" \
+    "here are those with them (batch 1)." ""
   table h100 --where suite=generation --where engine=candle --where "ratio_vs_hf_best=" \
     --sort model,batch_size,git_commit,dtype --columns "$FP8"
   chart h100_fp8 "Generation suite on one H100: decode tokens/s in bf16 and fp8" \
