@@ -6,7 +6,8 @@
 //!
 //! One file a family: the projections (`matmul`), the one-pass layer kernels (`ops`),
 //! attention (`attention`), the scoring forward's attention (`prefill`), the optimizer step (`optimizer`), whole models forward and in
-//! training (`models`), generation (`decode`), fp8 weights (`fp8`). Here: what they share.
+//! training (`models`), generation (`decode`), fp8 weights (`fp8`), the PTX of the kernels
+//! programmatic edges start early (`pdl`). Here: what they share.
 
 use crate::kernels::*;
 use crate::models::{ModelSpec, WeightSource};
@@ -20,6 +21,7 @@ mod matmul;
 mod models;
 mod ops;
 mod optimizer;
+mod pdl;
 mod prefill;
 mod step;
 

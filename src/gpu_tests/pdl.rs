@@ -1,0 +1,130 @@
+//! The PTX of the decode kernels that programmatic edges start early (`--fused pdl`,
+//! kernels::pdl): each waits for the kernel before it before touching memory, but the fp8
+//! GEMVs' weight loads. Reads build.rs's PTX only: no GPU work, but the PTX exists in CUDA
+//! builds only.
+
+/// Every kernel that a programmatic edge may start early (kernels::pdl::waits_first) waits for
+/// the kernel before it first: in its PTX, `griddepcontrol.wait` is in the entry block (no
+/// branch, return, call or label before it) and comes before any access to memory but the
+/// kernel's parameters; and every name prefix of the list names kernels. The early GEMVs
+/// (kernels::pdl::weights_first) may also load before it, but only at addresses computed from
+/// their weight (parameter 1), never from x, the bias or the output.
+#[test]
+fn the_kernels_started_early_wait_before_any_memory_access() {
+    use crate::kernels::pdl::{waits_first, weights_first, WAITS_FIRST, WEIGHTS_FIRST};
+    let families = [
+        include_str!(concat!(env!("OUT_DIR"), "/gemv.ptx")),
+        include_str!(concat!(env!("OUT_DIR"), "/fp8.ptx")),
+        include_str!(concat!(env!("OUT_DIR"), "/skinny.ptx")),
+        include_str!(concat!(env!("OUT_DIR"), "/argmax.ptx")),
+        include_str!(concat!(env!("OUT_DIR"), "/layer_norm.ptx")),
+        include_str!(concat!(env!("OUT_DIR"), "/decode_attention.ptx")),
+    ];
+    let mut checked = Vec::new();
+    for entry in families.iter().flat_map(|ptx| ptx.split(".entry ").skip(1)) {
+        let name = entry.split('(').next().unwrap().trim();
+        let weights = weights_first(name);
+        if !waits_first(name) && !weights {
+            continue;
+        }
+        let wait = entry
+            .find("griddepcontrol.wait")
+            .unwrap_or_else(|| panic!("{name}: no wait"));
+        let body = entry[..wait].split_once('{').map_or("", |(_, b)| b);
+        let early_loads = check_before_wait(name, body, weights);
+        if weights {
+            assert!(early_loads > 0, "{name}: no weight loaded before the wait");
+        }
+        checked.push(name.to_string());
+    }
+    for prefix in WAITS_FIRST.iter().chain(WEIGHTS_FIRST) {
+        let any = checked.iter().any(|n| n.starts_with(prefix));
+        assert!(any, "no kernel named {prefix}… in the PTX");
+    }
+}
+
+/// Checks the PTX `body` of kernel `name` before its wait: no memory access but parameter
+/// loads and, where `weights`, global loads whose address derives from parameter 1 and from
+/// no other pointer parameter; no control flow. Returns the number of such loads.
+fn check_before_wait(name: &str, body: &str, weights: bool) -> usize {
+    use std::collections::{BTreeSet, HashMap};
+    let forbidden = [
+        "ldu.",
+        "st.",
+        "atom.",
+        "red.",
+        "cp.",
+        "prefetch",
+        "tex.",
+        "suld",
+        "sust",
+        "multimem.",
+        "wmma.",
+        "bra",
+        "ret",
+        "call",
+        "exit",
+        "bar.",
+        "barrier.",
+    ];
+    // Which parameters each register's value was computed from.
+    let mut from: HashMap<&str, BTreeSet<u32>> = HashMap::new();
+    let mut loads = 0;
+    for l in body
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("//") && !l.starts_with('.'))
+    {
+        // An instruction after its predicate, if any ("@%p1 ld.global…").
+        let op = match l.strip_prefix('@') {
+            Some(rest) => rest.split_once(char::is_whitespace).map_or("", |(_, r)| r),
+            None => l,
+        };
+        let bad = forbidden.iter().any(|p| op.starts_with(p)) || op.ends_with(':');
+        assert!(!bad, "{name}: `{l}` before the wait");
+        let (opcode, operands) = op.split_once(char::is_whitespace).unwrap_or((op, ""));
+        let (dest, srcs) = operands.split_once(',').unwrap_or((operands, ""));
+        if opcode.starts_with("ld.param") {
+            let idx = srcs.rsplit("_param_").next().unwrap_or("");
+            let idx: u32 = idx
+                .trim_end_matches(|c: char| !c.is_ascii_digit())
+                .parse()
+                .unwrap();
+            from.insert(dest.trim(), BTreeSet::from([idx]));
+            continue;
+        }
+        if opcode.starts_with("ld.") {
+            let global = opcode.starts_with("ld.global.nc.") || opcode.starts_with("ld.global.cs.");
+            assert!(weights && global, "{name}: `{l}` before the wait");
+            let addr = srcs.split_once('[').and_then(|(_, a)| a.split_once(']'));
+            let roots: BTreeSet<u32> = regs(addr.map_or("", |(a, _)| a))
+                .iter()
+                .flat_map(|r| from.get(r).cloned().unwrap_or_default())
+                .collect();
+            // Parameters 0, 2, 3: x, the bias / scales, y (4-6: sizes and the act).
+            let others = roots.iter().any(|p| [0, 2, 3].contains(p));
+            assert!(
+                roots.contains(&1) && !others,
+                "{name}: `{l}` reads {roots:?}"
+            );
+            loads += 1;
+            continue;
+        }
+        // Any other instruction: its destinations computed from its sources.
+        let roots: BTreeSet<u32> = regs(srcs)
+            .iter()
+            .flat_map(|r| from.get(r).cloned().unwrap_or_default())
+            .collect();
+        for d in regs(dest) {
+            from.insert(d, roots.clone());
+        }
+    }
+    loads
+}
+
+/// The registers (`%r12`, `%rd3`, …) named in PTX operands `s`.
+fn regs(s: &str) -> Vec<&str> {
+    s.split(|c: char| !(c.is_alphanumeric() || c == '%' || c == '_'))
+        .filter(|t| t.starts_with('%'))
+        .collect()
+}
