@@ -83,7 +83,7 @@ fn check_before_wait(name: &str, body: &str, weights: bool) -> usize {
         let bad = forbidden.iter().any(|p| op.starts_with(p)) || op.ends_with(':');
         assert!(!bad, "{name}: `{l}` before the wait");
         let (opcode, operands) = op.split_once(char::is_whitespace).unwrap_or((op, ""));
-        let (dest, srcs) = operands.split_once(',').unwrap_or((operands, ""));
+        let (dest, srcs) = split_dest(operands);
         if opcode.starts_with("ld.param") {
             let idx = srcs.rsplit("_param_").next().unwrap_or("");
             let idx: u32 = idx
@@ -120,6 +120,21 @@ fn check_before_wait(name: &str, body: &str, weights: bool) -> usize {
         }
     }
     loads
+}
+
+/// PTX operands split after the destination: at the first comma outside braces, so that a
+/// vector destination (`{%r1, %r2}, …`) stays whole.
+fn split_dest(operands: &str) -> (&str, &str) {
+    let mut depth = 0;
+    for (i, c) in operands.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => return (&operands[..i], &operands[i + 1..]),
+            _ => {}
+        }
+    }
+    (operands, "")
 }
 
 /// The registers (`%r12`, `%rd3`, …) named in PTX operands `s`.

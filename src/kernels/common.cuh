@@ -78,11 +78,11 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
-// pdl_begin with the trigger first: the next kernel's blocks may be launched while this one
-// still waits for the kernel before it, and load what they read before their own wait (the
-// early GEMVs' weights, gemv.cuh) under this kernel. For the one-wave kernels that come before
-// a GEMV (the norms, the attention's merge). The next kernel's wait is for this kernel's end,
-// which comes after this wait, so nothing it reads can race either.
+// pdl_begin with the trigger first (`--fused trigger-first`): the next kernel's blocks may be
+// launched while this one still waits for the kernel before it, and load what they read before
+// their own wait (the fp8 GEMVs' weights, fp8.cu's EARLY) under this kernel. For the one-wave
+// kernels that come before a GEMV (the norms, the attention's merge). The next kernel's wait is
+// for this kernel's end, which comes after this wait, so nothing it reads can race either.
 __device__ __forceinline__ void pdl_begin_trigger_first() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

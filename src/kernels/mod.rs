@@ -190,13 +190,13 @@ pub enum Fused {
     /// (a norm, the attention's merge) runs, instead of after it ends. (The bf16 GEMV doing the
     /// same made bloom-7b1's step slower: docs/perf-notes.md.)
     EarlyWeights,
-    /// Decoding at 1–4 rows: the LM head (bf16 / f16, a vocabulary that is a multiple of 8:
-    /// BLOOM's; rows of at least 4096 values) as the decode GEMV without a bias, instead of
-    /// cuBLAS's matmul.
+    /// Logits of 1–4 rows (decode steps, a prefill's last positions): the LM head (bf16 / f16,
+    /// a vocabulary that is a multiple of 8: BLOOM's; rows of 8 KB or more: bloom-7b1's) as the
+    /// decode GEMV without a bias, instead of cuBLAS's matmul.
     GemvHead,
-    /// Decoding with `pdl`: the norms and the attention's merge let the next kernel (a GEMV,
-    /// which then loads its first weights) start before they wait for the kernel before them,
-    /// instead of after.
+    /// Decoding with `pdl`: the norms and the attention's merge let the next kernel (a GEMV;
+    /// the fp8 ones load their first weights then, `early-weights`) start before they wait for
+    /// the kernel before them, instead of after.
     TriggerFirst,
 }
 

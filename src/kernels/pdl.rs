@@ -17,7 +17,8 @@
 //! after the operation that used the memory last, with nothing after it.
 
 /// The kernels whose launchers go through `Early` (name prefixes, all dtypes): each calls
-/// `pdl_begin` first (a GPU test reads their PTX).
+/// `pdl_begin` or `pdl_begin_trigger_first` (the `_tf` variants) first (a GPU test reads their
+/// PTX).
 #[cfg(test)]
 pub const WAITS_FIRST: &[&str] = &[
     "tb_gemv1_",

@@ -458,8 +458,9 @@ pub fn load_layer_norm(vb: VarBuilder, size: usize, eps: f64) -> candle_core::Re
 /// Logits of the rows of `hidden` (N, C) against the LM head (V, C): (N, V). A decode step's
 /// few rows against a vocabulary that is no multiple of 8 take the tensor-core kernel
 /// (`--fused skinny`): cuBLAS's kernel for that shape reads the head at 0.8 TB/s, and is faster
-/// than ours for the others at 5–16 rows (docs/perf-notes.md); at 1–4 rows they take the
-/// decode GEMV (`--fused gemv-head`), which programmatic edges can start early.
+/// than ours for the others at 5–16 rows (docs/perf-notes.md); at 1–4 rows, where the head's
+/// rows hold 8 KB or more (bloom-7b1's), they take the decode GEMV (`--fused gemv-head`), which
+/// a programmatic edge can start early.
 pub fn lm_head(hidden: &Tensor, head: &Tensor) -> candle_core::Result<Tensor> {
     if !head.dim(0)?.is_multiple_of(8) {
         if let Some(logits) = kernels::skinny(hidden, head)? {
