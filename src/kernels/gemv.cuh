@@ -12,9 +12,9 @@
 // 5.198 ms (results/h100x2/ablate1, its sweep); oneshot.cu's pushing GEMV keeps COLS.
 constexpr int SPLIT = 4, COLS = 2;
 
-// Row m of x against W's vector i, added to acc[m].
+// Row m of x against W's vector i, added to acc[m]. wv by value: a reference into W made nvcc
+// load it as eight 2-byte loads (results/h200x2/ew-run2).
 template <typename T, int M>
-// (wv by value: a reference into W made nvcc load it as eight 2-byte loads, results/h200x2/ew-run2.)
 __device__ __forceinline__ void gemv_dot(const Vec16<T> wv, const Vec16<T>* x, int kv, int i, float* acc) {
   constexpr int E = 16 / sizeof(T);
 #pragma unroll
