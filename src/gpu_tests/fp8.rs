@@ -48,14 +48,7 @@ fn fp8_gemv_matches_the_dequantized_projection() {
                         set_enabled(&all_but(Fused::EarlyWeights));
                         let p = fp8.gemv(&x, act).unwrap().expect("the plain GEMV applies");
                         set_enabled(&[Fused::All]);
-                        let d = (y.to_dtype(DType::F32).unwrap() - p.to_dtype(DType::F32).unwrap())
-                            .unwrap()
-                            .abs()
-                            .unwrap()
-                            .max_all()
-                            .unwrap()
-                            .to_scalar::<f32>()
-                            .unwrap();
+                        let d = max_abs_diff(&y, &p);
                         assert_eq!(d, 0.0, "{why}: early against plain");
                     }
                 }

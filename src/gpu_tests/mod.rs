@@ -47,6 +47,13 @@ fn all_but(off: Fused) -> Vec<Fused> {
         .collect()
 }
 
+/// max |a − b| over the elements, in f32: 0 exactly where a and b hold the same values.
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    let d = (f(a) - f(b)).unwrap().abs().unwrap().max_all().unwrap();
+    d.to_scalar::<f32>().unwrap()
+}
+
 /// max |a − b| / max |b|, both as f32.
 fn rel(a: &Tensor, b: &Tensor) -> f32 {
     let (a, b) = (
