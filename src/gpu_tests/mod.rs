@@ -6,7 +6,7 @@
 //!
 //! One file a family: the projections (`matmul`), the one-pass layer kernels (`ops`),
 //! attention (`attention`), the scoring forward's attention (`prefill`), the optimizer step (`optimizer`), whole models forward and in
-//! training (`models`), generation (`decode`), fp8 weights (`fp8`), the PTX of the kernels
+//! training (`models`), generation (`decode`), fp8 weights (`fp8`), the norms folded into the GEMVs (`norm_fold`), the PTX of the kernels
 //! programmatic edges start early (`pdl`). Here: what they share.
 
 use crate::kernels::*;
@@ -19,6 +19,7 @@ mod decode;
 mod fp8;
 mod matmul;
 mod models;
+mod norm_fold;
 mod ops;
 mod optimizer;
 mod pdl;

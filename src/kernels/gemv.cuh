@@ -12,38 +12,53 @@
 // 5.198 ms (results/h100x2/ablate1, its sweep); oneshot.cu's pushing GEMV keeps COLS.
 constexpr int SPLIT = 4, COLS = 2;
 
-// Row m of x against W's vector i, added to acc[m]. wv by value: a reference into W made nvcc
-// load it as eight 2-byte loads (results/h200x2/ew-run2).
-template <typename T, int M>
-__device__ __forceinline__ void gemv_dot(const Vec16<T> wv, const Vec16<T>* x, int kv, int i, float* acc) {
+// Row m of x against W's vector i, added to acc[m]; with STATS, row m's values and squares
+// added to s1[m] and s2[m] (the LayerNorm folded into the weights, gemv.cu's tb_gemv_ln). wv by
+// value: a reference into W made nvcc load it as eight 2-byte loads (results/h200x2/ew-run2).
+template <typename T, int M, bool STATS = false>
+__device__ __forceinline__ void gemv_dot(const Vec16<T> wv, const Vec16<T>* x, int kv, int i, float* acc,
+                                         float* s1 = nullptr, float* s2 = nullptr) {
   constexpr int E = 16 / sizeof(T);
 #pragma unroll
   for (int m = 0; m < M; m++) {
     const Vec16<T> xv = x[(long)m * kv + i];
 #pragma unroll
-    for (int j = 0; j < E; j++) acc[m] += to_f(wv.e[j]) * to_f(xv.e[j]);
+    for (int j = 0; j < E; j++) {
+      const float xf = to_f(xv.e[j]);
+      acc[m] += to_f(wv.e[j]) * xf;
+      if constexpr (STATS) {
+        s1[m] += xf;
+        s2[m] += xf * xf;
+      }
+    }
   }
 }
 
 // part[local][slice][m]: slice `slice`'s sum of row m against the block's column `local`,
-// complete for every thread after the __syncthreads() at the end.
-template <typename T, int M, int C = COLS>
-__device__ void gemv_parts(const Vec16<T>* x, const Vec16<T>* w, int n, int kv, float (*part)[SPLIT][M]) {
+// complete for every thread after the __syncthreads() at the end; with STATS, stat[local][slice]
+// [m] the slice's sums of row m's values and squares (each column's warps read all of x).
+template <typename T, int M, int C = COLS, bool STATS = false>
+__device__ void gemv_parts(const Vec16<T>* x, const Vec16<T>* w, int n, int kv, float (*part)[SPLIT][M],
+                           float2 (*stat)[SPLIT][M] = nullptr) {
   constexpr int STEP = 32 * SPLIT;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int local = warp / SPLIT, slice = warp % SPLIT, col = blockIdx.x * C + local;
-  float acc[M];
+  float acc[M], s1[M], s2[M];
 #pragma unroll
-  for (int m = 0; m < M; m++) acc[m] = 0.f;
+  for (int m = 0; m < M; m++) acc[m] = s1[m] = s2[m] = 0.f;
   if (col < n) {
     const Vec16<T>* row = w + (long)col * kv;
 #pragma unroll 4
-    for (int i = slice * 32 + lane; i < kv; i += STEP) gemv_dot<T, M>(row[i], x, kv, i, acc);
+    for (int i = slice * 32 + lane; i < kv; i += STEP) gemv_dot<T, M, STATS>(row[i], x, kv, i, acc, s1, s2);
   }
 #pragma unroll
   for (int m = 0; m < M; m++) {
     acc[m] = warp_sum(acc[m]);
     if (lane == 0) part[local][slice][m] = acc[m];
+    if constexpr (STATS) {
+      const float2 st = make_float2(warp_sum(s1[m]), warp_sum(s2[m]));
+      if (lane == 0) stat[local][slice][m] = st;
+    }
   }
   __syncthreads();
 }

@@ -17,7 +17,15 @@ pub fn gemv(x: &Tensor, w: &Tensor, b: &Tensor, act: Act) -> Result<Option<Tenso
     if !enabled(Fused::Gemv) {
         return Ok(None);
     }
-    imp::gemv(x, w, Some(b), act)
+    imp::gemv(
+        x,
+        w,
+        Tail::Bias {
+            b: Some(b),
+            r: None,
+        },
+        act,
+    )
 }
 
 /// Bytes of W's row from which the LM head takes the GEMV: four 16-byte vectors a lane of a
@@ -33,29 +41,77 @@ pub fn gemv_head(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     if !enabled(Fused::Gemv) || !enabled(Fused::GemvHead) || tracked || short {
         return Ok(None);
     }
-    imp::gemv(x, w, None, Act::None)
+    imp::gemv(x, w, Tail::Bias { b: None, r: None }, Act::None)
+}
+
+/// x Wᵀ + b + r at 1–4 rows (`--fused norm-fold`): a branch's last projection with the residual
+/// add in its epilogue, r (M, N) like the output, the sum rounded as the add kernel rounds it.
+/// None where [`gemv`] would not apply or the path is off.
+pub fn gemv_add(x: &Tensor, w: &Tensor, b: &Tensor, r: &Tensor) -> Result<Option<Tensor>> {
+    if !enabled(Fused::Gemv) || !enabled(Fused::NormFold) {
+        return Ok(None);
+    }
+    imp::gemv(
+        x,
+        w,
+        Tail::Bias {
+            b: Some(b),
+            r: Some(r),
+        },
+        Act::None,
+    )
+}
+
+/// act(LN(x) Wᵀ + b) at 1–4 rows for x the residual stream before its LayerNorm, whose weight
+/// and bias [`crate::models::norm_fold`] folded into W and b: sb (N, 2) f32 holds each column's
+/// Σₖ W[n, k] and the folded bias (`--fused norm-fold`). The norm's statistics come from the
+/// GEMV's own loads of x. None where [`gemv`] would not apply or the path is off.
+pub fn gemv_ln(x: &Tensor, w: &Tensor, sb: &Tensor, act: Act, eps: f64) -> Result<Option<Tensor>> {
+    if !enabled(Fused::Gemv) || !enabled(Fused::NormFold) {
+        return Ok(None);
+    }
+    imp::gemv(x, w, Tail::Norm { sb, eps }, act)
+}
+
+/// Launches of [`gemv_ln`]'s kernel in this process (a GPU test checks that decoding takes it).
+#[cfg(test)]
+pub static LN_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The kernel's operands after W: the bias (or none) and the residual (or none), or a folded
+/// norm's sums and epsilon.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+enum Tail<'a> {
+    Bias {
+        b: Option<&'a Tensor>,
+        r: Option<&'a Tensor>,
+    },
+    Norm {
+        sb: &'a Tensor,
+        eps: f64,
+    },
 }
 
 #[cfg(not(feature = "cuda"))]
 mod imp {
-    use super::Act;
+    use super::{Act, Tail};
     use candle_core::{Result, Tensor};
 
-    pub fn gemv(_: &Tensor, _: &Tensor, _: Option<&Tensor>, _: Act) -> Result<Option<Tensor>> {
+    pub fn gemv(_: &Tensor, _: &Tensor, _: Tail<'_>, _: Act) -> Result<Option<Tensor>> {
         Ok(None)
     }
 }
 
 #[cfg(feature = "cuda")]
 mod imp {
-    use super::{Act, MAX_ROWS};
+    use super::{Act, Tail, MAX_ROWS};
     use crate::kernels::launch::{
-        aligned16, alloc, launch, no_cpu_fwd, ptx, suffix, view, with_dtype, Ptx, NULL,
+        aligned16, alloc, cuda, device_address, launch, ptx, storage, suffix, view, with_dtype,
+        wrap, Ptx, NULL,
     };
     use crate::kernels::pdl::Early;
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
-    use candle_core::{CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
+    use candle_core::{DType, Result, Tensor};
 
     const PTX: Ptx = ptx!("gemv");
 
@@ -64,58 +120,20 @@ mod imp {
     const COLS_PER_BLOCK: usize = 2;
     const WARPS_PER_COL: u32 = 4;
 
-    /// act(x Wᵀ + b); [`GemvNoBias`] x Wᵀ.
-    struct Gemv {
-        act: Act,
-    }
-    struct GemvNoBias;
-
-    impl CustomOp3 for Gemv {
-        fn name(&self) -> &'static str {
-            "tb-gemv"
-        }
-        no_cpu_fwd!(CustomOp3);
-        fn cuda_fwd(
-            &self,
-            x: &CudaStorage,
-            xl: &Layout,
-            w: &CudaStorage,
-            wl: &Layout,
-            b: &CudaStorage,
-            bl: &Layout,
-        ) -> Result<(CudaStorage, Shape)> {
-            run(x, xl, w, wl, Some((b, bl)), self.act)
-        }
-    }
-
-    impl CustomOp2 for GemvNoBias {
-        fn name(&self) -> &'static str {
-            "tb-gemv-no-bias"
-        }
-        no_cpu_fwd!(CustomOp2);
-        fn cuda_fwd(
-            &self,
-            x: &CudaStorage,
-            xl: &Layout,
-            w: &CudaStorage,
-            wl: &Layout,
-        ) -> Result<(CudaStorage, Shape)> {
-            run(x, xl, w, wl, None, Act::None)
-        }
-    }
-
-    fn run(
-        x: &CudaStorage,
-        xl: &Layout,
-        w: &CudaStorage,
-        wl: &Layout,
-        b: Option<(&CudaStorage, &Layout)>,
-        act: Act,
-    ) -> Result<(CudaStorage, Shape)> {
-        let dev = x.device().clone();
-        let (m, k) = xl.shape().dims2()?;
-        let n = wl.shape().dims2()?.0;
-        let name = format!("tb_gemv{}_{}", m.min(MAX_ROWS), suffix(x.dtype())?);
+    /// Launches tb_gemv{M} (a bias and a residual, each optional) or tb_gemv_ln{M} (a folded
+    /// norm) on operands [`gemv`] checked.
+    fn run(x: &Tensor, w: &Tensor, tail: Tail<'_>, act: Act) -> Result<Tensor> {
+        let (m, k) = x.dims2()?;
+        let n = w.dim(0)?;
+        let (Some(xs), Some(ws)) = (cuda(x), cuda(w)) else {
+            candle_core::bail!("the decode GEMV takes CUDA tensors");
+        };
+        let dev = storage(&xs.0).device().clone();
+        let kind = match tail {
+            Tail::Bias { .. } => "",
+            Tail::Norm { .. } => "_ln",
+        };
+        let name = format!("tb_gemv{kind}{}_{}", m.min(MAX_ROWS), suffix(x.dtype())?);
         let func = dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?;
         let kv = (k * x.dtype().size_in_bytes() / 16) as i32;
         let (n_i, act) = (n as i32, act.code());
@@ -125,41 +143,57 @@ mod imp {
             block_dim: (32 * WARPS_PER_COL * cols as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        with_dtype!(x.dtype(), T => {
-            let (xv, wv) = (view::<T>(x, xl)?, view::<T>(w, wl)?);
-            let bv = b.map(|(b, bl)| view::<T>(b, bl)).transpose()?;
+        let address = |t: Option<&Tensor>| t.map_or(Ok(NULL), device_address);
+        Ok(with_dtype!(x.dtype(), T => {
+            let (xv, wv) = (view::<T>(storage(&xs.0), xs.1)?, view::<T>(storage(&ws.0), ws.1)?);
             let early = Early::begin(&dev, m)?;
             let out = alloc::<T>(&dev, m * n)?;
             early.launch()?;
-            // SAFETY: x holds m·k, W n·k and b (where given) n elements, contiguous from
-            // 16-byte boundaries in whole vectors (checked by gemv); out holds m·n; a null b
-            // is read as no bias.
-            match &bv {
-                Some(bv) => launch!(unsafe func, cfg; &xv, &wv, bv, &out, &n_i, &kv, &act)?,
-                None => launch!(unsafe func, cfg; &xv, &wv, &NULL, &out, &n_i, &kv, &act)?,
+            match tail {
+                // SAFETY: x holds m·k, W n·k, b (where given) n and r (where given) m·n
+                // elements, contiguous, x and W from 16-byte boundaries in whole vectors
+                // (checked by gemv); out holds m·n; a null b or r is read as none.
+                Tail::Bias { b, r } => {
+                    let (b, r) = (address(b)?, address(r)?);
+                    launch!(unsafe func, cfg; &xv, &wv, &b, &r, &out, &n_i, &kv, &act)?
+                }
+                // SAFETY: as above; sb holds n (Σ W, bias) pairs of f32.
+                Tail::Norm { sb, eps } => {
+                    #[cfg(test)]
+                    super::LN_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let (sb, eps) = (device_address(sb)?, eps as f32);
+                    launch!(unsafe func, cfg; &xv, &wv, &sb, &out, &n_i, &kv, &act, &eps)?
+                }
             };
-            Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((m, n))))
-        })
+            wrap(out, &dev, (m, n))
+        }))
     }
 
-    pub fn gemv(x: &Tensor, w: &Tensor, b: Option<&Tensor>, act: Act) -> Result<Option<Tensor>> {
+    /// Whether `t` is a contiguous (`dims`) tensor of `dtype` (the optional operands).
+    fn fits(t: &Tensor, dtype: DType, dims: &[usize]) -> bool {
+        t.dtype() == dtype && t.dims() == dims && t.is_contiguous()
+    }
+
+    pub fn gemv(x: &Tensor, w: &Tensor, tail: Tail<'_>, act: Act) -> Result<Option<Tensor>> {
         let half = matches!(x.dtype(), DType::BF16 | DType::F16);
-        let fits = matches!(act, Act::None | Act::GeluTanh) && x.rank() == 2 && w.rank() == 2;
-        if !x.device().is_cuda() || !half || !fits || x.dim(0)? > MAX_ROWS {
+        let shaped = matches!(act, Act::None | Act::GeluTanh) && x.rank() == 2 && w.rank() == 2;
+        if !x.device().is_cuda() || !half || !shaped || x.dim(0)? > MAX_ROWS {
             return Ok(None);
         }
-        let (k, (n, wk)) = (x.dim(1)?, w.dims2()?);
+        let ((m, k), (n, wk)) = (x.dims2()?, w.dims2()?);
         let whole = (k * x.dtype().size_in_bytes()).is_multiple_of(16);
-        let bias_fits =
-            b.is_none_or(|b| b.dtype() == x.dtype() && b.dims() == [n] && b.is_contiguous());
-        let same = w.dtype() == x.dtype() && bias_fits;
+        let tail_fits = match &tail {
+            Tail::Bias { b, r } => {
+                b.is_none_or(|b| fits(b, x.dtype(), &[n]))
+                    && r.is_none_or(|r| fits(r, x.dtype(), &[m, n]))
+            }
+            Tail::Norm { sb, .. } => fits(sb, DType::F32, &[n, 2]),
+        };
+        let same = w.dtype() == x.dtype() && tail_fits;
         let laid = x.is_contiguous() && w.is_contiguous();
-        if wk != k || !whole || !same || !laid || !aligned16(x) || !aligned16(w) {
+        if m == 0 || wk != k || !whole || !same || !laid || !aligned16(x) || !aligned16(w) {
             return Ok(None);
         }
-        Ok(Some(match b {
-            Some(b) => x.apply_op3_no_bwd(w, b, &Gemv { act })?,
-            None => x.apply_op2_no_bwd(w, &GemvNoBias)?,
-        }))
+        run(x, w, tail, act).map(Some)
     }
 }

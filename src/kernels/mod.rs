@@ -53,7 +53,9 @@ pub use embedding::{embedding_bwd, embedding_bwd_in_place, embedding_fwd};
 pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
 pub use flash_prefill::{flash_prefill, prefill_applies, prefill_kv, SeqRows};
 pub use fp8::{dequant_fp8, gemv_fp8, quantize_fp8, FP8_GEMV_MAX_ROWS};
-pub use gemv::{gemv, gemv_head, MAX_ROWS as GEMV_MAX_ROWS};
+#[cfg(test)]
+pub use gemv::LN_LAUNCHES;
+pub use gemv::{gemv, gemv_add, gemv_head, gemv_ln, MAX_ROWS as GEMV_MAX_ROWS};
 pub use graph::{capture, param_cache, programmatic_edges, replays, Graph, ParamCache};
 pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{
@@ -198,6 +200,11 @@ pub enum Fused {
     /// the fp8 ones load their first weights then, `early-weights`) start before they wait for
     /// the kernel before them, instead of after.
     TriggerFirst,
+    /// Decoding at 1–4 rows, one GPU, bf16 / f16 weights (needs `gemv`): each block's two
+    /// LayerNorms folded into the projections after them at load (W·diag(γ), b + W β), their
+    /// statistics taken by those projections' GEMVs from the loads of x they make anyway, and
+    /// the residual adds in the GEMVs before them, instead of an add + norm kernel each.
+    NormFold,
 }
 
 const LT: u32 = 1;
@@ -230,6 +237,7 @@ const PDL: u32 = 1 << 26;
 const EARLY_WEIGHTS: u32 = 1 << 27;
 const GEMV_HEAD: u32 = 1 << 28;
 const TRIGGER_FIRST: u32 = 1 << 29;
+const NORM_FOLD: u32 = 1 << 30;
 const ALL: u32 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -258,6 +266,7 @@ const ALL: u32 = LT
     | PDL
     | EARLY_WEIGHTS
     | GEMV_HEAD
+    | NORM_FOLD
     | TRIGGER_FIRST;
 
 static ENABLED: AtomicU32 = AtomicU32::new(ALL);
@@ -296,6 +305,7 @@ fn bit(f: Fused) -> u32 {
         Fused::EarlyWeights => EARLY_WEIGHTS,
         Fused::GemvHead => GEMV_HEAD,
         Fused::TriggerFirst => TRIGGER_FIRST,
+        Fused::NormFold => NORM_FOLD,
     }
 }
 
@@ -349,6 +359,7 @@ pub fn describe() -> String {
         (EARLY_WEIGHTS, "early-weights"),
         (GEMV_HEAD, "gemv-head"),
         (TRIGGER_FIRST, "trigger-first"),
+        (NORM_FOLD, "norm-fold"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

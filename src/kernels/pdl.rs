@@ -25,6 +25,7 @@ pub const WAITS_FIRST: &[&str] = &[
     "tb_gemv2_",
     "tb_gemv3_",
     "tb_gemv4_",
+    "tb_gemv_ln",
     "tb_gemv_fp8_",
     "tb_skinny",
     "tb_argmax",

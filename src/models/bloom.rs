@@ -26,6 +26,7 @@ use super::layers::{
     dropout, fp8_lm_head, lm_head, load_layer_norm, split_head_logits, Activation, Dropout, Mlp,
     Mode, Norm, Projection, Unsummed, WeightLayout::Linear,
 };
+use super::norm_fold;
 use super::step::{step_layer, StepKernel};
 use crate::dist::Tp;
 use crate::kernels::{self, QkvLayout};
@@ -114,8 +115,22 @@ impl Attention {
         kv: Option<LayerStep>,
         mode: Mode,
     ) -> candle_core::Result<Unsummed> {
-        let hs = self.head_size;
         let qkv = self.query_key_value.forward(x)?; // (B, T, nh·3·hs)
+        self.dense
+            .forward_unsummed(&self.attend(&qkv, bias, kv, mode)?) // (B, T, H)
+    }
+
+    /// The attention of qkv (B, T, nh·3·hs) before the dense projection, (B, T, nh·hs): a
+    /// decode step's one query a row over the cache in one kernel, else the composed path
+    /// under `bias`.
+    fn attend(
+        &self,
+        qkv: &Tensor,
+        bias: Option<&Tensor>,
+        kv: Option<LayerStep>,
+        mode: Mode,
+    ) -> candle_core::Result<Tensor> {
+        let hs = self.head_size;
         let nh = qkv.dim(2)? / (3 * hs);
         if let Some(kv) = kv.filter(|kv| kv.is_decode() && !mode.train) {
             let layout = QkvLayout {
@@ -124,16 +139,16 @@ impl Attention {
             };
             let slopes = Some(&self.slopes);
             let y =
-                kernels::decode_attention(&qkv, layout, (nh, hs), &kv.slot(), slopes, self.scale)?;
+                kernels::decode_attention(qkv, layout, (nh, hs), &kv.slot(), slopes, self.scale)?;
             if let Some(y) = y {
-                return self.dense.forward_unsummed(&y); // (B, 1, nh·hs) -> (B, 1, H)
+                return Ok(y); // (B, 1, nh·hs)
             }
             kv.check_kernel_served()?;
         }
         // Only a step the decode kernel must serve comes without one (LayerStep::check_kernel_served).
         let bias =
             bias.ok_or_else(|| candle_core::Error::Msg("attention needs its bias".into()))?;
-        self.attend_unsummed(&qkv, bias, kv, mode)
+        self.composed(qkv, bias, kv, mode)
     }
 
     /// [`Attention::forward_unsummed`] over whole right-padded sequences (scoring): one fused
@@ -164,18 +179,19 @@ impl Attention {
             let causal = causal_padding_bias(mask)?; // (B, 1, T, T)
             causal.broadcast_add(&alibi_bias(mask, &self.slopes)?) // (B, nh, T, T)
         })?;
-        self.attend_unsummed(&qkv, &bias, None, Mode::default())
+        let y = self.composed(&qkv, &bias, None, Mode::default())?;
+        self.dense.forward_unsummed(&y)
     }
 
-    /// The composed attention of qkv (B, T, nh·3·hs) under `bias`, through the dense
-    /// projection before its sum.
-    fn attend_unsummed(
+    /// The composed attention of qkv (B, T, nh·3·hs) under `bias`, (B, T, nh·hs) before the
+    /// dense projection.
+    fn composed(
         &self,
         qkv: &Tensor,
         bias: &Tensor,
         kv: Option<LayerStep>,
         mode: Mode,
-    ) -> candle_core::Result<Unsummed> {
+    ) -> candle_core::Result<Tensor> {
         let (b, t, _) = qkv.dims3()?;
         let hs = self.head_size;
         let nh = qkv.dim(2)? / (3 * hs);
@@ -193,7 +209,7 @@ impl Attention {
             None => (k, v),
         };
         let y = scaled_dot_product(&q, &k, &v, bias, self.scale, mode)?; // (B, nh, T, hs)
-        self.dense.forward_unsummed(&merge_heads(&y)?)
+        merge_heads(&y) // (B, T, nh·hs)
     }
 }
 
@@ -253,6 +269,9 @@ pub struct Bloom {
     tp: Tp,
     /// The decode step's blocks as one kernel (`--fused step`).
     step: StepKernel,
+    /// Every block's norms folded into its qkv and first MLP projection
+    /// ([`Bloom::fold_norms`]).
+    norms_folded: bool,
 }
 
 impl Bloom {
@@ -307,6 +326,7 @@ impl Bloom {
             mode: Mode::default(),
             tp: tp.clone(),
             step: StepKernel::default(),
+            norms_folded: false,
         })
     }
 }
@@ -338,10 +358,69 @@ impl Bloom {
                 Some(causal.broadcast_add(&alibi)?)
             }
         };
+        if let Some(h) = self.blocks_folded(&x, bias.as_ref(), cache, step)? {
+            return Ok(h);
+        }
         self.blocks_inference(x, |i, attn, h| {
             let kv = Some(cache.layer_step(i, step)?);
             attn.forward_unsummed(h, bias.as_ref(), kv, inference)
         })
+    }
+
+    /// [`Bloom::blocks_cached`] with the norms folded ([`Bloom::fold_norms`]) at 1–4 rows:
+    /// a block is the qkv GEMV normalising its input, the attention, dense adding the
+    /// residual, and the MLP's two GEMVs likewise; then ln_f. None where the norms are not
+    /// folded or the GEMV does not take the rows (the loop with the norms runs: the same
+    /// function).
+    fn blocks_folded(
+        &self,
+        x: &Tensor,
+        bias: Option<&Tensor>,
+        cache: &KvCache,
+        step: &Step,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let (b, t, _) = x.dims3()?;
+        if !self.norms_folded || b * t > kernels::GEMV_MAX_ROWS {
+            return Ok(None);
+        }
+        let mut x = x.clone(); // (B, T, H), the residual stream
+        for (i, block) in self.h.iter().enumerate() {
+            let a = &block.self_attention;
+            let eps = block.input_layernorm.eps();
+            let Some(qkv) = a.query_key_value.forward_ln(&x, eps, None)? else {
+                match i {
+                    0 => return Ok(None),
+                    _ => candle_core::bail!("norm-fold: block {i}'s GEMV did not take the rows"),
+                }
+            };
+            let kv = Some(cache.layer_step(i, step)?);
+            let y = a.attend(&qkv, bias, kv, Mode::default())?; // (B, T, nh·hs)
+            let x1 = a.dense.forward_add(&y, &x)?;
+            let eps = block.post_attention_layernorm.eps();
+            x = block.mlp.forward_folded(&x1, eps)?.ok_or_else(|| {
+                candle_core::Error::Msg(format!("norm-fold: block {i}'s MLP GEMV did not apply"))
+            })?;
+        }
+        self.ln_f.forward_kernel(&x).map(Some)
+    }
+
+    /// Folds each block's two LayerNorms into the projections after them for decoding
+    /// ([`super::norm_fold`]), where [`super::norm_fold::applies`] and every block takes it
+    /// (the residual taken before the norm, bf16 / f16 weights).
+    fn fold_norms(&mut self) -> candle_core::Result<()> {
+        let (dtype, device) = (self.word_embeddings.dtype(), self.word_embeddings.device());
+        let before = self.h.iter().all(|b| !b.residual_after_norm);
+        if self.norms_folded || !before || !norm_fold::applies(dtype, device, &self.tp) {
+            return Ok(());
+        }
+        let mut all = true;
+        for b in &mut self.h {
+            let a = &mut b.self_attention;
+            all &= b.input_layernorm.fold_into(&mut a.query_key_value)?;
+            all &= b.post_attention_layernorm.fold_into(&mut b.mlp.up)?;
+        }
+        self.norms_folded = all;
+        Ok(())
     }
 
     /// The weights of [`Bloom::blocks_cached`]'s one kernel; None where it does not apply
@@ -537,6 +616,11 @@ impl CausalLm for Bloom {
             .iter()
             .flat_map(|b| [&b.self_attention.dense, &b.mlp.down]);
         projections.into_iter().all(Projection::graph_capturable)
+    }
+
+    /// The norms folded into the projections ([`Bloom::fold_norms`]).
+    fn prepare_decode(&mut self) -> candle_core::Result<()> {
+        self.fold_norms()
     }
 
     fn quantize_fp8(&mut self) -> candle_core::Result<()> {

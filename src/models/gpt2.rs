@@ -23,6 +23,7 @@ use super::layers::{
     dropout, fp8_lm_head, lm_head, load_layer_norm, split_head_logits, Activation, Dropout, Mlp,
     Mode, Norm, Projection, Unsummed, WeightLayout::Conv1D,
 };
+use super::norm_fold;
 use super::step::{step_layer, StepKernel};
 use crate::dist::Tp;
 use crate::kernels::{self, QkvLayout};
@@ -78,6 +79,19 @@ impl Attention {
         mode: Mode,
     ) -> candle_core::Result<Unsummed> {
         let qkv = self.c_attn.forward(x)?; // (B, T, 3c), c = C without tensor parallelism
+        self.c_proj
+            .forward_unsummed(&self.attend(&qkv, bias, kv, mode)?) // (B, T, C)
+    }
+
+    /// The attention of qkv (B, T, 3c) before c_proj, (B, T, c): a decode step's one query a
+    /// row over the cache in one kernel, else the composed path under `bias`.
+    fn attend(
+        &self,
+        qkv: &Tensor,
+        bias: Option<&Tensor>,
+        kv: Option<LayerStep>,
+        mode: Mode,
+    ) -> candle_core::Result<Tensor> {
         let c = qkv.dim(2)? / 3;
         let nh = c / self.head_size;
         if let Some(kv) = kv.filter(|kv| kv.is_decode() && !mode.train) {
@@ -86,17 +100,16 @@ impl Attention {
                 part: c,
             };
             let hs = self.head_size;
-            let y =
-                kernels::decode_attention(&qkv, layout, (nh, hs), &kv.slot(), None, self.scale)?;
+            let y = kernels::decode_attention(qkv, layout, (nh, hs), &kv.slot(), None, self.scale)?;
             if let Some(y) = y {
-                return self.c_proj.forward_unsummed(&y); // (B, 1, c) -> (B, 1, C)
+                return Ok(y); // (B, 1, c)
             }
             kv.check_kernel_served()?;
         }
         // Only a step the decode kernel must serve comes without one (LayerStep::check_kernel_served).
         let bias =
             bias.ok_or_else(|| candle_core::Error::Msg("attention needs its bias".into()))?;
-        self.attend_unsummed(&qkv, bias, kv, mode)
+        self.composed(qkv, bias, kv, mode)
     }
 
     /// [`Attention::forward_unsummed`] over whole right-padded sequences (scoring): one fused
@@ -123,17 +136,18 @@ impl Attention {
             return self.c_proj.forward_unsummed(&y); // (B, T, c) -> (B, T, C)
         }
         let bias = whole.bias(causal_padding_bias)?; // (B, 1, T, T)
-        self.attend_unsummed(&qkv, &bias, None, Mode::default())
+        let y = self.composed(&qkv, &bias, None, Mode::default())?;
+        self.c_proj.forward_unsummed(&y)
     }
 
-    /// The composed attention of qkv (B, T, 3c) under `bias`, through c_proj before its sum.
-    fn attend_unsummed(
+    /// The composed attention of qkv (B, T, 3c) under `bias`, (B, T, c) before c_proj.
+    fn composed(
         &self,
         qkv: &Tensor,
         bias: &Tensor,
         kv: Option<LayerStep>,
         mode: Mode,
-    ) -> candle_core::Result<Unsummed> {
+    ) -> candle_core::Result<Tensor> {
         let c = qkv.dim(2)? / 3;
         let nh = c / self.head_size;
         let q = split_heads(&qkv.narrow(2, 0, c)?, nh)?; // (B, nh, T, hs)
@@ -144,7 +158,7 @@ impl Attention {
             None => (k, v),
         };
         let y = scaled_dot_product(&q, &k, &v, bias, self.scale, mode)?; // (B, nh, T, hs)
-        self.c_proj.forward_unsummed(&merge_heads(&y)?)
+        merge_heads(&y) // (B, T, c)
     }
 }
 
@@ -220,6 +234,8 @@ pub struct Gpt2 {
     tp: Tp,
     /// The decode step's blocks as one kernel (`--fused step`).
     step: StepKernel,
+    /// Every block's norms folded into its c_attn and c_fc ([`Gpt2::fold_norms`]).
+    norms_folded: bool,
 }
 
 impl Gpt2 {
@@ -265,6 +281,7 @@ impl Gpt2 {
             mode: Mode::default(),
             tp: tp.clone(),
             step: StepKernel::default(),
+            norms_folded: false,
         })
     }
 
@@ -289,10 +306,70 @@ impl Gpt2 {
             true => None,
             false => Some(causal_padding_bias_last(&step.key_mask, step.t)?),
         };
+        if let Some(h) = self.blocks_folded(&embeddings, bias.as_ref(), cache, step)? {
+            return Ok(h);
+        }
         self.blocks_inference(embeddings, |i, attn, h| {
             let kv = Some(cache.layer_step(i, step)?);
             attn.forward_unsummed(h, bias.as_ref(), kv, inference)
         })
+    }
+
+    /// [`Gpt2::blocks_cached`] with the norms folded ([`Gpt2::fold_norms`]) at 1–4 rows: a
+    /// block is c_attn's GEMV normalising its input, the attention, c_proj adding the
+    /// residual, and the MLP's two GEMVs likewise; then ln_f. None where the norms are not
+    /// folded or the GEMV does not take the rows (the loop with the norms runs: the same
+    /// function).
+    fn blocks_folded(
+        &self,
+        (tok, pos): &(Tensor, Tensor),
+        bias: Option<&Tensor>,
+        cache: &KvCache,
+        step: &Step,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let (b, t, _) = tok.dims3()?;
+        if !self.norms_folded || b * t > kernels::GEMV_MAX_ROWS {
+            return Ok(None);
+        }
+        let mut x = (tok + pos)?; // (B, T, C), the residual stream
+        for (i, block) in self.h.iter().enumerate() {
+            let Some(qkv) = block.attn.c_attn.forward_ln(&x, block.ln_1.eps(), None)? else {
+                match i {
+                    0 => return Ok(None),
+                    _ => candle_core::bail!("norm-fold: block {i}'s GEMV did not take the rows"),
+                }
+            };
+            let kv = Some(cache.layer_step(i, step)?);
+            let y = block.attn.attend(&qkv, bias, kv, Mode::default())?; // (B, T, C)
+            let x1 = block.attn.c_proj.forward_add(&y, &x)?;
+            x = block
+                .mlp
+                .forward_folded(&x1, block.ln_2.eps())?
+                .ok_or_else(|| {
+                    candle_core::Error::Msg(format!(
+                        "norm-fold: block {i}'s MLP GEMV did not apply"
+                    ))
+                })?;
+        }
+        self.ln_f.forward_kernel(&x).map(Some)
+    }
+
+    /// Folds each block's two LayerNorms into the projections after them for decoding
+    /// ([`super::norm_fold`]), laid out as nn.Linear's, where [`super::norm_fold::applies`]
+    /// and the MLP's activation is the GEMV's (tanh GELU).
+    fn fold_norms(&mut self) -> candle_core::Result<()> {
+        let (dtype, device) = (self.wte.dtype(), self.wte.device());
+        let tanh = self.h.iter().all(|b| b.mlp.act == Activation::GeluTanh);
+        if self.norms_folded || !tanh || !norm_fold::applies(dtype, device, &self.tp) {
+            return Ok(());
+        }
+        let mut all = true;
+        for b in &mut self.h {
+            all &= b.ln_1.fold_into(&mut b.attn.c_attn)?;
+            all &= b.ln_2.fold_into(&mut b.mlp.up)?;
+        }
+        self.norms_folded = all;
+        Ok(())
     }
 
     /// The weights of [`Gpt2::blocks_cached`]'s one kernel; None where it does not apply
@@ -571,7 +648,7 @@ impl CausalLm for Gpt2 {
         for p in self.h.iter_mut().flat_map(Block::projections) {
             p.to_linear()?;
         }
-        Ok(())
+        self.fold_norms()
     }
 
     fn set_training(&mut self, with_dropout: bool) {

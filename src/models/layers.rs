@@ -2,6 +2,7 @@
 //! the two-projection MLP and layer-norm loading. Each model picks its checkpoint names.
 
 use super::fp8::Fp8Weight;
+use super::norm_fold;
 use crate::dist::AllReduce;
 use crate::dist::Tp;
 use crate::error::{Error, Result};
@@ -30,6 +31,9 @@ pub struct Projection {
     layout: WeightLayout,
     /// Row-parallel: the sum over ranks.
     reduce: Option<Arc<dyn AllReduce>>,
+    /// The LayerNorm before it folded in ([`Projection::fold_norm`]): (out, 2) f32, each row's
+    /// Σ W and bias.
+    folded: Option<Tensor>,
 }
 
 impl Projection {
@@ -59,6 +63,7 @@ impl Projection {
             bias,
             layout,
             reduce: None,
+            folded: None,
         })
     }
 
@@ -205,6 +210,53 @@ impl Projection {
         Ok(Unsummed { part, reduce })
     }
 
+    /// Folds the LayerNorm (γ, β) before this projection into its weight and bias
+    /// ([`norm_fold`]); false, nothing changed, where it cannot hold it (fp8 or Conv1D
+    /// weights, row-parallel). Inference only.
+    pub fn fold_norm(&mut self, gamma: &Tensor, beta: &Tensor) -> candle_core::Result<bool> {
+        let Stored::Dense(w) = &self.weight else {
+            return Ok(false);
+        };
+        if !matches!(self.layout, WeightLayout::Linear) || self.reduce.is_some() {
+            return Ok(false);
+        }
+        let f = norm_fold::fold(w, &self.bias, gamma, beta)?;
+        (self.weight, self.bias, self.folded) = (Stored::Dense(f.w), f.b, Some(f.sb));
+        Ok(true)
+    }
+
+    /// act(LN(x) W + b) for x (B, T, in) the residual stream before the LayerNorm this
+    /// projection holds folded, at 1–4 rows in one GEMV ([`kernels::gemv_ln`]); None where it
+    /// does not apply (nothing folded, more rows, the path off).
+    pub fn forward_ln(
+        &self,
+        x: &Tensor,
+        eps: f64,
+        act: Option<Activation>,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let (Some(sb), Stored::Dense(w)) = (&self.folded, &self.weight) else {
+            return Ok(None);
+        };
+        let (b, t, c) = x.dims3()?;
+        let kact = act.map_or(Act::None, Activation::kernel);
+        let y = kernels::gemv_ln(&x.reshape((b * t, c))?, w, sb, kact, eps)?; // (B·T, out)
+        y.map(|y| y.reshape((b, t, ()))).transpose()
+    }
+
+    /// x W + b + r for x (B, T, in) and r (B, T, out): at 1–4 rows the residual add in the
+    /// GEMV's epilogue ([`kernels::gemv_add`]), else the projection, then the add.
+    pub fn forward_add(&self, x: &Tensor, r: &Tensor) -> candle_core::Result<Tensor> {
+        let linear = matches!(self.layout, WeightLayout::Linear) && self.reduce.is_none();
+        if let (Stored::Dense(w), true) = (&self.weight, linear) {
+            let (b, t, c) = x.dims3()?;
+            let (x2, r2) = (x.reshape((b * t, c))?, r.reshape((b * t, ()))?);
+            if let Some(y) = kernels::gemv_add(&x2, w, &self.bias, &r2)? {
+                return y.reshape((b, t, ())); // (B, T, out)
+            }
+        }
+        self.forward(x)? + r
+    }
+
     /// x W without the bias, `w` the weight as [`Projection::dense`] gives it: (B·T, in) ->
     /// (B·T, out).
     fn matmul(&self, x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
@@ -271,6 +323,16 @@ pub struct Mlp {
 impl Mlp {
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         self.down.forward(&self.up.forward_act(x, Some(self.act))?)
+    }
+
+    /// x + down(act(up(LN(x)))) at 1–4 rows with the LayerNorm folded into `up`
+    /// ([`Projection::forward_ln`]): the norm's statistics in up's GEMV, the residual add in
+    /// down's. None where up's GEMV does not apply.
+    pub fn forward_folded(&self, x: &Tensor, eps: f64) -> candle_core::Result<Option<Tensor>> {
+        let Some(h) = self.up.forward_ln(x, eps, Some(self.act))? else {
+            return Ok(None);
+        };
+        self.down.forward_add(&h, x).map(Some)
     }
 
     /// [`Mlp::forward`] before the down projection's sum over the ranks.
@@ -340,6 +402,32 @@ impl Norm {
 
     pub fn eps(&self) -> f64 {
         self.eps
+    }
+
+    /// Folds this norm's weight and bias into `p`, the projection it feeds
+    /// ([`Projection::fold_norm`]), and keeps the norm without them (γ = 1, β = 0): the same
+    /// function on every path. False, nothing changed, where `p` cannot hold them.
+    pub fn fold_into(&mut self, p: &mut Projection) -> candle_core::Result<bool> {
+        let Some(beta) = self.ln.bias().cloned() else {
+            return Ok(false);
+        };
+        let gamma = self.ln.weight().clone();
+        if !p.fold_norm(&gamma, &beta)? {
+            return Ok(false);
+        }
+        self.ln = candle_nn::LayerNorm::new(gamma.ones_like()?, beta.zeros_like()?, self.eps);
+        Ok(true)
+    }
+
+    /// The norm of x (…, C) at inference in the fused kernel where it applies (one that a
+    /// programmatic edge can start early), else [`Norm::forward`].
+    pub fn forward_kernel(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if let Some(b) = self.ln.bias() {
+            if let Some(y) = kernels::layer_norm(x, self.ln.weight(), b, self.eps)? {
+                return Ok(y);
+            }
+        }
+        self.forward(x, Mode::default())
     }
 
     /// (x + r, norm(x + r)), inference: the residual add and the next block's (or the final)

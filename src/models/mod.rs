@@ -17,6 +17,7 @@ pub mod layers;
 #[cfg(test)]
 mod load_tests;
 pub mod loss;
+pub mod norm_fold;
 pub mod shard;
 #[cfg(test)]
 mod shard_tests;

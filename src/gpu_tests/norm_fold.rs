@@ -1,0 +1,143 @@
+//! The LayerNorms folded into the decode GEMVs (`--fused norm-fold`): the GEMV that normalises
+//! its input against the norm then the projection in f32, the GEMV that adds the residual
+//! against the GEMV then the add kernel bit for bit, and decoding taking the folded GEMV.
+
+use super::*;
+use crate::models::norm_fold::fold;
+
+/// x (rows, k) off zero mean and unit scale, as a residual stream is; W, b, γ, β around
+/// BLOOM's and GPT-2's shapes; the folded GEMV against act(LN(x) Wᵀ + b) in f32 from the same
+/// (rounded) x, W, b, γ and β: bf16 and f16, 1–4 rows, no activation and tanh-GELU.
+#[test]
+fn gemv_ln_matches_the_norm_then_the_projection() {
+    let (dev, _one_at_a_time) = gpu();
+    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    let eps = 1e-5;
+    for (k, n) in [(768, 2304), (1024, 4096), (4096, 1024), (64, 40)] {
+        for dtype in [DType::BF16, DType::F16] {
+            let cast = |t: Tensor| t.to_dtype(dtype).unwrap();
+            let w = cast((randn(&[n, k], &dev) * 0.05).unwrap());
+            let b = cast(randn(&[n], &dev));
+            let gamma = cast(((randn(&[k], &dev) * 0.3).unwrap() + 1.).unwrap());
+            let beta = cast((randn(&[k], &dev) * 0.3).unwrap());
+            let folded = fold(&w, &b, &gamma, &beta).unwrap();
+            for m in 1..=4 {
+                let x = cast(((randn(&[m, k], &dev) * 2.).unwrap() + 0.7).unwrap());
+                let mean = f(&x).mean_keepdim(1).unwrap();
+                let centred = f(&x).broadcast_sub(&mean).unwrap();
+                let var = centred.sqr().unwrap().mean_keepdim(1).unwrap();
+                let normed = centred
+                    .broadcast_div(&(var + eps).unwrap().sqrt().unwrap())
+                    .unwrap();
+                let normed = normed.broadcast_mul(&f(&gamma)).unwrap();
+                let normed = normed.broadcast_add(&f(&beta)).unwrap();
+                let y = normed.matmul(&f(&w).t().unwrap()).unwrap();
+                let y = y.broadcast_add(&f(&b)).unwrap();
+                for act in [Act::None, Act::GeluTanh] {
+                    let why = format!("{m}x{k} -> {n} {dtype:?} {act:?}");
+                    let got = gemv_ln(&x, &folded.w, &folded.sb, act, eps)
+                        .unwrap()
+                        .expect(&why);
+                    assert_eq!(got.dims(), [m, n], "{why}");
+                    let r = rel(&got, &act_ref(&y, act));
+                    assert!(r < 1e-2, "{why}: rel {r}");
+                }
+            }
+        }
+    }
+    // Five rows are not the GEMV's; nor an sb of another shape.
+    let x = randn(&[5, 64], &dev).to_dtype(DType::BF16).unwrap();
+    let w = randn(&[40, 64], &dev).to_dtype(DType::BF16).unwrap();
+    let sb = Tensor::zeros((40, 2), DType::F32, &dev).unwrap();
+    assert!(gemv_ln(&x, &w, &sb, Act::None, eps).unwrap().is_none());
+    let x = x.narrow(0, 0, 1).unwrap();
+    let short = sb.narrow(0, 0, 39).unwrap();
+    assert!(gemv_ln(&x, &w, &short, Act::None, eps).unwrap().is_none());
+}
+
+/// The GEMV with the residual add in its epilogue holds, bit for bit, the add kernel's sum of
+/// the GEMV's output and the residual (the branch rounded before the add, as it was): bf16 and
+/// f16, 1–4 rows, BLOOM's and GPT-2's decode shapes.
+#[test]
+fn gemv_add_is_the_gemv_then_the_add_bit_for_bit() {
+    let (dev, _one_at_a_time) = gpu();
+    for (k, n) in [(1024, 1024), (4096, 1024), (3072, 768), (64, 40)] {
+        for dtype in [DType::BF16, DType::F16] {
+            let cast = |t: Tensor| t.to_dtype(dtype).unwrap();
+            let w = cast((randn(&[n, k], &dev) * 0.05).unwrap());
+            let b = cast(randn(&[n], &dev));
+            let (ones, zeros) = (
+                cast(Tensor::ones(n, DType::F32, &dev).unwrap()),
+                cast(Tensor::zeros(n, DType::F32, &dev).unwrap()),
+            );
+            for m in 1..=4 {
+                let why = format!("{m}x{k} -> {n} {dtype:?}");
+                let x = cast(randn(&[m, k], &dev));
+                let r = cast((randn(&[m, n], &dev) * 3.).unwrap());
+                let got = gemv_add(&x, &w, &b, &r).unwrap().expect(&why);
+                let y = gemv(&x, &w, &b, Act::None).unwrap().expect(&why);
+                let (sum, _) = add_layer_norm(&y, &r, &ones, &zeros, 1e-5)
+                    .unwrap()
+                    .expect(&why);
+                assert_eq!(max_abs_diff(&got, &sum), 0., "{why}");
+            }
+        }
+    }
+}
+
+/// Decode steps of both tiny models in bf16 take the folded GEMV with the path on (one and
+/// three rows), and not with it off; their logits are within bf16 rounding of the steps with
+/// the norms (`cached_decoding_on_the_decode_kernels_matches_candles_ops` holds the folded
+/// steps against candle's ops).
+#[test]
+fn decoding_takes_the_folded_gemv_only_with_the_path_on() {
+    use std::sync::atomic::Ordering;
+    let (gpu, _one_at_a_time) = gpu();
+    for name in ["gpt2-tiny", "bloom-tiny"] {
+        let spec = ModelSpec::preset(name).unwrap();
+        for rows in [1, 3] {
+            let mut logits = Vec::new();
+            for paths in [vec![Fused::All], all_but(Fused::NormFold)] {
+                let paths: Vec<Fused> = paths.into_iter().filter(|&f| f != Fused::Step).collect();
+                let on = paths.contains(&Fused::All);
+                set_enabled(&paths);
+                let before = LN_LAUNCHES.load(Ordering::Relaxed);
+                logits.push(decode_logits(&gpu, &spec, rows));
+                let launched = LN_LAUNCHES.load(Ordering::Relaxed) - before;
+                assert_eq!(
+                    launched > 0,
+                    on,
+                    "{name}, {rows} rows, norm-fold {on}: {launched} launches"
+                );
+            }
+            for (i, (folded, normed)) in logits[0].iter().zip(&logits[1]).enumerate() {
+                let r = rel(folded, normed);
+                assert!(r < 3e-2, "{name}, {rows} rows, step {i}: rel {r}");
+            }
+        }
+    }
+}
+
+/// The logits of a cached prefill of `rows` prompts and three decode steps, bf16, the weights
+/// laid out for decoding, with the `--fused` paths already set.
+fn decode_logits(gpu: &Device, spec: &ModelSpec, rows: usize) -> Vec<Tensor> {
+    use crate::models::generate::left_pad;
+    let prompts: Vec<Vec<u32>> = (0..rows)
+        .map(|r| (0..5 + 3 * r as u32).map(|t| 1 + 7 * t).collect())
+        .collect();
+    let prompts = left_pad(&prompts, 0, gpu).unwrap();
+    let mut model = spec
+        .load(&WeightSource::Random { seed: 0 }, DType::BF16, gpu)
+        .unwrap();
+    model.prepare_decode().unwrap();
+    let mut cache = model.new_cache(rows, 32).unwrap();
+    let mut logits = vec![model
+        .forward_cached(&prompts.ids, &prompts.mask, &mut cache)
+        .unwrap()];
+    let real = Tensor::ones((rows, 1), DType::U32, gpu).unwrap();
+    for id in [11u32, 12, 13] {
+        let next = Tensor::from_vec(vec![id; rows], (rows, 1), gpu).unwrap();
+        logits.push(model.forward_cached(&next, &real, &mut cache).unwrap());
+    }
+    logits
+}

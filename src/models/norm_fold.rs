@@ -1,0 +1,156 @@
+//! A decode step's LayerNorms folded into the projections after them (`--fused norm-fold`,
+//! #37 item 1). LN(x) = (x − mean)·rstd·γ + β, so with W' = W·diag(γ) and b' = b + W β,
+//! LN(x) Wᵀ + b = LN₀(x) W'ᵀ + b' = rstd·(x W'ᵀ − mean·Σₖ W') + b', LN₀ the norm without its
+//! weight and bias. The decode GEMV that reads x then takes mean and rstd from the loads it
+//! makes anyway ([`crate::kernels::gemv_ln`]): no norm kernel. Every other path runs the norm
+//! as LN₀ before the folded projection: the same function, rounded differently.
+//! Shapes: W (N, K) nn.Linear's, b (N,), γ and β (K,).
+
+use crate::dist::Tp;
+use crate::kernels::{enabled, Fused};
+use candle_core::{DType, Device, Result, Tensor};
+
+/// Whether a model of `dtype` on `device` under `tp` folds its norms when laid out for
+/// decoding: the path on, with the GEMV that reads the folded weights (bf16 / f16 on CUDA), on
+/// one GPU (a row-parallel projection's sum keeps its own add + norm kernel).
+pub fn applies(dtype: DType, device: &Device, tp: &Tp) -> bool {
+    let half = matches!(dtype, DType::BF16 | DType::F16);
+    let on = enabled(Fused::NormFold) && enabled(Fused::Gemv);
+    on && half && device.is_cuda() && tp.size == 1
+}
+
+/// A projection with a norm folded into it.
+pub struct Folded {
+    /// W·diag(γ), (N, K) in W's dtype.
+    pub w: Tensor,
+    /// b + W β, (N,) in b's dtype.
+    pub b: Tensor,
+    /// (N, 2) f32: each row's Σₖ W' (of the rounded W', the weights the GEMV reads, so that the
+    /// identity above holds for them) and b + W β unrounded.
+    pub sb: Tensor,
+}
+
+/// Folds the norm (γ, β) before the projection (w, b) into it.
+pub fn fold(w: &Tensor, b: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<Folded> {
+    let wf = w.to_dtype(DType::F32)?; // (N, K)
+    let scaled = wf.broadcast_mul(&gamma.to_dtype(DType::F32)?.unsqueeze(0)?)?; // (N, K)
+    let w2 = scaled.to_dtype(w.dtype())?.contiguous()?;
+    let shift = wf
+        .matmul(&beta.to_dtype(DType::F32)?.unsqueeze(1)?)?
+        .squeeze(1)?; // (N,)
+    let b2 = (b.to_dtype(DType::F32)? + shift)?; // (N,)
+    let sums = w2.to_dtype(DType::F32)?.sum(1)?; // (N,)
+    let sb = Tensor::stack(&[&sums, &b2], 1)?.contiguous()?; // (N, 2)
+    Ok(Folded {
+        w: w2,
+        b: b2.to_dtype(b.dtype())?,
+        sb,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, D};
+
+    /// LayerNorm over the last dim, two-pass, as torch computes it.
+    fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64) -> Tensor {
+        let mean = x.mean_keepdim(D::Minus1).unwrap();
+        let centred = x.broadcast_sub(&mean).unwrap();
+        let var = centred.sqr().unwrap().mean_keepdim(D::Minus1).unwrap();
+        let normed = centred
+            .broadcast_div(&(var + eps).unwrap().sqrt().unwrap())
+            .unwrap();
+        normed
+            .broadcast_mul(gamma)
+            .unwrap()
+            .broadcast_add(beta)
+            .unwrap()
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        let d = (a - b).unwrap().abs().unwrap().flatten_all().unwrap();
+        d.max(0).unwrap().to_scalar::<f32>().unwrap()
+    }
+
+    /// What the GEMV computes from sb (gemv.cu's gemv_ln), one-pass statistics included.
+    fn gemv_ln_reference(x: &Tensor, f: &Folded, eps: f64) -> Tensor {
+        let k = x.dim(1).unwrap() as f64;
+        let mean = (x.sum_keepdim(1).unwrap() / k).unwrap(); // (M, 1)
+        let sq = (x.sqr().unwrap().sum_keepdim(1).unwrap() / k).unwrap();
+        let var = (sq - mean.sqr().unwrap()).unwrap();
+        let rstd = (var + eps).unwrap().sqrt().unwrap().recip().unwrap(); // (M, 1)
+        let sums = f.sb.narrow(1, 0, 1).unwrap().t().unwrap(); // (1, N)
+        let bias = f.sb.narrow(1, 1, 1).unwrap().t().unwrap();
+        let dot = x.matmul(&f.w.t().unwrap()).unwrap(); // (M, N)
+        let centred = (dot - mean.broadcast_mul(&sums).unwrap()).unwrap();
+        centred
+            .broadcast_mul(&rstd)
+            .unwrap()
+            .broadcast_add(&bias)
+            .unwrap()
+    }
+
+    #[test]
+    fn the_folded_projection_is_the_norm_then_the_projection() {
+        let dev = Device::Cpu;
+        let (m, k, n, eps) = (3, 64, 24, 1e-5);
+        // Rows off zero mean and unit scale, as a residual stream is.
+        let x = ((Tensor::randn(0f32, 2., (m, k), &dev).unwrap() + 0.7).unwrap())
+            .contiguous()
+            .unwrap();
+        let w = Tensor::randn(0f32, 0.2, (n, k), &dev).unwrap();
+        let b = Tensor::randn(0f32, 0.5, n, &dev).unwrap();
+        let gamma = Tensor::randn(1f32, 0.3, k, &dev).unwrap();
+        let beta = Tensor::randn(0f32, 0.3, k, &dev).unwrap();
+        let want = layer_norm(&x, &gamma, &beta, eps)
+            .matmul(&w.t().unwrap())
+            .unwrap()
+            .broadcast_add(&b)
+            .unwrap(); // (M, N)
+        let f = fold(&w, &b, &gamma, &beta).unwrap();
+        let (ones, zeros) = (gamma.ones_like().unwrap(), beta.zeros_like().unwrap());
+        let unit_norm = layer_norm(&x, &ones, &zeros, eps)
+            .matmul(&f.w.t().unwrap())
+            .unwrap()
+            .broadcast_add(&f.b)
+            .unwrap();
+        assert!(
+            max_diff(&unit_norm, &want) < 1e-4,
+            "{}",
+            max_diff(&unit_norm, &want)
+        );
+        let gemv = gemv_ln_reference(&x, &f, eps);
+        assert!(max_diff(&gemv, &want) < 1e-4, "{}", max_diff(&gemv, &want));
+        assert_eq!(f.sb.dims(), [n, 2]);
+    }
+
+    #[test]
+    fn a_unit_norm_folds_to_the_same_weights_bit_for_bit() {
+        let dev = Device::Cpu;
+        let w = Tensor::randn(0f32, 0.2, (8, 16), &dev)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        let b = Tensor::randn(0f32, 0.5, 8, &dev)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        let (ones, zeros) = (
+            Tensor::ones(16, DType::BF16, &dev).unwrap(),
+            Tensor::zeros(16, DType::BF16, &dev).unwrap(),
+        );
+        let f = fold(&w, &b, &ones, &zeros).unwrap();
+        let bits = |t: &Tensor| {
+            t.to_dtype(DType::F32)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        };
+        assert_eq!(bits(&f.w), bits(&w));
+        assert_eq!(bits(&f.b), bits(&b));
+        assert_eq!(f.w.dtype(), DType::BF16);
+    }
+}
