@@ -143,27 +143,29 @@ mod imp {
             block_dim: (32 * WARPS_PER_COL * cols as u32, 1, 1),
             shared_mem_bytes: 0,
         };
+        // The optional operands' addresses (and the norm's epsilon), taken before Early's
+        // window, which must hold nothing but the output's allocation.
         let address = |t: Option<&Tensor>| t.map_or(Ok(NULL), device_address);
+        let (third, residual, eps) = match tail {
+            Tail::Bias { b, r } => (address(b)?, Some(address(r)?), 0f32),
+            Tail::Norm { sb, eps } => {
+                #[cfg(test)]
+                super::LN_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                (device_address(sb)?, None, eps as f32)
+            }
+        };
         Ok(with_dtype!(x.dtype(), T => {
             let (xv, wv) = (view::<T>(storage(&xs.0), xs.1)?, view::<T>(storage(&ws.0), ws.1)?);
             let early = Early::begin(&dev, m)?;
             let out = alloc::<T>(&dev, m * n)?;
             early.launch()?;
-            match tail {
-                // SAFETY: x holds m·k, W n·k, b (where given) n and r (where given) m·n
+            match residual {
+                // SAFETY: x holds m·k, W n·k, b (where not null) n and r (where not null) m·n
                 // elements, contiguous, x and W from 16-byte boundaries in whole vectors
                 // (checked by gemv); out holds m·n; a null b or r is read as none.
-                Tail::Bias { b, r } => {
-                    let (b, r) = (address(b)?, address(r)?);
-                    launch!(unsafe func, cfg; &xv, &wv, &b, &r, &out, &n_i, &kv, &act)?
-                }
-                // SAFETY: as above; sb holds n (Σ W, bias) pairs of f32.
-                Tail::Norm { sb, eps } => {
-                    #[cfg(test)]
-                    super::LN_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let (sb, eps) = (device_address(sb)?, eps as f32);
-                    launch!(unsafe func, cfg; &xv, &wv, &sb, &out, &n_i, &kv, &act, &eps)?
-                }
+                Some(r) => launch!(unsafe func, cfg; &xv, &wv, &third, &r, &out, &n_i, &kv, &act)?,
+                // SAFETY: as above; `third` is sb, n (Σ W, bias) pairs of f32.
+                None => launch!(unsafe func, cfg; &xv, &wv, &third, &out, &n_i, &kv, &act, &eps)?,
             };
             wrap(out, &dev, (m, n))
         }))
