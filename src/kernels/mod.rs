@@ -200,11 +200,16 @@ pub enum Fused {
     /// the fp8 ones load their first weights then, `early-weights`) start before they wait for
     /// the kernel before them, instead of after.
     TriggerFirst,
-    /// Decoding at 1–4 rows, one GPU, bf16 / f16 weights (needs `gemv`): each block's two
+    /// Decoding at one row, one GPU, bf16 / f16 weights (needs `gemv`): each block's two
     /// LayerNorms folded into the projections after them at load (W·diag(γ), b + W β), their
     /// statistics taken by those projections' GEMVs from the loads of x they make anyway, and
     /// the residual adds in the GEMVs before them, instead of an add + norm kernel each.
     NormFold,
+    /// Decoding with `pdl`, batch 1–4 graph steps: the attention's split blocks load the keys
+    /// and values cached in earlier steps before they wait for the qkv projection before them
+    /// (the new position's after), so that those loads run under its last blocks, instead of
+    /// after it ends.
+    EarlyKv,
 }
 
 const LT: u32 = 1;
@@ -238,6 +243,7 @@ const EARLY_WEIGHTS: u32 = 1 << 27;
 const GEMV_HEAD: u32 = 1 << 28;
 const TRIGGER_FIRST: u32 = 1 << 29;
 const NORM_FOLD: u32 = 1 << 30;
+const EARLY_KV: u32 = 1 << 31;
 const ALL: u32 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -267,6 +273,7 @@ const ALL: u32 = LT
     | EARLY_WEIGHTS
     | GEMV_HEAD
     | NORM_FOLD
+    | EARLY_KV
     | TRIGGER_FIRST;
 
 static ENABLED: AtomicU32 = AtomicU32::new(ALL);
@@ -306,6 +313,7 @@ fn bit(f: Fused) -> u32 {
         Fused::GemvHead => GEMV_HEAD,
         Fused::TriggerFirst => TRIGGER_FIRST,
         Fused::NormFold => NORM_FOLD,
+        Fused::EarlyKv => EARLY_KV,
     }
 }
 
@@ -360,6 +368,7 @@ pub fn describe() -> String {
         (GEMV_HEAD, "gemv-head"),
         (TRIGGER_FIRST, "trigger-first"),
         (NORM_FOLD, "norm-fold"),
+        (EARLY_KV, "early-kv"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

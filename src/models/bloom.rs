@@ -367,7 +367,8 @@ impl Bloom {
         })
     }
 
-    /// [`Bloom::blocks_cached`] with the norms folded ([`Bloom::fold_norms`]) at 1–4 rows:
+    /// [`Bloom::blocks_cached`] with the norms folded ([`Bloom::fold_norms`]) at
+    /// [`norm_fold::MAX_ROWS`] rows:
     /// a block is the qkv GEMV normalising its input, the attention, dense adding the
     /// residual, and the MLP's two GEMVs likewise; then ln_f. None where the norms are not
     /// folded or the GEMV does not take the rows (the loop with the norms runs: the same
@@ -380,7 +381,7 @@ impl Bloom {
         step: &Step,
     ) -> candle_core::Result<Option<Tensor>> {
         let (b, t, _) = x.dims3()?;
-        if !self.norms_folded || b * t > kernels::GEMV_MAX_ROWS {
+        if !self.norms_folded || b * t > norm_fold::MAX_ROWS {
             return Ok(None);
         }
         let mut x = x.clone(); // (B, T, H), the residual stream

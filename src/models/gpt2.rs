@@ -315,7 +315,8 @@ impl Gpt2 {
         })
     }
 
-    /// [`Gpt2::blocks_cached`] with the norms folded ([`Gpt2::fold_norms`]) at 1–4 rows: a
+    /// [`Gpt2::blocks_cached`] with the norms folded ([`Gpt2::fold_norms`]) at
+    /// [`norm_fold::MAX_ROWS`] rows: a
     /// block is c_attn's GEMV normalising its input, the attention, c_proj adding the
     /// residual, and the MLP's two GEMVs likewise; then ln_f. None where the norms are not
     /// folded or the GEMV does not take the rows (the loop with the norms runs: the same
@@ -328,7 +329,7 @@ impl Gpt2 {
         step: &Step,
     ) -> candle_core::Result<Option<Tensor>> {
         let (b, t, _) = tok.dims3()?;
-        if !self.norms_folded || b * t > kernels::GEMV_MAX_ROWS {
+        if !self.norms_folded || b * t > norm_fold::MAX_ROWS {
             return Ok(None);
         }
         let mut x = (tok + pos)?; // (B, T, C), the residual stream

@@ -10,6 +10,11 @@ use crate::dist::Tp;
 use crate::kernels::{enabled, Fused};
 use candle_core::{DType, Device, Result, Tensor};
 
+/// Rows (a decode step's sequences) up to which a model takes the folded GEMVs. The kernels
+/// take 1–4; at 4 rows bloom-560m's step was 5.8 % slower with them (0.960 → 1.016 ms, gpt2 ±0:
+/// results/h100x2/gate-run39), so a batch of more rows runs the norms.
+pub const MAX_ROWS: usize = 1;
+
 /// Whether a model of `dtype` on `device` under `tp` folds its norms when laid out for
 /// decoding: the path on, with the GEMV that reads the folded weights (bf16 / f16 on CUDA), on
 /// one GPU (a row-parallel projection's sum keeps its own add + norm kernel).
