@@ -309,8 +309,7 @@ fn graph_replayed_decoding_matches_eager_decoding() {
 /// Programmatic edges (`--fused pdl`) change when a decode kernel's blocks start, not what
 /// they compute: bf16 greedy ids of graph replays with and without them are identical (one and
 /// three rows: the GEMVs; six rows: the tensor-core projections), with the norms and the merge
-/// triggering first (`trigger-first`) and waiting first, the attention loading its cache before
-/// the wait (`early-kv`) and after, and only the graphs captured with the
+/// triggering first (`trigger-first`) and waiting first, and only the graphs captured with the
 /// path on at most four rows have such edges (fp8's early GEMVs: gpu_tests::fp8).
 #[test]
 fn programmatic_edges_leave_graph_replayed_ids_unchanged() {
@@ -339,11 +338,6 @@ fn programmatic_edges_leave_graph_replayed_ids_unchanged() {
         ("without pdl", all_without(Fused::Pdl), false),
         ("all", vec![Fused::All], true),
         ("pdl, waiting first", all_without(Fused::TriggerFirst), true),
-        (
-            "pdl, cache loaded after the wait",
-            all_without(Fused::EarlyKv),
-            true,
-        ),
     ];
     for (spec, n) in specs.iter().flat_map(|s| [1, 3, 6].map(|n| (s, n))) {
         let prompts = left_pad(&rows[..n], 0, &gpu).unwrap();

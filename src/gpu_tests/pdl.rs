@@ -1,19 +1,17 @@
 //! The PTX of the decode kernels that programmatic edges start early (`--fused pdl`,
 //! kernels::pdl): each waits for the kernel before it before touching memory, but the fp8
-//! GEMVs' weight loads and the early attention's cache loads. Reads build.rs's PTX only: no
-//! GPU work, but the PTX exists in CUDA builds only.
+//! GEMVs' weight loads. Reads build.rs's PTX only: no GPU work, but the PTX exists in CUDA
+//! builds only.
 
 /// Every kernel that a programmatic edge may start early (kernels::pdl::waits_first) waits for
 /// the kernel before it first: in its PTX, `griddepcontrol.wait` is in the entry block (no
 /// branch, return, call or label before it) and comes before any access to memory but the
 /// kernel's parameters; and every name prefix of the list names kernels. The early GEMVs
 /// (kernels::pdl::weights_first) may also load before it, but only at addresses computed from
-/// their weight (parameter 1), never from x, the bias or the output; the early attention
-/// (kernels::pdl::kv_first) only from the caches and the cursor.
+/// their weight (parameter 1), never from x, the bias or the output.
 #[test]
 fn the_kernels_started_early_wait_before_any_memory_access() {
-    use crate::kernels::pdl::{kv_first, waits_first, weights_first};
-    use crate::kernels::pdl::{KV_FIRST, WAITS_FIRST, WEIGHTS_FIRST};
+    use crate::kernels::pdl::{waits_first, weights_first, WAITS_FIRST, WEIGHTS_FIRST};
     let families = [
         include_str!(concat!(env!("OUT_DIR"), "/gemv.ptx")),
         include_str!(concat!(env!("OUT_DIR"), "/fp8.ptx")),
@@ -25,58 +23,30 @@ fn the_kernels_started_early_wait_before_any_memory_access() {
     let mut checked = Vec::new();
     for entry in families.iter().flat_map(|ptx| ptx.split(".entry ").skip(1)) {
         let name = entry.split('(').next().unwrap().trim();
-        // Which parameters a load before the wait may read from, and which never.
-        let early = match (weights_first(name), kv_first(name)) {
-            (true, _) => Some(EarlyReads::WEIGHTS),
-            (_, true) => Some(EarlyReads::KV),
-            _ => None,
-        };
-        if !waits_first(name) && early.is_none() {
+        let weights = weights_first(name);
+        if !waits_first(name) && !weights {
             continue;
         }
         let wait = entry
             .find("griddepcontrol.wait")
             .unwrap_or_else(|| panic!("{name}: no wait"));
         let body = entry[..wait].split_once('{').map_or("", |(_, b)| b);
-        let early_loads = check_before_wait(name, body, early);
-        if early.is_some() {
-            assert!(early_loads > 0, "{name}: nothing loaded before the wait");
+        let early_loads = check_before_wait(name, body, weights);
+        if weights {
+            assert!(early_loads > 0, "{name}: no weight loaded before the wait");
         }
         checked.push(name.to_string());
     }
-    for prefix in WAITS_FIRST.iter().chain(WEIGHTS_FIRST).chain(KV_FIRST) {
+    for prefix in WAITS_FIRST.iter().chain(WEIGHTS_FIRST) {
         let any = checked.iter().any(|n| n.starts_with(prefix));
         assert!(any, "no kernel named {prefix}… in the PTX");
     }
 }
 
-/// The parameters that a kernel's loads before its wait may derive their addresses from (one
-/// of them at least), and those they must not.
-#[derive(Clone, Copy)]
-struct EarlyReads {
-    from: &'static [u32],
-    never: &'static [u32],
-}
-
-impl EarlyReads {
-    /// The early GEMVs: the weight (1); not x, the bias / scales, y (0, 2, 3; 4–6 are sizes
-    /// and the act).
-    const WEIGHTS: Self = Self {
-        from: &[1],
-        never: &[0, 2, 3],
-    };
-    /// The early attention: the key and value caches (4, 5) at rows from the cursor (17, read
-    /// itself); not qkv, the mask, slopes, positions or the partials (0, 6–11).
-    const KV: Self = Self {
-        from: &[4, 5, 17],
-        never: &[0, 6, 7, 8, 9, 10, 11],
-    };
-}
-
 /// Checks the PTX `body` of kernel `name` before its wait: no memory access but parameter
-/// loads and, where `early` allows them, non-coherent global loads whose address derives from
-/// its parameters and none it bans; no control flow. Returns the number of such loads.
-fn check_before_wait(name: &str, body: &str, early: Option<EarlyReads>) -> usize {
+/// loads and, where `weights`, global loads whose address derives from parameter 1 and from
+/// no other pointer parameter; no control flow. Returns the number of such loads.
+fn check_before_wait(name: &str, body: &str, weights: bool) -> usize {
     use std::collections::{BTreeSet, HashMap};
     let forbidden = [
         "ldu.",
@@ -125,17 +95,18 @@ fn check_before_wait(name: &str, body: &str, early: Option<EarlyReads>) -> usize
         }
         if opcode.starts_with("ld.") {
             let global = opcode.starts_with("ld.global.nc.") || opcode.starts_with("ld.global.cs.");
-            let Some(early) = early.filter(|_| global) else {
-                panic!("{name}: `{l}` before the wait");
-            };
+            assert!(weights && global, "{name}: `{l}` before the wait");
             let addr = srcs.split_once('[').and_then(|(_, a)| a.split_once(']'));
             let roots: BTreeSet<u32> = regs(addr.map_or("", |(a, _)| a))
                 .iter()
                 .flat_map(|r| from.get(r).cloned().unwrap_or_default())
                 .collect();
-            let allowed = roots.iter().any(|p| early.from.contains(p));
-            let banned = roots.iter().any(|p| early.never.contains(p));
-            assert!(allowed && !banned, "{name}: `{l}` reads {roots:?}");
+            // Parameters 0, 2, 3: x, the bias / scales, y (4-6: sizes and the act).
+            let others = roots.iter().any(|p| [0, 2, 3].contains(p));
+            assert!(
+                roots.contains(&1) && !others,
+                "{name}: `{l}` reads {roots:?}"
+            );
             loads += 1;
             continue;
         }

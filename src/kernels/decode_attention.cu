@@ -85,13 +85,8 @@ __device__ void decode_attention(const T* qkv, long qkv_stride, int head_stride,
 // stalled on L1TEX). The
 // probabilities are not rounded to T before p·v here (the merge needs the sums first).
 //   part_m, part_l: (B·nh, S); part_acc: (B·nh, S, HS); other arguments as decode_attention
-// EARLY (`--fused early-kv`, the tb_early_decode_attention_part kernels, graph steps with a
-// cursor only): each warp's cached keys and values before the new position loaded before the
-// kernel's pdl_begin(), under the qkv projection before it, at clamped rows (no branch before the
-// wait): the cache rows before `pos` were written in earlier steps, and the cursor by this step's
-// tb_decode_begin, both before the kernel the wait is for began (it waits first).
 #define SPLIT_KEYS 64
-template <typename T, int HS, bool EARLY = false>
+template <typename T, int HS>
 __device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
                                       const float* key_mask, const float* slopes, const float* key_pos,
                                       float* part_m, float* part_l, float* part_acc, float scale, int nh, int t_max,
@@ -102,31 +97,12 @@ __device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_st
   __shared__ float p[SPLIT_KEYS];
   __shared__ float sums[WARPS][HS];
   __shared__ float sh[32];
-  constexpr int PER_WARP = SPLIT_KEYS / WARPS;  // 8 keys a warp, all in flight
-  const int pos = EARLY ? (int)__ldg(cursor) - 1 : cursor ? (int)*cursor - 1 : pos_arg;
+  const int pos = cursor ? (int)*cursor - 1 : pos_arg;
   const int tk = pos + 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int bh = blockIdx.x, b = bh / nh, h = bh % nh, s = blockIdx.y;
   const int lo = s * SPLIT_KEYS, n = min(tk - lo, SPLIT_KEYS);
   const long o = (long)bh * gridDim.y + s;
-  const long head_off = ((long)b * nh + h) * t_max * HS;
-  T* kr = kc + head_off;
-  T* vr = vc + head_off;
-  // Each key's value is loaded with its key, before the softmax needs the block: one round of
-  // loads instead of two (decode-prof2: 11.3 µs a layer at bloom-560m batch 16).
-  T key[PER_WARP][DPL], val[PER_WARP][DPL];
-  if constexpr (EARLY) {
-#pragma unroll
-    for (int u = 0; u < PER_WARP; ++u) {
-      const long row = max(min(lo + warp + u * WARPS, pos - 1), 0);  // past the old keys: discarded
-#pragma unroll
-      for (int i = 0; i < DPL; ++i) {
-        key[u][i] = __ldg(kr + row * HS + lane * DPL + i);
-        val[u][i] = __ldg(vr + row * HS + lane * DPL + i);
-      }
-    }
-    pdl_begin();
-  }
   if (n <= 0) {  // past the cache's end: nothing to merge
     if (threadIdx.x == 0) {
       part_m[o] = -INFINITY;
@@ -136,6 +112,9 @@ __device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_st
     return;
   }
   const T* qr = qkv + b * qkv_stride + (long)h * head_stride;
+  const long head_off = ((long)b * nh + h) * t_max * HS;
+  T* kr = kc + head_off;
+  T* vr = vc + head_off;
   const bool writes = pos >= lo && pos < lo + n;  // this block holds the new position
   for (int d = threadIdx.x; d < HS; d += blockDim.x) {
     q[d] = to_f(qr[d]);
@@ -150,19 +129,22 @@ __device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_st
   for (int i = 0; i < DPL; ++i) qd[i] = q[lane * DPL + i];
   const float* mrow = key_mask + (long)b * t_max;
   const float slope = slopes ? slopes[h] : 0.f;
+  constexpr int PER_WARP = SPLIT_KEYS / WARPS;  // 8 keys a warp, all in flight
+  // Each key's value is loaded with its key, before the softmax needs the block: one round of
+  // loads instead of two (decode-prof2: 11.3 µs a layer at bloom-560m batch 16).
   float dot[PER_WARP];
+  T val[PER_WARP][DPL];
 #pragma unroll
   for (int u = 0; u < PER_WARP; ++u) {
     const int j = warp + u * WARPS;
     dot[u] = 0.f;
     if (j < n) {
-      const bool loaded = EARLY && lo + j != pos;  // an old key, loaded before the wait
       const T* ks = kr + (long)(lo + j) * HS + lane * DPL;
       const T* vs = vr + (long)(lo + j) * HS + lane * DPL;
 #pragma unroll
       for (int i = 0; i < DPL; ++i) {
-        dot[u] += qd[i] * to_f(loaded ? key[u][i] : ks[i]);
-        if (!loaded) val[u][i] = vs[i];
+        dot[u] += qd[i] * to_f(ks[i]);
+        val[u][i] = vs[i];
       }
     }
   }
@@ -412,16 +394,6 @@ extern "C" __global__ void tb_decode_begin(float* mask, float* key_pos, float* s
     BEGIN();                                                                                       \
     decode_combine<T>(part_m, part_l, part_acc, out, splits, hs);                                  \
   }
-// The split kernel loading its old keys before the wait (EARLY above): one a head size, no
-// branch before the wait; the same parameters as tb_decode_attention_part.
-#define EARLY_PART(T, S, HS)                                                                                   \
-  extern "C" __global__ void tb_early_decode_attention_part##HS##_##S(                                        \
-      const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc, const float* key_mask,          \
-      const float* slopes, const float* key_pos, float* part_m, float* part_l, float* part_acc, float scale,  \
-      int nh, int hs, int t_max, int pos, const uint32_t* cursor) {                                           \
-    decode_attention_part<T, HS, true>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, \
-                                       part_m, part_l, part_acc, scale, nh, t_max, pos, cursor);              \
-  }
 // One kernel a head size, each with its own register allocation.
 #define HEAD_KERNEL(T, S, HS)                                                                                  \
   extern "C" __global__ void __launch_bounds__(256, 2) tb_decode_attention_head##HS##_##S(                   \
@@ -453,6 +425,6 @@ extern "C" __global__ void tb_decode_begin(float* mask, float* key_pos, float* s
       decode_attention_part<T, 128>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos,    \
                                     part_m, part_l, part_acc, scale, nh, t_max, pos, cursor);                 \
   }                                                                                                           \
-  HEAD_KERNEL(T, S, 64) HEAD_KERNEL(T, S, 128) EARLY_PART(T, S, 64) EARLY_PART(T, S, 128)                     \
+  HEAD_KERNEL(T, S, 64) HEAD_KERNEL(T, S, 128)                                                                \
   COMBINE(T, S, , pdl_begin) COMBINE(T, S, _tf, pdl_begin_trigger_first)
 FOR_TYPES(INSTANTIATE)

@@ -99,7 +99,6 @@ mod imp {
         with_dtype, wrap, Ptx, NULL,
     };
     use crate::kernels::pdl::{trigger_first_suffix, Early};
-    use crate::kernels::{enabled, Fused};
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{
         CudaSlice, CudaView, LaunchArgs, LaunchConfig, PushKernelArg as _,
@@ -366,16 +365,7 @@ mod imp {
             return Ok(None);
         };
         let dev = storage(&g.all[0].0).device().clone();
-        // A graph's step (a cursor) loads its old keys before the wait with `early-kv`.
-        let early_kv = enabled(Fused::EarlyKv) && cache.cursor.is_some();
         let func = match (p.kind, hs) {
-            (Kind::Split, _) if early_kv => {
-                let name = format!(
-                    "tb_early_decode_attention_part{hs}_{}",
-                    suffix(qkv.dtype())?
-                );
-                dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?
-            }
             (Kind::Split, _) => kernel!(dev, PTX, "tb_decode_attention_part", qkv.dtype())?,
             (Kind::Head, 64) => kernel!(dev, PTX, "tb_decode_attention_head64", qkv.dtype())?,
             (Kind::Head, _) => kernel!(dev, PTX, "tb_decode_attention_head128", qkv.dtype())?,

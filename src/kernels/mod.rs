@@ -205,11 +205,6 @@ pub enum Fused {
     /// statistics taken by those projections' GEMVs from the loads of x they make anyway, and
     /// the residual adds in the GEMVs before them, instead of an add + norm kernel each.
     NormFold,
-    /// Decoding with `pdl`, batch 1–4 graph steps: the attention's split blocks load the keys
-    /// and values cached in earlier steps before they wait for the qkv projection before them
-    /// (the new position's after), so that those loads run under its last blocks, instead of
-    /// after it ends.
-    EarlyKv,
 }
 
 const LT: u32 = 1;
@@ -243,7 +238,6 @@ const EARLY_WEIGHTS: u32 = 1 << 27;
 const GEMV_HEAD: u32 = 1 << 28;
 const TRIGGER_FIRST: u32 = 1 << 29;
 const NORM_FOLD: u32 = 1 << 30;
-const EARLY_KV: u32 = 1 << 31;
 const ALL: u32 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -273,7 +267,6 @@ const ALL: u32 = LT
     | EARLY_WEIGHTS
     | GEMV_HEAD
     | NORM_FOLD
-    | EARLY_KV
     | TRIGGER_FIRST;
 
 static ENABLED: AtomicU32 = AtomicU32::new(ALL);
@@ -313,7 +306,6 @@ fn bit(f: Fused) -> u32 {
         Fused::GemvHead => GEMV_HEAD,
         Fused::TriggerFirst => TRIGGER_FIRST,
         Fused::NormFold => NORM_FOLD,
-        Fused::EarlyKv => EARLY_KV,
     }
 }
 
@@ -368,7 +360,6 @@ pub fn describe() -> String {
         (GEMV_HEAD, "gemv-head"),
         (TRIGGER_FIRST, "trigger-first"),
         (NORM_FOLD, "norm-fold"),
-        (EARLY_KV, "early-kv"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

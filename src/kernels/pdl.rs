@@ -53,18 +53,6 @@ pub fn weights_first(name: &str) -> bool {
     WEIGHTS_FIRST.iter().any(|p| name.starts_with(p))
 }
 
-/// The kernels launched through `Early` that read the KV cache (kernel parameters 4 and 5)
-/// at rows given by the cursor (parameter 17) before the wait, and nothing else
-/// (`--fused early-kv`; a GPU test reads their PTX).
-#[cfg(test)]
-pub const KV_FIRST: &[&str] = &["tb_early_decode_attention_part"];
-
-/// Whether the kernel `name` is one that loads the cached keys and values before the wait.
-#[cfg(test)]
-pub fn kv_first(name: &str) -> bool {
-    KV_FIRST.iter().any(|p| name.starts_with(p))
-}
-
 #[cfg(feature = "cuda")]
 pub use imp::{during_capture, programmatic_edges, Early};
 
@@ -364,26 +352,16 @@ mod imp {
 
 #[cfg(test)]
 mod tests {
-    use super::{kv_first, waits_first, weights_first};
+    use super::{waits_first, weights_first};
 
     #[test]
     fn the_early_gemvs_are_told_apart_from_those_that_wait_first() {
         for name in ["tb_early_gemv_fp8_1_bf16", "tb_early_gemv_fp8_1w8_f16"] {
             assert!(weights_first(name) && !waits_first(name), "{name}");
         }
-        for name in ["tb_gemv1_bf16", "tb_gemv_fp8_1w8_f16", "tb_gemv_ln1_bf16"] {
+        for name in ["tb_gemv1_bf16", "tb_gemv_fp8_1w8_f16"] {
             assert!(!weights_first(name) && waits_first(name), "{name}");
         }
-        for name in [
-            "tb_early_decode_attention_part128_bf16",
-            "tb_early_decode_attention_part64_f16",
-        ] {
-            assert!(
-                kv_first(name) && !waits_first(name) && !weights_first(name),
-                "{name}"
-            );
-        }
-        assert!(!kv_first("tb_decode_attention_part_bf16"));
     }
 
     #[test]
