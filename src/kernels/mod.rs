@@ -200,7 +200,8 @@ pub enum Fused {
     /// the fp8 ones load their first weights then, `early-weights`) start before they wait for
     /// the kernel before them, instead of after.
     TriggerFirst,
-    /// Decoding at one row, one GPU, bf16 / f16 weights (needs `gemv`): each block's two
+    /// Decoding at one row, one GPU, bf16 / f16 weights, hidden sizes up to 1024 (gpt2's,
+    /// bloom-560m's; bloom-7b1's step was slower on H200) (needs `gemv`): each block's two
     /// LayerNorms folded into the projections after them at load (W·diag(γ), b + W β), their
     /// statistics taken by those projections' GEMVs from the loads of x they make anyway, and
     /// the residual adds in the GEMVs before them, instead of an add + norm kernel each.

@@ -22,9 +22,10 @@ use super::attention::{
 use super::cache::{KvCache, LayerStep, Step};
 use super::causal_lm::CausalLm;
 use super::fp8::Fp8Weight;
+use super::head::{fp8_lm_head, lm_head, split_head_logits};
 use super::layers::{
-    dropout, fp8_lm_head, lm_head, load_layer_norm, split_head_logits, Activation, Dropout, Mlp,
-    Mode, Norm, Projection, Unsummed, WeightLayout::Linear,
+    dropout, load_layer_norm, Activation, Dropout, Mlp, Mode, Norm, Projection, Unsummed,
+    WeightLayout::Linear,
 };
 use super::norm_fold;
 use super::step::{step_layer, StepKernel};
@@ -410,8 +411,9 @@ impl Bloom {
     /// (the residual taken before the norm, bf16 / f16 weights).
     fn fold_norms(&mut self) -> candle_core::Result<()> {
         let (dtype, device) = (self.word_embeddings.dtype(), self.word_embeddings.device());
+        let hidden = self.word_embeddings.dim(1)?;
         let before = self.h.iter().all(|b| !b.residual_after_norm);
-        if self.norms_folded || !before || !norm_fold::applies(dtype, device, &self.tp) {
+        if self.norms_folded || !before || !norm_fold::applies(dtype, hidden, device, &self.tp) {
             return Ok(());
         }
         let mut all = true;

@@ -19,9 +19,10 @@ use super::attention::{
 use super::cache::{KvCache, LayerStep, Step};
 use super::causal_lm::CausalLm;
 use super::fp8::Fp8Weight;
+use super::head::{fp8_lm_head, lm_head, split_head_logits};
 use super::layers::{
-    dropout, fp8_lm_head, lm_head, load_layer_norm, split_head_logits, Activation, Dropout, Mlp,
-    Mode, Norm, Projection, Unsummed, WeightLayout::Conv1D,
+    dropout, load_layer_norm, Activation, Dropout, Mlp, Mode, Norm, Projection, Unsummed,
+    WeightLayout::Conv1D,
 };
 use super::norm_fold;
 use super::step::{step_layer, StepKernel};
@@ -360,8 +361,9 @@ impl Gpt2 {
     /// and the MLP's activation is the GEMV's (tanh GELU).
     fn fold_norms(&mut self) -> candle_core::Result<()> {
         let (dtype, device) = (self.wte.dtype(), self.wte.device());
+        let hidden = self.wte.dim(1)?;
         let tanh = self.h.iter().all(|b| b.mlp.act == Activation::GeluTanh);
-        if self.norms_folded || !tanh || !norm_fold::applies(dtype, device, &self.tp) {
+        if self.norms_folded || !tanh || !norm_fold::applies(dtype, hidden, device, &self.tp) {
             return Ok(());
         }
         let mut all = true;

@@ -13,6 +13,7 @@ pub mod fp8;
 pub mod generate;
 pub mod gpt2;
 pub mod handoff;
+pub mod head;
 pub mod layers;
 #[cfg(test)]
 mod load_tests;

@@ -15,13 +15,23 @@ use candle_core::{DType, Device, Result, Tensor};
 /// results/h100x2/gate-run39), so a batch of more rows runs the norms.
 pub const MAX_ROWS: usize = 1;
 
-/// Whether a model of `dtype` on `device` under `tp` folds its norms when laid out for
-/// decoding: the path on, with the GEMV that reads the folded weights (bf16 / f16 on CUDA), on
-/// one GPU (a row-parallel projection's sum keeps its own add + norm kernel).
-pub fn applies(dtype: DType, device: &Device, tp: &Tp) -> bool {
+/// Bytes of a row of the residual stream (the hidden size) up to which a model folds its
+/// norms: each lane of the one-row GEMV then holds one 16-byte vector of x, and the statistics
+/// add no loads in flight. bloom-7b1's 8 KB rows (four vectors a lane) made its step slower on
+/// 2× H200 hosts at every launch bound tried (3.79 → 3.83–3.91 ms, results/h200x2/ln1-run1;
+/// 5.090 → 5.036–5.039 on 2× H100, gate-run39); gpt2's 1.5 KB and bloom-560m's 2 KB rows
+/// 13–15 % faster on both.
+pub const MAX_ROW_BYTES: usize = 2048;
+
+/// Whether a model of `dtype` and `hidden` size on `device` under `tp` folds its norms when
+/// laid out for decoding: the path on, with the GEMV that reads the folded weights (bf16 / f16
+/// on CUDA), rows of at most [`MAX_ROW_BYTES`], one GPU (a row-parallel projection's sum keeps
+/// its own add + norm kernel).
+pub fn applies(dtype: DType, hidden: usize, device: &Device, tp: &Tp) -> bool {
     let half = matches!(dtype, DType::BF16 | DType::F16);
     let on = enabled(Fused::NormFold) && enabled(Fused::Gemv);
-    on && half && device.is_cuda() && tp.size == 1
+    let short = hidden * dtype.size_in_bytes() <= MAX_ROW_BYTES;
+    on && half && short && device.is_cuda() && tp.size == 1
 }
 
 /// A projection with a norm folded into it.
