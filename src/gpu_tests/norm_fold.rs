@@ -87,50 +87,111 @@ fn gemv_add_is_the_gemv_then_the_add_bit_for_bit() {
 
 /// Decode steps of both tiny models in bf16 take the folded GEMV with the path on at one row,
 /// and not with it off nor at three rows (norm_fold::MAX_ROWS); their logits are within bf16
-/// rounding of the steps with the norms (`cached_decoding_on_the_decode_kernels_matches_candles_ops` holds the folded
-/// steps against candle's ops).
+/// rounding of the steps with the norms. Random weights hold γ = 1 and β = 0: the next test
+/// folds norms of random weight and bias.
 #[test]
 fn decoding_takes_the_folded_gemv_only_with_the_path_on() {
-    use std::sync::atomic::Ordering;
     let (gpu, _one_at_a_time) = gpu();
+    let src = WeightSource::Random { seed: 0 };
     for name in ["gpt2-tiny", "bloom-tiny"] {
         let spec = ModelSpec::preset(name).unwrap();
         for rows in [1, 3] {
-            let mut logits = Vec::new();
-            for paths in [vec![Fused::All], all_but(Fused::NormFold)] {
-                let paths: Vec<Fused> = paths.into_iter().filter(|&f| f != Fused::Step).collect();
-                let on = paths.contains(&Fused::All);
-                set_enabled(&paths);
-                let before = LN_LAUNCHES.load(Ordering::Relaxed);
-                logits.push(decode_logits(&gpu, &spec, rows));
-                let launched = LN_LAUNCHES.load(Ordering::Relaxed) - before;
-                let want = on && rows <= crate::models::norm_fold::MAX_ROWS;
-                assert_eq!(
-                    launched > 0,
-                    want,
-                    "{name}, {rows} rows, norm-fold {on}: {launched} launches"
-                );
-            }
-            for (i, (folded, normed)) in logits[0].iter().zip(&logits[1]).enumerate() {
-                let r = rel(folded, normed);
-                assert!(r < 3e-2, "{name}, {rows} rows, step {i}: rel {r}");
-            }
+            let want = rows <= crate::models::norm_fold::MAX_ROWS;
+            check_folded_against_normed(&gpu, &spec, &src, rows, want);
         }
     }
 }
 
+/// One-row decoding with the norms folded, on checkpoints whose LayerNorms have random weights
+/// (1 ± 0.3) and biases (± 0.3), every norm of both tiny models (GPT-2's ln_1, ln_2, ln_f;
+/// BLOOM's input, post-attention, embedding and final norms): the logits of the folded steps
+/// within bf16 rounding of the steps with the norms, through the same safetensors loader as a
+/// real checkpoint.
+#[test]
+fn folded_decoding_with_random_norms_matches_the_norms() {
+    use crate::models::weights::save_checkpoint;
+    use crate::models::Recorder;
+    let (gpu, _one_at_a_time) = gpu();
+    for name in ["gpt2-tiny", "bloom-tiny"] {
+        let spec = ModelSpec::preset(name).unwrap();
+        let record = Recorder::default();
+        let random = WeightSource::Random { seed: 3 };
+        let hidden = indicatif::ProgressBar::hidden();
+        spec.load_watched(
+            &random,
+            DType::F32,
+            &Device::Cpu,
+            Some(record.clone()),
+            &hidden,
+        )
+        .unwrap();
+        let mut norms = 0;
+        let tensors: Vec<(String, Tensor)> = std::mem::take(&mut *record.lock().unwrap())
+            .into_iter()
+            .map(|(n, t)| {
+                let norm = n.contains("ln_") || n.contains("layernorm");
+                norms += norm as usize;
+                let t = match (norm, n.ends_with(".weight")) {
+                    (true, true) => t.randn_like(1., 0.3).unwrap(),
+                    (true, false) => t.randn_like(0., 0.3).unwrap(),
+                    _ => t,
+                };
+                (n, t)
+            })
+            .collect();
+        assert!(norms >= 8, "{name}: {norms} norm tensors");
+        let dir = tempfile::tempdir().unwrap();
+        save_checkpoint(dir.path(), &spec.hf_config(DType::F32), tensors).unwrap();
+        let src = WeightSource::Dir(dir.path().to_path_buf());
+        check_folded_against_normed(&gpu, &spec, &src, 1, true);
+    }
+}
+
+/// Decodes `rows` rows of `spec` from `src` with every path and with every path but
+/// norm-fold: the folded GEMV launched with the path on iff `folds`, the logits within bf16
+/// rounding of each other.
+fn check_folded_against_normed(
+    gpu: &Device,
+    spec: &ModelSpec,
+    src: &WeightSource,
+    rows: usize,
+    folds: bool,
+) {
+    use std::sync::atomic::Ordering;
+    let name = &spec.name;
+    let mut logits = Vec::new();
+    for paths in [vec![Fused::All], all_but(Fused::NormFold)] {
+        let paths: Vec<Fused> = paths.into_iter().filter(|&f| f != Fused::Step).collect();
+        let on = paths.contains(&Fused::All);
+        set_enabled(&paths);
+        let before = LN_LAUNCHES.load(Ordering::Relaxed);
+        logits.push(decode_logits(gpu, spec, src, rows));
+        let launched = LN_LAUNCHES.load(Ordering::Relaxed) - before;
+        let want = on && folds;
+        assert_eq!(
+            launched > 0,
+            want,
+            "{name}, {rows} rows, norm-fold {on}: {launched} launches"
+        );
+    }
+    for (i, (folded, normed)) in logits[0].iter().zip(&logits[1]).enumerate() {
+        let r = rel(folded, normed);
+        assert!(r < 3e-2, "{name}, {rows} rows, step {i}: rel {r}");
+    }
+}
+
 /// The logits of a cached prefill of `rows` prompts and three decode steps, bf16, the weights
-/// laid out for decoding, with the `--fused` paths already set.
-fn decode_logits(gpu: &Device, spec: &ModelSpec, rows: usize) -> Vec<Tensor> {
+/// laid out for decoding and the norms folded as the engine does, with the `--fused` paths
+/// already set.
+fn decode_logits(gpu: &Device, spec: &ModelSpec, src: &WeightSource, rows: usize) -> Vec<Tensor> {
     use crate::models::generate::left_pad;
     let prompts: Vec<Vec<u32>> = (0..rows)
         .map(|r| (0..5 + 3 * r as u32).map(|t| 1 + 7 * t).collect())
         .collect();
     let prompts = left_pad(&prompts, 0, gpu).unwrap();
-    let mut model = spec
-        .load(&WeightSource::Random { seed: 0 }, DType::BF16, gpu)
-        .unwrap();
+    let mut model = spec.load(src, DType::BF16, gpu).unwrap();
     model.prepare_decode().unwrap();
+    model.fold_norms().unwrap();
     let mut cache = model.new_cache(rows, 32).unwrap();
     let mut logits = vec![model
         .forward_cached(&prompts.ids, &prompts.mask, &mut cache)

@@ -271,7 +271,7 @@ pub struct Bloom {
     /// The decode step's blocks as one kernel (`--fused step`).
     step: StepKernel,
     /// Every block's norms folded into its qkv and first MLP projection
-    /// ([`Bloom::fold_norms`]).
+    /// ([`Bloom::fold_all_norms`]).
     norms_folded: bool,
 }
 
@@ -368,7 +368,7 @@ impl Bloom {
         })
     }
 
-    /// [`Bloom::blocks_cached`] with the norms folded ([`Bloom::fold_norms`]) at
+    /// [`Bloom::blocks_cached`] with the norms folded ([`Bloom::fold_all_norms`]) at
     /// [`norm_fold::MAX_ROWS`] rows:
     /// a block is the qkv GEMV normalising its input, the attention, dense adding the
     /// residual, and the MLP's two GEMVs likewise; then ln_f. None where the norms are not
@@ -409,7 +409,7 @@ impl Bloom {
     /// Folds each block's two LayerNorms into the projections after them for decoding
     /// ([`super::norm_fold`]), where [`super::norm_fold::applies`] and every block takes it
     /// (the residual taken before the norm, bf16 / f16 weights).
-    fn fold_norms(&mut self) -> candle_core::Result<()> {
+    fn fold_all_norms(&mut self) -> candle_core::Result<()> {
         let (dtype, device) = (self.word_embeddings.dtype(), self.word_embeddings.device());
         let hidden = self.word_embeddings.dim(1)?;
         let before = self.h.iter().all(|b| !b.residual_after_norm);
@@ -621,9 +621,9 @@ impl CausalLm for Bloom {
         projections.into_iter().all(Projection::graph_capturable)
     }
 
-    /// The norms folded into the projections ([`Bloom::fold_norms`]).
-    fn prepare_decode(&mut self) -> candle_core::Result<()> {
-        self.fold_norms()
+    /// [`Bloom::fold_all_norms`].
+    fn fold_norms(&mut self) -> candle_core::Result<()> {
+        self.fold_all_norms()
     }
 
     fn quantize_fp8(&mut self) -> candle_core::Result<()> {

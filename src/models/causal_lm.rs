@@ -106,6 +106,15 @@ pub trait CausalLm {
         Ok(())
     }
 
+    /// Folds each block's LayerNorms into the projections after them for one-row decode steps
+    /// (`--fused norm-fold`, [`super::norm_fold`]), after [`CausalLm::prepare_decode`]; the
+    /// same function on every path, rounded differently where γ ≠ 1 or β ≠ 0, so the candle
+    /// engine calls it only before a generation of [`super::norm_fold::MAX_ROWS`] rows.
+    /// Inference only. Default: nothing to fold.
+    fn fold_norms(&mut self) -> candle_core::Result<()> {
+        Ok(())
+    }
+
     /// Switches to training: differentiable ops everywhere and, `with_dropout`, the config's
     /// dropout (see [`super::layers::Mode`]). Models start in inference mode.
     fn set_training(&mut self, with_dropout: bool);

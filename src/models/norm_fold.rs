@@ -18,9 +18,9 @@ pub const MAX_ROWS: usize = 1;
 /// Bytes of a row of the residual stream (the hidden size) up to which a model folds its
 /// norms: each lane of the one-row GEMV then holds one 16-byte vector of x, and the statistics
 /// add no loads in flight. bloom-7b1's 8 KB rows (four vectors a lane) made its step slower on
-/// 2× H200 hosts at every launch bound tried (3.79 → 3.83–3.91 ms, results/h200x2/ln1-run1;
-/// 5.090 → 5.036–5.039 on 2× H100, gate-run39); gpt2's 1.5 KB and bloom-560m's 2 KB rows
-/// 13–15 % faster on both.
+/// 2× H200 hosts at every launch bound tried (3.79 → 3.83–3.91 ms, results/h200x2/ln1-run1),
+/// though 1 % faster on 2× H100 (5.090 → 5.036–5.039, gate-run39); gpt2's 1.5 KB and
+/// bloom-560m's 2 KB rows 13–15 % faster on both.
 pub const MAX_ROW_BYTES: usize = 2048;
 
 /// Whether a model of `dtype` and `hidden` size on `device` under `tp` folds its norms when
