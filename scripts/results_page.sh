@@ -153,8 +153,8 @@ csvs() {
   part h11 -i $M/ew-run4/ab-logs.tgz --where "fused=$ew,trigger-first"
   # The twentieth session's norm-fold (the LayerNorms folded into the GEMVs) on GPU 1 of a 2x
   # H100 host (gate-run39, 0448f94, alternating with every path but norm-fold: docs/perf-notes.md's,
-  # not rows here): gpt2 and bloom-560m at batch 1, whose kernels the submitted a4ea7bd runs
-  # there; its bloom-7b1 and batch-4 runs folded where a4ea7bd does not, left out.
+  # not rows here): gpt2 and bloom-560m at batch 1, whose kernels the submitted 752452d runs
+  # there; its bloom-7b1 and batch-4 runs folded where 752452d does not, left out.
   part h12 -i $H/gate-run39/ab-logs.tgz --where "fused=$ew,trigger-first,norm-fold" \
     --where batch_size=1 --where model!=bloom-7b1
   # The serving suite (#39) on 6ac4535 (HF's worker without cuDNN attention): serving-run4's

@@ -11,7 +11,7 @@ use crate::kernels::{enabled, Fused};
 use candle_core::{DType, Device, Result, Tensor};
 
 /// Rows (a decode step's sequences) up to which a model takes the folded GEMVs. The kernels
-/// take 1–4; at 4 rows bloom-560m's step was 5.8 % slower with them (0.960 → 1.016 ms, gpt2 ±0:
+/// take 1–4; at 4 rows bloom-560m's step was 5.8 % slower with them (0.960 → 1.016 ms, gpt2 +2 µs:
 /// results/h100x2/gate-run39), so a batch of more rows runs the norms.
 pub const MAX_ROWS: usize = 1;
 
