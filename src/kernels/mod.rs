@@ -204,8 +204,8 @@ pub enum Fused {
     /// bloom-560m's; bloom-7b1's step was slower on H200) (needs `gemv`): each block's two
     /// LayerNorms folded into the projections after them before the first such generation
     /// (W·diag(γ), b + W β), their statistics taken by those projections' GEMVs from the loads
-    /// of x they make anyway, and the residual adds in the GEMVs before them, instead of an add
-    /// + norm kernel each.
+    /// of x they make anyway, and the residual adds in the GEMVs before them, instead of an
+    /// add-and-norm kernel each.
     NormFold,
 }
 
