@@ -271,7 +271,7 @@ pub struct Bloom {
     /// The decode step's blocks as one kernel (`--fused step`).
     step: StepKernel,
     /// Every block's norms folded into its qkv and first MLP projection
-    /// ([`Bloom::fold_all_norms`]).
+    /// ([`CausalLm::fold_norms`]).
     norms_folded: bool,
 }
 
@@ -368,9 +368,8 @@ impl Bloom {
         })
     }
 
-    /// [`Bloom::blocks_cached`] with the norms folded ([`Bloom::fold_all_norms`]) at
-    /// [`norm_fold::MAX_ROWS`] rows:
-    /// a block is the qkv GEMV normalising its input, the attention, dense adding the
+    /// [`Bloom::blocks_cached`] with the norms folded ([`CausalLm::fold_norms`]) at
+    /// [`norm_fold::MAX_ROWS`] rows: a block is the qkv GEMV normalising its input, the attention, dense adding the
     /// residual, and the MLP's two GEMVs likewise; then ln_f. None where the norms are not
     /// folded or the GEMV does not take the rows (the loop with the norms runs: the same
     /// function).
@@ -404,26 +403,6 @@ impl Bloom {
             })?;
         }
         self.ln_f.forward_kernel(&x).map(Some)
-    }
-
-    /// Folds each block's two LayerNorms into the projections after them for decoding
-    /// ([`super::norm_fold`]), where [`super::norm_fold::applies`] and every block takes it
-    /// (the residual taken before the norm, bf16 / f16 weights).
-    fn fold_all_norms(&mut self) -> candle_core::Result<()> {
-        let (dtype, device) = (self.word_embeddings.dtype(), self.word_embeddings.device());
-        let hidden = self.word_embeddings.dim(1)?;
-        let before = self.h.iter().all(|b| !b.residual_after_norm);
-        if self.norms_folded || !before || !norm_fold::applies(dtype, hidden, device, &self.tp) {
-            return Ok(());
-        }
-        let mut all = true;
-        for b in &mut self.h {
-            let a = &mut b.self_attention;
-            all &= b.input_layernorm.fold_into(&mut a.query_key_value)?;
-            all &= b.post_attention_layernorm.fold_into(&mut b.mlp.up)?;
-        }
-        self.norms_folded = all;
-        Ok(())
     }
 
     /// The weights of [`Bloom::blocks_cached`]'s one kernel; None where it does not apply
@@ -621,9 +600,24 @@ impl CausalLm for Bloom {
         projections.into_iter().all(Projection::graph_capturable)
     }
 
-    /// [`Bloom::fold_all_norms`].
+    /// Folds each block's two LayerNorms into the projections after them for decoding
+    /// ([`super::norm_fold`]), where [`super::norm_fold::applies`] and every block takes it
+    /// (the residual taken before the norm, bf16 / f16 weights).
     fn fold_norms(&mut self) -> candle_core::Result<()> {
-        self.fold_all_norms()
+        let (dtype, device) = (self.word_embeddings.dtype(), self.word_embeddings.device());
+        let hidden = self.word_embeddings.dim(1)?;
+        let before = self.h.iter().all(|b| !b.residual_after_norm);
+        if self.norms_folded || !before || !norm_fold::applies(dtype, hidden, device, &self.tp) {
+            return Ok(());
+        }
+        let mut all = true;
+        for b in &mut self.h {
+            let a = &mut b.self_attention;
+            all &= b.input_layernorm.fold_into(&mut a.query_key_value)?;
+            all &= b.post_attention_layernorm.fold_into(&mut b.mlp.up)?;
+        }
+        self.norms_folded = all;
+        Ok(())
     }
 
     fn quantize_fp8(&mut self) -> candle_core::Result<()> {

@@ -235,7 +235,7 @@ pub struct Gpt2 {
     tp: Tp,
     /// The decode step's blocks as one kernel (`--fused step`).
     step: StepKernel,
-    /// Every block's norms folded into its c_attn and c_fc ([`Gpt2::fold_all_norms`]).
+    /// Every block's norms folded into its c_attn and c_fc ([`CausalLm::fold_norms`]).
     norms_folded: bool,
 }
 
@@ -316,7 +316,7 @@ impl Gpt2 {
         })
     }
 
-    /// [`Gpt2::blocks_cached`] with the norms folded ([`Gpt2::fold_all_norms`]) at
+    /// [`Gpt2::blocks_cached`] with the norms folded ([`CausalLm::fold_norms`]) at
     /// [`norm_fold::MAX_ROWS`] rows: a
     /// block is c_attn's GEMV normalising its input, the attention, c_proj adding the
     /// residual, and the MLP's two GEMVs likewise; then ln_f. None where the norms are not
@@ -354,25 +354,6 @@ impl Gpt2 {
                 })?;
         }
         self.ln_f.forward_kernel(&x).map(Some)
-    }
-
-    /// Folds each block's two LayerNorms into the projections after them for decoding
-    /// ([`super::norm_fold`]), laid out as nn.Linear's, where [`super::norm_fold::applies`]
-    /// and the MLP's activation is the GEMV's (tanh GELU).
-    fn fold_all_norms(&mut self) -> candle_core::Result<()> {
-        let (dtype, device) = (self.wte.dtype(), self.wte.device());
-        let hidden = self.wte.dim(1)?;
-        let tanh = self.h.iter().all(|b| b.mlp.act == Activation::GeluTanh);
-        if self.norms_folded || !tanh || !norm_fold::applies(dtype, hidden, device, &self.tp) {
-            return Ok(());
-        }
-        let mut all = true;
-        for b in &mut self.h {
-            all &= b.ln_1.fold_into(&mut b.attn.c_attn)?;
-            all &= b.ln_2.fold_into(&mut b.mlp.up)?;
-        }
-        self.norms_folded = all;
-        Ok(())
     }
 
     /// The weights of [`Gpt2::blocks_cached`]'s one kernel; None where it does not apply
@@ -654,10 +635,23 @@ impl CausalLm for Gpt2 {
         Ok(())
     }
 
-    /// [`Gpt2::fold_all_norms`] (after [`CausalLm::prepare_decode`]'s layout: the fold takes
-    /// nn.Linear weights).
+    /// Folds each block's two LayerNorms into the projections after them for decoding
+    /// ([`super::norm_fold`]), laid out as nn.Linear's, where [`super::norm_fold::applies`]
+    /// and the MLP's activation is the GEMV's (tanh GELU).
     fn fold_norms(&mut self) -> candle_core::Result<()> {
-        self.fold_all_norms()
+        let (dtype, device) = (self.wte.dtype(), self.wte.device());
+        let hidden = self.wte.dim(1)?;
+        let tanh = self.h.iter().all(|b| b.mlp.act == Activation::GeluTanh);
+        if self.norms_folded || !tanh || !norm_fold::applies(dtype, hidden, device, &self.tp) {
+            return Ok(());
+        }
+        let mut all = true;
+        for b in &mut self.h {
+            all &= b.ln_1.fold_into(&mut b.attn.c_attn)?;
+            all &= b.ln_2.fold_into(&mut b.mlp.up)?;
+        }
+        self.norms_folded = all;
+        Ok(())
     }
 
     fn set_training(&mut self, with_dropout: bool) {
