@@ -25,6 +25,7 @@ mod optimizer;
 mod pdl;
 mod prefill;
 mod step;
+mod step_io;
 
 /// The tests switch `--fused` process-wide (reference runs use none): one at a time.
 static SWITCH: std::sync::Mutex<()> = std::sync::Mutex::new(());

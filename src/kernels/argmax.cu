@@ -46,13 +46,33 @@ __device__ void argmax_range(const T* xr, const T* ban, int lo, int hi, float& b
   block_best(best, idx);
 }
 
+// The token record of a graphed decode (`--fused step-io`): the pick of the step at cache
+// position *cursor (advanced by the step's first kernel) goes to column *cursor − base of its
+// row; record null: none.
+struct Record {
+  uint32_t* tokens;  // (B, cols)
+  const uint32_t* cursor;
+  int base, cols;
+};
+
+// Row `row`'s pick (thread 0's idx; 0x7fffffff where no index won: a row of NaN or −inf only,
+// index 0) into out[row], and into the record where given.
+__device__ __forceinline__ void write_pick(uint32_t* out, Record rec, int row, int idx) {
+  if (threadIdx.x != 0) return;
+  const uint32_t id = idx == 0x7fffffff ? 0u : (uint32_t)idx;
+  out[row] = id;
+  if (rec.tokens) {
+    const int col = (int)*rec.cursor - rec.base;
+    if (col >= 0 && col < rec.cols) rec.tokens[(long)row * rec.cols + col] = id;
+  }
+}
+
 template <typename T>
-__device__ void argmax_rows(const T* x, const T* ban, uint32_t* out, int v) {
+__device__ void argmax_rows(const T* x, const T* ban, uint32_t* out, Record rec, int v) {
   float best;
   int idx;
   argmax_range(x + (long)blockIdx.x * v, ban, 0, v, best, idx);
-  // A row of NaN or −inf only: index 0, as no index won.
-  if (threadIdx.x == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0u : (uint32_t)idx;
+  write_pick(out, rec, blockIdx.x, idx);
 }
 
 // Long rows (BLOOM's V = 250880: one block a row took 108 µs) in two launches: block (c, row)
@@ -72,20 +92,26 @@ __device__ void argmax_part(const T* x, const T* ban, float* part_v, int* part_i
   }
 }
 
-extern "C" __global__ void tb_argmax_final(const float* part_v, const int* part_i, uint32_t* out, int chunks) {
+// The record as the kernels take it: four arguments.
+#define RECORD_ARGS uint32_t *rec_tokens, const uint32_t *rec_cursor, int rec_base, int rec_cols
+#define RECORD Record{rec_tokens, rec_cursor, rec_base, rec_cols}
+
+extern "C" __global__ void tb_argmax_final(const float* part_v, const int* part_i, uint32_t* out, RECORD_ARGS,
+                                           int chunks) {
   pdl_begin();
+  const Record rec = RECORD;
   float best = -INFINITY;
   int idx = 0x7fffffff;
   for (int c = threadIdx.x; c < chunks; c += blockDim.x)
     better(best, idx, part_v[(long)blockIdx.x * chunks + c], part_i[(long)blockIdx.x * chunks + c]);
   block_best(best, idx);
-  if (threadIdx.x == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0u : (uint32_t)idx;
+  write_pick(out, rec, blockIdx.x, idx);
 }
 
 #define INSTANTIATE(T, S)                                                                                     \
-  extern "C" __global__ void tb_argmax_##S(const T* x, const T* ban, uint32_t* out, int v) {                  \
+  extern "C" __global__ void tb_argmax_##S(const T* x, const T* ban, uint32_t* out, RECORD_ARGS, int v) {   \
     pdl_begin();                                                                                              \
-    argmax_rows<T>(x, ban, out, v);                                                                           \
+    argmax_rows<T>(x, ban, out, RECORD, v);                                                                   \
   }                                                                                                           \
   extern "C" __global__ void tb_argmax_part_##S(const T* x, const T* ban, float* part_v, int* part_i, int v,  \
                                                 int chunk) {                                                  \

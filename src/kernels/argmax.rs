@@ -16,6 +16,30 @@ pub fn argmax(logits: &Tensor, ban: Option<&Tensor>) -> Result<Option<Tensor>> {
     imp::argmax(logits, ban)
 }
 
+/// Where a graphed decode keeps each step's pick (`--fused step-io`): `tokens` (B, N) u32,
+/// the step at cache position `*cursor` ((1,) u32 on the device, advanced at the step's start)
+/// writing column `*cursor − base`.
+pub struct Record<'a> {
+    pub tokens: &'a Tensor,
+    pub cursor: &'a Tensor,
+    pub base: u32,
+}
+
+/// [`argmax`] written into `ids` ((B, 1) u32, contiguous: a graphed step's input, in place)
+/// and into `record` where given, instead of a new tensor that a copy then puts there.
+/// False, nothing written, where it does not apply (then [`argmax`] and a copy).
+pub fn argmax_into(
+    logits: &Tensor,
+    ban: Option<&Tensor>,
+    ids: &Tensor,
+    record: Option<Record<'_>>,
+) -> Result<bool> {
+    if !enabled(Fused::Decode) || !enabled(Fused::StepIo) {
+        return Ok(false);
+    }
+    imp::argmax_into(logits, ban, ids, record)
+}
+
 /// The CPU runs candle's argmax.
 #[cfg(not(feature = "cuda"))]
 mod imp {
@@ -24,122 +48,165 @@ mod imp {
     pub fn argmax(_: &Tensor, _: Option<&Tensor>) -> Result<Option<Tensor>> {
         Ok(None)
     }
+
+    pub fn argmax_into(
+        _: &Tensor,
+        _: Option<&Tensor>,
+        _: &Tensor,
+        _: Option<super::Record<'_>>,
+    ) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 #[cfg(feature = "cuda")]
 mod imp {
+    use super::Record;
     use crate::kernels::launch::{
-        alloc, cuda, float_dtype, kernel, launch, ptx, storage, view, with_dtype, wrap, Ptx, NULL,
+        alloc, device_address, float_dtype, kernel, launch, ptx, wrap, Ptx, NULL,
     };
     use crate::kernels::pdl::Early;
-    use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg as _};
-    use candle_core::cuda_backend::WrapErr as _;
-    use candle_core::{Layout, Result, StorageRef, Tensor};
+    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    use candle_core::cuda_backend::CudaDevice;
+    use candle_core::{DType, Result, Tensor};
 
     const PTX: Ptx = ptx!("argmax");
-
-    pub fn argmax(logits: &Tensor, ban: Option<&Tensor>) -> Result<Option<Tensor>> {
-        let (b, v) = logits.dims2()?;
-        let ban_ok = ban.is_none_or(|t| t.dtype() == logits.dtype() && t.elem_count() == v);
-        if !logits.device().is_cuda() || !float_dtype(logits) || !ban_ok {
-            return Ok(None);
-        }
-        let x = logits.contiguous()?;
-        let ban = ban.map(|t| t.contiguous()).transpose()?;
-        let Some(xs) = cuda(&x) else {
-            return Ok(None);
-        };
-        let bs = match &ban {
-            Some(t) => match cuda(t) {
-                Some(g) => Some(g),
-                None => return Ok(None),
-            },
-            None => None,
-        };
-        let dev = storage(&xs.0).device().clone();
-        if v > ARGMAX_ONE_BLOCK {
-            return argmax_split(&x, xs, bs.as_ref(), (b, v)).map(Some);
-        }
-        let func = kernel!(dev, PTX, "tb_argmax", x.dtype())?;
-        let out = with_dtype!(x.dtype(), T => {
-            let xv = view::<T>(storage(&xs.0), xs.1)?;
-            let bv = bs.as_ref().map(|(s, l)| view::<T>(storage(s), l)).transpose()?;
-            let early = Early::begin(&dev, b)?;
-            let out = alloc::<u32>(&dev, b)?;
-            let v_i = v as i32;
-            let mut args = func.builder();
-            args.arg(&xv);
-            match &bv {
-                Some(bv) => args.arg(bv),
-                None => args.arg(&NULL),
-            };
-            args.arg(&out).arg(&v_i);
-            let cfg = LaunchConfig {
-                grid_dim: (b as u32, 1, 1),
-                block_dim: (1024, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            early.launch()?;
-            // SAFETY: x holds B·V elements, ban V, out B.
-            unsafe { args.launch(cfg) }.w()?;
-            wrap(out, &dev, (b, 1))
-        });
-        Ok(Some(out))
-    }
 
     /// Rows longer than this are split over blocks (`tb_argmax_part`, then `tb_argmax_final`).
     const ARGMAX_ONE_BLOCK: usize = 16384;
     /// Columns a block of `tb_argmax_part`.
     const ARGMAX_CHUNK: usize = 2048;
 
-    /// The greedy pick of long rows in two launches: each block the best of a chunk, then each
-    /// row the best of its chunks.
-    fn argmax_split(
-        x: &Tensor,
-        xs: (StorageRef<'_>, &Layout),
-        ban: Option<&(StorageRef<'_>, &Layout)>,
-        (b, v): (usize, usize),
-    ) -> Result<Tensor> {
-        let dev = storage(&xs.0).device().clone();
-        let part = kernel!(dev, PTX, "tb_argmax_part", x.dtype())?;
-        let fin = dev.get_or_load_custom_func("tb_argmax_final", PTX.module, PTX.text)?;
-        let chunks = v.div_ceil(ARGMAX_CHUNK);
-        let early = Early::begin(&dev, b)?;
-        let (part_v, part_i) = (
-            alloc::<f32>(&dev, b * chunks)?,
-            alloc::<i32>(&dev, b * chunks)?,
-        );
-        let out = alloc::<u32>(&dev, b)?;
-        with_dtype!(x.dtype(), T => {
-            let xv = view::<T>(storage(&xs.0), xs.1)?;
-            let bv = ban.map(|(s, l)| view::<T>(storage(s), l)).transpose()?;
-            let (v_i, chunk_i) = (v as i32, ARGMAX_CHUNK as i32);
-            let mut args = part.builder();
-            args.arg(&xv);
-            match &bv {
-                Some(bv) => args.arg(bv),
-                None => args.arg(&NULL),
-            };
-            args.arg(&part_v).arg(&part_i).arg(&v_i).arg(&chunk_i);
-            let cfg = LaunchConfig {
-                grid_dim: (chunks as u32, b as u32, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            early.launch()?;
-            // SAFETY: x holds B·V elements, ban V, the partials B·chunks.
-            unsafe { args.launch(cfg) }.w()?;
+    /// Launches the pick into `$out` (B u32: a new allocation, or an address), one block a row
+    /// or, for long rows, the chunks' kernel and then the final one; `$early` opened before
+    /// `$out`'s allocation.
+    macro_rules! pick {
+        ($dev:expr, $p:expr, $out:expr, $early:expr) => {{
+            let (dev, p): (&CudaDevice, &Pick) = ($dev, $p);
+            let (rec_t, rec_c, base, cols) = p.rec;
+            if p.v <= ARGMAX_ONE_BLOCK {
+                let func = kernel!(dev, PTX, "tb_argmax", p.dtype)?;
+                let v_i = p.v as i32;
+                let cfg = LaunchConfig {
+                    grid_dim: (p.b as u32, 1, 1),
+                    block_dim: (1024, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                $early.launch()?;
+                // SAFETY: x holds B·V elements of its dtype, ban (where not null) V, out B;
+                // the record (where not null) B rows of `cols` and the cursor one u32.
+                launch!(unsafe func, cfg; &p.x, &p.ban, $out, &rec_t, &rec_c, &base, &cols, &v_i)?;
+            } else {
+                drop($early); // the partials' kernel opens its own
+                let part = kernel!(dev, PTX, "tb_argmax_part", p.dtype)?;
+                let fin = dev.get_or_load_custom_func("tb_argmax_final", PTX.module, PTX.text)?;
+                let chunks = p.v.div_ceil(ARGMAX_CHUNK);
+                let early = Early::begin(dev, p.b)?;
+                let (part_v, part_i) = (
+                    alloc::<f32>(dev, p.b * chunks)?,
+                    alloc::<i32>(dev, p.b * chunks)?,
+                );
+                let (v_i, chunk_i, chunks_i) = (p.v as i32, ARGMAX_CHUNK as i32, chunks as i32);
+                let cfg = LaunchConfig {
+                    grid_dim: (chunks as u32, p.b as u32, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                early.launch()?;
+                // SAFETY: x holds B·V elements, ban V, the partials B·chunks.
+                launch!(unsafe part, cfg; &p.x, &p.ban, &part_v, &part_i, &v_i, &chunk_i)?;
+                let cfg = LaunchConfig {
+                    grid_dim: (p.b as u32, 1, 1),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                Early::begin(dev, p.b)?.launch()?;
+                // SAFETY: the partials hold B·chunks values, out B; the record as above.
+                launch!(unsafe fin, cfg; &part_v, &part_i, $out, &rec_t, &rec_c, &base, &cols,
+                    &chunks_i)?;
+            }
+        }};
+    }
+
+    /// A pick's operands as device addresses: the logits (B, V) and ban, and the record's
+    /// tokens, cursor, base and columns (nulls and zeros without one).
+    struct Pick {
+        b: usize,
+        v: usize,
+        dtype: DType,
+        x: u64,
+        ban: u64,
+        rec: (u64, u64, i32, i32),
+        /// The contiguous logits and ban the addresses point into, alive while the pick is.
+        _keep: (Tensor, Option<Tensor>),
+    }
+
+    /// The pick's operands, or None where the kernels do not take them.
+    fn operands(
+        logits: &Tensor,
+        ban: Option<&Tensor>,
+        rec: Option<&Record>,
+    ) -> Result<Option<Pick>> {
+        let (b, v) = logits.dims2()?;
+        let ban_ok = ban.is_none_or(|t| t.dtype() == logits.dtype() && t.elem_count() == v);
+        let rec_ok = rec.is_none_or(|r| {
+            let u32s = r.tokens.dtype() == DType::U32 && r.cursor.dtype() == DType::U32;
+            let laid = r.tokens.rank() == 2 && r.tokens.is_contiguous() && r.cursor.is_contiguous();
+            u32s && laid && r.tokens.dim(0).is_ok_and(|n| n == b) && r.cursor.dims() == [1]
         });
-        let chunks_i = chunks as i32;
-        let cfg = LaunchConfig {
-            grid_dim: (b as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
+        if !logits.device().is_cuda() || !float_dtype(logits) || !ban_ok || !rec_ok {
+            return Ok(None);
+        }
+        let x = logits.contiguous()?;
+        let ban = ban.map(|t| t.contiguous()).transpose()?;
+        let rec = match rec {
+            Some(r) => (
+                device_address(r.tokens)?,
+                device_address(r.cursor)?,
+                r.base as i32,
+                r.tokens.dim(1)? as i32,
+            ),
+            None => (NULL, NULL, 0, 0),
         };
-        Early::begin(&dev, b)?.launch()?;
-        // SAFETY: the partials hold B·chunks values, out B.
-        launch!(unsafe fin, cfg; &part_v, &part_i, &out, &chunks_i)?;
-        Ok(wrap(out, &dev, (b, 1)))
+        Ok(Some(Pick {
+            b,
+            v,
+            dtype: x.dtype(),
+            x: device_address(&x)?,
+            ban: ban.as_ref().map_or(Ok(NULL), device_address)?,
+            rec,
+            _keep: (x, ban),
+        }))
+    }
+
+    pub fn argmax(logits: &Tensor, ban: Option<&Tensor>) -> Result<Option<Tensor>> {
+        let Some(p) = operands(logits, ban, None)? else {
+            return Ok(None);
+        };
+        let dev = logits.device().as_cuda_device()?.clone();
+        let early = Early::begin(&dev, p.b)?;
+        let out = alloc::<u32>(&dev, p.b)?;
+        pick!(&dev, &p, &out, early);
+        Ok(Some(wrap(out, &dev, (p.b, 1))))
+    }
+
+    pub fn argmax_into(
+        logits: &Tensor,
+        ban: Option<&Tensor>,
+        ids: &Tensor,
+        record: Option<Record<'_>>,
+    ) -> Result<bool> {
+        let ids_ok = ids.dtype() == DType::U32 && ids.is_contiguous();
+        let Some(p) = operands(logits, ban, record.as_ref())? else {
+            return Ok(false);
+        };
+        if !ids_ok || ids.elem_count() != p.b {
+            return Ok(false);
+        }
+        let dev = logits.device().as_cuda_device()?.clone();
+        let out = device_address(ids)?;
+        let early = Early::begin(&dev, p.b)?;
+        pick!(&dev, &p, &out, early);
+        Ok(true)
     }
 }

@@ -2,6 +2,7 @@
 // bookkeeping of a graphed decode step; launched by decode_attention.rs.
 // Shapes: B batch, nh heads (of this rank), hs head size, C channels, T_max cached positions.
 #include "common.cuh"
+#include <cooperative_groups.h>
 
 // Added to the score of a padding key: attention.rs's MASKED (finite, so that a row of padding
 // gives a uniform softmax, not NaN).
@@ -78,88 +79,89 @@ __device__ void decode_attention(const T* qkv, long qkv_stride, int head_stride,
 }
 
 // decode_attention split over the keys (flash-decoding), for head sizes 64 and 128: block
-// (row·head, s) takes keys [s·SPLIT_KEYS, (s + 1)·SPLIT_KEYS) with a warp a key, and writes its
-// max score, its sum of exp(score − max) and its unnormalised p·v; tb_decode_combine merges a
-// head's blocks. One block per head (a thread a key; then a warp a key) kept a dozen SMs busy
-// and waited on a chain of loads (ncu, bloom-560m: 16 blocks, 11–13 µs, 55–60 % of the cycles
-// stalled on L1TEX). The
+// (row·head, s) takes keys [s·SPLIT_KEYS, (s + 1)·SPLIT_KEYS) with a warp a key, and finds its
+// max score, its sum of exp(score − max) and its unnormalised p·v, which tb_decode_combine (from
+// memory) or the block's cluster (`--fused cluster`, from shared memory) merges. One block per
+// head (a thread a key; then a warp a key) kept a dozen SMs busy and waited on a chain of loads
+// (ncu, bloom-560m: 16 blocks, 11–13 µs, 55–60 % of the cycles stalled on L1TEX). Every load is
+// issued first: the keys and values (the new position's from qkv, not from the cache this block
+// writes), the mask and positions, q straight from qkv; no barrier before the dot products
+// (one H100, knob-run2: gpt2 0.271 → 0.263 ms a token, bloom-560m 0.720 → 0.706). The
 // probabilities are not rounded to T before p·v here (the merge needs the sums first).
-//   part_m, part_l: (B·nh, S); part_acc: (B·nh, S, HS); other arguments as decode_attention
 #define SPLIT_KEYS 64
+
+// One split block's share: keys [s·SPLIT_KEYS, ...) of (row b, head h) = (bh / nh, bh % nh), s
+// = blockIdx.y: its max score *mx, exp-sum *l (thread 0's) and unnormalised p·v in res[HS]
+// (shared, complete for every thread on return). A split past the cache's end gives −∞, 0, 0.
 template <typename T, int HS>
-__device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
-                                      const float* key_mask, const float* slopes, const float* key_pos,
-                                      float* part_m, float* part_l, float* part_acc, float scale, int nh, int t_max,
-                                      int pos_arg, const uint32_t* cursor) {
+__device__ void split_attend(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
+                             const float* key_mask, const float* slopes, const float* key_pos, float scale, int nh,
+                             int t_max, int pos_arg, const uint32_t* cursor, float* res, float* mx_out,
+                             float* l_out) {
   constexpr int DPL = HS / 32;
   constexpr int WARPS = 8;  // blockDim.x == 256
-  __shared__ float q[HS];
+  constexpr int PER_WARP = SPLIT_KEYS / WARPS;  // 8 keys a warp, all in flight
   __shared__ float p[SPLIT_KEYS];
   __shared__ float sums[WARPS][HS];
   __shared__ float sh[32];
   const int pos = cursor ? (int)*cursor - 1 : pos_arg;
-  const int tk = pos + 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int bh = blockIdx.x, b = bh / nh, h = bh % nh, s = blockIdx.y;
-  const int lo = s * SPLIT_KEYS, n = min(tk - lo, SPLIT_KEYS);
-  const long o = (long)bh * gridDim.y + s;
+  const int bh = blockIdx.x, b = bh / nh, h = bh % nh;
+  const int lo = blockIdx.y * SPLIT_KEYS, n = min(pos + 1 - lo, SPLIT_KEYS);
   if (n <= 0) {  // past the cache's end: nothing to merge
-    if (threadIdx.x == 0) {
-      part_m[o] = -INFINITY;
-      part_l[o] = 0.f;
-    }
-    for (int d = threadIdx.x; d < HS; d += blockDim.x) part_acc[o * HS + d] = 0.f;
+    for (int d = threadIdx.x; d < HS; d += blockDim.x) res[d] = 0.f;
+    *mx_out = -INFINITY;
+    *l_out = 0.f;
+    __syncthreads();
     return;
   }
   const T* qr = qkv + b * qkv_stride + (long)h * head_stride;
   const long head_off = ((long)b * nh + h) * t_max * HS;
   T* kr = kc + head_off;
   T* vr = vc + head_off;
-  const bool writes = pos >= lo && pos < lo + n;  // this block holds the new position
-  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
-    q[d] = to_f(qr[d]);
-    if (writes) {
+  const float* mrow = key_mask + (long)b * t_max;
+  const float* prow = key_pos + (long)b * t_max;
+  T key[PER_WARP][DPL], val[PER_WARP][DPL];
+  float mk[PER_WARP], kp[PER_WARP];
+#pragma unroll
+  for (int u = 0; u < PER_WARP; ++u) {
+    const int j = warp + u * WARPS, k = lo + j;
+    if (j < n) {
+      const bool fresh = k == pos;
+      const T* ks = (fresh ? qr + part : kr + (long)k * HS) + lane * DPL;
+      const T* vs = (fresh ? qr + 2 * part : vr + (long)k * HS) + lane * DPL;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) {
+        key[u][i] = ks[i];
+        val[u][i] = vs[i];
+      }
+      mk[u] = mrow[k];
+      kp[u] = slopes ? prow[k] : 0.f;
+    }
+  }
+  float qd[DPL];
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) qd[i] = to_f(qr[lane * DPL + i]);
+  const float slope = slopes ? slopes[h] : 0.f;
+  if (pos >= lo && pos < lo + n)  // this block holds the new position: into the cache
+    for (int d = threadIdx.x; d < HS; d += blockDim.x) {
       kr[(long)pos * HS + d] = qr[part + d];
       vr[(long)pos * HS + d] = qr[2 * part + d];
     }
-  }
-  __syncthreads();
-  float qd[DPL];
-#pragma unroll
-  for (int i = 0; i < DPL; ++i) qd[i] = q[lane * DPL + i];
-  const float* mrow = key_mask + (long)b * t_max;
-  const float slope = slopes ? slopes[h] : 0.f;
-  constexpr int PER_WARP = SPLIT_KEYS / WARPS;  // 8 keys a warp, all in flight
-  // Each key's value is loaded with its key, before the softmax needs the block: one round of
-  // loads instead of two (decode-prof2: 11.3 µs a layer at bloom-560m batch 16).
   float dot[PER_WARP];
-  T val[PER_WARP][DPL];
 #pragma unroll
   for (int u = 0; u < PER_WARP; ++u) {
-    const int j = warp + u * WARPS;
     dot[u] = 0.f;
-    if (j < n) {
-      const T* ks = kr + (long)(lo + j) * HS + lane * DPL;
-      const T* vs = vr + (long)(lo + j) * HS + lane * DPL;
+    if (warp + u * WARPS < n)
 #pragma unroll
-      for (int i = 0; i < DPL; ++i) {
-        dot[u] += qd[i] * to_f(ks[i]);
-        val[u][i] = vs[i];
-      }
-    }
+      for (int i = 0; i < DPL; ++i) dot[u] += qd[i] * to_f(key[u][i]);
+    dot[u] = warp_sum(dot[u]);
   }
-#pragma unroll
-  for (int u = 0; u < PER_WARP; ++u) dot[u] = warp_sum(dot[u]);
   if (lane == 0)
 #pragma unroll
     for (int u = 0; u < PER_WARP; ++u) {
       const int j = warp + u * WARPS;
-      if (j < n) {
-        const int k = lo + j;
-        float sc = to_f(from_f<T>(dot[u])) * scale + (1.f - mrow[k]) * MASKED;
-        if (slopes) sc += slope * key_pos[(long)b * t_max + k];
-        p[j] = sc;
-      }
+      if (j < n) p[j] = to_f(from_f<T>(dot[u])) * scale + (1.f - mk[u]) * MASKED + slope * kp[u];
     }
   __syncthreads();
   const float mx = block_max(threadIdx.x < n ? p[threadIdx.x] : -INFINITY, sh);
@@ -186,12 +188,69 @@ __device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_st
     float acc = 0.f;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) acc += sums[w][d];
-    part_acc[o * HS + d] = acc;
+    res[d] = acc;
   }
+  *mx_out = mx;
+  *l_out = l;
+  __syncthreads();
+}
+
+// The split blocks' partials to memory, for tb_decode_combine.
+//   part_m, part_l: (B·nh, S); part_acc: (B·nh, S, HS); other arguments as decode_attention
+template <typename T, int HS>
+__device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
+                                      const float* key_mask, const float* slopes, const float* key_pos,
+                                      float* part_m, float* part_l, float* part_acc, float scale, int nh, int t_max,
+                                      int pos_arg, const uint32_t* cursor) {
+  __shared__ float res[HS];
+  float mx, l;
+  split_attend<T, HS>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, scale, nh, t_max,
+                      pos_arg, cursor, res, &mx, &l);
+  const long o = (long)blockIdx.x * gridDim.y + blockIdx.y;
+  for (int d = threadIdx.x; d < HS; d += blockDim.x) part_acc[o * HS + d] = res[d];
   if (threadIdx.x == 0) {
     part_m[o] = mx;
     part_l[o] = l;
   }
+}
+
+// Every split of a head in one thread-block cluster of CS blocks (Hopper; grid (B·nh, CS)):
+// the splits' partials stay in their blocks' shared memory and the cluster's first block
+// merges them over distributed shared memory into out (B, nh·hs), in tb_decode_combine's order
+// (the same bits), without its launch: one kernel a layer instead of two.
+template <typename T, int HS, int CS>
+__device__ void decode_attention_cluster(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
+                                         const float* key_mask, const float* slopes, const float* key_pos, T* out,
+                                         float scale, int nh, int t_max, int pos_arg, const uint32_t* cursor) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  __shared__ float res[HS];
+  __shared__ float ml[2];
+  float mx, l;
+  split_attend<T, HS>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, scale, nh, t_max,
+                      pos_arg, cursor, res, &mx, &l);
+  if (threadIdx.x == 0) ml[0] = mx, ml[1] = l;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every split's res and (m, l) written
+  if (cluster.block_rank() == 0) {
+    float m[CS], w[CS];
+    float top = -INFINITY, den = 0.f;
+#pragma unroll
+    for (int r = 0; r < CS; ++r) top = fmaxf(top, m[r] = cluster.map_shared_rank(ml, r)[0]);
+#pragma unroll
+    for (int r = 0; r < CS; ++r) {
+      w[r] = m[r] == -INFINITY ? 0.f : expf(m[r] - top);
+      den += w[r] * cluster.map_shared_rank(ml, r)[1];
+    }
+    for (int d = threadIdx.x; d < HS; d += blockDim.x) {
+      float num = 0.f;
+#pragma unroll
+      for (int r = 0; r < CS; ++r) num += w[r] * cluster.map_shared_rank(res, r)[d];
+      out[(long)blockIdx.x * HS + d] = from_f<T>(num / den);
+    }
+  }
+  cluster.sync();  // the other blocks' shared memory stays until the first has read it
+#endif
 }
 
 // decode_attention with a block a (row, head) over all its keys, for head sizes 64 and 128
@@ -428,3 +487,23 @@ extern "C" __global__ void tb_decode_begin(float* mask, float* key_pos, float* s
   HEAD_KERNEL(T, S, 64) HEAD_KERNEL(T, S, 128)                                                                \
   COMBINE(T, S, , pdl_begin) COMBINE(T, S, _tf, pdl_begin_trigger_first)
 FOR_TYPES(INSTANTIATE)
+
+// tb_decode_attention_c<CS>_<type>: the split attention and its merge in one launch, a cluster
+// of CS blocks a (row, head), for caches of at most CS·SPLIT_KEYS keys (decode_attention.rs).
+#define CLUSTER(T, S, CS)                                                                                     \
+  extern "C" __global__ void __cluster_dims__(1, CS, 1) tb_decode_attention_c##CS##_##S(                     \
+      const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc, const float* key_mask,          \
+      const float* slopes, const float* key_pos, T* out, float scale, int nh, int hs, int t_max, int pos,     \
+      const uint32_t* cursor) {                                                                               \
+    pdl_begin();                                                                                              \
+    if (hs == 64)                                                                                             \
+      decode_attention_cluster<T, 64, CS>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes,       \
+                                          key_pos, out, scale, nh, t_max, pos, cursor);                       \
+    else                                                                                                      \
+      decode_attention_cluster<T, 128, CS>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes,      \
+                                           key_pos, out, scale, nh, t_max, pos, cursor);                      \
+  }
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define CLUSTERS(T, S) CLUSTER(T, S, 2) CLUSTER(T, S, 4) CLUSTER(T, S, 8)
+FOR_TYPES(CLUSTERS)
+#endif

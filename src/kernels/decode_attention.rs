@@ -93,7 +93,7 @@ mod imp {
 
 #[cfg(feature = "cuda")]
 mod imp {
-    use super::{CacheSlot, QkvLayout};
+    use super::{enabled, CacheSlot, Fused, QkvLayout};
     use crate::kernels::launch::{
         aligned16, alloc, cuda, float_dtype, kernel, launch, ptx, storage, suffix, view,
         with_dtype, wrap, Ptx, NULL,
@@ -143,6 +143,21 @@ mod imp {
         /// `tb_decode_attention_head<hs>`: a block a head over all its keys, in 16-byte vectors
         /// (HEAD_PAIRS pairs or more, at most HEAD_KEYS keys), no merge kernel.
         Head,
+        /// `tb_decode_attention_c<splits>`: Split's blocks as a thread-block cluster of 2, 4 or
+        /// 8 that merges itself (`--fused cluster`, Hopper, caches of at most CLUSTER_KEYS).
+        Cluster,
+    }
+
+    /// Keys up to which a head's splits take one cluster (8 blocks of SPLIT_KEYS: the largest
+    /// portable cluster).
+    const CLUSTER_KEYS: usize = 8 * SPLIT_KEYS;
+
+    /// Whether the split blocks of a cache of `longest` keys on `qkv`'s device take a cluster.
+    fn clustered(qkv: &Tensor, longest: usize) -> Result<bool> {
+        if !enabled(Fused::Cluster) || longest > CLUSTER_KEYS {
+            return Ok(false);
+        }
+        crate::kernels::pdl::hopper_ptx(qkv.device().as_cuda_device()?)
     }
 
     /// A call the kernels take: its shapes and the kernel's scalar arguments.
@@ -191,6 +206,10 @@ mod imp {
             true => Kind::Split,
             false => Kind::Whole,
         };
+        let kind = match kind {
+            Kind::Split if clustered(qkv, longest)? => Kind::Cluster,
+            other => other,
+        };
         let shared = match (kind, attention_shared(hs, longest)) {
             (Kind::Whole, Some(bytes)) => bytes,
             (Kind::Whole, None) => return Ok(None), // longer than one block's shared memory holds
@@ -221,7 +240,10 @@ mod imp {
             b,
             rows,
             kind,
-            splits: longest.div_ceil(SPLIT_KEYS),
+            splits: match kind {
+                Kind::Cluster => longest.div_ceil(SPLIT_KEYS).next_power_of_two().max(2),
+                _ => longest.div_ceil(SPLIT_KEYS),
+            },
             shared,
             stride: width as i64,
             ints: [layout.head_stride, layout.part].map(|v| v as i32),
@@ -234,7 +256,7 @@ mod imp {
         /// The attention kernel's grid: a block a (row, head), and a split of its keys.
         fn config(&self) -> LaunchConfig {
             let (splits, threads) = match self.kind {
-                Kind::Split => (self.splits as u32, SPLIT_THREADS),
+                Kind::Split | Kind::Cluster => (self.splits as u32, SPLIT_THREADS),
                 Kind::Head => (1, HEAD_THREADS),
                 Kind::Whole => (1, ATTN_THREADS as u32),
             };
@@ -367,6 +389,10 @@ mod imp {
         let dev = storage(&g.all[0].0).device().clone();
         let func = match (p.kind, hs) {
             (Kind::Split, _) => kernel!(dev, PTX, "tb_decode_attention_part", qkv.dtype())?,
+            (Kind::Cluster, _) => {
+                let name = format!("tb_decode_attention_c{}_{}", p.splits, suffix(qkv.dtype())?);
+                dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?
+            }
             (Kind::Head, 64) => kernel!(dev, PTX, "tb_decode_attention_head64", qkv.dtype())?,
             (Kind::Head, _) => kernel!(dev, PTX, "tb_decode_attention_head128", qkv.dtype())?,
             (Kind::Whole, _) => kernel!(dev, PTX, "tb_decode_attention", qkv.dtype())?,

@@ -37,6 +37,28 @@ pub fn embedding_fwd(wte: &Tensor, wpe: &Tensor, ids: &Tensor) -> Result<Option<
     imp::embedding_fwd(wte, wpe, ids)
 }
 
+/// A position table and each row's position ((B·T) f32), for [`embed_rows`].
+pub type Positions<'a> = (&'a Tensor, &'a Tensor);
+/// A LayerNorm's weight, bias and epsilon, for [`embed_rows`].
+pub type RowNorm<'a> = (&'a Tensor, &'a Tensor, f64);
+
+/// A decode step's input rows (`--fused step-io`): wte[ids] for ids (B, T) u32, plus the
+/// position table's rows at `positions` where given (GPT-2), then the LayerNorm `norm` where
+/// given (BLOOM's word_embeddings_layernorm): (B·T, C) in one kernel that a programmatic edge
+/// starts early, instead of candle's gathers and add or norm. None where it does not apply
+/// (CPU, switched off, rows wider than the kernel holds, operands it does not take).
+pub fn embed_rows(
+    wte: &Tensor,
+    ids: &Tensor,
+    positions: Option<Positions<'_>>,
+    norm: Option<RowNorm<'_>>,
+) -> Result<Option<Tensor>> {
+    if !enabled(Fused::StepIo) {
+        return Ok(None);
+    }
+    imp::embed_rows(wte, ids, positions, norm)
+}
+
 /// The CPU runs candle's index_add, gather and add.
 #[cfg(not(feature = "cuda"))]
 mod imp {
@@ -51,14 +73,23 @@ mod imp {
     pub fn embedding_fwd(_: &Tensor, _: &Tensor, _: &Tensor) -> Result<Option<Tensor>> {
         Ok(None)
     }
+    pub fn embed_rows(
+        _: &Tensor,
+        _: &Tensor,
+        _: Option<super::Positions<'_>>,
+        _: Option<super::RowNorm<'_>>,
+    ) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
 }
 
 #[cfg(feature = "cuda")]
 mod imp {
     use crate::kernels::launch::{
-        aligned16, alloc, flat_config, float_dtype, kernel, launch, no_cpu_fwd, ptx, view,
-        with_dtype, Ptx,
+        aligned16, alloc, device_address, flat_config, float_dtype, kernel, launch, no_cpu_fwd,
+        ptx, view, with_dtype, wrap, Ptx, NULL,
     };
+    use crate::kernels::pdl::Early;
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     use candle_core::cuda_backend::CudaDType;
@@ -231,5 +262,71 @@ mod imp {
             return Ok(None);
         }
         Ok(Some(ids.apply_op3_no_bwd(wte, wpe, &EmbeddingFwd)?))
+    }
+
+    /// Vectors a row [`embed_rows`]'s kernel holds: EMB_V a thread of EMB_THREADS.
+    const EMB_MAX_VECTORS: usize = 4 * 128;
+
+    /// Whether `t` is a contiguous `dims` tensor of `dtype` from a 16-byte boundary.
+    fn operand(t: &Tensor, dtype: DType, dims: &[usize]) -> bool {
+        t.dtype() == dtype && t.dims() == dims && aligned16(t)
+    }
+
+    pub fn embed_rows(
+        wte: &Tensor,
+        ids: &Tensor,
+        positions: Option<super::Positions<'_>>,
+        norm: Option<super::RowNorm<'_>>,
+    ) -> Result<Option<Tensor>> {
+        let (Ok((vocab, c)), dtype) = (wte.dims2(), wte.dtype()) else {
+            return Ok(None);
+        };
+        let rows = ids.elem_count();
+        let cv = c * dtype.size_in_bytes() / 16;
+        let fits = float_dtype(wte) && (c * dtype.size_in_bytes()).is_multiple_of(16);
+        let table = positions.is_none_or(|(wpe, p)| {
+            wpe.rank() == 2
+                && operand(wpe, dtype, &[wpe.dim(0).unwrap_or(0), c])
+                && p.dtype() == DType::F32
+                && p.elem_count() == rows
+                && p.is_contiguous()
+        });
+        let normed =
+            norm.is_none_or(|(w, b, _)| operand(w, dtype, &[c]) && operand(b, dtype, &[c]));
+        let ids_ok = ids.dtype() == DType::U32 && ids.is_contiguous() && rows > 0;
+        if !wte.device().is_cuda() || !fits || cv > EMB_MAX_VECTORS || !aligned16(wte) {
+            return Ok(None);
+        }
+        if !table || !normed || !ids_ok {
+            return Ok(None);
+        }
+        let dev = wte.device().as_cuda_device()?.clone();
+        let address = |t: Option<&Tensor>| t.map_or(Ok(NULL), device_address);
+        let (ids_a, wte_a) = (device_address(ids)?, device_address(wte)?);
+        let (wpe_a, pos_a) = (
+            address(positions.map(|p| p.0))?,
+            address(positions.map(|p| p.1))?,
+        );
+        let (w_a, b_a) = (address(norm.map(|n| n.0))?, address(norm.map(|n| n.1))?);
+        let eps = norm.map_or(0f32, |n| n.2 as f32);
+        let func = kernel!(dev, PTX, "tb_embed_rows", dtype)?;
+        let (cv_i, vocab_i) = (cv as i32, vocab as i64);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        Ok(Some(with_dtype!(dtype, T => {
+            let early = Early::begin(&dev, rows)?;
+            let out = alloc::<T>(&dev, rows * c)?;
+            early.launch()?;
+            // SAFETY: ids holds `rows` ids, wte V·C elements in whole 16-byte vectors from an
+            // aligned start, wpe (where not null) its rows of C at every position in
+            // `positions` (the caller's positions are below its length), w and b C each, out
+            // rows·C; cv ≤ EMB_V·EMB_THREADS.
+            launch!(unsafe func, cfg; &ids_a, &wte_a, &wpe_a, &pos_a, &w_a, &b_a, &out, &cv_i,
+                &vocab_i, &eps)?;
+            wrap(out, &dev, (rows, c))
+        })))
     }
 }

@@ -12,7 +12,7 @@
 //! switched off with `--fused`, a dtype or layout it does not take); the caller then runs
 //! candle's composed ops, which stay the reference that the GPU tests compare against.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 mod adamw;
 mod argmax;
@@ -40,7 +40,7 @@ mod residual;
 mod skinny;
 
 pub use adamw::{adamw, sum_squares, AdamStep};
-pub use argmax::argmax;
+pub use argmax::{argmax, argmax_into, Record};
 pub use attn_softmax::{attn_softmax, attn_softmax_bwd};
 pub use bias_act::{bias_act, bias_act_bwd, bias_grad};
 pub use cross_entropy::{
@@ -49,7 +49,7 @@ pub use cross_entropy::{
 pub use decode_attention::{decode_attention, decode_begin, CacheSlot, QkvLayout};
 pub use decode_step::{step_launches, StepAttention, StepLayer, StepModel, STEP_MAX_ROWS};
 pub use dropout::{apply_keep, draw_keep, dropout, keep_mask, set_dropout_seed, Keep};
-pub use embedding::{embedding_bwd, embedding_bwd_in_place, embedding_fwd};
+pub use embedding::{embed_rows, embedding_bwd, embedding_bwd_in_place, embedding_fwd};
 pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
 pub use flash_prefill::{flash_prefill, prefill_applies, prefill_kv, SeqRows};
 pub use fp8::{dequant_fp8, gemv_fp8, quantize_fp8, FP8_GEMV_MAX_ROWS};
@@ -207,40 +207,52 @@ pub enum Fused {
     /// of x they make anyway, and the residual adds in the GEMVs before them, instead of an
     /// add-and-norm kernel each.
     NormFold,
+    /// Decoding on Hopper (needs `decode`): a head's key splits (64 keys a block, caches of
+    /// at most 512 keys) as one thread-block cluster whose first block merges the splits'
+    /// partial results over distributed shared memory, instead of a second kernel reading them
+    /// back from memory.
+    Cluster,
+    /// Graphed decode steps (needs `decode`, `graph`): the step's first and last kernels ours,
+    /// with programmatic edges (`pdl`): the embedding (gpt2's token + position sum, BLOOM's
+    /// gather and LayerNorm) in one kernel, and the greedy pick writing the next step's input
+    /// and the token's record itself, instead of candle's gathers, add, norm and copies.
+    StepIo,
 }
 
-const LT: u32 = 1;
-const SOFTMAX: u32 = 2;
-const BIAS_ACT: u32 = 4;
-const ADAMW: u32 = 8;
-const LAYER_NORM: u32 = 16;
-const DROPOUT: u32 = 32;
-const XENT: u32 = 64;
-const DECODE: u32 = 128;
-const GRAPH: u32 = 256;
-const EMBEDDING: u32 = 512;
-const HEADS: u32 = 1024;
-const FLASH: u32 = 2048;
-const RESIDUAL: u32 = 4096;
-const GEMV: u32 = 8192;
-const SKINNY: u32 = 16384;
-const ONESHOT: u32 = 32768;
-const SPLIT_HEAD: u32 = 65536;
-const SUM_NORM: u32 = 131072;
-const COPY_SUM: u32 = 262144;
-const PREFILL: u32 = 524288;
-const PUSH_SUM: u32 = 1048576;
-const ADAMW_COPIES: u32 = 1 << 21;
-const LN_RESIDUAL: u32 = 1 << 22;
-const FLASH_DQ: u32 = 1 << 23;
-const STEP: u32 = 1 << 24;
-const SKINNY_PROJ: u32 = 1 << 25;
-const PDL: u32 = 1 << 26;
-const EARLY_WEIGHTS: u32 = 1 << 27;
-const GEMV_HEAD: u32 = 1 << 28;
-const TRIGGER_FIRST: u32 = 1 << 29;
-const NORM_FOLD: u32 = 1 << 30;
-const ALL: u32 = LT
+const LT: u64 = 1;
+const SOFTMAX: u64 = 2;
+const BIAS_ACT: u64 = 4;
+const ADAMW: u64 = 8;
+const LAYER_NORM: u64 = 16;
+const DROPOUT: u64 = 32;
+const XENT: u64 = 64;
+const DECODE: u64 = 128;
+const GRAPH: u64 = 256;
+const EMBEDDING: u64 = 512;
+const HEADS: u64 = 1024;
+const FLASH: u64 = 2048;
+const RESIDUAL: u64 = 4096;
+const GEMV: u64 = 8192;
+const SKINNY: u64 = 16384;
+const ONESHOT: u64 = 32768;
+const SPLIT_HEAD: u64 = 65536;
+const SUM_NORM: u64 = 131072;
+const COPY_SUM: u64 = 262144;
+const PREFILL: u64 = 524288;
+const PUSH_SUM: u64 = 1048576;
+const ADAMW_COPIES: u64 = 1 << 21;
+const LN_RESIDUAL: u64 = 1 << 22;
+const FLASH_DQ: u64 = 1 << 23;
+const STEP: u64 = 1 << 24;
+const SKINNY_PROJ: u64 = 1 << 25;
+const PDL: u64 = 1 << 26;
+const EARLY_WEIGHTS: u64 = 1 << 27;
+const GEMV_HEAD: u64 = 1 << 28;
+const TRIGGER_FIRST: u64 = 1 << 29;
+const NORM_FOLD: u64 = 1 << 30;
+const CLUSTER: u64 = 1 << 31;
+const STEP_IO: u64 = 1 << 32;
+const ALL: u64 = LT
     | SOFTMAX
     | BIAS_ACT
     | ADAMW
@@ -269,11 +281,13 @@ const ALL: u32 = LT
     | EARLY_WEIGHTS
     | GEMV_HEAD
     | NORM_FOLD
-    | TRIGGER_FIRST;
+    | TRIGGER_FIRST
+    | CLUSTER
+    | STEP_IO;
 
-static ENABLED: AtomicU32 = AtomicU32::new(ALL);
+static ENABLED: AtomicU64 = AtomicU64::new(ALL);
 
-fn bit(f: Fused) -> u32 {
+fn bit(f: Fused) -> u64 {
     match f {
         Fused::All => ALL,
         Fused::None => 0,
@@ -308,6 +322,8 @@ fn bit(f: Fused) -> u32 {
         Fused::GemvHead => GEMV_HEAD,
         Fused::TriggerFirst => TRIGGER_FIRST,
         Fused::NormFold => NORM_FOLD,
+        Fused::Cluster => CLUSTER,
+        Fused::StepIo => STEP_IO,
     }
 }
 
@@ -319,7 +335,7 @@ pub fn set_enabled(list: &[Fused]) {
     );
 }
 
-fn on(b: u32) -> bool {
+fn on(b: u64) -> bool {
     ENABLED.load(Ordering::Relaxed) & b != 0
 }
 
@@ -362,6 +378,8 @@ pub fn describe() -> String {
         (GEMV_HEAD, "gemv-head"),
         (TRIGGER_FIRST, "trigger-first"),
         (NORM_FOLD, "norm-fold"),
+        (CLUSTER, "cluster"),
+        (STEP_IO, "step-io"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

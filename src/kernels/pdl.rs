@@ -34,6 +34,7 @@ pub const WAITS_FIRST: &[&str] = &[
     "tb_decode_attention",
     "tb_decode_combine_",
     "tb_decode_begin",
+    "tb_embed_rows",
 ];
 
 /// Whether the kernel `name` is one that waits for the kernel before it first.
@@ -54,7 +55,7 @@ pub fn weights_first(name: &str) -> bool {
 }
 
 #[cfg(feature = "cuda")]
-pub use imp::{during_capture, programmatic_edges, Early};
+pub use imp::{during_capture, hopper_ptx, programmatic_edges, Early};
 
 /// The name suffix of the decode norms' and merge's kernels: `_tf` (pdl_begin_trigger_first,
 /// the next kernel let start before the wait) with `--fused trigger-first`, else none.
@@ -199,6 +200,12 @@ mod imp {
                 CAPTURE.set(Capture::Broken);
             }
         }
+    }
+
+    /// Whether `dev` is Hopper or later and the kernels' PTX was built for it (clusters, the
+    /// `griddepcontrol` wait).
+    pub fn hopper_ptx(dev: &CudaDevice) -> Result<bool> {
+        Ok(ptx_waits() && hopper(dev)?)
     }
 
     /// Whether `dev` is Hopper or later (programmatic edges need compute capability 9.0).

@@ -438,6 +438,23 @@ impl Bloom {
         kernels::StepModel::new(layers, lnf, self.ln_f.eps(), attention)
     }
 
+    /// The normed embeddings of a cached forward's ids (B, T): (B, T, H); a decode step's
+    /// (T = 1) in one kernel (`--fused step-io`), else the gather and the norm.
+    fn embed_step(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        if t == 1 {
+            if let Some((w, bias)) = self.word_embeddings_layernorm.parts() {
+                let norm = Some((&w, &bias, self.word_embeddings_layernorm.eps()));
+                if let Some(x) = kernels::embed_rows(&self.word_embeddings, ids, None, norm)? {
+                    return x.reshape((b, t, ()));
+                }
+            }
+        }
+        let x = self.word_embeddings.index_select(&ids.flatten_all()?, 0)?; // (B·T, H)
+        self.word_embeddings_layernorm
+            .forward(&x.reshape((b, t, ()))?, Mode::default())
+    }
+
     /// The blocks and ln_f over sequences packed end to end, ids (N) or (1, N) ->
     /// (1, N, H); with `kv` (a packed prefill) each layer's keys and values go into the cache.
     /// No positions: the kernel adds ALiBi from each key's index in its sequence.
@@ -574,14 +591,9 @@ impl CausalLm for Bloom {
         attention_mask: &Tensor,
         cache: &mut KvCache,
     ) -> candle_core::Result<Tensor> {
-        let (b, t) = input_ids.dims2()?;
+        let t = input_ids.dim(1)?;
         let step = cache.begin(attention_mask, self.h.len())?;
-        let x = self
-            .word_embeddings
-            .index_select(&input_ids.flatten_all()?, 0)?; // (B·T, H)
-        let x = self
-            .word_embeddings_layernorm
-            .forward(&x.reshape((b, t, ()))?, Mode::default())?; // (B, T, H)
+        let x = self.embed_step(input_ids)?; // (B, T, H)
         let h = self.blocks_cached(x, cache, &step)?; // (B, T, H), after ln_f
         cache.commit(step);
         let last = h.narrow(1, t - 1, 1)?.squeeze(1)?.contiguous()?; // (B, H)

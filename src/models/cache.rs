@@ -251,6 +251,11 @@ impl KvCache {
         Ok(())
     }
 
+    /// The device-side cursor ((1,) u32: positions written), once started.
+    pub fn device_cursor(&self) -> Option<&Tensor> {
+        self.cursor.as_ref()
+    }
+
     /// From now on each decode step (one new position) finds its position on the device and
     /// advances it there, with `seen`, in place (one kernel: [`kernels::decode_begin`]), so that
     /// a CUDA graph of the step replays at every position. False where that kernel does not

@@ -15,6 +15,7 @@
 
 use super::{CausalLm, KvCache};
 use crate::error::{Error, Result};
+use crate::kernels::Record;
 use candle_core::{DType, Device, Tensor};
 
 /// A batch of prompts, left-padded to the longest.
@@ -167,9 +168,12 @@ pub fn generate_in(
     let real = Tensor::ones((b, 1), DType::U32, prompts.ids.device())?; // (B, 1)
     let graphed = g.new_tokens >= GRAPH_MIN_TOKENS && cache.max_len() <= GRAPH_MAX_LEN;
     if graphed && model.graph_capturable() && cache.start_device_cursor()? {
-        let step = |ids: &Tensor, cache: &mut KvCache| -> Result<()> {
-            let next = pick(model.forward_cached(ids, &real, cache)?)?; // (B, 1)
-            Ok(ids.slice_set(&next, 0, 0)?)
+        let step = |ids: &Tensor, cache: &mut KvCache, record: Option<Record>| -> Result<bool> {
+            let logits = model.forward_cached(ids, &real, cache)?; // (B, V)
+            if picker.pick_into(&logits, ids, record)? {
+                return Ok(true);
+            }
+            Ok(ids.slice_set(&pick(logits)?, 0, 0).map(|()| false)?) // (B, 1)
         };
         return decode_graphed(cache, next, g.new_tokens, &step, hook);
     }
@@ -190,25 +194,44 @@ const GRAPH_MIN_TOKENS: usize = 8;
 /// shared memory (48 KiB a block).
 const GRAPH_MAX_LEN: usize = 8192;
 
+/// A graphed decode step: the ids (B, 1) it reads and overwrites with its picks, the cache,
+/// and where the picks are recorded on the device; true where they were (`--fused step-io`).
+type GraphStep<'a> = dyn Fn(&Tensor, &mut KvCache, Option<Record>) -> Result<bool> + 'a;
+
 /// Decode steps 1 to N − 1 after the prefill chose `first` (B, 1): step 1 eagerly (every
 /// kernel loaded), then `step` recorded as a CUDA graph and replayed for the others, the ids
-/// going from one replay to the next in one device buffer. Where the capture fails (or there
-/// is no graph, as on the CPU), the steps run eagerly.
+/// going from one replay to the next in one device buffer, and each step's picks into a
+/// (B, N) record on the device where the step writes it (else copied out after each step).
+/// Where the capture fails (or there is no graph, as on the CPU), the steps run eagerly.
 fn decode_graphed(
     cache: &mut KvCache,
     first: Tensor,
     n: usize,
-    step: &dyn Fn(&Tensor, &mut KvCache) -> Result<()>,
+    step: &GraphStep<'_>,
     hook: &mut dyn FnMut(Phase) -> Result<()>,
 ) -> Result<Vec<Vec<u32>>> {
     let ids = first.copy()?; // (B, 1) u32: the step's input, overwritten with its output
                              // Step 1 fills candle's parameter cache with every layout the capture will ask for.
     let _params = crate::kernels::param_cache(ids.device());
     let mut tokens = vec![ids.copy()?];
-    step(&ids, cache)?;
+    // (B, N) u32: column 0 the prefill's pick, column s step s's (at cursor base + s).
+    let record = Tensor::zeros((ids.dim(0)?, n), DType::U32, ids.device())?;
+    record.slice_set(&ids, 1, 0)?;
+    let (base, cursor) = (cache.len() as u32, cache.device_cursor().cloned());
+    let at = || -> Option<Record<'_>> {
+        Some(Record {
+            tokens: &record,
+            cursor: cursor.as_ref()?,
+            base,
+        })
+    };
+    // Whether the steps record their picks: then the ids are not copied out between them.
+    let recorded = step(&ids, cache, at())?;
     hook(Phase::Decode { step: 1 })?;
     let graph = match crate::kernels::capture(ids.device(), || {
-        step(&ids, cache).map_err(candle_core::Error::wrap)
+        step(&ids, cache, at())
+            .map(|_| ())
+            .map_err(candle_core::Error::wrap)
     }) {
         Ok(g) => g,
         Err(e) => {
@@ -218,15 +241,22 @@ fn decode_graphed(
     };
     cache.sync_from_device()?; // the capture counted a step on the host that did not run
     for s in 2..n {
-        tokens.push(ids.copy()?);
+        if !recorded {
+            tokens.push(ids.copy()?);
+        }
         match &graph {
             Some(g) => g.launch()?,
-            None => step(&ids, cache)?,
+            None => {
+                step(&ids, cache, at())?;
+            }
         }
         hook(Phase::Decode { step: s })?;
     }
-    tokens.push(ids.copy()?);
     cache.sync_from_device()?;
+    if recorded {
+        return Ok(record.to_vec2::<u32>()?); // (B, N)
+    }
+    tokens.push(ids.copy()?);
     Ok(Tensor::cat(&tokens, 1)?.to_vec2::<u32>()?) // (B, N)
 }
 
@@ -242,6 +272,18 @@ impl Picker {
         Ok(Self {
             ban: ban_bias(banned, logits)?,
         })
+    }
+
+    /// The chosen ids written into `ids` ((B, 1) u32, in place) and into `record` where given,
+    /// by the pick's kernel (`--fused step-io`); false, nothing written, where it does not
+    /// apply ([`Picker::pick`] and a copy then).
+    pub fn pick_into(&self, logits: &Tensor, ids: &Tensor, record: Option<Record>) -> Result<bool> {
+        Ok(crate::kernels::argmax_into(
+            logits,
+            self.ban.as_ref(),
+            ids,
+            record,
+        )?)
     }
 
     /// logits (B, V) -> the chosen ids, (B, 1) u32 on the logits' device.

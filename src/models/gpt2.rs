@@ -302,13 +302,11 @@ impl Gpt2 {
             return Ok(h);
         }
         let inference = Mode::default();
-        // (B, 1, T, Tk); none for a step on the device (its shape would be the capture's).
-        let bias = match step.on_device() {
-            true => None,
-            false => Some(causal_padding_bias_last(&step.key_mask, step.t)?),
-        };
-        if let Some(h) = self.blocks_folded(&embeddings, bias.as_ref(), cache, step)? {
-            return Ok(h);
+        let bias = step_bias(step)?;
+        if self.norms_folded && tok.dims()[..2].iter().product::<usize>() <= norm_fold::MAX_ROWS {
+            if let Some(h) = self.blocks_folded((tok + pos)?, bias.as_ref(), cache, step)? {
+                return Ok(h);
+            }
         }
         self.blocks_inference(embeddings, |i, attn, h| {
             let kv = Some(cache.layer_step(i, step)?);
@@ -316,24 +314,43 @@ impl Gpt2 {
         })
     }
 
+    /// A cached forward of [`norm_fold::MAX_ROWS`] rows with the norms folded, from the ids:
+    /// the token + position sum in one kernel (`--fused step-io`), then [`Gpt2::blocks_folded`].
+    /// None where the norms are not folded, the persistent step kernel is on, or the kernel
+    /// does not apply (the embeddings are gathered and [`Gpt2::blocks_cached`] runs).
+    fn folded_from_ids(
+        &self,
+        ids: &Tensor,
+        cache: &KvCache,
+        step: &Step,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let (b, t) = ids.dims2()?;
+        if !self.norms_folded
+            || b * t > norm_fold::MAX_ROWS
+            || kernels::enabled(kernels::Fused::Step)
+        {
+            return Ok(None);
+        }
+        let table = Some((&self.wpe, &step.positions));
+        let Some(x) = kernels::embed_rows(&self.wte, ids, table, None)? else {
+            return Ok(None);
+        };
+        let x = x.reshape((b, t, ()))?; // (B, T, C)
+        self.blocks_folded(x, step_bias(step)?.as_ref(), cache, step)
+    }
+
     /// [`Gpt2::blocks_cached`] with the norms folded ([`CausalLm::fold_norms`]) at
-    /// [`norm_fold::MAX_ROWS`] rows: a
-    /// block is c_attn's GEMV normalising its input, the attention, c_proj adding the
-    /// residual, and the MLP's two GEMVs likewise; then ln_f. None where the norms are not
-    /// folded or the GEMV does not take the rows (the loop with the norms runs: the same
-    /// function).
+    /// [`norm_fold::MAX_ROWS`] rows, from the residual stream x (B, T, C): a block is c_attn's
+    /// GEMV normalising its input, the attention, c_proj adding the residual, and the MLP's
+    /// two GEMVs likewise; then ln_f. None where the GEMV does not take the rows (the loop
+    /// with the norms runs: the same function).
     fn blocks_folded(
         &self,
-        (tok, pos): &(Tensor, Tensor),
+        mut x: Tensor,
         bias: Option<&Tensor>,
         cache: &KvCache,
         step: &Step,
     ) -> candle_core::Result<Option<Tensor>> {
-        let (b, t, _) = tok.dims3()?;
-        if !self.norms_folded || b * t > norm_fold::MAX_ROWS {
-            return Ok(None);
-        }
-        let mut x = (tok + pos)?; // (B, T, C), the residual stream
         for (i, block) in self.h.iter().enumerate() {
             let Some(qkv) = block.attn.c_attn.forward_ln(&x, block.ln_1.eps(), None)? else {
                 match i {
@@ -450,6 +467,15 @@ impl Gpt2 {
         let pos = self.wpe.index_select(&pos, 0)?; // (B·T, C)
         let tok = self.wte.index_select(&input_ids.flatten_all()?, 0)?; // (B·T, C)
         Ok((tok.reshape((b, t, ()))?, pos.reshape((b, t, ()))?))
+    }
+}
+
+/// The causal and padding bias of a cached forward's new positions, (B, 1, T, Tk); none for a
+/// step on the device (its shape would be the capture's).
+fn step_bias(step: &Step) -> candle_core::Result<Option<Tensor>> {
+    match step.on_device() {
+        true => Ok(None),
+        false => causal_padding_bias_last(&step.key_mask, step.t).map(Some),
     }
 }
 
@@ -598,8 +624,13 @@ impl CausalLm for Gpt2 {
             )));
         }
         let step = cache.begin(attention_mask, self.h.len())?;
-        let embeddings = self.embed_at(input_ids, &step.positions)?; // (B, T, C) twice
-        let h = self.blocks_cached(embeddings, cache, &step)?; // (B, T, C), after ln_f
+        let h = match self.folded_from_ids(input_ids, cache, &step)? {
+            Some(h) => h,
+            None => {
+                let embeddings = self.embed_at(input_ids, &step.positions)?; // (B, T, C) twice
+                self.blocks_cached(embeddings, cache, &step)? // (B, T, C), after ln_f
+            }
+        };
         cache.commit(step);
         let last = h.narrow(1, t - 1, 1)?.squeeze(1)?.contiguous()?; // (B, C)
         self.last_logits(&last)
