@@ -19,6 +19,7 @@ fn the_kernels_started_early_wait_before_any_memory_access() {
         include_str!(concat!(env!("OUT_DIR"), "/argmax.ptx")),
         include_str!(concat!(env!("OUT_DIR"), "/layer_norm.ptx")),
         include_str!(concat!(env!("OUT_DIR"), "/decode_attention.ptx")),
+        include_str!(concat!(env!("OUT_DIR"), "/embedding.ptx")),
     ];
     let mut checked = Vec::new();
     for entry in families.iter().flat_map(|ptx| ptx.split(".entry ").skip(1)) {

@@ -5,13 +5,20 @@ use super::*;
 
 /// The embedding rows: gpt2's token + position sum equal to candle's gathers and add, BLOOM's
 /// gather and LayerNorm to candle's gather and norm (f32 within rounding, bf16 within its
-/// ulps), at hidden sizes 768 and 4096 (one and four vectors a thread), 1–3 rows, ids past
-/// the vocabulary giving zero rows.
+/// ulps), at hidden sizes 768 and the widest row the kernel holds (4096 bf16, 2048 f32: four
+/// vectors a thread), three rows; wider rows and ids past the vocabulary (zero rows) too.
 #[test]
 fn embed_rows_match_the_gathers_then_the_add_or_the_norm() {
     let (gpu, _one_at_a_time) = gpu();
-    for (dtype, tol) in [(DType::F32, 1e-6), (DType::BF16, 8e-3)] {
-        for c in [768, 4096] {
+    let cases = [(DType::F32, 1e-6, 2048), (DType::BF16, 8e-3, 4096)];
+    for (dtype, tol, widest) in cases {
+        let wider = randn(&[50, 2 * widest], &gpu).to_dtype(dtype).unwrap();
+        let ids = Tensor::new(&[[7u32]], &gpu).unwrap();
+        assert!(
+            embed_rows(&wider, &ids, None, None).unwrap().is_none(),
+            "{dtype:?} wider"
+        );
+        for c in [768, widest] {
             let wte = randn(&[50, c], &gpu).to_dtype(dtype).unwrap();
             let wpe = randn(&[40, c], &gpu).to_dtype(dtype).unwrap();
             let ids = Tensor::new(&[[7u32], [49], [0]], &gpu).unwrap(); // (B, 1)
@@ -73,7 +80,8 @@ fn embed_rows_match_the_gathers_then_the_add_or_the_norm() {
 
 /// The pick written in place: the ids `argmax` gives, in the step's ids buffer and in the
 /// record's column `*cursor − base` and nowhere else, for a one-block row (V 1000) and the
-/// chunked ones (50257, 250880), with and without a ban.
+/// chunked ones (50257, 250880: the last chunk of a row picks, its counter left at zero),
+/// with and without a ban.
 #[test]
 fn argmax_into_writes_the_ids_and_their_record_column() {
     let (gpu, _one_at_a_time) = gpu();
@@ -90,12 +98,19 @@ fn argmax_into_writes_the_ids_and_their_record_column() {
             let ids = Tensor::zeros((3, 1), DType::U32, &gpu).unwrap();
             let tokens = Tensor::zeros((3, 5), DType::U32, &gpu).unwrap();
             let cursor = Tensor::new(&[12u32], &gpu).unwrap(); // base 10: column 2
+            let counters = Tensor::zeros(3, DType::U32, &gpu).unwrap();
             let record = Record {
                 tokens: &tokens,
                 cursor: &cursor,
                 base: 10,
+                counters: &counters,
             };
             assert!(argmax_into(&x, ban, &ids, Some(record)).unwrap());
+            assert_eq!(
+                counters.to_vec1::<u32>().unwrap(),
+                [0, 0, 0],
+                "V {v}: counters"
+            );
             let want = want.to_vec2::<u32>().unwrap();
             assert_eq!(ids.to_vec2::<u32>().unwrap(), want, "V {v}");
             for (row, got) in tokens.to_vec2::<u32>().unwrap().iter().enumerate() {
@@ -110,10 +125,12 @@ fn argmax_into_writes_the_ids_and_their_record_column() {
         Tensor::zeros((1, 3), DType::U32, &gpu).unwrap(),
     );
     let cursor = Tensor::new(&[20u32], &gpu).unwrap();
+    let counters = Tensor::zeros(1, DType::U32, &gpu).unwrap();
     let record = Record {
         tokens: &tokens,
         cursor: &cursor,
         base: 10,
+        counters: &counters,
     };
     assert!(argmax_into(&x, None, &ids, Some(record)).unwrap());
     assert_eq!(tokens.to_vec2::<u32>().unwrap(), [[0, 0, 0]]);

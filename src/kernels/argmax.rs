@@ -18,11 +18,13 @@ pub fn argmax(logits: &Tensor, ban: Option<&Tensor>) -> Result<Option<Tensor>> {
 
 /// Where a graphed decode keeps each step's pick (`--fused step-io`): `tokens` (B, N) u32,
 /// the step at cache position `*cursor` ((1,) u32 on the device, advanced at the step's start)
-/// writing column `*cursor − base`.
+/// writing column `*cursor − base`. `counters` ((B,) u32, zeros, left zero): the chunks of a
+/// long row counted there, so that the last to finish picks the row's best (one launch).
 pub struct Record<'a> {
     pub tokens: &'a Tensor,
     pub cursor: &'a Tensor,
     pub base: u32,
+    pub counters: &'a Tensor,
 }
 
 /// [`argmax`] written into `ids` ((B, 1) u32, contiguous: a graphed step's input, in place)
@@ -96,6 +98,27 @@ mod imp {
                 // SAFETY: x holds B·V elements of its dtype, ban (where not null) V, out B;
                 // the record (where not null) B rows of `cols` and the cursor one u32.
                 launch!(unsafe func, cfg; &p.x, &p.ban, $out, &rec_t, &rec_c, &base, &cols, &v_i)?;
+            } else if p.counters != NULL {
+                // The chunks, the last of a row picking its best: one launch.
+                let part = kernel!(dev, PTX, "tb_argmax_part_last", p.dtype)?;
+                let chunks = p.v.div_ceil(ARGMAX_CHUNK);
+                drop($early); // the partials' allocation first
+                let early = Early::begin(dev, p.b)?;
+                let (part_v, part_i) = (
+                    alloc::<f32>(dev, p.b * chunks)?,
+                    alloc::<i32>(dev, p.b * chunks)?,
+                );
+                let (v_i, chunk_i) = (p.v as i32, ARGMAX_CHUNK as i32);
+                let cfg = LaunchConfig {
+                    grid_dim: (chunks as u32, p.b as u32, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                early.launch()?;
+                // SAFETY: x holds B·V elements, ban V, the partials B·chunks, the counters B
+                // (zero, left zero), out B; the record as above.
+                launch!(unsafe part, cfg; &p.x, &p.ban, &part_v, &part_i, &v_i, &chunk_i,
+                    &p.counters, $out, &rec_t, &rec_c, &base, &cols)?;
             } else {
                 drop($early); // the partials' kernel opens its own
                 let part = kernel!(dev, PTX, "tb_argmax_part", p.dtype)?;
@@ -137,6 +160,8 @@ mod imp {
         x: u64,
         ban: u64,
         rec: (u64, u64, i32, i32),
+        /// The record's chunk counters (B u32), or null.
+        counters: u64,
         /// The contiguous logits and ban the addresses point into, alive while the pick is.
         _keep: (Tensor, Option<Tensor>),
     }
@@ -151,14 +176,20 @@ mod imp {
         let ban_ok = ban.is_none_or(|t| t.dtype() == logits.dtype() && t.elem_count() == v);
         let rec_ok = rec.is_none_or(|r| {
             let u32s = r.tokens.dtype() == DType::U32 && r.cursor.dtype() == DType::U32;
+            let u32s = u32s && r.counters.dtype() == DType::U32;
             let laid = r.tokens.rank() == 2 && r.tokens.is_contiguous() && r.cursor.is_contiguous();
-            u32s && laid && r.tokens.dim(0).is_ok_and(|n| n == b) && r.cursor.dims() == [1]
+            let counted = r.counters.dims() == [b] && r.counters.is_contiguous();
+            u32s && laid
+                && counted
+                && r.tokens.dim(0).is_ok_and(|n| n == b)
+                && r.cursor.dims() == [1]
         });
         if !logits.device().is_cuda() || !float_dtype(logits) || !ban_ok || !rec_ok {
             return Ok(None);
         }
         let x = logits.contiguous()?;
         let ban = ban.map(|t| t.contiguous()).transpose()?;
+        let counters = rec.map_or(Ok(NULL), |r| device_address(r.counters))?;
         let rec = match rec {
             Some(r) => (
                 device_address(r.tokens)?,
@@ -175,6 +206,7 @@ mod imp {
             x: device_address(&x)?,
             ban: ban.as_ref().map_or(Ok(NULL), device_address)?,
             rec,
+            counters,
             _keep: (x, ban),
         }))
     }

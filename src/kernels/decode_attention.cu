@@ -215,9 +215,11 @@ __device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_st
 }
 
 // Every split of a head in one thread-block cluster of CS blocks (Hopper; grid (B·nh, CS)):
-// the splits' partials stay in their blocks' shared memory and the cluster's first block
-// merges them over distributed shared memory into out (B, nh·hs), in tb_decode_combine's order
-// (the same bits), without its launch: one kernel a layer instead of two.
+// each split pushes its partials into the cluster's first block's shared memory, and after one
+// cluster barrier that block merges them there into out (B, nh·hs), in tb_decode_combine's
+// order (the same bits), without its launch: one kernel a layer instead of two. The barrier
+// the pushes need (every block of the cluster started) is arrived at before the split's work
+// and waited for after it.
 template <typename T, int HS, int CS>
 __device__ void decode_attention_cluster(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
                                          const float* key_mask, const float* slopes, const float* key_pos, T* out,
@@ -225,31 +227,38 @@ __device__ void decode_attention_cluster(const T* qkv, long qkv_stride, int head
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   __shared__ float res[HS];
-  __shared__ float ml[2];
+  __shared__ float slot_acc[CS][HS];  // the first block's: each split's p·v
+  __shared__ float slot_ml[CS][2];    // and its max and exp-sum
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   float mx, l;
   split_attend<T, HS>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, scale, nh, t_max,
                       pos_arg, cursor, res, &mx, &l);
-  if (threadIdx.x == 0) ml[0] = mx, ml[1] = l;
   cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every split's res and (m, l) written
-  if (cluster.block_rank() == 0) {
-    float m[CS], w[CS];
-    float top = -INFINITY, den = 0.f;
-#pragma unroll
-    for (int r = 0; r < CS; ++r) top = fmaxf(top, m[r] = cluster.map_shared_rank(ml, r)[0]);
-#pragma unroll
-    for (int r = 0; r < CS; ++r) {
-      w[r] = m[r] == -INFINITY ? 0.f : expf(m[r] - top);
-      den += w[r] * cluster.map_shared_rank(ml, r)[1];
-    }
-    for (int d = threadIdx.x; d < HS; d += blockDim.x) {
-      float num = 0.f;
-#pragma unroll
-      for (int r = 0; r < CS; ++r) num += w[r] * cluster.map_shared_rank(res, r)[d];
-      out[(long)blockIdx.x * HS + d] = from_f<T>(num / den);
-    }
+  const int rank = cluster.block_rank();
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block started
+  float* acc0 = cluster.map_shared_rank(&slot_acc[0][0], 0);
+  float* ml0 = cluster.map_shared_rank(&slot_ml[0][0], 0);
+  for (int d = threadIdx.x; d < HS; d += blockDim.x) acc0[rank * HS + d] = res[d];
+  if (threadIdx.x == 0) {
+    ml0[2 * rank] = mx;
+    ml0[2 * rank + 1] = l;
   }
-  cluster.sync();  // the other blocks' shared memory stays until the first has read it
+  cluster.sync();  // every split's partials in the first block's shared memory
+  if (rank != 0) return;
+  float top = -INFINITY, den = 0.f, w[CS];
+#pragma unroll
+  for (int r = 0; r < CS; ++r) top = fmaxf(top, slot_ml[r][0]);
+#pragma unroll
+  for (int r = 0; r < CS; ++r) {
+    w[r] = slot_ml[r][0] == -INFINITY ? 0.f : expf(slot_ml[r][0] - top);
+    den += w[r] * slot_ml[r][1];
+  }
+  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
+    float num = 0.f;
+#pragma unroll
+    for (int r = 0; r < CS; ++r) num += w[r] * slot_acc[r][d];
+    out[(long)blockIdx.x * HS + d] = from_f<T>(num / den);
+  }
 #endif
 }
 

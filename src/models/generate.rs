@@ -218,11 +218,13 @@ fn decode_graphed(
     let record = Tensor::zeros((ids.dim(0)?, n), DType::U32, ids.device())?;
     record.slice_set(&ids, 1, 0)?;
     let (base, cursor) = (cache.len() as u32, cache.device_cursor().cloned());
+    let counters = Tensor::zeros(ids.dim(0)?, DType::U32, ids.device())?; // (B,)
     let at = || -> Option<Record<'_>> {
         Some(Record {
             tokens: &record,
             cursor: cursor.as_ref()?,
             base,
+            counters: &counters,
         })
     };
     // Whether the steps record their picks: then the ids are not copied out between them.
