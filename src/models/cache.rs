@@ -165,6 +165,15 @@ impl Step {
     pub fn on_device(&self) -> bool {
         self.cursor.is_some()
     }
+
+    /// The causal and padding bias of the new positions, (B, 1, T, Tk); none for a step on the
+    /// device (its shape would be the capture's).
+    pub fn causal_padding_bias(&self) -> Result<Option<Tensor>> {
+        match self.on_device() {
+            true => Ok(None),
+            false => super::attention::causal_padding_bias_last(&self.key_mask, self.t).map(Some),
+        }
+    }
 }
 
 impl KvCache {

@@ -13,8 +13,7 @@
 //! position ids come from the attention mask, as HF `generate` makes them for left padding.
 
 use super::attention::{
-    causal_padding_bias, causal_padding_bias_last, merge_heads, positions, scaled_dot_product,
-    split_heads, WholeSequences,
+    causal_padding_bias, merge_heads, positions, scaled_dot_product, split_heads, WholeSequences,
 };
 use super::cache::{KvCache, LayerStep, Step};
 use super::causal_lm::CausalLm;
@@ -302,7 +301,7 @@ impl Gpt2 {
             return Ok(h);
         }
         let inference = Mode::default();
-        let bias = step_bias(step)?;
+        let bias = step.causal_padding_bias()?;
         if self.norms_folded && tok.dims()[..2].iter().product::<usize>() <= norm_fold::MAX_ROWS {
             if let Some(h) = self.blocks_folded((tok + pos)?, bias.as_ref(), cache, step)? {
                 return Ok(h);
@@ -336,7 +335,7 @@ impl Gpt2 {
             return Ok(None);
         };
         let x = x.reshape((b, t, ()))?; // (B, T, C)
-        self.blocks_folded(x, step_bias(step)?.as_ref(), cache, step)
+        self.blocks_folded(x, step.causal_padding_bias()?.as_ref(), cache, step)
     }
 
     /// [`Gpt2::blocks_cached`] with the norms folded ([`CausalLm::fold_norms`]) at
@@ -467,15 +466,6 @@ impl Gpt2 {
         let pos = self.wpe.index_select(&pos, 0)?; // (B·T, C)
         let tok = self.wte.index_select(&input_ids.flatten_all()?, 0)?; // (B·T, C)
         Ok((tok.reshape((b, t, ()))?, pos.reshape((b, t, ()))?))
-    }
-}
-
-/// The causal and padding bias of a cached forward's new positions, (B, 1, T, Tk); none for a
-/// step on the device (its shape would be the capture's).
-fn step_bias(step: &Step) -> candle_core::Result<Option<Tensor>> {
-    match step.on_device() {
-        true => Ok(None),
-        false => causal_padding_bias_last(&step.key_mask, step.t).map(Some),
     }
 }
 
