@@ -151,10 +151,15 @@ mod imp {
     /// Keys up to which a head's splits take one cluster (8 blocks of SPLIT_KEYS: the largest
     /// portable cluster).
     const CLUSTER_KEYS: usize = 8 * SPLIT_KEYS;
+    /// Rows up to which the splits take clusters: at one row gpt2, bloom-560m and bloom-7b1
+    /// gained 8, 16 and 25 µs a step; bloom-560m at four rows lost 40 (0.943 → 0.983 ms, one
+    /// H100, results/h100/diag-run47).
+    const CLUSTER_ROWS: usize = 1;
 
-    /// Whether the split blocks of a cache of `longest` keys on `qkv`'s device take a cluster.
-    fn clustered(qkv: &Tensor, longest: usize) -> Result<bool> {
-        if !enabled(Fused::Cluster) || longest > CLUSTER_KEYS {
+    /// Whether the split blocks of `b` rows over a cache of `longest` keys on `qkv`'s device
+    /// take a cluster.
+    fn clustered(qkv: &Tensor, b: usize, longest: usize) -> Result<bool> {
+        if !enabled(Fused::Cluster) || longest > CLUSTER_KEYS || b > CLUSTER_ROWS {
             return Ok(false);
         }
         crate::kernels::pdl::hopper_ptx(qkv.device().as_cuda_device()?)
@@ -207,7 +212,7 @@ mod imp {
             false => Kind::Whole,
         };
         let kind = match kind {
-            Kind::Split if clustered(qkv, longest)? => Kind::Cluster,
+            Kind::Split if clustered(qkv, b, longest)? => Kind::Cluster,
             other => other,
         };
         let shared = match (kind, attention_shared(hs, longest)) {

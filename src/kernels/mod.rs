@@ -207,10 +207,10 @@ pub enum Fused {
     /// of x they make anyway, and the residual adds in the GEMVs before them, instead of an
     /// add-and-norm kernel each.
     NormFold,
-    /// Decoding on Hopper (needs `decode`): a head's key splits (64 keys a block, caches of
-    /// at most 512 keys) as one thread-block cluster whose first block merges the splits'
-    /// partial results over distributed shared memory, instead of a second kernel reading them
-    /// back from memory.
+    /// Decoding one row on Hopper (needs `decode`): a head's key splits (64 keys a block,
+    /// caches of at most 512 keys) as one thread-block cluster, the splits' partial results
+    /// pushed into its first block's shared memory, which merges them, instead of a second
+    /// kernel reading them back from memory. (At four rows bloom-560m's step was slower.)
     Cluster,
     /// Graphed decode steps (needs `decode`, `graph`): the step's first and last kernels ours,
     /// with programmatic edges (`pdl`): the embedding (gpt2's token + position sum, BLOOM's
