@@ -157,6 +157,13 @@ csvs() {
   # there; its bloom-7b1 and batch-4 runs folded where 752452d does not, left out.
   part h12 -i $H/gate-run39/ab-logs.tgz --where "fused=$ew,trigger-first,norm-fold" \
     --where batch_size=1 --where model!=bloom-7b1
+  # The twenty-first session's split attention with its loads first, its merge in a cluster
+  # and the step's own first and last kernels (cluster, step-io) on one H100 (gate-run45,
+  # d2e568a, every path: its runs of f0e828e's binary, of 1477d8f's and of the same binary
+  # without the paths are docs/perf-notes.md's, not rows here), batch 1, whose kernels the
+  # submitted HEAD runs there.
+  part h13 -i $M/gate-run45/ab-logs.tgz --where "fused=$ew,trigger-first,norm-fold,cluster,step-io" \
+    --where git_commit=d2e568ae96e3
   # The serving suite (#39) on 6ac4535 (HF's worker without cuDNN attention): serving-run4's
   # archive holds serving-run3's logs too (the same /tmp on the same machine); of HF's two
   # bloom-560m static sweeps the first, cut at its fifth rate by the call's time, is left out.
