@@ -134,10 +134,12 @@ fn cached_decoding_on_the_decode_kernels_matches_candles_ops() {
 /// The split decode attention merged inside a thread-block cluster (`--fused cluster`) gives
 /// the logits of the split kernel and `tb_decode_combine`, bit for bit (the same merge in the
 /// same order), at caches of 1, 2, 4 and 8 splits of 64 keys (clusters of 2, 4, 8) and 10
-/// (past a cluster: the two kernels either way), bf16, head sizes 64 and 128 (GPT-2, BLOOM).
+/// (past a cluster: the two kernels either way), bf16, head sizes 64 and 128 (GPT-2, BLOOM); the
+/// cluster kernels ran where they apply, and only there.
 #[test]
 fn cluster_merged_decode_attention_equals_the_split_kernel_and_its_combine() {
     use clap::ValueEnum as _;
+    use std::sync::atomic::Ordering;
     let (gpu, _one_at_a_time) = gpu();
     let unclustered: Vec<Fused> = Fused::value_variants()
         .iter()
@@ -152,12 +154,47 @@ fn cluster_merged_decode_attention_equals_the_split_kernel_and_its_combine() {
                     true => set_enabled(&[Fused::All]),
                     false => set_enabled(&unclustered),
                 }
+                let before = CLUSTER_LAUNCHES.load(Ordering::Relaxed);
                 logits.push(eager_decode_logits(&gpu, &spec, prompt_len));
+                let launched = CLUSTER_LAUNCHES.load(Ordering::Relaxed) - before;
+                let want = clustered && prompt_len <= 500; // ≤ 8 splits of 64 keys
+                assert_eq!(launched > 0, want, "{} prompt {prompt_len}", spec.name);
             }
             set_enabled(&[Fused::All]);
             assert_eq!(logits[1], logits[0], "{} prompt {prompt_len}", spec.name);
         }
     }
+}
+
+/// A CUDA build decoding on the CPU, at a shape the cluster takes on a GPU (one row, head
+/// size 64, 4 keys): the decode kernels do not apply and nothing fails (candle's ops run; the
+/// cluster's check once asked the CPU device for its CUDA device, a review found).
+#[test]
+fn decode_attention_on_the_cpu_leaves_it_to_candles_ops() {
+    let (_gpu, _one_at_a_time) = gpu();
+    let cpu = Device::Cpu;
+    let (nh, hs, t_max) = (2, 64, 8);
+    let qkv = randn(&[1, 1, 3 * nh * hs], &cpu);
+    let (k, v) = (
+        randn(&[1, nh, t_max, hs], &cpu),
+        randn(&[1, nh, t_max, hs], &cpu),
+    );
+    let key_mask = Tensor::ones((1, t_max), DType::F32, &cpu).unwrap();
+    let key_pos = Tensor::arange(0f32, t_max as f32, &cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let slot = CacheSlot {
+        k: &k,
+        v: &v,
+        key_mask: &key_mask,
+        key_pos: &key_pos,
+        pos: 3,
+        cursor: None,
+    };
+    let layout = qkv_layout(false, hs, nh * hs);
+    let got = decode_attention(&qkv, layout, (nh, hs), &slot, None, 0.125).unwrap();
+    assert!(got.is_none());
 }
 
 /// The logits (flattened, f32) of three eager one-row decode steps after a cached prefill of

@@ -139,10 +139,13 @@ fn argmax_into_writes_the_ids_and_their_record_column() {
 /// Graph-replayed generation gives the same ids with the step's own first and last kernels as
 /// without them (greedy, 12 new tokens), for both models at their head size and at 64 / 128,
 /// one row and three: gpt2 in bf16 (its one-row step takes the folded GEMVs, bf16 only; its
-/// sum is the add's bits), BLOOM in f32 (its norm's sums run in another order than candle's).
+/// sum is the add's bits), BLOOM in f32 (its norm's sums run in another order than candle's);
+/// with the path on, the steps took the embedding kernel (BLOOM's always, gpt2's at one row)
+/// and recorded their picks.
 #[test]
 fn step_io_leaves_graph_replayed_ids_unchanged() {
     use crate::models::generate::{generate, left_pad, Greedy};
+    use std::sync::atomic::Ordering;
     let (gpu, _one_at_a_time) = gpu();
     let g = Greedy {
         new_tokens: 12,
@@ -163,20 +166,32 @@ fn step_io_leaves_graph_replayed_ids_unchanged() {
     for (spec, n) in specs.iter().flat_map(|s| [1, 3].map(|n| (s, n))) {
         let prompts = left_pad(&rows[..n], 0, &gpu).unwrap();
         let mut ids = Vec::new();
-        let dtype = match spec.arch {
-            crate::models::Architecture::Gpt2(_) => DType::BF16,
-            _ => DType::F32,
-        };
-        for paths in [without.clone(), vec![Fused::All]] {
+        let gpt2 = matches!(spec.arch, crate::models::Architecture::Gpt2(_));
+        let dtype = if gpt2 { DType::BF16 } else { DType::F32 };
+        for (on, paths) in [(false, without.clone()), (true, vec![Fused::All])] {
+            let counts = || {
+                let load = |c: &std::sync::atomic::AtomicUsize| c.load(Ordering::Relaxed);
+                (load(&EMBED_LAUNCHES), load(&RECORDED_PICKS))
+            };
+            let before = counts();
             set_enabled(&paths);
             let mut model = spec
                 .load(&WeightSource::Random { seed: 0 }, dtype, &gpu)
                 .unwrap();
             model.prepare_decode().unwrap();
             model.fold_norms().unwrap();
-            let before = replays();
+            let replayed = replays();
             ids.push(generate(model.as_ref(), &prompts, &g, &mut |_| Ok(())).unwrap());
-            assert_eq!(replays() - before, 10, "{}, {n} rows: replays", spec.name);
+            assert_eq!(replays() - replayed, 10, "{}, {n} rows: replays", spec.name);
+            let after = counts();
+            let (embedded, recorded) = (after.0 - before.0, after.1 - before.1);
+            let why = format!("{}, {n} rows, step-io {on}", spec.name);
+            assert_eq!(
+                embedded > 0,
+                on && (!gpt2 || n == 1),
+                "{why}: embedding kernel"
+            );
+            assert_eq!(recorded > 0, on, "{why}: recorded picks");
         }
         set_enabled(&[Fused::All]);
         assert_eq!(ids[1], ids[0], "{}, {n} rows", spec.name);

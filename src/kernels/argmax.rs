@@ -27,6 +27,11 @@ pub struct Record<'a> {
     pub counters: &'a Tensor,
 }
 
+/// Picks [`argmax_into`] wrote into a record, in this process (a GPU test checks that the
+/// graphed steps record theirs).
+#[cfg(test)]
+pub static RECORDED_PICKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// [`argmax`] written into `ids` ((B, 1) u32, contiguous: a graphed step's input, in place)
 /// and into `record` where given, instead of a new tensor that a copy then puts there.
 /// False, nothing written, where it does not apply (then [`argmax`] and a copy).
@@ -236,6 +241,10 @@ mod imp {
             return Ok(false);
         }
         let dev = logits.device().as_cuda_device()?.clone();
+        #[cfg(test)]
+        if record.is_some() {
+            super::RECORDED_PICKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let out = device_address(ids)?;
         let early = Early::begin(&dev, p.b)?;
         pick!(&dev, &p, &out, early);

@@ -54,6 +54,11 @@ pub fn decode_attention(
     imp::decode_attention(qkv, layout, (nh, hs), cache, slopes, scale)
 }
 
+/// Launches of the cluster kernels in this process (a GPU test checks that they ran).
+#[cfg(test)]
+pub static CLUSTER_LAUNCHES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
 /// One decode step's cache bookkeeping at the device-side `cursor` ((1,) u32, advanced):
 /// `mask` and `key_pos` ((B, T_max) f32) get each row's new real token at the cursor, `seen`
 /// ((B, 1) f32, real tokens per row) advances. Returns the new tokens' positions, (B, 1) f32.
@@ -159,7 +164,8 @@ mod imp {
     /// Whether the split blocks of `b` rows over a cache of `longest` keys on `qkv`'s device
     /// take a cluster.
     fn clustered(qkv: &Tensor, b: usize, longest: usize) -> Result<bool> {
-        if !enabled(Fused::Cluster) || longest > CLUSTER_KEYS || b > CLUSTER_ROWS {
+        let on = enabled(Fused::Cluster) && qkv.device().is_cuda(); // the CPU: candle's ops
+        if !on || longest > CLUSTER_KEYS || b > CLUSTER_ROWS {
             return Ok(false);
         }
         crate::kernels::pdl::hopper_ptx(qkv.device().as_cuda_device()?)
@@ -395,6 +401,8 @@ mod imp {
         let func = match (p.kind, hs) {
             (Kind::Split, _) => kernel!(dev, PTX, "tb_decode_attention_part", qkv.dtype())?,
             (Kind::Cluster, _) => {
+                #[cfg(test)]
+                super::CLUSTER_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let name = format!("tb_decode_attention_c{}_{}", p.splits, suffix(qkv.dtype())?);
                 dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?
             }

@@ -59,6 +59,10 @@ pub fn embed_rows(
     imp::embed_rows(wte, ids, positions, norm)
 }
 
+/// Launches of [`embed_rows`]'s kernel in this process (a GPU test checks that steps take it).
+#[cfg(test)]
+pub static EMBED_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// The CPU runs candle's index_add, gather and add.
 #[cfg(not(feature = "cuda"))]
 mod imp {
@@ -320,6 +324,8 @@ mod imp {
             let early = Early::begin(&dev, rows)?;
             let out = alloc::<T>(&dev, rows * c)?;
             early.launch()?;
+            #[cfg(test)]
+            super::EMBED_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             // SAFETY: ids holds `rows` ids, wte V·C elements in whole 16-byte vectors from an
             // aligned start, wpe (where not null) its rows of C at every position in
             // `positions` (the caller's positions are below its length), w and b C each, out

@@ -40,15 +40,21 @@ mod residual;
 mod skinny;
 
 pub use adamw::{adamw, sum_squares, AdamStep};
+#[cfg(test)]
+pub use argmax::RECORDED_PICKS;
 pub use argmax::{argmax, argmax_into, Record};
 pub use attn_softmax::{attn_softmax, attn_softmax_bwd};
 pub use bias_act::{bias_act, bias_act_bwd, bias_grad};
 pub use cross_entropy::{
     cross_entropy, cross_entropy_bwd, cross_entropy_bwd_in_place, cross_entropy_fused_in_place,
 };
+#[cfg(test)]
+pub use decode_attention::CLUSTER_LAUNCHES;
 pub use decode_attention::{decode_attention, decode_begin, CacheSlot, QkvLayout};
 pub use decode_step::{step_launches, StepAttention, StepLayer, StepModel, STEP_MAX_ROWS};
 pub use dropout::{apply_keep, draw_keep, dropout, keep_mask, set_dropout_seed, Keep};
+#[cfg(test)]
+pub use embedding::EMBED_LAUNCHES;
 pub use embedding::{embed_rows, embedding_bwd, embedding_bwd_in_place, embedding_fwd};
 pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
 pub use flash_prefill::{flash_prefill, prefill_applies, prefill_kv, SeqRows};

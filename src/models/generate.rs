@@ -228,7 +228,7 @@ fn decode_graphed(
         })
     };
     // Whether the steps record their picks: then the ids are not copied out between them.
-    let recorded = step(&ids, cache, at())?;
+    let recorded = step(&ids, cache, at())? && cursor.is_some();
     hook(Phase::Decode { step: 1 })?;
     let graph = match crate::kernels::capture(ids.device(), || {
         step(&ids, cache, at())
