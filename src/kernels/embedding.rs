@@ -289,11 +289,9 @@ mod imp {
         let cv = c * dtype.size_in_bytes() / 16;
         let fits = float_dtype(wte) && (c * dtype.size_in_bytes()).is_multiple_of(16);
         let table = positions.is_none_or(|(wpe, p)| {
-            wpe.rank() == 2
-                && operand(wpe, dtype, &[wpe.dim(0).unwrap_or(0), c])
-                && p.dtype() == DType::F32
-                && p.elem_count() == rows
-                && p.is_contiguous()
+            let wide = wpe.dims2().is_ok_and(|(_, pc)| pc == c);
+            let positions = p.dtype() == DType::F32 && p.elem_count() == rows && p.is_contiguous();
+            wide && wpe.dtype() == dtype && aligned16(wpe) && positions
         });
         let normed =
             norm.is_none_or(|(w, b, _)| operand(w, dtype, &[c]) && operand(b, dtype, &[c]));

@@ -203,9 +203,19 @@ mod imp {
     }
 
     /// Whether `dev` is Hopper or later and the kernels' PTX was built for it (clusters, the
-    /// `griddepcontrol` wait).
+    /// `griddepcontrol` wait). Asked once a device ordinal: eager one-row decoding asks it at
+    /// every layer.
     pub fn hopper_ptx(dev: &CudaDevice) -> Result<bool> {
-        Ok(ptx_waits() && hopper(dev)?)
+        use std::sync::Mutex;
+        static KNOWN: Mutex<Vec<(usize, bool)>> = Mutex::new(Vec::new());
+        let ordinal = dev.cuda_stream().context().ordinal();
+        let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&(_, yes)) = known.iter().find(|(o, _)| *o == ordinal) {
+            return Ok(yes);
+        }
+        let yes = ptx_waits() && hopper(dev)?;
+        known.push((ordinal, yes));
+        Ok(yes)
     }
 
     /// Whether `dev` is Hopper or later (programmatic edges need compute capability 9.0).
