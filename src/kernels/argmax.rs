@@ -107,8 +107,7 @@ mod imp {
                 // The chunks, the last of a row picking its best: one launch.
                 let part = kernel!(dev, PTX, "tb_argmax_part_last", p.dtype)?;
                 let chunks = p.v.div_ceil(ARGMAX_CHUNK);
-                drop($early); // the partials' allocation first
-                let early = Early::begin(dev, p.b)?;
+                let early = $early; // the partials allocated in its window, as `$out` may be
                 let (part_v, part_i) = (
                     alloc::<f32>(dev, p.b * chunks)?,
                     alloc::<i32>(dev, p.b * chunks)?,
@@ -125,11 +124,13 @@ mod imp {
                 launch!(unsafe part, cfg; &p.x, &p.ban, &part_v, &part_i, &v_i, &chunk_i,
                     &p.counters, $out, &rec_t, &rec_c, &base, &cols)?;
             } else {
-                drop($early); // the partials' kernel opens its own
                 let part = kernel!(dev, PTX, "tb_argmax_part", p.dtype)?;
                 let fin = dev.get_or_load_custom_func("tb_argmax_final", PTX.module, PTX.text)?;
                 let chunks = p.v.div_ceil(ARGMAX_CHUNK);
-                let early = Early::begin(dev, p.b)?;
+                // The partials allocated in `$early`'s window, after `$out` where it is a new
+                // allocation: the window holds allocations only, and the partials' kernel keeps
+                // its programmatic edge.
+                let early = $early;
                 let (part_v, part_i) = (
                     alloc::<f32>(dev, p.b * chunks)?,
                     alloc::<i32>(dev, p.b * chunks)?,
