@@ -20,6 +20,7 @@ mod fp8;
 mod matmul;
 mod models;
 mod norm_fold;
+mod norm_stats;
 mod ops;
 mod optimizer;
 mod pdl;

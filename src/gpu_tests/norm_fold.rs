@@ -35,7 +35,7 @@ fn gemv_ln_matches_the_norm_then_the_projection() {
                 let y = y.broadcast_add(&f(&b)).unwrap();
                 for act in [Act::None, Act::GeluTanh] {
                     let why = format!("{m}x{k} -> {n} {dtype:?} {act:?}");
-                    let got = gemv_ln(&x, &folded.w, &folded.sb, act, eps)
+                    let got = gemv_ln(&x, &folded.w, &folded.sb, act, eps, None)
                         .unwrap()
                         .expect(&why);
                     assert_eq!(got.dims(), [m, n], "{why}");
@@ -49,10 +49,14 @@ fn gemv_ln_matches_the_norm_then_the_projection() {
     let x = randn(&[5, 64], &dev).to_dtype(DType::BF16).unwrap();
     let w = randn(&[40, 64], &dev).to_dtype(DType::BF16).unwrap();
     let sb = Tensor::zeros((40, 2), DType::F32, &dev).unwrap();
-    assert!(gemv_ln(&x, &w, &sb, Act::None, eps).unwrap().is_none());
+    assert!(gemv_ln(&x, &w, &sb, Act::None, eps, None)
+        .unwrap()
+        .is_none());
     let x = x.narrow(0, 0, 1).unwrap();
     let short = sb.narrow(0, 0, 39).unwrap();
-    assert!(gemv_ln(&x, &w, &short, Act::None, eps).unwrap().is_none());
+    assert!(gemv_ln(&x, &w, &short, Act::None, eps, None)
+        .unwrap()
+        .is_none());
 }
 
 /// The GEMV with the residual add in its epilogue holds, bit for bit, the add kernel's sum of
@@ -74,7 +78,7 @@ fn gemv_add_is_the_gemv_then_the_add_bit_for_bit() {
                 let why = format!("{m}x{k} -> {n} {dtype:?}");
                 let x = cast(randn(&[m, k], &dev));
                 let r = cast((randn(&[m, n], &dev) * 3.).unwrap());
-                let got = gemv_add(&x, &w, &b, &r).unwrap().expect(&why);
+                let got = gemv_add(&x, &w, &b, &r, None).unwrap().expect(&why);
                 let y = gemv(&x, &w, &b, Act::None).unwrap().expect(&why);
                 let (sum, _) = add_layer_norm(&y, &r, &ones, &zeros, 1e-5)
                     .unwrap()
@@ -147,9 +151,10 @@ fn folded_decoding_with_random_norms_matches_the_norms() {
     }
 }
 
-/// Decodes `rows` rows of `spec` from `src` with every path and with every path but
-/// norm-fold: the folded GEMV launched with the path on iff `folds`, the logits within bf16
-/// rounding of each other.
+/// Decodes `rows` rows of `spec` from `src` with every path, with every path but norm-stats
+/// and with every path but norm-fold: the folded GEMV launched with the first two iff
+/// `folds`, reading summed statistics with the first only, the logits of each folded arm
+/// within bf16 rounding of the norms' (four steps: slots not zeroed between steps would show).
 fn check_folded_against_normed(
     gpu: &Device,
     spec: &ModelSpec,
@@ -157,26 +162,33 @@ fn check_folded_against_normed(
     rows: usize,
     folds: bool,
 ) {
-    use std::sync::atomic::Ordering;
+    use std::sync::atomic::Ordering::Relaxed;
     let name = &spec.name;
     let mut logits = Vec::new();
-    for paths in [vec![Fused::All], all_but(Fused::NormFold)] {
+    let arms = [
+        vec![Fused::All],
+        all_but(Fused::NormStats),
+        all_but(Fused::NormFold),
+    ];
+    for (arm, paths) in arms.into_iter().enumerate() {
         let paths: Vec<Fused> = paths.into_iter().filter(|&f| f != Fused::Step).collect();
-        let on = paths.contains(&Fused::All);
         set_enabled(&paths);
-        let before = LN_LAUNCHES.load(Ordering::Relaxed);
+        let (ln, summed) = (LN_LAUNCHES.load(Relaxed), SUMMED_LAUNCHES.load(Relaxed));
         logits.push(decode_logits(gpu, spec, src, rows));
-        let launched = LN_LAUNCHES.load(Ordering::Relaxed) - before;
-        let want = on && folds;
-        assert_eq!(
-            launched > 0,
-            want,
-            "{name}, {rows} rows, norm-fold {on}: {launched} launches"
-        );
+        let ln = LN_LAUNCHES.load(Relaxed) - ln;
+        let summed = SUMMED_LAUNCHES.load(Relaxed) - summed;
+        let why = format!("{name}, {rows} rows, arm {arm}: {ln} folded, {summed} summed");
+        assert_eq!(ln > 0, folds && arm < 2, "{why}");
+        assert_eq!(summed > 0, folds && arm == 0, "{why}");
     }
-    for (i, (folded, normed)) in logits[0].iter().zip(&logits[1]).enumerate() {
-        let r = rel(folded, normed);
-        assert!(r < 3e-2, "{name}, {rows} rows, step {i}: rel {r}");
+    for arm in 0..2 {
+        for (i, (folded, normed)) in logits[arm].iter().zip(&logits[2]).enumerate() {
+            let r = rel(folded, normed);
+            assert!(
+                r < 3e-2,
+                "{name}, {rows} rows, arm {arm}, step {i}: rel {r}"
+            );
+        }
     }
 }
 

@@ -7,9 +7,18 @@
 // head), r too (no residual: `--fused norm-fold` adds it here, not in the norm after).
 #include "gemv.cuh"
 
+// `--fused norm-stats`: a norm's statistics summed by the GEMV that writes its input, read by
+// the folded GEMV after it. stats[m * NORM_SLOTS + s] = (Σ y, Σ y²) of row m over the columns
+// of the blocks ≡ s (mod NORM_SLOTS): f64 adds at the L2, spread over the slots so that no
+// address takes every block's. The bf16 / f16 values are exact in f64 and their sums exact
+// while a row spans under 2^24 of its smallest nonzero value, so the order the blocks add in
+// changes only the last bits of Σ y², 2^-53 of it, where f32's rounding is 2^-24 (models/
+// norm_fold.rs keeps the slots, zeroed for each generation).
+constexpr int NORM_SLOTS = 8;
+
 template <typename T, int M>
-__device__ void gemv(const Vec16<T>* x, const Vec16<T>* w, const T* b, const T* r, T* y, int n, int kv,
-                     int act) {
+__device__ void gemv(const Vec16<T>* x, const Vec16<T>* w, const T* b, const T* r, double2* stats, T* y,
+                     int n, int kv, int act) {
   constexpr int C = M == 1 ? 1 : COLS;  // columns a block (gemv.cuh)
   __shared__ float part[C][SPLIT][M];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -22,16 +31,27 @@ __device__ void gemv(const Vec16<T>* x, const Vec16<T>* w, const T* b, const T* 
   float v = gemv_finish<M>(part, local, lane, b ? to_f(b[col]) : 0.f, act);
   // Rounded before the add, as the branch's output was before the add kernel.
   if (r) v = res + to_f(from_f<T>(v));
-  y[(long)lane * n + col] = from_f<T>(v);
+  const T out = from_f<T>(v);
+  y[(long)lane * n + col] = out;
+  if (stats) {  // the next norm's statistics of the values stored (no result: a reduction)
+    double* s = &stats[lane * NORM_SLOTS + blockIdx.x % NORM_SLOTS].x;
+    const double f = to_f(out);
+    atomicAdd(s, f);
+    atomicAdd(s + 1, f * f);
+  }
 }
 
 // y = act(LN(x) Wᵀ + b) with the LayerNorm's weight and bias folded into W and b at load
 // (models/norm_fold.rs): W' = W·diag(γ), b' = b + W β, and sb[n] = (Σ_k W'[n, k], b'[n]) in f32,
-// so that LN(x) W'ᵀ + b' = rstd·(x W'ᵀ − mean·Σ W') + b'. The statistics of x come from the
-// same loads as the dot products: no pass before them, and no norm kernel.
-template <typename T, int M>
-__device__ void gemv_ln(const Vec16<T>* x, const Vec16<T>* w, const float2* sb, T* y, int n, int kv, int act,
-                        float eps) {
+// so that LN(x) W'ᵀ + b' = rstd·(x W'ᵀ − mean·Σ W') + b'. SUMMED: the statistics of x from
+// `stats` (the slots the GEMV that wrote x summed into, gemv above), else from the same loads
+// as the dot products. Either way no pass before them, and no norm kernel. `clear` (may be
+// null): the slots of the norm before this one, whose folded GEMV has ended (each kernel of
+// the step waits for the one before), zeroed for the next step's.
+template <typename T, int M, bool SUMMED>
+__device__ void gemv_ln(const Vec16<T>* x, const Vec16<T>* w, const float2* sb, const double2* stats,
+                        double2* clear, T* y, int n, int kv, int act, float eps) {
+  static_assert(M * NORM_SLOTS <= 32, "a warp's lanes hold the rows' slots");
   constexpr int C = M == 1 ? 1 : COLS;
   __shared__ float part[C][SPLIT][M];
   __shared__ float2 stat[C][SPLIT][M];
@@ -39,16 +59,45 @@ __device__ void gemv_ln(const Vec16<T>* x, const Vec16<T>* w, const float2* sb, 
   const int local = warp / SPLIT, slice = warp % SPLIT, col = blockIdx.x * C + local;
   const bool finishes = col < n && slice == 0 && lane < M;
   const float2 c = finishes ? sb[col] : make_float2(0.f, 0.f);  // loaded under the dot products
-  gemv_parts<T, M, C, true>(x, w, n, kv, part, stat);
-  if (!finishes) return;
-  float s1 = 0.f, s2 = 0.f;
-#pragma unroll
-  for (int s = 0; s < SPLIT; s++) {
-    s1 += stat[local][s][lane].x;
-    s2 += stat[local][s][lane].y;
+  if (clear && blockIdx.x == 0 && threadIdx.x < M * NORM_SLOTS) clear[threadIdx.x] = make_double2(0., 0.);
+  // SUMMED: lane l of a finishing warp copies row l / NORM_SLOTS's slot l % NORM_SLOTS into
+  // shared memory under the dot products (a copy, not a load: no registers held by the loop).
+  __shared__ double2 slots[C][M * NORM_SLOTS];
+  const bool copies = SUMMED && slice == 0 && lane < M * NORM_SLOTS;
+  if (copies) {
+    const unsigned to = (unsigned)__cvta_generic_to_shared(&slots[local][lane]);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(stats + lane));
+    asm volatile("cp.async.commit_group;\n" ::);
   }
+  gemv_parts<T, M, C, !SUMMED>(x, w, n, kv, part, stat);
   const float inv_k = 1.f / (kv * (16 / (int)sizeof(T)));
-  const float mean = s1 * inv_k, var = fmaxf(s2 * inv_k - mean * mean, 0.f);
+  float mean = 0.f, var = 0.f;
+  if constexpr (SUMMED) {
+    if (copies) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    double2 slot = copies ? slots[local][lane] : make_double2(0., 0.);
+#pragma unroll
+    for (int o = NORM_SLOTS / 2; o > 0; o >>= 1) {  // a fixed order: the same bits each run
+      slot.x += __shfl_xor_sync(0xffffffffu, slot.x, o);
+      slot.y += __shfl_xor_sync(0xffffffffu, slot.y, o);
+    }
+    // Lane m (row m's finishing lane) takes the sums from its row's first lane.
+    const double s1 = __shfl_sync(0xffffffffu, slot.x, lane * NORM_SLOTS % 32);
+    const double s2 = __shfl_sync(0xffffffffu, slot.y, lane * NORM_SLOTS % 32);
+    const double mean_d = s1 * (double)inv_k;
+    mean = (float)mean_d;
+    var = (float)fmax(s2 * (double)inv_k - mean_d * mean_d, 0.);
+  }
+  if (!finishes) return;
+  if constexpr (!SUMMED) {
+    float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+    for (int s = 0; s < SPLIT; s++) {
+      s1 += stat[local][s][lane].x;
+      s2 += stat[local][s][lane].y;
+    }
+    mean = s1 * inv_k;
+    var = fmaxf(s2 * inv_k - mean * mean, 0.f);
+  }
   float v = rsqrtf(var + eps) * (gemv_finish<M>(part, local, lane, 0.f, 0) - mean * c.x) + c.y;
   if (act == 1) v = gelu_tanh(v);
   y[(long)lane * n + col] = from_f<T>(v);
@@ -58,15 +107,24 @@ __device__ void gemv_ln(const Vec16<T>* x, const Vec16<T>* w, const float2* sb, 
 #define ONE_ROW __launch_bounds__(128, 16)
 #define INSTANTIATE_M(T, S, M, BOUNDS)                                                              \
   extern "C" __global__ void BOUNDS tb_gemv##M##_##S(const Vec16<T>* x, const Vec16<T>* w, const T* b, \
-                                                     const T* r, T* y, int n, int kv, int act) {     \
+                                                     const T* r, double2* stats, T* y, int n, int kv, \
+                                                     int act) {                                      \
     pdl_begin();                                                                                    \
-    gemv<T, M>(x, w, b, r, y, n, kv, act);                                                          \
+    gemv<T, M>(x, w, b, r, stats, y, n, kv, act);                                                   \
   }                                                                                                 \
   extern "C" __global__ void BOUNDS tb_gemv_ln##M##_##S(const Vec16<T>* x, const Vec16<T>* w,         \
-                                                        const float2* sb, T* y, int n, int kv,       \
+                                                        const float2* sb, const double2* stats,      \
+                                                        double2* clear, T* y, int n, int kv,         \
                                                         int act, float eps) {                        \
     pdl_begin();                                                                                    \
-    gemv_ln<T, M>(x, w, sb, y, n, kv, act, eps);                                                    \
+    gemv_ln<T, M, false>(x, w, sb, stats, clear, y, n, kv, act, eps);                               \
+  }                                                                                                 \
+  extern "C" __global__ void BOUNDS tb_gemv_lns##M##_##S(const Vec16<T>* x, const Vec16<T>* w,        \
+                                                         const float2* sb, const double2* stats,     \
+                                                         double2* clear, T* y, int n, int kv,        \
+                                                         int act, float eps) {                       \
+    pdl_begin();                                                                                    \
+    gemv_ln<T, M, true>(x, w, sb, stats, clear, y, n, kv, act, eps);                                \
   }
 #define INSTANTIATE(T, S) \
   INSTANTIATE_M(T, S, 1, ONE_ROW) INSTANTIATE_M(T, S, 2, ) INSTANTIATE_M(T, S, 3, ) INSTANTIATE_M(T, S, 4, )

@@ -23,6 +23,7 @@ pub fn gemv(x: &Tensor, w: &Tensor, b: &Tensor, act: Act) -> Result<Option<Tenso
         Tail::Bias {
             b: Some(b),
             r: None,
+            stats: None,
         },
         act,
     )
@@ -41,53 +42,100 @@ pub fn gemv_head(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     if !enabled(Fused::Gemv) || !enabled(Fused::GemvHead) || tracked || short {
         return Ok(None);
     }
-    imp::gemv(x, w, Tail::Bias { b: None, r: None }, Act::None)
+    imp::gemv(
+        x,
+        w,
+        Tail::Bias {
+            b: None,
+            r: None,
+            stats: None,
+        },
+        Act::None,
+    )
 }
 
 /// x Wᵀ + b + r at 1–4 rows (`--fused norm-fold`): a branch's last projection with the residual
-/// add in its epilogue, r (M, N) like the output, the sum rounded as the add kernel rounds it.
-/// None where [`gemv`] would not apply or the path is off.
-pub fn gemv_add(x: &Tensor, w: &Tensor, b: &Tensor, r: &Tensor) -> Result<Option<Tensor>> {
+/// add in its epilogue, r (M, N) like the output, the sum rounded as the add kernel rounds it;
+/// with `stats` ([`NORM_SLOTS`] (Σ y, Σ y²) f64 pairs a row, zero before: `--fused norm-stats`),
+/// the next norm's statistics of the output added into them. None where [`gemv`] would not
+/// apply or the path is off.
+pub fn gemv_add(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    r: &Tensor,
+    stats: Option<&Tensor>,
+) -> Result<Option<Tensor>> {
     if !enabled(Fused::Gemv) || !enabled(Fused::NormFold) {
         return Ok(None);
     }
+    let stats = stats.filter(|_| enabled(Fused::NormStats));
     imp::gemv(
         x,
         w,
         Tail::Bias {
             b: Some(b),
             r: Some(r),
+            stats,
         },
         Act::None,
     )
 }
 
+/// (Σ, Σ²) f64 pairs a row of a norm's statistics, each summed by the output columns of one
+/// residue of the blocks (gemv.cu's NORM_SLOTS): a row's slots are one 128-byte line.
+pub const NORM_SLOTS: usize = 8;
+
+/// A folded GEMV's slots (`--fused norm-stats`): `stats`, as [`gemv_add`] left them for its
+/// input (None: the GEMV sums the statistics itself), and `clear`, the slots of the norm
+/// before it, whose folded GEMV has run, which it zeroes for the next step.
+#[derive(Clone, Copy)]
+pub struct Summed<'a> {
+    pub stats: Option<&'a Tensor>,
+    pub clear: &'a Tensor,
+}
+
 /// act(LN(x) Wᵀ + b) at 1–4 rows for x the residual stream before its LayerNorm, whose weight
 /// and bias [`crate::models::norm_fold`] folded into W and b: sb (N, 2) f32 holds each column's
 /// Σₖ W[n, k] and the folded bias (`--fused norm-fold`). The norm's statistics come from the
-/// GEMV's own loads of x. None where [`gemv`] would not apply or the path is off.
-pub fn gemv_ln(x: &Tensor, w: &Tensor, sb: &Tensor, act: Act, eps: f64) -> Result<Option<Tensor>> {
+/// GEMV's own loads of x, or with `summed` (`--fused norm-stats`) from the slots the GEMV that
+/// wrote x summed them into. None where [`gemv`] would not apply or the path is off.
+pub fn gemv_ln(
+    x: &Tensor,
+    w: &Tensor,
+    sb: &Tensor,
+    act: Act,
+    eps: f64,
+    summed: Option<Summed<'_>>,
+) -> Result<Option<Tensor>> {
     if !enabled(Fused::Gemv) || !enabled(Fused::NormFold) {
         return Ok(None);
     }
-    imp::gemv(x, w, Tail::Norm { sb, eps }, act)
+    let summed = summed.filter(|_| enabled(Fused::NormStats));
+    imp::gemv(x, w, Tail::Norm { sb, eps, summed }, act)
 }
 
 /// Launches of [`gemv_ln`]'s kernel in this process (a GPU test checks that decoding takes it).
 #[cfg(test)]
 pub static LN_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// The kernel's operands after W: the bias (or none) and the residual (or none), or a folded
-/// norm's sums and epsilon.
+/// Launches of the folded GEMV that reads summed statistics (a GPU test checks decoding).
+#[cfg(test)]
+pub static SUMMED_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The kernel's operands after W: the bias (or none), the residual (or none) and the next
+/// norm's slots (or none), or a folded norm's sums, epsilon and summed statistics (or none).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 enum Tail<'a> {
     Bias {
         b: Option<&'a Tensor>,
         r: Option<&'a Tensor>,
+        stats: Option<&'a Tensor>,
     },
     Norm {
         sb: &'a Tensor,
         eps: f64,
+        summed: Option<Summed<'a>>,
     },
 }
 
@@ -103,7 +151,7 @@ mod imp {
 
 #[cfg(feature = "cuda")]
 mod imp {
-    use super::{Act, Tail, MAX_ROWS};
+    use super::{Act, Tail, MAX_ROWS, NORM_SLOTS};
     use crate::kernels::launch::{
         aligned16, alloc, cuda, device_address, launch, ptx, storage, suffix, view, with_dtype,
         wrap, Ptx, NULL,
@@ -131,6 +179,7 @@ mod imp {
         let dev = storage(&xs.0).device().clone();
         let kind = match tail {
             Tail::Bias { .. } => "",
+            Tail::Norm { summed, .. } if summed.is_some_and(|s| s.stats.is_some()) => "_lns",
             Tail::Norm { .. } => "_ln",
         };
         let name = format!("tb_gemv{kind}{}_{}", m.min(MAX_ROWS), suffix(x.dtype())?);
@@ -146,12 +195,18 @@ mod imp {
         // The optional operands' addresses (and the norm's epsilon), taken before Early's
         // window, which must hold nothing but the output's allocation.
         let address = |t: Option<&Tensor>| t.map_or(Ok(NULL), device_address);
-        let (third, residual, eps) = match tail {
-            Tail::Bias { b, r } => (address(b)?, Some(address(r)?), 0f32),
-            Tail::Norm { sb, eps } => {
+        // Bias: (b, r, stats); Norm: (sb, the summed stats, the slots to clear).
+        let (third, fourth, fifth, residual, eps) = match tail {
+            Tail::Bias { b, r, stats } => {
+                let (b, r, s) = (address(b)?, address(r)?, address(stats)?);
+                (b, r, s, true, 0f32)
+            }
+            Tail::Norm { sb, eps, summed } => {
                 #[cfg(test)]
-                super::LN_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                (device_address(sb)?, None, eps as f32)
+                count_ln(summed.is_some_and(|s| s.stats.is_some()));
+                let s = address(summed.and_then(|s| s.stats))?;
+                let c = address(summed.map(|s| s.clear))?;
+                (device_address(sb)?, s, c, false, eps as f32)
             }
         };
         Ok(with_dtype!(x.dtype(), T => {
@@ -160,12 +215,14 @@ mod imp {
             let out = alloc::<T>(&dev, m * n)?;
             early.launch()?;
             match residual {
-                // SAFETY: x holds m·k, W n·k, b (where not null) n and r (where not null) m·n
-                // elements, contiguous, x and W from 16-byte boundaries in whole vectors
-                // (checked by gemv); out holds m·n; a null b or r is read as none.
-                Some(r) => launch!(unsafe func, cfg; &xv, &wv, &third, &r, &out, &n_i, &kv, &act)?,
-                // SAFETY: as above; `third` is sb, n (Σ W, bias) pairs of f32.
-                None => launch!(unsafe func, cfg; &xv, &wv, &third, &out, &n_i, &kv, &act, &eps)?,
+                // SAFETY: x holds m·k, W n·k, b (where not null) n, r (where not null) m·n and
+                // stats (where not null) m·NORM_SLOTS f64 pairs, contiguous, x and W from
+                // 16-byte boundaries in whole vectors (checked by gemv); out holds m·n; a null
+                // b, r or stats is read as none.
+                true => launch!(unsafe func, cfg; &xv, &wv, &third, &fourth, &fifth, &out, &n_i, &kv, &act)?,
+                // SAFETY: as above; `third` is sb, n (Σ W, bias) pairs of f32; the stats and
+                // the slots to clear (each null or m·NORM_SLOTS f64 pairs, checked by gemv).
+                false => launch!(unsafe func, cfg; &xv, &wv, &third, &fourth, &fifth, &out, &n_i, &kv, &act, &eps)?,
             };
             wrap(out, &dev, (m, n))
         }))
@@ -174,6 +231,20 @@ mod imp {
     /// Whether `t` is a contiguous (`dims`) tensor of `dtype` (the optional operands).
     fn fits(t: &Tensor, dtype: DType, dims: &[usize]) -> bool {
         t.dtype() == dtype && t.dims() == dims && t.is_contiguous()
+    }
+
+    /// Whether `t` holds a norm's slots for m rows: (m, NORM_SLOTS, 2) f64, 16-byte aligned.
+    fn slots_fit(t: &Tensor, m: usize) -> bool {
+        fits(t, DType::F64, &[m, NORM_SLOTS, 2]) && aligned16(t)
+    }
+
+    #[cfg(test)]
+    fn count_ln(summed: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        super::LN_LAUNCHES.fetch_add(1, Relaxed);
+        if summed {
+            super::SUMMED_LAUNCHES.fetch_add(1, Relaxed);
+        }
     }
 
     pub fn gemv(x: &Tensor, w: &Tensor, tail: Tail<'_>, act: Act) -> Result<Option<Tensor>> {
@@ -185,11 +256,17 @@ mod imp {
         let ((m, k), (n, wk)) = (x.dims2()?, w.dims2()?);
         let whole = (k * x.dtype().size_in_bytes()).is_multiple_of(16);
         let tail_fits = match &tail {
-            Tail::Bias { b, r } => {
+            Tail::Bias { b, r, stats } => {
                 b.is_none_or(|b| fits(b, x.dtype(), &[n]))
                     && r.is_none_or(|r| fits(r, x.dtype(), &[m, n]))
+                    && stats.is_none_or(|s| slots_fit(s, m))
             }
-            Tail::Norm { sb, .. } => fits(sb, DType::F32, &[n, 2]),
+            Tail::Norm { sb, summed, .. } => {
+                let slots = |s: super::Summed| {
+                    s.stats.is_none_or(|t| slots_fit(t, m)) && slots_fit(s.clear, m)
+                };
+                fits(sb, DType::F32, &[n, 2]) && summed.is_none_or(slots)
+            }
         };
         let same = w.dtype() == x.dtype() && tail_fits;
         let laid = x.is_contiguous() && w.is_contiguous();

@@ -59,9 +59,9 @@ pub use embedding::{embed_rows, embedding_bwd, embedding_bwd_in_place, embedding
 pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
 pub use flash_prefill::{flash_prefill, prefill_applies, prefill_kv, SeqRows};
 pub use fp8::{dequant_fp8, gemv_fp8, quantize_fp8, FP8_GEMV_MAX_ROWS};
+pub use gemv::{gemv, gemv_add, gemv_head, gemv_ln, Summed, MAX_ROWS as GEMV_MAX_ROWS, NORM_SLOTS};
 #[cfg(test)]
-pub use gemv::LN_LAUNCHES;
-pub use gemv::{gemv, gemv_add, gemv_head, gemv_ln, MAX_ROWS as GEMV_MAX_ROWS};
+pub use gemv::{LN_LAUNCHES, SUMMED_LAUNCHES};
 pub use graph::{capture, param_cache, programmatic_edges, replays, Graph, ParamCache};
 pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{
@@ -207,11 +207,11 @@ pub enum Fused {
     /// the kernel before them, instead of after.
     TriggerFirst,
     /// Decoding at one row, one GPU, bf16 / f16 weights, hidden sizes up to 1024 (gpt2's,
-    /// bloom-560m's; bloom-7b1's step was slower on H200) (needs `gemv`): each block's two
-    /// LayerNorms folded into the projections after them before the first such generation
-    /// (W·diag(γ), b + W β), their statistics taken by those projections' GEMVs from the loads
-    /// of x they make anyway, and the residual adds in the GEMVs before them, instead of an
-    /// add-and-norm kernel each.
+    /// bloom-560m's; any with `norm-stats`) (needs `gemv`): each block's two LayerNorms
+    /// folded into the projections after them before the first such generation (W·diag(γ),
+    /// b + W β), their statistics taken by those projections' GEMVs from the loads of x they
+    /// make anyway, and the residual adds in the GEMVs before them, instead of an add-and-norm
+    /// kernel each.
     NormFold,
     /// Decoding one row on Hopper (needs `decode`): a head's key splits (64 keys a block,
     /// caches of at most 512 keys) as one thread-block cluster, the splits' partial results
@@ -223,6 +223,11 @@ pub enum Fused {
     /// gather and LayerNorm) in one kernel, and the greedy pick writing the next step's input
     /// and the token's record itself, instead of candle's gathers, add, norm and copies.
     StepIo,
+    /// With `norm-fold`: a folded norm's statistics (Σ x, Σ x²) summed by the GEMV that writes
+    /// its input, as f64 adds into a few slots, so that the folded GEMV reads them instead of
+    /// summing them inside its dot products (which held fewer weight loads in flight; bloom-
+    /// 7b1's folded step was slower on H200 without this), and hidden sizes over 1024 fold too.
+    NormStats,
 }
 
 const LT: u64 = 1;
@@ -258,6 +263,7 @@ const TRIGGER_FIRST: u64 = 1 << 29;
 const NORM_FOLD: u64 = 1 << 30;
 const CLUSTER: u64 = 1 << 31;
 const STEP_IO: u64 = 1 << 32;
+const NORM_STATS: u64 = 1 << 33;
 const ALL: u64 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -289,7 +295,8 @@ const ALL: u64 = LT
     | NORM_FOLD
     | TRIGGER_FIRST
     | CLUSTER
-    | STEP_IO;
+    | STEP_IO
+    | NORM_STATS;
 
 static ENABLED: AtomicU64 = AtomicU64::new(ALL);
 
@@ -330,6 +337,7 @@ fn bit(f: Fused) -> u64 {
         Fused::NormFold => NORM_FOLD,
         Fused::Cluster => CLUSTER,
         Fused::StepIo => STEP_IO,
+        Fused::NormStats => NORM_STATS,
     }
 }
 
@@ -386,6 +394,7 @@ pub fn describe() -> String {
         (NORM_FOLD, "norm-fold"),
         (CLUSTER, "cluster"),
         (STEP_IO, "step-io"),
+        (NORM_STATS, "norm-stats"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

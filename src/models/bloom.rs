@@ -27,7 +27,7 @@ use super::layers::{
     dropout, load_layer_norm, Activation, Dropout, Mlp, Mode, Norm, Projection, Unsummed,
     WeightLayout::Linear,
 };
-use super::norm_fold;
+use super::norm_fold::{self, BlockSlots};
 use super::step::{step_layer, StepKernel};
 use crate::dist::Tp;
 use crate::kernels::{self, QkvLayout};
@@ -385,10 +385,14 @@ impl Bloom {
             return Ok(None);
         }
         let mut x = x.clone(); // (B, T, H), the residual stream
-        for (i, block) in self.h.iter().enumerate() {
-            let a = &block.self_attention;
+        let slots = norm_fold::slots(cache.norm_stats(), self.h.len())?;
+        for ((i, block), s) in self.h.iter().enumerate().zip(&slots) {
+            let (a, s) = (&block.self_attention, s.as_ref());
             let eps = block.input_layernorm.eps();
-            let Some(qkv) = a.query_key_value.forward_ln(&x, eps, None)? else {
+            let Some(qkv) = a
+                .query_key_value
+                .forward_ln(&x, eps, None, s.map(BlockSlots::qkv))?
+            else {
                 match i {
                     0 => return Ok(None),
                     _ => candle_core::bail!("norm-fold: block {i}'s GEMV did not take the rows"),
@@ -396,11 +400,17 @@ impl Bloom {
             };
             let kv = Some(cache.layer_step(i, step)?);
             let y = a.attend(&qkv, bias, kv, Mode::default())?; // (B, T, nh·hs)
-            let x1 = a.dense.forward_add(&y, &x)?;
+            let x1 = a.dense.forward_add(&y, &x, s.map(BlockSlots::dense))?;
             let eps = block.post_attention_layernorm.eps();
-            x = block.mlp.forward_folded(&x1, eps)?.ok_or_else(|| {
-                candle_core::Error::Msg(format!("norm-fold: block {i}'s MLP GEMV did not apply"))
-            })?;
+            let (up, down) = (s.map(BlockSlots::up), s.and_then(BlockSlots::down));
+            x = block
+                .mlp
+                .forward_folded(&x1, eps, up, down)?
+                .ok_or_else(|| {
+                    candle_core::Error::Msg(format!(
+                        "norm-fold: block {i}'s MLP GEMV did not apply"
+                    ))
+                })?;
         }
         self.ln_f.forward_kernel(&x).map(Some)
     }
@@ -582,7 +592,8 @@ impl CausalLm for Bloom {
     fn new_cache(&self, batch: usize, max_len: usize) -> candle_core::Result<KvCache> {
         let shape = (self.slopes.dim(0)?, self.head_size);
         let (dtype, device) = (self.word_embeddings.dtype(), self.word_embeddings.device());
-        KvCache::new(self.h.len(), batch, max_len, shape, dtype, device)
+        let slots = norm_fold::slots_for(self.norms_folded, batch, self.h.len());
+        KvCache::new(self.h.len(), batch, max_len, shape, dtype, device)?.with_norm_stats(slots)
     }
 
     fn forward_cached(

@@ -123,6 +123,10 @@ pub struct KvCache {
     /// under while the columns run further; None: a batch that started together, whose
     /// positions stay under `len`.
     seen_bound: Option<usize>,
+    /// (norms, B, NORM_SLOTS, 2) f64: a decode step's folded norms' statistics, summed by the
+    /// GEMV before each norm and zeroed by the folded GEMVs after (`--fused norm-stats`,
+    /// [`super::norm_fold::BlockSlots`]); zero again for each generation.
+    norm_stats: Option<Tensor>,
 }
 
 /// What a forward of new positions needs from the cache before its layers run; the cache
@@ -210,7 +214,25 @@ impl KvCache {
             max_len,
             cursor: None,
             seen_bound: None,
+            norm_stats: None,
         })
+    }
+
+    /// This cache with zeroed slots for `norms` folded norms' statistics, where given
+    /// ([`KvCache::norm_stats`]).
+    pub fn with_norm_stats(mut self, norms: Option<usize>) -> Result<Self> {
+        let Some(norms) = norms else {
+            return Ok(self);
+        };
+        let shape = (norms, self.batch(), crate::kernels::NORM_SLOTS, 2);
+        self.norm_stats = Some(Tensor::zeros(shape, DType::F64, self.device())?);
+        Ok(self)
+    }
+
+    /// The slots of a decode step's folded norms' statistics, (norms, B, NORM_SLOTS, 2) f64,
+    /// where the model asked for them.
+    pub fn norm_stats(&self) -> Option<&Tensor> {
+        self.norm_stats.as_ref()
     }
 
     /// Positions written so far.
@@ -254,6 +276,10 @@ impl KvCache {
     /// Empties the cache for a new batch of the same size, keeping its memory.
     pub fn reset(&mut self) -> Result<()> {
         self.seen = self.seen.zeros_like()?;
+        // A step that failed part-way may have left sums in them.
+        if let Some(s) = &self.norm_stats {
+            self.norm_stats = Some(s.zeros_like()?);
+        }
         self.len = 0;
         self.cursor = None;
         self.seen_bound = None;

@@ -23,7 +23,7 @@ use super::layers::{
     dropout, load_layer_norm, Activation, Dropout, Mlp, Mode, Norm, Projection, Unsummed,
     WeightLayout::Conv1D,
 };
-use super::norm_fold;
+use super::norm_fold::{self, BlockSlots};
 use super::step::{step_layer, StepKernel};
 use crate::dist::Tp;
 use crate::kernels::{self, QkvLayout};
@@ -350,24 +350,26 @@ impl Gpt2 {
         cache: &KvCache,
         step: &Step,
     ) -> candle_core::Result<Option<Tensor>> {
-        for (i, block) in self.h.iter().enumerate() {
-            let Some(qkv) = block.attn.c_attn.forward_ln(&x, block.ln_1.eps(), None)? else {
+        let slots = norm_fold::slots(cache.norm_stats(), self.h.len())?;
+        for ((i, block), s) in self.h.iter().enumerate().zip(&slots) {
+            let (attn, s) = (&block.attn, s.as_ref());
+            let qkv = attn
+                .c_attn
+                .forward_ln(&x, block.ln_1.eps(), None, s.map(BlockSlots::qkv))?;
+            let Some(qkv) = qkv else {
                 match i {
                     0 => return Ok(None),
                     _ => candle_core::bail!("norm-fold: block {i}'s GEMV did not take the rows"),
                 }
             };
             let kv = Some(cache.layer_step(i, step)?);
-            let y = block.attn.attend(&qkv, bias, kv, Mode::default())?; // (B, T, C)
-            let x1 = block.attn.c_proj.forward_add(&y, &x)?;
-            x = block
-                .mlp
-                .forward_folded(&x1, block.ln_2.eps())?
-                .ok_or_else(|| {
-                    candle_core::Error::Msg(format!(
-                        "norm-fold: block {i}'s MLP GEMV did not apply"
-                    ))
-                })?;
+            let y = attn.attend(&qkv, bias, kv, Mode::default())?; // (B, T, C)
+            let x1 = attn.c_proj.forward_add(&y, &x, s.map(BlockSlots::dense))?;
+            let (up, down) = (s.map(BlockSlots::up), s.and_then(BlockSlots::down));
+            let mlp = block.mlp.forward_folded(&x1, block.ln_2.eps(), up, down)?;
+            x = mlp.ok_or_else(|| {
+                candle_core::Error::Msg(format!("norm-fold: block {i}'s MLP GEMV did not apply"))
+            })?;
         }
         self.ln_f.forward_kernel(&x).map(Some)
     }
@@ -594,7 +596,8 @@ impl CausalLm for Gpt2 {
         let hs = self.cfg.n_embd / self.cfg.n_head;
         let shape = (self.local_heads, hs);
         let (dtype, device) = (self.wte.dtype(), self.wte.device());
-        KvCache::new(self.h.len(), batch, max_len, shape, dtype, device)
+        let slots = norm_fold::slots_for(self.norms_folded, batch, self.h.len());
+        KvCache::new(self.h.len(), batch, max_len, shape, dtype, device)?.with_norm_stats(slots)
     }
 
     /// Position ids from the mask, as HF `generate` makes them for left-padded batches:

@@ -226,33 +226,45 @@ impl Projection {
     }
 
     /// act(LN(x) W + b) for x (B, T, in) the residual stream before the LayerNorm this
-    /// projection holds folded, at 1–4 rows in one GEMV ([`kernels::gemv_ln`]); None where it
-    /// does not apply (nothing folded, more rows, the path off).
+    /// projection holds folded, at 1–4 rows in one GEMV ([`kernels::gemv_ln`], its statistics
+    /// from `summed`'s slots where given); None where it does not apply (nothing folded, more
+    /// rows, the path off).
     pub fn forward_ln(
         &self,
         x: &Tensor,
         eps: f64,
         act: Option<Activation>,
+        summed: Option<kernels::Summed<'_>>,
     ) -> candle_core::Result<Option<Tensor>> {
         let (Some(sb), Stored::Dense(w)) = (&self.folded, &self.weight) else {
             return Ok(None);
         };
         let (b, t, c) = x.dims3()?;
         let kact = act.map_or(Act::None, Activation::kernel);
-        let y = kernels::gemv_ln(&x.reshape((b * t, c))?, w, sb, kact, eps)?; // (B·T, out)
+        let y = kernels::gemv_ln(&x.reshape((b * t, c))?, w, sb, kact, eps, summed)?; // (B·T, out)
         y.map(|y| y.reshape((b, t, ()))).transpose()
     }
 
     /// x W + b + r for x (B, T, in) and r (B, T, out): at 1–4 rows the residual add in the
-    /// GEMV's epilogue ([`kernels::gemv_add`]), else the projection, then the add.
-    pub fn forward_add(&self, x: &Tensor, r: &Tensor) -> candle_core::Result<Tensor> {
+    /// GEMV's epilogue ([`kernels::gemv_add`]), else the projection, then the add. With
+    /// `stats` the GEMV also sums the output's statistics into those slots (`--fused
+    /// norm-stats`): an error where it does not apply, since a folded GEMV will read them.
+    pub fn forward_add(
+        &self,
+        x: &Tensor,
+        r: &Tensor,
+        stats: Option<&Tensor>,
+    ) -> candle_core::Result<Tensor> {
         let linear = matches!(self.layout, WeightLayout::Linear) && self.reduce.is_none();
         if let (Stored::Dense(w), true) = (&self.weight, linear) {
             let (b, t, c) = x.dims3()?;
             let (x2, r2) = (x.reshape((b * t, c))?, r.reshape((b * t, ()))?);
-            if let Some(y) = kernels::gemv_add(&x2, w, &self.bias, &r2)? {
+            if let Some(y) = kernels::gemv_add(&x2, w, &self.bias, &r2, stats)? {
                 return y.reshape((b, t, ())); // (B, T, out)
             }
+        }
+        if stats.is_some() && kernels::enabled(kernels::Fused::NormStats) {
+            candle_core::bail!("norm-stats: a residual GEMV did not take the rows");
         }
         self.forward(x)? + r
     }
@@ -326,13 +338,20 @@ impl Mlp {
     }
 
     /// x + down(act(up(LN(x)))) at 1–4 rows with the LayerNorm folded into `up`
-    /// ([`Projection::forward_ln`]): the norm's statistics in up's GEMV, the residual add in
-    /// down's. None where up's GEMV does not apply.
-    pub fn forward_folded(&self, x: &Tensor, eps: f64) -> candle_core::Result<Option<Tensor>> {
-        let Some(h) = self.up.forward_ln(x, eps, Some(self.act))? else {
+    /// ([`Projection::forward_ln`]): the norm's statistics in up's GEMV (or from `summed`),
+    /// the residual add in down's (summing the next norm's into `stats`). None where up's GEMV
+    /// does not apply.
+    pub fn forward_folded(
+        &self,
+        x: &Tensor,
+        eps: f64,
+        summed: Option<kernels::Summed<'_>>,
+        stats: Option<&Tensor>,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let Some(h) = self.up.forward_ln(x, eps, Some(self.act), summed)? else {
             return Ok(None);
         };
-        self.down.forward_add(&h, x).map(Some)
+        self.down.forward_add(&h, x, stats).map(Some)
     }
 
     /// [`Mlp::forward`] before the down projection's sum over the ranks.

@@ -7,7 +7,7 @@
 //! Shapes: W (N, K) nn.Linear's, b (N,), γ and β (K,).
 
 use crate::dist::Tp;
-use crate::kernels::{enabled, Fused};
+use crate::kernels::{enabled, Fused, Summed};
 use candle_core::{DType, Device, Result, Tensor};
 
 /// Rows (a decode step's sequences) up to which a model takes the folded GEMVs. The kernels
@@ -16,11 +16,13 @@ use candle_core::{DType, Device, Result, Tensor};
 pub const MAX_ROWS: usize = 1;
 
 /// Bytes of a row of the residual stream (the hidden size) up to which a model folds its
-/// norms: each lane of the one-row GEMV then holds one 16-byte vector of x, and the statistics
-/// add no loads in flight. bloom-7b1's 8 KB rows (four vectors a lane) made its step slower on
-/// 2× H200 hosts at every launch bound tried (3.79 → 3.83–3.91 ms, results/h200x2/ln1-run1),
-/// though 1 % faster on 2× H100 (5.090 → 5.036–5.039, gate-run39); gpt2's 1.5 KB and
-/// bloom-560m's 2 KB rows 13–15 % faster on both.
+/// norms without `norm-stats`: each lane of the one-row GEMV then holds one 16-byte vector of
+/// x, and the statistics add no loads in flight. bloom-7b1's 8 KB rows (four vectors a lane)
+/// made its step slower on 2× H200 hosts at every launch bound tried (3.79 → 3.83–3.91 ms,
+/// results/h200x2/ln1-run1), though 1 % faster on 2× H100 (5.090 → 5.036–5.039, gate-run39);
+/// gpt2's 1.5 KB and bloom-560m's 2 KB rows 13–15 % faster on both. (The SASS: the GEMV summing
+/// the statistics issues its weight loads two at a time between the sums, the plain one four;
+/// with `norm-stats` the folded GEMV's loop is the plain one's.)
 pub const MAX_ROW_BYTES: usize = 2048;
 
 /// Whether a model of `dtype` and `hidden` size on `device` under `tp` folds its norms when
@@ -30,8 +32,91 @@ pub const MAX_ROW_BYTES: usize = 2048;
 pub fn applies(dtype: DType, hidden: usize, device: &Device, tp: &Tp) -> bool {
     let half = matches!(dtype, DType::BF16 | DType::F16);
     let on = enabled(Fused::NormFold) && enabled(Fused::Gemv);
-    let short = hidden * dtype.size_in_bytes() <= MAX_ROW_BYTES;
+    let short = hidden * dtype.size_in_bytes() <= MAX_ROW_BYTES || enabled(Fused::NormStats);
     on && half && short && device.is_cuda() && tp.size == 1
+}
+
+/// Folded norms a step of `n_layer` blocks has slots for (`--fused norm-stats`): each
+/// block's two, norm 2i before block i's qkv, 2i + 1 before its MLP (ln_f keeps its kernel).
+pub fn norms(n_layer: usize) -> usize {
+    2 * n_layer
+}
+
+/// Where block i's folded GEMVs find their norms' statistics (`--fused norm-stats`), in the
+/// cache's slots ([`crate::models::KvCache::norm_stats`], (2L, B, slots, 2)):
+/// - the qkv GEMV reads norm 2i's (block 0's embedding kernel sums none: it sums them itself)
+///   and zeroes norm 2i − 1's (cyclically: block 0 the last block's, of the step before);
+/// - the attention's output GEMV sums norm 2i + 1's, which the MLP's first GEMV reads, zeroing
+///   norm 2i's;
+/// - the MLP's second GEMV sums norm 2i + 2's (the last block's: none, ln_f is a kernel).
+///
+/// Each folded GEMV zeroes slots only once the one that read them has ended (a kernel of the
+/// step waits for the one before, which waited for its own, …), so the next step finds zeros.
+pub struct BlockSlots {
+    ln1: Tensor,
+    ln1_prev: Tensor,
+    ln2: Tensor,
+    next: Option<Tensor>,
+    first: bool,
+}
+
+impl BlockSlots {
+    /// Block i of `n_layer`'s slots; None where the cache has none for this model.
+    pub fn of(all: Option<&Tensor>, i: usize, n_layer: usize) -> Result<Option<Self>> {
+        let n = norms(n_layer);
+        let Some(all) = all.filter(|a| a.dims().first() == Some(&n)) else {
+            return Ok(None);
+        };
+        Ok(Some(Self {
+            ln1: all.get(2 * i)?,
+            ln1_prev: all.get((2 * i + n - 1) % n)?,
+            ln2: all.get(2 * i + 1)?,
+            next: (i + 1 < n_layer).then(|| all.get(2 * i + 2)).transpose()?,
+            first: i == 0,
+        }))
+    }
+
+    /// The qkv GEMV's.
+    pub fn qkv(&self) -> Summed<'_> {
+        let stats = (!self.first).then_some(&self.ln1);
+        Summed {
+            stats,
+            clear: &self.ln1_prev,
+        }
+    }
+
+    /// The attention output GEMV's: where it sums the MLP's norm's statistics.
+    pub fn dense(&self) -> &Tensor {
+        &self.ln2
+    }
+
+    /// The MLP's first GEMV's.
+    pub fn up(&self) -> Summed<'_> {
+        Summed {
+            stats: Some(&self.ln2),
+            clear: &self.ln1,
+        }
+    }
+
+    /// The MLP's second GEMV's: where it sums the next block's first norm's statistics.
+    pub fn down(&self) -> Option<&Tensor> {
+        self.next.as_ref()
+    }
+}
+
+/// The folded norms a model's cache of `batch` rows keeps slots for
+/// ([`crate::models::KvCache::with_norm_stats`]): [`norms`] where the model folded its norms
+/// (`folded`), the rows are few enough for the folded GEMVs and `norm-stats` is on.
+pub fn slots_for(folded: bool, batch: usize, n_layer: usize) -> Option<usize> {
+    let on = folded && batch <= MAX_ROWS && enabled(Fused::NormStats);
+    on.then_some(norms(n_layer))
+}
+
+/// Per-block slots of a step of `n_layer` blocks (None each where the cache has none).
+pub fn slots(all: Option<&Tensor>, n_layer: usize) -> Result<Vec<Option<BlockSlots>>> {
+    (0..n_layer)
+        .map(|i| BlockSlots::of(all, i, n_layer))
+        .collect()
 }
 
 /// A projection with a norm folded into it.
