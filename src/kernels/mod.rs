@@ -225,8 +225,8 @@ pub enum Fused {
     StepIo,
     /// With `norm-fold`: a folded norm's statistics (Σ x, Σ x²) summed by the GEMV that writes
     /// its input, as f64 adds into a few slots, so that the folded GEMV reads them instead of
-    /// summing them inside its dot products (which held fewer weight loads in flight; bloom-
-    /// 7b1's folded step was slower on H200 without this), and hidden sizes over 1024 fold too.
+    /// summing them inside its dot products (which held fewer weight loads in flight), and
+    /// hidden sizes over 1024 fold too (bloom-7b1's folded step was slower on H200 without it).
     NormStats,
 }
 
