@@ -255,6 +255,7 @@ pub fn device_address(t: &Tensor) -> Result<u64> {
     let stream = s.device().cuda_stream();
     let base = match s.dtype() {
         DType::U32 => u32::as_cuda_slice(s)?.device_ptr(&stream).0,
+        DType::F64 => f64::as_cuda_slice(s)?.device_ptr(&stream).0, // norm-stats' slots
         dtype => with_dtype!(dtype, T => {
             let (ptr, _record) = T::as_cuda_slice(s)?.device_ptr(&stream);
             ptr
