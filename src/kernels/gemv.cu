@@ -7,17 +7,19 @@
 // head), r too (no residual: `--fused norm-fold` adds it here, not in the norm after).
 #include "gemv.cuh"
 
-// `--fused norm-stats`: a norm's statistics summed by the GEMV that writes its input, read by
-// the folded GEMV after it. stats[m * NORM_SLOTS + s] = (Σ y, Σ y²) of row m over the columns
-// of the blocks ≡ s (mod NORM_SLOTS): f64 adds at the L2, spread over the slots so that no
-// address takes every block's. The bf16 / f16 values are exact in f64 and their sums exact
-// while a row spans under 2^24 of its smallest nonzero value, so the order the blocks add in
-// changes only the last bits of Σ y², 2^-53 of it, where f32's rounding is 2^-24 (models/
-// norm_fold.rs keeps the slots, zeroed for each generation).
-constexpr int NORM_SLOTS = 8;
+// `--fused norm-stats` (one row): a norm's statistics summed by the GEMV that writes its
+// input, read by the folded GEMV after it. Slot s, the first two doubles of line s (NORM_LINE
+// doubles, 128 bytes, apart), holds (Σ y, Σ y²) over the columns of the blocks ≡ s (mod
+// NORM_SLOTS): f64 adds at the L2, one line a slot, since adds to one line queue one after
+// another (eight slots in one line cost 2-3 µs a norm: results/h100/gate-run49). The bf16 / f16
+// values are exact in f64 and their sums exact while a row spans under 2^24 of its smallest
+// nonzero value, so the order the blocks add in changes only the last bits of Σ y², 2^-53 of
+// it, where f32's rounding is 2^-24 (models/norm_fold.rs keeps the slots, zeroed for each
+// generation).
+constexpr int NORM_SLOTS = 32, NORM_LINE = 16;
 
 template <typename T, int M>
-__device__ void gemv(const Vec16<T>* x, const Vec16<T>* w, const T* b, const T* r, double2* stats, T* y,
+__device__ void gemv(const Vec16<T>* x, const Vec16<T>* w, const T* b, const T* r, double* stats, T* y,
                      int n, int kv, int act) {
   constexpr int C = M == 1 ? 1 : COLS;  // columns a block (gemv.cuh)
   __shared__ float part[C][SPLIT][M];
@@ -33,8 +35,8 @@ __device__ void gemv(const Vec16<T>* x, const Vec16<T>* w, const T* b, const T* 
   if (r) v = res + to_f(from_f<T>(v));
   const T out = from_f<T>(v);
   y[(long)lane * n + col] = out;
-  if (stats) {  // the next norm's statistics of the values stored (no result: a reduction)
-    double* s = &stats[lane * NORM_SLOTS + blockIdx.x % NORM_SLOTS].x;
+  if (M == 1 && stats) {  // the next norm's statistics of the values stored (reductions)
+    double* s = stats + (blockIdx.x % NORM_SLOTS) * NORM_LINE;
     const double f = to_f(out);
     atomicAdd(s, f);
     atomicAdd(s + 1, f * f);
@@ -49,9 +51,9 @@ __device__ void gemv(const Vec16<T>* x, const Vec16<T>* w, const T* b, const T* 
 // null): the slots of the norm before this one, whose folded GEMV has ended (each kernel of
 // the step waits for the one before), zeroed for the next step's.
 template <typename T, int M, bool SUMMED>
-__device__ void gemv_ln(const Vec16<T>* x, const Vec16<T>* w, const float2* sb, const double2* stats,
-                        double2* clear, T* y, int n, int kv, int act, float eps) {
-  static_assert(M * NORM_SLOTS <= 32, "a warp's lanes hold the rows' slots");
+__device__ void gemv_ln(const Vec16<T>* x, const Vec16<T>* w, const float2* sb, const double* stats,
+                        double* clear, T* y, int n, int kv, int act, float eps) {
+  static_assert(!SUMMED || M == 1, "summed statistics at one row");
   constexpr int C = M == 1 ? 1 : COLS;
   __shared__ float part[C][SPLIT][M];
   __shared__ float2 stat[C][SPLIT][M];
@@ -59,33 +61,32 @@ __device__ void gemv_ln(const Vec16<T>* x, const Vec16<T>* w, const float2* sb, 
   const int local = warp / SPLIT, slice = warp % SPLIT, col = blockIdx.x * C + local;
   const bool finishes = col < n && slice == 0 && lane < M;
   const float2 c = finishes ? sb[col] : make_float2(0.f, 0.f);  // loaded under the dot products
-  if (clear && blockIdx.x == 0 && threadIdx.x < M * NORM_SLOTS) clear[threadIdx.x] = make_double2(0., 0.);
-  // SUMMED: lane l of a finishing warp copies row l / NORM_SLOTS's slot l % NORM_SLOTS into
-  // shared memory under the dot products (a copy, not a load: no registers held by the loop).
-  __shared__ double2 slots[C][M * NORM_SLOTS];
-  const bool copies = SUMMED && slice == 0 && lane < M * NORM_SLOTS;
+  if (M == 1 && clear && blockIdx.x == 0 && threadIdx.x < NORM_SLOTS)
+    *reinterpret_cast<double2*>(clear + threadIdx.x * NORM_LINE) = make_double2(0., 0.);
+  // SUMMED: lane s of the first warp copies slot s into shared memory under the dot products
+  // (a copy, not a load: no registers held by the loop).
+  __shared__ double2 slots[NORM_SLOTS];
+  const bool copies = SUMMED && warp == 0;
   if (copies) {
-    const unsigned to = (unsigned)__cvta_generic_to_shared(&slots[local][lane]);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(stats + lane));
+    const unsigned to = (unsigned)__cvta_generic_to_shared(&slots[lane]);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(stats + lane * NORM_LINE));
     asm volatile("cp.async.commit_group;\n" ::);
   }
   gemv_parts<T, M, C, !SUMMED>(x, w, n, kv, part, stat);
   const float inv_k = 1.f / (kv * (16 / (int)sizeof(T)));
   float mean = 0.f, var = 0.f;
   if constexpr (SUMMED) {
-    if (copies) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    double2 slot = copies ? slots[local][lane] : make_double2(0., 0.);
+    if (warp != 0) return;  // lane 0 of warp 0 finishes the one row
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    double2 slot = slots[lane];
 #pragma unroll
-    for (int o = NORM_SLOTS / 2; o > 0; o >>= 1) {  // a fixed order: the same bits each run
+    for (int o = 16; o > 0; o >>= 1) {  // a fixed order: the same bits each run
       slot.x += __shfl_xor_sync(0xffffffffu, slot.x, o);
       slot.y += __shfl_xor_sync(0xffffffffu, slot.y, o);
     }
-    // Lane m (row m's finishing lane) takes the sums from its row's first lane.
-    const double s1 = __shfl_sync(0xffffffffu, slot.x, lane * NORM_SLOTS % 32);
-    const double s2 = __shfl_sync(0xffffffffu, slot.y, lane * NORM_SLOTS % 32);
-    const double mean_d = s1 * (double)inv_k;
+    const double mean_d = slot.x * (double)inv_k;
     mean = (float)mean_d;
-    var = (float)fmax(s2 * (double)inv_k - mean_d * mean_d, 0.);
+    var = (float)fmax(slot.y * (double)inv_k - mean_d * mean_d, 0.);
   }
   if (!finishes) return;
   if constexpr (!SUMMED) {
@@ -107,25 +108,24 @@ __device__ void gemv_ln(const Vec16<T>* x, const Vec16<T>* w, const float2* sb, 
 #define ONE_ROW __launch_bounds__(128, 16)
 #define INSTANTIATE_M(T, S, M, BOUNDS)                                                              \
   extern "C" __global__ void BOUNDS tb_gemv##M##_##S(const Vec16<T>* x, const Vec16<T>* w, const T* b, \
-                                                     const T* r, double2* stats, T* y, int n, int kv, \
+                                                     const T* r, double* stats, T* y, int n, int kv,  \
                                                      int act) {                                      \
     pdl_begin();                                                                                    \
     gemv<T, M>(x, w, b, r, stats, y, n, kv, act);                                                   \
   }                                                                                                 \
   extern "C" __global__ void BOUNDS tb_gemv_ln##M##_##S(const Vec16<T>* x, const Vec16<T>* w,         \
-                                                        const float2* sb, const double2* stats,      \
-                                                        double2* clear, T* y, int n, int kv,         \
-                                                        int act, float eps) {                        \
+                                                        const float2* sb, const double* stats,       \
+                                                        double* clear, T* y, int n, int kv, int act, \
+                                                        float eps) {                                 \
     pdl_begin();                                                                                    \
     gemv_ln<T, M, false>(x, w, sb, stats, clear, y, n, kv, act, eps);                               \
-  }                                                                                                 \
-  extern "C" __global__ void BOUNDS tb_gemv_lns##M##_##S(const Vec16<T>* x, const Vec16<T>* w,        \
-                                                         const float2* sb, const double2* stats,     \
-                                                         double2* clear, T* y, int n, int kv,        \
-                                                         int act, float eps) {                       \
-    pdl_begin();                                                                                    \
-    gemv_ln<T, M, true>(x, w, sb, stats, clear, y, n, kv, act, eps);                                \
   }
-#define INSTANTIATE(T, S) \
-  INSTANTIATE_M(T, S, 1, ONE_ROW) INSTANTIATE_M(T, S, 2, ) INSTANTIATE_M(T, S, 3, ) INSTANTIATE_M(T, S, 4, )
+#define INSTANTIATE(T, S)                                                                                 \
+  INSTANTIATE_M(T, S, 1, ONE_ROW) INSTANTIATE_M(T, S, 2, ) INSTANTIATE_M(T, S, 3, ) INSTANTIATE_M(T, S, 4, ) \
+  extern "C" __global__ void ONE_ROW tb_gemv_lns1_##S(const Vec16<T>* x, const Vec16<T>* w, const float2* sb, \
+                                                      const double* stats, double* clear, T* y, int n,     \
+                                                      int kv, int act, float eps) {                        \
+    pdl_begin();                                                                                          \
+    gemv_ln<T, 1, true>(x, w, sb, stats, clear, y, n, kv, act, eps);                                      \
+  }
 FOR_TYPES(INSTANTIATE)

@@ -56,7 +56,7 @@ pub fn gemv_head(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
 
 /// x Wᵀ + b + r at 1–4 rows (`--fused norm-fold`): a branch's last projection with the residual
 /// add in its epilogue, r (M, N) like the output, the sum rounded as the add kernel rounds it;
-/// with `stats` ([`NORM_SLOTS`] (Σ y, Σ y²) f64 pairs a row, zero before: `--fused norm-stats`),
+/// with `stats` (a norm's slots, [`NORM_SLOTS`], zero before: `--fused norm-stats`, one row),
 /// the next norm's statistics of the output added into them. None where [`gemv`] would not
 /// apply or the path is off.
 pub fn gemv_add(
@@ -82,9 +82,12 @@ pub fn gemv_add(
     )
 }
 
-/// (Σ, Σ²) f64 pairs a row of a norm's statistics, each summed by the output columns of one
-/// residue of the blocks (gemv.cu's NORM_SLOTS): a row's slots are one 128-byte line.
-pub const NORM_SLOTS: usize = 8;
+/// Slots of a norm's statistics (one row: `--fused norm-stats` folds one), each the block
+/// residue's (Σ y, Σ y²) in the first two f64 of its own 128-byte line of [`NORM_LINE`] (gemv.cu:
+/// adds to one line queue): a norm's slots are a (NORM_SLOTS, NORM_LINE) f64 tensor.
+pub const NORM_SLOTS: usize = 32;
+/// f64 a slot's line holds.
+pub const NORM_LINE: usize = 16;
 
 /// A folded GEMV's slots (`--fused norm-stats`): `stats`, as [`gemv_add`] left them for its
 /// input (None: the GEMV sums the statistics itself), and `clear`, the slots of the norm
@@ -151,7 +154,7 @@ mod imp {
 
 #[cfg(feature = "cuda")]
 mod imp {
-    use super::{Act, Tail, MAX_ROWS, NORM_SLOTS};
+    use super::{Act, Tail, MAX_ROWS, NORM_LINE, NORM_SLOTS};
     use crate::kernels::launch::{
         aligned16, alloc, cuda, device_address, launch, ptx, storage, suffix, view, with_dtype,
         wrap, Ptx, NULL,
@@ -216,12 +219,13 @@ mod imp {
             early.launch()?;
             match residual {
                 // SAFETY: x holds m·k, W n·k, b (where not null) n, r (where not null) m·n and
-                // stats (where not null) m·NORM_SLOTS f64 pairs, contiguous, x and W from
+                // stats (where not null, m = 1) NORM_SLOTS·NORM_LINE f64, contiguous, x and W from
                 // 16-byte boundaries in whole vectors (checked by gemv); out holds m·n; a null
                 // b, r or stats is read as none.
                 true => launch!(unsafe func, cfg; &xv, &wv, &third, &fourth, &fifth, &out, &n_i, &kv, &act)?,
                 // SAFETY: as above; `third` is sb, n (Σ W, bias) pairs of f32; the stats and
-                // the slots to clear (each null or m·NORM_SLOTS f64 pairs, checked by gemv).
+                // the slots to clear (each null or, m = 1, NORM_SLOTS·NORM_LINE f64, checked
+                // by gemv).
                 false => launch!(unsafe func, cfg; &xv, &wv, &third, &fourth, &fifth, &out, &n_i, &kv, &act, &eps)?,
             };
             wrap(out, &dev, (m, n))
@@ -233,9 +237,10 @@ mod imp {
         t.dtype() == dtype && t.dims() == dims && t.is_contiguous()
     }
 
-    /// Whether `t` holds a norm's slots for m rows: (m, NORM_SLOTS, 2) f64, 16-byte aligned.
+    /// Whether `t` holds a norm's slots for m rows: one row, (NORM_SLOTS, NORM_LINE) f64,
+    /// 16-byte aligned.
     fn slots_fit(t: &Tensor, m: usize) -> bool {
-        fits(t, DType::F64, &[m, NORM_SLOTS, 2]) && aligned16(t)
+        m == 1 && fits(t, DType::F64, &[NORM_SLOTS, NORM_LINE]) && aligned16(t)
     }
 
     #[cfg(test)]

@@ -59,7 +59,9 @@ pub use embedding::{embed_rows, embedding_bwd, embedding_bwd_in_place, embedding
 pub use flash_attn::{flash_attention, flash_attention_bwd, FLASH_HEAD_SIZE};
 pub use flash_prefill::{flash_prefill, prefill_applies, prefill_kv, SeqRows};
 pub use fp8::{dequant_fp8, gemv_fp8, quantize_fp8, FP8_GEMV_MAX_ROWS};
-pub use gemv::{gemv, gemv_add, gemv_head, gemv_ln, Summed, MAX_ROWS as GEMV_MAX_ROWS, NORM_SLOTS};
+pub use gemv::{
+    gemv, gemv_add, gemv_head, gemv_ln, Summed, MAX_ROWS as GEMV_MAX_ROWS, NORM_LINE, NORM_SLOTS,
+};
 #[cfg(test)]
 pub use gemv::{LN_LAUNCHES, SUMMED_LAUNCHES};
 pub use graph::{capture, param_cache, programmatic_edges, replays, Graph, ParamCache};
@@ -224,7 +226,7 @@ pub enum Fused {
     /// and the token's record itself, instead of candle's gathers, add, norm and copies.
     StepIo,
     /// With `norm-fold`: a folded norm's statistics (Σ x, Σ x²) summed by the GEMV that writes
-    /// its input, as f64 adds into a few slots, so that the folded GEMV reads them instead of
+    /// its input, as f64 adds into 32 slots, so that the folded GEMV reads them instead of
     /// summing them inside its dot products (which held fewer weight loads in flight), and
     /// hidden sizes over 1024 fold too (bloom-7b1's folded step was slower on H200 without it).
     NormStats,

@@ -123,7 +123,7 @@ pub struct KvCache {
     /// under while the columns run further; None: a batch that started together, whose
     /// positions stay under `len`.
     seen_bound: Option<usize>,
-    /// (norms, B, NORM_SLOTS, 2) f64: a decode step's folded norms' statistics, summed by the
+    /// (norms, NORM_SLOTS, NORM_LINE) f64, one row: a decode step's folded norms' statistics, summed by the
     /// GEMV before each norm and zeroed by the folded GEMVs after (`--fused norm-stats`,
     /// [`super::norm_fold::BlockSlots`]); zero again for each generation.
     norm_stats: Option<Tensor>,
@@ -224,12 +224,19 @@ impl KvCache {
         let Some(norms) = norms else {
             return Ok(self);
         };
-        let shape = (norms, self.batch(), crate::kernels::NORM_SLOTS, 2);
+        use crate::kernels::{NORM_LINE, NORM_SLOTS};
+        if self.batch() != 1 {
+            candle_core::bail!(
+                "norm-stats' slots are for one row, the cache has {}",
+                self.batch()
+            );
+        }
+        let shape = (norms, NORM_SLOTS, NORM_LINE);
         self.norm_stats = Some(Tensor::zeros(shape, DType::F64, self.device())?);
         Ok(self)
     }
 
-    /// The slots of a decode step's folded norms' statistics, (norms, B, NORM_SLOTS, 2) f64,
+    /// The slots of a decode step's folded norms' statistics, (norms, NORM_SLOTS, NORM_LINE) f64,
     /// where the model asked for them.
     pub fn norm_stats(&self) -> Option<&Tensor> {
         self.norm_stats.as_ref()

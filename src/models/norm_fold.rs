@@ -43,7 +43,7 @@ pub fn norms(n_layer: usize) -> usize {
 }
 
 /// Where block i's folded GEMVs find their norms' statistics (`--fused norm-stats`), in the
-/// cache's slots ([`crate::models::KvCache::norm_stats`], (2L, B, slots, 2)):
+/// cache's slots ([`crate::models::KvCache::norm_stats`], (2L, slots, line), one row):
 /// - the qkv GEMV reads norm 2i's (block 0's embedding kernel sums none: it sums them itself)
 ///   and zeroes norm 2i − 1's (cyclically: block 0 the last block's, of the step before);
 /// - the attention's output GEMV sums norm 2i + 1's, which the MLP's first GEMV reads, zeroing
@@ -106,9 +106,9 @@ impl BlockSlots {
 
 /// The folded norms a model's cache of `batch` rows keeps slots for
 /// ([`crate::models::KvCache::with_norm_stats`]): [`norms`] where the model folded its norms
-/// (`folded`), the rows are few enough for the folded GEMVs and `norm-stats` is on.
+/// (`folded`), the cache is for one row and `norm-stats` is on.
 pub fn slots_for(folded: bool, batch: usize, n_layer: usize) -> Option<usize> {
-    let on = folded && batch <= MAX_ROWS && enabled(Fused::NormStats);
+    let on = folded && batch == 1 && enabled(Fused::NormStats); // the slots hold one row's
     on.then_some(norms(n_layer))
 }
 
