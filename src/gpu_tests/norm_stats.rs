@@ -169,3 +169,48 @@ fn check_ln_from_slots(x: &Tensor, folded: &Folded, stats: &Tensor, why: &str) {
         assert!(zeroed(&cleared), "{why}: cleared without slots to read");
     }
 }
+
+/// Greedy generation of one row, 12 new tokens, bf16, by the tiny models with rows over 2 KB:
+/// graph replays (every path: the folded GEMVs reading summed statistics, each step zeroing
+/// the slots the next one adds into) pick the same ids as eager steps of the same kernels
+/// (every path but graph), which the logits test holds against the norms.
+#[test]
+fn graphed_steps_with_summed_statistics_pick_the_eager_ids() {
+    use crate::models::generate::{generate, left_pad, Greedy};
+    use std::sync::atomic::Ordering::Relaxed;
+    let (gpu, _one_at_a_time) = gpu();
+    let g = Greedy {
+        new_tokens: 12,
+        banned: vec![],
+    };
+    let prompts = left_pad(&[vec![3, 10, 17, 24, 31]], 0, &gpu).unwrap();
+    let eager: Vec<Fused> = all_but(Fused::Graph)
+        .into_iter()
+        .filter(|&f| f != Fused::Step)
+        .collect();
+    for spec in super::norm_fold::specs() {
+        if !super::norm_fold::long_rows(&spec) {
+            continue;
+        }
+        let mut ids = Vec::new();
+        for (graphed, paths) in [(false, eager.clone()), (true, vec![Fused::All])] {
+            set_enabled(&paths);
+            let mut model = spec
+                .load(&WeightSource::Random { seed: 0 }, DType::BF16, &gpu)
+                .unwrap();
+            model.prepare_decode().unwrap();
+            model.fold_norms().unwrap();
+            let (replayed, summed) = (replays(), SUMMED_LAUNCHES.load(Relaxed));
+            ids.push(generate(model.as_ref(), &prompts, &g, &mut |_| Ok(())).unwrap());
+            let why = format!("{}, graph {graphed}", spec.name);
+            assert_eq!(replays() - replayed > 0, graphed, "{why}: replays");
+            assert!(
+                SUMMED_LAUNCHES.load(Relaxed) > summed,
+                "{why}: summed statistics"
+            );
+        }
+        set_enabled(&[Fused::All]);
+        assert_eq!(ids[1], ids[0], "{}", spec.name);
+        assert_eq!(ids[1][0].len(), 12);
+    }
+}

@@ -225,10 +225,11 @@ pub enum Fused {
     /// gather and LayerNorm) in one kernel, and the greedy pick writing the next step's input
     /// and the token's record itself, instead of candle's gathers, add, norm and copies.
     StepIo,
-    /// With `norm-fold`: a folded norm's statistics (Σ x, Σ x²) summed by the GEMV that writes
-    /// its input, as f64 adds into 32 slots, so that the folded GEMV reads them instead of
-    /// summing them inside its dot products (which held fewer weight loads in flight), and
-    /// hidden sizes over 1024 fold too (bloom-7b1's folded step was slower on H200 without it).
+    /// With `norm-fold`, rows of the residual stream over 2 KB (bloom-7b1's): a folded norm's
+    /// statistics (Σ x, Σ x²) summed by the GEMV that writes its input, as f64 adds into 32
+    /// slots, so that the folded GEMV reads them instead of summing them inside its dot
+    /// products (which held fewer weight loads in flight at those rows: bloom-7b1's folded
+    /// step was slower on H200 without this), and those rows fold too.
     NormStats,
 }
 

@@ -592,7 +592,8 @@ impl CausalLm for Bloom {
     fn new_cache(&self, batch: usize, max_len: usize) -> candle_core::Result<KvCache> {
         let shape = (self.slopes.dim(0)?, self.head_size);
         let (dtype, device) = (self.word_embeddings.dtype(), self.word_embeddings.device());
-        let slots = norm_fold::slots_for(self.norms_folded, batch, self.h.len());
+        let row_bytes = self.word_embeddings.dim(1)? * dtype.size_in_bytes();
+        let slots = norm_fold::slots_for(self.norms_folded, batch, self.h.len(), row_bytes);
         KvCache::new(self.h.len(), batch, max_len, shape, dtype, device)?.with_norm_stats(slots)
     }
 

@@ -596,7 +596,8 @@ impl CausalLm for Gpt2 {
         let hs = self.cfg.n_embd / self.cfg.n_head;
         let shape = (self.local_heads, hs);
         let (dtype, device) = (self.wte.dtype(), self.wte.device());
-        let slots = norm_fold::slots_for(self.norms_folded, batch, self.h.len());
+        let row_bytes = self.cfg.n_embd * dtype.size_in_bytes();
+        let slots = norm_fold::slots_for(self.norms_folded, batch, self.h.len(), row_bytes);
         KvCache::new(self.h.len(), batch, max_len, shape, dtype, device)?.with_norm_stats(slots)
     }
 
