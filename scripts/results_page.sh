@@ -164,6 +164,18 @@ csvs() {
   # submitted HEAD runs there.
   part h13 -i $M/gate-run45/ab-logs.tgz --where "fused=$ew,trigger-first,norm-fold,cluster,step-io" \
     --where git_commit=d2e568ae96e3
+  # The twenty-second session's norm-stats (bloom-7b1's norms folded, their statistics summed
+  # by the GEMV before each norm) on GPU 1 of a 2x H100 host (gate-run51, 0eca40a, the
+  # submitted code, built with results/ out of git's index for the device copy: "-dirty"; every
+  # path: its runs without norm-stats are docs/perf-notes.md's, not rows here), batch 1.
+  part h14 -i $H/gate-run51/ab-logs.tgz \
+    --where "fused=$ew,trigger-first,norm-fold,cluster,step-io,norm-stats" \
+    --where git_commit=0eca40a197fd-dirty
+  # Its bloom-7b1 on fe347df (the fold 1024 rows at a time: the peak memory of the unfolded
+  # model), one H100 (gate-run53), every path.
+  part h15 -i $M/gate-run53/ab-logs.tgz \
+    --where "fused=$ew,trigger-first,norm-fold,cluster,step-io,norm-stats" \
+    --where git_commit=fe347dfbbe5c-dirty
   # The serving suite (#39) on 6ac4535 (HF's worker without cuDNN attention): serving-run4's
   # archive holds serving-run3's logs too (the same /tmp on the same machine); of HF's two
   # bloom-560m static sweeps the first, cut at its fifth rate by the call's time, is left out.
