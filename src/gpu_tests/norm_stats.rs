@@ -172,11 +172,13 @@ fn check_ln_from_slots(x: &Tensor, folded: &Folded, stats: &Tensor, why: &str) {
 
 /// Greedy generation of one row, 12 new tokens, bf16, by the tiny models with rows over 2 KB:
 /// graph replays (every path: the folded GEMVs reading summed statistics, each step zeroing
-/// the slots the next one adds into) pick the same ids as eager steps of the same kernels
-/// (every path but graph), which the logits test holds against the norms.
+/// the slots the next one adds into, with programmatic edges) pick the same ids as eager steps
+/// of the same kernels (every path but graph), which the logits test holds against the norms;
+/// after either, every slot is zero but the last block's MLP norm's (the next step's block 0
+/// clears it).
 #[test]
 fn graphed_steps_with_summed_statistics_pick_the_eager_ids() {
-    use crate::models::generate::{generate, left_pad, Greedy};
+    use crate::models::generate::{generate_in, left_pad, Greedy};
     use std::sync::atomic::Ordering::Relaxed;
     let (gpu, _one_at_a_time) = gpu();
     let g = Greedy {
@@ -201,12 +203,32 @@ fn graphed_steps_with_summed_statistics_pick_the_eager_ids() {
             model.prepare_decode().unwrap();
             model.fold_norms().unwrap();
             let (replayed, summed) = (replays(), SUMMED_LAUNCHES.load(Relaxed));
-            ids.push(generate(model.as_ref(), &prompts, &g, &mut |_| Ok(())).unwrap());
+            let edges = programmatic_edges();
+            let mut cache = model.new_cache(1, prompts.len() + 12).unwrap();
+            let hook = &mut |_| Ok(());
+            ids.push(generate_in(model.as_ref(), &mut cache, &prompts, &g, hook).unwrap());
             let why = format!("{}, graph {graphed}", spec.name);
             assert_eq!(replays() - replayed > 0, graphed, "{why}: replays");
-            assert!(
-                SUMMED_LAUNCHES.load(Relaxed) > summed,
-                "{why}: summed statistics"
+            assert_eq!(
+                programmatic_edges() > edges,
+                graphed,
+                "{why}: programmatic edges"
+            );
+            let summed = SUMMED_LAUNCHES.load(Relaxed) - summed;
+            assert!(summed > 0, "{why}: summed statistics");
+            let slots = cache.norm_stats().expect(&why);
+            let per_norm = slots
+                .abs()
+                .unwrap()
+                .sum((1, 2))
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap();
+            let held: Vec<usize> = (0..per_norm.len()).filter(|&j| per_norm[j] != 0.).collect();
+            assert_eq!(
+                held,
+                [per_norm.len() - 1],
+                "{why}: slots left after the steps"
             );
         }
         set_enabled(&[Fused::All]);

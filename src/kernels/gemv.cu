@@ -4,7 +4,8 @@
 // docs/perf-notes.md).
 // Shapes: x (M, K), W (N, K), b (N,), r and y (M, N), contiguous; M <= 4; K whole 16-byte
 // vectors (KV of them a row); the dot products in gemv.cuh. b may be null (no bias: the LM
-// head), r too (no residual: `--fused norm-fold` adds it here, not in the norm after).
+// head), r too (no residual: `--fused norm-fold` adds it here, not in the norm after); stats
+// and clear, a norm's slots (NORM_SLOTS lines of NORM_LINE f64, one row), may be null.
 #include "gemv.cuh"
 
 // `--fused norm-stats` (one row): a norm's statistics summed by the GEMV that writes its
@@ -14,8 +15,8 @@
 // another (eight slots in one line cost 2-3 µs a norm: results/h100/gate-run49). The bf16 / f16
 // values are exact in f64 and their sums exact while a row spans under 2^24 of its smallest
 // nonzero value, so the order the blocks add in changes only the last bits of Σ y², 2^-53 of
-// it, where f32's rounding is 2^-24 (models/norm_fold.rs keeps the slots, zeroed for each
-// generation).
+// it, where f32's rounding is 2^-24 (models/cache.rs keeps the slots, zeroed for each
+// generation; models/norm_fold.rs says which GEMV sums, reads and clears which).
 constexpr int NORM_SLOTS = 32, NORM_LINE = 16;
 
 template <typename T, int M>
@@ -69,8 +70,10 @@ __device__ void gemv_ln(const Vec16<T>* x, const Vec16<T>* w, const float2* sb, 
   const bool copies = SUMMED && warp == 0;
   if (copies) {
     const unsigned to = (unsigned)__cvta_generic_to_shared(&slots[lane]);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(stats + lane * NORM_LINE));
-    asm volatile("cp.async.commit_group;\n" ::);
+    // "memory": kept before the loop, whose loads it overlaps.
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(stats + lane * NORM_LINE)
+                 : "memory");
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
   }
   gemv_parts<T, M, C, !SUMMED>(x, w, n, kv, part, stat);
   const float inv_k = 1.f / (kv * (16 / (int)sizeof(T)));
@@ -80,13 +83,14 @@ __device__ void gemv_ln(const Vec16<T>* x, const Vec16<T>* w, const float2* sb, 
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     double2 slot = slots[lane];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {  // a fixed order: the same bits each run
+    for (int o = 16; o > 0; o >>= 1) {  // the slots in a fixed order (their own adds are not)
       slot.x += __shfl_xor_sync(0xffffffffu, slot.x, o);
       slot.y += __shfl_xor_sync(0xffffffffu, slot.y, o);
     }
-    const double mean_d = slot.x * (double)inv_k;
+    const double inv_kd = 1. / (kv * (16 / (int)sizeof(T)));  // 1/K exact for any K in f64
+    const double mean_d = slot.x * inv_kd;
     mean = (float)mean_d;
-    var = (float)fmax(slot.y * (double)inv_k - mean_d * mean_d, 0.);
+    var = (float)fmax(slot.y * inv_kd - mean_d * mean_d, 0.);
   }
   if (!finishes) return;
   if constexpr (!SUMMED) {

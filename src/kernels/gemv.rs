@@ -209,6 +209,11 @@ mod imp {
                 count_ln(summed.is_some_and(|s| s.stats.is_some()));
                 let s = address(summed.and_then(|s| s.stats))?;
                 let c = address(summed.map(|s| s.clear))?;
+                // Slots read and cleared at once would race with block 0's clear.
+                debug_assert!(
+                    s == NULL || s != c,
+                    "norm-stats: the slots read are those cleared"
+                );
                 (device_address(sb)?, s, c, false, eps as f32)
             }
         };

@@ -123,9 +123,9 @@ pub struct KvCache {
     /// under while the columns run further; None: a batch that started together, whose
     /// positions stay under `len`.
     seen_bound: Option<usize>,
-    /// (norms, NORM_SLOTS, NORM_LINE) f64, one row: a decode step's folded norms' statistics, summed by the
-    /// GEMV before each norm and zeroed by the folded GEMVs after (`--fused norm-stats`,
-    /// [`super::norm_fold::BlockSlots`]); zero again for each generation.
+    /// (norms, NORM_SLOTS, NORM_LINE) f64, one row: a decode step's folded norms' statistics,
+    /// summed by the GEMV before each norm and zeroed by the folded GEMVs after (`--fused
+    /// norm-stats`, [`super::norm_fold::BlockSlots`]); zero again for each generation.
     norm_stats: Option<Tensor>,
 }
 
@@ -283,7 +283,8 @@ impl KvCache {
     /// Empties the cache for a new batch of the same size, keeping its memory.
     pub fn reset(&mut self) -> Result<()> {
         self.seen = self.seen.zeros_like()?;
-        // A step that failed part-way may have left sums in them.
+        // A step that failed part-way may have left sums in them. New memory: a CUDA graph
+        // holds the old address, but lives only in the generation that captured it.
         if let Some(s) = &self.norm_stats {
             self.norm_stats = Some(s.zeros_like()?);
         }

@@ -264,7 +264,9 @@ impl Projection {
             }
         }
         if stats.is_some() && kernels::enabled(kernels::Fused::NormStats) {
-            candle_core::bail!("norm-stats: a residual GEMV did not take the rows");
+            candle_core::bail!(
+                "norm-stats: a residual GEMV did not take the rows (to decode without it: --fused with every path but norm-stats)"
+            );
         }
         self.forward(x)? + r
     }

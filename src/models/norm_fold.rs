@@ -241,6 +241,56 @@ mod tests {
         assert_eq!(f.sb.dims(), [n, 2]);
     }
 
+    /// norm-stats' slot protocol over three steps, for 1–4 blocks: each GEMV that sums into a
+    /// slot finds it zero, each that reads one finds this step's sums, none clears what it
+    /// reads, and only the last block's MLP slot is left for the next step's block 0 to clear.
+    #[test]
+    fn every_slot_is_zero_before_its_sums_and_summed_before_it_is_read() {
+        for n_layer in 1..=4 {
+            let n = norms(n_layer);
+            let all = Tensor::arange(0f64, n as f64, &Device::Cpu).unwrap();
+            let all = all.reshape((n, 1)).unwrap();
+            let at = |t: &Tensor| t.to_vec1::<f64>().unwrap()[0] as usize;
+            let blocks = slots(Some(&all), n_layer).unwrap();
+            // held[j]: the step whose sums slot j holds, None where it is zero.
+            let mut held: Vec<Option<usize>> = vec![None; n];
+            for step in 0..3 {
+                let read = |s: Summed, held: &mut Vec<Option<usize>>| {
+                    let c = at(s.clear);
+                    if let Some(t) = s.stats {
+                        assert_eq!(held[at(t)], Some(step), "{n_layer} blocks: slot {}", at(t));
+                        assert_ne!(at(t), c, "{n_layer} blocks: reads what it clears");
+                    }
+                    held[c] = None;
+                };
+                let sum = |t: &Tensor, held: &mut Vec<Option<usize>>| {
+                    assert_eq!(
+                        held[at(t)],
+                        None,
+                        "{n_layer} blocks: slot {} not zero",
+                        at(t)
+                    );
+                    held[at(t)] = Some(step);
+                };
+                for (i, b) in blocks.iter().enumerate() {
+                    let b = b.as_ref().unwrap();
+                    assert_eq!(b.qkv().stats.is_none(), i == 0);
+                    read(b.qkv(), &mut held);
+                    sum(b.dense(), &mut held);
+                    read(b.up(), &mut held);
+                    if let Some(t) = b.down() {
+                        sum(t, &mut held);
+                    }
+                    assert_eq!(b.down().is_none(), i + 1 == n_layer);
+                }
+                let left: Vec<usize> = (0..n).filter(|&j| held[j].is_some()).collect();
+                assert_eq!(left, [n - 1], "{n_layer} blocks after step {step}");
+            }
+        }
+        let other = Tensor::zeros((3, 1), DType::F64, &Device::Cpu).unwrap();
+        assert!(BlockSlots::of(Some(&other), 0, 2).unwrap().is_none());
+    }
+
     /// A weight of more rows than a chunk folds as the formula over all of it: W' = W·diag(γ)
     /// bit for bit, Σ W' and b + W β to f32 rounding, in order.
     #[test]
