@@ -203,15 +203,14 @@ fn graphed_steps_with_summed_statistics_pick_the_eager_ids() {
             model.prepare_decode().unwrap();
             model.fold_norms().unwrap();
             let (replayed, summed) = (replays(), SUMMED_LAUNCHES.load(Relaxed));
-            let edges = programmatic_edges();
             let mut cache = model.new_cache(1, prompts.len() + 12).unwrap();
             let hook = &mut |_| Ok(());
             ids.push(generate_in(model.as_ref(), &mut cache, &prompts, &g, hook).unwrap());
             let why = format!("{}, graph {graphed}", spec.name);
             assert_eq!(replays() - replayed > 0, graphed, "{why}: replays");
-            assert_eq!(
-                programmatic_edges() > edges,
-                graphed,
+            // The count is the last captured graph's: the eager arm captures none.
+            assert!(
+                !graphed || programmatic_edges() > 0,
                 "{why}: programmatic edges"
             );
             let summed = SUMMED_LAUNCHES.load(Relaxed) - summed;
