@@ -176,6 +176,12 @@ csvs() {
   part h15 -i $M/gate-run53/ab-logs.tgz \
     --where "fused=$ew,trigger-first,norm-fold,cluster,step-io,norm-stats" \
     --where git_commit=fe347dfbbe5c-dirty
+  # 5eec037 (the submitted code but for one test's fix, gate-run55), GPU 1 of a 2x H100 host
+  # (gate-run54), every path: bloom-7b1, and gpt2-xl and bloom-1b7, whose rows over 2 KB fold
+  # only with norm-stats, batch 1.
+  part h16 -i $H/gate-run54/ab-logs.tgz \
+    --where "fused=$ew,trigger-first,norm-fold,cluster,step-io,norm-stats" \
+    --where git_commit=5eec037b4fe5
   # The serving suite (#39) on 6ac4535 (HF's worker without cuDNN attention): serving-run4's
   # archive holds serving-run3's logs too (the same /tmp on the same machine); of HF's two
   # bloom-560m static sweeps the first, cut at its fifth rate by the call's time, is left out.
