@@ -438,7 +438,7 @@ fn programmatic_edges_leave_graph_replayed_ids_unchanged() {
                 .load(&WeightSource::Random { seed: 0 }, DType::BF16, &gpu)
                 .unwrap();
             model.prepare_decode().unwrap();
-            model.fold_norms().unwrap(); // as the engine before one row: norm-fold's graphs too
+            model.fold_norms(1).unwrap(); // as the engine before one row: norm-fold's graphs too
             let before = replays();
             ids.push(generate(model.as_ref(), &prompts, &g, &mut |_| Ok(())).unwrap());
             let name = &spec.name;

@@ -1,15 +1,19 @@
-//! The LayerNorms folded into the decode GEMVs (`--fused norm-fold`): the GEMV that normalises
-//! its input against the norm then the projection in f32, the GEMV that adds the residual
-//! against the GEMV then the add kernel bit for bit, and decoding taking the folded GEMV.
+//! The LayerNorms folded into the decode GEMVs (`--fused norm-fold`) and, at 5–16 rows, the
+//! tensor-core projections (`--fused skinny-fold`): the kernel that normalises its input
+//! against the norm then the projection in f32, the kernel that adds the residual against the
+//! projection then the add kernel bit for bit, and decoding taking the folded kernels.
 
 use super::*;
-use crate::models::norm_fold::{fold, MAX_ROWS, MAX_ROW_BYTES};
+use crate::models::norm_fold::{fold, MAX_ROW_BYTES};
 
-/// x (rows, k) off zero mean and unit scale, as a residual stream is; W, b, γ, β around
-/// BLOOM's and GPT-2's shapes; the folded GEMV against act(LN(x) Wᵀ + b) in f32 from the same
-/// (rounded) x, W, b, γ and β: bf16 and f16, 1–4 rows, no activation and tanh-GELU.
-#[test]
-fn gemv_ln_matches_the_norm_then_the_projection() {
+/// The folded projection `folded_kernel` (None: it did not apply) against act(LN(x) Wᵀ + b)
+/// in f32 from the same (rounded) x, W, b, γ and β, for x `rows` rows off zero mean and unit
+/// scale, as a residual stream is; W, b, γ, β around BLOOM's and GPT-2's shapes; bf16 and
+/// f16, no activation and tanh-GELU.
+fn check_folded_kernel(
+    rows: &[usize],
+    folded_kernel: impl Fn(&Tensor, &crate::models::norm_fold::Folded, Act, f64) -> Option<Tensor>,
+) {
     let (dev, _one_at_a_time) = gpu();
     let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
     let eps = 1e-5;
@@ -21,7 +25,7 @@ fn gemv_ln_matches_the_norm_then_the_projection() {
             let gamma = cast(((randn(&[k], &dev) * 0.3).unwrap() + 1.).unwrap());
             let beta = cast((randn(&[k], &dev) * 0.3).unwrap());
             let folded = fold(&w, &b, &gamma, &beta).unwrap();
-            for m in 1..=4 {
+            for &m in rows {
                 let x = cast(((randn(&[m, k], &dev) * 2.).unwrap() + 0.7).unwrap());
                 let mean = f(&x).mean_keepdim(1).unwrap();
                 let centred = f(&x).broadcast_sub(&mean).unwrap();
@@ -35,9 +39,7 @@ fn gemv_ln_matches_the_norm_then_the_projection() {
                 let y = y.broadcast_add(&f(&b)).unwrap();
                 for act in [Act::None, Act::GeluTanh] {
                     let why = format!("{m}x{k} -> {n} {dtype:?} {act:?}");
-                    let got = gemv_ln(&x, &folded.w, &folded.sb, act, eps, None)
-                        .unwrap()
-                        .expect(&why);
+                    let got = folded_kernel(&x, &folded, act, eps).expect(&why);
                     assert_eq!(got.dims(), [m, n], "{why}");
                     let r = rel(&got, &act_ref(&y, act));
                     assert!(r < 1e-2, "{why}: rel {r}");
@@ -45,6 +47,17 @@ fn gemv_ln_matches_the_norm_then_the_projection() {
             }
         }
     }
+}
+
+/// The folded GEMV (1–4 rows) against the norm then the projection; five rows and an sb of
+/// another shape are not its.
+#[test]
+fn gemv_ln_matches_the_norm_then_the_projection() {
+    check_folded_kernel(&[1, 2, 3, 4], |x, f, act, eps| {
+        gemv_ln(x, &f.w, &f.sb, act, eps, None).unwrap()
+    });
+    let (dev, _one_at_a_time) = gpu();
+    let eps = 1e-5;
     // Five rows are not the GEMV's; nor an sb of another shape.
     let x = randn(&[5, 64], &dev).to_dtype(DType::BF16).unwrap();
     let w = randn(&[40, 64], &dev).to_dtype(DType::BF16).unwrap();
@@ -84,6 +97,56 @@ fn gemv_add_is_the_gemv_then_the_add_bit_for_bit() {
                     .unwrap()
                     .expect(&why);
                 assert_eq!(max_abs_diff(&got, &sum), 0., "{why}");
+            }
+        }
+    }
+}
+
+/// The tensor-core projection with the norm folded (`skinny-fold`, 5–16 rows) against the norm
+/// then the projection; 17 rows, an sb of another shape and the path off are not its.
+#[test]
+fn skinny_ln_matches_the_norm_then_the_projection() {
+    check_folded_kernel(&[5, 9, 16], |x, f, act, eps| {
+        skinny_ln(x, &f.w, &f.sb, act, eps).unwrap()
+    });
+    let (dev, _one_at_a_time) = gpu();
+    let bf = |dims: &[usize]| randn(dims, &dev).to_dtype(DType::BF16).unwrap();
+    let (w, sb) = (bf(&[40, 64]), Tensor::zeros((40, 2), DType::F32, &dev).unwrap());
+    let ln = |x: &Tensor, sb: &Tensor| skinny_ln(x, &w, sb, Act::None, 1e-5).unwrap();
+    assert!(ln(&bf(&[17, 64]), &sb).is_none());
+    assert!(ln(&bf(&[16, 64]), &sb.narrow(0, 0, 39).unwrap()).is_none());
+    set_enabled(&all_but(Fused::SkinnyFold));
+    assert!(ln(&bf(&[16, 64]), &sb).is_none());
+    set_enabled(&[Fused::All]);
+}
+
+/// The tensor-core projection with the residual add in its epilogue (`skinny-fold`) holds, bit
+/// for bit, the add kernel's sum of the projection's output and the residual: bf16 and f16,
+/// 5–16 rows, BLOOM's and GPT-2's decode shapes; a residual of another shape is not its.
+#[test]
+fn skinny_add_is_the_projection_then_the_add_bit_for_bit() {
+    let (dev, _one_at_a_time) = gpu();
+    for (k, n) in [(1024, 1024), (4096, 1024), (3072, 768), (64, 40)] {
+        for dtype in [DType::BF16, DType::F16] {
+            let cast = |t: Tensor| t.to_dtype(dtype).unwrap();
+            let w = cast((randn(&[n, k], &dev) * 0.05).unwrap());
+            let b = cast(randn(&[n], &dev));
+            let (ones, zeros) = (
+                cast(Tensor::ones(n, DType::F32, &dev).unwrap()),
+                cast(Tensor::zeros(n, DType::F32, &dev).unwrap()),
+            );
+            for m in [5, 16] {
+                let why = format!("{m}x{k} -> {n} {dtype:?}");
+                let x = cast(randn(&[m, k], &dev));
+                let r = cast((randn(&[m, n], &dev) * 3.).unwrap());
+                let got = skinny_add(&x, &w, &b, &r).unwrap().expect(&why);
+                let y = skinny_linear(&x, &w, &b, Act::None).unwrap().expect(&why);
+                let (sum, _) = add_layer_norm(&y, &r, &ones, &zeros, 1e-5)
+                    .unwrap()
+                    .expect(&why);
+                assert_eq!(max_abs_diff(&got, &sum), 0., "{why}");
+                let short = r.narrow(1, 0, n - 1).unwrap().contiguous().unwrap();
+                assert!(skinny_add(&x, &w, &b, &short).unwrap().is_none(), "{why}");
             }
         }
     }
@@ -135,17 +198,18 @@ pub(super) fn n_layer(spec: &ModelSpec) -> usize {
 }
 
 /// Decode steps of the tiny models in bf16 take the folded GEMV with the path on at one row
-/// (rows over 2 KB with norm-stats only, reading summed statistics), and not with it off nor
-/// at three rows (norm_fold::MAX_ROWS); their logits are within bf16 rounding of the steps
-/// with the norms. Random weights hold γ = 1 and β = 0: the next test folds norms of random
-/// weight and bias.
+/// (rows over 2 KB with norm-stats only, reading summed statistics) and the folded tensor-core
+/// projection at 16 rows with skinny-fold (where it takes the MLP's weight: not the 1152- and
+/// 1280-channel models'), and neither with the paths off nor at three rows
+/// (norm_fold::folds); their logits are within bf16 rounding of the steps with the norms.
+/// Random weights hold γ = 1 and β = 0: the next test folds norms of random weight and bias.
 #[test]
-fn decoding_takes_the_folded_gemv_only_with_the_path_on() {
+fn decoding_takes_the_folded_kernels_only_with_the_paths_on() {
     let (gpu, _one_at_a_time) = gpu();
     let src = WeightSource::Random { seed: 0 };
     for spec in specs() {
-        for rows in [1, 3] {
-            let want = rows <= MAX_ROWS;
+        for rows in [1, 3, 16] {
+            let want = rows == 1 || (rows == 16 && !long_rows(&spec));
             check_folded_against_normed(&gpu, &spec, &src, rows, want);
         }
     }
@@ -196,11 +260,11 @@ fn folded_decoding_with_random_norms_matches_the_norms() {
     }
 }
 
-/// Decodes `rows` rows of `spec` from `src` with every path, with every path but norm-stats
-/// and with every path but norm-fold: the folded GEMV launched iff `folds`, with the first arm
-/// (reading summed statistics iff the rows are over 2 KB) and the second (rows up to 2 KB);
-/// the logits of each folded arm within bf16 rounding of the norms' (four steps: slots not
-/// zeroed between steps would show).
+/// Decodes `rows` rows of `spec` from `src` with every path, every path but norm-stats, every
+/// path but norm-fold and every path but skinny-fold: the folded kernels launched iff `folds`,
+/// with the first arm (reading summed statistics iff the rows are over 2 KB), the second (rows
+/// up to 2 KB) and the fourth (one row); the logits of each folded arm within bf16 rounding of
+/// the norms' (four steps: slots not zeroed between steps would show).
 fn check_folded_against_normed(
     gpu: &Device,
     spec: &ModelSpec,
@@ -215,28 +279,35 @@ fn check_folded_against_normed(
         vec![Fused::All],
         all_but(Fused::NormStats),
         all_but(Fused::NormFold),
+        all_but(Fused::SkinnyFold),
     ];
+    let launches = || LN_LAUNCHES.load(Relaxed) + SKINNY_LN_LAUNCHES.load(Relaxed);
     for (arm, paths) in arms.into_iter().enumerate() {
         let paths: Vec<Fused> = paths.into_iter().filter(|&f| f != Fused::Step).collect();
         set_enabled(&paths);
-        let (ln, summed) = (LN_LAUNCHES.load(Relaxed), SUMMED_LAUNCHES.load(Relaxed));
+        let (ln, summed) = (launches(), SUMMED_LAUNCHES.load(Relaxed));
         logits.push(decode_logits(gpu, spec, src, rows));
-        let ln = LN_LAUNCHES.load(Relaxed) - ln;
+        let ln = launches() - ln;
         let summed = SUMMED_LAUNCHES.load(Relaxed) - summed;
         let why = format!("{name}, {rows} rows, arm {arm}: {ln} folded, {summed} summed");
-        // Three folded steps (the prefill is not one): two folded GEMVs a block, all but
-        // block 0's qkv reading summed statistics.
+        // Three folded steps (the prefill is not one): two folded projections a block, all
+        // but block 0's qkv reading summed statistics at one row over 2 KB.
         let blocks = n_layer(spec);
-        let folded = folds && (arm == 0 || (arm == 1 && !long));
+        let folded = match arm {
+            0 => folds,
+            1 => folds && !long,
+            3 => folds && rows == 1,
+            _ => false,
+        };
         assert_eq!(ln, if folded { 3 * 2 * blocks } else { 0 }, "{why}");
-        let reads = folds && arm == 0 && long;
+        let reads = folds && (arm == 0 || arm == 3) && long;
         assert_eq!(
             summed,
             if reads { 3 * (2 * blocks - 1) } else { 0 },
             "{why}"
         );
     }
-    for arm in 0..2 {
+    for arm in [0, 1, 3] {
         for (i, (folded, normed)) in logits[arm].iter().zip(&logits[2]).enumerate() {
             let r = rel(folded, normed);
             assert!(
@@ -258,8 +329,8 @@ fn decode_logits(gpu: &Device, spec: &ModelSpec, src: &WeightSource, rows: usize
     let prompts = left_pad(&prompts, 0, gpu).unwrap();
     let mut model = spec.load(src, DType::BF16, gpu).unwrap();
     model.prepare_decode().unwrap();
-    model.fold_norms().unwrap();
-    let mut cache = model.new_cache(rows, 32).unwrap();
+    model.fold_norms(rows).unwrap();
+    let mut cache = model.new_cache(rows, prompts.len() + 4).unwrap();
     let mut logits = vec![model
         .forward_cached(&prompts.ids, &prompts.mask, &mut cache)
         .unwrap()];

@@ -201,7 +201,7 @@ fn graphed_steps_with_summed_statistics_pick_the_eager_ids() {
                 .load(&WeightSource::Random { seed: 0 }, DType::BF16, &gpu)
                 .unwrap();
             model.prepare_decode().unwrap();
-            model.fold_norms().unwrap();
+            model.fold_norms(1).unwrap();
             let (replayed, summed) = (replays(), SUMMED_LAUNCHES.load(Relaxed));
             let mut cache = model.new_cache(1, prompts.len() + 12).unwrap();
             let hook = &mut |_| Ok(());

@@ -179,7 +179,7 @@ fn step_io_leaves_graph_replayed_ids_unchanged() {
                 .load(&WeightSource::Random { seed: 0 }, dtype, &gpu)
                 .unwrap();
             model.prepare_decode().unwrap();
-            model.fold_norms().unwrap();
+            model.fold_norms(n).unwrap();
             let replayed = replays();
             ids.push(generate(model.as_ref(), &prompts, &g, &mut |_| Ok(())).unwrap());
             assert_eq!(replays() - replayed, 10, "{}, {n} rows: replays", spec.name);

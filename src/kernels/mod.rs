@@ -80,8 +80,11 @@ pub use oneshot::{
 #[cfg(feature = "cuda")]
 pub use oneshot::{pair_add_in_place, pair_signal, pair_wait};
 pub use residual::{residual_add, residual_add_dropped, residual_add_then_drop};
+#[cfg(test)]
+pub use skinny::LN_LAUNCHES as SKINNY_LN_LAUNCHES;
 pub use skinny::{
-    skinny, skinny_fp8, skinny_linear, MAX_ROWS as SKINNY_MAX_ROWS, MAX_WEIGHT as SKINNY_MAX_WEIGHT,
+    skinny, skinny_add, skinny_fp8, skinny_linear, skinny_ln, MAX_ROWS as SKINNY_MAX_ROWS,
+    MAX_WEIGHT as SKINNY_MAX_WEIGHT,
 };
 
 /// The fused paths `--fused` switches (each on by default on CUDA but `step`, which is opt-in).
@@ -231,6 +234,11 @@ pub enum Fused {
     /// products (which held fewer weight loads in flight at those rows: bloom-7b1's folded
     /// step was slower on H200 without this), and those rows fold too.
     NormStats,
+    /// With `norm-fold` and `skinny-proj`, decode steps of 5–16 rows (bf16 / f16, the
+    /// tensor-core kernel's weights): the norms folded as at one row, their statistics summed
+    /// by the tensor-core projection from the x it loads for its products, and the residual
+    /// adds in the projections before them, instead of an add-and-norm kernel each.
+    SkinnyFold,
 }
 
 const LT: u64 = 1;
@@ -267,6 +275,7 @@ const NORM_FOLD: u64 = 1 << 30;
 const CLUSTER: u64 = 1 << 31;
 const STEP_IO: u64 = 1 << 32;
 const NORM_STATS: u64 = 1 << 33;
+const SKINNY_FOLD: u64 = 1 << 34;
 const ALL: u64 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -299,7 +308,8 @@ const ALL: u64 = LT
     | TRIGGER_FIRST
     | CLUSTER
     | STEP_IO
-    | NORM_STATS;
+    | NORM_STATS
+    | SKINNY_FOLD;
 
 static ENABLED: AtomicU64 = AtomicU64::new(ALL);
 
@@ -341,6 +351,7 @@ fn bit(f: Fused) -> u64 {
         Fused::Cluster => CLUSTER,
         Fused::StepIo => STEP_IO,
         Fused::NormStats => NORM_STATS,
+        Fused::SkinnyFold => SKINNY_FOLD,
     }
 }
 
@@ -398,6 +409,7 @@ pub fn describe() -> String {
         (CLUSTER, "cluster"),
         (STEP_IO, "step-io"),
         (NORM_STATS, "norm-stats"),
+        (SKINNY_FOLD, "skinny-fold"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

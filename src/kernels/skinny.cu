@@ -15,6 +15,11 @@
 // NT 1 spreads a 1024-wide output over 128 blocks; from 4096 columns NT 4 brings a quarter of
 // the x a W byte brings at NT 1 (a lane's x loads are 2 / NT of its W bytes, 4 / NT for E4M3):
 // fp8 bloom-7b1 at 16 rows 5.80 -> 4.82 ms against NT 2 (results/h100x2/skinny-run5).
+// `--fused skinny-fold` (models/norm_fold.rs at 5-16 rows): the residual add in the epilogue
+// (r, rounded as the add kernel rounds), and the projection after a LayerNorm folded into W
+// (FOLD: each lane sums Σ x and Σ x² of the x vectors it loads for the mmas, every element of
+// x once a block; the warps' sums meet in shared memory with the products), so that a block's
+// add + norm kernels go.
 //
 // The order of k inside a slice is free (a dot product), and is chosen so that every operand is
 // one 16-byte load a lane: lane (g, t) = (lane / 4, lane % 4) holds elements E t .. E t + E - 1
@@ -63,6 +68,31 @@ template <> __device__ __forceinline__ uint32_t pair_of<__nv_bfloat16>(uint32_t 
 // E4M3 weights) and of its NT W rows (a vector a slice).
 template <int NT, int XW, int U> struct Round { Words xa[U][XW], xb[U][XW], w[U][NT]; };
 
+// Two 16-bit elements of T as floats.
+template <typename T> __device__ float2 pair_f(uint32_t two);
+template <> __device__ __forceinline__ float2 pair_f<__nv_bfloat16>(uint32_t two) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&two));
+}
+template <> __device__ __forceinline__ float2 pair_f<__half>(uint32_t two) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&two));
+}
+
+// FOLD: adds a round's x elements of the lane's two rows into s = (Σ x, Σ x² of row g, the
+// same of row g + 8); slices past K and rows past M were loaded as zeros and add nothing.
+template <typename T, int NT, int U>
+__device__ __forceinline__ void add_stats(float4& s, const Round<NT, 1, U>& r) {
+#pragma unroll
+  for (int u = 0; u < U; u++)
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      const float2 a = pair_f<T>(r.xa[u][0].w[q]), b = pair_f<T>(r.xb[u][0].w[q]);
+      s.x += a.x + a.y;
+      s.y = fmaf(a.x, a.x, fmaf(a.y, a.y, s.y));
+      s.z += b.x + b.y;
+      s.w = fmaf(b.x, b.x, fmaf(b.y, b.y, s.w));
+    }
+}
+
 // Loads round s0 (slices s0, s0 + WARPS, ...); zeros past K, M and N.
 template <int NT, int XW, int U>
 __device__ __forceinline__ void load(Round<NT, XW, U>& r, const Words* x, const Words* w, int s0, int slices, int m, int n,
@@ -110,13 +140,20 @@ __device__ __forceinline__ void multiply(float (*c)[4], const Round<NT, XW, U>& 
   }
 }
 
-// y = act(scale · x Wᵀ + bias): sb[n] = (scale, bias) for E4M3, else (1, b[n] or 0).
-// U16: slices a round of 16-bit W (half as many of E4M3: the same x bytes a round).
-template <typename T, typename W, int NT, int U16, bool PIPE>
-__device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, T* y, int m, int n, int k, int act) {
+// y = act(scale · x Wᵀ + bias) [+ r]: sb[n] = (scale, bias) for E4M3, else (1, b[n] or 0).
+// FOLD: y = act(rstd·(x Wᵀ − mean·Σ W) + b') [+ r] with sb[n] = (Σₖ W[n, k], b'[n]) (W and b'
+// the projection with the norm folded in, norm_fold.rs), mean and rstd each row's from x.
+// r (M, N) may be null. U16: slices a round of 16-bit W (half as many of E4M3: the same x
+// bytes a round).
+template <typename T, typename W, int NT, int U16, bool PIPE, bool FOLD = false>
+__device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, const T* r, T* y, int m, int n, int k,
+                       int act, float eps = 0.f) {
   constexpr bool FP8 = sizeof(W) == 1;
   constexpr int XW = FP8 ? 2 : 1, U = FP8 ? (U16 + 1) / 2 : U16, COLS = 8 * NT;
+  static_assert(!FOLD || (PIPE && !FP8), "a folded norm over 16-bit weights");
   __shared__ float part[WARPS][16][COLS];
+  __shared__ float2 stat[FOLD ? WARPS : 1][16];  // FOLD: each warp's (Σ x, Σ x²) of a row
+  float4 st = make_float4(0.f, 0.f, 0.f, 0.f);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int n0 = blockIdx.x * COLS, slices = k / (32 * XW);
   const int xv = k * (int)sizeof(T) / 16, wv = k * (int)sizeof(W) / 16;  // vectors a row
@@ -131,6 +168,7 @@ __device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, T* 
       Round<NT, XW, U> next;
       load(next, xw, ww, s0 + WARPS * U, slices, m, n, xv, wv);
       multiply<T>(c, cur, s0, slices);
+      if constexpr (FOLD) add_stats<T>(st, cur);
       cur = next;
     }
   } else {
@@ -148,37 +186,69 @@ __device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, T* 
     part[warp][g + 8][8 * i + 2 * t] = c[i][2];
     part[warp][g + 8][8 * i + 2 * t + 1] = c[i][3];
   }
+  if constexpr (FOLD) {  // the lanes t of a row g summed, then the warps in the epilogue
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {
+      st.x += __shfl_xor_sync(0xffffffffu, st.x, o);
+      st.y += __shfl_xor_sync(0xffffffffu, st.y, o);
+      st.z += __shfl_xor_sync(0xffffffffu, st.z, o);
+      st.w += __shfl_xor_sync(0xffffffffu, st.w, o);
+    }
+    if (t == 0) {
+      stat[warp][g] = make_float2(st.x, st.y);
+      stat[warp][g + 8] = make_float2(st.z, st.w);
+    }
+  }
   __syncthreads();
   for (int e = threadIdx.x; e < m * COLS; e += blockDim.x) {
-    const int r = e / COLS, col = n0 + e % COLS;
+    const int row = e / COLS, col = n0 + e % COLS;
     if (col >= n) continue;
     float v = 0.f;
 #pragma unroll
-    for (int s = 0; s < WARPS; s++) v += part[s][r][e % COLS];
-    const float2 f = FP8 ? sb[col] : make_float2(1.f, b ? to_f(b[col]) : 0.f);
-    v = v * f.x + f.y;
+    for (int s = 0; s < WARPS; s++) v += part[s][row][e % COLS];
+    const float2 f = FP8 || FOLD ? sb[col] : make_float2(1.f, b ? to_f(b[col]) : 0.f);
+    if constexpr (FOLD) {  // as gemv.cu's gemv_ln: one-pass statistics in f32
+      float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+      for (int s = 0; s < WARPS; s++) {
+        s1 += stat[s][row].x;
+        s2 += stat[s][row].y;
+      }
+      const float inv_k = 1.f / k, mean = s1 * inv_k, var = fmaxf(s2 * inv_k - mean * mean, 0.f);
+      v = rsqrtf(var + eps) * (v - mean * f.x) + f.y;
+    } else {
+      v = v * f.x + f.y;
+    }
     if (act == 1) v = gelu_tanh(v);
-    y[(long)r * n + col] = from_f<T>(v);
+    // Rounded before the add, as the branch's output was before the add kernel.
+    if (r) v = to_f(r[(long)row * n + col]) + to_f(from_f<T>(v));
+    y[(long)row * n + col] = from_f<T>(v);
   }
 }
 
-// b: the bias (N,), or null; act: 0 none, 1 GELU (tanh approximation).
+// b: the bias (N,), or null; r: the residual (M, N), or null; act: 0 none, 1 GELU (tanh
+// approximation). tb_skinny_ln: sb (N, 2) f32, the folded projection's (Σ W, bias).
 #define SKINNY(T, S, NT)                                                                               \
-  extern "C" __global__ void __launch_bounds__(32 * WARPS)                                             \
-      tb_skinny##NT##_##S(const T* x, const T* w, const T* b, T* y, int m, int n, int k, int act) {    \
+  extern "C" __global__ void __launch_bounds__(32 * WARPS) tb_skinny##NT##_##S(                        \
+      const T* x, const T* w, const T* b, const T* r, T* y, int m, int n, int k, int act) {            \
     pdl_begin();                                                                                       \
-    skinny<T, T, NT, 2, true>(x, w, b, nullptr, y, m, n, k, act);                                      \
+    skinny<T, T, NT, 2, true>(x, w, b, nullptr, r, y, m, n, k, act);                                   \
+  }                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(32 * WARPS) tb_skinny_ln##NT##_##S(                     \
+      const T* x, const T* w, const float2* sb, T* y, int m, int n, int k, int act, float eps) {       \
+    pdl_begin();                                                                                       \
+    skinny<T, T, NT, 2, true, true>(x, w, nullptr, sb, nullptr, y, m, n, k, act, eps);                 \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(32 * WARPS) tb_skinny_fp8_##NT##_##S(                   \
       const T* x, const uint8_t* q, const float2* sb, T* y, int m, int n, int k, int act) {            \
     pdl_begin();                                                                                       \
-    skinny<T, uint8_t, NT, 2, true>(x, q, nullptr, sb, y, m, n, k, act);                               \
+    skinny<T, uint8_t, NT, 2, true>(x, q, nullptr, sb, nullptr, y, m, n, k, act);                      \
   }
 #define SKINNY_HEAD(T, S)                                                                              \
   extern "C" __global__ void __launch_bounds__(32 * WARPS) tb_skinny_head_##S(const T* x, const T* w, T* y, \
                                                                              int m, int n, int k) {    \
     pdl_begin();                                                                                       \
-    skinny<T, T, 2, 4, false>(x, w, nullptr, nullptr, y, m, n, k, 0);                                  \
+    skinny<T, T, 2, 4, false>(x, w, nullptr, nullptr, nullptr, y, m, n, k, 0);                                  \
   }
 SKINNY(__nv_bfloat16, bf16, 1)
 SKINNY(__nv_bfloat16, bf16, 4)

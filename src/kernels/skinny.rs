@@ -57,10 +57,64 @@ pub fn skinny_fp8(x: &Tensor, q: &Tensor, sb: &Tensor, act: Act) -> Result<Optio
     imp::skinny_fp8(x, q, sb, act)
 }
 
+/// x Wᵀ + b + r for a projection W (out, in) at most [`MAX_ROWS`] rows, r (M, out) like the
+/// output, the sum rounded as the add kernel rounds it (`--fused skinny-fold`: a branch's last
+/// projection with the residual add in its epilogue); None where [`skinny_linear`] would not
+/// apply, the path is off or r is not x's dtype and the output's shape.
+pub fn skinny_add(x: &Tensor, w: &Tensor, b: &Tensor, r: &Tensor) -> Result<Option<Tensor>> {
+    if !folds() || x.track_op() || w.track_op() || b.track_op() || r.track_op() {
+        return Ok(None);
+    }
+    imp::skinny_tail(x, w, Tail::Add { b, r }, Act::None)
+}
+
+/// act(LN(x) Wᵀ + b) for x (M, in) the residual stream before its LayerNorm, whose weight and
+/// bias [`crate::models::norm_fold`] folded into W and b: sb (out, 2) f32 holds each column's
+/// Σₖ W[n, k] and the folded bias; the norm's statistics from the x the products load
+/// (`--fused skinny-fold`). None where [`skinny_linear`] would not apply, the path is off or
+/// sb is not (out, 2) f32.
+pub fn skinny_ln(
+    x: &Tensor,
+    w: &Tensor,
+    sb: &Tensor,
+    act: Act,
+    eps: f64,
+) -> Result<Option<Tensor>> {
+    let tracked = x.track_op() || w.track_op();
+    if !folds() || tracked || !matches!(act, Act::None | Act::GeluTanh) {
+        return Ok(None);
+    }
+    imp::skinny_tail(x, w, Tail::Norm { sb, eps }, act)
+}
+
+/// Whether the folded projections' paths are on.
+fn folds() -> bool {
+    [Fused::SkinnyProj, Fused::SkinnyFold, Fused::NormFold]
+        .into_iter()
+        .all(enabled)
+}
+
+/// Launches of [`skinny_ln`]'s kernel in this process (a GPU test checks that decoding takes it).
+#[cfg(test)]
+pub static LN_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// [`skinny_add`]'s and [`skinny_ln`]'s operands after W.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+enum Tail<'a> {
+    /// The bias (N,) and the residual (M, N).
+    Add { b: &'a Tensor, r: &'a Tensor },
+    /// The folded projection's (Σ W, bias), (N, 2) f32, and the norm's epsilon.
+    Norm { sb: &'a Tensor, eps: f64 },
+}
+
 #[cfg(not(feature = "cuda"))]
 mod imp {
-    use super::Act;
+    use super::{Act, Tail};
     use candle_core::{Result, Tensor};
+
+    pub fn skinny_tail(_: &Tensor, _: &Tensor, _: Tail<'_>, _: Act) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
 
     pub fn skinny(_: &Tensor, _: &Tensor, _: Option<&Tensor>, _: Act) -> Result<Option<Tensor>> {
         Ok(None)
@@ -73,9 +127,10 @@ mod imp {
 
 #[cfg(feature = "cuda")]
 mod imp {
-    use super::{Act, MAX_ROWS, MAX_WEIGHT};
+    use super::{Act, Tail, MAX_ROWS, MAX_WEIGHT};
     use crate::kernels::launch::{
-        aligned16, alloc, kernel, launch, no_cpu_fwd, ptx, view, with_dtype, Ptx,
+        aligned16, alloc, cuda, device_address, kernel, launch, no_cpu_fwd, ptx, storage, suffix,
+        view, with_dtype, wrap, Ptx,
     };
     use crate::kernels::pdl::Early;
     use candle_core::backend::BackendStorage;
@@ -128,8 +183,9 @@ mod imp {
             let out = alloc::<T>(&dev, m * n)?;
             early.launch()?;
             // SAFETY: x holds m·k, W n·k and b n elements, contiguous from 16-byte boundaries, k
-            // a multiple of 32 (checked by `skinny`); out holds m·n.
-            launch!(unsafe func, config(n, nt); &xv, &wv, &bv, &out, &m_i, &n_i, &k_i, &act)?;
+            // a multiple of 32 (checked by `skinny`); out holds m·n; the null residual is none.
+            let no_residual = 0u64;
+            launch!(unsafe func, config(n, nt); &xv, &wv, &bv, &no_residual, &out, &m_i, &n_i, &k_i, &act)?;
             Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((m, n))))
         })
     }
@@ -271,5 +327,68 @@ mod imp {
             return Ok(None);
         }
         Ok(Some(x.apply_op3_no_bwd(q, sb, &Fp8 { act })?))
+    }
+    /// Launches tb_skinny{NT} with a residual or tb_skinny_ln{NT} on operands
+    /// [`skinny_tail`] checked.
+    fn run_tail(x: &Tensor, w: &Tensor, tail: Tail<'_>, act: Act) -> Result<Tensor> {
+        let ((m, k), n) = (x.dims2()?, w.dim(0)?);
+        let (Some(xs), Some(ws)) = (cuda(x), cuda(w)) else {
+            candle_core::bail!("the tensor-core projection takes CUDA tensors");
+        };
+        let dev = storage(&xs.0).device().clone();
+        let nt = tiles(n);
+        let kind = if matches!(tail, Tail::Norm { .. }) {
+            "_ln"
+        } else {
+            ""
+        };
+        let name = format!("tb_skinny{kind}{nt}_{}", suffix(x.dtype())?);
+        let func = dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?;
+        let (m_i, n_i, k_i, act) = (m as i32, n as i32, k as i32, act.code());
+        // The operands' addresses, taken before Early's window (only the output's allocation
+        // may be inside it).
+        let (third, fourth, eps) = match tail {
+            Tail::Add { b, r } => (device_address(b)?, device_address(r)?, 0f32),
+            Tail::Norm { sb, eps } => {
+                #[cfg(test)]
+                super::LN_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                (device_address(sb)?, 0, eps as f32)
+            }
+        };
+        Ok(with_dtype!(x.dtype(), T => {
+            let (xv, wv) = (view::<T>(storage(&xs.0), xs.1)?, view::<T>(storage(&ws.0), ws.1)?);
+            let early = Early::begin(&dev, m)?;
+            let out = alloc::<T>(&dev, m * n)?;
+            early.launch()?;
+            match kind {
+                // SAFETY: x holds m·k and W n·k elements, contiguous from 16-byte boundaries, k a
+                // multiple of 32, b n elements and r m·n, contiguous (checked by skinny_tail);
+                // out holds m·n.
+                "" => launch!(unsafe func, config(n, nt); &xv, &wv, &third, &fourth, &out, &m_i, &n_i, &k_i, &act)?,
+                // SAFETY: as above; `third` is sb, n (Σ W, bias) pairs of f32.
+                _ => launch!(unsafe func, config(n, nt); &xv, &wv, &third, &out, &m_i, &n_i, &k_i, &act, &eps)?,
+            };
+            wrap(out, &dev, (m, n))
+        }))
+    }
+
+    pub fn skinny_tail(x: &Tensor, w: &Tensor, tail: Tail<'_>, act: Act) -> Result<Option<Tensor>> {
+        if !takes(x)? || w.rank() != 2 {
+            return Ok(None);
+        }
+        let ((m, k), (n, wk)) = (x.dims2()?, w.dims2()?);
+        let fits = |t: &Tensor, dtype: DType, dims: &[usize]| {
+            t.dtype() == dtype && t.dims() == dims && t.is_contiguous()
+        };
+        let tail_fits = match tail {
+            Tail::Add { b, r } => fits(b, x.dtype(), &[n]) && fits(r, x.dtype(), &[m, n]),
+            Tail::Norm { sb, .. } => fits(sb, DType::F32, &[n, 2]),
+        };
+        let laid = w.is_contiguous() && aligned16(w) && w.dtype() == x.dtype();
+        let small = n * k <= MAX_WEIGHT;
+        if m == 0 || wk != k || !k.is_multiple_of(32) || !laid || !small || !tail_fits {
+            return Ok(None);
+        }
+        run_tail(x, w, tail, act).map(Some)
     }
 }

@@ -368,11 +368,9 @@ impl Bloom {
         })
     }
 
-    /// [`Bloom::blocks_cached`] with the norms folded ([`CausalLm::fold_norms`]) at
-    /// [`norm_fold::MAX_ROWS`] rows: a block is the qkv GEMV normalising its input, the attention, dense adding the
-    /// residual, and the MLP's two GEMVs likewise; then ln_f. None where the norms are not
-    /// folded or the GEMV does not take the rows (the loop with the norms runs: the same
-    /// function).
+    /// [`Bloom::blocks_cached`] with the norms folded at rows that take them: qkv normalising its
+    /// input, the attention, dense adding the residual, the MLP likewise; then ln_f. None where
+    /// not folded or the kernels do not apply (the loop with the norms runs).
     fn blocks_folded(
         &self,
         x: &Tensor,
@@ -380,8 +378,8 @@ impl Bloom {
         cache: &KvCache,
         step: &Step,
     ) -> candle_core::Result<Option<Tensor>> {
-        let (b, t, _) = x.dims3()?;
-        if !self.norms_folded || b * t > norm_fold::MAX_ROWS {
+        let (b, t, h) = x.dims3()?;
+        if !self.norms_folded || !norm_fold::folds(b * t, widest_folded(h)) {
             return Ok(None);
         }
         let mut x = x.clone(); // (B, T, H), the residual stream
@@ -403,14 +401,10 @@ impl Bloom {
             let x1 = a.dense.forward_add(&y, &x, s.map(BlockSlots::dense))?;
             let eps = block.post_attention_layernorm.eps();
             let (up, down) = (s.map(BlockSlots::up), s.and_then(BlockSlots::down));
-            x = block
-                .mlp
-                .forward_folded(&x1, eps, up, down)?
-                .ok_or_else(|| {
-                    candle_core::Error::Msg(format!(
-                        "norm-fold: block {i}'s MLP GEMV did not apply"
-                    ))
-                })?;
+            let Some(next) = block.mlp.forward_folded(&x1, eps, up, down)? else {
+                candle_core::bail!("norm-fold: block {i}'s MLP projection did not apply");
+            };
+            x = next;
         }
         self.ln_f.forward_kernel(&x).map(Some)
     }
@@ -624,14 +618,15 @@ impl CausalLm for Bloom {
         projections.into_iter().all(Projection::graph_capturable)
     }
 
-    /// Folds each block's two LayerNorms into the projections after them for decoding
-    /// ([`super::norm_fold`]), where [`super::norm_fold::applies`] and every block takes it
-    /// (the residual taken before the norm, bf16 / f16 weights).
-    fn fold_norms(&mut self) -> candle_core::Result<()> {
+    /// Folds each block's two LayerNorms into the projections after them ([`super::norm_fold`]),
+    /// where it applies and every block takes it (the residual before the norm, 16-bit weights).
+    fn fold_norms(&mut self, rows: usize) -> candle_core::Result<()> {
         let (dtype, device) = (self.word_embeddings.dtype(), self.word_embeddings.device());
         let hidden = self.word_embeddings.dim(1)?;
         let before = self.h.iter().all(|b| !b.residual_after_norm);
-        if self.norms_folded || !before || !norm_fold::applies(dtype, hidden, device, &self.tp) {
+        let takes = norm_fold::folds(rows, widest_folded(hidden))
+            && norm_fold::applies(dtype, hidden, device, &self.tp);
+        if self.norms_folded || !before || !takes {
             return Ok(());
         }
         let mut all = true;
@@ -670,6 +665,11 @@ impl CausalLm for Bloom {
             },
         };
     }
+}
+
+/// Elements of the largest weight a norm folds into: the MLP's first, (4H, H).
+fn widest_folded(hidden: usize) -> usize {
+    4 * hidden * hidden
 }
 
 #[cfg(test)]

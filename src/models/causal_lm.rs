@@ -106,12 +106,12 @@ pub trait CausalLm {
         Ok(())
     }
 
-    /// Folds each block's LayerNorms into the projections after them for one-row decode steps
-    /// (`--fused norm-fold`, [`super::norm_fold`]), after [`CausalLm::prepare_decode`]; the
-    /// same function on every path, rounded differently where γ ≠ 1 or β ≠ 0, so the candle
-    /// engine calls it only before a generation of [`super::norm_fold::MAX_ROWS`] rows.
-    /// Inference only. Default: nothing to fold.
-    fn fold_norms(&mut self) -> candle_core::Result<()> {
+    /// Folds each block's LayerNorms into the projections after them for decode steps of
+    /// `rows` rows (`--fused norm-fold`, [`super::norm_fold`]), after
+    /// [`CausalLm::prepare_decode`], where such a step takes them ([`super::norm_fold::folds`]);
+    /// the same function on every path, rounded differently where γ ≠ 1 or β ≠ 0. Once;
+    /// inference only. Default: nothing to fold.
+    fn fold_norms(&mut self, _rows: usize) -> candle_core::Result<()> {
         Ok(())
     }
 

@@ -302,7 +302,8 @@ impl Gpt2 {
         }
         let inference = Mode::default();
         let bias = step.causal_padding_bias()?;
-        if self.norms_folded && tok.dims()[..2].iter().product::<usize>() <= norm_fold::MAX_ROWS {
+        let rows = tok.dims()[..2].iter().product::<usize>();
+        if self.norms_folded && norm_fold::folds(rows, self.widest_folded()) {
             if let Some(h) = self.blocks_folded((tok + pos)?, bias.as_ref(), cache, step)? {
                 return Ok(h);
             }
@@ -313,10 +314,9 @@ impl Gpt2 {
         })
     }
 
-    /// A cached forward of [`norm_fold::MAX_ROWS`] rows with the norms folded, from the ids:
+    /// A cached forward of rows that take the folded norms ([`norm_fold::folds`]) from the ids:
     /// the token + position sum in one kernel (`--fused step-io`), then [`Gpt2::blocks_folded`].
-    /// None where the norms are not folded, the persistent step kernel is on, or the kernel
-    /// does not apply (the embeddings are gathered and [`Gpt2::blocks_cached`] runs).
+    /// None where not folded, `step` is on, or the kernel does not apply (blocks_cached runs).
     fn folded_from_ids(
         &self,
         ids: &Tensor,
@@ -324,10 +324,8 @@ impl Gpt2 {
         step: &Step,
     ) -> candle_core::Result<Option<Tensor>> {
         let (b, t) = ids.dims2()?;
-        if !self.norms_folded
-            || b * t > norm_fold::MAX_ROWS
-            || kernels::enabled(kernels::Fused::Step)
-        {
+        let folds = self.norms_folded && norm_fold::folds(b * t, self.widest_folded());
+        if !folds || kernels::enabled(kernels::Fused::Step) {
             return Ok(None);
         }
         let table = Some((&self.wpe, &step.positions));
@@ -338,11 +336,9 @@ impl Gpt2 {
         self.blocks_folded(x, step.causal_padding_bias()?.as_ref(), cache, step)
     }
 
-    /// [`Gpt2::blocks_cached`] with the norms folded ([`CausalLm::fold_norms`]) at
-    /// [`norm_fold::MAX_ROWS`] rows, from the residual stream x (B, T, C): a block is c_attn's
-    /// GEMV normalising its input, the attention, c_proj adding the residual, and the MLP's
-    /// two GEMVs likewise; then ln_f. None where the GEMV does not take the rows (the loop
-    /// with the norms runs: the same function).
+    /// [`Gpt2::blocks_cached`] with the norms folded, from the residual stream x (B, T, C):
+    /// c_attn normalising its input, the attention, c_proj adding the residual, the MLP likewise;
+    /// then ln_f. None where the kernels do not apply (the loop with the norms runs).
     fn blocks_folded(
         &self,
         mut x: Tensor,
@@ -367,11 +363,18 @@ impl Gpt2 {
             let x1 = attn.c_proj.forward_add(&y, &x, s.map(BlockSlots::dense))?;
             let (up, down) = (s.map(BlockSlots::up), s.and_then(BlockSlots::down));
             let mlp = block.mlp.forward_folded(&x1, block.ln_2.eps(), up, down)?;
-            x = mlp.ok_or_else(|| {
-                candle_core::Error::Msg(format!("norm-fold: block {i}'s MLP GEMV did not apply"))
-            })?;
+            let Some(next) = mlp else {
+                candle_core::bail!("norm-fold: block {i}'s MLP projection did not apply");
+            };
+            x = next;
         }
         self.ln_f.forward_kernel(&x).map(Some)
+    }
+
+    /// Elements of the largest weight a norm folds into (c_attn's or c_fc's).
+    fn widest_folded(&self) -> usize {
+        let c = &self.cfg;
+        c.n_embd * c.n_inner().max(3 * c.n_embd)
     }
 
     /// The weights of [`Gpt2::blocks_cached`]'s one kernel; None where it does not apply
@@ -660,14 +663,15 @@ impl CausalLm for Gpt2 {
         Ok(())
     }
 
-    /// Folds each block's two LayerNorms into the projections after them for decoding
-    /// ([`super::norm_fold`]), laid out as nn.Linear's, where [`super::norm_fold::applies`]
-    /// and the MLP's activation is the GEMV's (tanh GELU).
-    fn fold_norms(&mut self) -> candle_core::Result<()> {
+    /// Folds each block's two LayerNorms into the projections after them ([`super::norm_fold`]),
+    /// laid out as nn.Linear's, where it applies and the MLP's activation is tanh GELU.
+    fn fold_norms(&mut self, rows: usize) -> candle_core::Result<()> {
         let (dtype, device) = (self.wte.dtype(), self.wte.device());
         let hidden = self.wte.dim(1)?;
         let tanh = self.h.iter().all(|b| b.mlp.act == Activation::GeluTanh);
-        if self.norms_folded || !tanh || !norm_fold::applies(dtype, hidden, device, &self.tp) {
+        let takes = norm_fold::folds(rows, self.widest_folded())
+            && norm_fold::applies(dtype, hidden, device, &self.tp);
+        if self.norms_folded || !tanh || !takes {
             return Ok(());
         }
         let mut all = true;

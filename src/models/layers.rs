@@ -225,10 +225,18 @@ impl Projection {
         Ok(true)
     }
 
+    /// Elements of the weight (out·in); fp8 weights, which do not fold, count as unbounded.
+    pub fn elements(&self) -> usize {
+        match &self.weight {
+            Stored::Dense(w) => w.elem_count(),
+            Stored::Fp8(_) => usize::MAX,
+        }
+    }
+
     /// act(LN(x) W + b) for x (B, T, in) the residual stream before the LayerNorm this
-    /// projection holds folded, at 1–4 rows in one GEMV ([`kernels::gemv_ln`], its statistics
-    /// from `summed`'s slots where given); None where it does not apply (nothing folded, more
-    /// rows, the path off).
+    /// projection holds folded, in one launch: the GEMV at 1–4 rows ([`kernels::gemv_ln`], its
+    /// statistics from `summed`'s slots where given), the tensor-core kernel at 5–16
+    /// ([`kernels::skinny_ln`]); None where neither applies (nothing folded, the paths off).
     pub fn forward_ln(
         &self,
         x: &Tensor,
@@ -241,12 +249,17 @@ impl Projection {
         };
         let (b, t, c) = x.dims3()?;
         let kact = act.map_or(Act::None, Activation::kernel);
-        let y = kernels::gemv_ln(&x.reshape((b * t, c))?, w, sb, kact, eps, summed)?; // (B·T, out)
+        let x = x.reshape((b * t, c))?;
+        let y = match kernels::gemv_ln(&x, w, sb, kact, eps, summed)? {
+            None => kernels::skinny_ln(&x, w, sb, kact, eps)?,
+            y => y,
+        }; // (B·T, out)
         y.map(|y| y.reshape((b, t, ()))).transpose()
     }
 
-    /// x W + b + r for x (B, T, in) and r (B, T, out): at 1–4 rows the residual add in the
-    /// GEMV's epilogue ([`kernels::gemv_add`]), else the projection, then the add. With
+    /// x W + b + r for x (B, T, in) and r (B, T, out): the residual add in the epilogue of the
+    /// GEMV at 1–4 rows ([`kernels::gemv_add`]) or the tensor-core kernel at 5–16
+    /// ([`kernels::skinny_add`]), else the projection, then the add. With
     /// `stats` the GEMV also sums the output's statistics into those slots (`--fused
     /// norm-stats`): an error where it does not apply, since a folded GEMV will read them.
     pub fn forward_add(
@@ -261,6 +274,13 @@ impl Projection {
             let (x2, r2) = (x.reshape((b * t, c))?, r.reshape((b * t, ()))?);
             if let Some(y) = kernels::gemv_add(&x2, w, &self.bias, &r2, stats)? {
                 return y.reshape((b, t, ())); // (B, T, out)
+            }
+            let skinny = match stats {
+                None => kernels::skinny_add(&x2, w, &self.bias, &r2)?,
+                Some(_) => None, // a norm's slots: one row, the GEMV's
+            };
+            if let Some(y) = skinny {
+                return y.reshape((b, t, ()));
             }
         }
         if stats.is_some() && kernels::enabled(kernels::Fused::NormStats) {

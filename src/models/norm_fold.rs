@@ -7,13 +7,23 @@
 //! Shapes: W (N, K) nn.Linear's, b (N,), γ and β (K,).
 
 use crate::dist::Tp;
-use crate::kernels::{enabled, Fused, Summed};
+use crate::kernels::{enabled, Fused, Summed, GEMV_MAX_ROWS, SKINNY_MAX_ROWS, SKINNY_MAX_WEIGHT};
 use candle_core::{DType, Device, Result, Tensor};
 
 /// Rows (a decode step's sequences) up to which a model takes the folded GEMVs. The kernels
 /// take 1–4; at 4 rows bloom-560m's step was 5.8 % slower with them (0.960 → 1.016 ms, gpt2 +2 µs:
-/// results/h100x2/gate-run39), so a batch of more rows runs the norms.
+/// results/h100x2/gate-run39), so 2–4 rows run the norms ([`folds`]: 5–16 the tensor-core kernel).
 pub const MAX_ROWS: usize = 1;
+
+/// Whether a decode step of `rows` rows takes the folded projections, for a model whose
+/// largest folded weight (qkv's or the MLP's first) holds `widest` elements: [`MAX_ROWS`] (the
+/// GEMV, any weight), or with `skinny-fold` 5–16 rows where the tensor-core kernel takes every
+/// such weight ([`SKINNY_MAX_WEIGHT`]: a folded step has no norm kernel to fall back on).
+pub fn folds(rows: usize, widest: usize) -> bool {
+    let paths = enabled(Fused::SkinnyFold) && enabled(Fused::SkinnyProj);
+    let skinny = (GEMV_MAX_ROWS + 1..=SKINNY_MAX_ROWS).contains(&rows);
+    rows <= MAX_ROWS || (paths && skinny && widest <= SKINNY_MAX_WEIGHT)
+}
 
 /// Bytes of a row of the residual stream (the hidden size) up to which a model folds its
 /// norms without `norm-stats`: each lane of the one-row GEMV then holds one 16-byte vector of

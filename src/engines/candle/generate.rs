@@ -6,14 +6,13 @@ use crate::engines::{Generate, GenerateRequest};
 use crate::error::Result;
 use crate::kernels::{enabled, Fused, GEMV_MAX_ROWS, SKINNY_MAX_ROWS};
 use crate::models::generate::{generate_in, left_pad_to, Greedy};
-use crate::models::norm_fold;
 use crate::trackers::StepClock;
 
 impl CandleEngine {
     /// The weights laid out for decode steps of `rows` rows, once: where the decode GEMV
     /// takes them (CUDA, `--fused gemv`, at most [`GEMV_MAX_ROWS`] rows) or the tensor-core
-    /// kernel (`--fused skinny-proj`, at most [`SKINNY_MAX_ROWS`]); at one row the norms
-    /// folded too, once ([`crate::models::CausalLm::fold_norms`]).
+    /// kernel (`--fused skinny-proj`, at most [`SKINNY_MAX_ROWS`]); the norms folded too, once,
+    /// where a step of these rows takes them ([`crate::models::CausalLm::fold_norms`]).
     fn lay_out_for_decode(&mut self, rows: usize) -> Result<()> {
         let gemv = enabled(Fused::Gemv) && rows <= GEMV_MAX_ROWS;
         let skinny = enabled(Fused::SkinnyProj) && rows <= SKINNY_MAX_ROWS;
@@ -21,11 +20,10 @@ impl CandleEngine {
             self.model.prepare_decode()?;
             self.laid_out_for_decode = true;
         }
-        // After the layout (GPT-2's fold takes nn.Linear weights), only where a step takes it.
-        let one = rows <= norm_fold::MAX_ROWS && self.laid_out_for_decode;
-        if one && !self.norms_folded {
-            self.model.fold_norms()?;
-            self.norms_folded = true;
+        // After the layout (GPT-2's fold takes nn.Linear weights); the model folds only where
+        // a step of these rows takes the folded projections, and once.
+        if self.laid_out_for_decode {
+            self.model.fold_norms(rows)?;
         }
         Ok(())
     }

@@ -46,9 +46,6 @@ pub struct CandleEngine {
     /// most [`crate::kernels::GEMV_MAX_ROWS`] or [`crate::kernels::SKINNY_MAX_ROWS`] rows), so
     /// that scoring before it keeps the layout its matmuls were measured in.
     pub laid_out_for_decode: bool,
-    /// Whether the model's norms are folded for one-row decode steps ([`CausalLm::fold_norms`]):
-    /// at the first generation of [`crate::models::norm_fold::MAX_ROWS`] rows on CUDA.
-    pub norms_folded: bool,
 }
 
 /// What every capability of the engine shares (scoring, generation): its name, versions,
@@ -173,7 +170,6 @@ impl CandleEngine {
             slots: None,
             packs,
             laid_out_for_decode: false,
-            norms_folded: false,
         })
     }
 }
