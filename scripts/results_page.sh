@@ -182,6 +182,12 @@ csvs() {
   part h16 -i $H/gate-run54/ab-logs.tgz \
     --where "fused=$ew,trigger-first,norm-fold,cluster,step-io,norm-stats" \
     --where git_commit=5eec037b4fe5
+  # The twenty-third session's skinny-fold (the norms folded into the tensor-core projections
+  # at 5-16 rows) on one H100 (gate-run57, a77804a, whose kernels and model code the submitted
+  # 0686493 runs: that commit fixed a test's count; every path: its runs without skinny-fold
+  # are docs/perf-notes.md's, not rows here), gpt2 and bloom-560m at batch 16, 8 and 1.
+  part h17 -i $M/gate-run57/ab-logs.tgz \
+    --where "fused=$ew,trigger-first,norm-fold,cluster,step-io,norm-stats,skinny-fold"
   # The serving suite (#39) on 6ac4535 (HF's worker without cuDNN attention): serving-run4's
   # archive holds serving-run3's logs too (the same /tmp on the same machine); of HF's two
   # bloom-560m static sweeps the first, cut at its fifth rate by the call's time, is left out.

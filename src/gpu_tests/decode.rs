@@ -397,10 +397,10 @@ fn graph_replayed_decoding_matches_eager_decoding() {
 }
 
 /// Programmatic edges (`--fused pdl`) change when a decode kernel's blocks start, not what
-/// they compute: bf16 greedy ids of graph replays with and without them are identical (one and
-/// three rows: the GEMVs; six rows: the tensor-core projections), with the norms and the merge
-/// triggering first (`trigger-first`) and waiting first, and only the graphs captured with the
-/// path on at most four rows have such edges (fp8's early GEMVs: gpu_tests::fp8).
+/// they compute: bf16 greedy ids of graph replays with and without them, and of eager steps,
+/// are identical (one and three rows: the GEMVs, one folded; six rows: the folded tensor-core
+/// projections), with the norms and the merge triggering first (`trigger-first`) and waiting
+/// first, and only graphs captured with the path on at most four rows have such edges.
 #[test]
 fn programmatic_edges_leave_graph_replayed_ids_unchanged() {
     use crate::models::generate::{generate, left_pad, Greedy};
@@ -428,6 +428,7 @@ fn programmatic_edges_leave_graph_replayed_ids_unchanged() {
         ("without pdl", all_without(Fused::Pdl), false),
         ("all", vec![Fused::All], true),
         ("pdl, waiting first", all_without(Fused::TriggerFirst), true),
+        ("eager", all_without(Fused::Graph), false),
     ];
     for (spec, n) in specs.iter().flat_map(|s| [1, 3, 6].map(|n| (s, n))) {
         let prompts = left_pad(&rows[..n], 0, &gpu).unwrap();
@@ -438,14 +439,13 @@ fn programmatic_edges_leave_graph_replayed_ids_unchanged() {
                 .load(&WeightSource::Random { seed: 0 }, DType::BF16, &gpu)
                 .unwrap();
             model.prepare_decode().unwrap();
-            model.fold_norms(1).unwrap(); // as the engine before one row: norm-fold's graphs too
+            model.fold_norms(1).unwrap(); // folded: six rows take the folded tensor-core kernels
             let before = replays();
             ids.push(generate(model.as_ref(), &prompts, &g, &mut |_| Ok(())).unwrap());
-            let name = &spec.name;
-            assert_eq!(replays() - before, 10, "{name}, {n} rows, {arm}: replays");
-            let edges = programmatic_edges();
-            let want = *pdl && n <= 4;
-            assert_eq!(edges > 0, want, "{name}, {n} rows, {arm}: {edges} edges");
+            let (graph, why) = (*arm != "eager", format!("{}, {n} rows, {arm}", spec.name));
+            assert_eq!(replays() - before, 10 * graph as usize, "{why}: replays");
+            let (edges, want) = (programmatic_edges(), *pdl && n <= 4); // the last graph's
+            assert!(!graph || (edges > 0) == want, "{why}: {edges} edges");
         }
         for (arm, got) in arms.iter().zip(&ids).skip(1) {
             assert_eq!(got, &ids[0], "{}, {n} rows, {}", spec.name, arm.0);

@@ -285,11 +285,15 @@ fn check_folded_against_normed(
         all_but(Fused::SkinnyFold),
     ];
     let launches = || LN_LAUNCHES.load(Relaxed) + SKINNY_LN_LAUNCHES.load(Relaxed);
+    let skinny = || [&SKINNY_LN_LAUNCHES, &SKINNY_ADD_LAUNCHES].map(|c| c.load(Relaxed));
     for (arm, paths) in arms.into_iter().enumerate() {
         let paths: Vec<Fused> = paths.into_iter().filter(|&f| f != Fused::Step).collect();
         set_enabled(&paths);
-        let (ln, summed) = (launches(), SUMMED_LAUNCHES.load(Relaxed));
+        let (ln, summed, skinny_before) = (launches(), SUMMED_LAUNCHES.load(Relaxed), skinny());
         logits.push(decode_logits(gpu, spec, src, rows));
+        let [lns, adds] = [0, 1].map(|j| skinny()[j] - skinny_before[j]);
+        // Each folded tensor-core projection's block adds its residual in the next one's.
+        assert_eq!(adds, lns, "{name}, {rows} rows, arm {arm}: residual adds");
         let ln = launches() - ln;
         let summed = SUMMED_LAUNCHES.load(Relaxed) - summed;
         let why = format!("{name}, {rows} rows, arm {arm}: {ln} folded, {summed} summed");

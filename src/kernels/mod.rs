@@ -80,12 +80,12 @@ pub use oneshot::{
 #[cfg(feature = "cuda")]
 pub use oneshot::{pair_add_in_place, pair_signal, pair_wait};
 pub use residual::{residual_add, residual_add_dropped, residual_add_then_drop};
-#[cfg(test)]
-pub use skinny::LN_LAUNCHES as SKINNY_LN_LAUNCHES;
 pub use skinny::{
     skinny, skinny_add, skinny_fp8, skinny_linear, skinny_ln, MAX_ROWS as SKINNY_MAX_ROWS,
     MAX_WEIGHT as SKINNY_MAX_WEIGHT,
 };
+#[cfg(test)]
+pub use skinny::{ADD_LAUNCHES as SKINNY_ADD_LAUNCHES, LN_LAUNCHES as SKINNY_LN_LAUNCHES};
 
 /// The fused paths `--fused` switches (each on by default on CUDA but `step`, which is opt-in).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -211,9 +211,10 @@ pub enum Fused {
     /// the fp8 ones load their first weights then, `early-weights`) start before they wait for
     /// the kernel before them, instead of after.
     TriggerFirst,
-    /// Decoding at one row, one GPU, bf16 / f16 weights, hidden sizes up to 1024 (gpt2's,
-    /// bloom-560m's; any with `norm-stats`) (needs `gemv`): each block's two LayerNorms
-    /// folded into the projections after them before the first such generation (W·diag(γ),
+    /// Decoding at one row (5–16 rows: `skinny-fold`), one GPU, bf16 / f16 weights, hidden
+    /// sizes up to 1024 (gpt2's, bloom-560m's; any with `norm-stats`) (needs `gemv`): each
+    /// block's two LayerNorms folded into the projections after them before the first such
+    /// generation (W·diag(γ),
     /// b + W β), their statistics taken by those projections' GEMVs from the loads of x they
     /// make anyway, and the residual adds in the GEMVs before them, instead of an add-and-norm
     /// kernel each.
@@ -234,8 +235,9 @@ pub enum Fused {
     /// products (which held fewer weight loads in flight at those rows: bloom-7b1's folded
     /// step was slower on H200 without this), and those rows fold too.
     NormStats,
-    /// With `norm-fold` and `skinny-proj`, decode steps of 5–16 rows (bf16 / f16, the
-    /// tensor-core kernel's weights): the norms folded as at one row, their statistics summed
+    /// With `norm-fold` (and its `gemv`) and `skinny-proj`, decode steps of 5–16 rows (bf16 /
+    /// f16, models whose folded weights the tensor-core kernel takes): the norms folded as at
+    /// one row, their statistics summed
     /// by the tensor-core projection from the x it loads for its products, and the residual
     /// adds in the projections before them, instead of an add-and-norm kernel each.
     SkinnyFold,

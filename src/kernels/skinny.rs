@@ -98,6 +98,10 @@ fn folds() -> bool {
 #[cfg(test)]
 pub static LN_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// Launches of [`skinny_add`]'s (likewise).
+#[cfg(test)]
+pub static ADD_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// [`skinny_add`]'s and [`skinny_ln`]'s operands after W.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 enum Tail<'a> {
@@ -349,12 +353,14 @@ mod imp {
         // may be inside it).
         let (third, fourth, eps) = match tail {
             Tail::Add { b, r } => (device_address(b)?, device_address(r)?, 0f32),
-            Tail::Norm { sb, eps } => {
-                #[cfg(test)]
-                super::LN_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                (device_address(sb)?, 0, eps as f32)
-            }
+            Tail::Norm { sb, eps } => (device_address(sb)?, 0, eps as f32),
         };
+        #[cfg(test)]
+        match tail {
+            Tail::Add { .. } => &super::ADD_LAUNCHES,
+            Tail::Norm { .. } => &super::LN_LAUNCHES,
+        }
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(with_dtype!(x.dtype(), T => {
             let (xv, wv) = (view::<T>(storage(&xs.0), xs.1)?, view::<T>(storage(&ws.0), ws.1)?);
             let early = Early::begin(&dev, m)?;

@@ -383,7 +383,7 @@ impl Bloom {
             return Ok(None);
         }
         let mut x = x.clone(); // (B, T, H), the residual stream
-        let slots = norm_fold::slots(cache.norm_stats(), self.h.len())?;
+        let slots = norm_fold::slots(cache.norm_stats(), self.h.len(), &x)?;
         for ((i, block), s) in self.h.iter().enumerate().zip(&slots) {
             let (a, s) = (&block.self_attention, s.as_ref());
             let eps = block.input_layernorm.eps();
@@ -393,7 +393,7 @@ impl Bloom {
             else {
                 match i {
                     0 => return Ok(None),
-                    _ => candle_core::bail!("norm-fold: block {i}'s GEMV did not take the rows"),
+                    _ => candle_core::bail!("norm-fold: block {i}'s projection declined"),
                 }
             };
             let kv = Some(cache.layer_step(i, step)?);

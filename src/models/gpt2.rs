@@ -346,7 +346,7 @@ impl Gpt2 {
         cache: &KvCache,
         step: &Step,
     ) -> candle_core::Result<Option<Tensor>> {
-        let slots = norm_fold::slots(cache.norm_stats(), self.h.len())?;
+        let slots = norm_fold::slots(cache.norm_stats(), self.h.len(), &x)?;
         for ((i, block), s) in self.h.iter().enumerate().zip(&slots) {
             let (attn, s) = (&block.attn, s.as_ref());
             let qkv = attn
@@ -355,7 +355,7 @@ impl Gpt2 {
             let Some(qkv) = qkv else {
                 match i {
                     0 => return Ok(None),
-                    _ => candle_core::bail!("norm-fold: block {i}'s GEMV did not take the rows"),
+                    _ => candle_core::bail!("norm-fold: block {i}'s projection declined"),
                 }
             };
             let kv = Some(cache.layer_step(i, step)?);

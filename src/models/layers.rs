@@ -225,14 +225,6 @@ impl Projection {
         Ok(true)
     }
 
-    /// Elements of the weight (out·in); fp8 weights, which do not fold, count as unbounded.
-    pub fn elements(&self) -> usize {
-        match &self.weight {
-            Stored::Dense(w) => w.elem_count(),
-            Stored::Fp8(_) => usize::MAX,
-        }
-    }
-
     /// act(LN(x) W + b) for x (B, T, in) the residual stream before the LayerNorm this
     /// projection holds folded, in one launch: the GEMV at 1–4 rows ([`kernels::gemv_ln`], its
     /// statistics from `summed`'s slots where given), the tensor-core kernel at 5–16
@@ -359,10 +351,10 @@ impl Mlp {
         self.down.forward(&self.up.forward_act(x, Some(self.act))?)
     }
 
-    /// x + down(act(up(LN(x)))) at 1–4 rows with the LayerNorm folded into `up`
-    /// ([`Projection::forward_ln`]): the norm's statistics in up's GEMV (or from `summed`),
-    /// the residual add in down's (summing the next norm's into `stats`). None where up's GEMV
-    /// does not apply.
+    /// x + down(act(up(LN(x)))) with the LayerNorm folded into `up`
+    /// ([`Projection::forward_ln`]): the norm's statistics in up's kernel (or from `summed`),
+    /// the residual add in down's (summing the next norm's into `stats`). None where up's
+    /// kernel does not apply.
     pub fn forward_folded(
         &self,
         x: &Tensor,

@@ -1,9 +1,11 @@
 //! A decode step's LayerNorms folded into the projections after them (`--fused norm-fold`,
 //! #37 item 1). LN(x) = (x − mean)·rstd·γ + β, so with W' = W·diag(γ) and b' = b + W β,
 //! LN(x) Wᵀ + b = LN₀(x) W'ᵀ + b' = rstd·(x W'ᵀ − mean·Σₖ W') + b', LN₀ the norm without its
-//! weight and bias. The decode GEMV that reads x then takes mean and rstd from the loads it
-//! makes anyway ([`crate::kernels::gemv_ln`]): no norm kernel. Every other path runs the norm
-//! as LN₀ before the folded projection: the same function, rounded differently.
+//! weight and bias. The decode GEMV that reads x (one row; the tensor-core kernel at 5–16 rows,
+//! `--fused skinny-fold`) then takes mean and rstd from the loads it makes anyway
+//! ([`crate::kernels::gemv_ln`], [`crate::kernels::skinny_ln`]): no norm kernel. Every other
+//! path runs the norm as LN₀ before the folded projection: the same function, rounded
+//! differently.
 //! Shapes: W (N, K) nn.Linear's, b (N,), γ and β (K,).
 
 use crate::dist::Tp;
@@ -127,8 +129,12 @@ pub fn slots_for(folded: bool, batch: usize, n_layer: usize, row_bytes: usize) -
     on.then_some(norms(n_layer))
 }
 
-/// Per-block slots of a step of `n_layer` blocks (None each where the cache has none).
-pub fn slots(all: Option<&Tensor>, n_layer: usize) -> Result<Vec<Option<BlockSlots>>> {
+/// Per-block slots of a step of `n_layer` blocks over the residual stream x (B, T, C): None
+/// each where the cache has none or x is more than one row (a one-row cache's prefill of 5–16
+/// tokens runs the tensor-core kernels, which sum their own statistics).
+pub fn slots(all: Option<&Tensor>, n_layer: usize, x: &Tensor) -> Result<Vec<Option<BlockSlots>>> {
+    let one_row = x.elem_count() == x.dim(candle_core::D::Minus1)?;
+    let all = all.filter(|_| one_row);
     (0..n_layer)
         .map(|i| BlockSlots::of(all, i, n_layer))
         .collect()
@@ -261,7 +267,8 @@ mod tests {
             let all = Tensor::arange(0f64, n as f64, &Device::Cpu).unwrap();
             let all = all.reshape((n, 1)).unwrap();
             let at = |t: &Tensor| t.to_vec1::<f64>().unwrap()[0] as usize;
-            let blocks = slots(Some(&all), n_layer).unwrap();
+            let row = Tensor::zeros((1, 1, 8), DType::F32, &Device::Cpu).unwrap(); // (B, T, C)
+            let blocks = slots(Some(&all), n_layer, &row).unwrap();
             // held[j]: the step whose sums slot j holds, None where it is zero.
             let mut held: Vec<Option<usize>> = vec![None; n];
             for step in 0..3 {
@@ -303,6 +310,36 @@ mod tests {
 
     /// A weight of more rows than a chunk folds as the formula over all of it: W' = W·diag(γ)
     /// bit for bit, Σ W' and b + W β to f32 rounding, in order.
+    /// Steps of more than one row have no slots (a one-row cache's prefill of 5–16 tokens runs
+    /// the tensor-core kernels, which sum their own statistics).
+    #[test]
+    fn only_one_row_reads_the_slots() {
+        let dims = (
+            norms(2),
+            crate::kernels::NORM_SLOTS,
+            crate::kernels::NORM_LINE,
+        );
+        let all = Tensor::zeros(dims, DType::F64, &Device::Cpu);
+        let all = all.unwrap();
+        for (b, t, some) in [(1, 1, true), (1, 5, false), (16, 1, false)] {
+            let x = Tensor::zeros((b, t, 8), DType::F32, &Device::Cpu).unwrap();
+            let got = slots(Some(&all), 2, &x).unwrap();
+            assert!(got.iter().all(|s| s.is_some() == some), "{b}x{t}");
+        }
+    }
+
+    /// The rows that take the folded projections with the default paths: one (the GEMV, any
+    /// weight), and 5–16 where the tensor-core kernel takes the widest weight (bloom-560m's and
+    /// gpt2-medium's MLP weight, 4 Mi elements, is the largest it takes).
+    #[test]
+    fn folded_rows_are_one_and_the_tensor_core_kernels() {
+        let widest = SKINNY_MAX_WEIGHT;
+        let folded: Vec<usize> = (1..=20).filter(|&r| folds(r, widest)).collect();
+        assert_eq!(folded, [1, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
+        assert!(folds(1, usize::MAX) && !folds(16, widest + 1));
+        assert!(folds(16, 4 * 1024 * 1024)); // bloom-560m: (4·1024, 1024)
+    }
+
     #[test]
     fn folding_in_chunks_is_folding_the_whole_weight() {
         let dev = Device::Cpu;
