@@ -188,6 +188,10 @@ csvs() {
   # are docs/perf-notes.md's, not rows here), gpt2 and bloom-560m at batch 16, 8 and 1.
   part h17 -i $M/gate-run57/ab-logs.tgz \
     --where "fused=$ew,trigger-first,norm-fold,cluster,step-io,norm-stats,skinny-fold"
+  # The submitted 79b448f (skinny-fold after its review) on GPU 1 of a 2x H100 host
+  # (gate-run60), every path: gpt2 and bloom-560m at batch 16 and 1.
+  part h18 -i $H/gate-run60/ab-logs.tgz \
+    --where "fused=$ew,trigger-first,norm-fold,cluster,step-io,norm-stats,skinny-fold"
   # The serving suite (#39) on 6ac4535 (HF's worker without cuDNN attention): serving-run4's
   # archive holds serving-run3's logs too (the same /tmp on the same machine); of HF's two
   # bloom-560m static sweeps the first, cut at its fifth rate by the call's time, is left out.
