@@ -280,13 +280,24 @@ __device__ void decode_attention_cluster(const T* qkv, long qkv_stride, int head
 // decode_attention's (hs in the kernel's name).
 constexpr int HEAD_WARPS = 8;  // blockDim.x == 256
 
+// k and v as raw 16-byte words: held as Vec16<T> (16-bit elements), each load was followed at
+// once by the moves that unpack it, so the lane waited for each key before loading the next
+// (the SASS: results/h100/attn-prof61); unpacked where used.
 template <typename T, int HS>
 struct HeadRound {
   static constexpr int EV = 16 / sizeof(T), G = HS / EV, KPW = 32 / G;
   static constexpr int R = 2;  // keys a lane a round
-  Vec16<T> k[R], v[R];
+  uint4 k[R], v[R];
   float mask[R], kpos[R];
 };
+
+// A raw 16-byte word as its elements.
+template <typename T>
+__device__ __forceinline__ Vec16<T> unpack(const uint4& w) {
+  Vec16<T> v;
+  memcpy(&v, &w, sizeof(v));
+  return v;
+}
 
 // The key of slot u of round `base` for this lane's group.
 template <typename T, int HS>
@@ -309,8 +320,8 @@ __device__ __forceinline__ void load_round(HeadRound<T, HS>& r, int base, int hi
       const bool fresh = j == pos;  // the new position: from qkv
       const T* ks = fresh ? qr + part : kr + (long)j * HS;
       const T* vs = fresh ? qr + 2 * part : vr + (long)j * HS;
-      r.k[u] = reinterpret_cast<const Vec16<T>*>(ks)[gl];
-      r.v[u] = reinterpret_cast<const Vec16<T>*>(vs)[gl];
+      r.k[u] = reinterpret_cast<const uint4*>(ks)[gl];
+      r.v[u] = reinterpret_cast<const uint4*>(vs)[gl];
       r.mask[u] = mrow[j];
       r.kpos[u] = alibi ? prow[j] : 0.f;
     }
@@ -355,8 +366,9 @@ __device__ void decode_attention_head(const T* qkv, long qkv_stride, int head_st
 #pragma unroll
     for (int u = 0; u < S::R; ++u) {
       float dot = 0.f;
+      const Vec16<T> key = unpack<T>(cur.k[u]);
 #pragma unroll
-      for (int e = 0; e < EV; ++e) dot += to_f(qv.e[e]) * to_f(cur.k[u].e[e]);
+      for (int e = 0; e < EV; ++e) dot += to_f(qv.e[e]) * to_f(key.e[e]);
 #pragma unroll
       for (int o = G / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffff, dot, o);
       sc[u] = -INFINITY;
@@ -373,8 +385,9 @@ __device__ void decode_attention_head(const T* qkv, long qkv_stride, int head_st
         if (sc[u] == -INFINITY) continue;  // past the block's keys: its registers never loaded
         const float p = expf(sc[u] - mx);
         l += p;
+        const Vec16<T> val = unpack<T>(cur.v[u]);
 #pragma unroll
-        for (int e = 0; e < EV; ++e) acc[e] += p * to_f(cur.v[u].e[e]);
+        for (int e = 0; e < EV; ++e) acc[e] += p * to_f(val.e[e]);
       }
       m = mx;
     }
