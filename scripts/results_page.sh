@@ -192,6 +192,9 @@ csvs() {
   # (gate-run60), every path: gpt2 and bloom-560m at batch 16 and 1.
   part h18 -i $H/gate-run60/ab-logs.tgz \
     --where "fused=$ew,trigger-first,norm-fold,cluster,step-io,norm-stats,skinny-fold"
+  # The submitted bbbbd3f (the batch-16 attention's loads unpacked where used) on GPU 1 of a 2x
+  # H100 host (gate-run62), every path: its runs of 79b448f are h18's binary, not rows here.
+  part h19 -i $H/gate-run62/ab-logs.tgz --where git_commit=bbbbd3f85247
   # The serving suite (#39) on 6ac4535 (HF's worker without cuDNN attention): serving-run4's
   # archive holds serving-run3's logs too (the same /tmp on the same machine); of HF's two
   # bloom-560m static sweeps the first, cut at its fifth rate by the call's time, is left out.
