@@ -155,40 +155,6 @@ fn skinny_linear_matches_the_f32_projection() {
     assert!(none(&bf(&[8, 4096]), &bf(&[2049, 4096]), Act::None));
 }
 
-/// `skinny-split` (5–16 rows: a tile's K over a cluster of blocks) against the f32 product and
-/// within bf16 / f16 rounding of one block a tile: GPT-2's and BLOOM's narrow outputs (96 and
-/// 128 tiles: clusters of 2), a 500-wide one (63 tiles: 4) and a ragged 1001-wide one; the
-/// split kernels are launched for each, and not with the path off.
-#[test]
-fn skinny_split_matches_one_block_a_tile() {
-    use std::sync::atomic::Ordering::Relaxed;
-    let (dev, _one_at_a_time) = gpu();
-    let shapes = [
-        (768, 768),
-        (3072, 768),
-        (1024, 1024),
-        (4096, 1024),
-        (1024, 500),
-        (1280, 1001),
-    ];
-    projection_cases(&dev, &shapes, &[5, 12, 16], |c| {
-        let project = || {
-            skinny_linear(&c.x, &c.w, &c.b, c.act)
-                .unwrap()
-                .expect(&c.why)
-        };
-        let before = SKINNY_SPLIT_LAUNCHES.load(Relaxed);
-        let split = project();
-        assert_eq!(SKINNY_SPLIT_LAUNCHES.load(Relaxed), before + 1, "{}", c.why);
-        set_enabled(&all_but(Fused::SkinnySplit));
-        let whole = project();
-        set_enabled(&[Fused::All]);
-        assert_eq!(SKINNY_SPLIT_LAUNCHES.load(Relaxed), before + 1, "{}", c.why);
-        assert!(rel(&split, &c.want) < 1e-2, "{}: {}", c.why, rel(&split, &c.want));
-        assert!(rel(&split, &whole) < 1e-2, "{}: {}", c.why, rel(&split, &whole));
-    });
-}
-
 /// The tensor-core LM head against the f32 product: 1–16 rows, bf16 and f16, GPT-2's head
 /// (V = 50257, no multiple of 8, nor of the 16-column tiles), BLOOM's widths, a K of one slice.
 #[test]

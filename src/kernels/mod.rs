@@ -85,10 +85,7 @@ pub use skinny::{
     MAX_WEIGHT as SKINNY_MAX_WEIGHT,
 };
 #[cfg(test)]
-pub use skinny::{
-    ADD_LAUNCHES as SKINNY_ADD_LAUNCHES, LN_LAUNCHES as SKINNY_LN_LAUNCHES,
-    SPLIT_LAUNCHES as SKINNY_SPLIT_LAUNCHES,
-};
+pub use skinny::{ADD_LAUNCHES as SKINNY_ADD_LAUNCHES, LN_LAUNCHES as SKINNY_LN_LAUNCHES};
 
 /// The fused paths `--fused` switches (each on by default on CUDA but `step`, which is opt-in).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -244,11 +241,6 @@ pub enum Fused {
     /// by the tensor-core projection from the x it loads for its products, and the residual
     /// adds in the projections before them, instead of an add-and-norm kernel each.
     SkinnyFold,
-    /// With `skinny-proj`, steps of 5–16 rows: a projection whose one-tile blocks alone would
-    /// leave SMs idle (gpt2's 768-wide outputs: 96 blocks, BLOOM's 1024-wide: 128, on 132 SMs)
-    /// splits each tile's K over a thread-block cluster of 2 or 4 blocks (Hopper), whose sums
-    /// meet in the first block's shared memory, instead of one block a tile.
-    SkinnySplit,
 }
 
 const LT: u64 = 1;
@@ -286,7 +278,6 @@ const CLUSTER: u64 = 1 << 31;
 const STEP_IO: u64 = 1 << 32;
 const NORM_STATS: u64 = 1 << 33;
 const SKINNY_FOLD: u64 = 1 << 34;
-const SKINNY_SPLIT: u64 = 1 << 35;
 const ALL: u64 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -320,8 +311,7 @@ const ALL: u64 = LT
     | CLUSTER
     | STEP_IO
     | NORM_STATS
-    | SKINNY_FOLD
-    | SKINNY_SPLIT;
+    | SKINNY_FOLD;
 
 static ENABLED: AtomicU64 = AtomicU64::new(ALL);
 
@@ -364,7 +354,6 @@ fn bit(f: Fused) -> u64 {
         Fused::StepIo => STEP_IO,
         Fused::NormStats => NORM_STATS,
         Fused::SkinnyFold => SKINNY_FOLD,
-        Fused::SkinnySplit => SKINNY_SPLIT,
     }
 }
 
@@ -423,7 +412,6 @@ pub fn describe() -> String {
         (STEP_IO, "step-io"),
         (NORM_STATS, "norm-stats"),
         (SKINNY_FOLD, "skinny-fold"),
-        (SKINNY_SPLIT, "skinny-split"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

@@ -26,7 +26,6 @@
 // of its x rows (g, g + 8) and of its W row (E = 8, or 16 for E4M3), and mma j takes elements
 // 4j..4j+3 of them as the fragment's k = 2t, 2t+1 (4j, 4j+1) and 2t+8, 2t+9 (4j+2, 4j+3).
 #include "common.cuh"
-#include <cooperative_groups.h>
 #include <cuda_fp8.h>
 
 constexpr int WARPS = 8;
@@ -94,16 +93,15 @@ __device__ __forceinline__ void add_stats(float4& s, const Round<NT, 1, U>& r) {
     }
 }
 
-// Loads round s0 (slices s0, s0 + PARTS, ...: PARTS = WARPS·CS, the warps of the cluster over
-// K); zeros past K, M and N.
-template <int PARTS, int NT, int XW, int U>
+// Loads round s0 (slices s0, s0 + WARPS, ...); zeros past K, M and N.
+template <int NT, int XW, int U>
 __device__ __forceinline__ void load(Round<NT, XW, U>& r, const Words* x, const Words* w, int s0, int slices, int m, int n,
                                      int xv, int wv) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, n0 = blockIdx.x * 8 * NT;
   const Words zero = {{0, 0, 0, 0}};
 #pragma unroll
   for (int u = 0; u < U; u++) {
-    const int s = s0 + u * PARTS;
+    const int s = s0 + u * WARPS;
     const bool live = s < slices;
 #pragma unroll
     for (int v = 0; v < XW; v++) {  // x row g, vectors (slice s, lane t)
@@ -119,11 +117,11 @@ __device__ __forceinline__ void load(Round<NT, XW, U>& r, const Words* x, const 
   }
 }
 
-template <typename T, int PARTS, int NT, int XW, int U>
+template <typename T, int NT, int XW, int U>
 __device__ __forceinline__ void multiply(float (*c)[4], const Round<NT, XW, U>& r, int s0, int slices) {
 #pragma unroll
   for (int u = 0; u < U; u++) {
-    if (s0 + u * PARTS >= slices) break;  // the same for the whole warp
+    if (s0 + u * WARPS >= slices) break;  // the same for the whole warp
 #pragma unroll
     for (int i = 0; i < NT; i++) {
       uint32_t b[4 * XW];  // W's pairs, in element order
@@ -146,25 +144,17 @@ __device__ __forceinline__ void multiply(float (*c)[4], const Round<NT, XW, U>& 
 // FOLD: y = act(rstd·(x Wᵀ − mean·Σ W) + b') [+ r] with sb[n] = (Σₖ W[n, k], b'[n]) (W and b'
 // the projection with the norm folded in, norm_fold.rs), mean and rstd each row's from x.
 // r (M, N) may be null. U16: slices a round of 16-bit W (half as many of E4M3: the same x
-// bytes a round). CS > 1: a thread-block cluster of CS blocks (grid (tiles, CS), cluster
-// (1, CS, 1)) shares a tile, block y of it taking every CS-th run of WARPS slices, and pushes
-// its warps' sums into the first block's shared memory, which finishes the tile; more blocks
-// in flight where the tiles alone leave SMs idle, and each block loads 1 / CS of x.
-template <typename T, typename W, int NT, int U16, bool PIPE, bool FOLD = false, int CS = 1>
+// bytes a round).
+template <typename T, typename W, int NT, int U16, bool PIPE, bool FOLD = false>
 __device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, const T* r, T* y, int m, int n, int k,
                        int act, float eps = 0.f) {
   constexpr bool FP8 = sizeof(W) == 1;
-  constexpr int XW = FP8 ? 2 : 1, U = FP8 ? (U16 + 1) / 2 : U16, COLS = 8 * NT, PARTS = WARPS * CS;
+  constexpr int XW = FP8 ? 2 : 1, U = FP8 ? (U16 + 1) / 2 : U16, COLS = 8 * NT;
   static_assert(!FOLD || (PIPE && !FP8), "a folded norm over 16-bit weights");
-  static_assert(CS == 1 || PIPE, "a cluster over K for the pipelined projections");
-  __shared__ float part[PARTS][16][COLS];        // each warp of the cluster's sums
-  __shared__ float2 stat[FOLD ? PARTS : 1][16];  // FOLD: each warp's (Σ x, Σ x²) of a row
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (CS > 1) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
+  __shared__ float part[WARPS][16][COLS];
+  __shared__ float2 stat[FOLD ? WARPS : 1][16];  // FOLD: each warp's (Σ x, Σ x²) of a row
   float4 st = make_float4(0.f, 0.f, 0.f, 0.f);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int at = (CS > 1 ? blockIdx.y * WARPS : 0) + warp;  // this warp among the cluster's
   const int n0 = blockIdx.x * COLS, slices = k / (32 * XW);
   const int xv = k * (int)sizeof(T) / 16, wv = k * (int)sizeof(W) / 16;  // vectors a row
   float c[NT][4];
@@ -173,39 +163,28 @@ __device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, con
   const Words *xw = (const Words*)x, *ww = (const Words*)w;
   if constexpr (PIPE) {
     Round<NT, XW, U> cur;
-    load<PARTS>(cur, xw, ww, at, slices, m, n, xv, wv);
-    for (int s0 = at; s0 < slices; s0 += PARTS * U) {
+    load(cur, xw, ww, warp, slices, m, n, xv, wv);
+    for (int s0 = warp; s0 < slices; s0 += WARPS * U) {
       Round<NT, XW, U> next;
-      load<PARTS>(next, xw, ww, s0 + PARTS * U, slices, m, n, xv, wv);
-      multiply<T, PARTS>(c, cur, s0, slices);
+      load(next, xw, ww, s0 + WARPS * U, slices, m, n, xv, wv);
+      multiply<T>(c, cur, s0, slices);
       if constexpr (FOLD) add_stats<T>(st, cur);
       cur = next;
     }
   } else {
     for (int s0 = warp; s0 < slices; s0 += WARPS * U) {
       Round<NT, XW, U> cur;
-      load<WARPS>(cur, xw, ww, s0, slices, m, n, xv, wv);
-      multiply<T, WARPS>(c, cur, s0, slices);
+      load(cur, xw, ww, s0, slices, m, n, xv, wv);
+      multiply<T>(c, cur, s0, slices);
     }
   }
-  float(*to)[16][COLS] = part;  // where this block's sums go: the first block's with CS > 1
-  float2(*to_stat)[16] = stat;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (CS > 1) {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block started
-    to = reinterpret_cast<float(*)[16][COLS]>(cluster.map_shared_rank(&part[0][0][0], 0));
-    to_stat = reinterpret_cast<float2(*)[16]>(cluster.map_shared_rank(&stat[0][0], 0));
-  }
-#endif
   // Accumulator of lane (g, t): rows g and g + 8, columns 2t and 2t + 1 of each tile.
 #pragma unroll
   for (int i = 0; i < NT; i++) {
-    to[at][g][8 * i + 2 * t] = c[i][0];
-    to[at][g][8 * i + 2 * t + 1] = c[i][1];
-    to[at][g + 8][8 * i + 2 * t] = c[i][2];
-    to[at][g + 8][8 * i + 2 * t + 1] = c[i][3];
+    part[warp][g][8 * i + 2 * t] = c[i][0];
+    part[warp][g][8 * i + 2 * t + 1] = c[i][1];
+    part[warp][g + 8][8 * i + 2 * t] = c[i][2];
+    part[warp][g + 8][8 * i + 2 * t + 1] = c[i][3];
   }
   if constexpr (FOLD) {  // the lanes t of a row g summed, then the warps in the epilogue
 #pragma unroll
@@ -216,29 +195,22 @@ __device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, con
       st.w += __shfl_xor_sync(0xffffffffu, st.w, o);
     }
     if (t == 0) {
-      to_stat[at][g] = make_float2(st.x, st.y);
-      to_stat[at][g + 8] = make_float2(st.z, st.w);
+      stat[warp][g] = make_float2(st.x, st.y);
+      stat[warp][g + 8] = make_float2(st.z, st.w);
     }
   }
-  if constexpr (CS > 1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    cooperative_groups::this_cluster().sync();  // every block's sums in the first block's memory
-#endif
-    if (blockIdx.y != 0) return;
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
   for (int e = threadIdx.x; e < m * COLS; e += blockDim.x) {
     const int row = e / COLS, col = n0 + e % COLS;
     if (col >= n) continue;
     float v = 0.f;
 #pragma unroll
-    for (int s = 0; s < PARTS; s++) v += part[s][row][e % COLS];
+    for (int s = 0; s < WARPS; s++) v += part[s][row][e % COLS];
     const float2 f = FP8 || FOLD ? sb[col] : make_float2(1.f, b ? to_f(b[col]) : 0.f);
     if constexpr (FOLD) {  // as gemv.cu's gemv_ln: one-pass statistics in f32
       float s1 = 0.f, s2 = 0.f;
 #pragma unroll
-      for (int s = 0; s < PARTS; s++) {
+      for (int s = 0; s < WARPS; s++) {
         s1 += stat[s][row].x;
         s2 += stat[s][row].y;
       }
@@ -272,21 +244,6 @@ __device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, con
     pdl_begin();                                                                                       \
     skinny<T, uint8_t, NT, 2, true>(x, q, nullptr, sb, nullptr, y, m, n, k, act);                      \
   }
-// `--fused skinny-split`: tb_skinny{NT}_k{CS} and tb_skinny_ln{NT}_k{CS}, a tile over a
-// cluster of CS blocks (grid (tiles, CS)); arguments as above.
-#define SKINNY_SPLIT(T, S, NT, CS)                                                                     \
-  extern "C" __global__ void __cluster_dims__(1, CS, 1) __launch_bounds__(32 * WARPS)                  \
-      tb_skinny##NT##_k##CS##_##S(const T* x, const T* w, const T* b, const T* r, T* y, int m, int n,  \
-                                  int k, int act) {                                                    \
-    pdl_begin();                                                                                       \
-    skinny<T, T, NT, 2, true, false, CS>(x, w, b, nullptr, r, y, m, n, k, act);                        \
-  }                                                                                                    \
-  extern "C" __global__ void __cluster_dims__(1, CS, 1) __launch_bounds__(32 * WARPS)                  \
-      tb_skinny_ln##NT##_k##CS##_##S(const T* x, const T* w, const float2* sb, T* y, int m, int n,     \
-                                     int k, int act, float eps) {                                      \
-    pdl_begin();                                                                                       \
-    skinny<T, T, NT, 2, true, true, CS>(x, w, nullptr, sb, nullptr, y, m, n, k, act, eps);            \
-  }
 #define SKINNY_HEAD(T, S)                                                                              \
   extern "C" __global__ void __launch_bounds__(32 * WARPS) tb_skinny_head_##S(const T* x, const T* w, T* y, \
                                                                              int m, int n, int k) {    \
@@ -299,9 +256,3 @@ SKINNY(__half, f16, 1)
 SKINNY(__half, f16, 4)
 SKINNY_HEAD(__nv_bfloat16, bf16)
 SKINNY_HEAD(__half, f16)
-SKINNY_SPLIT(__nv_bfloat16, bf16, 1, 2)
-SKINNY_SPLIT(__nv_bfloat16, bf16, 1, 4)
-SKINNY_SPLIT(__nv_bfloat16, bf16, 4, 2)
-SKINNY_SPLIT(__half, f16, 1, 2)
-SKINNY_SPLIT(__half, f16, 1, 4)
-SKINNY_SPLIT(__half, f16, 4, 2)

@@ -98,10 +98,6 @@ fn folds() -> bool {
 #[cfg(test)]
 pub static LN_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Launches of a split projection's kernel (`skinny-split`) in this process (likewise).
-#[cfg(test)]
-pub static SPLIT_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
 /// Launches of [`skinny_add`]'s (likewise).
 #[cfg(test)]
 pub static ADD_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -135,7 +131,7 @@ mod imp {
 
 #[cfg(feature = "cuda")]
 mod imp {
-    use super::{enabled, Act, Fused, Tail, MAX_ROWS, MAX_WEIGHT};
+    use super::{Act, Tail, MAX_ROWS, MAX_WEIGHT};
     use crate::kernels::launch::{
         aligned16, alloc, cuda, device_address, kernel, launch, no_cpu_fwd, ptx, storage, suffix,
         view, with_dtype, wrap, Ptx,
@@ -162,58 +158,11 @@ mod imp {
     }
 
     fn config(n: usize, nt: usize) -> LaunchConfig {
-        split_config(n, nt, 1)
-    }
-
-    /// `cs` blocks a tile: grid (tiles, cs), the cluster (1, cs, 1) the kernel declares.
-    fn split_config(n: usize, nt: usize, cs: usize) -> LaunchConfig {
         LaunchConfig {
-            grid_dim: (n.div_ceil(8 * nt) as u32, cs as u32, 1),
+            grid_dim: (n.div_ceil(8 * nt) as u32, 1, 1),
             block_dim: (32 * WARPS, 1, 1),
             shared_mem_bytes: 0,
         }
-    }
-
-    /// Experiment knobs (`TB_SKINNY_SPLIT_BLOCKS`, `TB_SKINNY_SPLIT_NT4`): the most blocks a
-    /// split grid may have, and whether four-tile blocks split.
-    fn split_knobs() -> (usize, bool) {
-        static KNOBS: std::sync::OnceLock<(usize, bool)> = std::sync::OnceLock::new();
-        *KNOBS.get_or_init(|| {
-            let var = |name| std::env::var(name).ok().and_then(|v| v.parse::<usize>().ok());
-            let blocks = var("TB_SKINNY_SPLIT_BLOCKS").unwrap_or(SPLIT_BLOCKS);
-            (blocks, var("TB_SKINNY_SPLIT_NT4").unwrap_or(0) == 1)
-        })
-    }
-
-    /// The most blocks a split projection's grid has: two an SM of an H100.
-    const SPLIT_BLOCKS: usize = 264;
-
-    /// Blocks a tile's K is split over (`--fused skinny-split`, 5–16 rows, Hopper): the largest
-    /// cluster of 4 (one-tile blocks only) or 2 whose grid stays within [`SPLIT_BLOCKS`] and
-    /// gives every warp a slice of K; else 1.
-    fn split(dev: &candle_core::CudaDevice, m: usize, n: usize, k: usize, nt: usize) -> Result<usize> {
-        let rows = m > crate::kernels::GEMV_MAX_ROWS;
-        if !enabled(Fused::SkinnySplit) || !rows || !crate::kernels::pdl::hopper_ptx(dev)? {
-            return Ok(1);
-        }
-        let ((blocks, nt4), tiles, slices) = (split_knobs(), n.div_ceil(8 * nt), k / 32);
-        let fits = |cs: usize| (cs == 2 || nt == 1) && (nt == 1 || nt4) && tiles * cs <= blocks;
-        Ok([4, 2]
-            .into_iter()
-            .find(|&cs| fits(cs) && slices >= cs * WARPS as usize)
-            .unwrap_or(1))
-    }
-
-    /// The projection kernel's name for `nt` tiles a block and `cs` blocks a tile:
-    /// `tb_skinny{kind}{nt}[_k{cs}]_{dtype}` (kind "" or "_ln"). (A name: candle's `CudaFunc`
-    /// has no public name to return.)
-    fn projection_kernel(kind: &str, nt: usize, cs: usize, dtype: DType) -> Result<String> {
-        let clustered = if cs > 1 { format!("_k{cs}") } else { String::new() };
-        #[cfg(test)]
-        if cs > 1 {
-            super::SPLIT_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        Ok(format!("tb_skinny{kind}{nt}{clustered}_{}", suffix(dtype)?))
     }
 
     /// A projection's launch: act(x Wᵀ + b).
@@ -227,9 +176,10 @@ mod imp {
         let (m, k) = x.1.shape().dims2()?;
         let n = w.1.shape().dims2()?.0;
         let nt = tiles(n);
-        let cs = split(&dev, m, n, k, nt)?;
-        let name = projection_kernel("", nt, cs, x.0.dtype())?;
-        let func = dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?;
+        let func = match nt {
+            1 => kernel!(dev, PTX, "tb_skinny1", x.0.dtype())?,
+            _ => kernel!(dev, PTX, "tb_skinny4", x.0.dtype())?,
+        };
         let (m_i, n_i, k_i, act) = (m as i32, n as i32, k as i32, act.code());
         with_dtype!(x.0.dtype(), T => {
             let (xv, wv, bv) = (view::<T>(x.0, x.1)?, view::<T>(w.0, w.1)?, view::<T>(b.0, b.1)?);
@@ -239,7 +189,7 @@ mod imp {
             // SAFETY: x holds m·k, W n·k and b n elements, contiguous from 16-byte boundaries, k
             // a multiple of 32 (checked by `skinny`); out holds m·n; the null residual is none.
             let no_residual = 0u64;
-            launch!(unsafe func, split_config(n, nt, cs); &xv, &wv, &bv, &no_residual, &out, &m_i, &n_i, &k_i, &act)?;
+            launch!(unsafe func, config(n, nt); &xv, &wv, &bv, &no_residual, &out, &m_i, &n_i, &k_i, &act)?;
             Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((m, n))))
         })
     }
@@ -390,9 +340,13 @@ mod imp {
             candle_core::bail!("the tensor-core projection takes CUDA tensors");
         };
         let dev = storage(&xs.0).device().clone();
-        let (nt, kind) = (tiles(n), matches!(tail, Tail::Norm { .. }));
-        let cs = split(&dev, m, n, k, nt)?;
-        let name = projection_kernel(if kind { "_ln" } else { "" }, nt, cs, x.dtype())?;
+        let nt = tiles(n);
+        let kind = if matches!(tail, Tail::Norm { .. }) {
+            "_ln"
+        } else {
+            ""
+        };
+        let name = format!("tb_skinny{kind}{nt}_{}", suffix(x.dtype())?);
         let func = dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?;
         let (m_i, n_i, k_i, act) = (m as i32, n as i32, k as i32, act.code());
         // The operands' addresses, taken before Early's window (only the output's allocation
@@ -412,16 +366,13 @@ mod imp {
             let early = Early::begin(&dev, m)?;
             let out = alloc::<T>(&dev, m * n)?;
             early.launch()?;
-            let cfg = split_config(n, nt, cs);
-            if kind {
-                // SAFETY: x holds m·k and W n·k elements, contiguous from 16-byte boundaries, k
-                // a multiple of 32 (checked by skinny_tail); `third` is sb, n (Σ W, bias) pairs
-                // of f32; out holds m·n.
-                launch!(unsafe func, cfg; &xv, &wv, &third, &out, &m_i, &n_i, &k_i, &act, &eps)?
-            } else {
-                // SAFETY: as above; b holds n elements and r m·n, contiguous (checked by
-                // skinny_tail).
-                launch!(unsafe func, cfg; &xv, &wv, &third, &fourth, &out, &m_i, &n_i, &k_i, &act)?
+            match kind {
+                // SAFETY: x holds m·k and W n·k elements, contiguous from 16-byte boundaries, k a
+                // multiple of 32, b n elements and r m·n, contiguous (checked by skinny_tail);
+                // out holds m·n.
+                "" => launch!(unsafe func, config(n, nt); &xv, &wv, &third, &fourth, &out, &m_i, &n_i, &k_i, &act)?,
+                // SAFETY: as above; `third` is sb, n (Σ W, bias) pairs of f32.
+                _ => launch!(unsafe func, config(n, nt); &xv, &wv, &third, &out, &m_i, &n_i, &k_i, &act, &eps)?,
             };
             wrap(out, &dev, (m, n))
         }))
