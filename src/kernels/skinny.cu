@@ -12,9 +12,11 @@
 // round loaded then multiplied. The six shapes swept (results/h100x2/skinny-run4) gave these:
 // the pipelined rounds of four needed 117-156 registers a thread and lost everywhere; rounds of
 // two pipelined were the fastest projections, the head's four-slice rounds the fastest head.
-// NT 1 spreads a 1024-wide output over 128 blocks; from 4096 columns NT 4 brings a quarter of
-// the x a W byte brings at NT 1 (a lane's x loads are 2 / NT of its W bytes, 4 / NT for E4M3):
-// fp8 bloom-7b1 at 16 rows 5.80 -> 4.82 ms against NT 2 (results/h100x2/skinny-run5).
+// NT 1 spreads a 1024-wide output over 128 blocks; from 2304 columns (4096 for E4M3) NT 4
+// brings a quarter of the x a W byte brings at NT 1 (a lane's x loads are 2 / NT of its W
+// bytes, 4 / NT for E4M3): fp8 bloom-7b1 at 16 rows 5.80 -> 4.82 ms against NT 2
+// (results/h100x2/skinny-run5), gpt2's qkv and MLP 7.0 -> 6.2 and 7.2 -> 6.8 µs against NT 1
+// (results/h100/nt-run64).
 // `--fused skinny-fold` (models/norm_fold.rs at 5-16 rows): the residual add in the epilogue
 // (r, rounded as the add kernel rounds), and the projection after a LayerNorm folded into W
 // (FOLD: each lane sums Σ x and Σ x² of the x vectors it loads for the mmas, every element of

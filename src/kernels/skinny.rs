@@ -147,10 +147,14 @@ mod imp {
     /// Warps a block (skinny.cu's WARPS).
     const WARPS: u32 = 8;
 
-    /// 8-column tiles a block: four (32 columns, a quarter of the x a W byte brings at one)
-    /// from 4096 columns, else one (a 1024-wide output over 128 blocks, not 32). LM heads: two.
-    fn tiles(n: usize) -> usize {
-        if n >= 4096 {
+    /// 8-column tiles a block: four (32 columns: a quarter of the x a W byte brings at one)
+    /// from 2304 columns of 16-bit weights (gpt2's qkv and MLP, BLOOM's qkv: 72–96 blocks; at
+    /// one tile a block their steps were 12–16 µs slower, results/h100/nt-run64) and from 4096
+    /// of E4M3 (the widths fp8 was timed at), else one (a 1024-wide output over 128 blocks,
+    /// not 32; two or four there were slower). LM heads: two.
+    fn tiles(n: usize, fp8: bool) -> usize {
+        let from = if fp8 { 4096 } else { 2304 };
+        if n >= from {
             4
         } else {
             1
@@ -175,7 +179,7 @@ mod imp {
         let dev = x.0.device().clone();
         let (m, k) = x.1.shape().dims2()?;
         let n = w.1.shape().dims2()?.0;
-        let nt = tiles(n);
+        let nt = tiles(n, false);
         let func = match nt {
             1 => kernel!(dev, PTX, "tb_skinny1", x.0.dtype())?,
             _ => kernel!(dev, PTX, "tb_skinny4", x.0.dtype())?,
@@ -270,7 +274,7 @@ mod imp {
             let dev = x.device().clone();
             let (m, k) = xl.shape().dims2()?;
             let n = ql.shape().dims2()?.0;
-            let nt = tiles(n);
+            let nt = tiles(n, true);
             let func = match nt {
                 1 => kernel!(dev, PTX, "tb_skinny_fp8_1", x.dtype())?,
                 _ => kernel!(dev, PTX, "tb_skinny_fp8_4", x.dtype())?,
@@ -340,7 +344,7 @@ mod imp {
             candle_core::bail!("the tensor-core projection takes CUDA tensors");
         };
         let dev = storage(&xs.0).device().clone();
-        let nt = tiles(n);
+        let nt = tiles(n, false);
         let kind = if matches!(tail, Tail::Norm { .. }) {
             "_ln"
         } else {
