@@ -195,6 +195,15 @@ csvs() {
   # The submitted bbbbd3f (the batch-16 attention's loads unpacked where used) on GPU 1 of a 2x
   # H100 host (gate-run62), every path: its runs of 79b448f are h18's binary, not rows here.
   part h19 -i $H/gate-run62/ab-logs.tgz --where git_commit=bbbbd3f85247
+  # The twenty-fourth session's four-tile blocks from 2304 columns (gpt2's qkv and MLP, BLOOM's
+  # qkv), one H100 (nt-run64, experiment binary 0caacf8, every path but skinny-split, that
+  # tiling by TB_SKINNY_NT4_FROM=2304, which the logs do not record: its V2 runs alone, by run;
+  # the same call's other variants are docs/perf-notes.md's). The submitted 7ded869 ran on 2x
+  # H200 (gate-run67: h200's part e3).
+  local v2=generation_%s_candle_bf16_bs16_cuda0_20261127T22%s
+  for r in gpt2:2639Z gpt2:2736Z bloom-560m:2834Z bloom-560m:2935Z; do
+    part "h20-${r%%:*}-${r#*:}" -i $M/nt-run64/ab-logs.tgz --where "run=$(printf $v2 ${r%%:*} ${r#*:})"
+  done
   # The serving suite (#39) on 6ac4535 (HF's worker without cuDNN attention): serving-run4's
   # archive holds serving-run3's logs too (the same /tmp on the same machine); of HF's two
   # bloom-560m static sweeps the first, cut at its fifth rate by the call's time, is left out.
@@ -257,6 +266,10 @@ csvs() {
   # One H200: decoding against compiled HF, BLOOM only (gpt2's compiled sdpa was not tried).
   part e1 -i $R/h200/gen-final-run1/gen-logs.tgz --where model=bloom-560m
   part e2 -i $R/h200/gen-final-run1/gen-logs.tgz --where model=bloom-7b1
+  # The submitted 7ded869 (four-tile blocks from 2304 columns) on GPU 1 of a 2x H200 host
+  # (gate-run67; "-dirty": built with results/ out of git's index for the device copy), every
+  # path: its runs of 062270e, the code before, are docs/perf-notes.md's, not rows here.
+  part e3 -i $G/gate-run67/ab-logs.tgz --where git_commit=7ded869aac7a-dirty
   host h200
   # 2× H200 (#34, #35): d15a80a (README's figures; its runs with levers switched off are left
   # out) and 2bb4aec, the newest, after the restructure.
@@ -424,6 +437,11 @@ one_gpu() {
     --where "git_commit!=bddef16ec5ab" --where "git_commit!=51667c755774" --where "git_commit!=4f61c081fc36" \
     --where "git_commit!=a7663d0b089d" --where "git_commit!=74a3901e0d64" \
     --metric decode_tokens_per_second --title "Generation suite 128 + 128, batch 1, one H100: decode tokens/s across precisions"
+  say "### Candle alone, one H200 of a 2× H200 host" "" \
+    "gate-run67: the submitted 7ded869 (gpt2's qkv and MLP and BLOOM's qkv at four tiles a block" \
+    "at 5–16 rows), every path; 062270e's runs in the same call are docs/perf-notes.md's." ""
+  table h200 --where suite=generation --where engine=candle --where "ratio_vs_hf_best=" \
+    --sort model,batch_size,git_commit,dtype --columns "$FP8"
   say "## Training" "" "WikiText-2 fine-tuning, blocks of 1024 tokens (batch: blocks a step), one" \
     "GPU: candle against HF Trainer (compiled or not) and llm.c (which has no dropout)." ""
   say "### One H100" ""
