@@ -196,14 +196,10 @@ csvs() {
   # H100 host (gate-run62), every path: its runs of 79b448f are h18's binary, not rows here.
   part h19 -i $H/gate-run62/ab-logs.tgz --where git_commit=bbbbd3f85247
   # The twenty-fourth session's four-tile blocks from 2304 columns (gpt2's qkv and MLP, BLOOM's
-  # qkv), one H100 (nt-run64, experiment binary 0caacf8, every path but skinny-split, that
-  # tiling by TB_SKINNY_NT4_FROM=2304, which the logs do not record: its V2 runs alone, by run;
-  # the same call's other variants are docs/perf-notes.md's). The submitted 7ded869 ran on 2x
-  # H200 (gate-run67: h200's part e3).
-  local v2=generation_%s_candle_bf16_bs16_cuda0_20261127T22%s
-  for r in gpt2:2639Z gpt2:2736Z bloom-560m:2834Z bloom-560m:2935Z; do
-    part "h20-${r%%:*}-${r#*:}" -i $M/nt-run64/ab-logs.tgz --where "run=$(printf $v2 ${r%%:*} ${r#*:})"
-  done
+  # qkv): the submitted 7ded869 on one H100 (h100-run68; "-dirty": built with results/ out of
+  # git's index for the device copy), every path: its runs of 062270e, the code before, are
+  # docs/perf-notes.md's, not rows here. On 2x H200: h200's part e3.
+  part h20 -i $M/h100-run68/ab-logs.tgz --where git_commit=7ded869aac7a-dirty
   # The serving suite (#39) on 6ac4535 (HF's worker without cuDNN attention): serving-run4's
   # archive holds serving-run3's logs too (the same /tmp on the same machine); of HF's two
   # bloom-560m static sweeps the first, cut at its fifth rate by the call's time, is left out.
