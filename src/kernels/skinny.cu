@@ -40,14 +40,6 @@ __device__ __forceinline__ Words stream(const Words* p) {
   return {{v.x, v.y, v.z, v.w}};
 }
 
-// x in one 16-byte load: copied as a Words (4-byte aligned) nvcc loaded it as four 4-byte
-// loads, each a request of 16 sectors, so that x cost four L1 requests a vector
-// (results/h100/proj-prof69: L1/TEX the busiest unit, 2 / 3 of its sectors hits).
-__device__ __forceinline__ Words fetch(const Words* p) {
-  const uint4 v = *(const uint4*)p;
-  return {{v.x, v.y, v.z, v.w}};
-}
-
 template <typename T> __device__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1);
 template <>
 __device__ __forceinline__ void mma<__nv_bfloat16>(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
@@ -116,8 +108,8 @@ __device__ __forceinline__ void load(Round<NT, XW, U>& r, const Words* x, const 
 #pragma unroll
     for (int v = 0; v < XW; v++) {  // x row g, vectors (slice s, lane t)
       const long at = (long)s * 4 * XW + t * XW + v;
-      r.xa[u][v] = live && g < m ? fetch(&x[(long)g * xv + at]) : zero;
-      r.xb[u][v] = live && g + 8 < m ? fetch(&x[(long)(g + 8) * xv + at]) : zero;
+      r.xa[u][v] = live && g < m ? x[(long)g * xv + at] : zero;
+      r.xb[u][v] = live && g + 8 < m ? x[(long)(g + 8) * xv + at] : zero;
     }
 #pragma unroll
     for (int i = 0; i < NT; i++) {  // W row n0 + 8i + g, vector (slice s, lane t)
