@@ -155,8 +155,9 @@ fn skinny_linear_matches_the_f32_projection() {
     assert!(none(&bf(&[8, 4096]), &bf(&[2049, 4096]), Act::None));
 }
 
-/// The tensor-core LM head against the f32 product: 1–16 rows, bf16 and f16, GPT-2's head
-/// (V = 50257, no multiple of 8, nor of the 16-column tiles), BLOOM's widths, a K of one slice.
+/// The tensor-core LM head against the f32 product: 1–16 rows (one row's kernel and the 2–16
+/// rows' one), bf16 and f16, GPT-2's head (V = 50257, no multiple of 8, nor of the 16-column
+/// tiles), BLOOM's widths, a K of one slice.
 #[test]
 fn skinny_matches_the_f32_logits() {
     let (dev, _one_at_a_time) = gpu();

@@ -40,6 +40,14 @@ __device__ __forceinline__ Words stream(const Words* p) {
   return {{v.x, v.y, v.z, v.w}};
 }
 
+// x in one 16-byte load: copied as a Words (4-byte aligned) nvcc loaded it as four 4-byte
+// loads, each a request of 16 sectors, so that x cost four L1 requests a vector
+// (results/h100/proj-prof69: L1/TEX the busiest unit, 2 / 3 of its sectors hits).
+__device__ __forceinline__ Words fetch(const Words* p) {
+  const uint4 v = *(const uint4*)p;
+  return {{v.x, v.y, v.z, v.w}};
+}
+
 template <typename T> __device__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1);
 template <>
 __device__ __forceinline__ void mma<__nv_bfloat16>(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
@@ -95,8 +103,10 @@ __device__ __forceinline__ void add_stats(float4& s, const Round<NT, 1, U>& r) {
     }
 }
 
-// Loads round s0 (slices s0, s0 + WARPS, ...); zeros past K, M and N.
-template <int NT, int XW, int U>
+// Loads round s0 (slices s0, s0 + WARPS, ...); zeros past K, M and N. WIDE: x in 16-byte loads;
+// else 4-byte ones (the one-row head: with 16-byte ones nvcc put a round's first mma before its
+// last loads, and gpt2's batch-1 step took 8 us more, results/h100x2/fetch-run70).
+template <bool WIDE, int NT, int XW, int U>
 __device__ __forceinline__ void load(Round<NT, XW, U>& r, const Words* x, const Words* w, int s0, int slices, int m, int n,
                                      int xv, int wv) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, n0 = blockIdx.x * 8 * NT;
@@ -108,8 +118,13 @@ __device__ __forceinline__ void load(Round<NT, XW, U>& r, const Words* x, const 
 #pragma unroll
     for (int v = 0; v < XW; v++) {  // x row g, vectors (slice s, lane t)
       const long at = (long)s * 4 * XW + t * XW + v;
-      r.xa[u][v] = live && g < m ? x[(long)g * xv + at] : zero;
-      r.xb[u][v] = live && g + 8 < m ? x[(long)(g + 8) * xv + at] : zero;
+      if constexpr (WIDE) {
+        r.xa[u][v] = live && g < m ? fetch(&x[(long)g * xv + at]) : zero;
+        r.xb[u][v] = live && g + 8 < m ? fetch(&x[(long)(g + 8) * xv + at]) : zero;
+      } else {
+        r.xa[u][v] = live && g < m ? x[(long)g * xv + at] : zero;
+        r.xb[u][v] = live && g + 8 < m ? x[(long)(g + 8) * xv + at] : zero;
+      }
     }
 #pragma unroll
     for (int i = 0; i < NT; i++) {  // W row n0 + 8i + g, vector (slice s, lane t)
@@ -147,7 +162,7 @@ __device__ __forceinline__ void multiply(float (*c)[4], const Round<NT, XW, U>& 
 // the projection with the norm folded in, norm_fold.rs), mean and rstd each row's from x.
 // r (M, N) may be null. U16: slices a round of 16-bit W (half as many of E4M3: the same x
 // bytes a round).
-template <typename T, typename W, int NT, int U16, bool PIPE, bool FOLD = false>
+template <typename T, typename W, int NT, int U16, bool PIPE, bool FOLD = false, bool WIDE = true>
 __device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, const T* r, T* y, int m, int n, int k,
                        int act, float eps = 0.f) {
   constexpr bool FP8 = sizeof(W) == 1;
@@ -165,10 +180,10 @@ __device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, con
   const Words *xw = (const Words*)x, *ww = (const Words*)w;
   if constexpr (PIPE) {
     Round<NT, XW, U> cur;
-    load(cur, xw, ww, warp, slices, m, n, xv, wv);
+    load<WIDE>(cur, xw, ww, warp, slices, m, n, xv, wv);
     for (int s0 = warp; s0 < slices; s0 += WARPS * U) {
       Round<NT, XW, U> next;
-      load(next, xw, ww, s0 + WARPS * U, slices, m, n, xv, wv);
+      load<WIDE>(next, xw, ww, s0 + WARPS * U, slices, m, n, xv, wv);
       multiply<T>(c, cur, s0, slices);
       if constexpr (FOLD) add_stats<T>(st, cur);
       cur = next;
@@ -176,7 +191,7 @@ __device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, con
   } else {
     for (int s0 = warp; s0 < slices; s0 += WARPS * U) {
       Round<NT, XW, U> cur;
-      load(cur, xw, ww, s0, slices, m, n, xv, wv);
+      load<WIDE>(cur, xw, ww, s0, slices, m, n, xv, wv);
       multiply<T>(c, cur, s0, slices);
     }
   }
@@ -246,11 +261,17 @@ __device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, con
     pdl_begin();                                                                                       \
     skinny<T, uint8_t, NT, 2, true>(x, q, nullptr, sb, nullptr, y, m, n, k, act);                      \
   }
+// tb_skinny_head: x in 4-byte loads (one row); tb_skinny_head_wide: in 16-byte loads (2-16 rows).
 #define SKINNY_HEAD(T, S)                                                                              \
   extern "C" __global__ void __launch_bounds__(32 * WARPS) tb_skinny_head_##S(const T* x, const T* w, T* y, \
                                                                              int m, int n, int k) {    \
     pdl_begin();                                                                                       \
-    skinny<T, T, 2, 4, false>(x, w, nullptr, nullptr, nullptr, y, m, n, k, 0);                                  \
+    skinny<T, T, 2, 4, false, false, false>(x, w, nullptr, nullptr, nullptr, y, m, n, k, 0);           \
+  }                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(32 * WARPS) tb_skinny_head_wide_##S(                    \
+      const T* x, const T* w, T* y, int m, int n, int k) {                                             \
+    pdl_begin();                                                                                       \
+    skinny<T, T, 2, 4, false>(x, w, nullptr, nullptr, nullptr, y, m, n, k, 0);                         \
   }
 SKINNY(__nv_bfloat16, bf16, 1)
 SKINNY(__nv_bfloat16, bf16, 4)

@@ -216,7 +216,12 @@ mod imp {
             let dev = x.device().clone();
             let (m, k) = xl.shape().dims2()?;
             let n = wl.shape().dims2()?.0;
-            let func = kernel!(dev, PTX, "tb_skinny_head", x.dtype())?;
+            // One row's x in 4-byte loads, more rows' in 16-byte ones (skinny.cu's WIDE).
+            let func = if m == 1 {
+                kernel!(dev, PTX, "tb_skinny_head", x.dtype())?
+            } else {
+                kernel!(dev, PTX, "tb_skinny_head_wide", x.dtype())?
+            };
             let (m_i, n_i, k_i) = (m as i32, n as i32, k as i32);
             with_dtype!(x.dtype(), T => {
                 let (xv, wv) = (view::<T>(x, xl)?, view::<T>(w, wl)?);
