@@ -112,7 +112,7 @@ fn gemv_matches_the_f32_projection() {
 }
 
 /// The tensor-core projections (`skinny-proj`, 1–16 rows, bias and tanh-GELU) against the f32
-/// product, in bf16 and f16: BLOOM's and GPT-2's decode shapes, one and four 8-column tiles a
+/// product, in bf16 and f16: BLOOM's and GPT-2's decode shapes, one and two 8-column tiles a
 /// block (N below and from 2304), partial tiles and partial last rounds of slices at both, a K
 /// of one slice, 12 rows (one of 9–15: row g + 8 of a fragment partly there), and through `linear`'s
 /// dispatch at 5–16 rows; bloom-7b1's weights stay cuBLASLt's ([`SKINNY_MAX_WEIGHT`]).

@@ -7,16 +7,20 @@
 // Shapes: x (M, K), W (N, K), y (M, N), contiguous; M <= 16; K a multiple of the slice (32
 // elements, 64 for E4M3); any N (rows of W past N read as zeros). Block: WARPS warps, one
 // COLS = 8 NT column tile of y; warp w takes every WARPS-th slice of K, U slices a round; the
-// warps' sums meet in shared memory. Projections (PIPE): two slices a round (one of E4M3), the
-// next round's loads issued before this round's mmas; LM heads: four slices a round, each
-// round loaded then multiplied. The six shapes swept (results/h100x2/skinny-run4) gave these:
-// the pipelined rounds of four needed 117-156 registers a thread and lost everywhere; rounds of
-// two pipelined were the fastest projections, the head's four-slice rounds the fastest head.
-// NT 1 spreads a 1024-wide output over 128 blocks; from 2304 columns (4096 for E4M3) NT 4
-// brings a quarter of the x a W byte brings at NT 1 (a lane's x loads are 2 / NT of its W
-// bytes, 4 / NT for E4M3): fp8 bloom-7b1 at 16 rows 5.80 -> 4.82 ms against NT 2
-// (results/h100x2/skinny-run5), gpt2's qkv and MLP 7.0 -> 6.2 and 7.2 -> 6.8 µs against NT 1
-// (results/h100/nt-run64).
+// warps' sums meet in shared memory. Projections (PIPE): the next round's loads issued before
+// this round's mmas; rounds of four slices at one tile, two at two tiles and for E4M3 (one
+// slice of it). LM heads: each round loaded then multiplied. x is loaded in 16-byte vectors
+// (until 62ebce1 nvcc split them into four 4-byte loads, and L1 was the busiest unit:
+// results/h100/proj-prof69), except by the one-row head. With x in 4-byte loads the pipelined
+// rounds of four lost everywhere (results/h100x2/skinny-run4) and four tiles beat two; with
+// 16-byte loads (results/h100/knob-run73, knob-run74, 16 rows) rounds of four win at one tile
+// (gpt2 -10 µs a step, bloom-560m -20; 116 registers), two tiles beat four for the wide 16-bit
+// projections (bloom-560m -21 µs, gpt2 -6; four slices at two tiles: +50 µs, 158 registers),
+// and the head at 2-16 rows takes four tiles in rounds of two (gpt2 -8 µs).
+// Tiles: one for outputs below 2304 columns (a 1024-wide output over 128 blocks); two from
+// 2304 (the qkv and the MLP's first projection of gpt2 and BLOOM); E4M3 four from 4096, which brings a quarter of the
+// x a W byte brings at one (a lane's x loads are 4 / NT of its W bytes): fp8 bloom-7b1 at 16
+// rows 5.80 -> 4.82 ms against NT 2 (results/h100x2/skinny-run5).
 // `--fused skinny-fold` (models/norm_fold.rs at 5-16 rows): the residual add in the epilogue
 // (r, rounded as the add kernel rounds), and the projection after a LayerNorm folded into W
 // (FOLD: each lane sums Σ x and Σ x² of the x vectors it loads for the mmas, every element of
@@ -244,24 +248,27 @@ __device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, con
 }
 
 // b: the bias (N,), or null; r: the residual (M, N), or null; act: 0 none, 1 GELU (tanh
-// approximation). tb_skinny_ln: sb (N, 2) f32, the folded projection's (Σ W, bias).
-#define SKINNY(T, S, NT)                                                                               \
+// approximation). tb_skinny_ln: sb (N, 2) f32, the folded projection's (Σ W, bias). U: slices a
+// round (six and eight at one tile gained less than four, knob-run73).
+#define SKINNY(T, S, NT, U)                                                                            \
   extern "C" __global__ void __launch_bounds__(32 * WARPS) tb_skinny##NT##_##S(                        \
       const T* x, const T* w, const T* b, const T* r, T* y, int m, int n, int k, int act) {            \
     pdl_begin();                                                                                       \
-    skinny<T, T, NT, 2, true>(x, w, b, nullptr, r, y, m, n, k, act);                                   \
+    skinny<T, T, NT, U, true>(x, w, b, nullptr, r, y, m, n, k, act);                                   \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(32 * WARPS) tb_skinny_ln##NT##_##S(                     \
       const T* x, const T* w, const float2* sb, T* y, int m, int n, int k, int act, float eps) {       \
     pdl_begin();                                                                                       \
-    skinny<T, T, NT, 2, true, true>(x, w, nullptr, sb, nullptr, y, m, n, k, act, eps);                 \
-  }                                                                                                    \
+    skinny<T, T, NT, U, true, true>(x, w, nullptr, sb, nullptr, y, m, n, k, act, eps);                 \
+  }
+#define SKINNY_FP8(T, S, NT)                                                                           \
   extern "C" __global__ void __launch_bounds__(32 * WARPS) tb_skinny_fp8_##NT##_##S(                   \
       const T* x, const uint8_t* q, const float2* sb, T* y, int m, int n, int k, int act) {            \
     pdl_begin();                                                                                       \
     skinny<T, uint8_t, NT, 2, true>(x, q, nullptr, sb, nullptr, y, m, n, k, act);                      \
   }
-// tb_skinny_head: x in 4-byte loads (one row); tb_skinny_head_wide: in 16-byte loads (2-16 rows).
+// tb_skinny_head: two tiles, rounds of four slices, x in 4-byte loads (one row: with 16-byte
+// ones gpt2's step +8 µs, results/h100x2/fetch-run70); tb_skinny_head_wide: 2-16 rows.
 #define SKINNY_HEAD(T, S)                                                                              \
   extern "C" __global__ void __launch_bounds__(32 * WARPS) tb_skinny_head_##S(const T* x, const T* w, T* y, \
                                                                              int m, int n, int k) {    \
@@ -271,11 +278,15 @@ __device__ void skinny(const T* x, const W* w, const T* b, const float2* sb, con
   extern "C" __global__ void __launch_bounds__(32 * WARPS) tb_skinny_head_wide_##S(                    \
       const T* x, const T* w, T* y, int m, int n, int k) {                                             \
     pdl_begin();                                                                                       \
-    skinny<T, T, 2, 4, false>(x, w, nullptr, nullptr, nullptr, y, m, n, k, 0);                         \
+    skinny<T, T, 4, 2, false>(x, w, nullptr, nullptr, nullptr, y, m, n, k, 0);                         \
   }
-SKINNY(__nv_bfloat16, bf16, 1)
-SKINNY(__nv_bfloat16, bf16, 4)
-SKINNY(__half, f16, 1)
-SKINNY(__half, f16, 4)
+SKINNY(__nv_bfloat16, bf16, 1, 4)
+SKINNY(__nv_bfloat16, bf16, 2, 2)
+SKINNY(__half, f16, 1, 4)
+SKINNY(__half, f16, 2, 2)
+SKINNY_FP8(__nv_bfloat16, bf16, 1)
+SKINNY_FP8(__nv_bfloat16, bf16, 4)
+SKINNY_FP8(__half, f16, 1)
+SKINNY_FP8(__half, f16, 4)
 SKINNY_HEAD(__nv_bfloat16, bf16)
 SKINNY_HEAD(__half, f16)

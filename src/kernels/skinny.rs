@@ -147,17 +147,16 @@ mod imp {
     /// Warps a block (skinny.cu's WARPS).
     const WARPS: u32 = 8;
 
-    /// 8-column tiles a block: four (32 columns: a quarter of the x a W byte brings at one)
-    /// from 2304 columns of 16-bit weights (gpt2's qkv and MLP, BLOOM's qkv: 72–96 blocks; at
-    /// one tile a block their steps were 12–16 µs slower, results/h100/nt-run64) and from 4096
-    /// of E4M3 (the widths fp8 was timed at), else one (a 1024-wide output over 128 blocks,
-    /// not 32; two or four there were slower). LM heads: two.
+    /// 8-column tiles a projection's block: from 2304 columns of 16-bit weights two (the qkv
+    /// and the MLP's first projection of gpt2 and BLOOM: 144–256 blocks; four were 6–21 µs a
+    /// step slower since x is loaded in 16-byte vectors, results/h100/knob-run73, one 12–16
+    /// µs faster before, nt-run64), from 4096 of E4M3 four (the widths fp8 was timed at), else
+    /// one (a 1024-wide output over 128 blocks). skinny.cu's kernels exist for these only.
     fn tiles(n: usize, fp8: bool) -> usize {
-        let from = if fp8 { 4096 } else { 2304 };
-        if n >= from {
-            4
-        } else {
-            1
+        match (fp8, n) {
+            (false, 2304..) => 2,
+            (true, 4096..) => 4,
+            _ => 1,
         }
     }
 
@@ -182,7 +181,7 @@ mod imp {
         let nt = tiles(n, false);
         let func = match nt {
             1 => kernel!(dev, PTX, "tb_skinny1", x.0.dtype())?,
-            _ => kernel!(dev, PTX, "tb_skinny4", x.0.dtype())?,
+            _ => kernel!(dev, PTX, "tb_skinny2", x.0.dtype())?,
         };
         let (m_i, n_i, k_i, act) = (m as i32, n as i32, k as i32, act.code());
         with_dtype!(x.0.dtype(), T => {
@@ -216,11 +215,11 @@ mod imp {
             let dev = x.device().clone();
             let (m, k) = xl.shape().dims2()?;
             let n = wl.shape().dims2()?.0;
-            // One row's x in 4-byte loads, more rows' in 16-byte ones (skinny.cu's WIDE).
-            let func = if m == 1 {
-                kernel!(dev, PTX, "tb_skinny_head", x.dtype())?
+            // One row: two tiles, x in 4-byte loads; more: four tiles, x in 16-byte loads.
+            let (func, nt) = if m == 1 {
+                (kernel!(dev, PTX, "tb_skinny_head", x.dtype())?, 2)
             } else {
-                kernel!(dev, PTX, "tb_skinny_head_wide", x.dtype())?
+                (kernel!(dev, PTX, "tb_skinny_head_wide", x.dtype())?, 4)
             };
             let (m_i, n_i, k_i) = (m as i32, n as i32, k as i32);
             with_dtype!(x.dtype(), T => {
@@ -230,7 +229,7 @@ mod imp {
                 early.launch()?;
                 // SAFETY: x holds m·k and W n·k elements, contiguous from 16-byte boundaries, k
                 // a multiple of 32 (checked by `skinny`); out holds m·n.
-                launch!(unsafe func, config(n, 2); &xv, &wv, &out, &m_i, &n_i, &k_i)?;
+                launch!(unsafe func, config(n, nt); &xv, &wv, &out, &m_i, &n_i, &k_i)?;
                 Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((m, n))))
             })
         }
