@@ -200,6 +200,14 @@ csvs() {
   # git's index for the device copy), every path: its runs of 062270e, the code before, are
   # docs/perf-notes.md's, not rows here. On 2x H200: h200's part e3.
   part h20 -i $M/h100-run68/ab-logs.tgz --where git_commit=7ded869aac7a-dirty
+  # The twenty-fifth session's x in 16-byte loads, rounds of four at one tile, two tiles from
+  # 2304 columns and the head at 2-16 rows at four: the submitted 53d485d on GPU 1 of a 2x H100
+  # host (gate-run75), every path, gpt2, bloom-560m and gpt2-medium at batch 16, gpt2 and
+  # bloom-560m at batch 1: its runs of f19b77f (7ded869's kernels) are docs/perf-notes.md's.
+  part h21 -i $H/gate-run75/ab-logs.tgz --where git_commit=53d485d681eb
+  # 53d485d on the larger models at batch 16 (wide-run76, one H100): gpt2-large, gpt2-xl,
+  # bloom-1b7; its f19b77f runs are docs/perf-notes.md's.
+  part h22 -i $M/wide-run76/ab-logs.tgz --where git_commit=53d485d681eb
   # The serving suite (#39) on 6ac4535 (HF's worker without cuDNN attention): serving-run4's
   # archive holds serving-run3's logs too (the same /tmp on the same machine); of HF's two
   # bloom-560m static sweeps the first, cut at its fifth rate by the call's time, is left out.
