@@ -18,9 +18,9 @@
 // projections (bloom-560m -21 µs, gpt2 -6; four slices at two tiles: +50 µs, 158 registers),
 // and the head at 2-16 rows takes four tiles in rounds of two (gpt2 -8 µs).
 // Tiles: one for outputs below 2304 columns (a 1024-wide output over 128 blocks); two from
-// 2304 (the qkv and the MLP's first projection of gpt2 and BLOOM); E4M3 four from 4096, which brings a quarter of the
-// x a W byte brings at one (a lane's x loads are 4 / NT of its W bytes): fp8 bloom-7b1 at 16
-// rows 5.80 -> 4.82 ms against NT 2 (results/h100x2/skinny-run5).
+// 2304 (the qkv and the MLP's first projection of gpt2 and BLOOM); E4M3 four from 4096, which
+// brings a quarter of the x a W byte brings at one (a lane's x loads are 4 / NT of its W
+// bytes): fp8 bloom-7b1 at 16 rows 5.80 -> 4.82 ms against NT 2 (results/h100x2/skinny-run5).
 // `--fused skinny-fold` (models/norm_fold.rs at 5-16 rows): the residual add in the epilogue
 // (r, rounded as the add kernel rounds), and the projection after a LayerNorm folded into W
 // (FOLD: each lane sums Σ x and Σ x² of the x vectors it loads for the mmas, every element of
@@ -109,7 +109,7 @@ __device__ __forceinline__ void add_stats(float4& s, const Round<NT, 1, U>& r) {
 
 // Loads round s0 (slices s0, s0 + WARPS, ...); zeros past K, M and N. WIDE: x in 16-byte loads;
 // else 4-byte ones (the one-row head: with 16-byte ones nvcc put a round's first mma before its
-// last loads, and gpt2's batch-1 step took 8 us more, results/h100x2/fetch-run70).
+// last loads, and gpt2's batch-1 step took 8 µs more, results/h100x2/fetch-run70).
 template <bool WIDE, int NT, int XW, int U>
 __device__ __forceinline__ void load(Round<NT, XW, U>& r, const Words* x, const Words* w, int s0, int slices, int m, int n,
                                      int xv, int wv) {

@@ -148,10 +148,10 @@ mod imp {
     const WARPS: u32 = 8;
 
     /// 8-column tiles a projection's block: from 2304 columns of 16-bit weights two (the qkv
-    /// and the MLP's first projection of gpt2 and BLOOM: 144–256 blocks; four were 6–21 µs a
-    /// step slower since x is loaded in 16-byte vectors, results/h100/knob-run73, one 12–16
-    /// µs faster before, nt-run64), from 4096 of E4M3 four (the widths fp8 was timed at), else
-    /// one (a 1024-wide output over 128 blocks). skinny.cu's kernels exist for these only.
+    /// and the MLP's first projection of gpt2 and BLOOM: 144–256 blocks; with x in 16-byte
+    /// loads four were 6–21 µs a step slower, results/h100/knob-run73, though with 4-byte ones
+    /// they had beaten one by 12–16 µs, nt-run64), from 4096 of E4M3 four (the widths fp8 was
+    /// timed at), else one (a 1024-wide output over 128 blocks). skinny.cu has these only.
     fn tiles(n: usize, fp8: bool) -> usize {
         match (fp8, n) {
             (false, 2304..) => 2,
