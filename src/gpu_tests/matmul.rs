@@ -183,3 +183,32 @@ fn skinny_matches_the_f32_logits() {
     assert!(skinny(&bf(&[17, 64]), &bf(&[40, 64])).unwrap().is_none());
     assert!(skinny(&bf(&[4, 48]), &bf(&[40, 48])).unwrap().is_none());
 }
+
+/// The LM head's choice of kernel: one row against a vocabulary that is a multiple of 8 with
+/// rows under the GEMV's 8 KB (bloom-560m's 2 KB) takes the tensor-core kernel, and its logits
+/// match the f32 product; 8 KB rows take the GEMV, and two rows of the short head cuBLAS.
+#[test]
+fn lm_head_takes_the_tensor_core_kernel_at_one_short_row() {
+    use crate::models::head::lm_head;
+    use std::sync::atomic::Ordering::Relaxed;
+    let (dev, _one_at_a_time) = gpu();
+    let f = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    let head_launches = || SKINNY_HEAD_LAUNCHES.load(Relaxed);
+    for (rows, k, n, takes) in [
+        (1, 1024, 4096, true),
+        (1, 4096, 1024, false),
+        (2, 1024, 4096, false),
+    ] {
+        let x = randn(&[rows, k], &dev).to_dtype(DType::BF16).unwrap();
+        let w = (randn(&[n, k], &dev) * 0.05)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        let before = head_launches();
+        let y = lm_head(&x, &w).unwrap();
+        let why = format!("{rows}x{k} -> {n}");
+        assert_eq!(head_launches() - before, usize::from(takes), "{why}");
+        let want = f(&x).matmul(&f(&w).t().unwrap()).unwrap();
+        assert!(rel(&y, &want) < 1e-2, "{why}: {}", rel(&y, &want));
+    }
+}

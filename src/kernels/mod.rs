@@ -85,7 +85,10 @@ pub use skinny::{
     MAX_WEIGHT as SKINNY_MAX_WEIGHT,
 };
 #[cfg(test)]
-pub use skinny::{ADD_LAUNCHES as SKINNY_ADD_LAUNCHES, LN_LAUNCHES as SKINNY_LN_LAUNCHES};
+pub use skinny::{
+    ADD_LAUNCHES as SKINNY_ADD_LAUNCHES, HEAD_LAUNCHES as SKINNY_HEAD_LAUNCHES,
+    LN_LAUNCHES as SKINNY_LN_LAUNCHES,
+};
 
 /// The fused paths `--fused` switches (each on by default on CUDA but `step`, which is opt-in).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -102,6 +102,11 @@ pub static LN_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::Atom
 #[cfg(test)]
 pub static ADD_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// Launches of the LM head's kernel ([`skinny`]) in this process (a GPU test checks which
+/// heads take it).
+#[cfg(test)]
+pub static HEAD_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// [`skinny_add`]'s and [`skinny_ln`]'s operands after W.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 enum Tail<'a> {
@@ -222,6 +227,8 @@ mod imp {
                 (kernel!(dev, PTX, "tb_skinny_head_wide", x.dtype())?, 4)
             };
             let (m_i, n_i, k_i) = (m as i32, n as i32, k as i32);
+            #[cfg(test)]
+            super::HEAD_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             with_dtype!(x.dtype(), T => {
                 let (xv, wv) = (view::<T>(x, xl)?, view::<T>(w, wl)?);
                 let early = Early::begin(&dev, m)?;

@@ -12,14 +12,19 @@ use candle_core::Tensor;
 /// (`--fused skinny`): cuBLAS's kernel for that shape reads the head at 0.8 TB/s, and is faster
 /// than ours for the others at 5–16 rows (docs/perf-notes.md); at 1–4 rows, where the head's
 /// rows hold 8 KB or more (bloom-7b1's), they take the decode GEMV (`--fused gemv-head`), which
-/// a programmatic edge can start early.
+/// a programmatic edge can start early; one row against shorter rows takes the tensor-core
+/// kernel too (bloom-560m's step 18 µs shorter than with cuBLAS's: results/h100/head-run78).
 pub fn lm_head(hidden: &Tensor, head: &Tensor) -> candle_core::Result<Tensor> {
-    if !head.dim(0)?.is_multiple_of(8) {
+    let odd = !head.dim(0)?.is_multiple_of(8);
+    if !odd {
+        if let Some(logits) = kernels::gemv_head(hidden, head)? {
+            return Ok(logits);
+        }
+    }
+    if odd || hidden.dim(0)? == 1 {
         if let Some(logits) = kernels::skinny(hidden, head)? {
             return Ok(logits);
         }
-    } else if let Some(logits) = kernels::gemv_head(hidden, head)? {
-        return Ok(logits);
     }
     hidden.matmul(&head.t()?) // (N, C) @ (C, V)
 }
