@@ -185,8 +185,9 @@ fn skinny_matches_the_f32_logits() {
 }
 
 /// The LM head's choice of kernel: one row against a vocabulary that is a multiple of 8 with
-/// rows under the GEMV's 8 KB (bloom-560m's 2 KB) takes the tensor-core kernel, and its logits
-/// match the f32 product; 8 KB rows take the GEMV, and two rows of the short head cuBLAS.
+/// rows of at most 2 KB (bloom-560m's) takes the tensor-core kernel, and its logits match the
+/// f32 product; 3 KB rows (bloom-1b1's) and two rows of the 2 KB head take cuBLAS, 8 KB rows
+/// the GEMV.
 #[test]
 fn lm_head_takes_the_tensor_core_kernel_at_one_short_row() {
     use crate::models::head::lm_head;
@@ -196,6 +197,7 @@ fn lm_head_takes_the_tensor_core_kernel_at_one_short_row() {
     let head_launches = || SKINNY_HEAD_LAUNCHES.load(Relaxed);
     for (rows, k, n, takes) in [
         (1, 1024, 4096, true),
+        (1, 1536, 4096, false),
         (1, 4096, 1024, false),
         (2, 1024, 4096, false),
     ] {

@@ -7,13 +7,18 @@ use crate::dist::Tp;
 use crate::kernels::{self, Act};
 use candle_core::Tensor;
 
+/// Bytes of a head's row up to which one row takes the tensor-core kernel rather than cuBLAS:
+/// bloom-560m's 2 KB rows, its step 18 µs shorter on an H100 (results/h100/head-run78) and 7 µs
+/// on an H200; bloom-1b1's 3 KB rows were 19 µs slower on the H200 (results/h200x2/gate-run79).
+const SKINNY_ROW_BYTES: usize = 2048;
+
 /// Logits of the rows of `hidden` (N, C) against the LM head (V, C): (N, V). A decode step's
 /// few rows against a vocabulary that is no multiple of 8 take the tensor-core kernel
 /// (`--fused skinny`): cuBLAS's kernel for that shape reads the head at 0.8 TB/s, and is faster
 /// than ours for the others at 5–16 rows (docs/perf-notes.md); at 1–4 rows, where the head's
 /// rows hold 8 KB or more (bloom-7b1's), they take the decode GEMV (`--fused gemv-head`), which
-/// a programmatic edge can start early; one row against shorter rows takes the tensor-core
-/// kernel too (bloom-560m's step 18 µs shorter than with cuBLAS's: results/h100/head-run78).
+/// a programmatic edge can start early; one row against rows of at most
+/// [`SKINNY_ROW_BYTES`] takes the tensor-core kernel too.
 pub fn lm_head(hidden: &Tensor, head: &Tensor) -> candle_core::Result<Tensor> {
     let odd = !head.dim(0)?.is_multiple_of(8);
     if !odd {
@@ -21,7 +26,8 @@ pub fn lm_head(hidden: &Tensor, head: &Tensor) -> candle_core::Result<Tensor> {
             return Ok(logits);
         }
     }
-    if odd || hidden.dim(0)? == 1 {
+    let short = head.dim(1)? * head.dtype().size_in_bytes() <= SKINNY_ROW_BYTES;
+    if odd || (hidden.dim(0)? == 1 && short) {
         if let Some(logits) = kernels::skinny(hidden, head)? {
             return Ok(logits);
         }
