@@ -208,6 +208,11 @@ csvs() {
   # 53d485d on the larger models at batch 16 (wide-run76, one H100): gpt2-large, gpt2-xl,
   # bloom-1b7; its f19b77f runs are docs/perf-notes.md's.
   part h22 -i $M/wide-run76/ab-logs.tgz --where git_commit=53d485d681eb
+  # The twenty-sixth session's LM head at one row through the tensor-core head kernel for rows
+  # of at most 2 KB (bloom-560m's): the submitted a927426 on one H100 (ab-run81), batch 1; its
+  # runs of 62ebce1 (the kernels before at one row) are docs/perf-notes.md's. Its gates
+  # (2x H200, gate-run80) and the experiments (l2-run77, head-run78) are docs/perf-notes.md's.
+  part h23 -i $M/ab-run81/ab-logs.tgz --where git_commit=a9274263b7ac
   # The serving suite (#39) on 6ac4535 (HF's worker without cuDNN attention): serving-run4's
   # archive holds serving-run3's logs too (the same /tmp on the same machine); of HF's two
   # bloom-560m static sweeps the first, cut at its fifth rate by the call's time, is left out.
