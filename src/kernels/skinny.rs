@@ -165,6 +165,13 @@ mod imp {
         }
     }
 
+    /// The 16-bit projection kernel of `nt` tiles ([`tiles`]), plain (`kind` "") or with the
+    /// norm folded ("_ln"), for `dtype`: one name for every launcher, so that a tile count
+    /// skinny.cu lacks fails to load rather than running another count's kernel on its grid.
+    fn projection_kernel_name(kind: &str, nt: usize, dtype: DType) -> Result<String> {
+        Ok(format!("tb_skinny{kind}{nt}_{}", suffix(dtype)?))
+    }
+
     fn config(n: usize, nt: usize) -> LaunchConfig {
         LaunchConfig {
             grid_dim: (n.div_ceil(8 * nt) as u32, 1, 1),
@@ -184,10 +191,8 @@ mod imp {
         let (m, k) = x.1.shape().dims2()?;
         let n = w.1.shape().dims2()?.0;
         let nt = tiles(n, false);
-        let func = match nt {
-            1 => kernel!(dev, PTX, "tb_skinny1", x.0.dtype())?,
-            _ => kernel!(dev, PTX, "tb_skinny2", x.0.dtype())?,
-        };
+        let name = projection_kernel_name("", nt, x.0.dtype())?;
+        let func = dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?;
         let (m_i, n_i, k_i, act) = (m as i32, n as i32, k as i32, act.code());
         with_dtype!(x.0.dtype(), T => {
             let (xv, wv, bv) = (view::<T>(x.0, x.1)?, view::<T>(w.0, w.1)?, view::<T>(b.0, b.1)?);
@@ -361,7 +366,7 @@ mod imp {
         } else {
             ""
         };
-        let name = format!("tb_skinny{kind}{nt}_{}", suffix(x.dtype())?);
+        let name = projection_kernel_name(kind, nt, x.dtype())?;
         let func = dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?;
         let (m_i, n_i, k_i, act) = (m as i32, n as i32, k as i32, act.code());
         // The operands' addresses, taken before Early's window (only the output's allocation
