@@ -87,6 +87,17 @@ __device__ void grid_sync(unsigned* count, unsigned& passed, unsigned long long*
   __syncthreads();
 }
 
+// Inside a stage, with `trace`: this block's time at the stage's mark `which` (0 or 1), in
+// the rows after the barriers' (2 + 10·L + 2·stage + which, the stage counted from 0).
+__device__ __forceinline__ unsigned long long* mark_row(unsigned long long* trace, int n_layer, unsigned passed,
+                                                        int which) {
+  if (!trace) return nullptr;
+  return trace + (2 + 10 * n_layer + 2 * (passed / gridDim.x) + which) * gridDim.x;
+}
+__device__ __forceinline__ void mark(unsigned long long* row) {
+  if (row && threadIdx.x == 0) row[blockIdx.x] = global_ns();
+}
+
 // After the last barrier: the last block out zeroes the counters for the next launch (every
 // block has left its last wait by then).
 __device__ void grid_exit(unsigned* sync) {
@@ -106,13 +117,18 @@ __device__ __forceinline__ void tile_of(int n, int& col0, int& ncols) {
   ncols = max(0, min(per, n - col0));
 }
 
-// Thread 0 starts the copy of the block's rows of W (N, K) into buf; `bar` completes with it.
+// The thread that starts the weights' copies: not thread 0, whose release add at the grid
+// barrier would otherwise wait for the copy it just started (step-run3's barriers after a copy
+// took 2.3-3.3 us, the one after none 0.8).
+#define COPIER 32
+
+// Thread COPIER starts the copy of the block's rows of W (N, K) into buf; `bar` completes with it.
 template <typename T>
 __device__ void fetch_tile(const T* w, int n, int k, unsigned char* buf, unsigned long long* bar) {
 #if __CUDA_ARCH__ >= 900
   int col0, ncols;
   tile_of(n, col0, ncols);
-  if (threadIdx.x != 0 || ncols == 0) return;
+  if (threadIdx.x != COPIER || ncols == 0) return;
   const unsigned bytes = (unsigned)ncols * k * sizeof(T);
   // The block's reads of buf (generic proxy) ordered before the copy's writes (async proxy).
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -163,6 +179,14 @@ __device__ void stage_input(const T* in, const T* w, const T* b, T* xs, int k, f
     __syncthreads();
     return;
   }
+  // The norm's weight and bias loaded with the first row, not after its two reductions.
+  float gw[8], gb[8];
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {
+    const int j = threadIdx.x + u * STEP_THREADS;
+    gw[u] = j < k ? to_f(w[j]) : 0.f;
+    gb[u] = j < k ? to_f(b[j]) : 0.f;
+  }
   for (int m = 0; m < M; ++m) {
     float v[8], sum = 0.f;
 #pragma unroll
@@ -180,7 +204,7 @@ __device__ void stage_input(const T* in, const T* w, const T* b, T* xs, int k, f
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
       const int j = threadIdx.x + u * STEP_THREADS;
-      if (j < k) xs[m * k + j] = from_f<T>((v[u] - mean) * rstd * to_f(w[j]) + to_f(b[j]));
+      if (j < k) xs[m * k + j] = from_f<T>((v[u] - mean) * rstd * gw[u] + gb[u]);
     }
   }
   __syncthreads();
@@ -201,6 +225,14 @@ __device__ void project(const T* wt, const T* xs, const T* bias, T* y, const T* 
   while (split * 2 * ncols <= STEP_WARPS) split *= 2;
   const int groups = STEP_WARPS / split, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = warp / split, s = warp % split;
+  // The first output a thread finishes: its bias and residual loaded under the dot products
+  // (every block's ncols·M fits the block at the models' widths; more take the loop's loads).
+  float bias0 = 0.f, res0 = 0.f;
+  if (threadIdx.x < ncols * M) {
+    const int j = threadIdx.x / M, m = threadIdx.x % M, col = col0 + j;
+    bias0 = to_f(bias[col]);
+    if (res) res0 = to_f(ldcg(res + (long)m * n + col));
+  }
   const Vec16<T>* xv = reinterpret_cast<const Vec16<T>*>(xs);
   for (int j = g; j < ncols; j += groups) {
     const Vec16<T>* row = reinterpret_cast<const Vec16<T>*>(wt) + (long)j * kv;
@@ -226,11 +258,12 @@ __device__ void project(const T* wt, const T* xs, const T* bias, T* y, const T* 
   __syncthreads();
   for (int idx = threadIdx.x; idx < ncols * M; idx += blockDim.x) {
     const int j = idx / M, m = idx % M, col = col0 + j;
-    float v = to_f(bias[col]);
+    const bool first = idx == (int)threadIdx.x;
+    float v = first ? bias0 : to_f(bias[col]);
     for (int t = 0; t < split; ++t) v += part[(j * split + t) * M + m];
     if (gelu) v = gelu_tanh(v);
     T out = from_f<T>(v);
-    if (res) out = from_f<T>(to_f(ldcg(res + (long)m * n + col)) + to_f(out));
+    if (res) out = from_f<T>((first ? res0 : to_f(ldcg(res + (long)m * n + col))) + to_f(out));
     y[(long)m * n + col] = out;
   }
 }
@@ -244,12 +277,15 @@ __device__ void project(const T* wt, const T* xs, const T* bias, T* y, const T* 
 template <typename T>
 __device__ void attend(const T* qkv, T* kc, T* vc, float* ml, float* pv, const StepDims& d, int rows, int pos,
                        const float* key_mask, const float* key_pos, const float* slopes, unsigned char* smem,
-                       float* sh) {
+                       float* sh, unsigned long long* scored, unsigned long long* summed) {
   constexpr int E = 16 / sizeof(T);
+  constexpr int KREG = 16;  // a key row's vectors a thread holds (rows of at most 256 bytes)
+  constexpr int VREG = 4;   // the values a thread of p·v holds (its first four keys)
   float* q = reinterpret_cast<float*>(smem + d.off_q);
   float* p = reinterpret_cast<float*>(smem + d.off_p);
   float* acc = reinterpret_cast<float*>(smem + d.off_acc);
   const int hs = d.hs, tk = pos + 1, ks_len = (d.t_max + d.splits - 1) / d.splits;
+  const int hv = hs / E, groups = blockDim.x / hs, g = threadIdx.x / hs, jd = threadIdx.x % hs;
   for (int unit = blockIdx.x; unit < rows * d.nh * d.splits; unit += gridDim.x) {
     const int bh = unit / d.splits, sp = unit % d.splits, b = bh / d.nh, h = bh % d.nh;
     const int lo = sp * ks_len, n = max(0, min(ks_len, tk - lo));
@@ -262,6 +298,37 @@ __device__ void attend(const T* qkv, T* kc, T* vc, float* ml, float* pv, const S
     const long head_off = ((long)b * d.nh + h) * d.t_max * hs;
     T* kr = kc + head_off;
     T* vr = vc + head_off;
+    const float* mrow = key_mask + (long)b * d.t_max;
+    const float* prow = key_pos + (long)b * d.t_max;
+    // Every load of the unit first, none waiting on another (the new position's key and value
+    // from qkv, as the cache will hold them): this thread's key row with its mask and position,
+    // its first values, then the query.
+    const bool held = hv <= KREG && (int)threadIdx.x < n;
+    Vec16<T> key[KREG];
+    float mk = 0.f, kp = 0.f;
+    if (held) {
+      const int kk = lo + threadIdx.x;
+      if (kk == pos) {
+#pragma unroll
+        for (int i = 0; i < KREG; ++i)
+          if (i < hv)
+#pragma unroll
+            for (int e = 0; e < E; ++e) key[i].e[e] = ldcg(qr + d.part + i * E + e);
+      } else {
+        const Vec16<T>* src = reinterpret_cast<const Vec16<T>*>(kr + (long)kk * hs);
+#pragma unroll
+        for (int i = 0; i < KREG; ++i)
+          if (i < hv) key[i] = ldcg16(src + i);
+      }
+      mk = mrow[kk];
+      kp = slopes ? prow[kk] : 0.f;
+    }
+    float val[VREG];
+#pragma unroll
+    for (int r = 0; r < VREG; ++r) {
+      const int i = g + r * groups, kk = lo + i;
+      val[r] = g < groups && i < n ? to_f(ldcg(kk == pos ? qr + 2 * d.part + jd : vr + (long)kk * hs + jd)) : 0.f;
+    }
     const bool writes = pos >= lo && pos < lo + n;
     for (int j = threadIdx.x; j < hs; j += blockDim.x) {
       q[j] = to_f(ldcg(qr + j));
@@ -271,26 +338,36 @@ __device__ void attend(const T* qkv, T* kc, T* vc, float* ml, float* pv, const S
       }
     }
     __syncthreads();
-    const float* mrow = key_mask + (long)b * d.t_max;
     const float slope = slopes ? slopes[h] : 0.f;
-    // Scores: a thread a key, its row in 16-byte loads all in flight (hs·sizeof(T) % 16 == 0).
+    // Scores: a thread a key, its row in 16-byte loads (hs·sizeof(T) % 16 == 0).
     float mx = -INFINITY;
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
       const int kk = lo + j;
+      const bool mine = held && j == (int)threadIdx.x;
       const Vec16<T>* kv = reinterpret_cast<const Vec16<T>*>(kr + (long)kk * hs);
       float dot = 0.f;
-#pragma unroll 8
-      for (int i = 0; i < hs / E; ++i) {
-        const Vec16<T> kx = ldcg16(kv + i);
+      if (mine) {
 #pragma unroll
-        for (int e = 0; e < E; ++e) dot += q[i * E + e] * to_f(kx.e[e]);
+        for (int i = 0; i < KREG; ++i)
+          if (i < hv)
+#pragma unroll
+            for (int e = 0; e < E; ++e) dot += q[i * E + e] * to_f(key[i].e[e]);
+      } else {
+#pragma unroll 8
+        for (int i = 0; i < hv; ++i) {
+          const Vec16<T> kx = ldcg16(kv + i);
+#pragma unroll
+          for (int e = 0; e < E; ++e) dot += q[i * E + e] * to_f(kx.e[e]);
+        }
       }
-      float sc = to_f(from_f<T>(dot)) * d.scale + (1.f - mrow[kk]) * MASKED;
-      if (slopes) sc += slope * key_pos[(long)b * d.t_max + kk];
+      const float m = mine ? mk : mrow[kk];
+      float sc = to_f(from_f<T>(dot)) * d.scale + (1.f - m) * MASKED;
+      if (slopes) sc += slope * (mine ? kp : prow[kk]);
       p[j] = sc;
       mx = fmaxf(mx, sc);
     }
     mx = block_max(mx, sh);
+    mark(scored);
     float sum = 0.f;
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
       const float e = expf(p[j] - mx);
@@ -298,12 +375,16 @@ __device__ void attend(const T* qkv, T* kc, T* vc, float* ml, float* pv, const S
       sum += e;
     }
     const float l = block_sum(sum, sh);  // its __syncthreads publish p
-    // p·v: thread (group g, dim j), the groups split the keys; coalesced reads of v rows.
-    const int groups = blockDim.x / hs, g = threadIdx.x / hs, j = threadIdx.x % hs;
+    mark(summed);
+    // p·v: thread (group g, dim jd), the groups split the keys; coalesced reads of v rows.
     float a = 0.f;
-    if (g < groups)
+    if (g < groups) {
+#pragma unroll
+      for (int r = 0; r < VREG; ++r)
+        if (g + r * groups < n) a += p[g + r * groups] * val[r];
 #pragma unroll 4
-      for (int i = g; i < n; i += groups) a += p[i] * to_f(ldcg(vr + (long)(lo + i) * hs + j));
+      for (int i = g + VREG * groups; i < n; i += groups) a += p[i] * to_f(ldcg(vr + (long)(lo + i) * hs + jd));
+    }
     acc[threadIdx.x] = a;
     __syncthreads();
     for (int jj = threadIdx.x; jj < hs; jj += blockDim.x) {
@@ -323,7 +404,16 @@ __device__ void attend(const T* qkv, T* kc, T* vc, float* ml, float* pv, const S
 // once rather than a chain of them, then each split's weight in its m's place.
 template <typename T, int M>
 __device__ void merge_heads(const float* ml, const float* pv, T* xs, float* wt, const StepDims& d) {
+  constexpr int PREG = 16;  // the partials a thread holds: its first outputs' splits
   const int hs = d.hs, splits = d.splits, units = M * d.nh * splits;
+  // The partials loaded with the (m, l) pairs, not after the weights they wait for.
+  float held[PREG];
+#pragma unroll
+  for (int r = 0; r < PREG; ++r) {
+    const int idx = threadIdx.x + (r / 8) * blockDim.x, sp = r % 8;
+    const int bh = idx / hs, j = idx % hs;
+    held[r] = idx < M * d.c && sp < splits ? __ldcg(pv + ((long)bh * splits + sp) * hs + j) : 0.f;
+  }
   for (int u = threadIdx.x; u < 2 * units; u += blockDim.x) wt[u] = __ldcg(ml + u);
   __syncthreads();
   for (int bh = threadIdx.x; bh < M * d.nh; bh += blockDim.x) {
@@ -338,13 +428,19 @@ __device__ void merge_heads(const float* ml, const float* pv, T* xs, float* wt, 
     for (int sp = 0; sp < splits; ++sp) m[2 * sp] /= den;
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < M * d.c; idx += blockDim.x) {
+  for (int idx = threadIdx.x, it = 0; idx < M * d.c; idx += blockDim.x, ++it) {
     const int bh = idx / hs, j = idx % hs;  // row-major (M, nh, hs): bh = b·nh + h
     const float* part = pv + (long)bh * splits * hs + j;
     const float* w = wt + 2 * bh * splits;
     float num = 0.f;
+    if (it < 2 && splits <= 8) {  // the held partials (it and sp known to the unrolled loop)
+#pragma unroll
+      for (int sp = 0; sp < 8; ++sp)
+        if (sp < splits) num += w[2 * sp] * (it == 0 ? held[sp] : held[8 + sp]);
+    } else {
 #pragma unroll 8
-    for (int sp = 0; sp < splits; ++sp) num += w[2 * sp] * __ldcg(part + (long)sp * hs);
+      for (int sp = 0; sp < splits; ++sp) num += w[2 * sp] * __ldcg(part + (long)sp * hs);
+    }
     xs[idx] = from_f<T>(num);
   }
   __syncthreads();
@@ -356,8 +452,8 @@ __device__ void merge_heads(const float* ml, const float* pv, T* xs, float* wt, 
 // BLOOM: the embeddings' LayerNorm), not written. work: qkv (M, 3C), the attention's partials
 // ml (M, nh, splits, 2) and pv (M, nh, splits, hs) f32, mlp (M, I), resid (M, C), all
 // scratch. out (M, C) = LN_f(the last layer's residual stream). sync: 2 u32, zero between
-// launches. trace: null, or (2 + 10·L, grid) u64 times (ns): each block's start, its arrival
-// at and departure from each barrier, its end. Launch: grid = the SMs (all resident),
+// launches. trace: null, or (2 + 20·L, grid) u64 times (ns): each block's start, its arrival
+// at and departure from each barrier, its end; then two marks a stage (mark_row). Launch: grid = the SMs (all resident),
 // STEP_THREADS.
 template <typename T, int M>
 __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, const StepDims& d, const T* lnf_w,
@@ -391,18 +487,22 @@ __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, c
     const bool more = l + 1 < d.n_layer;
     // S1: qkv = LN1(x) Wqkvᵀ + b
     stage_input<T, M>(x, w.ln1_w, w.ln1_b, xs, c, d.eps, sh);
+    mark(mark_row(trace, d.n_layer, passed, 0));
     wait_tile(w.qkv_w, 3 * c, c, buf[0], &bars[0], parity[0]);
+    mark(mark_row(trace, d.n_layer, passed, 1));
     project<T, M>(reinterpret_cast<const T*>(buf[0]), xs, w.qkv_b, qkv, nullptr, 3 * c, c, false, part);
     __syncthreads();
     fetch_tile(w.fc_w, ic, c, buf[0], &bars[0]);
     grid_sync(sync, passed, trace);
     // S2: the attention
     attend<T>(qkv, reinterpret_cast<T*>(caches.k[l]), reinterpret_cast<T*>(caches.v[l]), ml, pv, d, M, pos, key_mask,
-              key_pos, slopes, smem, sh);
+              key_pos, slopes, smem, sh, mark_row(trace, d.n_layer, passed, 0), mark_row(trace, d.n_layer, passed, 1));
     grid_sync(sync, passed, trace);
     // S3: x1 = x + (att Wprojᵀ + b)
     merge_heads<T, M>(ml, pv, xs, reinterpret_cast<float*>(smem + d.off_w), d);
+    mark(mark_row(trace, d.n_layer, passed, 0));
     wait_tile(w.proj_w, c, c, buf[1], &bars[1], parity[1]);
+    mark(mark_row(trace, d.n_layer, passed, 1));
     project<T, M>(reinterpret_cast<const T*>(buf[1]), xs, w.proj_b, resid, x, c, c, false, part);
     __syncthreads();
     fetch_tile(w.fc2_w, c, ic, buf[1], &bars[1]);
@@ -410,14 +510,18 @@ __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, c
     grid_sync(sync, passed, trace);
     // S4: a = GELU(LN2(x1) Wfcᵀ + b)
     stage_input<T, M>(x, w.ln2_w, w.ln2_b, xs, c, d.eps, sh);
+    mark(mark_row(trace, d.n_layer, passed, 0));
     wait_tile(w.fc_w, ic, c, buf[0], &bars[0], parity[0]);
+    mark(mark_row(trace, d.n_layer, passed, 1));
     project<T, M>(reinterpret_cast<const T*>(buf[0]), xs, w.fc_b, mlp, nullptr, ic, c, true, part);
     __syncthreads();
     if (more) fetch_tile(layers[l + 1].qkv_w, 3 * c, c, buf[0], &bars[0]);
     grid_sync(sync, passed, trace);
     // S5: x = x1 + (a Wfc2ᵀ + b)
     stage_input<T, M>(mlp, nullptr, nullptr, xs, ic, d.eps, sh);
+    mark(mark_row(trace, d.n_layer, passed, 0));
     wait_tile(w.fc2_w, c, ic, buf[1], &bars[1], parity[1]);
+    mark(mark_row(trace, d.n_layer, passed, 1));
     project<T, M>(reinterpret_cast<const T*>(buf[1]), xs, w.fc2_b, resid, resid, c, ic, false, part);
     __syncthreads();
     if (more) fetch_tile(layers[l + 1].proj_w, c, c, buf[1], &bars[1]);

@@ -248,7 +248,7 @@ mod imp {
     }
 
     /// With TB_STEP_TRACE=<file> (a step run now, not one a graph records): a zeroed buffer
-    /// for the kernel's per-block times, (2 + 10·L, grid) u64 as u32 pairs, and the file.
+    /// for the kernel's per-block times, (2 + 20·L, grid) u64 as u32 pairs, and the file.
     fn trace_buffer(grid: usize, n_layer: usize, x: &Tensor) -> Result<Option<(Tensor, String)>> {
         let Ok(path) = std::env::var("TB_STEP_TRACE") else {
             return Ok(None);
@@ -260,7 +260,7 @@ mod imp {
         if capturing != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
             return Ok(None);
         }
-        let words = 2 * (2 + 10 * n_layer) * grid;
+        let words = 2 * (2 + 20 * n_layer) * grid;
         Ok(Some((Tensor::zeros(words, DType::U32, x.device())?, path)))
     }
 
@@ -476,7 +476,7 @@ mod imp {
                 // caches (rows, nh, T_max, hs) each with pos < T_max (generate_in made room for
                 // every step); mask and key positions (rows, T_max) f32; slopes nh f32; the
                 // scratch rows·(3C, I, C, C) and the partials of rows·nh·splits units; the
-                // trace (2 + 10·L)·grid u64 when not null; shared memory as `layout` laid it
+                // trace (2 + 20·L)·grid u64 when not null; shared memory as `layout` laid it
                 // out; the grid one block an SM with one block's shared memory, all resident.
                 launch!(unsafe func, cfg; &table, &caches, &dims, &lnf_w, &lnf_b, &x_in, &qkv,
                     &ml, &pv, &mlp, &resid, &out, &mask, &key_pos, &slopes, &cursor, &sync,
