@@ -279,7 +279,6 @@ __device__ void attend(const T* qkv, T* kc, T* vc, float* ml, float* pv, const S
                        const float* key_mask, const float* key_pos, const float* slopes, unsigned char* smem,
                        float* sh, unsigned long long* scored, unsigned long long* summed) {
   constexpr int E = 16 / sizeof(T);
-  constexpr int KREG = 16;  // a key row's vectors a thread holds (rows of at most 256 bytes)
   constexpr int VREG = 4;   // the values a thread of p·v holds (its first four keys)
   float* q = reinterpret_cast<float*>(smem + d.off_q);
   float* p = reinterpret_cast<float*>(smem + d.off_p);
@@ -301,24 +300,20 @@ __device__ void attend(const T* qkv, T* kc, T* vc, float* ml, float* pv, const S
     const float* mrow = key_mask + (long)b * d.t_max;
     const float* prow = key_pos + (long)b * d.t_max;
     // Every load of the unit first, none waiting on another (the new position's key and value
-    // from qkv, as the cache will hold them): this thread's key row with its mask and position,
-    // its first values, then the query.
-    const bool held = hv <= KREG && (int)threadIdx.x < n;
-    Vec16<T> key[KREG];
+    // from qkv, as the cache will hold them): with `grouped`, a key's hv vectors over hv
+    // threads, its first pass of keys held (a vector a thread), its mask and position; each
+    // thread's first values; then the query.
+    const bool grouped = hv <= 32 && (hv & (hv - 1)) == 0;
+    const int sub = threadIdx.x % hv, kslot = threadIdx.x / hv, per_pass = blockDim.x / hv;
+    Vec16<T> key;
     float mk = 0.f, kp = 0.f;
-    if (held) {
-      const int kk = lo + threadIdx.x;
+    if (grouped && kslot < n) {
+      const int kk = lo + kslot;
       if (kk == pos) {
 #pragma unroll
-        for (int i = 0; i < KREG; ++i)
-          if (i < hv)
-#pragma unroll
-            for (int e = 0; e < E; ++e) key[i].e[e] = ldcg(qr + d.part + i * E + e);
+        for (int e = 0; e < E; ++e) key.e[e] = ldcg(qr + d.part + sub * E + e);
       } else {
-        const Vec16<T>* src = reinterpret_cast<const Vec16<T>*>(kr + (long)kk * hs);
-#pragma unroll
-        for (int i = 0; i < KREG; ++i)
-          if (i < hv) key[i] = ldcg16(src + i);
+        key = ldcg16(reinterpret_cast<const Vec16<T>*>(kr + (long)kk * hs) + sub);
       }
       mk = mrow[kk];
       kp = slopes ? prow[kk] : 0.f;
@@ -339,32 +334,43 @@ __device__ void attend(const T* qkv, T* kc, T* vc, float* ml, float* pv, const S
     }
     __syncthreads();
     const float slope = slopes ? slopes[h] : 0.f;
-    // Scores: a thread a key, its row in 16-byte loads (hs·sizeof(T) % 16 == 0).
     float mx = -INFINITY;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-      const int kk = lo + j;
-      const bool mine = held && j == (int)threadIdx.x;
-      const Vec16<T>* kv = reinterpret_cast<const Vec16<T>*>(kr + (long)kk * hs);
-      float dot = 0.f;
-      if (mine) {
+    if (grouped) {
+      // Scores: hv threads a key, their sums met by shuffles within the group.
+      for (int j = kslot, pass = 0; j - kslot < n; j += per_pass, ++pass) {
+        const int kk = lo + j;
+        float dot = 0.f;
+        if (j < n) {
+          const Vec16<T> kx = pass == 0 ? key : ldcg16(reinterpret_cast<const Vec16<T>*>(kr + (long)kk * hs) + sub);
 #pragma unroll
-        for (int i = 0; i < KREG; ++i)
-          if (i < hv)
-#pragma unroll
-            for (int e = 0; e < E; ++e) dot += q[i * E + e] * to_f(key[i].e[e]);
-      } else {
+          for (int e = 0; e < E; ++e) dot += q[sub * E + e] * to_f(kx.e[e]);
+        }
+        for (int o = 1; o < hv; o <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        if (j < n && sub == 0) {
+          const float m = pass == 0 ? mk : mrow[kk];
+          float sc = to_f(from_f<T>(dot)) * d.scale + (1.f - m) * MASKED;
+          if (slopes) sc += slope * (pass == 0 ? kp : prow[kk]);
+          p[j] = sc;
+          mx = fmaxf(mx, sc);
+        }
+      }
+    } else {
+      // Scores: a thread a key, its row in 16-byte loads (hs·sizeof(T) % 16 == 0).
+      for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const int kk = lo + j;
+        const Vec16<T>* kv = reinterpret_cast<const Vec16<T>*>(kr + (long)kk * hs);
+        float dot = 0.f;
 #pragma unroll 8
         for (int i = 0; i < hv; ++i) {
           const Vec16<T> kx = ldcg16(kv + i);
 #pragma unroll
           for (int e = 0; e < E; ++e) dot += q[i * E + e] * to_f(kx.e[e]);
         }
+        float sc = to_f(from_f<T>(dot)) * d.scale + (1.f - mrow[kk]) * MASKED;
+        if (slopes) sc += slope * prow[kk];
+        p[j] = sc;
+        mx = fmaxf(mx, sc);
       }
-      const float m = mine ? mk : mrow[kk];
-      float sc = to_f(from_f<T>(dot)) * d.scale + (1.f - m) * MASKED;
-      if (slopes) sc += slope * (mine ? kp : prow[kk]);
-      p[j] = sc;
-      mx = fmaxf(mx, sc);
     }
     mx = block_max(mx, sh);
     mark(scored);
@@ -477,8 +483,9 @@ __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, c
   }
   __syncthreads();
 #endif
-  // Buffer 0 takes qkv and fc, buffer 1 proj and fc2: each copy starts as soon as the buffer's
-  // last reader is done, two or three stages before its own.
+  // Buffer 0 takes qkv and fc, buffer 1 proj and fc2: each copy starts once the buffer's last
+  // reader is done, after the barrier that follows it (a copy started before a barrier
+  // lengthened it: step-run3, step-run83), one to two stages before its own.
   fetch_tile(layers[0].qkv_w, 3 * c, c, buf[0], &bars[0]);
   fetch_tile(layers[0].proj_w, c, c, buf[1], &bars[1]);
   const T* x = x_in;
@@ -491,9 +498,8 @@ __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, c
     wait_tile(w.qkv_w, 3 * c, c, buf[0], &bars[0], parity[0]);
     mark(mark_row(trace, d.n_layer, passed, 1));
     project<T, M>(reinterpret_cast<const T*>(buf[0]), xs, w.qkv_b, qkv, nullptr, 3 * c, c, false, part);
-    __syncthreads();
-    fetch_tile(w.fc_w, ic, c, buf[0], &bars[0]);
     grid_sync(sync, passed, trace);
+    fetch_tile(w.fc_w, ic, c, buf[0], &bars[0]);
     // S2: the attention
     attend<T>(qkv, reinterpret_cast<T*>(caches.k[l]), reinterpret_cast<T*>(caches.v[l]), ml, pv, d, M, pos, key_mask,
               key_pos, slopes, smem, sh, mark_row(trace, d.n_layer, passed, 0), mark_row(trace, d.n_layer, passed, 1));
@@ -504,28 +510,25 @@ __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, c
     wait_tile(w.proj_w, c, c, buf[1], &bars[1], parity[1]);
     mark(mark_row(trace, d.n_layer, passed, 1));
     project<T, M>(reinterpret_cast<const T*>(buf[1]), xs, w.proj_b, resid, x, c, c, false, part);
-    __syncthreads();
-    fetch_tile(w.fc2_w, c, ic, buf[1], &bars[1]);
     x = resid;
     grid_sync(sync, passed, trace);
+    fetch_tile(w.fc2_w, c, ic, buf[1], &bars[1]);
     // S4: a = GELU(LN2(x1) Wfcᵀ + b)
     stage_input<T, M>(x, w.ln2_w, w.ln2_b, xs, c, d.eps, sh);
     mark(mark_row(trace, d.n_layer, passed, 0));
     wait_tile(w.fc_w, ic, c, buf[0], &bars[0], parity[0]);
     mark(mark_row(trace, d.n_layer, passed, 1));
     project<T, M>(reinterpret_cast<const T*>(buf[0]), xs, w.fc_b, mlp, nullptr, ic, c, true, part);
-    __syncthreads();
-    if (more) fetch_tile(layers[l + 1].qkv_w, 3 * c, c, buf[0], &bars[0]);
     grid_sync(sync, passed, trace);
+    if (more) fetch_tile(layers[l + 1].qkv_w, 3 * c, c, buf[0], &bars[0]);
     // S5: x = x1 + (a Wfc2ᵀ + b)
     stage_input<T, M>(mlp, nullptr, nullptr, xs, ic, d.eps, sh);
     mark(mark_row(trace, d.n_layer, passed, 0));
     wait_tile(w.fc2_w, c, ic, buf[1], &bars[1], parity[1]);
     mark(mark_row(trace, d.n_layer, passed, 1));
     project<T, M>(reinterpret_cast<const T*>(buf[1]), xs, w.fc2_b, resid, resid, c, ic, false, part);
-    __syncthreads();
-    if (more) fetch_tile(layers[l + 1].proj_w, c, c, buf[1], &bars[1]);
     grid_sync(sync, passed, trace);
+    if (more) fetch_tile(layers[l + 1].proj_w, c, c, buf[1], &bars[1]);
   }
   // out = LN_f(x), a block a row
   if (blockIdx.x < M) {
