@@ -166,6 +166,43 @@ __device__ void wait_tile(const T* w, int n, int k, unsigned char* buf, unsigned
 #endif
 }
 
+// ---- small reads into L2 ahead of their stage ----
+
+// The 128-byte lines of [p, p + bytes) prefetched into L2 by the block's threads.
+__device__ __forceinline__ void prefetch_l2(const void* p, long bytes) {
+  const unsigned long long from = reinterpret_cast<unsigned long long>(p) & ~127ull;
+  const unsigned long long end = reinterpret_cast<unsigned long long>(p) + bytes;
+  for (unsigned long long a = from + threadIdx.x * 128ull; a < end; a += blockDim.x * 128ull)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+}
+
+// The block's columns of an N-column bias (tile_of's).
+template <typename T>
+__device__ __forceinline__ void prefetch_bias(const T* b, int n) {
+  int col0, ncols;
+  tile_of(n, col0, ncols);
+  if (ncols > 0) prefetch_l2(b + col0, (long)ncols * sizeof(T));
+}
+
+// What the block's attention units (attend's) read from the cache: each unit's keys and values,
+// its mask and positions. Issued a stage ahead, so that the attention's loads hit L2 instead of
+// queueing behind the weights' copies (step-run84: the scores' max 6.1 us after the release).
+template <typename T>
+__device__ void prefetch_units(const T* kc, const T* vc, const StepDims& d, int rows, int pos, const float* key_mask,
+                               const float* key_pos, const float* slopes) {
+  const int ks_len = (d.t_max + d.splits - 1) / d.splits;
+  for (int unit = blockIdx.x; unit < rows * d.nh * d.splits; unit += gridDim.x) {
+    const int bh = unit / d.splits, sp = unit % d.splits, b = bh / d.nh;
+    const int lo = sp * ks_len, n = max(0, min(ks_len, pos + 1 - lo));
+    if (n == 0) continue;
+    const long off = (long)bh * d.t_max * d.hs + (long)lo * d.hs;
+    prefetch_l2(kc + off, (long)n * d.hs * sizeof(T));
+    prefetch_l2(vc + off, (long)n * d.hs * sizeof(T));
+    prefetch_l2(key_mask + (long)b * d.t_max + lo, n * 4l);
+    if (slopes) prefetch_l2(key_pos + (long)b * d.t_max + lo, n * 4l);
+  }
+}
+
 // ---- the stages ----
 
 // xs (M, K) = rows of `in` (M, K), through LayerNorm (w, b) when w is given: layer_norm.cu's
@@ -492,7 +529,14 @@ __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, c
   for (int l = 0; l < d.n_layer; ++l) {
     const LayerW<T> w = layers[l];
     const bool more = l + 1 < d.n_layer;
-    // S1: qkv = LN1(x) Wqkvᵀ + b
+    // S1: qkv = LN1(x) Wqkvᵀ + b; the layer's small reads after this stage into L2 under it
+    prefetch_units<T>(reinterpret_cast<const T*>(caches.k[l]), reinterpret_cast<const T*>(caches.v[l]), d, M, pos,
+                      key_mask, key_pos, slopes);
+    prefetch_bias(w.proj_b, c);
+    prefetch_bias(w.fc_b, ic);
+    prefetch_bias(w.fc2_b, c);
+    prefetch_l2(w.ln2_w, (long)c * sizeof(T));
+    prefetch_l2(w.ln2_b, (long)c * sizeof(T));
     stage_input<T, M>(x, w.ln1_w, w.ln1_b, xs, c, d.eps, sh);
     mark(mark_row(trace, d.n_layer, passed, 0));
     wait_tile(w.qkv_w, 3 * c, c, buf[0], &bars[0], parity[0]);
@@ -521,7 +565,12 @@ __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, c
     project<T, M>(reinterpret_cast<const T*>(buf[0]), xs, w.fc_b, mlp, nullptr, ic, c, true, part);
     grid_sync(sync, passed, trace);
     if (more) fetch_tile(layers[l + 1].qkv_w, 3 * c, c, buf[0], &bars[0]);
-    // S5: x = x1 + (a Wfc2ᵀ + b)
+    // S5: x = x1 + (a Wfc2ᵀ + b); the next layer's first norm and bias into L2 under it
+    if (more) {
+      prefetch_l2(layers[l + 1].ln1_w, (long)c * sizeof(T));
+      prefetch_l2(layers[l + 1].ln1_b, (long)c * sizeof(T));
+      prefetch_bias(layers[l + 1].qkv_b, 3 * c);
+    }
     stage_input<T, M>(mlp, nullptr, nullptr, xs, ic, d.eps, sh);
     mark(mark_row(trace, d.n_layer, passed, 0));
     wait_tile(w.fc2_w, c, ic, buf[1], &bars[1], parity[1]);
