@@ -118,13 +118,14 @@ __device__ __forceinline__ void tile_of(int n, int& col0, int& ncols) {
 }
 
 // The thread that starts the weights' copies: not thread 0, whose release add at the grid
-// barrier would otherwise wait for the copy it just started (step-run3's barriers after a copy
-// took 2.3-3.3 us, the one after none 0.8).
+// barrier waited for copies it had started (results/h100/step-run83: the barriers after a copy
+// 2.3-3.3 us with thread 0 starting it, 1.0-2.3 with thread 32, 0.8 after none).
 #define COPIER 32
 
 // Thread COPIER starts the copy of the block's rows of W (N, K) into buf; `bar` completes with it.
+// Not inlined: inlined at its seven calls it made the step spill (ptxas, sm_90).
 template <typename T>
-__device__ void fetch_tile(const T* w, int n, int k, unsigned char* buf, unsigned long long* bar) {
+__device__ __noinline__ void fetch_tile(const T* w, int n, int k, unsigned char* buf, unsigned long long* bar) {
 #if __CUDA_ARCH__ >= 900
   int col0, ncols;
   tile_of(n, col0, ncols);
@@ -135,12 +136,16 @@ __device__ void fetch_tile(const T* w, int n, int k, unsigned char* buf, unsigne
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
                : "memory");
   const char* src = reinterpret_cast<const char*>(w + (long)col0 * k);
+  // Read once a step: first out of L2, before the activations and the prefetched cache lines.
+  unsigned long long policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   for (unsigned o = 0; o < bytes; o += 32768u) {
     const unsigned len = min(32768u, bytes - o);
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     smem_u32(buf + o)),
-                 "l"(src + o), "r"(len), "r"(smem_u32(bar))
-                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+            smem_u32(buf + o)),
+        "l"(src + o), "r"(len), "r"(smem_u32(bar)), "l"(policy)
+        : "memory");
   }
 #endif
 }
@@ -305,16 +310,18 @@ __device__ void project(const T* wt, const T* xs, const T* bias, T* y, const T* 
   }
 }
 
+// `loaded()`: called by every thread once the block's first unit's loads have arrived (to start
+// a weight copy behind them); not at all by a block without a unit with keys.
 // The attention of one new query a row over keys 0..pos, split over the keys (flash-decoding)
 // so that most blocks take a part: unit (row b, head h, split s) takes keys [s·KS, (s + 1)·KS),
 // KS = ceil(T_max / splits), a thread a key, and writes its max score, its sum of
 // exp(score − max) and its unnormalised p·v (f32) to `ml` (M, nh, splits, 2) and `pv` (M,
 // nh, splits, hs); merge_heads merges them in the next stage. As decode_attention.cu's split
 // attention (the same rounding). The split holding pos first writes the new key and value there.
-template <typename T>
+template <typename T, typename F>
 __device__ void attend(const T* qkv, T* kc, T* vc, float* ml, float* pv, const StepDims& d, int rows, int pos,
                        const float* key_mask, const float* key_pos, const float* slopes, unsigned char* smem,
-                       float* sh, unsigned long long* scored, unsigned long long* summed) {
+                       float* sh, unsigned long long* scored, unsigned long long* summed, const F& loaded) {
   constexpr int E = 16 / sizeof(T);
   constexpr int VREG = 4;   // the values a thread of p·v holds (its first four keys)
   float* q = reinterpret_cast<float*>(smem + d.off_q);
@@ -370,6 +377,7 @@ __device__ void attend(const T* qkv, T* kc, T* vc, float* ml, float* pv, const S
       }
     }
     __syncthreads();
+    if (unit == (int)blockIdx.x) loaded();
     const float slope = slopes ? slopes[h] : 0.f;
     float mx = -INFINITY;
     if (grouped) {
@@ -520,9 +528,11 @@ __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, c
   }
   __syncthreads();
 #endif
-  // Buffer 0 takes qkv and fc, buffer 1 proj and fc2: each copy starts once the buffer's last
-  // reader is done, after the barrier that follows it (a copy started before a barrier
-  // lengthened it: step-run3, step-run83), one to two stages before its own.
+  // Buffer 0 takes qkv and fc, buffer 1 proj and fc2. Each copy starts in the stage after its
+  // buffer's last reader, once that stage's own input is in shared memory (the attention's:
+  // its first loads), one to two stages before the copy's reader: a copy started before a
+  // barrier lengthened the barrier (results/h100/step-run83), one started with a stage's loads
+  // delayed them (step-run84 to step-run86).
   fetch_tile(layers[0].qkv_w, 3 * c, c, buf[0], &bars[0]);
   fetch_tile(layers[0].proj_w, c, c, buf[1], &bars[1]);
   const T* x = x_in;
@@ -538,15 +548,21 @@ __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, c
     prefetch_l2(w.ln2_w, (long)c * sizeof(T));
     prefetch_l2(w.ln2_b, (long)c * sizeof(T));
     stage_input<T, M>(x, w.ln1_w, w.ln1_b, xs, c, d.eps, sh);
+    if (l > 0) fetch_tile(w.proj_w, c, c, buf[1], &bars[1]);
     mark(mark_row(trace, d.n_layer, passed, 0));
     wait_tile(w.qkv_w, 3 * c, c, buf[0], &bars[0], parity[0]);
     mark(mark_row(trace, d.n_layer, passed, 1));
     project<T, M>(reinterpret_cast<const T*>(buf[0]), xs, w.qkv_b, qkv, nullptr, 3 * c, c, false, part);
     grid_sync(sync, passed, trace);
-    fetch_tile(w.fc_w, ic, c, buf[0], &bars[0]);
     // S2: the attention
+    bool fetched = false;
     attend<T>(qkv, reinterpret_cast<T*>(caches.k[l]), reinterpret_cast<T*>(caches.v[l]), ml, pv, d, M, pos, key_mask,
-              key_pos, slopes, smem, sh, mark_row(trace, d.n_layer, passed, 0), mark_row(trace, d.n_layer, passed, 1));
+              key_pos, slopes, smem, sh, mark_row(trace, d.n_layer, passed, 0), mark_row(trace, d.n_layer, passed, 1),
+              [&] {
+                fetch_tile(w.fc_w, ic, c, buf[0], &bars[0]);
+                fetched = true;
+              });
+    if (!fetched) fetch_tile(w.fc_w, ic, c, buf[0], &bars[0]);  // no unit, or none with keys
     grid_sync(sync, passed, trace);
     // S3: x1 = x + (att Wprojᵀ + b)
     merge_heads<T, M>(ml, pv, xs, reinterpret_cast<float*>(smem + d.off_w), d);
@@ -556,15 +572,14 @@ __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, c
     project<T, M>(reinterpret_cast<const T*>(buf[1]), xs, w.proj_b, resid, x, c, c, false, part);
     x = resid;
     grid_sync(sync, passed, trace);
-    fetch_tile(w.fc2_w, c, ic, buf[1], &bars[1]);
     // S4: a = GELU(LN2(x1) Wfcᵀ + b)
     stage_input<T, M>(x, w.ln2_w, w.ln2_b, xs, c, d.eps, sh);
+    fetch_tile(w.fc2_w, c, ic, buf[1], &bars[1]);
     mark(mark_row(trace, d.n_layer, passed, 0));
     wait_tile(w.fc_w, ic, c, buf[0], &bars[0], parity[0]);
     mark(mark_row(trace, d.n_layer, passed, 1));
     project<T, M>(reinterpret_cast<const T*>(buf[0]), xs, w.fc_b, mlp, nullptr, ic, c, true, part);
     grid_sync(sync, passed, trace);
-    if (more) fetch_tile(layers[l + 1].qkv_w, 3 * c, c, buf[0], &bars[0]);
     // S5: x = x1 + (a Wfc2ᵀ + b); the next layer's first norm and bias into L2 under it
     if (more) {
       prefetch_l2(layers[l + 1].ln1_w, (long)c * sizeof(T));
@@ -572,12 +587,12 @@ __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, c
       prefetch_bias(layers[l + 1].qkv_b, 3 * c);
     }
     stage_input<T, M>(mlp, nullptr, nullptr, xs, ic, d.eps, sh);
+    if (more) fetch_tile(layers[l + 1].qkv_w, 3 * c, c, buf[0], &bars[0]);
     mark(mark_row(trace, d.n_layer, passed, 0));
     wait_tile(w.fc2_w, c, ic, buf[1], &bars[1], parity[1]);
     mark(mark_row(trace, d.n_layer, passed, 1));
     project<T, M>(reinterpret_cast<const T*>(buf[1]), xs, w.fc2_b, resid, resid, c, ic, false, part);
     grid_sync(sync, passed, trace);
-    if (more) fetch_tile(layers[l + 1].proj_w, c, c, buf[1], &bars[1]);
   }
   // out = LN_f(x), a block a row
   if (blockIdx.x < M) {
