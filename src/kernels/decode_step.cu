@@ -310,14 +310,15 @@ __device__ void project(const T* wt, const T* xs, const T* bias, T* y, const T* 
   }
 }
 
-// `loaded()`: called by every thread once the block's first unit's loads have arrived (to start
-// a weight copy behind them); not at all by a block without a unit with keys.
 // The attention of one new query a row over keys 0..pos, split over the keys (flash-decoding)
 // so that most blocks take a part: unit (row b, head h, split s) takes keys [s·KS, (s + 1)·KS),
-// KS = ceil(T_max / splits), a thread a key, and writes its max score, its sum of
+// KS = ceil(T_max / splits), a key's 16-byte vectors over as many threads (a thread a key where
+// a row is not a power of two of vectors up to 32), and writes its max score, its sum of
 // exp(score − max) and its unnormalised p·v (f32) to `ml` (M, nh, splits, 2) and `pv` (M,
-// nh, splits, hs); merge_heads merges them in the next stage. As decode_attention.cu's split
-// attention (the same rounding). The split holding pos first writes the new key and value there.
+// nh, splits, hs); merge_heads merges them in the next stage. Rounded where decode_attention.cu's
+// split attention rounds. The split holding pos first writes the new key and value there.
+// `loaded()`: called by every thread once the block's first unit's loads have arrived (to start
+// a weight copy behind them); not at all by a block without a unit with keys.
 template <typename T, typename F>
 __device__ void attend(const T* qkv, T* kc, T* vc, float* ml, float* pv, const StepDims& d, int rows, int pos,
                        const float* key_mask, const float* key_pos, const float* slopes, unsigned char* smem,
