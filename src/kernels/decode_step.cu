@@ -34,7 +34,7 @@ struct StepCaches {
 struct StepDims {
   int n_layer, c, inner, nh, hs, t_max, head_stride, part, pos, splits;
   float eps, scale;
-  int wbuf, off_x, off_part, off_p, off_acc, off_q, off_w;
+  int wbuf, off_x, off_part, off_p, off_acc, off_q, off_w, off_bias, off_res;
 };
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -181,14 +181,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p, long bytes) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
 }
 
-// The block's columns of an N-column bias (tile_of's).
-template <typename T>
-__device__ __forceinline__ void prefetch_bias(const T* b, int n) {
-  int col0, ncols;
-  tile_of(n, col0, ncols);
-  if (ncols > 0) prefetch_l2(b + col0, (long)ncols * sizeof(T));
-}
-
 // What the block's attention units (attend's) read from the cache: each unit's keys and values,
 // its mask and positions. Issued a stage ahead, so that the attention's loads hit L2 instead of
 // queueing behind the weights' copies (step-run84: the scores' max 6.1 us after the release).
@@ -205,6 +197,33 @@ __device__ void prefetch_units(const T* kc, const T* vc, const StepDims& d, int 
     prefetch_l2(vc + off, (long)n * d.hs * sizeof(T));
     prefetch_l2(key_mask + (long)b * d.t_max + lo, n * 4l);
     if (slopes) prefetch_l2(key_pos + (long)b * d.t_max + lo, n * 4l);
+  }
+}
+
+// The columns a block takes of an N-column projection at most (tile_of's `per`).
+__device__ __forceinline__ int per_block(int n) { return (n + gridDim.x - 1) / gridDim.x; }
+
+// Every layer's biases of the block's columns into shared memory `out`, once a step: a layer's
+// per_block(3C) qkv, then proj's per_block(C), fc's per_block(I), fc2's per_block(C) (the
+// projections' outputs then wait on no global load: step-run86 had fc and fc2 2.8-3.3 us from
+// their weights in shared memory to their outputs).
+template <typename T>
+__device__ void stage_biases(const LayerW<T>* layers, const StepDims& d, T* out) {
+  const int ns[4] = {3 * d.c, d.c, d.inner, d.c};
+  int col0[4], ncols[4], per[4], per_layer = 0;
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    tile_of(ns[p], col0[p], ncols[p]);
+    per[p] = per_block(ns[p]);
+    per_layer += per[p];
+  }
+  for (int i = threadIdx.x; i < d.n_layer * per_layer; i += blockDim.x) {
+    const int l = i / per_layer;
+    int r = i % per_layer, p = 0;
+    while (p < 3 && r >= per[p]) r -= per[p++];
+    const LayerW<T>& w = layers[l];
+    const T* b = p == 0 ? w.qkv_b : p == 1 ? w.proj_b : p == 2 ? w.fc_b : w.fc2_b;
+    if (r < ncols[p]) out[i] = b[col0[p] + r];
   }
 }
 
@@ -253,12 +272,15 @@ __device__ void stage_input(const T* in, const T* w, const T* b, T* xs, int k, f
 }
 
 // The block's columns of y (M, N) = act(xs Wᵀ + b), W's rows for them in `wt` (shared), xs in
-// shared; with `res`, y = res + that (rounded as the branch, then as the add; res may be y).
+// shared, b's in `bias` (shared, the block's columns); with `res`, y = res + that (rounded as
+// the branch, then as the add; res may be y). `keep` (shared, M · per_block(N), or null): the
+// block's columns of y kept for the next projection of the same columns, whose `res` they are
+// (`kept`: read res from it, not from memory).
 // Warps a column: as many as 16 warps share among the block's columns (split K), their sums
 // met in `part`.
 template <typename T, int M>
-__device__ void project(const T* wt, const T* xs, const T* bias, T* y, const T* res, int n, int k, bool gelu,
-                        float* part) {
+__device__ void project(const T* wt, const T* xs, const T* bias, T* y, const T* res, T* keep, bool kept, int n, int k,
+                        bool gelu, float* part) {
   int col0, ncols;
   tile_of(n, col0, ncols);
   if (ncols == 0) return;
@@ -267,13 +289,12 @@ __device__ void project(const T* wt, const T* xs, const T* bias, T* y, const T* 
   while (split * 2 * ncols <= STEP_WARPS) split *= 2;
   const int groups = STEP_WARPS / split, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = warp / split, s = warp % split;
-  // The first output a thread finishes: its bias and residual loaded under the dot products
-  // (every block's ncols·M fits the block at the models' widths; more take the loop's loads).
-  float bias0 = 0.f, res0 = 0.f;
-  if (threadIdx.x < ncols * M) {
-    const int j = threadIdx.x / M, m = threadIdx.x % M, col = col0 + j;
-    bias0 = to_f(bias[col]);
-    if (res) res0 = to_f(ldcg(res + (long)m * n + col));
+  // The first output a thread finishes: its residual, when not kept, loaded under the dot
+  // products (every block's ncols·M fits the block at the models' widths; more take the loop's).
+  float res0 = 0.f;
+  if (res && !kept && threadIdx.x < ncols * M) {
+    const int j = threadIdx.x / M, m = threadIdx.x % M;
+    res0 = to_f(ldcg(res + (long)m * n + col0 + j));
   }
   const Vec16<T>* xv = reinterpret_cast<const Vec16<T>*>(xs);
   for (int j = g; j < ncols; j += groups) {
@@ -301,11 +322,16 @@ __device__ void project(const T* wt, const T* xs, const T* bias, T* y, const T* 
   for (int idx = threadIdx.x; idx < ncols * M; idx += blockDim.x) {
     const int j = idx / M, m = idx % M, col = col0 + j;
     const bool first = idx == (int)threadIdx.x;
-    float v = first ? bias0 : to_f(bias[col]);
+    float v = to_f(bias[j]);
     for (int t = 0; t < split; ++t) v += part[(j * split + t) * M + m];
     if (gelu) v = gelu_tanh(v);
     T out = from_f<T>(v);
-    if (res) out = from_f<T>((first ? res0 : to_f(ldcg(res + (long)m * n + col))) + to_f(out));
+    T* kept_at = keep ? keep + m * per_block(n) + j : nullptr;
+    if (res) {
+      const float r = kept ? to_f(*kept_at) : first ? res0 : to_f(ldcg(res + (long)m * n + col));
+      out = from_f<T>(r + to_f(out));
+    }
+    if (keep) *kept_at = out;
     y[(long)m * n + col] = out;
   }
 }
@@ -529,6 +555,10 @@ __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, c
   }
   __syncthreads();
 #endif
+  T* biases = reinterpret_cast<T*>(smem + d.off_bias);
+  T* keep = reinterpret_cast<T*>(smem + d.off_res);  // the block's columns of the residual stream
+  stage_biases(layers, d, biases);  // read after stage_input's barrier
+  const int pq = per_block(3 * c), pc = per_block(c), pi = per_block(ic), per_layer = pq + 2 * pc + pi;
   // Buffer 0 takes qkv and fc, buffer 1 proj and fc2. Each copy starts in the stage after its
   // buffer's last reader, once that stage's own input is in shared memory (the attention's:
   // its first loads), one to two stages before the copy's reader: a copy started before a
@@ -543,9 +573,6 @@ __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, c
     // S1: qkv = LN1(x) Wqkvᵀ + b; the layer's small reads after this stage into L2 under it
     prefetch_units<T>(reinterpret_cast<const T*>(caches.k[l]), reinterpret_cast<const T*>(caches.v[l]), d, M, pos,
                       key_mask, key_pos, slopes);
-    prefetch_bias(w.proj_b, c);
-    prefetch_bias(w.fc_b, ic);
-    prefetch_bias(w.fc2_b, c);
     prefetch_l2(w.ln2_w, (long)c * sizeof(T));
     prefetch_l2(w.ln2_b, (long)c * sizeof(T));
     stage_input<T, M>(x, w.ln1_w, w.ln1_b, xs, c, d.eps, sh);
@@ -553,7 +580,8 @@ __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, c
     mark(mark_row(trace, d.n_layer, passed, 0));
     wait_tile(w.qkv_w, 3 * c, c, buf[0], &bars[0], parity[0]);
     mark(mark_row(trace, d.n_layer, passed, 1));
-    project<T, M>(reinterpret_cast<const T*>(buf[0]), xs, w.qkv_b, qkv, nullptr, 3 * c, c, false, part);
+    const T* lb = biases + l * per_layer;  // the layer's biases: qkv, proj, fc, fc2
+    project<T, M>(reinterpret_cast<const T*>(buf[0]), xs, lb, qkv, nullptr, nullptr, false, 3 * c, c, false, part);
     grid_sync(sync, passed, trace);
     // S2: the attention
     bool fetched = false;
@@ -570,7 +598,8 @@ __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, c
     mark(mark_row(trace, d.n_layer, passed, 0));
     wait_tile(w.proj_w, c, c, buf[1], &bars[1], parity[1]);
     mark(mark_row(trace, d.n_layer, passed, 1));
-    project<T, M>(reinterpret_cast<const T*>(buf[1]), xs, w.proj_b, resid, x, c, c, false, part);
+    // The residual is the columns this block wrote in the layer before (its fc2's), except at 0.
+    project<T, M>(reinterpret_cast<const T*>(buf[1]), xs, lb + pq, resid, x, keep, l > 0, c, c, false, part);
     x = resid;
     grid_sync(sync, passed, trace);
     // S4: a = GELU(LN2(x1) Wfcᵀ + b)
@@ -579,20 +608,20 @@ __device__ void decode_step(const LayerW<T>* layers, const StepCaches& caches, c
     mark(mark_row(trace, d.n_layer, passed, 0));
     wait_tile(w.fc_w, ic, c, buf[0], &bars[0], parity[0]);
     mark(mark_row(trace, d.n_layer, passed, 1));
-    project<T, M>(reinterpret_cast<const T*>(buf[0]), xs, w.fc_b, mlp, nullptr, ic, c, true, part);
+    project<T, M>(reinterpret_cast<const T*>(buf[0]), xs, lb + pq + pc, mlp, nullptr, nullptr, false, ic, c, true, part);
     grid_sync(sync, passed, trace);
-    // S5: x = x1 + (a Wfc2ᵀ + b); the next layer's first norm and bias into L2 under it
+    // S5: x = x1 + (a Wfc2ᵀ + b); the next layer's first norm into L2 under it
     if (more) {
       prefetch_l2(layers[l + 1].ln1_w, (long)c * sizeof(T));
       prefetch_l2(layers[l + 1].ln1_b, (long)c * sizeof(T));
-      prefetch_bias(layers[l + 1].qkv_b, 3 * c);
     }
     stage_input<T, M>(mlp, nullptr, nullptr, xs, ic, d.eps, sh);
     if (more) fetch_tile(layers[l + 1].qkv_w, 3 * c, c, buf[0], &bars[0]);
     mark(mark_row(trace, d.n_layer, passed, 0));
     wait_tile(w.fc2_w, c, ic, buf[1], &bars[1], parity[1]);
     mark(mark_row(trace, d.n_layer, passed, 1));
-    project<T, M>(reinterpret_cast<const T*>(buf[1]), xs, w.fc2_b, resid, resid, c, ic, false, part);
+    project<T, M>(reinterpret_cast<const T*>(buf[1]), xs, lb + pq + pc + pi, resid, resid, keep, true, c, ic, false,
+                  part);
     grid_sync(sync, passed, trace);
   }
   // out = LN_f(x), a block a row

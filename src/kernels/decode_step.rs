@@ -172,6 +172,8 @@ mod imp {
         off_acc: i32,
         off_q: i32,
         off_w: i32,
+        off_bias: i32,
+        off_res: i32,
     }
     // SAFETY: as StepCaches.
     unsafe impl DeviceRepr for StepDims {}
@@ -343,7 +345,8 @@ mod imp {
         /// The dynamic shared memory's layout for `rows` and a cache of `t_max` (byte offsets
         /// into `dims`, and the attention's splits) and its size: two weight buffers (a
         /// block's columns of the widest projection), the stage's input rows, the split-K
-        /// sums, the scores, p·v's partial sums, the query, the splits' merge weights.
+        /// sums, the scores, p·v's partial sums, the query, the splits' merge weights, every
+        /// layer's biases of the block's columns, the block's columns of the residual stream.
         fn layout(&self, rows: usize, t_max: usize) -> (StepDims, usize) {
             let (c, i, grid) = (self.dims.c as usize, self.dims.inner as usize, self.sms);
             let size = self.dtype.size_in_bytes();
@@ -366,7 +369,12 @@ mod imp {
             (d.off_acc, d.off_q, d.off_w) = (off_acc as i32, off_q as i32, off_w as i32);
             d.t_max = t_max as i32;
             let units = rows * self.attention.nh * d.splits as usize;
-            (d, off_w + 2 * units * 4)
+            // Every layer's biases of a block's columns, then its columns of the residual stream.
+            let off_bias = round_up(off_w + 2 * units * 4, 16);
+            let per_layer = per(3 * c) + 2 * per(c) + per(i);
+            let off_res = round_up(off_bias + d.n_layer as usize * per_layer * size, 16);
+            (d.off_bias, d.off_res) = (off_bias as i32, off_res as i32);
+            (d, off_res + round_up(rows * per(c) * size, 16))
         }
 
         pub fn applies(&self, rows: usize, t_max: usize) -> bool {
