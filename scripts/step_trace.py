@@ -7,11 +7,11 @@ the medians over the layers of
 and the kernel's span (first start to last end). Traces with two marks a stage (rows after the
 barriers') also split each stage's work at its marks, the slowest block's times from the
 previous barrier's release, medians over the layers. Three stages a layer (a header of three
-words, the third 3; decode_step.cu since step4):
+words, the third 3; the kernel of branch step4, results/h200/step-run90..94):
   A (LN1 + qkv):            the normed input in shared memory | qkv's copy waited for
   B (attention + proj):     the unit's partials written | its head merged (after the head's wait)
   C (LN2 + fc + fc2 share): the normed input in shared memory | fc's outputs in shared memory
-Five stages a layer (a header of two words, the kernels before):
+Five stages a layer (a header of two words, main's decode_step.cu):
   qkv, fc:   the normed input in shared memory | the weights' copy waited for
   attention: the scores' max | their exp-sum
   proj:      the heads merged | the weights' copy waited for
@@ -31,8 +31,8 @@ def summarise(path):
     n = (len(raw) - 16) // 8
     head = 2 if n % grid == 0 else 3  # (2 + 20·L)·grid words after the header
     stages = FIVE if head == 2 else THREE
-    if head == 3:
-        assert struct.unpack_from("<Q", raw, 16)[0] == len(THREE), "stages a layer"
+    if head == 3 and struct.unpack_from("<Q", raw, 16)[0] != len(THREE):
+        sys.exit(f"{path}: not a step trace (its header's third word is not 3 stages a layer)")
     t = struct.unpack_from(f"<{(len(raw) - 8 * head) // 8}Q", raw, 8 * head)
     rows = 2 + 10 * layers
     per = len(stages)
