@@ -27,7 +27,11 @@ THREE = ["A qkv", "B attn+proj", "C fc+fc2"]
 
 def summarise(path):
     raw = open(path, "rb").read()
+    if len(raw) < 24:
+        sys.exit(f"{path}: not a step trace ({len(raw)} bytes)")
     grid, layers = struct.unpack_from("<QQ", raw)
+    if not 0 < grid < 1 << 20 or not 0 < layers <= 64:
+        sys.exit(f"{path}: not a step trace (grid {grid}, {layers} layers in its header)")
     n = (len(raw) - 16) // 8
     head = 2 if n % grid == 0 else 3  # (2 + 20·L)·grid words after the header
     stages = FIVE if head == 2 else THREE
