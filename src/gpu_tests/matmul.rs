@@ -76,15 +76,35 @@ fn projection_cases(
 }
 
 /// The decode GEMV (nn.Linear weights, 1–4 rows) against the f32 product with bias and
-/// tanh-GELU, in bf16 and f16, for BLOOM's decode shapes (1024 -> 3072, 4096 -> 1024), a K of
-/// fewer vectors than a block's lanes and one of many rounds a lane; without a bias, as the LM
-/// head (`gemv-head`, rows of 8 KB and more).
+/// tanh-GELU, in bf16 and f16, for BLOOM's decode shapes (1024 -> 3072, 4096 -> 1024, 1024 ->
+/// 4096) and GPT-2's (768 -> 2304, 3072 -> 768), a K of fewer vectors than a block's lanes and
+/// one of many rounds a lane; without a bias, as the LM head (`gemv-head`, rows of 8 KB and
+/// more). At one row the wide kernels (`gemv-wide`) take every K up to 4096, a partial last
+/// block (40 columns) too, and only those.
 #[test]
 fn gemv_matches_the_f32_projection() {
+    use std::sync::atomic::Ordering::Relaxed;
     let (dev, _one_at_a_time) = gpu();
-    let shapes = [(1024, 3072), (4096, 1024), (64, 40), (16384, 40)];
+    let shapes = [
+        (1024, 3072),
+        (4096, 1024),
+        (1024, 4096),
+        (768, 2304),
+        (3072, 768),
+        (64, 40),
+        (16384, 40),
+    ];
     projection_cases(&dev, &shapes, &[1, 2, 3, 4], |c| {
+        let wide = WIDE_LAUNCHES.load(Relaxed);
         let y = gemv(&c.x, &c.w, &c.b, c.act).unwrap().expect(&c.why);
+        let (m, k) = (c.x.dim(0).unwrap(), c.x.dim(1).unwrap());
+        let want_wide = m == 1 && k <= 4096;
+        assert_eq!(
+            WIDE_LAUNCHES.load(Relaxed) - wide,
+            want_wide as usize,
+            "{}: wide",
+            c.why
+        );
         assert_eq!(
             y.dims(),
             [c.x.dim(0).unwrap(), c.w.dim(0).unwrap()],

@@ -133,3 +133,203 @@ __device__ void gemv_ln(const Vec16<T>* x, const Vec16<T>* w, const float2* sb, 
     gemv_ln<T, 1, true>(x, w, sb, stats, clear, y, n, kv, act, eps);                                      \
   }
 FOR_TYPES(INSTANTIATE)
+
+// ---- `--fused gemv-wide`: one row, a few wide blocks whose weights load before the wait ----
+// A graph of chained one-row GEMV stages took 2.6 us a stage (bloom-560m's proj), 5.4 (fc) and
+// 6.9 (fc2) with a block a column as above, and 1.9-2.1, 3.8 and 5.0 with 8 warps a block that
+// load all their weight vectors before griddepcontrol.wait (results/h200/gemv-run100,
+// scripts/probes/gemv_grid_probe.cu): weights never depend on the kernel before, so they stream in
+// while it ends, and 128 blocks are one wave where 4096 were two.
+// WIDE: K <= 1024 (kv <= 128): a block of 8 warps takes 8·CPW columns, a warp CPW of them
+// (first, first + 8, …), each lane the vectors lane, lane + 32, lane + 64, lane + 96 of each
+// row and of x (x once for all its columns: a warp holds the whole row, so a folded norm's
+// statistics need no block reduction). ROW: 1024 < K <= 4096 (kv <= 512): a block a column,
+// its 8 warps two runs of 32 vectors each.
+constexpr int WIDE_WARPS = 8, WIDE_VPL = 4, ROW_VPL = 2;
+
+// W's vector i of row col as raw words (unpacked where used: held unpacked, each 16-bit element
+// took a register), zeros past n or kv: the address clamped into W and the words masked (no
+// branch before the wait; pdl.rs's WEIGHTS_FIRST test reads the PTX).
+template <typename T>
+__device__ __forceinline__ uint4 early_vec(const Vec16<T>* w, int col, int i, int n, int kv) {
+  const bool in = col < n && i < kv;
+  const uint4 u = __ldg(reinterpret_cast<const uint4*>(w) + (in ? (long)col * kv + i : 0));
+  const unsigned m = in ? ~0u : 0u;
+  return make_uint4(u.x & m, u.y & m, u.z & m, u.w & m);
+}
+
+// x's vector i as raw words, zeros past kv.
+template <typename T>
+__device__ __forceinline__ uint4 x_words(const Vec16<T>* x, int i, int kv) {
+  return i < kv ? *reinterpret_cast<const uint4*>(x + i) : make_uint4(0, 0, 0, 0);
+}
+
+// A word's two 16-bit elements.
+template <typename T>
+__device__ __forceinline__ float2 word_f(unsigned u);
+template <>
+__device__ __forceinline__ float2 word_f<__nv_bfloat16>(unsigned u) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+}
+template <>
+__device__ __forceinline__ float2 word_f<__half>(unsigned u) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&u));
+}
+
+// The dot product of two 16-byte vectors of T held as words.
+template <typename T>
+__device__ __forceinline__ float dot_words(const uint4& a, const uint4& b) {
+  const unsigned aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    if constexpr (sizeof(T) == 4) {
+      s += __uint_as_float(aw[j]) * __uint_as_float(bw[j]);
+    } else {
+      const float2 fa = word_f<T>(aw[j]), fb = word_f<T>(bw[j]);
+      s += fa.x * fb.x + fa.y * fb.y;
+    }
+  }
+  return s;
+}
+
+// Σ and Σ² of a 16-byte vector of T held as words, added to s1 and s2.
+template <typename T>
+__device__ __forceinline__ void sum_words(const uint4& b, float& s1, float& s2) {
+  const unsigned bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    if constexpr (sizeof(T) == 4) {
+      const float f = __uint_as_float(bw[j]);
+      s1 += f;
+      s2 += f * f;
+    } else {
+      const float2 f = word_f<T>(bw[j]);
+      s1 += f.x + f.y;
+      s2 += f.x * f.x + f.y * f.y;
+    }
+  }
+}
+
+// This lane's weight vectors of its CPW columns, then (after the wait) its vectors of x.
+template <typename T, int CPW>
+struct WideLoads {
+  uint4 w[CPW][WIDE_VPL], x[WIDE_VPL];
+  int first;  // the warp's first column
+  __device__ __forceinline__ void weights(const Vec16<T>* wt, int n, int kv) {
+    const int lane = threadIdx.x & 31;
+    first = blockIdx.x * WIDE_WARPS * CPW + (threadIdx.x >> 5);
+#pragma unroll
+    for (int c = 0; c < CPW; c++)
+#pragma unroll
+      for (int v = 0; v < WIDE_VPL; v++) w[c][v] = early_vec(wt, first + c * WIDE_WARPS, v * 32 + lane, n, kv);
+  }
+  __device__ __forceinline__ void row_of_x(const Vec16<T>* xs, int kv) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int v = 0; v < WIDE_VPL; v++) x[v] = x_words(xs, v * 32 + lane, kv);
+  }
+  // Column c's dot product, complete in every lane.
+  __device__ __forceinline__ float dot(int c) const {
+    float a = 0.f;
+#pragma unroll
+    for (int v = 0; v < WIDE_VPL; v++) a += dot_words<T>(w[c][v], x[v]);
+    return warp_sum(a);
+  }
+};
+
+// y = act(x Wᵀ + b) [+ r] at one row, K <= 1024: gemv's tail (the residual rounded after the
+// projection, as the add kernel), b never null.
+template <typename T, int CPW>
+__device__ void gemv_wide(const Vec16<T>* x, const Vec16<T>* w, const T* b, const T* r, T* y, int n, int kv,
+                          int act) {
+  WideLoads<T, CPW> l;
+  l.weights(w, n, kv);
+  pdl_begin();
+  l.row_of_x(x, kv);
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int c = 0; c < CPW; c++) {
+    const int col = l.first + c * WIDE_WARPS;
+    float v = l.dot(c) + (col < n ? to_f(b[col]) : 0.f);
+    if (act == 1) v = gelu_tanh(v);
+    if (r && col < n) v = to_f(r[col]) + to_f(from_f<T>(v));
+    if (lane == 0 && col < n) y[col] = from_f<T>(v);
+  }
+}
+
+// y = act(LN(x) Wᵀ + b) at one row, K <= 1024, the norm folded (gemv_ln's sb and formula); the
+// statistics from the warp's own copy of x.
+template <typename T, int CPW>
+__device__ void gemv_ln_wide(const Vec16<T>* x, const Vec16<T>* w, const float2* sb, T* y, int n, int kv, int act,
+                             float eps) {
+  WideLoads<T, CPW> l;
+  l.weights(w, n, kv);
+  pdl_begin();
+  l.row_of_x(x, kv);
+  float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+  for (int v = 0; v < WIDE_VPL; v++) sum_words<T>(l.x[v], s1, s2);
+  const float inv_k = 1.f / (kv * (16 / (int)sizeof(T)));
+  const float mean = warp_sum(s1) * inv_k;
+  const float rstd = rsqrtf(fmaxf(warp_sum(s2) * inv_k - mean * mean, 0.f) + eps);
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int c = 0; c < CPW; c++) {
+    const int col = l.first + c * WIDE_WARPS;
+    const float a = l.dot(c);
+    if (lane != 0 || col >= n) continue;
+    const float2 s = sb[col];
+    float v = rstd * (a - mean * s.x) + s.y;
+    if (act == 1) v = gelu_tanh(v);
+    y[col] = from_f<T>(v);
+  }
+}
+
+// gemv_wide's tail for 1024 < K <= 4096: a block a column, 8 warps over the row.
+template <typename T>
+__device__ void gemv_row(const Vec16<T>* x, const Vec16<T>* w, const T* b, const T* r, T* y, int n, int kv,
+                         int act) {
+  __shared__ float part[WIDE_WARPS];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, col = blockIdx.x;
+  uint4 wr[ROW_VPL];
+#pragma unroll
+  for (int v = 0; v < ROW_VPL; v++) wr[v] = early_vec(w, col, (warp * ROW_VPL + v) * 32 + lane, n, kv);
+  pdl_begin();
+  float a = 0.f;
+#pragma unroll
+  for (int v = 0; v < ROW_VPL; v++) {
+    const int i = (warp * ROW_VPL + v) * 32 + lane;
+    a += dot_words<T>(wr[v], x_words(x, i, kv));
+  }
+  a = warp_sum(a);
+  if (lane == 0) part[warp] = a;
+  __syncthreads();
+  if (threadIdx.x != 0 || col >= n) return;
+  float v = to_f(b[col]);
+#pragma unroll
+  for (int k = 0; k < WIDE_WARPS; k++) v += part[k];
+  if (act == 1) v = gelu_tanh(v);
+  if (r) v = to_f(r[col]) + to_f(from_f<T>(v));
+  y[col] = from_f<T>(v);
+}
+
+#define WIDE_BLOCK __launch_bounds__(WIDE_WARPS * 32)
+#define INSTANTIATE_WIDE_CPW(T, S, CPW)                                                                    \
+  extern "C" __global__ void WIDE_BLOCK tb_wgemv##CPW##_##S(const Vec16<T>* x, const Vec16<T>* w, const T* b, \
+                                                            const T* r, T* y, int n, int kv, int act) {    \
+    gemv_wide<T, CPW>(x, w, b, r, y, n, kv, act);                                                          \
+  }                                                                                                        \
+  extern "C" __global__ void WIDE_BLOCK tb_wgemv_ln##CPW##_##S(const Vec16<T>* x, const Vec16<T>* w,        \
+                                                               const float2* sb, T* y, int n, int kv,     \
+                                                               int act, float eps) {                       \
+    gemv_ln_wide<T, CPW>(x, w, sb, y, n, kv, act, eps);                                                    \
+  }
+#define INSTANTIATE_WIDE(T, S)                                                                              \
+  INSTANTIATE_WIDE_CPW(T, S, 1)                                                                             \
+  INSTANTIATE_WIDE_CPW(T, S, 2) INSTANTIATE_WIDE_CPW(T, S, 3) INSTANTIATE_WIDE_CPW(T, S, 4) extern "C"       \
+      __global__ void WIDE_BLOCK tb_wgemv_row_##S(const Vec16<T>* x, const Vec16<T>* w, const T* b, const T* r, \
+                                                  T* y, int n, int kv, int act) {                          \
+    gemv_row<T>(x, w, b, r, y, n, kv, act);                                                                \
+  }
+FOR_TYPES(INSTANTIATE_WIDE)

@@ -122,6 +122,11 @@ pub fn gemv_ln(
 #[cfg(test)]
 pub static LN_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// Launches of the wide one-row kernels (`--fused gemv-wide`; a GPU test checks which calls
+/// take them).
+#[cfg(test)]
+pub static WIDE_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Launches of the folded GEMV that reads summed statistics (a GPU test checks decoding).
 #[cfg(test)]
 pub static SUMMED_LAUNCHES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -160,9 +165,10 @@ mod imp {
         wrap, Ptx, NULL,
     };
     use crate::kernels::pdl::Early;
+    use crate::kernels::{enabled, Fused};
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
-    use candle_core::{DType, Result, Tensor};
+    use candle_core::{CudaDevice, DType, Result, Tensor};
 
     const PTX: Ptx = ptx!("gemv");
 
@@ -171,8 +177,56 @@ mod imp {
     const COLS_PER_BLOCK: usize = 2;
     const WARPS_PER_COL: u32 = 4;
 
+    /// Warps of a wide block (gemv.cu's WIDE_WARPS), and the vectors of a row the wide kernels
+    /// take: four a lane (K ≤ 1024 in bf16), or two a lane of a block a column (K ≤ 4096).
+    const WIDE_WARPS: usize = 8;
+    const WIDE_KV: usize = 4 * 32;
+    const ROW_KV: usize = 2 * 32 * WIDE_WARPS;
+    /// Columns a warp of a wide block takes at most (gemv.cu's instances).
+    const WIDE_MAX_CPW: usize = 4;
+
+    /// `--fused gemv-wide` at one row: the kernel's name stem and grid, where a wide kernel
+    /// takes the call: a folded norm without slots (tb_wgemv_ln{cpw}) or a bias (not the LM
+    /// head's none) and no slots (tb_wgemv{cpw}) at K ≤ 1024, a bias at K ≤ 4096
+    /// (tb_wgemv_row); cpw columns a warp, the fewest that keep the blocks to one an SM.
+    fn wide_plan(
+        tail: &Tail<'_>,
+        n: usize,
+        kv: usize,
+        dev: &CudaDevice,
+    ) -> Result<Option<(String, usize)>> {
+        use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+        use candle_core::cuda_backend::WrapErr as _;
+        let stem = match tail {
+            Tail::Norm { summed: None, .. } if kv <= WIDE_KV => "_ln",
+            Tail::Bias {
+                b: Some(_),
+                stats: None,
+                ..
+            } if kv <= WIDE_KV => "",
+            Tail::Bias {
+                b: Some(_),
+                stats: None,
+                ..
+            } if kv <= ROW_KV => {
+                return Ok(Some(("tb_wgemv_row".into(), n)));
+            }
+            _ => return Ok(None),
+        };
+        let sms = dev
+            .cuda_stream()
+            .context()
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+        let sms = sms.w()?.max(1) as usize;
+        let cpw = n.div_ceil(WIDE_WARPS * sms).clamp(1, WIDE_MAX_CPW);
+        Ok(Some((
+            format!("tb_wgemv{stem}{cpw}"),
+            n.div_ceil(WIDE_WARPS * cpw),
+        )))
+    }
+
     /// Launches tb_gemv{M} (a bias and a residual, each optional) or tb_gemv_ln{M} (a folded
-    /// norm) on operands [`gemv`] checked.
+    /// norm) on operands [`gemv`] checked, or at one row with `gemv-wide` a wide kernel.
     fn run(x: &Tensor, w: &Tensor, tail: Tail<'_>, act: Act) -> Result<Tensor> {
         let (m, k) = x.dims2()?;
         let n = w.dim(0)?;
@@ -180,6 +234,13 @@ mod imp {
             candle_core::bail!("the decode GEMV takes CUDA tensors");
         };
         let dev = storage(&xs.0).device().clone();
+        let kv = k * x.dtype().size_in_bytes() / 16;
+        if m == 1 && enabled(Fused::GemvWide) {
+            if let Some((stem, blocks)) = wide_plan(&tail, n, kv, &dev)? {
+                drop((xs, ws));
+                return run_wide(x, w, tail, act, &stem, blocks);
+            }
+        }
         let kind = match tail {
             Tail::Bias { .. } => "",
             Tail::Norm { summed, .. } if summed.is_some_and(|s| s.stats.is_some()) => "_lns",
@@ -187,7 +248,7 @@ mod imp {
         };
         let name = format!("tb_gemv{kind}{}_{}", m.min(MAX_ROWS), suffix(x.dtype())?);
         let func = dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?;
-        let kv = (k * x.dtype().size_in_bytes() / 16) as i32;
+        let kv = kv as i32;
         let (n_i, act) = (n as i32, act.code());
         let cols = if m == 1 { 1 } else { COLS_PER_BLOCK };
         let cfg = LaunchConfig {
@@ -234,6 +295,64 @@ mod imp {
                 false => launch!(unsafe func, cfg; &xv, &wv, &third, &fourth, &fifth, &out, &n_i, &kv, &act, &eps)?,
             };
             wrap(out, &dev, (m, n))
+        }))
+    }
+
+    /// The wide kernel `stem` over `blocks` blocks of WIDE_WARPS warps (wide_plan's).
+    fn run_wide(
+        x: &Tensor,
+        w: &Tensor,
+        tail: Tail<'_>,
+        act: Act,
+        stem: &str,
+        blocks: usize,
+    ) -> Result<Tensor> {
+        let (k, n) = (x.dim(1)?, w.dim(0)?);
+        let (Some(xs), Some(ws)) = (cuda(x), cuda(w)) else {
+            candle_core::bail!("the decode GEMV takes CUDA tensors");
+        };
+        let dev = storage(&xs.0).device().clone();
+        #[cfg(test)]
+        super::WIDE_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let func = dev.get_or_load_custom_func(
+            &format!("{stem}_{}", suffix(x.dtype())?),
+            PTX.module,
+            PTX.text,
+        )?;
+        let (n_i, kv, act) = (
+            n as i32,
+            (k * x.dtype().size_in_bytes() / 16) as i32,
+            act.code(),
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (32 * WIDE_WARPS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let address = |t: Option<&Tensor>| t.map_or(Ok(NULL), device_address);
+        // Bias: (b, r); Norm: (sb, ε).
+        let (third, fourth, eps, norm) = match tail {
+            Tail::Bias { b, r, .. } => (address(b)?, address(r)?, 0f32, false),
+            Tail::Norm { sb, eps, .. } => {
+                #[cfg(test)]
+                count_ln(false);
+                (device_address(sb)?, NULL, eps as f32, true)
+            }
+        };
+        Ok(with_dtype!(x.dtype(), T => {
+            let (xv, wv) = (view::<T>(storage(&xs.0), xs.1)?, view::<T>(storage(&ws.0), ws.1)?);
+            let early = Early::begin(&dev, 1)?;
+            let out = alloc::<T>(&dev, n)?;
+            early.launch()?;
+            match norm {
+                // SAFETY: x holds k, W n·k, b n, r (where not null) n, contiguous, x and W from
+                // 16-byte boundaries in whole vectors, k within the kernel's (checked by gemv,
+                // wide_plan); out holds n.
+                false => launch!(unsafe func, cfg; &xv, &wv, &third, &fourth, &out, &n_i, &kv, &act)?,
+                // SAFETY: as above; `third` is sb, n (Σ W, bias) pairs of f32.
+                true => launch!(unsafe func, cfg; &xv, &wv, &third, &out, &n_i, &kv, &act, &eps)?,
+            };
+            wrap(out, &dev, (1, n))
         }))
     }
 

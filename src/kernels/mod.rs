@@ -63,7 +63,7 @@ pub use gemv::{
     gemv, gemv_add, gemv_head, gemv_ln, Summed, MAX_ROWS as GEMV_MAX_ROWS, NORM_LINE, NORM_SLOTS,
 };
 #[cfg(test)]
-pub use gemv::{LN_LAUNCHES, SUMMED_LAUNCHES};
+pub use gemv::{LN_LAUNCHES, SUMMED_LAUNCHES, WIDE_LAUNCHES};
 pub use graph::{capture, param_cache, programmatic_edges, replays, Graph, ParamCache};
 pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{
@@ -244,6 +244,12 @@ pub enum Fused {
     /// by the tensor-core projection from the x it loads for its products, and the residual
     /// adds in the projections before them, instead of an add-and-norm kernel each.
     SkinnyFold,
+    /// Decoding at one row (needs `gemv`): the bf16 / f16 projections with a bias (K ≤ 4096)
+    /// and the folded ones without norm-stats' slots (K ≤ 1024) as a few wide blocks, eight
+    /// warps each, one wave, whose weight vectors are loaded before the kernel waits for the
+    /// one before (with `pdl`, under it), instead of a block of four warps a column loading
+    /// them after the wait.
+    GemvWide,
 }
 
 const LT: u64 = 1;
@@ -281,6 +287,7 @@ const CLUSTER: u64 = 1 << 31;
 const STEP_IO: u64 = 1 << 32;
 const NORM_STATS: u64 = 1 << 33;
 const SKINNY_FOLD: u64 = 1 << 34;
+const GEMV_WIDE: u64 = 1 << 35;
 const ALL: u64 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -314,7 +321,8 @@ const ALL: u64 = LT
     | CLUSTER
     | STEP_IO
     | NORM_STATS
-    | SKINNY_FOLD;
+    | SKINNY_FOLD
+    | GEMV_WIDE;
 
 static ENABLED: AtomicU64 = AtomicU64::new(ALL);
 
@@ -357,6 +365,7 @@ fn bit(f: Fused) -> u64 {
         Fused::StepIo => STEP_IO,
         Fused::NormStats => NORM_STATS,
         Fused::SkinnyFold => SKINNY_FOLD,
+        Fused::GemvWide => GEMV_WIDE,
     }
 }
 
@@ -415,6 +424,7 @@ pub fn describe() -> String {
         (STEP_IO, "step-io"),
         (NORM_STATS, "norm-stats"),
         (SKINNY_FOLD, "skinny-fold"),
+        (GEMV_WIDE, "gemv-wide"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

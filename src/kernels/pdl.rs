@@ -46,7 +46,7 @@ pub fn waits_first(name: &str) -> bool {
 /// The kernels launched through `Early` that read their weights (kernel parameter 1) before
 /// the wait, and nothing else (`--fused early-weights`; a GPU test reads their PTX).
 #[cfg(test)]
-pub const WEIGHTS_FIRST: &[&str] = &["tb_early_gemv_fp8_"];
+pub const WEIGHTS_FIRST: &[&str] = &["tb_early_gemv_fp8_", "tb_wgemv"];
 
 /// Whether the kernel `name` is one that loads its weights before the wait.
 #[cfg(test)]
@@ -373,7 +373,13 @@ mod tests {
 
     #[test]
     fn the_early_gemvs_are_told_apart_from_those_that_wait_first() {
-        for name in ["tb_early_gemv_fp8_1_bf16", "tb_early_gemv_fp8_1w8_f16"] {
+        for name in [
+            "tb_early_gemv_fp8_1_bf16",
+            "tb_early_gemv_fp8_1w8_f16",
+            "tb_wgemv3_bf16",
+            "tb_wgemv_ln4_f16",
+            "tb_wgemv_row_bf16",
+        ] {
             assert!(weights_first(name) && !waits_first(name), "{name}");
         }
         for name in ["tb_gemv1_bf16", "tb_gemv_fp8_1w8_f16"] {
