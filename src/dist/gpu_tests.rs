@@ -154,7 +154,11 @@ fn pushing_gemv_is_the_gemv_then_the_sum(nccl: &NcclAllReduce, dev: &Device) {
             let pushed = nccl
                 .gemv_sum_add_layer_norm(&pending, &r, (&lw, &lb, eps))
                 .unwrap();
+            // The pushing GEMV has gemv's one-column layout; at one row `gemv-wide` sums
+            // in another order, so the reference is taken without it.
+            set_paths_but_wide(true);
             let y = gemv(&x, &w, &bias, Act::None).unwrap();
+            set_paths_but_wide(false);
             let applies = dtype != DType::F32 && m <= 4 && n % 8 == 0;
             let Some((ps, py)) = pushed else {
                 assert!(!applies, "{what}: no pushing GEMV");
@@ -171,6 +175,21 @@ fn pushing_gemv_is_the_gemv_then_the_sum(nccl: &NcclAllReduce, dev: &Device) {
             assert_eq!(ps.dims(), r.dims(), "{what}: the residual's shape");
         }
     }
+}
+
+/// Every fused path but `gemv-wide` (`on`), or every path again.
+fn set_paths_but_wide(on: bool) {
+    use crate::kernels::{set_enabled, Fused};
+    use clap::ValueEnum as _;
+    let paths: Vec<Fused> = match on {
+        true => Fused::value_variants()
+            .iter()
+            .copied()
+            .filter(|f| !matches!(f, Fused::All | Fused::None | Fused::Step | Fused::GemvWide))
+            .collect(),
+        false => vec![Fused::All],
+    };
+    set_enabled(&paths);
 }
 
 /// The values of `t` as f32 (exact for every float dtype), flat.

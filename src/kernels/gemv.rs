@@ -185,10 +185,10 @@ mod imp {
     /// Columns a warp of a wide block takes at most (gemv.cu's instances).
     const WIDE_MAX_CPW: usize = 4;
 
-    /// `--fused gemv-wide` at one row: the kernel's name stem and grid, where a wide kernel
-    /// takes the call: a folded norm without slots (tb_wgemv_ln{cpw}) or a bias (not the LM
-    /// head's none) and no slots (tb_wgemv{cpw}) at K ≤ 1024, a bias at K ≤ 4096
-    /// (tb_wgemv_row); cpw columns a warp, the fewest that keep the blocks to one an SM.
+    /// `--fused gemv-wide` at one row: the wide kernel's name and grid where one takes the
+    /// call, a bias (not the LM head's none) and no norm's slots: tb_wgemv{cpw} at K ≤ 1024 (cpw
+    /// columns a warp, the fewest that keep the blocks to one an SM), tb_wgemv_row at K ≤ 4096.
+    /// Folded norms keep gemv_ln (its wide layout made the step slower: gemv.cu).
     fn wide_plan(
         tail: &Tail<'_>,
         n: usize,
@@ -197,22 +197,17 @@ mod imp {
     ) -> Result<Option<(String, usize)>> {
         use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
         use candle_core::cuda_backend::WrapErr as _;
-        let stem = match tail {
-            Tail::Norm { summed: None, .. } if kv <= WIDE_KV => "_ln",
-            Tail::Bias {
-                b: Some(_),
-                stats: None,
-                ..
-            } if kv <= WIDE_KV => "",
-            Tail::Bias {
-                b: Some(_),
-                stats: None,
-                ..
-            } if kv <= ROW_KV => {
-                return Ok(Some(("tb_wgemv_row".into(), n)));
-            }
-            _ => return Ok(None),
+        let Tail::Bias {
+            b: Some(_),
+            stats: None,
+            ..
+        } = tail
+        else {
+            return Ok(None);
         };
+        if kv > WIDE_KV {
+            return Ok((kv <= ROW_KV).then(|| ("tb_wgemv_row".into(), n)));
+        }
         let sms = dev
             .cuda_stream()
             .context()
@@ -220,7 +215,7 @@ mod imp {
         let sms = sms.w()?.max(1) as usize;
         let cpw = n.div_ceil(WIDE_WARPS * sms).clamp(1, WIDE_MAX_CPW);
         Ok(Some((
-            format!("tb_wgemv{stem}{cpw}"),
+            format!("tb_wgemv{cpw}"),
             n.div_ceil(WIDE_WARPS * cpw),
         )))
     }
@@ -236,9 +231,9 @@ mod imp {
         let dev = storage(&xs.0).device().clone();
         let kv = k * x.dtype().size_in_bytes() / 16;
         if m == 1 && enabled(Fused::GemvWide) {
-            if let Some((stem, blocks)) = wide_plan(&tail, n, kv, &dev)? {
+            if let Some((name, blocks)) = wide_plan(&tail, n, kv, &dev)? {
                 drop((xs, ws));
-                return run_wide(x, w, tail, act, &stem, blocks);
+                return run_wide(x, w, tail, act, &name, blocks);
             }
         }
         let kind = match tail {
@@ -298,16 +293,22 @@ mod imp {
         }))
     }
 
-    /// The wide kernel `stem` over `blocks` blocks of WIDE_WARPS warps (wide_plan's).
+    /// The wide kernel `name` over `blocks` blocks of WIDE_WARPS warps (wide_plan's), on a
+    /// bias and an optional residual.
     fn run_wide(
         x: &Tensor,
         w: &Tensor,
         tail: Tail<'_>,
         act: Act,
-        stem: &str,
+        name: &str,
         blocks: usize,
     ) -> Result<Tensor> {
         let (k, n) = (x.dim(1)?, w.dim(0)?);
+        let Tail::Bias { b, r, .. } = tail else {
+            candle_core::bail!("the wide GEMV takes a bias");
+        };
+        let address = |t: Option<&Tensor>| t.map_or(Ok(NULL), device_address);
+        let (b, r) = (address(b)?, address(r)?);
         let (Some(xs), Some(ws)) = (cuda(x), cuda(w)) else {
             candle_core::bail!("the decode GEMV takes CUDA tensors");
         };
@@ -315,7 +316,7 @@ mod imp {
         #[cfg(test)]
         super::WIDE_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let func = dev.get_or_load_custom_func(
-            &format!("{stem}_{}", suffix(x.dtype())?),
+            &format!("{name}_{}", suffix(x.dtype())?),
             PTX.module,
             PTX.text,
         )?;
@@ -329,29 +330,15 @@ mod imp {
             block_dim: (32 * WIDE_WARPS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let address = |t: Option<&Tensor>| t.map_or(Ok(NULL), device_address);
-        // Bias: (b, r); Norm: (sb, ε).
-        let (third, fourth, eps, norm) = match tail {
-            Tail::Bias { b, r, .. } => (address(b)?, address(r)?, 0f32, false),
-            Tail::Norm { sb, eps, .. } => {
-                #[cfg(test)]
-                count_ln(false);
-                (device_address(sb)?, NULL, eps as f32, true)
-            }
-        };
         Ok(with_dtype!(x.dtype(), T => {
             let (xv, wv) = (view::<T>(storage(&xs.0), xs.1)?, view::<T>(storage(&ws.0), ws.1)?);
             let early = Early::begin(&dev, 1)?;
             let out = alloc::<T>(&dev, n)?;
             early.launch()?;
-            match norm {
-                // SAFETY: x holds k, W n·k, b n, r (where not null) n, contiguous, x and W from
-                // 16-byte boundaries in whole vectors, k within the kernel's (checked by gemv,
-                // wide_plan); out holds n.
-                false => launch!(unsafe func, cfg; &xv, &wv, &third, &fourth, &out, &n_i, &kv, &act)?,
-                // SAFETY: as above; `third` is sb, n (Σ W, bias) pairs of f32.
-                true => launch!(unsafe func, cfg; &xv, &wv, &third, &out, &n_i, &kv, &act, &eps)?,
-            };
+            // SAFETY: x holds k, W n·k, b n, r (where not null) n, contiguous, x and W from
+            // 16-byte boundaries in whole vectors, k within the kernel's (checked by gemv and
+            // wide_plan); out holds n.
+            launch!(unsafe func, cfg; &xv, &wv, &b, &r, &out, &n_i, &kv, &act)?;
             wrap(out, &dev, (1, n))
         }))
     }

@@ -244,11 +244,11 @@ pub enum Fused {
     /// by the tensor-core projection from the x it loads for its products, and the residual
     /// adds in the projections before them, instead of an add-and-norm kernel each.
     SkinnyFold,
-    /// Decoding at one row (needs `gemv`): the bf16 / f16 projections with a bias (K ≤ 4096)
-    /// and the folded ones without norm-stats' slots (K ≤ 1024) as a few wide blocks, eight
-    /// warps each, one wave, whose weight vectors are loaded before the kernel waits for the
-    /// one before (with `pdl`, under it), instead of a block of four warps a column loading
-    /// them after the wait.
+    /// Decoding at one row (needs `gemv`): the bf16 / f16 projections with a bias and no
+    /// norm-stats slots (the attention's output projection and the MLP's second; K ≤ 4096) as
+    /// blocks of eight warps that load their weight vectors before they wait for the kernel
+    /// before (with `pdl`, under it): at K ≤ 1024 a few wide blocks, one wave; above, a block a
+    /// column. Instead of a block of four warps a column loading them after the wait.
     GemvWide,
 }
 

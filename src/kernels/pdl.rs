@@ -44,7 +44,8 @@ pub fn waits_first(name: &str) -> bool {
 }
 
 /// The kernels launched through `Early` that read their weights (kernel parameter 1) before
-/// the wait, and nothing else (`--fused early-weights`; a GPU test reads their PTX).
+/// the wait, and nothing else (`--fused early-weights`, `gemv-wide`; a GPU test reads their
+/// PTX).
 #[cfg(test)]
 pub const WEIGHTS_FIRST: &[&str] = &["tb_early_gemv_fp8_", "tb_wgemv"];
 
@@ -377,7 +378,7 @@ mod tests {
             "tb_early_gemv_fp8_1_bf16",
             "tb_early_gemv_fp8_1w8_f16",
             "tb_wgemv3_bf16",
-            "tb_wgemv_ln4_f16",
+            "tb_wgemv1_f16",
             "tb_wgemv_row_bf16",
         ] {
             assert!(weights_first(name) && !waits_first(name), "{name}");
