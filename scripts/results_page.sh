@@ -279,6 +279,10 @@ csvs() {
   # (gate-run67; "-dirty": built with results/ out of git's index for the device copy), every
   # path: its runs of 062270e, the code before, are docs/perf-notes.md's, not rows here.
   part e3 -i $G/gate-run67/ab-logs.tgz --where git_commit=7ded869aac7a-dirty
+  # The submitted 0bab297 (#37, `gemv-wide`) on GPU 1 of a 2x H200 host (gate-run104), every
+  # path; its runs without gemv-wide in the same call are docs/perf-notes.md's.
+  local every=lt,softmax,bias-act,adamw,layer-norm,dropout,cross-entropy,decode,graph,embedding,heads,flash,residual,gemv,skinny,skinny-proj,oneshot,split-head,sum-norm,copy-sum,prefill,push-sum,adamw-copies,ln-residual,flash-dq,pdl,early-weights,gemv-head,trigger-first,norm-fold,cluster,step-io,norm-stats,skinny-fold,gemv-wide
+  part e4 -i $G/gate-run104/ab-logs.tgz --where "fused=$every"
   host h200
   # 2× H200 (#34, #35): d15a80a (README's figures; its runs with levers switched off are left
   # out) and 2bb4aec, the newest, after the restructure.
@@ -448,7 +452,10 @@ one_gpu() {
     --metric decode_tokens_per_second --title "Generation suite 128 + 128, batch 1, one H100: decode tokens/s across precisions"
   say "### Candle alone, one H200 of a 2× H200 host" "" \
     "gate-run67: the submitted 7ded869 (gpt2's qkv and MLP and BLOOM's qkv at four tiles a block" \
-    "at 5–16 rows), every path; 062270e's runs in the same call are docs/perf-notes.md's." ""
+    "at 5–16 rows), every path; 062270e's runs in the same call are docs/perf-notes.md's." \
+    "gate-run104: the submitted 0bab297 (\`gemv-wide\`: the one-row projections with a bias as" \
+    "8-warp blocks loading their weights before they wait), every path; its runs without" \
+    "gemv-wide in the same call are docs/perf-notes.md's." ""
   table h200 --where suite=generation --where engine=candle --where "ratio_vs_hf_best=" \
     --sort model,batch_size,git_commit,dtype --columns "$FP8"
   say "## Training" "" "WikiText-2 fine-tuning, blocks of 1024 tokens (batch: blocks a step), one" \
