@@ -49,12 +49,20 @@ fn check_folded_kernel(
     }
 }
 
-/// The folded GEMV (1–4 rows) against the norm then the projection; five rows and an sb of
-/// another shape are not its.
+/// The folded GEMV (1–4 rows) against the norm then the projection, at one row with K ≤ 1024
+/// the wide kernel (`gemv-wide`) and only there; five rows and an sb of another shape are not
+/// its.
 #[test]
 fn gemv_ln_matches_the_norm_then_the_projection() {
+    use std::sync::atomic::Ordering::Relaxed;
     check_folded_kernel(&[1, 2, 3, 4], |x, f, act, eps| {
-        gemv_ln(x, &f.w, &f.sb, act, eps, None).unwrap()
+        let wide = WIDE_LAUNCHES.load(Relaxed);
+        let y = gemv_ln(x, &f.w, &f.sb, act, eps, None).unwrap();
+        let (m, k) = x.dims2().unwrap();
+        let want_wide = m == 1 && k <= 1024;
+        let launched = WIDE_LAUNCHES.load(Relaxed) - wide;
+        assert_eq!(launched, usize::from(want_wide), "{m}x{k}: wide");
+        y
     });
     let (dev, _one_at_a_time) = gpu();
     let eps = 1e-5;

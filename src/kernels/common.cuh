@@ -78,6 +78,20 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
+// pdl_begin_trigger_first in two halves, for the kernels that load their weights between them
+// (gemv.cu's wide GEMVs): the trigger lets the next kernel launch while this one still loads
+// and waits, so that each such kernel starts a stage or more ahead of its input.
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // pdl_begin with the trigger first (`--fused trigger-first`): the next kernel's blocks may be
 // launched while this one still waits for the kernel before it, and load what they read before
 // their own wait (the fp8 GEMVs' weights, fp8.cu's EARLY) under this kernel. For the one-wave

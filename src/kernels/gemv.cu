@@ -134,19 +134,22 @@ __device__ void gemv_ln(const Vec16<T>* x, const Vec16<T>* w, const float2* sb, 
   }
 FOR_TYPES(INSTANTIATE)
 
-// ---- `--fused gemv-wide`: one row, a bias, a few wide blocks whose weights load before the wait ----
+// ---- `--fused gemv-wide`: one row, a few wide blocks that launch early and load their weights first ----
 // A graph of chained one-row GEMV stages took 2.6 us a stage (bloom-560m's proj), 5.4 (fc) and
 // 6.9 (fc2) with a block a column as above, and 1.9-2.1, 3.8 and 5.0 with 8 warps a block that
 // load all their weight vectors before griddepcontrol.wait (results/h200/gemv-run100,
 // scripts/probes/gemv_grid_probe.cu): weights never depend on the kernel before. Inside the
-// decode step the gain is smaller and only the projections with a bias keep it: proj and fc2
-// took bloom-560m's step 0.589 -> 0.578 ms and gpt2's 0.232 -> 0.224 on an H200, while the same
-// layout for the folded qkv and fc made it slower (0.618; results/h200/wide-run103), so those
-// stay gemv_ln's.
+// decode step a kernel is launched only when the one before triggers, and with the trigger after
+// the wait fc had 1.6-1.8 us to load 8.4 MB (CUPTI's timeline, results/h200/trace-run106): the
+// folded qkv and fc were slower wide. Triggering first, each wide kernel launches while the one
+// before still waits, its weights are in registers when its input arrives, and the folded ones
+// gain too: bloom-560m's step 0.574 -> 0.495 ms, gpt2's 0.221 -> 0.194 on an H200
+// (results/h200/tf-run107).
 // WIDE: K <= 1024 (kv <= 128): a block of 8 warps takes 8·CPW columns, a warp CPW of them
 // (first, first + 8, …), each lane the vectors lane, lane + 32, lane + 64, lane + 96 of each
-// row and of x (x once for all its columns). ROW: 1024 < K <= 4096 (kv <= 512): a block a
-// column, its 8 warps two runs of 32 vectors each.
+// row and of x (x once for all its columns: a warp holds the whole row, so a folded norm's
+// statistics need no block reduction). ROW: 1024 < K <= 4096 (kv <= 512): a block a column,
+// its 8 warps two runs of 32 vectors each.
 constexpr int WIDE_WARPS = 8, WIDE_VPL = 4, ROW_VPL = 2;
 
 // W's vector i of row col as raw words (unpacked where used: held unpacked, each 16-bit element
@@ -195,6 +198,24 @@ __device__ __forceinline__ float dot_words(const uint4& a, const uint4& b) {
   return s;
 }
 
+// Σ and Σ² of a 16-byte vector of T held as words, added to s1 and s2.
+template <typename T>
+__device__ __forceinline__ void sum_words(const uint4& b, float& s1, float& s2) {
+  const unsigned bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    if constexpr (sizeof(T) == 4) {
+      const float f = __uint_as_float(bw[j]);
+      s1 += f;
+      s2 += f * f;
+    } else {
+      const float2 f = word_f<T>(bw[j]);
+      s1 += f.x + f.y;
+      s2 += f.x * f.x + f.y * f.y;
+    }
+  }
+}
+
 // This lane's weight vectors of its CPW columns, then (after the wait) its vectors of x.
 template <typename T, int CPW>
 struct WideLoads {
@@ -228,8 +249,9 @@ template <typename T, int CPW>
 __device__ void gemv_wide(const Vec16<T>* x, const Vec16<T>* w, const T* b, const T* r, T* y, int n, int kv,
                           int act) {
   WideLoads<T, CPW> l;
+  pdl_trigger();
   l.weights(w, n, kv);
-  pdl_begin();
+  pdl_wait();
   // Each column's bias and residual issued with x's loads, not after its dot product: loaded
   // after, each added a round trip to the kernel's end (results/h200/wide-run102, -run103).
   float bias[CPW], res[CPW];
@@ -251,6 +273,40 @@ __device__ void gemv_wide(const Vec16<T>* x, const Vec16<T>* w, const T* b, cons
   }
 }
 
+// y = act(LN(x) Wᵀ + b) at one row, K <= 1024, the norm folded as in gemv_ln (sb, the same
+// formula); the statistics from the warp's own copy of x.
+template <typename T, int CPW>
+__device__ void gemv_ln_wide(const Vec16<T>* x, const Vec16<T>* w, const float2* sb, T* y, int n, int kv, int act,
+                             float eps) {
+  WideLoads<T, CPW> l;
+  pdl_trigger();
+  l.weights(w, n, kv);
+  pdl_wait();
+  float2 fold[CPW];  // each column's (Σ W, bias), issued with x's loads
+#pragma unroll
+  for (int c = 0; c < CPW; c++) {
+    const int col = l.first + c * WIDE_WARPS;
+    fold[c] = col < n ? sb[col] : make_float2(0.f, 0.f);
+  }
+  l.row_of_x(x, kv);
+  float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+  for (int v = 0; v < WIDE_VPL; v++) sum_words<T>(l.x[v], s1, s2);
+  const float inv_k = 1.f / (kv * (16 / (int)sizeof(T)));
+  const float mean = warp_sum(s1) * inv_k;
+  const float rstd = rsqrtf(fmaxf(warp_sum(s2) * inv_k - mean * mean, 0.f) + eps);
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int c = 0; c < CPW; c++) {
+    const int col = l.first + c * WIDE_WARPS;
+    const float a = l.dot(c);
+    if (lane != 0 || col >= n) continue;
+    float v = rstd * (a - mean * fold[c].x) + fold[c].y;
+    if (act == 1) v = gelu_tanh(v);
+    y[col] = from_f<T>(v);
+  }
+}
+
 // gemv_wide's tail for 1024 < K <= 4096: a block a column, 8 warps over the row.
 template <typename T>
 __device__ void gemv_row(const Vec16<T>* x, const Vec16<T>* w, const T* b, const T* r, T* y, int n, int kv,
@@ -258,9 +314,10 @@ __device__ void gemv_row(const Vec16<T>* x, const Vec16<T>* w, const T* b, const
   __shared__ float part[WIDE_WARPS];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, col = blockIdx.x;
   uint4 wr[ROW_VPL];
+  pdl_trigger();
 #pragma unroll
   for (int v = 0; v < ROW_VPL; v++) wr[v] = early_vec(w, col, (warp * ROW_VPL + v) * 32 + lane, n, kv);
-  pdl_begin();
+  pdl_wait();
   const bool finishes = threadIdx.x == 0 && col < n;  // its bias and residual loaded with x
   const float bias = finishes ? to_f(b[col]) : 0.f, res = finishes && r ? to_f(r[col]) : 0.f;
   float a = 0.f;
@@ -286,6 +343,11 @@ __device__ void gemv_row(const Vec16<T>* x, const Vec16<T>* w, const T* b, const
   extern "C" __global__ void WIDE_BLOCK tb_wgemv##CPW##_##S(const Vec16<T>* x, const Vec16<T>* w, const T* b, \
                                                             const T* r, T* y, int n, int kv, int act) {    \
     gemv_wide<T, CPW>(x, w, b, r, y, n, kv, act);                                                          \
+  }                                                                                                        \
+  extern "C" __global__ void WIDE_BLOCK tb_wgemv_ln##CPW##_##S(const Vec16<T>* x, const Vec16<T>* w,        \
+                                                               const float2* sb, T* y, int n, int kv,     \
+                                                               int act, float eps) {                       \
+    gemv_ln_wide<T, CPW>(x, w, sb, y, n, kv, act, eps);                                                    \
   }
 #define INSTANTIATE_WIDE(T, S)                                                                              \
   INSTANTIATE_WIDE_CPW(T, S, 1)                                                                             \

@@ -186,38 +186,55 @@ mod imp {
     const WIDE_MAX_CPW: usize = 4;
 
     /// `--fused gemv-wide` at one row: the wide kernel's name and grid where one takes the
-    /// call, a bias (not the LM head's none) and no norm's slots: tb_wgemv{cpw} at K ≤ 1024 (cpw
-    /// columns a warp, the fewest that keep the blocks to one an SM), tb_wgemv_row at K ≤ 4096.
-    /// Folded norms keep gemv_ln (its wide layout made the step slower: gemv.cu).
+    /// call: a folded norm without slots (tb_wgemv_ln{cpw}) or a bias (not the LM head's none)
+    /// and no slots (tb_wgemv{cpw}) at K ≤ 1024, cpw columns a warp, the fewest that keep the
+    /// blocks to one an SM; a bias at K ≤ 4096 (tb_wgemv_row, a block a column).
     fn wide_plan(
         tail: &Tail<'_>,
         n: usize,
         kv: usize,
         dev: &CudaDevice,
     ) -> Result<Option<(String, usize)>> {
-        use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
-        use candle_core::cuda_backend::WrapErr as _;
-        let Tail::Bias {
-            b: Some(_),
-            stats: None,
-            ..
-        } = tail
-        else {
-            return Ok(None);
+        let stem = match tail {
+            Tail::Norm { summed: None, .. } if kv <= WIDE_KV => "_ln",
+            Tail::Bias {
+                b: Some(_),
+                stats: None,
+                ..
+            } if kv <= WIDE_KV => "",
+            Tail::Bias {
+                b: Some(_),
+                stats: None,
+                ..
+            } if kv <= ROW_KV => return Ok(Some(("tb_wgemv_row".into(), n))),
+            _ => return Ok(None),
         };
-        if kv > WIDE_KV {
-            return Ok((kv <= ROW_KV).then(|| ("tb_wgemv_row".into(), n)));
-        }
-        let sms = dev
-            .cuda_stream()
-            .context()
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
-        let sms = sms.w()?.max(1) as usize;
-        let cpw = n.div_ceil(WIDE_WARPS * sms).clamp(1, WIDE_MAX_CPW);
+        let cpw = n
+            .div_ceil(WIDE_WARPS * sm_count(dev)?)
+            .clamp(1, WIDE_MAX_CPW);
         Ok(Some((
-            format!("tb_wgemv{cpw}"),
+            format!("tb_wgemv{stem}{cpw}"),
             n.div_ceil(WIDE_WARPS * cpw),
         )))
+    }
+
+    /// The SM count of `dev`, asked once a device ordinal (eager decoding plans a wide GEMV at
+    /// every projection).
+    fn sm_count(dev: &CudaDevice) -> Result<usize> {
+        use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+        use candle_core::cuda_backend::WrapErr as _;
+        use std::sync::Mutex;
+        static KNOWN: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+        let context = dev.cuda_stream().context().clone();
+        let ordinal = context.ordinal();
+        let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&(_, sms)) = known.iter().find(|(o, _)| *o == ordinal) {
+            return Ok(sms);
+        }
+        let attribute = CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+        let sms = context.attribute(attribute).w()?.max(1) as usize;
+        known.push((ordinal, sms));
+        Ok(sms)
     }
 
     /// Launches tb_gemv{M} (a bias and a residual, each optional) or tb_gemv_ln{M} (a folded
@@ -294,7 +311,7 @@ mod imp {
     }
 
     /// The wide kernel `name` over `blocks` blocks of WIDE_WARPS warps (wide_plan's), on a
-    /// bias and an optional residual.
+    /// bias and an optional residual or on a folded norm.
     fn run_wide(
         x: &Tensor,
         w: &Tensor,
@@ -304,17 +321,23 @@ mod imp {
         blocks: usize,
     ) -> Result<Tensor> {
         let (k, n) = (x.dim(1)?, w.dim(0)?);
-        let Tail::Bias { b, r, .. } = tail else {
-            candle_core::bail!("the wide GEMV takes a bias");
-        };
         let address = |t: Option<&Tensor>| t.map_or(Ok(NULL), device_address);
-        let (b, r) = (address(b)?, address(r)?);
+        // Bias: (b, r); Norm: (sb, ε).
+        let (third, fourth, eps, norm) = match tail {
+            Tail::Bias { b, r, .. } => (address(b)?, address(r)?, 0f32, false),
+            Tail::Norm { sb, eps, .. } => (device_address(sb)?, NULL, eps as f32, true),
+        };
         let (Some(xs), Some(ws)) = (cuda(x), cuda(w)) else {
             candle_core::bail!("the decode GEMV takes CUDA tensors");
         };
         let dev = storage(&xs.0).device().clone();
         #[cfg(test)]
-        super::WIDE_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        {
+            super::WIDE_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if norm {
+                count_ln(false);
+            }
+        }
         let func = dev.get_or_load_custom_func(
             &format!("{name}_{}", suffix(x.dtype())?),
             PTX.module,
@@ -335,10 +358,14 @@ mod imp {
             let early = Early::begin(&dev, 1)?;
             let out = alloc::<T>(&dev, n)?;
             early.launch()?;
-            // SAFETY: x holds k, W n·k, b n, r (where not null) n, contiguous, x and W from
-            // 16-byte boundaries in whole vectors, k within the kernel's (checked by gemv and
-            // wide_plan); out holds n.
-            launch!(unsafe func, cfg; &xv, &wv, &b, &r, &out, &n_i, &kv, &act)?;
+            match norm {
+                // SAFETY: x holds k, W n·k, b n, r (where not null) n, contiguous, x and W from
+                // 16-byte boundaries in whole vectors, k within the kernel's (checked by gemv
+                // and wide_plan); out holds n.
+                false => launch!(unsafe func, cfg; &xv, &wv, &third, &fourth, &out, &n_i, &kv, &act)?,
+                // SAFETY: as above; `third` is sb, n (Σ W, bias) pairs of f32.
+                true => launch!(unsafe func, cfg; &xv, &wv, &third, &out, &n_i, &kv, &act, &eps)?,
+            };
             wrap(out, &dev, (1, n))
         }))
     }

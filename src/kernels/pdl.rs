@@ -379,6 +379,7 @@ mod tests {
             "tb_early_gemv_fp8_1w8_f16",
             "tb_wgemv3_bf16",
             "tb_wgemv1_f16",
+            "tb_wgemv_ln4_bf16",
             "tb_wgemv_row_bf16",
         ] {
             assert!(weights_first(name) && !waits_first(name), "{name}");
