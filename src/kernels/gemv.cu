@@ -154,11 +154,13 @@ constexpr int WIDE_WARPS = 8, WIDE_VPL = 4, ROW_VPL = 2;
 
 // W's vector i of row col as raw words (unpacked where used: held unpacked, each 16-bit element
 // took a register), zeros past n or kv: the address clamped into W and the words masked (no
-// branch before the wait; pdl.rs's WEIGHTS_FIRST test reads the PTX).
+// branch before the wait; pdl.rs's WEIGHTS_FIRST test reads the PTX). A streaming load, not
+// __ldg: ptxas moved every read-only (.nc) load of these kernels after griddepcontrol.wait, so
+// 0bab297's weights never loaded early (the SASS, results/h200x2/gate-run108).
 template <typename T>
 __device__ __forceinline__ uint4 early_vec(const Vec16<T>* w, int col, int i, int n, int kv) {
   const bool in = col < n && i < kv;
-  const uint4 u = __ldg(reinterpret_cast<const uint4*>(w) + (in ? (long)col * kv + i : 0));
+  const uint4 u = __ldcs(reinterpret_cast<const uint4*>(w) + (in ? (long)col * kv + i : 0));
   const unsigned m = in ? ~0u : 0u;
   return make_uint4(u.x & m, u.y & m, u.z & m, u.w & m);
 }
