@@ -283,6 +283,11 @@ csvs() {
   # path; its runs without gemv-wide in the same call are docs/perf-notes.md's.
   local every=lt,softmax,bias-act,adamw,layer-norm,dropout,cross-entropy,decode,graph,embedding,heads,flash,residual,gemv,skinny,skinny-proj,oneshot,split-head,sum-norm,copy-sum,prefill,push-sum,adamw-copies,ln-residual,flash-dq,pdl,early-weights,gemv-head,trigger-first,norm-fold,cluster,step-io,norm-stats,skinny-fold,gemv-wide
   part e4 -i $G/gate-run104/ab-logs.tgz --where "fused=$every"
+  # The submitted 9f5d47c (#37, `gemv-wide` triggering first, the folded GEMVs wide too) on GPU 1
+  # of a 2x H200 host (gate-run110), every path; its traced run (CUPTI) left out, its runs
+  # without gemv-wide in the same call are docs/perf-notes.md's.
+  part e5 -i $G/gate-run110/ab-logs.tgz --where "fused=$every" \
+    --where run!=generation_bloom-560m_candle_bf16_bs1_cuda0_20261128T141625Z
   host h200
   # 2× H200 (#34, #35): d15a80a (README's figures; its runs with levers switched off are left
   # out) and 2bb4aec, the newest, after the restructure.
@@ -455,7 +460,11 @@ one_gpu() {
     "at 5–16 rows), every path; 062270e's runs in the same call are docs/perf-notes.md's." \
     "gate-run104: the submitted 0bab297 (\`gemv-wide\`: the one-row projections with a bias as" \
     "8-warp blocks loading their weights before they wait), every path; its runs without" \
-    "gemv-wide in the same call are docs/perf-notes.md's." ""
+    "gemv-wide in the same call are docs/perf-notes.md's. (The SASS later showed that ptxas had" \
+    "moved those weight loads after the wait: results/h200x2/gate-run108/sass.txt.)" \
+    "gate-run110: the submitted 9f5d47c (\`gemv-wide\` triggering the next kernel before loading" \
+    "their weights, now streaming loads that stay before the wait, and the folded qkv and fc" \
+    "wide too), every path; its runs without gemv-wide in the same call are docs/perf-notes.md's." ""
   table h200 --where suite=generation --where engine=candle --where "ratio_vs_hf_best=" \
     --sort model,batch_size,git_commit,dtype --columns "$FP8"
   say "## Training" "" "WikiText-2 fine-tuning, blocks of 1024 tokens (batch: blocks a step), one" \
