@@ -245,10 +245,12 @@ pub enum Fused {
     /// adds in the projections before them, instead of an add-and-norm kernel each.
     SkinnyFold,
     /// Decoding at one row (needs `gemv`): the bf16 / f16 projections with a bias and no
-    /// norm-stats slots (the attention's output projection and the MLP's second; K ≤ 4096) as
-    /// blocks of eight warps that load their weight vectors before they wait for the kernel
-    /// before (with `pdl`, under it): at K ≤ 1024 a few wide blocks, one wave; above, a block a
-    /// column. Instead of a block of four warps a column loading them after the wait.
+    /// norm-stats slots (the attention's output projection and the MLP's second; K ≤ 4096) and
+    /// those with a folded norm and no slots (qkv and the MLP's first; K ≤ 1024) as blocks of
+    /// eight warps that let the next kernel launch (with `pdl`), load their weight vectors, then
+    /// wait for the kernel before: at K ≤ 1024 a few wide blocks, one wave; above, a block a
+    /// column. Each is resident a stage or more ahead, its weights in registers when its input
+    /// arrives, instead of a block of four warps a column loading them after the wait.
     GemvWide,
 }
 
