@@ -23,14 +23,20 @@ import statistics
 def steps_of(path):
     """The decode steps' kernels: lists of (name, start, end, grid, block, regs), start order."""
     launches = collections.defaultdict(list)
-    with open(path, newline="") as f:
-        for row in csv.reader(f):
-            name, start, end, graph, _node, corr, grid, block, regs = row[:9]
-            if graph == "0":
-                continue
-            launches[corr].append((name, int(start), int(end), int(grid), int(block), int(regs)))
+    try:
+        with open(path, newline="") as f:
+            for line, row in enumerate(csv.reader(f), 1):
+                try:
+                    name, start, end, graph, _node, corr, grid, block, regs = row[:9]
+                    if graph == "0":
+                        continue
+                    launches[corr].append((name, int(start), int(end), int(grid), int(block), int(regs)))
+                except ValueError:
+                    raise SystemExit(f"kernel_timeline: {path}:{line}: not a kernel_trace line")
+    except OSError as e:
+        raise SystemExit(f"kernel_timeline: {e.strerror}: {path} (TB_KERNEL_TRACE of kernel_trace.c)")
     if not launches:
-        raise SystemExit("no graphed kernels in the trace")
+        raise SystemExit(f"kernel_timeline: no graphed kernels in {path} (was the step graphed, `--fused graph`?)")
     sizes = collections.Counter(len(k) for k in launches.values())
     size = sizes.most_common(1)[0][0]
     steps = [sorted(k, key=lambda r: r[1]) for k in launches.values() if len(k) == size]
