@@ -148,9 +148,12 @@ FOR_TYPES(INSTANTIATE)
 // WIDE: K <= 1024 (kv <= 128): a block of 8 warps takes 8·CPW columns, a warp CPW of them
 // (first, first + 8, …), each lane the vectors lane, lane + 32, lane + 64, lane + 96 of each
 // row and of x (x once for all its columns: a warp holds the whole row, so a folded norm's
-// statistics need no block reduction). ROW: 1024 < K <= 4096 (kv <= 512): a block a column,
-// its 8 warps two runs of 32 vectors each.
-constexpr int WIDE_WARPS = 8, WIDE_VPL = 4, ROW_VPL = 2;
+// statistics need no block reduction). ROW: 1024 < K <= 4096 (kv <= 512): two warps a column,
+// four columns a block, each lane 8 vectors of its half of the row. A block a column (1024 blocks
+// for bloom-560m's fc2) made qkv, the kernel after it, launch only 2 us ahead, once every one
+// of those blocks was resident; a quarter of them, 3.8 us, and bloom-560m's step 0.485 -> 0.465
+// ms, gpt2's 0.183 -> 0.178 on an H200 (results/h200/exp-run111).
+constexpr int WIDE_WARPS = 8, WIDE_VPL = 4, ROW_WPC = 2, ROW_VPL = 8;
 
 // W's vector i of row col as raw words (unpacked where used: held unpacked, each 16-bit element
 // took a register), zeros past n or kv: the address clamped into W and the words masked (no
@@ -309,32 +312,30 @@ __device__ void gemv_ln_wide(const Vec16<T>* x, const Vec16<T>* w, const float2*
   }
 }
 
-// gemv_wide's tail for 1024 < K <= 4096: a block a column, 8 warps over the row.
+// gemv_wide's tail for 1024 < K <= 4096: ROW_WPC warps a column, each a part of the row.
 template <typename T>
 __device__ void gemv_row(const Vec16<T>* x, const Vec16<T>* w, const T* b, const T* r, T* y, int n, int kv,
                          int act) {
   __shared__ float part[WIDE_WARPS];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, col = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % ROW_WPC;
+  const int col = blockIdx.x * (WIDE_WARPS / ROW_WPC) + warp / ROW_WPC;
   uint4 wr[ROW_VPL];
   pdl_trigger();
 #pragma unroll
-  for (int v = 0; v < ROW_VPL; v++) wr[v] = early_vec(w, col, (warp * ROW_VPL + v) * 32 + lane, n, kv);
+  for (int v = 0; v < ROW_VPL; v++) wr[v] = early_vec(w, col, (slice * ROW_VPL + v) * 32 + lane, n, kv);
   pdl_wait();
-  const bool finishes = threadIdx.x == 0 && col < n;  // its bias and residual loaded with x
+  const bool finishes = slice == 0 && lane == 0 && col < n;  // its bias and residual loaded with x
   const float bias = finishes ? to_f(b[col]) : 0.f, res = finishes && r ? to_f(r[col]) : 0.f;
   float a = 0.f;
 #pragma unroll
-  for (int v = 0; v < ROW_VPL; v++) {
-    const int i = (warp * ROW_VPL + v) * 32 + lane;
-    a += dot_words<T>(wr[v], x_words(x, i, kv));
-  }
+  for (int v = 0; v < ROW_VPL; v++) a += dot_words<T>(wr[v], x_words(x, (slice * ROW_VPL + v) * 32 + lane, kv));
   a = warp_sum(a);
   if (lane == 0) part[warp] = a;
   __syncthreads();
   if (!finishes) return;
   float v = bias;
 #pragma unroll
-  for (int k = 0; k < WIDE_WARPS; k++) v += part[k];
+  for (int k = 0; k < ROW_WPC; k++) v += part[warp + k];
   if (act == 1) v = gelu_tanh(v);
   if (r) v = res + to_f(from_f<T>(v));
   y[col] = from_f<T>(v);

@@ -178,17 +178,19 @@ mod imp {
     const WARPS_PER_COL: u32 = 4;
 
     /// Warps of a wide block (gemv.cu's WIDE_WARPS), and the vectors of a row the wide kernels
-    /// take: four a lane (K ≤ 1024 in bf16), or two a lane of a block a column (K ≤ 4096).
+    /// take: four a lane (K ≤ 1024 in bf16), or eight a lane of two warps a column (K ≤ 4096;
+    /// ROW_WPC).
     const WIDE_WARPS: usize = 8;
     const WIDE_KV: usize = 4 * 32;
-    const ROW_KV: usize = 2 * 32 * WIDE_WARPS;
+    const ROW_WPC: usize = 2;
+    const ROW_KV: usize = 8 * 32 * ROW_WPC;
     /// Columns a warp of a wide block takes at most (gemv.cu's instances).
     const WIDE_MAX_CPW: usize = 4;
 
     /// `--fused gemv-wide` at one row: the wide kernel's name and grid where one takes the
     /// call: a folded norm without slots (tb_wgemv_ln{cpw}) or a bias (not the LM head's none)
     /// and no slots (tb_wgemv{cpw}) at K ≤ 1024, cpw columns a warp, the fewest that keep the
-    /// blocks to one an SM; a bias at K ≤ 4096 (tb_wgemv_row, a block a column).
+    /// blocks to one an SM; a bias at K ≤ 4096 (tb_wgemv_row, ROW_WPC warps a column).
     fn wide_plan(
         tail: &Tail<'_>,
         n: usize,
@@ -206,7 +208,10 @@ mod imp {
                 b: Some(_),
                 stats: None,
                 ..
-            } if kv <= ROW_KV => return Ok(Some(("tb_wgemv_row".into(), n))),
+            } if kv <= ROW_KV => {
+                let blocks = n.div_ceil(WIDE_WARPS / ROW_WPC);
+                return Ok(Some(("tb_wgemv_row".into(), blocks)));
+            }
             _ => return Ok(None),
         };
         let cpw = n
