@@ -134,34 +134,46 @@ fn cached_decoding_on_the_decode_kernels_matches_candles_ops() {
 /// The split decode attention merged inside a thread-block cluster (`--fused cluster`) gives
 /// the logits of the split kernel and `tb_decode_combine`, bit for bit (the same merge in the
 /// same order), at caches of 1, 2, 4 and 8 splits of 64 keys (clusters of 2, 4, 8) and 10
-/// (past a cluster: the two kernels either way), bf16, head sizes 64 and 128 (GPT-2, BLOOM); the
-/// cluster kernels ran where they apply, and only there.
+/// (past a cluster: the two kernels either way), bf16, head sizes 64 and 128 (GPT-2, BLOOM),
+/// with its cached keys read before the wait (`cache-first`) or after; the cluster kernels
+/// ran where they apply, and only there, and the cache-first ones only with that path.
 #[test]
 fn cluster_merged_decode_attention_equals_the_split_kernel_and_its_combine() {
     use clap::ValueEnum as _;
     use std::sync::atomic::Ordering;
     let (gpu, _one_at_a_time) = gpu();
-    let unclustered: Vec<Fused> = Fused::value_variants()
-        .iter()
-        .copied()
-        .filter(|f| !matches!(f, Fused::All | Fused::None | Fused::Cluster | Fused::Step))
-        .collect();
+    let without = |off: &[Fused]| -> Vec<Fused> {
+        Fused::value_variants()
+            .iter()
+            .copied()
+            .filter(|f| !matches!(f, Fused::All | Fused::None | Fused::Step) && !off.contains(f))
+            .collect()
+    };
+    // (paths, clustered, cache-first)
+    let arms = [
+        (without(&[Fused::Cluster]), false, false),
+        (without(&[Fused::CacheFirst]), true, false),
+        (vec![Fused::All], true, true),
+    ];
     for spec in wide_head_specs() {
         for prompt_len in [20u32, 100, 250, 500, 620] {
             let mut logits = Vec::new();
-            for clustered in [false, true] {
-                match clustered {
-                    true => set_enabled(&[Fused::All]),
-                    false => set_enabled(&unclustered),
-                }
+            for (paths, clustered, first) in &arms {
+                set_enabled(paths);
                 let before = CLUSTER_LAUNCHES.load(Ordering::Relaxed);
+                let before_first = CACHE_FIRST_LAUNCHES.load(Ordering::Relaxed);
                 logits.push(eager_decode_logits(&gpu, &spec, prompt_len));
                 let launched = CLUSTER_LAUNCHES.load(Ordering::Relaxed) - before;
-                let want = clustered && prompt_len <= 500; // ≤ 8 splits of 64 keys
-                assert_eq!(launched > 0, want, "{} prompt {prompt_len}", spec.name);
+                let launched_first = CACHE_FIRST_LAUNCHES.load(Ordering::Relaxed) - before_first;
+                let fits = prompt_len <= 500; // ≤ 8 splits of 64 keys
+                let why = format!("{} prompt {prompt_len}", spec.name);
+                assert_eq!(launched > 0, *clustered && fits, "{why}");
+                assert_eq!(launched_first, launched * *first as usize, "{why}");
             }
             set_enabled(&[Fused::All]);
-            assert_eq!(logits[1], logits[0], "{} prompt {prompt_len}", spec.name);
+            for got in &logits[1..] {
+                assert_eq!(got, &logits[0], "{} prompt {prompt_len}", spec.name);
+            }
         }
     }
 }

@@ -90,10 +90,26 @@ __device__ void decode_attention(const T* qkv, long qkv_stride, int head_stride,
 // probabilities are not rounded to T before p·v here (the merge needs the sums first).
 #define SPLIT_KEYS 64
 
+// An unsigned word of BYTES bytes (4, 8 or 16), for loads of a lane's run of a row at once.
+template <int BYTES>
+struct WordOf;
+template <>
+struct WordOf<4> {
+  using type = uint32_t;
+};
+template <>
+struct WordOf<8> {
+  using type = uint2;
+};
+template <>
+struct WordOf<16> {
+  using type = uint4;
+};
+
 // One split block's share: keys [s·SPLIT_KEYS, ...) of (row b, head h) = (bh / nh, bh % nh), s
 // = blockIdx.y: its max score *mx, exp-sum *l (thread 0's) and unnormalised p·v in res[HS]
 // (shared, complete for every thread on return). A split past the cache's end gives −∞, 0, 0.
-template <typename T, int HS>
+template <typename T, int HS, bool CACHE_FIRST = false>
 __device__ void split_attend(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
                              const float* key_mask, const float* slopes, const float* key_pos, float scale, int nh,
                              int t_max, int pos_arg, const uint32_t* cursor, float* res, float* mx_out,
@@ -108,13 +124,6 @@ __device__ void split_attend(const T* qkv, long qkv_stride, int head_stride, int
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int bh = blockIdx.x, b = bh / nh, h = bh % nh;
   const int lo = blockIdx.y * SPLIT_KEYS, n = min(pos + 1 - lo, SPLIT_KEYS);
-  if (n <= 0) {  // past the cache's end: nothing to merge
-    for (int d = threadIdx.x; d < HS; d += blockDim.x) res[d] = 0.f;
-    *mx_out = -INFINITY;
-    *l_out = 0.f;
-    __syncthreads();
-    return;
-  }
   const T* qr = qkv + b * qkv_stride + (long)h * head_stride;
   const long head_off = ((long)b * nh + h) * t_max * HS;
   T* kr = kc + head_off;
@@ -123,21 +132,51 @@ __device__ void split_attend(const T* qkv, long qkv_stride, int head_stride, int
   const float* prow = key_pos + (long)b * t_max;
   T key[PER_WARP][DPL], val[PER_WARP][DPL];
   float mk[PER_WARP], kp[PER_WARP];
+  // CACHE_FIRST: the cached keys and values (a lane's DPL elements as one word: plain loads,
+  // which ptxas keeps before the wait, unlike read-only ones; no streaming hint, which would
+  // evict them from L2 for the next step), the mask and the positions here; the new
+  // position's key and value from qkv after the wait.
+  using Word = typename WordOf<DPL * sizeof(T)>::type;
 #pragma unroll
   for (int u = 0; u < PER_WARP; ++u) {
     const int j = warp + u * WARPS, k = lo + j;
     if (j < n) {
       const bool fresh = k == pos;
-      const T* ks = (fresh ? qr + part : kr + (long)k * HS) + lane * DPL;
-      const T* vs = (fresh ? qr + 2 * part : vr + (long)k * HS) + lane * DPL;
+      if (CACHE_FIRST && !fresh) {
+        const Word kw = *reinterpret_cast<const Word*>(kr + (long)k * HS + lane * DPL);
+        const Word vw = *reinterpret_cast<const Word*>(vr + (long)k * HS + lane * DPL);
+        memcpy(key[u], &kw, sizeof(Word));
+        memcpy(val[u], &vw, sizeof(Word));
+      } else if (!CACHE_FIRST) {
+        const T* ks = (fresh ? qr + part : kr + (long)k * HS) + lane * DPL;
+        const T* vs = (fresh ? qr + 2 * part : vr + (long)k * HS) + lane * DPL;
 #pragma unroll
-      for (int i = 0; i < DPL; ++i) {
-        key[u][i] = ks[i];
-        val[u][i] = vs[i];
+        for (int i = 0; i < DPL; ++i) {
+          key[u][i] = ks[i];
+          val[u][i] = vs[i];
+        }
       }
       mk[u] = mrow[k];
       kp[u] = slopes ? prow[k] : 0.f;
     }
+  }
+  if constexpr (CACHE_FIRST) {
+    pdl_begin();  // the qkv projection's output from here
+#pragma unroll
+    for (int u = 0; u < PER_WARP; ++u)
+      if (lo + warp + u * WARPS == pos)
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+          key[u][i] = qr[part + lane * DPL + i];
+          val[u][i] = qr[2 * part + lane * DPL + i];
+        }
+  }
+  if (n <= 0) {  // past the cache's end: nothing to merge
+    for (int d = threadIdx.x; d < HS; d += blockDim.x) res[d] = 0.f;
+    *mx_out = -INFINITY;
+    *l_out = 0.f;
+    __syncthreads();
+    return;
   }
   float qd[DPL];
 #pragma unroll
@@ -220,7 +259,7 @@ __device__ void decode_attention_part(const T* qkv, long qkv_stride, int head_st
 // order (the same bits), without its launch: one kernel a layer instead of two. The barrier
 // the pushes need (every block of the cluster started) is arrived at before the split's work
 // and waited for after it.
-template <typename T, int HS, int CS>
+template <typename T, int HS, int CS, bool CACHE_FIRST = false>
 __device__ void decode_attention_cluster(const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc,
                                          const float* key_mask, const float* slopes, const float* key_pos, T* out,
                                          float scale, int nh, int t_max, int pos_arg, const uint32_t* cursor) {
@@ -231,8 +270,8 @@ __device__ void decode_attention_cluster(const T* qkv, long qkv_stride, int head
   __shared__ float slot_ml[CS][2];    // and its max and exp-sum
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   float mx, l;
-  split_attend<T, HS>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, scale, nh, t_max,
-                      pos_arg, cursor, res, &mx, &l);
+  split_attend<T, HS, CACHE_FIRST>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes, key_pos, scale,
+                                   nh, t_max, pos_arg, cursor, res, &mx, &l);
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = cluster.block_rank();
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block started
@@ -525,7 +564,25 @@ FOR_TYPES(INSTANTIATE)
       decode_attention_cluster<T, 128, CS>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes,      \
                                            key_pos, out, scale, nh, t_max, pos, cursor);                      \
   }
+// tb_decode_attention_cf<CS>_h<HS>_<type> (`--fused cache-first`): the cluster kernel reading
+// the cursor, its split's cached keys and values, the mask and the positions before it waits
+// for the qkv projection, and only q and the new key and value after: one L2 round trip after
+// the wait instead of two (the cursor, then what its position selects). Everything it reads
+// early was written by a kernel that ended before this one launched: the step's first kernel
+// (the cursor, the mask and the positions at the new position; it ends before the embedding
+// lets the next kernel launch), or an earlier step (the cache). One wait a kernel (a head size
+// a kernel), so that the PTX test sees what comes before it.
+#define CLUSTER_CF(T, S, CS, HS)                                                                              \
+  extern "C" __global__ void __cluster_dims__(1, CS, 1) tb_decode_attention_cf##CS##_h##HS##_##S(            \
+      const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc, const float* key_mask,          \
+      const float* slopes, const float* key_pos, T* out, float scale, int nh, int hs, int t_max, int pos,     \
+      const uint32_t* cursor) {                                                                               \
+    decode_attention_cluster<T, HS, CS, true>(qkv, qkv_stride, head_stride, part, kc, vc, key_mask, slopes,   \
+                                              key_pos, out, scale, nh, t_max, pos, cursor);                   \
+  }
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-#define CLUSTERS(T, S) CLUSTER(T, S, 2) CLUSTER(T, S, 4) CLUSTER(T, S, 8)
+#define CLUSTERS(T, S)                                                                                        \
+  CLUSTER(T, S, 2) CLUSTER(T, S, 4) CLUSTER(T, S, 8) CLUSTER_CF(T, S, 2, 64) CLUSTER_CF(T, S, 4, 64)          \
+  CLUSTER_CF(T, S, 8, 64) CLUSTER_CF(T, S, 2, 128) CLUSTER_CF(T, S, 4, 128) CLUSTER_CF(T, S, 8, 128)
 FOR_TYPES(CLUSTERS)
 #endif

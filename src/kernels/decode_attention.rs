@@ -59,6 +59,11 @@ pub fn decode_attention(
 pub static CLUSTER_LAUNCHES: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
 
+/// Launches of the cache-first cluster kernels in this process (a GPU test checks which ran).
+#[cfg(test)]
+pub static CACHE_FIRST_LAUNCHES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
 /// One decode step's cache bookkeeping at the device-side `cursor` ((1,) u32, advanced):
 /// `mask` and `key_pos` ((B, T_max) f32) get each row's new real token at the cursor, `seen`
 /// ((B, 1) f32, real tokens per row) advances. Returns the new tokens' positions, (B, 1) f32.
@@ -383,6 +388,17 @@ mod imp {
         };
     }
 
+    /// The cluster kernel's name: `tb_decode_attention_cf<splits>_h<hs>` with `cache-first`
+    /// where the caches start 16-byte aligned (it loads a lane's run of a cached row as one
+    /// word), else `tb_decode_attention_c<splits>`.
+    fn cluster_kernel(p: &Plan, hs: usize, cache: &CacheSlot, dtype: &str) -> String {
+        let aligned = aligned16(cache.k) && aligned16(cache.v);
+        match enabled(Fused::CacheFirst) && aligned {
+            true => format!("tb_decode_attention_cf{}_h{hs}_{dtype}", p.splits),
+            false => format!("tb_decode_attention_c{}_{dtype}", p.splits),
+        }
+    }
+
     pub fn decode_attention(
         qkv: &Tensor,
         layout: QkvLayout,
@@ -403,7 +419,11 @@ mod imp {
             (Kind::Cluster, _) => {
                 #[cfg(test)]
                 super::CLUSTER_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let name = format!("tb_decode_attention_c{}_{}", p.splits, suffix(qkv.dtype())?);
+                let name = cluster_kernel(&p, hs, cache, suffix(qkv.dtype())?);
+                #[cfg(test)]
+                if name.starts_with("tb_decode_attention_cf") {
+                    super::CACHE_FIRST_LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 dev.get_or_load_custom_func(&name, PTX.module, PTX.text)?
             }
             (Kind::Head, 64) => kernel!(dev, PTX, "tb_decode_attention_head64", qkv.dtype())?,

@@ -48,9 +48,9 @@ pub use bias_act::{bias_act, bias_act_bwd, bias_grad};
 pub use cross_entropy::{
     cross_entropy, cross_entropy_bwd, cross_entropy_bwd_in_place, cross_entropy_fused_in_place,
 };
-#[cfg(test)]
-pub use decode_attention::CLUSTER_LAUNCHES;
 pub use decode_attention::{decode_attention, decode_begin, CacheSlot, QkvLayout};
+#[cfg(test)]
+pub use decode_attention::{CACHE_FIRST_LAUNCHES, CLUSTER_LAUNCHES};
 pub use decode_step::{step_launches, StepAttention, StepLayer, StepModel, STEP_MAX_ROWS};
 pub use dropout::{apply_keep, draw_keep, dropout, keep_mask, set_dropout_seed, Keep};
 #[cfg(test)]
@@ -252,6 +252,12 @@ pub enum Fused {
     /// column. Each is resident a stage or more ahead, its weights in registers when its input
     /// arrives, instead of a block of four warps a column loading them after the wait.
     GemvWide,
+    /// Decoding one row with `cluster` (Hopper): the attention reads the step's cursor, its
+    /// cached keys and values, the mask and the key positions before it waits for the qkv
+    /// projection (all written by kernels that ended before it launched), and only q and the
+    /// new key and value after, instead of every load after the wait, where the cursor's
+    /// load delayed the cache's.
+    CacheFirst,
 }
 
 const LT: u64 = 1;
@@ -290,6 +296,7 @@ const STEP_IO: u64 = 1 << 32;
 const NORM_STATS: u64 = 1 << 33;
 const SKINNY_FOLD: u64 = 1 << 34;
 const GEMV_WIDE: u64 = 1 << 35;
+const CACHE_FIRST: u64 = 1 << 36;
 const ALL: u64 = LT
     | SOFTMAX
     | BIAS_ACT
@@ -324,7 +331,8 @@ const ALL: u64 = LT
     | STEP_IO
     | NORM_STATS
     | SKINNY_FOLD
-    | GEMV_WIDE;
+    | GEMV_WIDE
+    | CACHE_FIRST;
 
 static ENABLED: AtomicU64 = AtomicU64::new(ALL);
 
@@ -368,6 +376,7 @@ fn bit(f: Fused) -> u64 {
         Fused::NormStats => NORM_STATS,
         Fused::SkinnyFold => SKINNY_FOLD,
         Fused::GemvWide => GEMV_WIDE,
+        Fused::CacheFirst => CACHE_FIRST,
     }
 }
 
@@ -427,6 +436,7 @@ pub fn describe() -> String {
         (NORM_STATS, "norm-stats"),
         (SKINNY_FOLD, "skinny-fold"),
         (GEMV_WIDE, "gemv-wide"),
+        (CACHE_FIRST, "cache-first"),
     ]
     .iter()
     .filter(|(b, _)| on(*b))

@@ -37,10 +37,11 @@ pub const WAITS_FIRST: &[&str] = &[
     "tb_embed_rows",
 ];
 
-/// Whether the kernel `name` is one that waits for the kernel before it first.
+/// Whether the kernel `name` is one that waits for the kernel before it first (not the
+/// cache-first attention kernels, whose family prefix the list holds).
 #[cfg(test)]
 pub fn waits_first(name: &str) -> bool {
-    WAITS_FIRST.iter().any(|p| name.starts_with(p))
+    WAITS_FIRST.iter().any(|p| name.starts_with(p)) && !cache_first(name)
 }
 
 /// The kernels launched through `Early` that read their weights (kernel parameter 1) before
@@ -53,6 +54,22 @@ pub const WEIGHTS_FIRST: &[&str] = &["tb_early_gemv_fp8_", "tb_wgemv"];
 #[cfg(test)]
 pub fn weights_first(name: &str) -> bool {
     WEIGHTS_FIRST.iter().any(|p| name.starts_with(p))
+}
+
+/// The decode attention kernels that read the cursor, their cached keys and values, the mask
+/// and the key positions before the wait (`--fused cache-first`), and neither qkv nor their
+/// output (a GPU test reads their PTX). What they read early was written by kernels that
+/// ended before they launched: each launches once the qkv projection lets it, which happens
+/// only after every kernel before that projection has ended (each waited for the one before
+/// it, and the step's first kernels, decode_begin and the embedding, wait before they let
+/// the next one launch), and the cache's earlier positions by earlier steps.
+#[cfg(test)]
+pub const CACHE_FIRST: &[&str] = &["tb_decode_attention_cf"];
+
+/// Whether the kernel `name` is one that reads the KV cache before the wait.
+#[cfg(test)]
+pub fn cache_first(name: &str) -> bool {
+    CACHE_FIRST.iter().any(|p| name.starts_with(p))
 }
 
 #[cfg(feature = "cuda")]
@@ -370,7 +387,20 @@ mod imp {
 
 #[cfg(test)]
 mod tests {
-    use super::{waits_first, weights_first};
+    use super::{cache_first, waits_first, weights_first};
+
+    #[test]
+    fn the_cache_first_attention_is_told_apart_from_the_cluster_kernels_that_wait_first() {
+        for name in [
+            "tb_decode_attention_cf4_h64_bf16",
+            "tb_decode_attention_cf8_h128_f32",
+        ] {
+            assert!(cache_first(name) && !waits_first(name), "{name}");
+        }
+        for name in ["tb_decode_attention_c4_bf16", "tb_decode_attention_c2_f16"] {
+            assert!(!cache_first(name) && waits_first(name), "{name}");
+        }
+    }
 
     #[test]
     fn the_early_gemvs_are_told_apart_from_those_that_wait_first() {
