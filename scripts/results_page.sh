@@ -288,6 +288,16 @@ csvs() {
   # without gemv-wide in the same call are docs/perf-notes.md's.
   part e5 -i $G/gate-run110/ab-logs.tgz --where "fused=$every" \
     --where run!=generation_bloom-560m_candle_bf16_bs1_cuda0_20261128T141625Z
+  # The submitted b4df0b9 (#37, gemv-wide's row kernel two warps a column) on GPU 1 of a 2x H200
+  # host (gate-run112), every path; its traced run left out, its runs of 9f5d47c and without
+  # gemv-wide in the same call are docs/perf-notes.md's.
+  part e6 -i $G/gate-run112/ab-logs.tgz --where "fused=$every" --where git_commit=b4df0b918bd7 \
+    --where run!=generation_bloom-560m_candle_bf16_bs1_cuda0_20261128T153759Z
+  # The submitted 5216d27 (#37, `cache-first`) on GPU 1 of a 2x H200 host (gate-run113), every
+  # path; its traced run left out, its runs without cache-first and of b4df0b9 in the same call
+  # are docs/perf-notes.md's.
+  part e7 -i $G/gate-run113/ab-logs.tgz --where "fused=$every,cache-first" \
+    --where run!=generation_bloom-560m_candle_bf16_bs1_cuda0_20261128T155618Z
   host h200
   # 2× H200 (#34, #35): d15a80a (README's figures; its runs with levers switched off are left
   # out) and 2bb4aec, the newest, after the restructure.
@@ -464,7 +474,11 @@ one_gpu() {
     "moved those weight loads after the wait: results/h200x2/gate-run108/sass.txt.)" \
     "gate-run110: the submitted 9f5d47c (\`gemv-wide\` triggering the next kernel before loading" \
     "their weights, now streaming loads that stay before the wait, and the folded qkv and fc" \
-    "wide too), every path; its runs without gemv-wide in the same call are docs/perf-notes.md's." ""
+    "wide too), every path; its runs without gemv-wide in the same call are docs/perf-notes.md's." \
+    "gate-run112: the submitted b4df0b9 (gemv-wide's row kernel as two warps a column, four" \
+    "columns a block), every path. gate-run113: the submitted 5216d27 (\`cache-first\`: the" \
+    "one-row attention reads its cached keys and values before it waits), every path; the" \
+    "runs of the code before in the same calls are docs/perf-notes.md's." ""
   table h200 --where suite=generation --where engine=candle --where "ratio_vs_hf_best=" \
     --sort model,batch_size,git_commit,dtype --columns "$FP8"
   say "## Training" "" "WikiText-2 fine-tuning, blocks of 1024 tokens (batch: blocks a step), one" \
