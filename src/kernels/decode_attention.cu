@@ -568,10 +568,11 @@ FOR_TYPES(INSTANTIATE)
 // the cursor, its split's cached keys and values, the mask and the positions before it waits
 // for the qkv projection, and only q and the new key and value after: one L2 round trip after
 // the wait instead of two (the cursor, then what its position selects). Everything it reads
-// early was written by a kernel that ended before this one launched: the step's first kernel
-// (the cursor, the mask and the positions at the new position; it ends before the embedding
-// lets the next kernel launch), or an earlier step (the cache). One wait a kernel (a head size
-// a kernel), so that the PTX test sees what comes before it.
+// early was written before it launched: by the step's first kernel (the cursor, the mask and
+// the positions at the new position), which has ended before the embedding, waiting first,
+// lets the next kernel launch (kernels/pdl.rs, CACHE_FIRST), or by an earlier step (the
+// cache). One wait a kernel (a head size a kernel), so that the PTX test sees what comes
+// before it.
 #define CLUSTER_CF(T, S, CS, HS)                                                                              \
   extern "C" __global__ void __cluster_dims__(1, CS, 1) tb_decode_attention_cf##CS##_h##HS##_##S(            \
       const T* qkv, long qkv_stride, int head_stride, int part, T* kc, T* vc, const float* key_mask,          \

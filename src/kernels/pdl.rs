@@ -58,11 +58,11 @@ pub fn weights_first(name: &str) -> bool {
 
 /// The decode attention kernels that read the cursor, their cached keys and values, the mask
 /// and the key positions before the wait (`--fused cache-first`), and neither qkv nor their
-/// output (a GPU test reads their PTX). What they read early was written by kernels that
-/// ended before they launched: each launches once the qkv projection lets it, which happens
-/// only after every kernel before that projection has ended (each waited for the one before
-/// it, and the step's first kernels, decode_begin and the embedding, wait before they let
-/// the next one launch), and the cache's earlier positions by earlier steps.
+/// output (a GPU test reads their PTX). What they read early was written before they
+/// launched: the cursor, and the mask and positions at the new position, by the step's first
+/// kernel (decode_begin), which has ended before the embedding lets the next kernel launch
+/// (the embedding waits first, and every later kernel of the step launches after that); the
+/// cache's earlier positions by earlier steps.
 #[cfg(test)]
 pub const CACHE_FIRST: &[&str] = &["tb_decode_attention_cf"];
 
