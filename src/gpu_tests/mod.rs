@@ -6,7 +6,7 @@
 //!
 //! One file a family: the projections (`matmul`), the one-pass layer kernels (`ops`),
 //! attention (`attention`), the scoring forward's attention (`prefill`), the optimizer step (`optimizer`), whole models forward and in
-//! training (`models`), generation (`decode`), fp8 weights (`fp8`), the norms folded into the GEMVs (`norm_fold`), the PTX of the kernels
+//! training (`models`), generation (`decode`), its cluster attention (`cluster`), fp8 weights (`fp8`), the norms folded into the GEMVs (`norm_fold`), the PTX of the kernels
 //! programmatic edges start early (`pdl`). Here: what they share.
 
 use crate::kernels::*;
@@ -15,6 +15,7 @@ use crate::train::{Hyper, Trainer};
 use candle_core::{DType, Device, Tensor};
 
 mod attention;
+mod cluster;
 mod decode;
 mod fp8;
 mod matmul;

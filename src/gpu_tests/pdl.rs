@@ -69,23 +69,6 @@ enum Early {
 fn check_before_wait(name: &str, body: &str, early: Early) -> usize {
     use std::collections::{BTreeSet, HashMap};
     let branches = early == Early::Cache;
-    let forbidden = [
-        "ldu.",
-        "st.",
-        "atom.",
-        "red.",
-        "cp.",
-        "prefetch",
-        "tex.",
-        "suld",
-        "sust",
-        "multimem.",
-        "wmma.",
-        "ret",
-        "call",
-        "exit",
-        "bar.",
-    ];
     // Which parameters each register's value was computed from.
     let mut from: HashMap<&str, BTreeSet<u32>> = HashMap::new();
     let mut loads = 0;
@@ -99,14 +82,7 @@ fn check_before_wait(name: &str, body: &str, early: Early) -> usize {
             Some(rest) => rest.split_once(char::is_whitespace).map_or("", |(_, r)| r),
             None => l,
         };
-        // A cluster's arrival (no memory access) may come first; its wait may not.
-        let arrive = op.starts_with("barrier.cluster.arrive");
-        let flow = op.starts_with("bra") || op.ends_with(':');
-        let bad = forbidden.iter().any(|p| op.starts_with(p))
-            || (op.starts_with("barrier.") && !arrive)
-            || (flow && !branches);
-        assert!(!bad, "{name}: `{l}` before the wait");
-        if flow {
+        if control_flow(name, l, op, branches) {
             continue;
         }
         let (opcode, operands) = op.split_once(char::is_whitespace).unwrap_or((op, ""));
@@ -151,6 +127,37 @@ fn check_before_wait(name: &str, body: &str, early: Early) -> usize {
         }
     }
     loads
+}
+
+/// Whether the instruction `op` (line `line` of kernel `name`, before its wait) is a branch
+/// or a label, which only `branches` allows; fails on one that accesses memory otherwise than
+/// by a load, or synchronises.
+fn control_flow(name: &str, line: &str, op: &str, branches: bool) -> bool {
+    const FORBIDDEN: [&str; 15] = [
+        "ldu.",
+        "st.",
+        "atom.",
+        "red.",
+        "cp.",
+        "prefetch",
+        "tex.",
+        "suld",
+        "sust",
+        "multimem.",
+        "wmma.",
+        "ret",
+        "call",
+        "exit",
+        "bar.",
+    ];
+    // A cluster's arrival (no memory access) may come first; its wait may not.
+    let arrive = op.starts_with("barrier.cluster.arrive");
+    let flow = op.starts_with("bra") || op.ends_with(':');
+    let bad = FORBIDDEN.iter().any(|p| op.starts_with(p))
+        || (op.starts_with("barrier.") && !arrive)
+        || (flow && !branches);
+    assert!(!bad, "{name}: `{line}` before the wait");
+    flow
 }
 
 /// Whether a global load `opcode` at an address computed from parameters `roots` may come
