@@ -51,10 +51,6 @@ fn cluster_merged_decode_attention_equals_the_split_kernel_and_its_combine() {
     }
 }
 
-/// A CUDA build decoding on the CPU, at a shape the cluster takes on a GPU (one row, head
-/// size 64, 4 keys): the decode kernels do not apply and nothing fails (candle's ops run; the
-/// cluster's check once asked the CPU device for its CUDA device, a review found).
-
 /// The logits (flattened, f32) of three eager one-row decode steps after a cached prefill of
 /// `prompt_len` tokens, bf16 random weights.
 fn eager_decode_logits(gpu: &Device, spec: &ModelSpec, prompt_len: u32) -> Vec<f32> {

@@ -131,6 +131,9 @@ fn cached_decoding_on_the_decode_kernels_matches_candles_ops() {
     }
 }
 
+/// A CUDA build decoding on the CPU, at a shape the cluster takes on a GPU (one row, head
+/// size 64, 4 keys): the decode kernels do not apply and nothing fails (candle's ops run; the
+/// cluster's check once asked the CPU device for its CUDA device, a review found).
 #[test]
 fn decode_attention_on_the_cpu_leaves_it_to_candles_ops() {
     let (_gpu, _one_at_a_time) = gpu();
