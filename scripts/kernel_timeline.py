@@ -10,7 +10,8 @@ count are the decode steps. For kernel i of a step, in start order, the medians 
   lead      = end_(i-1) - start_i how long it was resident before the kernel before had ended
                                   (programmatic launch: its weights may load then);
   dur       = end_i - start_i.
-Printed: the step's span, each kernel name's share summed over the step, and one layer's
+Printed: the step's span, the gap between consecutive steps (the graph launches' own
+latency), each kernel name's share summed over the step, and one layer's
 kernels position by position (the middle one, `--layer-period` kernels long, else guessed
 from the repeating names).
 """
@@ -76,6 +77,11 @@ def main():
     span = med(s[-1][2] - s[0][1] for s in steps)
     print(f"steps: {len(steps)} of {n} kernels (launch sizes: {dict(sizes.most_common(4))})")
     print(f"step span (first start to last end): {us(span):.2f} us")
+    ordered = sorted(steps, key=lambda s: s[0][1])
+    gaps = [b[0][1] - a[-1][2] for a, b in zip(ordered, ordered[1:])]
+    gaps = [g for g in gaps if g < span]  # consecutive steps only
+    if gaps:
+        print(f"between steps (a step's last end to the next one's first start): {us(med(gaps)):.2f} us")
     rows = []
     for i in range(n):
         dur = med(s[i][2] - s[i][1] for s in steps)

@@ -33,15 +33,32 @@ __device__ __forceinline__ void block_best(float& best, int& idx) {
   }
 }
 
+// Elements a thread loads before it compares them: one L2 round trip for a chunk of 2048 at 256
+// threads, where loading each element then comparing it took eight (nvcc kept the loop rolled:
+// the pick took 6.2 µs after BLOOM's head, results/h200x2/gate-run118).
+constexpr int PICK_UNROLL = 8;
+
 // The best of x[lo..hi) + ban, in thread 0 (index 0x7fffffff where none won: NaN or −inf only).
 template <typename T>
 __device__ void argmax_range(const T* xr, const T* ban, int lo, int hi, float& best, int& idx) {
   best = -INFINITY;
   idx = 0x7fffffff;
-  for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
-    float val = to_f(xr[j]);
-    if (ban) val = to_f(from_f<T>(val + to_f(ban[j])));
-    better(best, idx, val, j);
+  for (int j0 = lo + threadIdx.x; j0 < hi; j0 += PICK_UNROLL * blockDim.x) {
+    T x[PICK_UNROLL], b[PICK_UNROLL];
+#pragma unroll
+    for (int u = 0; u < PICK_UNROLL; u++) {
+      const int j = j0 + u * blockDim.x;
+      x[u] = j < hi ? xr[j] : from_f<T>(0.f);
+      b[u] = ban && j < hi ? ban[j] : from_f<T>(0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < PICK_UNROLL; u++) {
+      const int j = j0 + u * blockDim.x;
+      if (j >= hi) break;
+      float val = to_f(x[u]);
+      if (ban) val = to_f(from_f<T>(val + to_f(b[u])));
+      better(best, idx, val, j);
+    }
   }
   block_best(best, idx);
 }
@@ -55,16 +72,19 @@ struct Record {
   int base, cols;
 };
 
+// The record's column of this step's pick, in thread 0 (−1 without a record): read before the
+// pick's loads, so that its round trip is not one more after the reduction.
+__device__ __forceinline__ int record_column(Record rec) {
+  return threadIdx.x == 0 && rec.tokens ? (int)*rec.cursor - rec.base : -1;
+}
+
 // Row `row`'s pick (thread 0's idx; 0x7fffffff where no index won: a row of NaN or −inf only,
-// index 0) into out[row], and into the record where given.
-__device__ __forceinline__ void write_pick(uint32_t* out, Record rec, int row, int idx) {
+// index 0) into out[row], and into the record's column `col` (record_column) where given.
+__device__ __forceinline__ void write_pick(uint32_t* out, Record rec, int row, int idx, int col) {
   if (threadIdx.x != 0) return;
   const uint32_t id = idx == 0x7fffffff ? 0u : (uint32_t)idx;
   out[row] = id;
-  if (rec.tokens) {
-    const int col = (int)*rec.cursor - rec.base;
-    if (col >= 0 && col < rec.cols) rec.tokens[(long)row * rec.cols + col] = id;
-  }
+  if (rec.tokens && col >= 0 && col < rec.cols) rec.tokens[(long)row * rec.cols + col] = id;
 }
 
 // The record as the kernels take it: four arguments.
@@ -73,10 +93,11 @@ __device__ __forceinline__ void write_pick(uint32_t* out, Record rec, int row, i
 
 template <typename T>
 __device__ void argmax_rows(const T* x, const T* ban, uint32_t* out, Record rec, int v) {
+  const int col = record_column(rec);
   float best;
   int idx;
   argmax_range(x + (long)blockIdx.x * v, ban, 0, v, best, idx);
-  write_pick(out, rec, blockIdx.x, idx);
+  write_pick(out, rec, blockIdx.x, idx, col);
 }
 
 // Long rows (BLOOM's V = 250880: one block a row took 108 µs) in two launches: block (c, row)
@@ -115,6 +136,7 @@ template <typename T>
 __device__ void argmax_part_last(const T* x, const T* ban, float* part_v, int* part_i, int v, int chunk,
                                  uint32_t* counter, uint32_t* out, Record rec) {
   __shared__ bool last;
+  const int col = record_column(rec);
   argmax_part<T>(x, ban, part_v, part_i, v, chunk);
   const int row = blockIdx.y;
   __threadfence();  // this chunk's partials before its count
@@ -125,17 +147,18 @@ __device__ void argmax_part_last(const T* x, const T* ban, float* part_v, int* p
   float best;
   int idx;
   best_of_chunks<true>(part_v, part_i, row, gridDim.x, best, idx);
-  write_pick(out, rec, row, idx);
+  write_pick(out, rec, row, idx, col);
   if (threadIdx.x == 0) counter[row] = 0;
 }
 
 extern "C" __global__ void tb_argmax_final(const float* part_v, const int* part_i, uint32_t* out, RECORD_ARGS,
                                            int chunks) {
   pdl_begin();
+  const int col = record_column(RECORD);
   float best;
   int idx;
   best_of_chunks<false>(part_v, part_i, blockIdx.x, chunks, best, idx);
-  write_pick(out, RECORD, blockIdx.x, idx);
+  write_pick(out, RECORD, blockIdx.x, idx, col);
 }
 
 #define INSTANTIATE(T, S)                                                                                     \
