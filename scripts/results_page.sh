@@ -298,6 +298,11 @@ csvs() {
   # are docs/perf-notes.md's.
   part e7 -i $G/gate-run113/ab-logs.tgz --where "fused=$every,cache-first" \
     --where run!=generation_bloom-560m_candle_bf16_bs1_cuda0_20261128T155618Z
+  # The submitted d051d7c (#37, the greedy pick's loads in one round) on GPU 1 of a 2x H200 host
+  # (gate-run121), every path; its traced run left out, its runs of e80deb3 (the code before) in
+  # the same call are docs/perf-notes.md's.
+  part e8 -i $G/gate-run121/ab-logs.tgz --where "fused=$every,cache-first" --where git_commit=d051d7c75435 \
+    --where run!=generation_bloom-560m_candle_bf16_bs1_cuda0_20261128T190238Z
   host h200
   # 2× H200 (#34, #35): d15a80a (README's figures; its runs with levers switched off are left
   # out) and 2bb4aec, the newest, after the restructure.
@@ -477,8 +482,9 @@ one_gpu() {
     "wide too), every path; its runs without gemv-wide in the same call are docs/perf-notes.md's." \
     "gate-run112: the submitted b4df0b9 (gemv-wide's row kernel as two warps a column, four" \
     "columns a block), every path. gate-run113: the submitted 5216d27 (\`cache-first\`: the" \
-    "one-row attention reads its cached keys and values before it waits), every path; the" \
-    "runs of the code before in the same calls are docs/perf-notes.md's." ""
+    "one-row attention reads its cached keys and values before it waits), every path." \
+    "gate-run121: the submitted d051d7c (the greedy pick loads a thread's logits in one round)," \
+    "every path; the runs of the code before in the same calls are docs/perf-notes.md's." ""
   table h200 --where suite=generation --where engine=candle --where "ratio_vs_hf_best=" \
     --sort model,batch_size,git_commit,dtype --columns "$FP8"
   say "## Training" "" "WikiText-2 fine-tuning, blocks of 1024 tokens (batch: blocks a step), one" \
