@@ -35,7 +35,7 @@ __device__ __forceinline__ void block_best(float& best, int& idx) {
 
 // Elements a thread loads before it compares them: one L2 round trip for a chunk of 2048 at 256
 // threads, where loading each element then comparing it took eight (nvcc kept the loop rolled:
-// the pick took 6.2 µs after BLOOM's head, results/h200x2/gate-run118).
+// the pick took 6.2 µs after BLOOM's head, results/h200/exp-run119's trace).
 constexpr int PICK_UNROLL = 8;
 
 // The best of x[lo..hi) + ban, in thread 0 (index 0x7fffffff where none won: NaN or −inf only).
